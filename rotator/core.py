@@ -1,0 +1,283 @@
+"""Rotator: the synchronous API over one queue.
+
+Every method is one or a few calls of the Lua module; each call is atomic on the server. The
+policy that needs no atomicity lives here: the idempotency callback, blocking waits, retries.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import redis
+from redis.cluster import RedisCluster
+
+from rotator import protocol
+from rotator.defaults import (
+    DEFAULT_BUDGET,
+    DEFAULT_LEASE_TIMEOUT,
+    DEFAULT_PREFIX,
+    DEFAULT_PUSH_CHUNK,
+    MAX_BATCH,
+    MAX_COUNT,
+)
+from rotator.errors import InvalidArgument, LeaseLost
+from rotator.keys import queue_keys
+from rotator.models import DeadLetter, Job, RingEntry, Stats
+from rotator.protocol import JobRef
+from rotator.script import module_source, run
+from rotator.worker import Handler, Worker, WorkSummary
+
+
+Client = redis.Redis | RedisCluster
+Idempotency = Callable[[str], bool]
+
+
+def check_block(block: float | None) -> float | None:
+    if block is None:
+        return None
+    if isinstance(block, bool) or not isinstance(block, int | float) or not math.isfinite(block):
+        raise InvalidArgument(f"block must be a finite number of seconds, got {block!r}")
+    if block < 0:
+        raise InvalidArgument(f"block must not be negative, got {block!r}")
+    return float(block)
+
+
+def blpop_wait(client: Any, remaining: float, wait_ms: int) -> float:
+    """Seconds to block on the wake list: until work may be due, within the socket timeout."""
+    wait = remaining if wait_ms < 0 else min(remaining, wait_ms / 1000)
+    socket_timeout = getattr(client, "connection_pool", None)
+    limit = None
+    if socket_timeout is not None:
+        limit = socket_timeout.connection_kwargs.get("socket_timeout")
+    if limit:
+        wait = min(wait, max(float(limit) - 0.1, 0.01))
+    return max(wait, 0.001)  # BLPOP's 0 would mean "forever"
+
+
+def chunks(items: list[bytes], size: int) -> Iterator[list[bytes]]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
+class Rotator:
+    """One queue on one Redis or Valkey server (or Redis Cluster).
+
+    ``timeout`` is the lease: seconds a consumer holds a job before it may be handed to
+    another consumer. ``idempotency(job_id) -> bool`` is asked about every job whose lease
+    expired before it is handed out again: True means the job was already done (it is acked
+    and not returned). ``max_deliveries`` moves a job that was delivered that many times to
+    the dead letters instead of leasing it again.
+    """
+
+    def __init__(
+        self,
+        client: Client,
+        name: str,
+        *,
+        timeout: float = DEFAULT_LEASE_TIMEOUT,
+        idempotency: Idempotency | None = None,
+        max_deliveries: int | None = None,
+        budget: int = DEFAULT_BUDGET,
+        prefix: str = DEFAULT_PREFIX,
+    ) -> None:
+        self.client = client
+        self.name = name
+        self.keys = queue_keys(name, prefix)
+        self.timeout = timeout
+        self.idempotency = idempotency
+        self._lease_ms = protocol.seconds_to_ms(timeout, "timeout")
+        self._max_deliveries = protocol.check_max_deliveries(max_deliveries)
+        self._budget = protocol.check_budget(budget)
+        self._script = client.register_script(module_source())
+
+    @classmethod
+    def from_url(cls, url: str, name: str, *, cluster: bool = False, **options: Any) -> Rotator:
+        """A Rotator on a new client for ``url`` (``redis://``, ``rediss://``, ``unix://``)."""
+        client: Client = RedisCluster.from_url(url) if cluster else redis.Redis.from_url(url)
+        return cls(client, name, **options)
+
+    def __repr__(self) -> str:
+        return f"Rotator({self.name!r}, timeout={self.timeout})"
+
+    def _call(self, *args: Any) -> Any:
+        return run(self._script, self.keys.all, list(args))
+
+    # -- producing -------------------------------------------------------------------------
+
+    def push(self, *ids: str | int) -> int:
+        """Adds job ids at the back of the queue; returns how many were pushed.
+
+        Every id is checked before anything is sent. Up to 1000 ids go in one atomic call;
+        longer lists are sent in such calls, in order. Idle consumers are woken.
+        """
+        return self.push_many(ids)
+
+    def push_many(self, ids: Iterable[str | int], chunk: int = DEFAULT_PUSH_CHUNK) -> int:
+        raw = protocol.encode_ids(ids)
+        size = protocol.whole(chunk, "chunk", 1, MAX_BATCH)
+        return sum(int(self._call(b"push", *part)) for part in chunks(raw, size))
+
+    # -- consuming -------------------------------------------------------------------------
+
+    def next(
+        self, count: int = 1, block: float | None = None, *, ack: Iterable[JobRef] = ()
+    ) -> list[Job]:
+        """Leases up to ``count`` jobs; returns them oldest first, or [] when there is none.
+
+        ``ack`` completes earlier jobs in the same round trip. With ``block`` (seconds), an
+        empty queue is waited on without polling: pushes wake the consumer at once, and the
+        wait also ends when a lease or a delayed retry falls due.
+        """
+        count = protocol.check_count(count)
+        acks = protocol.encode_tokens(ack)
+        waited = check_block(block)
+        give_up = None if waited is None else time.monotonic() + waited
+        while True:
+            reply = protocol.decode_next(
+                self._call(
+                    b"next", count, self._lease_ms, self._budget, self._max_deliveries, *acks
+                )
+            )
+            jobs, acks = self._screen(reply.jobs)
+            if jobs:
+                if acks:
+                    self.ack(*acks)
+                return jobs
+            if acks or not reply.idle:
+                continue  # send the acks, or look at the rest of the lap
+            if give_up is None:
+                return []
+            remaining = give_up - time.monotonic()
+            if remaining <= 0:
+                return []
+            self.client.blpop(
+                [self.keys.wake], timeout=blpop_wait(self.client, remaining, reply.wait_ms)
+            )
+
+    def _screen(self, jobs: list[Job]) -> tuple[list[Job], list[bytes]]:
+        """Splits reclaimed jobs the idempotency callback says are done from the rest."""
+        if self.idempotency is None:
+            return jobs, []
+        keep: list[Job] = []
+        finished: list[bytes] = []
+        for job in jobs:
+            if job.reclaimed and self.idempotency(job.id):
+                finished.append(protocol.encode_token(job))
+            else:
+                keep.append(job)
+        return keep, finished
+
+    def ack(self, *jobs: JobRef) -> int:
+        """Completes deliveries; returns how many were accepted.
+
+        A delivery whose lease was re-issued, nacked or dead-lettered is refused (not
+        counted). O(1) per job: the element leaves the ring when a consumer next reaches it.
+        """
+        tokens = protocol.encode_tokens(jobs)
+        return sum(int(self._call(b"ack", *part)) for part in chunks(tokens, MAX_BATCH))
+
+    def nack(self, *jobs: JobRef, delay: float = 0.0) -> int:
+        """Gives jobs back, to be delivered again once ``delay`` seconds have passed.
+
+        Returns how many were given back; a lease that was already lost is not counted.
+        """
+        delay_ms = protocol.seconds_to_ms(delay, "delay", allow_zero=True)
+        tokens = protocol.encode_tokens(jobs)
+        return sum(
+            sum(int(flag) for flag in self._call(b"nack", delay_ms, *part))
+            for part in chunks(tokens, MAX_BATCH)
+        )
+
+    def extend(self, job: JobRef, seconds: float | None = None) -> float:
+        """Keeps a lease for ``seconds`` more (default: the queue's timeout).
+
+        Returns the new deadline (unix seconds). Raises LeaseLost when the lease was
+        re-issued, nacked, dead-lettered or acked.
+        """
+        (kept,), deadline = self._extend([job], seconds)
+        if not kept:
+            raise LeaseLost(f"lease {protocol.encode_token(job).decode(errors='replace')} was lost")
+        return deadline
+
+    def extend_many(self, jobs: Iterable[JobRef], seconds: float | None = None) -> list[bool]:
+        """Extends many leases in one call; True where the lease is still held."""
+        return self._extend(list(jobs), seconds)[0]
+
+    def _extend(self, jobs: list[JobRef], seconds: float | None) -> tuple[list[bool], float]:
+        lease_ms = self._lease_ms if seconds is None else protocol.seconds_to_ms(seconds, "seconds")
+        tokens = protocol.encode_tokens(jobs)
+        if not tokens:
+            return [], 0.0
+        flags: list[bool] = []
+        deadline_ms = 0
+        for part in chunks(tokens, MAX_BATCH):
+            reply = self._call(b"extend", lease_ms, *part)
+            deadline_ms = int(reply[0])
+            flags.extend(int(flag) == 1 for flag in reply[1:])
+        return flags, deadline_ms / 1000
+
+    @contextmanager
+    def claim(self, block: float | None = None) -> Iterator[Job | None]:
+        """Leases one job for a ``with`` block: acked when it ends, nacked if it raises.
+
+        Yields None when no job came within ``block`` seconds.
+        """
+        jobs = self.next(1, block)
+        if not jobs:
+            yield None
+            return
+        job = jobs[0]
+        try:
+            yield job
+        except BaseException:
+            self.nack(job)
+            raise
+        self.ack(job)
+
+    def work(
+        self,
+        handler: Handler,
+        *,
+        concurrency: int = 1,
+        stop_when_empty: bool = False,
+        batch: int = 1,
+        install_signal_handlers: bool = True,
+    ) -> WorkSummary:
+        """Runs ``handler(job)`` for each job until stopped (SIGINT/SIGTERM) or, with
+        ``stop_when_empty``, until nothing is pending, in flight or deferred.
+
+        Failures are nacked with exponential backoff; long handlers' leases are extended.
+        See :mod:`rotator.worker`.
+        """
+        worker = Worker(self, handler, concurrency=concurrency, batch=batch)
+        return worker.run(
+            stop_when_empty=stop_when_empty, install_signal_handlers=install_signal_handlers
+        )
+
+    # -- inspecting ------------------------------------------------------------------------
+
+    def stats(self) -> Stats:
+        """Counts, read in one atomic call; costs O(nacked and extended jobs), not O(ring)."""
+        return protocol.decode_stats(self._call(b"stats"))
+
+    def peek(self, limit: int = 20) -> list[RingEntry]:
+        """The ``limit`` elements nearest the tail (next to be visited), without changes."""
+        return protocol.decode_peek(self._call(b"peek", protocol.check_count(limit)))
+
+    def dead(self, start: int = 0, limit: int = 100) -> list[DeadLetter]:
+        """Dead letters, oldest first."""
+        start = protocol.whole(start, "start", 0, 10**15)
+        limit = protocol.whole(limit, "limit", 1, MAX_COUNT)
+        return [protocol.decode_dead_letter(raw) for raw in self._call(b"dead", start, limit)]
+
+    def requeue_dead(self, *ids: str | int, count: int = MAX_BATCH) -> int:
+        """Moves dead letters (all, or those of ``ids``) back to the queue as new jobs."""
+        raw = protocol.encode_ids(ids)
+        count = protocol.whole(count, "count", 1, MAX_BATCH)
+        if len(raw) > MAX_BATCH:
+            raise InvalidArgument(f"at most {MAX_BATCH} ids per call")
+        return int(self._call(b"requeue_dead", count, *raw))

@@ -1,0 +1,66 @@
+"""The exceptions rotator raises. Every one derives from :class:`RotatorError`.
+
+Lua replies carry stable ``ROTATOR_*`` codes; :func:`error_from_reply` is the one place that
+turns them (and the server's own WRONGTYPE/BUSY replies) into these types.
+"""
+
+from __future__ import annotations
+
+from redis.exceptions import ResponseError
+
+
+class RotatorError(Exception):
+    """Root of every error raised by rotator."""
+
+
+class InvalidArgument(RotatorError, ValueError):
+    """An argument is out of range or of the wrong kind; nothing was written."""
+
+
+class InvalidJobId(InvalidArgument):
+    """A job id is empty, longer than 1024 bytes, contains ``*`` or is not text."""
+
+
+class InvalidToken(InvalidArgument):
+    """A delivery token is not of the form ``<id>*<deadline>.<deliveries>.<seq>``."""
+
+
+class InvalidQueueName(InvalidArgument):
+    """A queue name could break the ``{queue}`` hash tag or widen an ACL key pattern."""
+
+
+class WrongKeyType(RotatorError):
+    """One of the queue's keys holds another Redis type (someone else wrote to it)."""
+
+
+class LeaseLost(RotatorError):
+    """The lease was re-issued, nacked, dead-lettered or already acked."""
+
+
+class ServerBusy(RotatorError):
+    """The server is running someone else's slow script (BUSY); retry later."""
+
+
+class ProtocolError(RotatorError):
+    """The Lua module refused a call this client should never make (a bug)."""
+
+
+_CODES: dict[str, type[RotatorError]] = {
+    "ROTATOR_BADARG": InvalidArgument,
+    "ROTATOR_TOOMANY": InvalidArgument,
+    "ROTATOR_BADID": InvalidJobId,
+    "ROTATOR_BADTOKEN": InvalidToken,
+    "ROTATOR_WRONGTYPE": WrongKeyType,
+    "WRONGTYPE": WrongKeyType,
+    "BUSY": ServerBusy,
+    "ROTATOR_BADCMD": ProtocolError,
+    "ROTATOR_KEYS": ProtocolError,
+}
+
+
+def error_from_reply(error: ResponseError) -> Exception:
+    """The typed error for a server error reply; the reply itself when it is not ours."""
+    message = str(error)
+    code = message.split(" ", 1)[0]
+    kind = _CODES.get(code)
+    return kind(message) if kind is not None else error

@@ -1,0 +1,70 @@
+"""The values rotator hands back: frozen dataclasses, nothing clever."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """One delivery of a job.
+
+    ``token`` (``<id>*<deadline>.<deliveries>.<seq>``) names this delivery only: ack, nack
+    and extend take it, so a consumer whose lease was re-issued cannot complete the new one.
+    """
+
+    id: str
+    token: str
+    deliveries: int
+    reclaimed: bool
+    deadline_ms: int
+
+    def __str__(self) -> str:
+        return self.token
+
+
+@dataclass(frozen=True, slots=True)
+class Stats:
+    """A queue's counts. ``done`` counts acked jobs whose element is not yet removed."""
+
+    length: int
+    pending: int
+    in_flight: int
+    done: int
+    deferred: int
+    dead: int
+    oldest_pending_age: float | None  # seconds, None when nothing is pending
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True, slots=True)
+class RingEntry:
+    """An element of the ring as ``peek`` sees it."""
+
+    element: str
+    state: str  # lap, pending, leased, done, deferred or corrupt
+    time_ms: int  # lease deadline or nack due time; 0 when there is none
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    """A job that left the ring without being acked, and why."""
+
+    id: str  # the job id, or the raw element for a corrupt one
+    reason: str  # max_deliveries or corrupt
+    deliveries: int
+    died_ms: int
+    element: str
+
+
+@dataclass(frozen=True, slots=True)
+class NextReply:
+    """What one `next` script call answered."""
+
+    idle: bool
+    wait_ms: int
+    acked: int
+    jobs: list[Job]

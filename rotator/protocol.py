@@ -1,0 +1,142 @@
+"""Pure helpers shared by the sync and asyncio APIs: argument checks and reply decoding.
+
+Arguments are checked here before anything is sent (the Lua module checks them again, for
+callers that use it directly). Replies are decoded here whatever the client's
+``decode_responses`` setting is.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from rotator.defaults import (
+    MAX_BUDGET,
+    MAX_COUNT,
+    MAX_DELIVERIES_LIMIT,
+    MAX_ID_BYTES,
+    MAX_LEASE_SECONDS,
+)
+from rotator.errors import InvalidArgument, InvalidJobId, InvalidToken
+from rotator.models import DeadLetter, Job, NextReply, RingEntry, Stats
+
+JobRef = Job | str | bytes
+# Elements may hold any bytes if someone wrote the ring by hand; surrogateescape keeps them
+# round-trippable instead of crashing a worker with UnicodeDecodeError.
+_ERRORS = "surrogateescape"
+
+
+def text(value: Any) -> str:
+    if isinstance(value, bytes):
+        return value.decode("utf-8", _ERRORS)
+    return str(value)
+
+
+def encode_id(job_id: object) -> bytes:
+    if isinstance(job_id, bool) or not isinstance(job_id, str | int):
+        raise InvalidJobId(f"job id must be a str (or an int), got {type(job_id).__name__}")
+    raw = str(job_id).encode("utf-8", _ERRORS)
+    if not raw or len(raw) > MAX_ID_BYTES or b"*" in raw:
+        raise InvalidJobId(
+            f'job id must be 1..{MAX_ID_BYTES} bytes without "*", got {str(job_id)[:64]!r}'
+        )
+    return raw
+
+
+def encode_ids(ids: Iterable[object]) -> list[bytes]:
+    return [encode_id(job_id) for job_id in ids]
+
+
+def parse_token(token: str) -> tuple[str, int, int] | None:
+    """``(id, deadline_ms, deliveries)`` of a well-formed token, else None."""
+    job_id, star, stamp = token.partition("*")
+    parts = stamp.split(".")
+    if not star or not job_id or len(parts) != 3 or not all(p.isascii() for p in parts):
+        return None
+    if not all(p.isdigit() for p in parts) or len(parts[0]) > 15 or len(parts[1]) > 9:
+        return None
+    return job_id, int(parts[0]), int(parts[1])
+
+
+def encode_token(ref: JobRef) -> bytes:
+    token = ref.token if isinstance(ref, Job) else text(ref)
+    if parse_token(token) is None:
+        raise InvalidToken(f"not a delivery token: {token[:80]!r}")
+    return token.encode("utf-8", _ERRORS)
+
+
+def encode_tokens(refs: Iterable[JobRef]) -> list[bytes]:
+    return [encode_token(ref) for ref in refs]
+
+
+def seconds_to_ms(seconds: object, name: str, *, allow_zero: bool = False) -> int:
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float):
+        raise InvalidArgument(f"{name} must be a number of seconds, got {seconds!r}")
+    if not math.isfinite(seconds) or seconds < 0 or seconds > MAX_LEASE_SECONDS:
+        raise InvalidArgument(f"{name} must be finite and in 0..{MAX_LEASE_SECONDS:g} s")
+    ms = math.ceil(seconds * 1000)
+    if ms == 0 and not allow_zero:
+        raise InvalidArgument(f"{name} must be positive, got {seconds!r}")
+    return ms
+
+
+def whole(value: object, name: str, low: int, high: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise InvalidArgument(f"{name} must be a whole number in {low}..{high}, got {value!r}")
+    return value
+
+
+def check_count(count: object) -> int:
+    return whole(count, "count", 1, MAX_COUNT)
+
+
+def check_budget(budget: object) -> int:
+    return whole(budget, "budget", 1, MAX_BUDGET)
+
+
+def check_max_deliveries(max_deliveries: object) -> int:
+    """0 means no limit."""
+    if max_deliveries is None:
+        return 0
+    return whole(max_deliveries, "max_deliveries", 1, MAX_DELIVERIES_LIMIT)
+
+
+def job_from_token(token: str, reclaimed: bool) -> Job:
+    parsed = parse_token(token)
+    if parsed is None:  # the module only hands out well-formed tokens
+        raise InvalidToken(f"server returned a malformed token {token!r}")
+    job_id, deadline_ms, deliveries = parsed
+    return Job(job_id, token, deliveries, reclaimed, deadline_ms)
+
+
+def decode_next(reply: Sequence[Any]) -> NextReply:
+    jobs = [job_from_token(text(reply[i]), int(reply[i + 1]) == 1) for i in range(3, len(reply), 2)]
+    return NextReply(int(reply[0]) == 1, int(reply[1]), int(reply[2]), jobs)
+
+
+def decode_stats(reply: Sequence[Any]) -> Stats:
+    fields = {text(reply[i]): int(reply[i + 1]) for i in range(0, len(reply), 2)}
+    age_ms = fields["oldest_pending_age_ms"]
+    return Stats(
+        length=fields["length"],
+        pending=fields["pending"],
+        in_flight=fields["in_flight"],
+        done=fields["done"],
+        deferred=fields["deferred"],
+        dead=fields["dead"],
+        oldest_pending_age=None if age_ms < 0 else age_ms / 1000,
+    )
+
+
+def decode_peek(reply: Sequence[Any]) -> list[RingEntry]:
+    return [
+        RingEntry(text(reply[i]), text(reply[i + 1]), int(reply[i + 2]))
+        for i in range(0, len(reply), 3)
+    ]
+
+
+def decode_dead_letter(raw: Any) -> DeadLetter:
+    reason, deliveries, died, element = text(raw).split("*", 3)
+    job_id = element.partition("*")[0] if reason != "corrupt" else element
+    return DeadLetter(job_id, reason, int(deliveries), int(died), element)

