@@ -31,7 +31,6 @@ from rotator.protocol import JobRef
 from rotator.script import module_source, run
 from rotator.worker import Handler, Worker, WorkSummary
 
-
 Client = redis.Redis | RedisCluster
 Idempotency = Callable[[str], bool]
 

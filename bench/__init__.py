@@ -1,0 +1,1 @@
+"""Benchmarks: rotator side by side with the alternatives (see bench/README)."""

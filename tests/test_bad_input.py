@@ -1,0 +1,148 @@
+"""Bad input gets a typed error and leaves every key of the queue exactly as it was."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import redis
+
+from rotator import (
+    InvalidArgument,
+    InvalidJobId,
+    InvalidQueueName,
+    InvalidToken,
+    Rotator,
+    RotatorError,
+    WrongKeyType,
+)
+from tests.helpers import drain, snapshot
+
+
+@pytest.fixture
+def q(client: redis.Redis, queue_name: str) -> Rotator:
+    queue = Rotator(client, queue_name)
+    queue.push("existing-1", "existing-2")
+    queue.next()  # one leased, one pending: a queue with some state to protect
+    return queue
+
+
+BAD_IDS: list[Any] = ["a*5", "", "*lap", "x" * 1025, None, True, 1.5, {"a": 1}, b"bytes"]
+
+
+@pytest.mark.parametrize("bad", BAD_IDS, ids=repr)
+def test_an_invalid_id_is_refused_and_nothing_is_written(
+    client: redis.Redis, q: Rotator, bad: Any
+) -> None:
+    before = snapshot(client, q)
+    with pytest.raises(InvalidJobId):
+        q.push(bad)
+    with pytest.raises(InvalidJobId):
+        q.push("good-1", bad, "good-2")  # the whole batch is refused
+    assert snapshot(client, q) == before
+
+
+def test_a_long_batch_with_one_bad_id_at_the_end_writes_nothing(
+    client: redis.Redis, q: Rotator
+) -> None:
+    before = snapshot(client, q)
+    with pytest.raises(InvalidJobId):
+        q.push(*[f"ok-{i}" for i in range(2500)], "bad*id")
+    assert snapshot(client, q) == before
+
+
+def test_ids_may_be_any_text_without_a_star(q: Rotator) -> None:
+    odd = ["with space", "ünïcødé", "x" * 1024, "a\nb", "{braces}", 42]
+    assert q.push(*odd) == len(odd)
+    assert drain(q)[1:] == ["with space", "ünïcødé", "x" * 1024, "a\nb", "{braces}", "42"]
+
+
+def test_a_batch_larger_than_one_call_is_split_and_delivered_in_order(q: Rotator) -> None:
+    ids = [str(i) for i in range(12_000)]
+    assert q.push(*ids) == 12_000
+    assert drain(q, count=1000)[1:] == ids
+
+
+BAD_NUMBERS: list[Any] = [0, -1, math.nan, math.inf, True, "5", None]
+
+
+@pytest.mark.parametrize("bad", BAD_NUMBERS, ids=repr)
+def test_bad_timeouts_are_refused(client: redis.Redis, queue_name: str, bad: Any) -> None:
+    with pytest.raises(InvalidArgument):
+        Rotator(client, queue_name, timeout=bad)
+
+
+@pytest.mark.parametrize(
+    ("call", "error"),
+    [
+        (lambda q: q.next(0), InvalidArgument),
+        (lambda q: q.next(1001), InvalidArgument),
+        (lambda q: q.next(2.5), InvalidArgument),
+        (lambda q: q.next(1, block=-1), InvalidArgument),
+        (lambda q: q.next(1, block=math.nan), InvalidArgument),
+        (lambda q: q.nack("x*1.1.1", delay=-1), InvalidArgument),
+        (lambda q: q.nack("x*1.1.1", delay=math.inf), InvalidArgument),
+        (lambda q: q.extend("x*1.1.1", 0), InvalidArgument),
+        (lambda q: q.extend("x*1.1.1", 10**9), InvalidArgument),
+        (lambda q: q.ack("not-a-token"), InvalidToken),
+        (lambda q: q.ack("x*nan.1.1"), InvalidToken),
+        (lambda q: q.ack("x*1e3.1.1"), InvalidToken),
+        (lambda q: q.ack("*1.1.1"), InvalidToken),
+        (lambda q: q.next(1, ack=["x*1.1.1", "broken"]), InvalidToken),
+        (lambda q: q.dead(-1), InvalidArgument),
+        (lambda q: q.peek(0), InvalidArgument),
+        (lambda q: q.requeue_dead(count=0), InvalidArgument),
+    ],
+)
+def test_bad_arguments_raise_typed_errors_and_change_nothing(
+    client: redis.Redis,
+    q: Rotator,
+    call: Callable[[Rotator], object],
+    error: type[RotatorError],
+) -> None:
+    before = snapshot(client, q)
+    with pytest.raises(error):
+        call(q)
+    assert snapshot(client, q) == before
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{"budget": 0}, {"budget": 10_001}, {"max_deliveries": 0}, {"max_deliveries": -3}],
+    ids=repr,
+)
+def test_bad_queue_options_are_refused(
+    client: redis.Redis, queue_name: str, options: dict[str, Any]
+) -> None:
+    with pytest.raises(InvalidArgument):
+        Rotator(client, queue_name, **options)
+
+
+@pytest.mark.parametrize("name", ["", "a}b", "a{b", "a*", "q?", "[x]", "a b", "a\\b", "x" * 129])
+def test_queue_names_that_could_break_the_hash_tag_or_acl_patterns_are_refused(
+    client: redis.Redis, name: str
+) -> None:
+    with pytest.raises(InvalidQueueName):
+        Rotator(client, name)
+
+
+@pytest.mark.parametrize("role_index", [0, 1, 3, 5, 8])
+def test_a_key_of_the_wrong_type_is_reported_and_nothing_is_written(
+    client: redis.Redis, q: Rotator, role_index: int
+) -> None:
+    key = q.keys.all[role_index]
+    if client.exists(key):
+        client.delete(key)
+    client.set(key, "someone else's value")
+    before = snapshot(client, q)
+    for call in (
+        lambda: q.push("new"),
+        lambda: q.next(5),
+        lambda: q.ack("existing-1*1.1.1"),
+        lambda: q.stats(),
+    ):
+        with pytest.raises(WrongKeyType, match=key.replace("{", r"\{").replace("}", r"\}")):
+            call()
+        assert snapshot(client, q) == before

@@ -1,0 +1,271 @@
+"""The Rotator API against real Redis 7 and Valkey 8 servers."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import redis
+
+from rotator import Job, LeaseLost, Rotator, Stats
+from tests.helpers import drain, snapshot
+from tests.servers import ServerProcess
+
+
+@pytest.fixture
+def q(client: redis.Redis, queue_name: str) -> Rotator:
+    return Rotator(client, queue_name, timeout=30.0)
+
+
+def short_lease(client: redis.Redis, queue_name: str, **options: object) -> Rotator:
+    return Rotator(client, queue_name, timeout=0.15, **options)  # type: ignore[arg-type]
+
+
+def test_jobs_come_out_in_push_order_with_unique_tokens(q: Rotator) -> None:
+    assert q.push("a", "b", "c") == 3
+    assert q.push(*[f"j{i}" for i in range(5)]) == 5
+    jobs = q.next(10)
+    assert [job.id for job in jobs] == ["a", "b", "c", "j0", "j1", "j2", "j3", "j4"]
+    assert len({job.token for job in jobs}) == 8
+    assert all(job.deliveries == 1 and not job.reclaimed for job in jobs)
+    assert all(job.token.startswith(job.id + "*") for job in jobs)
+
+
+def test_the_same_id_pushed_twice_is_two_deliveries_with_different_tokens(q: Rotator) -> None:
+    q.push("same", "same")
+    first, second = q.next(2)
+    assert first.id == second.id == "same"
+    assert first.token != second.token
+    assert q.ack(first) == 1
+    assert [job.id for job in q.next(5)] == []  # the second is still leased, not completed
+    assert q.stats().in_flight == 1
+
+
+def test_an_empty_or_missing_queue_returns_nothing(q: Rotator) -> None:
+    assert q.next(5) == []
+    q.push("x")
+    drain(q)
+    assert q.next(5) == []
+    assert q.stats() == Stats(0, 0, 0, 0, 0, 0, None)
+
+
+def test_acked_elements_leave_the_ring_on_the_next_lap(client: redis.Redis, q: Rotator) -> None:
+    q.push("a", "b")
+    jobs = q.next(2)
+    assert q.ack(*jobs) == 2
+    assert q.stats().done == 2
+    assert q.next(1) == []  # this lap removes them
+    assert client.lrange(q.keys.ring, 0, -1) == [b"*lap"]
+    assert q.stats() == Stats(0, 0, 0, 0, 0, 0, None)
+
+
+def test_acks_carried_by_next_complete_the_previous_batch(q: Rotator) -> None:
+    q.push(*[str(i) for i in range(6)])
+    first = q.next(3)
+    second = q.next(3, ack=first)
+    assert [j.id for j in second] == ["3", "4", "5"]
+    assert q.next(3, ack=second) == []
+    assert q.stats().length == 0
+
+
+def test_no_other_consumer_gets_a_job_while_its_lease_is_valid(
+    client: redis.Redis, queue_name: str
+) -> None:
+    one = Rotator(client, queue_name, timeout=30)
+    other = Rotator(client, queue_name, timeout=30)
+    one.push("only")
+    assert [j.id for j in one.next()] == ["only"]
+    for _ in range(5):
+        assert other.next(10) == []
+
+
+def test_an_expired_lease_is_reissued_and_the_late_ack_is_refused(
+    client: redis.Redis, queue_name: str
+) -> None:
+    q = short_lease(client, queue_name)
+    q.push("slow")
+    (first,) = q.next()
+    time.sleep(0.2)
+    (second,) = q.next()
+    assert (second.id, second.deliveries, second.reclaimed) == ("slow", 2, True)
+    assert second.token != first.token
+    assert q.ack(first) == 0  # fenced: the late ack completes nothing
+    with pytest.raises(LeaseLost):
+        q.extend(first, 10)
+    assert q.nack(first) == 0
+    assert q.ack(second) == 1
+    drain(q)
+    assert q.stats().length == 0
+    assert client.scard(q.keys.all[1]) + client.scard(q.keys.all[2]) == 0
+
+
+def test_expired_lease_is_reclaimed_by_exactly_one_of_many_racing_consumers(
+    client: redis.Redis, server: ServerProcess, queue_name: str
+) -> None:
+    q = short_lease(client, queue_name)
+    q.push("contested")
+    q.next()
+    time.sleep(0.2)
+    barrier = threading.Barrier(8)
+    got: list[Job] = []
+    lock = threading.Lock()
+
+    def race() -> None:
+        racer = Rotator.from_url(server.url, queue_name)
+        barrier.wait()
+        jobs = racer.next(1)
+        with lock:
+            got.extend(jobs)
+
+    threads = [threading.Thread(target=race) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert [(j.id, j.reclaimed) for j in got] == [("contested", True)]
+
+
+def test_the_idempotency_callback_decides_for_reclaimed_jobs_only(
+    client: redis.Redis, queue_name: str
+) -> None:
+    asked: list[str] = []
+
+    def already_done(job_id: str) -> bool:
+        asked.append(job_id)
+        return job_id == "finished"
+
+    q = short_lease(client, queue_name, idempotency=already_done)
+    q.push("finished", "unfinished")
+    assert [j.id for j in q.next(2)] == ["finished", "unfinished"]
+    assert asked == []  # first deliveries are not asked about
+    time.sleep(0.2)
+    again = q.next(2)
+    assert [(j.id, j.reclaimed) for j in again] == [("unfinished", True)]
+    assert sorted(asked) == ["finished", "unfinished"]
+    q.ack(*again)
+    assert drain(q) == []
+    assert q.stats().length == 0
+
+
+def test_nack_redelivers_at_once_or_after_its_delay(q: Rotator) -> None:
+    q.push("now", "later")
+    now, later = q.next(2)
+    assert q.nack(now) == 1
+    assert q.nack(later, delay=0.3) == 1
+    assert q.ack(now) == 0  # a nacked delivery cannot be acked any more
+    (again,) = q.next(5)
+    assert (again.id, again.deliveries, again.reclaimed) == ("now", 2, False)
+    assert q.stats().deferred == 1
+    assert q.next(5) == []
+    time.sleep(0.35)
+    (late,) = q.next(5)
+    assert (late.id, late.deliveries) == ("later", 2)
+    q.ack(again, late)
+    assert drain(q) == [] and q.stats().length == 0
+
+
+def test_extend_keeps_a_lease_past_its_deadline(client: redis.Redis, queue_name: str) -> None:
+    q = short_lease(client, queue_name)
+    q.push("long")
+    (job,) = q.next()
+    deadline = q.extend(job, 5.0)
+    assert deadline > time.time() + 4
+    time.sleep(0.25)
+    assert q.next(5) == []  # past the original 0.15 s lease, still held
+    assert q.ack(job) == 1
+
+
+def test_jobs_delivered_max_deliveries_times_become_dead_letters(
+    client: redis.Redis, queue_name: str
+) -> None:
+    q = short_lease(client, queue_name, max_deliveries=2)
+    q.push("poison", "fine")
+    for _ in range(2):
+        assert {j.id for j in q.next(5)} >= {"poison"}
+        time.sleep(0.2)
+    leftovers = q.next(5)
+    assert "poison" not in {j.id for j in leftovers}
+    (letter,) = [d for d in q.dead() if d.id == "poison"]
+    assert (letter.reason, letter.deliveries) == ("max_deliveries", 2)
+    assert q.requeue_dead("poison") == 1
+    assert q.dead() == [d for d in q.dead() if d.id != "poison"]
+    assert "poison" in {j.id for j in q.next(5)}
+
+
+def test_a_blocked_consumer_is_woken_by_a_push(q: Rotator) -> None:
+    threading.Timer(0.2, q.push, args=("wake-up",)).start()
+    started = time.monotonic()
+    jobs = q.next(block=10.0)
+    assert [j.id for j in jobs] == ["wake-up"]
+    assert time.monotonic() - started < 5.0  # woken, not timed out
+
+
+def test_a_blocked_consumer_is_woken_when_a_lease_expires(
+    client: redis.Redis, queue_name: str
+) -> None:
+    q = Rotator(client, queue_name, timeout=0.3)
+    q.push("abandoned")
+    q.next()
+    started = time.monotonic()
+    (job,) = q.next(block=10.0)
+    assert job.reclaimed
+    assert time.monotonic() - started < 5.0
+
+
+def test_block_gives_up_after_its_time_on_an_empty_queue(q: Rotator) -> None:
+    started = time.monotonic()
+    assert q.next(block=0.3) == []
+    assert time.monotonic() - started >= 0.3
+
+
+def test_calls_survive_script_flush(client: redis.Redis, q: Rotator) -> None:
+    q.push("a")
+    client.script_flush()
+    (job,) = q.next()
+    client.script_flush()
+    assert q.ack(job) == 1
+
+
+def test_claim_acks_on_success_and_nacks_on_error(q: Rotator) -> None:
+    q.push("ok", "boom")
+    with q.claim() as job:
+        assert job is not None and job.id == "ok"
+    with pytest.raises(RuntimeError), q.claim() as job:
+        raise RuntimeError("handler failed")
+    (retry,) = q.next()
+    assert (retry.id, retry.deliveries) == ("boom", 2)
+    with q.claim() as nothing:
+        assert nothing is None
+
+
+def test_stats_follow_a_job_through_its_life(client: redis.Redis, queue_name: str) -> None:
+    q = short_lease(client, queue_name)
+    q.push("a", "b", "c")
+    s = q.stats()
+    assert (s.length, s.pending, s.in_flight, s.done) == (3, 3, 0, 0)
+    assert s.oldest_pending_age is not None and 0 <= s.oldest_pending_age < 5
+    a, b = q.next(2)
+    q.ack(a)
+    q.nack(b, delay=60)
+    s = q.stats()
+    assert (s.length, s.pending, s.in_flight, s.done, s.deferred) == (3, 1, 0, 1, 1)
+    assert [j.id for j in q.next(1)] == ["c"]  # stops at its count, before a's element
+    s = q.stats()
+    assert (s.length, s.pending, s.in_flight, s.done, s.deferred) == (3, 0, 1, 1, 1)
+    assert s.oldest_pending_age is None
+    assert q.next(1) == []  # a whole lap: a's element goes
+    s = q.stats()
+    assert (s.length, s.pending, s.in_flight, s.done, s.deferred) == (2, 0, 1, 0, 1)
+    assert s.as_dict()["deferred"] == 1
+
+
+def test_peek_shows_states_and_changes_nothing(client: redis.Redis, q: Rotator) -> None:
+    q.push("a", "b", "c")
+    a, b = q.next(2)
+    q.ack(a)
+    q.nack(b, delay=60)
+    before = snapshot(client, q)
+    states = {entry.element.partition("*")[0]: entry.state for entry in q.peek(10)}
+    assert states == {"a": "done", "b": "deferred", "c": "pending", "": "lap"}
+    assert snapshot(client, q) == before
