@@ -141,7 +141,7 @@ def test_a_key_of_the_wrong_type_is_reported_and_nothing_is_written(
         lambda: q.push("new"),
         lambda: q.next(5),
         lambda: q.ack("existing-1*1.1.1"),
-        lambda: q.stats(),
+        q.stats,
     ):
         with pytest.raises(WrongKeyType, match=key.replace("{", r"\{").replace("}", r"\}")):
             call()

@@ -162,7 +162,8 @@ def test_nack_redelivers_at_once_or_after_its_delay(q: Rotator) -> None:
     (late,) = q.next(5)
     assert (late.id, late.deliveries) == ("later", 2)
     q.ack(again, late)
-    assert drain(q) == [] and q.stats().length == 0
+    assert drain(q) == []
+    assert q.stats().length == 0
 
 
 def test_extend_keeps_a_lease_past_its_deadline(client: redis.Redis, queue_name: str) -> None:
@@ -230,7 +231,8 @@ def test_calls_survive_script_flush(client: redis.Redis, q: Rotator) -> None:
 def test_claim_acks_on_success_and_nacks_on_error(q: Rotator) -> None:
     q.push("ok", "boom")
     with q.claim() as job:
-        assert job is not None and job.id == "ok"
+        assert job is not None
+        assert job.id == "ok"
     with pytest.raises(RuntimeError), q.claim() as job:
         raise RuntimeError("handler failed")
     (retry,) = q.next()
@@ -244,7 +246,8 @@ def test_stats_follow_a_job_through_its_life(client: redis.Redis, queue_name: st
     q.push("a", "b", "c")
     s = q.stats()
     assert (s.length, s.pending, s.in_flight, s.done) == (3, 3, 0, 0)
-    assert s.oldest_pending_age is not None and 0 <= s.oldest_pending_age < 5
+    assert s.oldest_pending_age is not None
+    assert 0 <= s.oldest_pending_age < 5
     a, b = q.next(2)
     q.ack(a)
     q.nack(b, delay=60)
