@@ -29,6 +29,7 @@ from rotator.keys import queue_keys
 from rotator.models import DeadLetter, Job, RingEntry, Stats
 from rotator.protocol import JobRef
 from rotator.script import module_source, run
+from rotator.server import EmbeddedServer
 from rotator.worker import Handler, Worker, WorkSummary
 
 Client = redis.Redis | RedisCluster
@@ -98,6 +99,17 @@ class Rotator:
         """A Rotator on a new client for ``url`` (``redis://``, ``rediss://``, ``unix://``)."""
         client: Client = RedisCluster.from_url(url) if cluster else redis.Redis.from_url(url)
         return cls(client, name, **options)
+
+    @classmethod
+    def embedded(cls, name: str, *, data_dir: str | None = None, **options: Any) -> Rotator:
+        """A Rotator on the private embedded server, started first if it is not running.
+
+        This is the zero-setup default the CLI uses when given no URL; see
+        :mod:`rotator.server`.
+        """
+        server = EmbeddedServer(data_dir)
+        server.start()
+        return cls(server.client(), name, **options)
 
     def __repr__(self) -> str:
         return f"Rotator({self.name!r}, timeout={self.timeout})"
@@ -258,6 +270,14 @@ class Rotator:
         )
 
     # -- inspecting ------------------------------------------------------------------------
+
+    def exists(self) -> bool:
+        """True once anything was pushed (or dead-lettered) and the queue was not deleted."""
+        return bool(self.client.exists(self.keys.ring, self.keys.dead))
+
+    def delete(self) -> bool:
+        """Removes the queue and everything in it (pending, leased, dead) in one command."""
+        return bool(self.client.delete(*self.keys.all))
 
     def stats(self) -> Stats:
         """Counts, read in one atomic call; costs O(nacked and extended jobs), not O(ring)."""
