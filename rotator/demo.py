@@ -72,12 +72,10 @@ def _worker_main(url: str, queue: str) -> None:
             if job.reclaimed:
                 client.hincrby(counters, "reclaimed", 1)
             # The job's side effect, and progress, in one round trip.
-            added, _ = (
-                client.pipeline(transaction=False)
-                .sadd(completed, job.id)
-                .hincrby(counters, "processed", 1)
-                .execute()
-            )
+            pipe = client.pipeline(transaction=False)
+            pipe.sadd(completed, job.id)
+            pipe.hincrby(counters, "processed", 1)
+            added, _ = pipe.execute()
             if not added:
                 client.hincrby(counters, "duplicates_processed", 1)
             finished.append(job)
