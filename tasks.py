@@ -1,0 +1,95 @@
+#!/usr/bin/env python3
+"""The two quick-start commands, needing nothing but Python 3.11+:
+
+    python3 tasks.py demo    # virtualenv, package, embedded server, then the crash demo
+    python3 tasks.py test    # the same setup plus Debian's redis-server, then lint and tests
+
+Standard library only: this runs before anything is installed. Extra arguments after `test`
+go to pytest.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+VENV = ROOT / ".venv"
+BIN = VENV / "bin"
+STAMP = VENV / ".installed"
+
+
+def say(message: str) -> None:
+    print(f"==> {message}", flush=True)
+
+
+def run(*argv: str | Path) -> None:
+    subprocess.run([str(a) for a in argv], cwd=ROOT, check=True)
+
+
+def apt_install(*packages: str) -> None:
+    if os.geteuid() != 0 or not shutil.which("apt-get"):
+        sys.exit(f"missing {' '.join(packages)}: install it with your package manager")
+    say(f"installing {' '.join(packages)}")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    subprocess.run(["apt-get", "update", "-qq"], check=True, env=env)
+    subprocess.run(["apt-get", "install", "-y", "-qq", *packages], check=True, env=env)
+
+
+def ensure_venv() -> None:
+    """Creates .venv and installs the package with its dev extras when pyproject changes."""
+    if not (BIN / "python").exists():
+        say("creating .venv")
+        try:
+            venv.create(VENV, with_pip=True)
+        except subprocess.CalledProcessError:  # Debian without python3-venv has no ensurepip
+            shutil.rmtree(VENV, ignore_errors=True)
+            apt_install(f"python3.{sys.version_info.minor}-venv")
+            venv.create(VENV, with_pip=True)
+    pyproject = ROOT / "pyproject.toml"
+    if not STAMP.exists() or STAMP.stat().st_mtime < pyproject.stat().st_mtime:
+        say("installing rotator with its dev extras")
+        run(BIN / "python", "-m", "pip", "install", "-q", "--upgrade", "pip")
+        run(BIN / "python", "-m", "pip", "install", "-q", "-e", ".[dev]")
+        STAMP.touch()
+
+
+def ensure_redis_server() -> None:
+    """The compatibility tests need Redis 7 beside Valkey (which comes from a wheel)."""
+    if os.environ.get("ROTATOR_REDIS_SERVER") or shutil.which("redis-server"):
+        return
+    apt_install("redis-server")
+
+
+def demo(args: list[str]) -> None:
+    ensure_venv()
+    run(BIN / "rotator", "demo", *args)
+
+
+def test(args: list[str]) -> None:
+    ensure_venv()
+    ensure_redis_server()
+    say("lint: ruff and mypy")
+    run(BIN / "ruff", "check", ".")
+    run(BIN / "ruff", "format", "--check", ".")
+    run(BIN / "mypy")
+    say("tests")
+    run(BIN / "python", "-m", "pytest", *args)
+
+
+def main() -> None:
+    tasks = {"demo": demo, "test": test}
+    if len(sys.argv) < 2 or sys.argv[1] not in tasks:
+        sys.exit(f"usage: python3 {Path(__file__).name} {{{'|'.join(tasks)}}} [args...]")
+    try:
+        tasks[sys.argv[1]](sys.argv[2:])
+    except subprocess.CalledProcessError as error:
+        sys.exit(error.returncode)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,52 @@
+"""The README's examples, run as written."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+import redis
+
+from tests.servers import ServerProcess, find_cli_binary
+
+ROOT = Path(__file__).resolve().parent.parent
+README = (ROOT / "README.md").read_text(encoding="utf-8")
+
+
+def fenced_block_after(marker: str) -> str:
+    match = re.search(re.escape(marker) + r"\s*```bash\n(.*?)```", README, re.DOTALL)
+    assert match, f"README has no bash block after {marker}"
+    return match.group(1)
+
+
+def test_the_redis_cli_example_runs_verbatim(
+    server: ServerProcess, client: redis.Redis, tmp_path: Path
+) -> None:
+    # A redis-cli on PATH that talks to the test server, so the lines run unchanged.
+    shim = tmp_path / "redis-cli"
+    shim.write_text(f'#!/bin/sh\nexec {find_cli_binary("redis")} -p {server.port} "$@"\n')
+    shim.chmod(0o755)
+    if leftovers := client.keys("rotator:{orders}:*"):
+        client.delete(*leftovers)
+    script = "set -eu\n" + fenced_block_after("<!-- redis-cli-example -->")
+    result = subprocess.run(
+        ["bash", "-c", script],
+        cwd=ROOT,
+        env={"PATH": f"{tmp_path}:/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    out = result.stdout.split("\n")
+    assert out[0] == "2"  # push
+    assert out[1:4] == ["0", "30000", "0"]  # next: not idle, 30 s to the lease deadline, 0 acked
+    assert out[4].startswith("job-1*")
+    assert out[5] == "0"  # not reclaimed
+    assert out[6] == "1"  # ack of job-2's token
+    stats = dict(zip(out[7:-1:2], out[8:-1:2], strict=True))
+    assert stats["length"] == "2"
+    assert stats["in_flight"] == "1"
+    assert stats["done"] == "1"
+    assert client.llen("rotator:{orders}:ring") == 3
