@@ -14,7 +14,7 @@ KEYS
   KEYS[6]  revoked    ZSET  token -> ms it was revoked (re-leased, nacked or dead-lettered)
   KEYS[7]  dead       LIST  dead letters "<reason>*<deliveries>*<ms>*<element>", oldest first
   KEYS[8]  wake       LIST  wake-up tokens that idle consumers block on (BLPOP)
-  KEYS[9]  meta       HASH  counters: seq lapnext qstart qmin pushed taken
+  KEYS[9]  meta       HASH  counters: seq lapnext lapguess qstart qmin pushed taken
   KEYS[10] pushlog    LIST  "<pushed>:<ms>" push checkpoints, newest first (pending age)
 
 ELEMENTS OF THE RING
@@ -64,6 +64,12 @@ COMMANDS (ARGV[1]; numbers are decimal integers)
     reply: {element1, state1, time1, ...}; state: "lap", "pending", "leased", "done",
            "deferred", "corrupt"; time: lease deadline or due ms (0 when none)
     errors: ROTATOR_BADARG
+  sweep BUDGET
+    Visits at most BUDGET elements (1..10000) without leasing anything: removes acked
+    elements, dead-letters corrupt ones, repairs the sentinel. Repeat until `visited` adds up
+    to the ring's length to clean a whole lap (an idle queue otherwise cleans up lazily).
+    reply: {visited, removed, length}
+    errors: ROTATOR_BADARG
   dead START COUNT
     reply: dead-letter entries START .. START+COUNT-1 (COUNT 1..1000), oldest first
     errors: ROTATOR_BADARG
@@ -87,123 +93,154 @@ REDIS-CLI
   redis-cli EVALSHA $SHA 10 $Q stats
 ]]
 
+-- Redis runs this whole chunk on every call, so it is written to be cheap to run: each
+-- command called from Lua and each closure created costs about as much as a small command. So
+-- functions live in one table (M), helpers are defined only for the commands that use them,
+-- and key types are checked by the reads a command needs anyway (M.read), not by TYPE.
 local rcall = redis.call
-local find, sub, match = string.find, string.sub, string.match
-local tonumber, tostring, unpack = tonumber, tostring, unpack
-local floor, min = math.floor, math.min
-
-local ring, done, done_old = KEYS[1], KEYS[2], KEYS[3]
-local marks, marks_old, revoked = KEYS[4], KEYS[5], KEYS[6]
-local dead, wake, meta, pushlog = KEYS[7], KEYS[8], KEYS[9], KEYS[10]
 local command = ARGV[1]
+local M = {}
 
 local SENTINEL = '*lap'
-local MAX_ID_BYTES = 1024
-local MAX_BATCH = 5000 -- ids or tokens per call; Lua's unpack() fails near 8000
-local MAX_COUNT = 1000 -- jobs leased per call
-local MAX_BUDGET = 10000 -- elements visited per call: bounds the time of one call
-local MAX_LEASE_MS = 86400000 -- one day; longer jobs extend their lease
-local REVOKED_KEEP_MS = 2 * 86400000 -- how long a refused token is remembered
-local WAKE_TOKENS = 16 -- at most this many idle consumers woken by one push
-local PUSHLOG_BUCKET_MS = 1000 -- pushes within a second share one checkpoint
-
-local KEY_TYPES = {
-  { ring, 'list' }, { done, 'set' }, { done_old, 'set' }, { marks, 'hash' },
-  { marks_old, 'hash' }, { revoked, 'zset' }, { dead, 'list' }, { wake, 'list' },
-  { meta, 'hash' }, { pushlog, 'list' },
+local LIMIT = {
+  id_bytes = 1024,
+  batch = 5000, -- ids or tokens per call; Lua's unpack() fails near 8000
+  count = 1000, -- jobs leased per call
+  budget = 10000, -- elements visited per call: bounds the time of one call
+  lease_ms = 86400000, -- one day; longer jobs extend their lease
+  revoked_keep_ms = 2 * 86400000, -- how long a refused token is remembered
+  wake_tokens = 16, -- at most this many idle consumers woken by one push
+  pushlog_bucket_ms = 1000, -- pushes within a second share one checkpoint
 }
 
-local function fail(code, message)
+-- Named KEYS slots, in the order of the header.
+local K = {
+  ring = KEYS[1], done = KEYS[2], done_old = KEYS[3], marks = KEYS[4], marks_old = KEYS[5],
+  revoked = KEYS[6], dead = KEYS[7], wake = KEYS[8], meta = KEYS[9], pushlog = KEYS[10],
+}
+
+function M.fail(code, message)
   return { err = code .. ' ' .. message }
 end
 
+-- Ends the command with an expected error. Only ever raised before a command's first write
+-- (Redis does not roll back a script); the dispatcher turns it into the error reply.
+function M.refuse(code, message)
+  error(M.fail(code, message), 0)
+end
+
 -- Arguments echoed in errors: short, and nothing that could break a reply or a log line.
-local function printable(value)
-  return '"' .. string.gsub(sub(tostring(value), 1, 64), '[^%w%p ]', '?') .. '"'
+function M.printable(value)
+  return '"' .. string.gsub(string.sub(tostring(value), 1, 64), '[^%w%p ]', '?') .. '"'
 end
 
--- Scripts are not rolled back, so every key's type is checked before the first write.
-local function check_key_types()
-  for i = 1, #KEY_TYPES do
-    local key, want = KEY_TYPES[i][1], KEY_TYPES[i][2]
-    local got = rcall('TYPE', key)['ok']
-    if got ~= want and got ~= 'none' then
-      return fail('ROTATOR_WRONGTYPE', key .. ' holds a ' .. got .. ', expected a ' .. want)
-    end
+-- A read that is also its key's type check: every key a command writes is read through here
+-- before the command's first write.
+function M.read(name, key, ...)
+  local reply = redis.pcall(name, key, ...)
+  if type(reply) == 'table' and reply.err then
+    M.refuse('ROTATOR_WRONGTYPE', key .. ' holds a ' .. rcall('TYPE', key)['ok'] ..
+      ', not the type rotator keeps there')
   end
-  return nil
+  return reply
 end
 
-local function now_ms()
+function M.now_ms()
   local t = rcall('TIME')
-  return tonumber(t[1]) * 1000 + floor(tonumber(t[2]) / 1000)
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
 -- A whole number in [lo, hi] written in plain digits; strtod-isms like "1e3" or "nan" fail.
-local function int_arg(value, name, lo, hi)
-  if type(value) ~= 'string' or not match(value, '^%d+$') or #value > 15 then
-    return nil, fail('ROTATOR_BADARG', name .. ' must be a whole number, got ' .. printable(value))
+function M.int_arg(index, name, lo, hi)
+  local value = ARGV[index]
+  if type(value) ~= 'string' or not string.find(value, '^%d+$') or #value > 15 then
+    M.refuse('ROTATOR_BADARG', name .. ' must be a whole number, got ' .. M.printable(value))
   end
   local n = tonumber(value)
   if n < lo or n > hi then
-    return nil, fail('ROTATOR_BADARG', name .. ' must be in ' .. lo .. '..' .. hi .. ', got ' .. value)
+    M.refuse('ROTATOR_BADARG', name .. ' must be in ' .. lo .. '..' .. hi .. ', got ' .. value)
   end
-  return n, nil
+  return n
 end
 
-local function valid_id(id)
-  return #id > 0 and #id <= MAX_ID_BYTES and not find(id, '*', 1, true)
+function M.valid_id(id)
+  return #id > 0 and #id <= LIMIT.id_bytes and not string.find(id, '*', 1, true)
 end
 
 -- Splits "<id>*<deadline>.<n>.<seq>"; nil for anything that is not a well-formed lease.
-local function parse_token(element)
-  local star = find(element, '*', 1, true)
-  if not star or star == 1 or star > MAX_ID_BYTES + 1 then return nil end
-  local deadline, n = match(element, '^(%d+)%.(%d+)%.%d+$', star + 1)
-  if not deadline or #element - star > 40 or #deadline > 15 or #n > 9 then return nil end
-  return sub(element, 1, star - 1), tonumber(deadline), tonumber(n)
+function M.parse_token(element)
+  local star = string.find(element, '*', 1, true)
+  if not star or star == 1 or star > LIMIT.id_bytes + 1 or #element - star > 40 then
+    return nil
+  end
+  local deadline, n = string.match(element, '^(%d+)%.(%d+)%.%d+$', star + 1)
+  if not deadline or #deadline > 15 or #n > 9 then return nil end
+  return string.sub(element, 1, star - 1), tonumber(deadline), tonumber(n)
 end
 
-local function check_ids(first)
+function M.check_count(first, what)
   local count = #ARGV - first + 1
-  if count > MAX_BATCH then
-    return fail('ROTATOR_TOOMANY', 'at most ' .. MAX_BATCH .. ' ids per call, got ' .. count)
+  if count > LIMIT.batch then
+    M.refuse('ROTATOR_TOOMANY', 'at most ' .. LIMIT.batch .. ' ' .. what .. ' per call, got ' .. count)
   end
-  for i = first, #ARGV do
-    if not valid_id(ARGV[i]) then
-      return fail('ROTATOR_BADID', 'job id must be 1..' .. MAX_ID_BYTES ..
-        ' bytes without "*", got ' .. printable(ARGV[i]))
-    end
-  end
-  return nil
 end
 
-local function check_tokens(first, required)
-  local count = #ARGV - first + 1
-  if required and count < 1 then return fail('ROTATOR_BADTOKEN', 'no token given') end
-  if count > MAX_BATCH then
-    return fail('ROTATOR_TOOMANY', 'at most ' .. MAX_BATCH .. ' tokens per call, got ' .. count)
-  end
+function M.check_ids(first)
+  M.check_count(first, 'ids')
   for i = first, #ARGV do
-    if not parse_token(ARGV[i]) then
-      return fail('ROTATOR_BADTOKEN', 'not a delivery token: ' .. printable(ARGV[i]))
+    if not M.valid_id(ARGV[i]) then
+      M.refuse('ROTATOR_BADID', 'job id must be 1..' .. LIMIT.id_bytes ..
+        ' bytes without "*", got ' .. M.printable(ARGV[i]))
     end
   end
-  return nil
+end
+
+-- Tokens are only checked for their shape here; nothing parses their numbers.
+function M.check_tokens(first, required)
+  if required and #ARGV < first then M.refuse('ROTATOR_BADTOKEN', 'no token given') end
+  M.check_count(first, 'tokens')
+  local find = string.find
+  for i = first, #ARGV do
+    local token = ARGV[i]
+    local star = find(token, '*', 2, true)
+    if not star or star > LIMIT.id_bytes + 1 or #token - star > 40
+        or not find(token, '^%d+%.%d+%.%d+$', star + 1) then
+      M.refuse('ROTATOR_BADTOKEN', 'not a delivery token: ' .. M.printable(token))
+    end
+  end
 end
 
 -- LPUSH in slices, keeping order, so long batches stay under unpack()'s limit.
-local function lpush_all(key, items)
-  for i = 1, #items, MAX_BATCH do
-    rcall('LPUSH', key, unpack(items, i, min(i + MAX_BATCH - 1, #items)))
+function M.lpush_all(key, items)
+  for i = 1, #items, LIMIT.batch do
+    rcall('LPUSH', key, unpack(items, i, math.min(i + LIMIT.batch - 1, #items)))
   end
 end
 
+function M.read_meta()
+  local m = M.read('HMGET', K.meta, 'seq', 'lapnext', 'qstart', 'qmin', 'pushed', 'taken',
+    'lapguess')
+  return {
+    seq = tonumber(m[1]) or 0, lapnext = tonumber(m[2]), qstart = tonumber(m[3]),
+    qmin = tonumber(m[4]), pushed = tonumber(m[5]) or 0, taken = tonumber(m[6]) or 0,
+    lapguess = m[7] == '1' or not tonumber(m[2]),
+  }
+end
+
+-- The sizes of the side structures; reading them is also their type check.
+function M.read_sides()
+  return {
+    [K.done] = M.read('SCARD', K.done), [K.done_old] = M.read('SCARD', K.done_old),
+    [K.marks] = M.read('HLEN', K.marks), [K.marks_old] = M.read('HLEN', K.marks_old),
+    revoked = M.read('ZCARD', K.revoked),
+  }
+end
+
 -- Tokens in ARGV[first..] that were revoked, as a set.
-local function revoked_among(first)
+function M.revoked_among(first, sides)
   local refused = {}
-  if #ARGV >= first and rcall('ZCARD', revoked) > 0 then
-    local scores = rcall('ZMSCORE', revoked, unpack(ARGV, first))
+  if #ARGV >= first and sides.revoked > 0 then
+    local scores = rcall('ZMSCORE', K.revoked, unpack(ARGV, first))
     for i = 1, #scores do
       if scores[i] then refused[ARGV[first + i - 1]] = true end
     end
@@ -211,119 +248,173 @@ local function revoked_among(first)
   return refused
 end
 
-local function tokens_in_done(tokens)
-  local found = {}
-  if #tokens == 0 then return found end
-  for _, key in ipairs({ done, done_old }) do
-    if rcall('SCARD', key) > 0 then
-      local flags = rcall('SMISMEMBER', key, unpack(tokens))
-      for i = 1, #flags do
-        if flags[i] == 1 then found[tokens[i]] = true end
-      end
-    end
-  end
-  return found
-end
-
--- Acks ARGV[first..]; returns how many were accepted. Arguments are already validated.
-local function ack_tokens(first)
-  if #ARGV < first or rcall('LLEN', ring) == 0 then return 0 end
-  local refused = revoked_among(first)
+-- Acks ARGV[first..] (already checked); returns how many were accepted.
+function M.ack_tokens(first, ring_length, sides)
+  if #ARGV < first or ring_length == 0 then return 0 end
+  local refused = M.revoked_among(first, sides)
   local accepted = {}
   for i = first, #ARGV do
-    if not refused[ARGV[i]] then accepted[#accepted + 1] = ARGV[i] end
+    local token = ARGV[i]
+    if not refused[token] then
+      accepted[#accepted + 1] = token
+      refused[token] = true -- a token given twice counts once
+    end
   end
-  if #accepted > 0 then rcall('SADD', done, unpack(accepted)) end
+  if #accepted > 0 then
+    rcall('SADD', K.done, unpack(accepted))
+    sides[K.done] = sides[K.done] + #accepted
+  end
   return #accepted
 end
 
-local function read_meta()
-  local m = rcall('HMGET', meta, 'seq', 'lapnext', 'qstart', 'qmin', 'pushed', 'taken')
-  return {
-    seq = tonumber(m[1]) or 0, lapnext = tonumber(m[2]), qstart = tonumber(m[3]),
-    qmin = tonumber(m[4]), pushed = tonumber(m[5]) or 0, taken = tonumber(m[6]) or 0,
-  }
+function M.ack()
+  M.check_tokens(2, true)
+  local length = M.read('LLEN', K.ring)
+  local sides = { [K.done] = M.read('SCARD', K.done), revoked = M.read('ZCARD', K.revoked) }
+  return M.ack_tokens(2, length, sides)
 end
 
--- Notes `n` more pending ids: counters, the push checkpoint for ages, and a wake-up.
-local function record_push(state, n, now)
-  state.pushed = state.pushed + n
-  local head = rcall('LINDEX', pushlog, 0)
-  local head_ms = head and tonumber(match(head, ':(%d+)$'))
-  if head_ms and now - head_ms < PUSHLOG_BUCKET_MS and now >= head_ms then
-    rcall('LSET', pushlog, 0, state.pushed .. ':' .. head_ms)
-  else
-    rcall('LPUSH', pushlog, state.pushed .. ':' .. now)
+if command == 'push' or command == 'requeue_dead' then
+  -- A ring that does not exist (new, or deleted) gets its sentinel; lap counting restarts.
+  function M.ensure_ring(length)
+    if length == 0 then
+      rcall('LPUSH', K.ring, SENTINEL)
+      rcall('HDEL', K.meta, 'lapnext')
+    end
   end
-  -- Drop a few fully consumed checkpoints per push, so the log stays short.
-  for _ = 1, 4 do
-    local tail = rcall('LINDEX', pushlog, -1)
-    if not tail or (tonumber(match(tail, '^(%d+):')) or 0) > state.taken then break end
-    rcall('RPOP', pushlog)
+
+  -- Reads (and so type-checks) what record_push will write.
+  function M.read_push_keys()
+    M.read('LLEN', K.wake)
+    return M.read('LINDEX', K.pushlog, 0)
   end
-  -- Something new is available: consumers must look at a whole lap again before idling.
-  rcall('HSET', meta, 'pushed', state.pushed, 'qstart', state.seq)
-  local tokens = {}
-  for i = 1, min(n, WAKE_TOKENS) do tokens[i] = '1' end
-  rcall('LPUSH', wake, unpack(tokens))
-  rcall('LTRIM', wake, 0, WAKE_TOKENS - 1)
+
+  -- Notes `n` more pending ids: counters, the push checkpoint for ages, and a wake-up.
+  function M.record_push(meta, n, now, head)
+    local pushlog = K.pushlog
+    meta.pushed = meta.pushed + n
+    local head_ms = head and tonumber(string.match(head, ':(%d+)$'))
+    if head_ms and now - head_ms < LIMIT.pushlog_bucket_ms and now >= head_ms then
+      rcall('LSET', pushlog, 0, meta.pushed .. ':' .. head_ms)
+    else
+      rcall('LPUSH', pushlog, meta.pushed .. ':' .. now)
+    end
+    -- Drop a few fully consumed checkpoints per push, so the log stays short.
+    for _ = 1, 4 do
+      local tail = rcall('LINDEX', pushlog, -1)
+      if not tail or (tonumber(string.match(tail, '^(%d+):')) or 0) > meta.taken then break end
+      rcall('RPOP', pushlog)
+    end
+    -- Something new is available: consumers must look at a whole lap again before idling.
+    rcall('HSET', K.meta, 'pushed', meta.pushed, 'qstart', meta.seq)
+    local tokens = {}
+    for i = 1, math.min(n, LIMIT.wake_tokens) do tokens[i] = '1' end
+    rcall('LPUSH', K.wake, unpack(tokens))
+    rcall('LTRIM', K.wake, 0, LIMIT.wake_tokens - 1)
+  end
+
+  -- The job id inside a dead letter, or nil when it holds no valid id.
+  function M.dead_letter_id(letter)
+    local element = string.match(letter, '^[^*]*%*%d+%*%d+%*(.*)$')
+    if not element then return nil end
+    local star = string.find(element, '*', 1, true)
+    local id = star and string.sub(element, 1, star - 1) or element
+    return M.valid_id(id) and id or nil
+  end
 end
 
-local function cmd_push()
-  local err = check_ids(2) or check_key_types()
-  if err then return err end
+function M.push()
+  M.check_ids(2)
   local n = #ARGV - 1
   if n == 0 then return 0 end
-  local now = now_ms()
-  local state = read_meta()
-  if rcall('LLEN', ring) == 0 then
-    -- A new (or deleted) ring gets its sentinel; the next sentinel seen starts lap counting.
-    rcall('LPUSH', ring, SENTINEL)
-    rcall('HDEL', meta, 'lapnext')
+  local length = M.read('LLEN', K.ring)
+  local meta = M.read_meta()
+  local head = M.read_push_keys()
+  local now = M.now_ms()
+  M.ensure_ring(length)
+  for i = 2, #ARGV, LIMIT.batch do
+    rcall('LPUSH', K.ring, unpack(ARGV, i, math.min(i + LIMIT.batch - 1, #ARGV)))
   end
-  for i = 2, #ARGV, MAX_BATCH do
-    rcall('LPUSH', ring, unpack(ARGV, i, min(i + MAX_BATCH - 1, #ARGV)))
-  end
-  record_push(state, n, now)
+  M.record_push(meta, n, now, head)
   return n
 end
 
-local function cmd_ack()
-  local err = check_tokens(2, true) or check_key_types()
-  if err then return err end
-  return ack_tokens(2)
-end
-
--- Shared by nack and extend: which tokens still hold a live lease.
-local function live_tokens(first)
-  local alive = {}
-  if rcall('LLEN', ring) == 0 then return alive end
-  local refused = revoked_among(first)
-  local tokens = {}
-  for i = first, #ARGV do tokens[#tokens + 1] = ARGV[i] end
-  local acked = tokens_in_done(tokens)
-  for _, token in ipairs(tokens) do
-    if not refused[token] and not acked[token] then alive[token] = true end
+function M.requeue_dead()
+  local count = M.int_arg(2, 'COUNT', 1, LIMIT.batch)
+  M.check_ids(3)
+  local wanted = nil
+  if #ARGV >= 3 then
+    wanted = {}
+    for i = 3, #ARGV do wanted[ARGV[i]] = true end
   end
-  return alive
+  local letters = M.read('LRANGE', K.dead, 0, LIMIT.budget - 1)
+  local length = M.read('LLEN', K.ring)
+  local meta = M.read_meta()
+  local head = M.read_push_keys()
+  local ids, kept = {}, {}
+  for i = 1, #letters do
+    local id = #ids < count and M.dead_letter_id(letters[i])
+    if id and (not wanted or wanted[id]) then
+      ids[#ids + 1] = id
+    else
+      kept[#kept + 1] = letters[i]
+    end
+  end
+  if #ids == 0 then return 0 end
+  -- Rewrite the examined prefix without the requeued letters, keeping their order.
+  rcall('LTRIM', K.dead, #letters, -1)
+  local reversed = {}
+  for i = #kept, 1, -1 do reversed[#reversed + 1] = kept[i] end
+  M.lpush_all(K.dead, reversed)
+  M.ensure_ring(length)
+  M.lpush_all(K.ring, ids)
+  M.record_push(meta, #ids, M.now_ms(), head)
+  return #ids
 end
 
-local function cmd_nack()
-  local delay, err = int_arg(ARGV[2], 'DELAY_MS', 0, MAX_LEASE_MS)
-  err = err or check_tokens(3, true) or check_key_types()
-  if err then return err end
-  local now = now_ms()
+if command == 'nack' or command == 'extend' then
+  -- Which tokens in ARGV[first..] still hold a live lease: not revoked, not acked.
+  function M.live_tokens(first)
+    local alive = {}
+    local length = M.read('LLEN', K.ring)
+    local sides = M.read_sides()
+    if length == 0 then return alive end
+    local refused = M.revoked_among(first, sides)
+    local tokens = {}
+    for i = first, #ARGV do tokens[#tokens + 1] = ARGV[i] end
+    local acked = {}
+    for _, key in ipairs({ K.done, K.done_old }) do
+      if sides[key] > 0 then
+        local flags = rcall('SMISMEMBER', key, unpack(tokens))
+        for i = 1, #flags do
+          if flags[i] == 1 then acked[tokens[i]] = true end
+        end
+      end
+    end
+    for _, token in ipairs(tokens) do
+      if not refused[token] and not acked[token] then alive[token] = true end
+    end
+    return alive
+  end
+end
+
+function M.nack()
+  local delay = M.int_arg(2, 'DELAY_MS', 0, LIMIT.lease_ms)
+  M.check_tokens(3, true)
+  local alive = M.live_tokens(3)
+  local meta = M.read_meta()
+  M.read('LLEN', K.wake)
+  local now = M.now_ms()
   local due = now + delay
-  local alive = live_tokens(3)
   local reply = {}
   local any = false
   for i = 3, #ARGV do
     local token = ARGV[i]
     if alive[token] then
       alive[token] = nil -- a token given twice is requeued once
-      rcall('HSET', marks, token, 'n' .. due)
-      rcall('HDEL', marks_old, token)
-      rcall('ZADD', revoked, now, token)
+      rcall('HSET', K.marks, token, 'n' .. due)
+      rcall('HDEL', K.marks_old, token)
+      rcall('ZADD', K.revoked, now, token)
       reply[#reply + 1] = 1
       any = true
     else
@@ -331,27 +422,25 @@ local function cmd_nack()
     end
   end
   if any then
-    local state = read_meta()
-    local qmin = state.qmin and min(state.qmin, due) or due
-    rcall('HSET', meta, 'qmin', qmin, 'qstart', state.seq)
-    rcall('LPUSH', wake, '1')
-    rcall('LTRIM', wake, 0, WAKE_TOKENS - 1)
+    local qmin = meta.qmin and math.min(meta.qmin, due) or due
+    rcall('HSET', K.meta, 'qmin', qmin, 'qstart', meta.seq)
+    rcall('LPUSH', K.wake, '1')
+    rcall('LTRIM', K.wake, 0, LIMIT.wake_tokens - 1)
   end
   return reply
 end
 
-local function cmd_extend()
-  local lease, err = int_arg(ARGV[2], 'LEASE_MS', 1, MAX_LEASE_MS)
-  err = err or check_tokens(3, true) or check_key_types()
-  if err then return err end
-  local deadline = now_ms() + lease
-  local alive = live_tokens(3)
+function M.extend()
+  local lease = M.int_arg(2, 'LEASE_MS', 1, LIMIT.lease_ms)
+  M.check_tokens(3, true)
+  local alive = M.live_tokens(3)
+  local deadline = M.now_ms() + lease
   local reply = { deadline }
   for i = 3, #ARGV do
     local token = ARGV[i]
     if alive[token] then
-      rcall('HSET', marks, token, 'e' .. deadline)
-      rcall('HDEL', marks_old, token)
+      rcall('HSET', K.marks, token, 'e' .. deadline)
+      rcall('HDEL', K.marks_old, token)
       reply[#reply + 1] = 1
     else
       reply[#reply + 1] = 0
@@ -360,309 +449,338 @@ local function cmd_extend()
   return reply
 end
 
--- Looks up, for a slice of elements, where their ack and mark live. Fills, per element:
--- done_in[i] = key of the done set holding it; mark[i] = mark value; mark_in[i] = its key.
-local function look_up(slice, done_in, mark, mark_in)
-  local tokens, at = {}, {}
-  for i = 1, #slice do
-    if find(slice[i], '*', 2, true) then
-      tokens[#tokens + 1] = slice[i]
-      at[#tokens] = i
-    end
-  end
-  if #tokens == 0 then return end
-  for _, key in ipairs({ done, done_old }) do
-    if rcall('SCARD', key) > 0 then
-      local flags = rcall('SMISMEMBER', key, unpack(tokens))
-      for j = 1, #flags do
-        if flags[j] == 1 and not done_in[at[j]] then done_in[at[j]] = key end
+if command == 'next' or command == 'sweep' or command == 'peek' then
+  -- Looks up, for a slice of ring elements, where their ack and mark live. Fills, per index:
+  -- done_in[i] = key of the done set holding it; mark[i] = mark value; mark_in[i] = its key.
+  -- One command per structure for the whole slice, whatever its size.
+  function M.look_up(slice, sides, done_in, mark, mark_in)
+    local find = string.find
+    local tokens, at = {}, {}
+    for i = 1, #slice do
+      if find(slice[i], '*', 2, true) then
+        tokens[#tokens + 1] = slice[i]
+        at[#tokens] = i
       end
     end
-  end
-  for _, key in ipairs({ marks, marks_old }) do
-    if rcall('HLEN', key) > 0 then
-      local values = rcall('HMGET', key, unpack(tokens))
-      for j = 1, #tokens do
-        local i = at[j]
-        if values[j] and not done_in[i] and not mark[i] then
-          mark[i] = values[j]
-          mark_in[i] = key
+    if #tokens == 0 then return end
+    for _, key in ipairs({ K.done, K.done_old }) do
+      if sides[key] > 0 then
+        local flags = rcall('SMISMEMBER', key, unpack(tokens))
+        for j = 1, #flags do
+          if flags[j] == 1 and not done_in[at[j]] then done_in[at[j]] = key end
+        end
+      end
+    end
+    for _, key in ipairs({ K.marks, K.marks_old }) do
+      if sides[key] > 0 then
+        local values = rcall('HMGET', key, unpack(tokens))
+        for j = 1, #tokens do
+          local i = at[j]
+          if values[j] and not done_in[i] and not mark[i] then
+            mark[i] = values[j]
+            mark_in[i] = key
+          end
         end
       end
     end
   end
-end
 
-local function cmd_next()
-  local count, err = int_arg(ARGV[2], 'COUNT', 1, MAX_COUNT)
-  local lease, budget, max_deliveries
-  if not err then lease, err = int_arg(ARGV[3], 'LEASE_MS', 1, MAX_LEASE_MS) end
-  if not err then budget, err = int_arg(ARGV[4], 'BUDGET', 1, MAX_BUDGET) end
-  if not err then max_deliveries, err = int_arg(ARGV[5], 'MAX_DELIVERIES', 0, 1000000) end
-  err = err or check_tokens(6, false) or check_key_types()
-  if err then return err end
-
-  local acked = ack_tokens(6)
-  local length = rcall('LLEN', ring)
-  if length == 0 then return { 1, -1, acked } end
-
-  local now = now_ms()
-  local deadline = now + lease
-  local state = read_meta()
-  local seq, lapnext, taken = state.seq, state.lapnext, state.taken
-  local qmin, qstart = state.qmin, state.qstart or state.seq
-  if qmin and qmin <= now then
-    -- Something has come due since the last idle lap: look at a whole lap again.
-    qmin, qstart = nil, seq
-  end
-  local soonest = nil -- earliest deadline or due time among the elements kept
-  local function keep_time(t)
-    if not soonest or t < soonest then soonest = t end
-  end
-
-  local reply = { 0, -1, acked }
-  local rotated = {} -- elements for the head, in visit order
-  local srem = { [done] = {}, [done_old] = {} }
-  local hdel = { [marks] = {}, [marks_old] = {} }
-  local keep_marks = {} -- token, value pairs that must live in the current marks generation
-  local revoke, letters = {}, {}
-  local live = length -- ring length as it is at this point of the visits
-  local visited, leased = 0, 0
-  local limit = min(budget, length)
-  local lapped = false
-
-  local function flush_side_writes()
-    for _, key in ipairs({ done, done_old }) do
-      if #srem[key] > 0 then rcall('SREM', key, unpack(srem[key])) end
-      srem[key] = {}
+  -- Applies the side-structure writes collected so far by a walk, keeping the sizes in
+  -- s.sides true (end_lap renames only what exists).
+  function M.flush_side_writes(s)
+    local sides = s.sides
+    for _, key in ipairs({ K.done, K.done_old }) do
+      if #s.srem[key] > 0 then sides[key] = sides[key] - rcall('SREM', key, unpack(s.srem[key])) end
+      s.srem[key] = {}
     end
-    for _, key in ipairs({ marks, marks_old }) do
-      if #hdel[key] > 0 then rcall('HDEL', key, unpack(hdel[key])) end
-      hdel[key] = {}
+    for _, key in ipairs({ K.marks, K.marks_old }) do
+      if #s.hdel[key] > 0 then sides[key] = sides[key] - rcall('HDEL', key, unpack(s.hdel[key])) end
+      s.hdel[key] = {}
     end
-    if #keep_marks > 0 then rcall('HSET', marks, unpack(keep_marks)) end
-    keep_marks = {}
+    if #s.keep_marks > 0 then
+      sides[K.marks] = sides[K.marks] + rcall('HSET', K.marks, unpack(s.keep_marks))
+    end
+    s.keep_marks = {}
   end
 
-  -- Hands out a new delivery of `id` (delivered `n` times so far), revoking `old_token`.
-  local function lease_again(id, n, old_token, reclaimed, mark_key)
-    if mark_key then table.insert(hdel[mark_key], old_token) end
-    if old_token then revoke[#revoke + 1] = old_token end
-    if max_deliveries > 0 and n >= max_deliveries then
-      letters[#letters + 1] = 'max_deliveries*' .. n .. '*' .. now .. '*' .. id
-      live = live - 1
-      return
-    end
-    local seq_here = seq + visited
-    local token = id .. '*' .. deadline .. '.' .. (n + 1) .. '.' .. seq_here
-    rotated[#rotated + 1] = token
-    reply[#reply + 1] = token
-    reply[#reply + 1] = reclaimed
-    leased = leased + 1
-    keep_time(deadline)
-  end
-
-  -- The sentinel's visit ends a lap: whatever an old generation still holds was not claimed by
-  -- any element during a whole lap, so it is a leftover (late ack, stale mark) and goes.
-  local function end_lap(slice, from, done_in, mark_in)
-    flush_side_writes()
-    rcall('DEL', done_old, marks_old)
-    if rcall('EXISTS', done) == 1 then rcall('RENAME', done, done_old) end
-    if rcall('EXISTS', marks) == 1 then rcall('RENAME', marks, marks_old) end
-    rcall('ZREMRANGEBYSCORE', revoked, '-inf', '(' .. (now - REVOKED_KEEP_MS))
-    -- Look-ups already made for the rest of this slice now live one generation older.
-    local older = { [done] = done_old, [marks] = marks_old }
+  -- The sentinel's visit ends a lap: whatever an old generation still holds was not claimed
+  -- by any element during a whole lap, so it is a leftover (late ack, stale mark) and goes.
+  -- Look-ups already made for slice[1..from] now live one generation older.
+  function M.end_lap(s, from, done_in, mark_in)
+    M.flush_side_writes(s)
+    rcall('DEL', K.done_old, K.marks_old)
+    local sides = s.sides
+    if sides[K.done] > 0 then rcall('RENAME', K.done, K.done_old) end
+    if sides[K.marks] > 0 then rcall('RENAME', K.marks, K.marks_old) end
+    sides[K.done_old], sides[K.done] = sides[K.done], 0
+    sides[K.marks_old], sides[K.marks] = sides[K.marks], 0
+    rcall('ZREMRANGEBYSCORE', K.revoked, '-inf', '(' .. (s.now - LIMIT.revoked_keep_ms))
+    local older = { [K.done] = K.done_old, [K.marks] = K.marks_old }
     for i = from, 1, -1 do
       if done_in[i] then done_in[i] = older[done_in[i]] or false end
       if mark_in[i] then mark_in[i] = older[mark_in[i]] or false end
     end
-    rotated[#rotated + 1] = SENTINEL
-    lapnext = seq + visited + live
-    lapped = true
+    s.rotated[#s.rotated + 1] = SENTINEL
+    s.lapnext, s.lapguess = s.seq + s.visited + s.live, false
   end
 
-  while visited < limit and leased < count do
-    local want = min(limit - visited, count - leased + 16)
-    local slice = rcall('LRANGE', ring, -(visited + want), -(visited + 1))
-    local done_in, mark, mark_in = {}, {}, {}
-    look_up(slice, done_in, mark, mark_in)
-    local i = #slice
-    while i >= 1 and leased < count do
-      local element = slice[i]
-      visited = visited + 1
-      local index = seq + visited
-      if lapnext and index > lapnext then lapnext = nil end
-      if element == SENTINEL then
-        if lapnext and index < lapnext then
-          live = live - 1 -- a second sentinel: drop it
-        else
-          end_lap(slice, i - 1, done_in, mark_in)
+  -- Hands out a new delivery of `id` (delivered `n` times so far) in place of `old_token`,
+  -- or dead-letters it when it has had its deliveries.
+  function M.lease_again(s, id, n, old_token, reclaimed, mark_key)
+    if mark_key then table.insert(s.hdel[mark_key], old_token) end
+    s.revoke[#s.revoke + 1] = old_token
+    if s.max_deliveries > 0 and n >= s.max_deliveries then
+      s.letters[#s.letters + 1] = 'max_deliveries*' .. n .. '*' .. s.now .. '*' .. id
+      s.live = s.live - 1
+      return
+    end
+    local token = id .. '*' .. s.deadline .. '.' .. (n + 1) .. '.' .. (s.seq + s.visited)
+    s.rotated[#s.rotated + 1] = token
+    s.reply[#s.reply + 1] = token
+    s.reply[#s.reply + 1] = reclaimed
+    s.leased = s.leased + 1
+  end
+
+  -- An element that stays as it is for now; a mark it still needs moves to the current
+  -- generation.
+  function M.keep(s, element, at, m, m_key)
+    s.rotated[#s.rotated + 1] = element
+    if at and (not s.soonest or at < s.soonest) then s.soonest = at end
+    if m and m_key ~= K.marks then
+      s.keep_marks[#s.keep_marks + 1] = element
+      s.keep_marks[#s.keep_marks + 1] = m
+      if m_key then table.insert(s.hdel[m_key], element) end
+    end
+  end
+
+  function M.dead_letter(s, reason, n, element)
+    s.letters[#s.letters + 1] = reason .. '*' .. n .. '*' .. s.now .. '*' .. element
+    s.live = s.live - 1
+  end
+
+  -- A leased element that is not acked: keep it, or lease it again once it is due.
+  function M.visit_lease(s, element, m, m_key)
+    local id, deadline, n = M.parse_token(element)
+    local kind = m and string.sub(m, 1, 1)
+    local when = m and tonumber(string.match(m, '^[en](%d+)$'))
+    if not id then
+      if m_key then table.insert(s.hdel[m_key], element) end
+      M.dead_letter(s, 'corrupt', 0, element)
+      return
+    end
+    if when and kind == 'e' then deadline = when end
+    local due = (when and kind == 'n') and when or deadline
+    if due > s.now or s.sweeping then
+      M.keep(s, element, due, m, m_key)
+    else
+      M.lease_again(s, id, n, element, (kind == 'n') and 0 or 1, m_key)
+    end
+  end
+
+  -- The state of one walk over the tail of the ring, shared by next and sweep. Reading the
+  -- ring's length and the side structures' sizes also checks every key the walk may write.
+  function M.start_walk(lease, max_deliveries)
+    local length = M.read('LLEN', K.ring)
+    local meta = M.read_meta()
+    local sides = M.read_sides()
+    M.read('LLEN', K.dead)
+    local now = M.now_ms()
+    local lapnext = meta.lapnext or (meta.seq + length + 1)
+    return {
+      now = now, deadline = now + lease, max_deliveries = max_deliveries, sides = sides,
+      length = length, live = length, -- ring length as it is at this point of the visits
+      seq = meta.seq, lapnext = lapnext, qmin = meta.qmin,
+      -- With the lap position unknown (new ring, lost meta), guess that the sentinel is within
+      -- one ring length: a sentinel seen before then is accepted, none seen means it is gone.
+      lapguess = meta.lapguess,
+      qstart = meta.qstart or meta.seq, taken = meta.taken,
+      reply = {}, rotated = {}, revoke = {}, letters = {}, keep_marks = {},
+      srem = { [K.done] = {}, [K.done_old] = {} }, hdel = { [K.marks] = {}, [K.marks_old] = {} },
+      visited = 0, leased = 0, soonest = nil, sweeping = false,
+    }
+  end
+
+  -- Visits at most `limit` elements from the tail, leasing up to `count` jobs.
+  function M.walk(s, count, limit)
+    local find, valid_id, SENTINEL = string.find, M.valid_id, SENTINEL
+    -- A pending id's first delivery: its token is id .. first .. visit number.
+    local first = '*' .. s.deadline .. '.1.'
+    local rotated, reply, srem = s.rotated, s.reply, s.srem
+    while s.visited < limit and s.leased < count do
+      local want = math.min(limit - s.visited, count - s.leased + 16)
+      local slice = rcall('LRANGE', K.ring, -(s.visited + want), -(s.visited + 1))
+      local done_in, mark, mark_in = {}, {}, {}
+      M.look_up(slice, s.sides, done_in, mark, mark_in)
+      local i = #slice
+      while i >= 1 and s.leased < count do
+        local element = slice[i]
+        local visited = s.visited + 1
+        s.visited = visited
+        local index = s.seq + visited
+        if index > s.lapnext then
+          s.lapnext, s.lapguess = index + s.live, true -- lost track: guess again
         end
-      else
-        if lapnext and index == lapnext then
-          -- The sentinel is missing (someone removed it): put one back just before this
-          -- element, which is then the first of the next lap.
-          live = live + 1
-          end_lap(slice, i, done_in, mark_in)
-          lapnext = lapnext - 1
-        end
-        local star = find(element, '*', 1, true)
-        if not star then
-          if valid_id(element) then
-            taken = taken + 1
-            lease_again(element, 0, nil, 0, nil)
+        if element == SENTINEL then
+          if index < s.lapnext and not s.lapguess then
+            s.live = s.live - 1 -- a second sentinel: drop it
           else
-            taken = taken + 1
-            letters[#letters + 1] = 'corrupt*0*' .. now .. '*' .. element
-            live = live - 1
+            M.end_lap(s, i - 1, done_in, mark_in)
           end
-        elseif done_in[i] ~= nil then
-          if done_in[i] then table.insert(srem[done_in[i]], element) end
-          live = live - 1
         else
-          local id, lease_deadline, n = parse_token(element)
-          local m = mark[i]
-          local kind = m and sub(m, 1, 1)
-          local when = m and tonumber(match(m, '^[en](%d+)$'))
-          if not id then
-            letters[#letters + 1] = 'corrupt*0*' .. now .. '*' .. element
-            if mark_in[i] then table.insert(hdel[mark_in[i]], element) end
-            live = live - 1
-          elseif when and kind == 'n' then
-            if when <= now then
-              lease_again(id, n, element, 0, mark_in[i])
-            else
+          if index == s.lapnext then
+            -- The sentinel is missing (someone removed it): put one back just before this
+            -- element, which is then the first of the next lap.
+            s.live = s.live + 1
+            M.end_lap(s, i, done_in, mark_in)
+            s.lapnext = s.lapnext - 1
+          end
+          if not find(element, '*', 1, true) then
+            if not valid_id(element) then
+              s.taken = s.taken + 1
+              M.dead_letter(s, 'corrupt', 0, element)
+            elseif s.sweeping then
               rotated[#rotated + 1] = element
-              keep_time(when)
-              if mark_in[i] ~= marks then
-                keep_marks[#keep_marks + 1] = element
-                keep_marks[#keep_marks + 1] = m
-                if mark_in[i] then table.insert(hdel[mark_in[i]], element) end
-              end
+            else
+              s.taken = s.taken + 1
+              local token = element .. first .. index
+              rotated[#rotated + 1] = token
+              reply[#reply + 1] = token
+              reply[#reply + 1] = 0
+              s.leased = s.leased + 1
             end
+          elseif done_in[i] ~= nil then
+            if done_in[i] then
+              local list = srem[done_in[i]]
+              list[#list + 1] = element
+            end
+            s.live = s.live - 1
           else
-            if when then lease_deadline = when end
-            if lease_deadline <= now then
-              lease_again(id, n, element, 1, mark_in[i])
-            else
-              rotated[#rotated + 1] = element
-              keep_time(lease_deadline)
-              if m and mark_in[i] ~= marks then
-                keep_marks[#keep_marks + 1] = element
-                keep_marks[#keep_marks + 1] = m
-                if mark_in[i] then table.insert(hdel[mark_in[i]], element) end
-              end
-            end
+            M.visit_lease(s, element, mark[i], mark_in[i])
           end
         end
+        i = i - 1
       end
-      i = i - 1
     end
   end
 
-  -- The ring: drop the visited tail, put back what stays at the head, in visit order.
-  rcall('LTRIM', ring, 0, -(visited + 1))
-  lpush_all(ring, rotated)
-  flush_side_writes()
-  if #revoke > 0 then
-    local args = {}
-    for j = 1, #revoke do
-      args[#args + 1] = now
-      args[#args + 1] = revoke[j]
+  -- Writes what a walk decided: the ring (visited tail dropped, what stays pushed back at the
+  -- head in visit order), side structures, revocations, dead letters and counters.
+  function M.finish_walk(s)
+    rcall('LTRIM', K.ring, 0, -(s.visited + 1))
+    M.lpush_all(K.ring, s.rotated)
+    M.flush_side_writes(s)
+    if #s.revoke > 0 then
+      local args = {}
+      for j = 1, #s.revoke do
+        args[#args + 1] = s.now
+        args[#args + 1] = s.revoke[j]
+      end
+      rcall('ZADD', K.revoked, unpack(args))
     end
-    rcall('ZADD', revoked, unpack(args))
+    if #s.letters > 0 then rcall('RPUSH', K.dead, unpack(s.letters)) end
+    s.seq = s.seq + s.visited
+    if s.leased > 0 and (not s.soonest or s.deadline < s.soonest) then s.soonest = s.deadline end
+    if s.soonest and (not s.qmin or s.soonest < s.qmin) then s.qmin = s.soonest end
+    rcall('HSET', K.meta, 'seq', s.seq, 'qstart', s.qstart, 'taken', s.taken,
+      'lapnext', s.lapnext, 'lapguess', s.lapguess and 1 or 0, 'qmin', s.qmin or '')
   end
-  if #letters > 0 then rcall('RPUSH', dead, unpack(letters)) end
+end
 
-  seq = seq + visited
-  if soonest and (not qmin or soonest < qmin) then qmin = soonest end
-  local idle = leased == 0 and seq - qstart >= live
-  local fields = { 'seq', seq, 'qstart', qstart, 'taken', taken }
-  if lapnext then
-    fields[#fields + 1] = 'lapnext'
-    fields[#fields + 1] = lapnext
+function M.next()
+  local count = M.int_arg(2, 'COUNT', 1, LIMIT.count)
+  local lease = M.int_arg(3, 'LEASE_MS', 1, LIMIT.lease_ms)
+  local budget = M.int_arg(4, 'BUDGET', 1, LIMIT.budget)
+  local max_deliveries = M.int_arg(5, 'MAX_DELIVERIES', 0, 1000000)
+  M.check_tokens(6, false)
+  local s = M.start_walk(lease, max_deliveries)
+  local acked = M.ack_tokens(6, s.length, s.sides)
+  if s.length == 0 then return { 1, -1, acked } end
+  if s.qmin and s.qmin <= s.now then
+    -- Something has come due since the last idle lap: look at a whole lap again.
+    s.qmin, s.qstart = nil, s.seq
   end
-  if qmin then
-    fields[#fields + 1] = 'qmin'
-    fields[#fields + 1] = qmin
-  end
-  rcall('HSET', meta, unpack(fields))
-  if not lapnext then rcall('HDEL', meta, 'lapnext') end
-  if not qmin then rcall('HDEL', meta, 'qmin') end
-  if idle then
-    -- Only a call that has seen a whole lap since the last push may clear the wake list.
-    rcall('DEL', wake)
+  s.reply = { 0, -1, acked }
+  M.walk(s, count, math.min(budget, s.length))
+  M.finish_walk(s)
+  local reply = s.reply
+  if s.leased == 0 and s.seq - s.qstart >= s.live then
+    -- A whole lap since the last push found nothing. Only such a call may clear the wake
+    -- list, so a push between two partial laps cannot lose its wake-up.
+    rcall('DEL', K.wake)
     reply[1] = 1
   end
-  if qmin then reply[2] = qmin - now end
+  if s.qmin then reply[2] = s.qmin - s.now end
   return reply
 end
 
-local function count_deferred()
-  local deferred = 0
-  for _, key in ipairs({ marks, marks_old }) do
-    if rcall('HLEN', key) > 0 then
-      local values = rcall('HVALS', key)
-      for i = 1, #values do
-        if sub(values[i], 1, 1) == 'n' then deferred = deferred + 1 end
-      end
-    end
-  end
-  return deferred
+function M.sweep()
+  local budget = M.int_arg(2, 'BUDGET', 1, LIMIT.budget)
+  local s = M.start_walk(0, 0)
+  if s.length == 0 then return { 0, 0, 0 } end
+  s.sweeping = true
+  M.walk(s, 1, math.min(budget, s.length))
+  M.finish_walk(s)
+  return { s.visited, s.length - s.live, math.max(s.live - 1, 0) }
 end
 
-local function cmd_stats()
-  local err = check_key_types()
-  if err then return err end
-  local now = now_ms()
-  local state = read_meta()
-  local ring_length = rcall('LLEN', ring)
+function M.stats()
+  local now = M.now_ms()
+  local meta = M.read_meta()
+  local ring_length = M.read('LLEN', K.ring)
   local length = ring_length > 0 and ring_length - 1 or 0
-  local pending = math.max(0, min(length, state.pushed - state.taken))
-  local acked = rcall('SCARD', done) + rcall('SCARD', done_old)
-  local deferred = count_deferred()
-  local in_flight = math.max(0, length - pending - acked - deferred)
-  local oldest = -1
-  if pending > 0 then
-    local tail = rcall('LRANGE', pushlog, -64, -1)
-    for i = #tail, 1, -1 do
-      local pushed, at = match(tail[i], '^(%d+):(%d+)$')
-      if pushed and tonumber(pushed) > state.taken then
-        oldest = math.max(0, now - tonumber(at))
-        break
-      end
+  local pending = math.max(0, math.min(length, meta.pushed - meta.taken))
+  local acked = M.read('SCARD', K.done) + M.read('SCARD', K.done_old)
+  local deferred = 0
+  for _, key in ipairs({ K.marks, K.marks_old }) do
+    local values = M.read('HVALS', key)
+    for i = 1, #values do
+      if string.sub(values[i], 1, 1) == 'n' then deferred = deferred + 1 end
     end
   end
+  local in_flight = math.max(0, length - pending - acked - deferred)
+  -- The push log holds cumulative push counts, newest first: the oldest pending job was
+  -- pushed in the oldest checkpoint whose count exceeds what was taken. Binary search.
+  local oldest = -1
+  local lo, hi = 0, M.read('LLEN', K.pushlog) - 1
+  local found = nil
+  while pending > 0 and lo <= hi do
+    local mid = math.floor((lo + hi) / 2)
+    local pushed, at = string.match(rcall('LINDEX', K.pushlog, mid) or '', '^(%d+):(%d+)$')
+    if pushed and tonumber(pushed) > meta.taken then
+      found, lo = tonumber(at), mid + 1
+    else
+      hi = mid - 1
+    end
+  end
+  if found then oldest = math.max(0, now - found) end
   return {
     'length', length, 'pending', pending, 'in_flight', in_flight, 'done', acked,
-    'deferred', deferred, 'dead', rcall('LLEN', dead), 'oldest_pending_age_ms', oldest,
+    'deferred', deferred, 'dead', M.read('LLEN', K.dead), 'oldest_pending_age_ms', oldest,
   }
 end
 
-local function cmd_peek()
-  local count, err = int_arg(ARGV[2], 'COUNT', 1, MAX_COUNT)
-  err = err or check_key_types()
-  if err then return err end
-  local slice = rcall('LRANGE', ring, -count, -1)
+function M.peek()
+  local count = M.int_arg(2, 'COUNT', 1, LIMIT.count)
+  local slice = M.read('LRANGE', K.ring, -count, -1)
   local done_in, mark = {}, {}
-  look_up(slice, done_in, mark, {})
+  M.look_up(slice, M.read_sides(), done_in, mark, {})
   local reply = {}
   for i = #slice, 1, -1 do
     local element = slice[i]
     local state, at = 'pending', 0
     if element == SENTINEL then
       state = 'lap'
-    elseif find(element, '*', 1, true) or not valid_id(element) then
-      local id, lease_deadline = parse_token(element)
-      local when = mark[i] and tonumber(match(mark[i], '^[en](%d+)$'))
+    elseif string.find(element, '*', 1, true) or not M.valid_id(element) then
+      local id, deadline = M.parse_token(element)
+      local when = mark[i] and tonumber(string.match(mark[i], '^[en](%d+)$'))
       if not id then
         state = 'corrupt'
       elseif done_in[i] then
         state = 'done'
-      elseif when and sub(mark[i], 1, 1) == 'n' then
+      elseif when and string.sub(mark[i], 1, 1) == 'n' then
         state, at = 'deferred', when
       else
-        state, at = 'leased', when or lease_deadline
+        state, at = 'leased', when or deadline
       end
     end
     reply[#reply + 1] = element
@@ -672,77 +790,34 @@ local function cmd_peek()
   return reply
 end
 
-local function cmd_dead()
-  local start, err = int_arg(ARGV[2], 'START', 0, 1e15)
-  local count
-  if not err then count, err = int_arg(ARGV[3], 'COUNT', 1, MAX_COUNT) end
-  err = err or check_key_types()
-  if err then return err end
-  return rcall('LRANGE', dead, start, start + count - 1)
-end
-
--- The job id inside a dead letter, or nil when it holds no valid id.
-local function dead_letter_id(letter)
-  local element = match(letter, '^[^*]*%*%d+%*%d+%*(.*)$')
-  if not element then return nil end
-  local star = find(element, '*', 1, true)
-  local id = star and sub(element, 1, star - 1) or element
-  return valid_id(id) and id or nil
-end
-
-local function cmd_requeue_dead()
-  local count, err = int_arg(ARGV[2], 'COUNT', 1, MAX_BATCH)
-  err = err or check_ids(3) or check_key_types()
-  if err then return err end
-  local wanted = nil
-  if #ARGV >= 3 then
-    wanted = {}
-    for i = 3, #ARGV do wanted[ARGV[i]] = true end
-  end
-  local letters = rcall('LRANGE', dead, 0, MAX_BUDGET - 1)
-  local ids, kept = {}, {}
-  for i = 1, #letters do
-    local id = #ids < count and dead_letter_id(letters[i])
-    if id and (not wanted or wanted[id]) then
-      ids[#ids + 1] = id
-    else
-      kept[#kept + 1] = letters[i]
-    end
-  end
-  if #ids == 0 then return 0 end
-  local now = now_ms()
-  local state = read_meta()
-  -- Rewrite the examined prefix without the requeued letters, keeping their order.
-  rcall('LTRIM', dead, #letters, -1)
-  local reversed = {}
-  for i = #kept, 1, -1 do reversed[#reversed + 1] = kept[i] end
-  lpush_all(dead, reversed)
-  if rcall('LLEN', ring) == 0 then
-    rcall('LPUSH', ring, SENTINEL)
-    rcall('HDEL', meta, 'lapnext')
-  end
-  lpush_all(ring, ids)
-  record_push(state, #ids, now)
-  return #ids
+function M.dead()
+  local start = M.int_arg(2, 'START', 0, 1e15)
+  local count = M.int_arg(3, 'COUNT', 1, LIMIT.count)
+  return M.read('LRANGE', K.dead, start, start + count - 1)
 end
 
 local COMMANDS = {
-  push = cmd_push,
-  next = cmd_next,
-  ack = cmd_ack,
-  nack = cmd_nack,
-  extend = cmd_extend,
-  stats = cmd_stats,
-  peek = cmd_peek,
-  dead = cmd_dead,
-  requeue_dead = cmd_requeue_dead,
+  push = M.push,
+  next = M.next,
+  ack = M.ack,
+  nack = M.nack,
+  extend = M.extend,
+  sweep = M.sweep,
+  stats = M.stats,
+  peek = M.peek,
+  dead = M.dead,
+  requeue_dead = M.requeue_dead,
 }
 
 if #KEYS ~= 10 then
-  return fail('ROTATOR_KEYS', 'expected 10 keys, got ' .. #KEYS)
+  return M.fail('ROTATOR_KEYS', 'expected 10 keys, got ' .. #KEYS)
 end
-local handler = command and COMMANDS[command]
+local handler = COMMANDS[command]
 if not handler then
-  return fail('ROTATOR_BADCMD', 'unknown command ' .. tostring(command))
+  return M.fail('ROTATOR_BADCMD', 'unknown command ' .. M.printable(command))
 end
-return handler()
+local ok, result = pcall(handler)
+if not ok and not (type(result) == 'table' and result.err) then
+  error(result, 0) -- a bug, or an error from Redis itself: report it as it is
+end
+return result

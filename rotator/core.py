@@ -19,6 +19,7 @@ from rotator import protocol
 from rotator.defaults import (
     DEFAULT_BUDGET,
     DEFAULT_LEASE_TIMEOUT,
+    DEFAULT_POLL,
     DEFAULT_PREFIX,
     DEFAULT_PUSH_CHUNK,
     MAX_BATCH,
@@ -256,15 +257,17 @@ class Rotator:
         concurrency: int = 1,
         stop_when_empty: bool = False,
         batch: int = 1,
+        poll: float = DEFAULT_POLL,
         install_signal_handlers: bool = True,
     ) -> WorkSummary:
         """Runs ``handler(job)`` for each job until stopped (SIGINT/SIGTERM) or, with
         ``stop_when_empty``, until nothing is pending, in flight or deferred.
 
-        Failures are nacked with exponential backoff; long handlers' leases are extended.
-        See :mod:`rotator.worker`.
+        Failures are nacked with exponential backoff; the leases of every job held are
+        extended while it waits or runs. ``poll`` is how long an idle loop blocks before it
+        looks at its stop conditions. See :mod:`rotator.worker`.
         """
-        worker = Worker(self, handler, concurrency=concurrency, batch=batch)
+        worker = Worker(self, handler, concurrency=concurrency, batch=batch, poll=poll)
         return worker.run(
             stop_when_empty=stop_when_empty, install_signal_handlers=install_signal_handlers
         )
@@ -278,6 +281,22 @@ class Rotator:
     def delete(self) -> bool:
         """Removes the queue and everything in it (pending, leased, dead) in one command."""
         return bool(self.client.delete(*self.keys.all))
+
+    def sweep(self) -> int:
+        """Visits a whole lap without leasing anything; returns how many elements it removed.
+
+        Acked elements normally leave the ring when consumers next reach them; an idle
+        queue keeps them until its next lap. Costs O(ring length), in bounded calls.
+        """
+        length = int(self.client.llen(self.keys.ring))
+        visited = removed = 0
+        while visited < length:
+            reply = self._call(b"sweep", self._budget)
+            if int(reply[0]) == 0:
+                break
+            visited += int(reply[0])
+            removed += int(reply[1])
+        return removed
 
     def stats(self) -> Stats:
         """Counts, read in one atomic call; costs O(nacked and extended jobs), not O(ring)."""

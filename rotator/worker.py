@@ -58,9 +58,12 @@ class Worker:
         self.poll = poll
         self._stop = threading.Event()
         self._lock = threading.Lock()
-        self._running: dict[str, float] = {}  # token -> monotonic time its lease runs out
-        self._tokens: dict[str, Job] = {}
-        self._processed = self._failed = self._lost = 0
+        # Every job claimed and not yet acked or nacked, with the monotonic time its lease
+        # runs out: jobs waiting their turn in a batch and finished jobs whose ack rides on
+        # the next claim need their leases kept as much as the one running.
+        self._held: dict[str, tuple[Job, float]] = {}
+        self._lost: set[str] = set()
+        self._processed = self._failed = self._lost_count = 0
 
     def stop(self) -> None:
         """Asks every loop to finish its current job and return."""
@@ -92,7 +95,7 @@ class Worker:
             heartbeat.join()
             for signum, previous in restore.items():
                 signal.signal(signum, previous)
-        return WorkSummary(self._processed, self._failed, self._lost)
+        return WorkSummary(self._processed, self._failed, self._lost_count)
 
     def _install_signals(self) -> dict[int, Any]:
         if threading.current_thread() is not threading.main_thread():
@@ -104,59 +107,81 @@ class Worker:
 
         return {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
 
+    def _hold(self, jobs: list[Job]) -> None:
+        expiry = time.monotonic() + self.rotator.timeout
+        with self._lock:
+            for job in jobs:
+                self._held[job.token] = (job, expiry)
+
+    def _release(self, jobs: list[Job]) -> None:
+        with self._lock:
+            for job in jobs:
+                self._held.pop(job.token, None)
+                self._lost.discard(job.token)
+
     def _loop(self, stop_when_empty: bool) -> None:
         finished: list[Job] = []
         try:
             while not self._stop.is_set():
                 jobs = self.rotator.next(self.batch, block=self.poll, ack=finished)
+                self._release(finished)
                 finished = []
+                self._hold(jobs)
                 if not jobs:
                     if stop_when_empty and self._drained():
                         return
                     continue
                 for position, job in enumerate(jobs):
                     if self._stop.is_set():
-                        self.rotator.nack(*jobs[position:])  # claimed, never started
+                        unstarted = jobs[position:]
+                        self.rotator.nack(*unstarted)  # claimed, never started: give back
+                        self._release(unstarted)
                         break
                     if self._run_one(job):
                         finished.append(job)
         finally:
             if finished:
                 self.rotator.ack(*finished)
+                self._release(finished)
 
     def _drained(self) -> bool:
         stats = self.rotator.stats()
-        return stats.pending == 0 and stats.in_flight == 0 and stats.deferred == 0
+        if stats.pending == 0 and stats.in_flight == 0 and stats.deferred == 0:
+            self.rotator.sweep()  # leave no acked element behind in the ring
+            return True
+        return False
 
     def _run_one(self, job: Job) -> bool:
+        """Runs the handler; True when the job should be acked."""
         with self._lock:
-            self._running[job.token] = time.monotonic() + self.rotator.timeout
-            self._tokens[job.token] = job
+            lost = job.token in self._lost
+        if lost:  # another consumer has it now: running it here would be a duplicate
+            self._release([job])
+            return False
         try:
             self.handler(job)
         except Exception:
             log.exception("job %s failed (delivery %d); retrying later", job.id, job.deliveries)
             self.rotator.nack(job, delay=retry_delay(job.deliveries))
+            self._release([job])
             with self._lock:
                 self._failed += 1
             return False
-        finally:
-            with self._lock:
-                self._running.pop(job.token, None)
-                self._tokens.pop(job.token, None)
         with self._lock:
             self._processed += 1
         return True
 
     def _heartbeat(self) -> None:
-        """Extends leases that are half used, so long handlers keep their jobs."""
+        """Extends every held lease that is half used, so slow batches keep their jobs."""
         timeout = self.rotator.timeout
         interval = max(min(timeout / 4, 5.0), 0.01)
         while not self._stop.wait(interval):
             now = time.monotonic()
             with self._lock:
                 due = [
-                    self._tokens[t] for t, end in self._running.items() if end - now < timeout / 2
+                    job
+                    for token, (job, expiry) in self._held.items()
+                    if expiry - now < timeout / 2 and token not in self._lost
                 ]
             if not due:
                 continue
@@ -167,9 +192,11 @@ class Worker:
                 continue
             with self._lock:
                 for job, ok in zip(due, kept, strict=True):
-                    if ok and job.token in self._running:
-                        self._running[job.token] = now + timeout
-                    elif not ok:
-                        self._running.pop(job.token, None)
-                        self._lost += 1
-                        log.warning("lease of job %s was lost; its ack will be refused", job.id)
+                    if job.token not in self._held:
+                        continue  # acked or nacked meanwhile: nothing was lost
+                    if ok:
+                        self._held[job.token] = (job, now + timeout)
+                    else:
+                        self._lost.add(job.token)
+                        self._lost_count += 1
+                        log.warning("lease of job %s was lost; it will not be acked here", job.id)

@@ -9,13 +9,14 @@ from typing import Any
 import redis
 
 from rotator import Rotator
+from rotator.protocol import text
 
 
 def snapshot(client: redis.Redis, rotator: Rotator) -> dict[str, Any]:
     """Every key of a queue, by value, so a test can assert that nothing changed."""
     state: dict[str, Any] = {}
     for key in rotator.keys.all:
-        kind = client.type(key).decode()
+        kind = text(client.type(key))
         if kind == "list":
             state[key] = client.lrange(key, 0, -1)
         elif kind == "set":

@@ -1,0 +1,287 @@
+"""One interface over the lupa harness and a real server, so every scenario runs on both.
+
+Replies are normalised to the same Python shapes on both sides: bytes become str (the ids here
+are ASCII), integers stay int, nil is None, error replies raise `ReplyError` whose message is
+the reply without Redis's " script: <sha>, on @user_script:N." suffix.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TypeAlias
+
+import redis
+
+from tests.lua.harness import (
+    MODULE_PATH,
+    ROLES,
+    Harness,
+    Hash,
+    Reply,
+    ScriptError,
+    Status,
+    ZSet,
+    queue_keys,
+)
+
+Result: TypeAlias = "int | str | list[Result] | None"
+Arg: TypeAlias = "str | int | bytes"
+# A key's content, comparable across backends: (TYPE, value in a canonical shape).
+KeyState: TypeAlias = "tuple[str, object]"
+
+_SCRIPT_SUFFIX = re.compile(r" script: [0-9a-f]{40}, on @user_script:\d+\.$")
+
+
+def strip_script_suffix(message: str) -> str:
+    """A server's script error without the " script: <sha>, on @user_script:N." it appends."""
+    return _SCRIPT_SUFFIX.sub("", message)
+
+
+class ReplyError(Exception):
+    """An error reply from the module; str() is the reply text, e.g. 'ROTATOR_BADID ...'."""
+
+    @property
+    def code(self) -> str:
+        return str(self).split(" ", 1)[0]
+
+
+def _text(raw: bytes | str) -> str:
+    return raw if isinstance(raw, str) else raw.decode("utf-8", "surrogateescape")
+
+
+def normalise(reply: object) -> Result:
+    """A reply of either backend in the shared shape."""
+    if reply is None or isinstance(reply, int):
+        return reply
+    if isinstance(reply, bytes):
+        return _text(reply)
+    if isinstance(reply, Status):
+        return _text(reply.text)
+    if isinstance(reply, str):
+        return reply
+    if isinstance(reply, list):
+        return [normalise(item) for item in reply]
+    raise TypeError(f"unexpected reply {reply!r}")
+
+
+class Backend(ABC):
+    """A queue's ten keys on some server, the module callable on them, and raw key access."""
+
+    name: str
+    keys: tuple[str, ...]
+    exact_clock: bool  # True when time moves only through sleep_ms (the stub's fake clock)
+
+    @abstractmethod
+    def call_keys(self, keys: Sequence[str], *argv: Arg) -> Result:
+        """The module with any KEYS; raises ReplyError on an error reply."""
+
+    @abstractmethod
+    def sleep_ms(self, ms: int) -> None:
+        """Let `ms` of server time pass."""
+
+    @abstractmethod
+    def now_ms(self) -> int:
+        """The server's clock (TIME) in unix ms."""
+
+    @abstractmethod
+    def state(self, role: str) -> KeyState:
+        """(type, value) of one key: list -> list[str] head first, set -> sorted list[str],
+        hash -> dict[str, str], zset -> dict[str, float], string -> str, none -> None."""
+
+    @abstractmethod
+    def fresh(self, suffix: str) -> Backend:
+        """Another, empty queue on the same server (for cases that each need a clean slate)."""
+
+    @abstractmethod
+    def raw_lpush(self, role: str, *values: str) -> None: ...
+
+    @abstractmethod
+    def raw_rpush(self, role: str, *values: str) -> None: ...
+
+    @abstractmethod
+    def raw_set(self, role: str, value: str) -> None: ...
+
+    @abstractmethod
+    def raw_del(self, role: str) -> None: ...
+
+    # -- shared on top of the primitives --
+
+    def key(self, role: str) -> str:
+        return self.keys[ROLES.index(role)]
+
+    def call(self, *argv: Arg) -> Result:
+        """One command of the module on this queue's ten keys."""
+        return self.call_keys(self.keys, *argv)
+
+    def key_type(self, role: str) -> str:
+        return self.state(role)[0]
+
+    def lrange(self, role: str) -> list[str]:
+        kind, value = self.state(role)
+        assert kind in ("list", "none"), f"{role} is a {kind}"
+        return list(value) if isinstance(value, list) else []
+
+    def ring(self) -> list[str]:
+        """The ring, head (newest) first; its tail is the last item."""
+        return self.lrange("ring")
+
+    def llen(self, role: str) -> int:
+        return len(self.lrange(role))
+
+    def smembers(self, role: str) -> set[str]:
+        kind, value = self.state(role)
+        assert kind in ("set", "none"), f"{role} is a {kind}"
+        return set(value) if isinstance(value, list) else set()
+
+    def hgetall(self, role: str) -> dict[str, str]:
+        kind, value = self.state(role)
+        assert kind in ("hash", "none"), f"{role} is a {kind}"
+        return dict(value) if isinstance(value, dict) else {}
+
+    def zscores(self, role: str) -> dict[str, float]:
+        kind, value = self.state(role)
+        assert kind in ("zset", "none"), f"{role} is a {kind}"
+        return dict(value) if isinstance(value, dict) else {}
+
+    def exists(self, role: str) -> bool:
+        return self.key_type(role) != "none"
+
+    def snapshot(self) -> dict[str, KeyState]:
+        """Every key of the queue: compare two snapshots to prove a call wrote nothing."""
+        return {role: self.state(role) for role in ROLES}
+
+
+class StubBackend(Backend):
+    """The module under lupa with the Python Redis stand-in and a fake clock."""
+
+    exact_clock = True
+
+    def __init__(self, name: str = "q", path: Path = MODULE_PATH) -> None:
+        self.path = path  # another module file: to check that scenarios catch its mistakes
+        self.harness = Harness(name, path=path)
+        self.name = name
+        self.keys = queue_keys(name)
+
+    def call_keys(self, keys: Sequence[str], *argv: Arg) -> Result:
+        try:
+            reply: Reply = self.harness.call_keys(keys, *argv)
+        except ScriptError as error:
+            raise ReplyError(str(error)) from None
+        return normalise(reply)
+
+    def sleep_ms(self, ms: int) -> None:
+        self.harness.advance(ms)
+
+    def now_ms(self) -> int:
+        return self.harness.now_ms
+
+    def state(self, role: str) -> KeyState:
+        value = self.harness.raw(role)
+        if value is None:
+            return ("none", None)
+        if isinstance(value, bytes):
+            return ("string", _text(value))
+        if isinstance(value, list):
+            return ("list", [_text(v) for v in value])
+        if isinstance(value, set):
+            return ("set", sorted(_text(v) for v in value))
+        if isinstance(value, ZSet):
+            return ("zset", {_text(k): float(v) for k, v in value.items()})
+        if isinstance(value, Hash):
+            return ("hash", {_text(k): _text(v) for k, v in value.items()})
+        raise TypeError(f"unexpected stub value {value!r}")
+
+    def fresh(self, suffix: str) -> Backend:
+        return StubBackend(f"{self.name}-{suffix}", self.path)
+
+    def _raw(self, *args: str) -> None:
+        self.harness.stub.execute([a.encode() for a in args])
+
+    def raw_lpush(self, role: str, *values: str) -> None:
+        self._raw("LPUSH", self.key(role), *values)
+
+    def raw_rpush(self, role: str, *values: str) -> None:
+        self._raw("RPUSH", self.key(role), *values)
+
+    def raw_set(self, role: str, value: str) -> None:
+        # SET is not a command the module uses, so the stub has none: write the key directly.
+        self.harness.stub.data[self.key(role).encode()] = value.encode()
+
+    def raw_del(self, role: str) -> None:
+        self._raw("DEL", self.key(role))
+
+
+class RealBackend(Backend):
+    """The module on a real Redis/Valkey, by EVALSHA of the source loaded with SCRIPT LOAD."""
+
+    exact_clock = False
+
+    def __init__(self, client: redis.Redis, name: str) -> None:
+        self.client = client
+        self.name = name
+        self.keys = queue_keys(name)
+        sha = client.script_load(MODULE_PATH.read_text())
+        self.sha = _text(sha) if isinstance(sha, bytes) else str(sha)
+        self._children: list[RealBackend] = []
+
+    def call_keys(self, keys: Sequence[str], *argv: Arg) -> Result:
+        try:
+            reply = self.client.evalsha(self.sha, len(keys), *keys, *argv)
+        except redis.ResponseError as error:
+            raise ReplyError(strip_script_suffix(str(error))) from None
+        return normalise(reply)
+
+    def sleep_ms(self, ms: int) -> None:
+        time.sleep(ms / 1000)
+
+    def now_ms(self) -> int:
+        seconds, micros = self.client.time()
+        return int(seconds) * 1000 + int(micros) // 1000
+
+    def state(self, role: str) -> KeyState:
+        key = self.key(role)
+        kind = _text(self.client.type(key))
+        if kind == "none":
+            return ("none", None)
+        if kind == "string":
+            return ("string", _text(self.client.get(key) or b""))
+        if kind == "list":
+            return ("list", [_text(v) for v in self.client.lrange(key, 0, -1)])
+        if kind == "set":
+            return ("set", sorted(_text(v) for v in self.client.smembers(key)))
+        if kind == "hash":
+            return ("hash", {_text(k): _text(v) for k, v in self.client.hgetall(key).items()})
+        if kind == "zset":
+            scores: dict[str, float] = {}
+            for pair in self.client.zrange(key, 0, -1, withscores=True):
+                assert isinstance(pair, tuple | list), pair
+                scores[_text(pair[0])] = float(pair[1])
+            return ("zset", scores)
+        raise TypeError(f"unexpected key type {kind} at {key}")
+
+    def fresh(self, suffix: str) -> Backend:
+        child = RealBackend(self.client, f"{self.name}-{suffix}")
+        self._children.append(child)
+        return child
+
+    def raw_lpush(self, role: str, *values: str) -> None:
+        self.client.lpush(self.key(role), *values)
+
+    def raw_rpush(self, role: str, *values: str) -> None:
+        self.client.rpush(self.key(role), *values)
+
+    def raw_set(self, role: str, value: str) -> None:
+        self.client.set(self.key(role), value)
+
+    def raw_del(self, role: str) -> None:
+        self.client.delete(self.key(role))
+
+    def cleanup(self) -> None:
+        """Delete the queue's keys and its fresh() siblings' (tests share a server, not queues)."""
+        for child in self._children:
+            child.cleanup()
+        self.client.delete(*self.keys)

@@ -1,0 +1,911 @@
+"""Behaviour of lua/rotator.lua as scenarios over a Backend, run on the stub and on servers.
+
+Each scenario takes a fresh queue and asserts what the module's header promises. Times are
+short (leases of SHORT ms, waits a little longer) so the real-server run stays fast; on the stub
+time moves only when a scenario sleeps, so some values are checked exactly there and within a
+range on a real server. A few scenarios need hours or minutes of clock and run on the stub only
+(`fake_clock_only`); tests/test_lua_parity.py leaves those out.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import pytest
+
+from tests.lua.backend import Backend, ReplyError, Result
+
+LONG = 60_000  # a lease that cannot expire during a scenario
+SHORT = 100  # a lease a scenario waits out
+PAST_SHORT = 160  # sleep this long to see a SHORT lease expired
+DELAY = 300  # a nack delay a scenario waits out
+BUDGET = 1000  # visits enough for every ring in these scenarios
+SENTINEL = "*lap"
+TOKEN_RE = re.compile(r"^(?P<id>[^*]+)\*(?P<deadline>\d+)\.(?P<n>\d+)\.(?P<seq>\d+)$")
+REVOKED_KEEP_MS = 2 * 86_400_000  # the module keeps refused tokens this long
+
+Scenario = Callable[[Backend], None]
+SCENARIOS: list[Scenario] = []
+FAKE_CLOCK_ONLY: set[str] = set()
+
+
+def scenario(func: Scenario) -> Scenario:
+    SCENARIOS.append(func)
+    return func
+
+
+def fake_clock_only(func: Scenario) -> Scenario:
+    """A scenario that needs the clock moved by hours or minutes: stub only."""
+    FAKE_CLOCK_ONLY.add(func.__name__)
+    return func
+
+
+# -- helpers ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Token:
+    text: str
+    id: str
+    deadline: int
+    n: int
+    seq: int
+
+
+def parse_token(text: str) -> Token:
+    found = TOKEN_RE.match(text)
+    assert found, f"not a delivery token: {text!r}"
+    return Token(text, found["id"], int(found["deadline"]), int(found["n"]), int(found["seq"]))
+
+
+@dataclass(frozen=True)
+class Next:
+    idle: int
+    wait_ms: int
+    acked: int
+    jobs: list[tuple[Token, int]]  # (token, reclaimed)
+
+    @property
+    def ids(self) -> list[str]:
+        return [token.id for token, _ in self.jobs]
+
+    @property
+    def tokens(self) -> list[str]:
+        return [token.text for token, _ in self.jobs]
+
+
+def ints(reply: Result) -> list[int]:
+    assert isinstance(reply, list), reply
+    assert all(isinstance(x, int) for x in reply), reply
+    return [x for x in reply if isinstance(x, int)]
+
+
+def nxt(
+    b: Backend,
+    count: int = 10,
+    lease: int = LONG,
+    *,
+    budget: int = BUDGET,
+    max_deliveries: int = 0,
+    acks: tuple[str, ...] = (),
+) -> Next:
+    reply = b.call("next", count, lease, budget, max_deliveries, *acks)
+    assert isinstance(reply, list), reply
+    assert len(reply) >= 3, reply
+    assert len(reply) % 2 == 1, reply
+    idle, wait_ms, acked = reply[0], reply[1], reply[2]
+    assert isinstance(idle, int), reply
+    assert isinstance(wait_ms, int), reply
+    assert isinstance(acked, int), reply
+    assert idle in (0, 1), reply
+    jobs: list[tuple[Token, int]] = []
+    for i in range(3, len(reply), 2):
+        token, reclaimed = reply[i], reply[i + 1]
+        assert isinstance(token, str), reply
+        assert isinstance(reclaimed, int), reply
+        assert reclaimed in (0, 1), reply
+        jobs.append((parse_token(token), reclaimed))
+    return Next(idle, wait_ms, acked, jobs)
+
+
+def push(b: Backend, *ids: str) -> None:
+    assert b.call("push", *ids) == len(ids)
+
+
+def lease_one(b: Backend, job: str, lease: int = LONG) -> Token:
+    """Push `job` on an empty queue and lease it."""
+    push(b, job)
+    got = nxt(b, 1, lease)
+    assert got.ids == [job], got
+    return got.jobs[0][0]
+
+
+def ack(b: Backend, *tokens: str) -> int:
+    reply = b.call("ack", *tokens)
+    assert isinstance(reply, int), reply
+    return reply
+
+
+def stats(b: Backend) -> dict[str, int]:
+    reply = b.call("stats")
+    assert isinstance(reply, list), reply
+    assert len(reply) == 14, reply
+    names, values = reply[0::2], reply[1::2]
+    assert all(isinstance(v, int) for v in values), reply
+    return {str(k): int(v) for k, v in zip(names, values, strict=True) if isinstance(v, int)}
+
+
+def peek(b: Backend, count: int = 100) -> list[tuple[str, str, int]]:
+    reply = b.call("peek", count)
+    assert isinstance(reply, list), reply
+    assert len(reply) % 3 == 0, reply
+    rows = []
+    for i in range(0, len(reply), 3):
+        element, state, at = reply[i : i + 3]
+        assert isinstance(element, str)
+        assert isinstance(state, str)
+        assert isinstance(at, int)
+        rows.append((element, state, at))
+    return rows
+
+
+def meta_seq(b: Backend) -> int:
+    return int(b.hgetall("meta").get("seq", "0"))
+
+
+def expect_error(
+    b: Backend, code: str, *argv: str | int, keys: tuple[str, ...] | None = None
+) -> str:
+    """The call fails with `code` and leaves every key of the queue as it was."""
+    before = b.snapshot()
+    with pytest.raises(ReplyError) as caught:
+        b.call_keys(b.keys if keys is None else keys, *argv)
+    assert caught.value.code == code, f"{argv!r}: {caught.value}"
+    assert b.snapshot() == before, f"{argv!r} failed with {code} but wrote"
+    return str(caught.value)
+
+
+def laps(b: Backend, times: int = 2) -> None:
+    """Whole laps that lease nothing new (count 1000 of young or no jobs; budget covers all)."""
+    for _ in range(times):
+        got = nxt(b, 1000, LONG)
+        assert got.jobs == [], got
+
+
+def within(value: int, low: int, high: int) -> None:
+    assert low <= value <= high, f"{value} not in [{low}, {high}]"
+
+
+# -- push and next ---------------------------------------------------------------------------
+
+
+@scenario
+def push_then_next_returns_jobs_fifo_with_tokens(b: Backend) -> None:
+    assert b.call("push", "a", "b", "c") == 3
+    assert b.ring() == ["c", "b", "a", SENTINEL]  # LPUSHed: the tail is the oldest
+    before = b.now_ms()
+    got = nxt(b, 10, LONG)
+    after = b.now_ms()
+    assert (got.idle, got.acked) == (0, 0)
+    assert got.ids == ["a", "b", "c"]
+    assert [reclaimed for _, reclaimed in got.jobs] == [0, 0, 0]
+    for token, _ in got.jobs:
+        assert token.n == 1
+        within(token.deadline, before + LONG, after + LONG)
+    if b.exact_clock:
+        assert all(token.deadline == before + LONG for token, _ in got.jobs)
+    assert len({token.seq for token, _ in got.jobs}) == 3
+    # The leases stay in the ring (nothing is lost if the consumer dies), and the sentinel too.
+    assert sorted(b.ring()) == sorted([*got.tokens, SENTINEL])
+
+
+@scenario
+def push_keeps_exactly_one_sentinel(b: Backend) -> None:
+    push(b, "a")
+    push(b, "b", "c")
+    push(b, "d")
+    assert b.ring() == ["d", "c", "b", "a", SENTINEL]
+    nxt(b, 2, LONG)
+    push(b, "e")
+    assert b.ring().count(SENTINEL) == 1
+    # A deleted ring gets its sentinel back on the next push.
+    b.raw_del("ring")
+    push(b, "f")
+    assert b.ring() == ["f", SENTINEL]
+
+
+@scenario
+def push_of_a_batch_with_one_invalid_id_writes_nothing(b: Backend) -> None:
+    fresh = b.fresh("empty")
+    for bad in ["a*b", "", "x" * 1025, "*", "*lap"]:
+        message = expect_error(fresh, "ROTATOR_BADID", "push", "ok1", bad, "ok2")
+        assert "ok1" not in message
+        assert fresh.snapshot() == {role: ("none", None) for role in fresh.snapshot()}
+    push(b, "first")
+    nxt(b, 1, LONG)
+    for bad in ["a*b", "", "x" * 1025]:
+        expect_error(b, "ROTATOR_BADID", "push", "ok1", bad, "ok2")
+        expect_error(b, "ROTATOR_BADID", "push", bad)
+    expect_error(b, "ROTATOR_TOOMANY", "push", *[f"j{i}" for i in range(5001)])
+    assert b.call("push", "y" * 1024) == 1  # the longest id is fine
+    assert b.call("push") == 0
+
+
+@scenario
+def bad_numeric_args_give_badarg_and_change_nothing(b: Backend) -> None:
+    token = lease_one(b, "a").text
+    push(b, "b")
+    bad_numbers = ["0", "1e3", "nan", "-1", "2.5", "", " 1", "+1", "0x10", "1000000000000000"]
+    cases: list[tuple[str | int, ...]] = []
+    for value in [*bad_numbers, "1001"]:
+        cases.append(("next", value, LONG, BUDGET, 0))
+    for value in [*bad_numbers, "86400001"]:
+        cases.append(("next", 1, value, BUDGET, 0))
+    for value in [*bad_numbers, "10001"]:
+        cases.append(("next", 1, LONG, value, 0))
+    for value in ["-1", "1e3", "nan", "2.5", "1000001"]:
+        cases.append(("next", 1, LONG, BUDGET, value))
+    for value in ["-1", "1e3", "nan", "2.5", "86400001"]:
+        cases.append(("nack", value, token))
+    cases.append(("next",))
+    cases.append(("next", 1, LONG, BUDGET))
+    for value in ["0", "-5", "1e3", "86400001"]:
+        cases.append(("extend", value, token))
+    for value in ["0", "1001", "x"]:
+        cases.append(("peek", value))
+        cases.append(("dead", 0, value))
+    cases.append(("dead", "-1", 10))
+    cases.append(("dead", "1.5", 10))
+    for value in ["0", "5001", "-1"]:
+        cases.append(("requeue_dead", value))
+    for argv in cases:
+        expect_error(b, "ROTATOR_BADARG", *argv)
+    # The boundaries themselves are accepted.
+    nxt(b, 1000, 86_400_000, budget=10_000, max_deliveries=1_000_000)
+    assert b.call("peek", 1000) is not None
+    assert b.call("dead", 0, 1000) == []
+
+
+@scenario
+def bad_tokens_give_badtoken_and_change_nothing(b: Backend) -> None:
+    token = lease_one(b, "a").text
+    for bad in ["a", "a*", "*1.1.1", "a*1.1", "a*x.1.1", "a*1e3.1.1", ""]:
+        expect_error(b, "ROTATOR_BADTOKEN", "ack", token, bad)
+        expect_error(b, "ROTATOR_BADTOKEN", "nack", 0, token, bad)
+        expect_error(b, "ROTATOR_BADTOKEN", "extend", 1000, bad)
+        expect_error(b, "ROTATOR_BADTOKEN", "next", 1, LONG, BUDGET, 0, token, bad)
+    expect_error(b, "ROTATOR_BADTOKEN", "ack")
+    expect_error(b, "ROTATOR_BADTOKEN", "nack", 0)
+    expect_error(b, "ROTATOR_BADTOKEN", "extend", 1000)
+    expect_error(b, "ROTATOR_TOOMANY", "ack", *[f"a*1.1.{i}" for i in range(5001)])
+
+
+# -- ack -------------------------------------------------------------------------------------
+
+
+@scenario
+def ack_removes_the_element_lazily_and_done_sets_end_empty(b: Backend) -> None:
+    push(b, "a", "b")
+    ta = nxt(b, 1, LONG).tokens[0]
+    assert ack(b, ta) == 1
+    assert b.smembers("done") == {ta}
+    assert ta in b.ring()  # lazy: the ack itself never scans the ring
+    got = nxt(b, 10, LONG)
+    assert got.ids == ["b"]
+    assert ta not in b.ring()
+    assert b.ring().count(SENTINEL) == 1
+    assert len(b.ring()) == 2
+    assert not b.exists("done")
+    assert not b.exists("done_old")
+    assert stats(b)["done"] == 0
+
+
+@scenario
+def ack_piggybacked_on_next_counts_in_the_reply(b: Backend) -> None:
+    push(b, "a", "b", "c")
+    first = nxt(b, 2, LONG)
+    ta, tb = first.tokens
+    got = nxt(b, 1, LONG, acks=(ta, tb))
+    assert got.acked == 2
+    assert got.ids == ["c"]
+    laps(b, 1)
+    assert ta not in b.ring()
+    assert tb not in b.ring()
+    assert not b.exists("done")
+    assert not b.exists("done_old")
+    # A piggybacked ack of a lease that was lost is refused, not counted.
+    tc = got.tokens[0]
+    assert b.call("nack", 0, tc) == [1]
+    again = nxt(b, 1, LONG, acks=(tc,))
+    assert again.acked == 0
+    assert again.ids == ["c"]
+
+
+@scenario
+def ack_on_a_queue_that_does_not_exist_accepts_nothing(b: Backend) -> None:
+    assert b.call("ack", "a*1732233600000.1.1") == 0
+    assert b.call("nack", 0, "a*1732233600000.1.1") == [0]
+    assert ints(b.call("extend", 1000, "a*1732233600000.1.1"))[1:] == [0]
+    assert b.snapshot() == {role: ("none", None) for role in b.snapshot()}
+
+
+@scenario
+def late_ack_of_an_unknown_token_is_forgotten_after_two_laps(b: Backend) -> None:
+    lease_one(b, "a")
+    ghost = "ghost*1732233600000.1.99"
+    assert ack(b, ghost) == 1  # unknown tokens cannot be told apart without a ring scan
+    laps(b, 1)
+    assert ghost in b.smembers("done") | b.smembers("done_old")
+    laps(b, 1)
+    assert not b.exists("done")
+    assert not b.exists("done_old")
+
+
+# -- leases ----------------------------------------------------------------------------------
+
+
+@scenario
+def young_lease_is_skipped(b: Backend) -> None:
+    token = lease_one(b, "a")
+    for _ in range(3):
+        got = nxt(b, 10, LONG)
+        assert got.jobs == []
+    assert b.ring().count(token.text) == 1
+    assert sorted(peek(b)) == sorted([(SENTINEL, "lap", 0), (token.text, "leased", token.deadline)])
+
+
+@scenario
+def expired_lease_is_reclaimed_once_and_the_old_token_refused(b: Backend) -> None:
+    old = lease_one(b, "a", SHORT)
+    b.sleep_ms(PAST_SHORT)
+    got = nxt(b, 10, LONG)
+    assert len(got.jobs) == 1
+    new, reclaimed = got.jobs[0]
+    assert (new.id, new.n, reclaimed) == ("a", 2, 1)
+    assert new.text != old.text
+    assert new.seq != old.seq
+    assert nxt(b, 10, LONG).jobs == []  # re-issued to exactly one consumer
+    assert old.text in b.zscores("revoked")
+    assert ack(b, old.text) == 0
+    assert nxt(b, 1, LONG, acks=(old.text,)).acked == 0
+    laps(b, 2)
+    assert not b.exists("done")
+    assert not b.exists("done_old")
+    assert [e for e in b.ring() if e != SENTINEL] == [new.text]
+    assert ack(b, new.text) == 1
+    laps(b, 2)
+    assert b.ring() == [SENTINEL]
+    assert not b.exists("done")
+    assert not b.exists("done_old")
+
+
+@scenario
+def nack_with_no_delay_redelivers(b: Backend) -> None:
+    old = lease_one(b, "a")
+    assert b.call("nack", 0, old.text) == [1]
+    got = nxt(b, 10, LONG)
+    assert len(got.jobs) == 1
+    new, reclaimed = got.jobs[0]
+    assert (new.id, new.n, reclaimed) == ("a", 2, 0)
+    assert new.text != old.text
+    assert ack(b, old.text) == 0
+    assert b.call("nack", 0, old.text) == [0]
+    laps(b, 2)
+    assert not b.exists("marks")
+    assert not b.exists("marks_old")
+
+
+@scenario
+def nack_of_the_same_token_twice_requeues_once(b: Backend) -> None:
+    old = lease_one(b, "a")
+    assert b.call("nack", 0, old.text, old.text) == [1, 0]
+    got = nxt(b, 10, LONG)
+    assert got.ids == ["a"]
+    assert nxt(b, 10, LONG).jobs == []
+
+
+@scenario
+def nack_with_a_delay_is_not_delivered_before_it_is_due(b: Backend) -> None:
+    old = lease_one(b, "a")
+    before = b.now_ms()
+    assert b.call("nack", DELAY, old.text) == [1]
+    after = b.now_ms()
+    assert stats(b)["deferred"] == 1
+    rows = {element: (state, at) for element, state, at in peek(b)}
+    state, due = rows[old.text]
+    assert state == "deferred"
+    within(due, before + DELAY, after + DELAY)
+    got = nxt(b, 10, LONG)
+    assert got.jobs == []
+    within(got.wait_ms, 1, DELAY)
+    b.sleep_ms(DELAY + 60)
+    got = nxt(b, 10, LONG)
+    assert len(got.jobs) == 1
+    new, reclaimed = got.jobs[0]
+    assert (new.id, new.n, reclaimed) == ("a", 2, 0)
+    assert stats(b)["deferred"] == 0
+
+
+@scenario
+def extend_keeps_a_lease_past_its_original_deadline(b: Backend) -> None:
+    old = lease_one(b, "a", SHORT)
+    before = b.now_ms()
+    reply = ints(b.call("extend", 500, old.text))
+    after = b.now_ms()
+    deadline = reply[0]
+    assert reply[1:] == [1]
+    within(deadline, before + 500, after + 500)
+    b.sleep_ms(PAST_SHORT)
+    assert nxt(b, 10, LONG).jobs == []  # past SHORT, still leased
+    rows = {element: (state, at) for element, state, at in peek(b)}
+    assert rows[old.text] == ("leased", deadline)
+    b.sleep_ms(500 - PAST_SHORT + 60)
+    got = nxt(b, 10, LONG)
+    assert len(got.jobs) == 1
+    new, reclaimed = got.jobs[0]
+    assert (new.id, new.n, reclaimed) == ("a", 2, 1)
+    assert ack(b, old.text) == 0
+    laps(b, 2)
+    assert not b.exists("marks")
+    assert not b.exists("marks_old")
+
+
+@scenario
+def extend_and_nack_of_a_lost_lease_reply_zero(b: Backend) -> None:
+    old = lease_one(b, "a", SHORT)
+    b.sleep_ms(PAST_SHORT)
+    new = nxt(b, 10, LONG).tokens[0]
+    assert ints(b.call("extend", LONG, old.text))[1:] == [0]
+    assert b.call("nack", 0, old.text) == [0]
+    assert ints(b.call("extend", LONG, old.text, new))[1:] == [0, 1]
+    # An acked lease is lost too: it cannot be extended or nacked back to life.
+    assert ack(b, new) == 1
+    assert ints(b.call("extend", LONG, new))[1:] == [0]
+    assert b.call("nack", 0, new) == [0]
+    laps(b, 2)
+    assert b.ring() == [SENTINEL]
+    assert not b.exists("marks")
+    assert not b.exists("marks_old")
+
+
+@scenario
+def extended_then_acked_lease_leaves_no_mark_behind(b: Backend) -> None:
+    token = lease_one(b, "a")
+    assert ints(b.call("extend", LONG, token.text))[1:] == [1]
+    assert token.text in b.hgetall("marks")
+    assert ack(b, token.text) == 1
+    laps(b, 3)
+    assert b.ring() == [SENTINEL]
+    assert not b.exists("marks")
+    assert not b.exists("marks_old")
+    assert not b.exists("done")
+    assert not b.exists("done_old")
+
+
+@scenario
+def two_leases_in_the_same_millisecond_get_different_tokens(b: Backend) -> None:
+    push(b, "a", "a")
+    got = nxt(b, 2, SHORT)
+    assert got.ids == ["a", "a"]
+    assert got.tokens[0] != got.tokens[1]
+    # Both expire and are re-leased by one call: same id, deadline and delivery count.
+    b.sleep_ms(PAST_SHORT)
+    again = nxt(b, 2, LONG)
+    assert [(t.id, t.n, r) for t, r in again.jobs] == [("a", 2, 1), ("a", 2, 1)]
+    first, second = again.tokens
+    assert first != second
+    assert ack(b, first) == 1
+    laps(b, 1)
+    assert first not in b.ring()
+    assert second in b.ring()
+    rows = {element: state for element, state, _ in peek(b)}
+    assert rows[second] == "leased"
+    # A nack and an immediate re-lease: a new token again.
+    assert b.call("nack", 0, second) == [1]
+    third = nxt(b, 10, LONG).tokens
+    assert len(third) == 1
+    assert third[0] not in (*got.tokens, first, second)
+
+
+# -- dead letters ----------------------------------------------------------------------------
+
+
+@scenario
+def max_deliveries_dead_letters_the_job_and_requeue_dead_brings_it_back(b: Backend) -> None:
+    push(b, "a", "b")
+    first = nxt(b, 10, SHORT, max_deliveries=2)
+    assert first.ids == ["a", "b"]
+    b.sleep_ms(PAST_SHORT)
+    second = nxt(b, 10, SHORT, max_deliveries=2)
+    assert second.ids == ["a", "b"]
+    assert [t.n for t, _ in second.jobs] == [2, 2]
+    b.sleep_ms(PAST_SHORT)
+    before = b.now_ms()
+    third = nxt(b, 10, SHORT, max_deliveries=2)
+    after = b.now_ms()
+    assert third.jobs == []
+    assert b.ring() == [SENTINEL]
+    letters = b.lrange("dead")
+    assert len(letters) == 2
+    for letter, job in zip(letters, ["a", "b"], strict=True):
+        reason, deliveries, at, element = letter.split("*", 3)
+        assert (reason, deliveries, element) == ("max_deliveries", "2", job)
+        within(int(at), before, after)
+    assert b.call("dead", 0, 10) == letters
+    assert b.call("dead", 1, 1) == letters[1:]
+    assert stats(b)["dead"] == 2
+    for token, _ in second.jobs:
+        assert token.text in b.zscores("revoked")
+        assert ack(b, token.text) == 0
+    # Only the letters of the ids asked for; the requeued job is a fresh, pending one.
+    assert b.call("requeue_dead", 10, "b") == 1
+    assert b.lrange("dead") == letters[:1]
+    assert "b" in b.ring()
+    assert b.llen("wake") >= 1
+    got = nxt(b, 10, LONG, max_deliveries=2)
+    assert [(t.id, t.n, r) for t, r in got.jobs] == [("b", 1, 0)]
+    assert b.call("requeue_dead", 10) == 1
+    assert not b.exists("dead")
+    assert nxt(b, 10, LONG).ids == ["a"]
+
+
+@scenario
+def nacks_count_towards_max_deliveries(b: Backend) -> None:
+    token = lease_one(b, "a")
+    assert b.call("nack", 0, token.text) == [1]
+    got = nxt(b, 10, LONG, max_deliveries=2)
+    assert got.ids == ["a"]
+    assert b.call("nack", 0, got.tokens[0]) == [1]
+    assert nxt(b, 10, LONG, max_deliveries=2).jobs == []
+    letters = b.lrange("dead")
+    assert len(letters) == 1
+    assert letters[0].startswith("max_deliveries*2*")
+
+
+@scenario
+def corrupt_elements_are_dead_lettered_and_do_not_block_the_others(b: Backend) -> None:
+    push(b, "a", "b")
+    corrupt = ["x*nan", "x*", "*123", "x*1e3.1.1", "x*12", "", "z" * 1025]
+    b.raw_rpush("ring", *corrupt)  # at the tail: visited before a and b
+    rows = {element: state for element, state, _ in peek(b, 1000)}
+    assert all(rows[element] == "corrupt" for element in corrupt), rows
+    before = b.now_ms()
+    got = nxt(b, 10, LONG)
+    after = b.now_ms()
+    assert got.ids == ["a", "b"]
+    letters = b.lrange("dead")
+    assert len(letters) == len(corrupt)
+    # The visit order is tail first, so the last pushed to the tail is dead-lettered first.
+    for letter, element in zip(letters, reversed(corrupt), strict=True):
+        reason, deliveries, at, rest = letter.split("*", 3)
+        assert (reason, deliveries, rest) == ("corrupt", "0", element)
+        within(int(at), before, after)
+    assert sorted(b.ring()) == sorted([*got.tokens, SENTINEL])
+    assert stats(b)["dead"] == len(corrupt)
+
+
+# -- the sentinel ----------------------------------------------------------------------------
+
+
+@scenario
+def a_second_sentinel_is_removed(b: Backend) -> None:
+    push(b, "a", "b")
+    leased = nxt(b, 10, LONG).tokens  # a whole lap: the sentinel's position is known
+    b.raw_lpush("ring", SENTINEL)
+    assert b.ring().count(SENTINEL) == 2
+    laps(b, 2)
+    assert b.ring().count(SENTINEL) == 1
+    assert sorted(b.ring()) == sorted([*leased, SENTINEL])
+
+
+@scenario
+def a_missing_sentinel_is_put_back(b: Backend) -> None:
+    push(b, "a", "b")
+    leased = nxt(b, 10, LONG).tokens
+    kept = [e for e in b.ring() if e != SENTINEL]
+    b.raw_del("ring")
+    b.raw_rpush("ring", *kept)
+    laps(b, 2)
+    assert b.ring().count(SENTINEL) == 1
+    assert sorted(b.ring()) == sorted([*leased, SENTINEL])
+
+
+@scenario
+def a_sentinel_missing_before_the_first_lap_is_put_back(b: Backend) -> None:
+    push(b, "a", "b")
+    b.raw_del("ring")
+    b.raw_rpush("ring", "b", "a")  # as pushed, without the sentinel: no lap has ended yet
+    leased = nxt(b, 10, LONG).tokens
+    assert sorted(leased) == sorted(e for e in b.ring() if e != SENTINEL)
+    laps(b, 3)
+    assert b.ring().count(SENTINEL) == 1, b.ring()
+    # Without a lap, acks of elements already gone would never be swept from `done`.
+    ghost = "ghost*1732233600000.1.99"
+    assert ack(b, ghost) == 1
+    laps(b, 3)
+    assert not b.exists("done")
+    assert not b.exists("done_old")
+
+
+# -- budget, idle, wait, wake ----------------------------------------------------------------
+
+
+@scenario
+def budget_bounds_the_elements_visited_per_call(b: Backend) -> None:
+    ids = [f"j{i}" for i in range(20)]
+    push(b, *ids)
+    first = nxt(b, 100, LONG, budget=5)
+    assert first.ids == ids[:4]  # the sentinel was one of the five visits
+    assert meta_seq(b) == 5
+    rest = nxt(b, 100, LONG, budget=100)
+    assert rest.ids == ids[4:]
+    ring_before = b.ring()
+    seq = meta_seq(b)
+    # Only young leases now: a call may look at BUDGET of them, not more.
+    got = nxt(b, 10, LONG, budget=5)
+    assert got.jobs == []
+    assert meta_seq(b) - seq == 5
+    assert b.ring() == ring_before[-5:] + ring_before[:-5]  # five moved from tail to head
+    assert len(b.ring()) == 21
+
+
+@scenario
+def idle_is_set_only_after_a_whole_lap_found_nothing(b: Backend) -> None:
+    assert b.call("next", 10, LONG, BUDGET, 0) == [1, -1, 0]  # no queue at all
+    push(b, "a", "b")
+    partial = nxt(b, 10, LONG, budget=1)  # only the sentinel
+    assert (partial.jobs, partial.idle) == ([], 0)
+    got = nxt(b, 10, LONG)
+    assert got.ids == ["a", "b"]
+    assert got.idle == 0
+    assert nxt(b, 10, LONG).idle == 1
+    assert nxt(b, 10, LONG).idle == 1
+    push(b, "c")
+    after_push = nxt(b, 10, LONG, budget=1)
+    assert (after_push.jobs, after_push.idle) == ([], 0)
+    got = nxt(b, 10, LONG)
+    assert got.ids == ["c"]
+    assert got.idle == 0
+    assert nxt(b, 10, LONG).idle == 1
+
+
+@scenario
+def wait_ms_is_the_time_to_the_earliest_deadline(b: Backend) -> None:
+    push(b, "a")
+    sentinel_only = nxt(b, 10, LONG, budget=1)
+    assert sentinel_only.wait_ms == -1
+    got = nxt(b, 10, LONG)
+    assert got.ids == ["a"]
+    within(got.wait_ms, LONG - 1000, LONG)
+    if b.exact_clock:
+        assert got.wait_ms == LONG
+    b.sleep_ms(20)
+    push(b, "b")
+    got = nxt(b, 10, 30_000)
+    assert got.ids == ["b"]
+    within(got.wait_ms, 29_000, 30_000)
+    b.sleep_ms(20)
+    idle = nxt(b, 10, LONG)
+    assert idle.jobs == []
+    assert idle.idle == 1
+    within(idle.wait_ms, 29_000, 30_000 - 20)
+    if b.exact_clock:
+        assert idle.wait_ms == 30_000 - 20
+
+
+@scenario
+def the_wake_list_is_signalled_by_push_and_cleared_by_an_idle_call(b: Backend) -> None:
+    push(b, "a", "b", "c")
+    assert b.lrange("wake") == ["1", "1", "1"]
+    push(b, *[f"j{i}" for i in range(20)])
+    assert b.llen("wake") == 16  # bounded: one token per consumer that could use it
+    got = nxt(b, 1000, LONG)
+    assert len(got.jobs) == 23
+    assert got.idle == 0
+    assert b.llen("wake") == 16
+    idle = nxt(b, 1000, LONG)
+    assert idle.idle == 1
+    assert not b.exists("wake")
+    assert b.call("nack", 0, got.tokens[0]) == [1]
+    assert b.llen("wake") == 1  # a nacked job is work again: wake someone
+    assert nxt(b, 1000, LONG).idle == 0
+    assert nxt(b, 1000, LONG).idle == 1
+    assert not b.exists("wake")
+    push(b, "d")
+    assert b.llen("wake") == 1
+
+
+@scenario
+def a_partial_lap_does_not_clear_the_wake_list(b: Backend) -> None:
+    push(b, *[f"j{i}" for i in range(10)])
+    nxt(b, 1000, LONG)
+    assert nxt(b, 1000, LONG).idle == 1
+    push(b, "late")
+    for _ in range(3):
+        got = nxt(b, 10, LONG, budget=2)
+        if got.jobs:
+            break
+        assert got.idle == 0
+        assert b.llen("wake") == 1, "a call that saw part of the ring cleared the wake list"
+
+
+# -- key and command checks ------------------------------------------------------------------
+
+
+@scenario
+def wrong_key_types_give_wrongtype_and_change_nothing(b: Backend) -> None:
+    # Each command checks the keys it reads or writes (and only those), before any write.
+    touched_by: dict[str, set[str]] = {
+        "ring": {"push", "next", "ack", "nack", "extend", "stats", "peek", "requeue_dead"},
+        "done": {"next", "ack", "nack", "extend", "stats", "peek"},
+        "meta": {"push", "next", "nack", "stats", "requeue_dead"},
+        "revoked": {"next", "ack", "nack", "extend", "peek"},
+        "marks_old": {"next", "nack", "extend", "stats", "peek"},
+        "pushlog": {"push", "stats", "requeue_dead"},
+    }
+    corruptions: list[tuple[str, str]] = [
+        ("ring", "string"),
+        ("done", "list"),
+        ("meta", "string"),
+        ("revoked", "list"),
+        ("marks_old", "string"),
+        ("pushlog", "string"),
+    ]
+    for role, kind in corruptions:
+        q = b.fresh(role)
+        token = lease_one(q, "a").text
+        push(q, "b")
+        q.raw_del(role)
+        if kind == "string":
+            q.raw_set(role, "oops")
+        else:
+            q.raw_lpush(role, "oops")
+        commands: list[tuple[str | int, ...]] = [
+            ("push", "x"),
+            ("next", 1, LONG, BUDGET, 0),
+            ("next", 1, LONG, BUDGET, 0, token),
+            ("ack", token),
+            ("nack", 0, token),
+            ("extend", 1000, token),
+            ("stats",),
+            ("peek", 10),
+            ("dead", 0, 10),
+            ("requeue_dead", 10),
+        ]
+        for argv in commands:
+            if argv[0] in touched_by[role]:
+                message = expect_error(q, "ROTATOR_WRONGTYPE", *argv)
+                assert q.key(role) in message
+
+
+@scenario
+def wrong_number_of_keys_gives_rotator_keys(b: Backend) -> None:
+    push(b, "a")
+    for keys in [b.keys[:9], (*b.keys, b.key("ring") + "x"), b.keys[:1], ()]:
+        expect_error(b, "ROTATOR_KEYS", "push", "x", keys=keys)
+        expect_error(b, "ROTATOR_KEYS", "stats", keys=keys)
+
+
+@scenario
+def unknown_command_gives_badcmd(b: Backend) -> None:
+    push(b, "a")
+    for argv in [("frobnicate",), ("PUSH", "x"), ("Next", 1, LONG, BUDGET, 0), ("",)]:
+        expect_error(b, "ROTATOR_BADCMD", *argv)
+    expect_error(b, "ROTATOR_BADCMD")
+
+
+# -- stats and peek --------------------------------------------------------------------------
+
+
+@scenario
+def stats_follow_a_job_through_its_lifecycle(b: Backend) -> None:
+    zero = {
+        "length": 0,
+        "pending": 0,
+        "in_flight": 0,
+        "done": 0,
+        "deferred": 0,
+        "dead": 0,
+        "oldest_pending_age_ms": -1,
+    }
+    assert stats(b) == zero
+
+    def expect(age: tuple[int, int] | None = None, **fields: int) -> None:
+        got = stats(b)
+        oldest = got.pop("oldest_pending_age_ms")
+        want = {**zero, **fields}
+        want.pop("oldest_pending_age_ms")
+        assert got == want
+        if age is None:
+            assert oldest == -1
+        else:
+            within(oldest, *age)
+
+    push(b, "a", "b", "c")
+    b.sleep_ms(200)
+    young = (200, 200) if b.exact_clock else (200, 5000)
+    expect(young, length=3, pending=3)
+    ta = nxt(b, 1, LONG).tokens[0]
+    expect(young, length=3, pending=2, in_flight=1)
+    assert ack(b, ta) == 1
+    expect(young, length=3, pending=2, done=1)
+    tb = nxt(b, 1, LONG).tokens[0]
+    expect(young, length=3, pending=1, in_flight=1, done=1)
+    assert b.call("nack", LONG, tb) == [1]
+    expect(young, length=3, pending=1, done=1, deferred=1)
+    tc = nxt(b, 1, LONG).tokens[0]
+    expect(None, length=3, in_flight=1, done=1, deferred=1)
+    assert ack(b, tc) == 1
+    expect(None, length=3, done=2, deferred=1)
+    laps(b, 1)
+    expect(None, length=1, deferred=1)
+    b.raw_rpush("ring", "x*")
+    laps(b, 1)
+    expect(None, length=1, deferred=1, dead=1)
+
+
+@scenario
+def peek_shows_states_without_changing_anything(b: Backend) -> None:
+    push(b, "a", "b", "c", "d", "e")
+    got = nxt(b, 4, LONG)
+    ta, tb, tc, td = got.tokens
+    assert ack(b, ta) == 1
+    assert b.call("nack", LONG, tb) == [1]
+    extended = ints(b.call("extend", 2 * LONG, tc))[0]
+    b.raw_rpush("ring", "x*")
+    due = int(b.hgetall("marks")[tb][1:])
+    before = b.snapshot()
+    rows = peek(b)
+    assert b.snapshot() == before
+    # Tail first: the raw element, then the order the ring will be visited in.
+    assert rows[0] == ("x*", "corrupt", 0)
+    by_element = {element: (state, at) for element, state, at in rows}
+    assert by_element == {
+        "x*": ("corrupt", 0),
+        "e": ("pending", 0),
+        SENTINEL: ("lap", 0),
+        ta: ("done", 0),
+        tb: ("deferred", due),
+        tc: ("leased", extended),
+        td: ("leased", parse_token(td).deadline),
+    }
+    assert [element for element, _, _ in rows] == list(reversed(b.ring()))
+    assert [element for element, _, _ in peek(b, 2)] == [element for element, _, _ in rows[:2]]
+
+
+# -- the clock over hours (fake clock only) --------------------------------------------------
+
+
+@scenario
+@fake_clock_only
+def revoked_tokens_are_forgotten_after_two_days(b: Backend) -> None:
+    old = lease_one(b, "a", SHORT)
+    b.sleep_ms(PAST_SHORT)
+    new = nxt(b, 10, LONG).tokens[0]
+    assert old.text in b.zscores("revoked")
+    assert ack(b, new) == 1
+    laps(b, 2)
+    assert old.text in b.zscores("revoked")  # still refused after laps...
+    assert ack(b, old.text) == 0
+    b.sleep_ms(REVOKED_KEEP_MS + 1)
+    laps(b, 1)
+    assert not b.exists("revoked")  # ...but not remembered forever
+
+
+@scenario
+@fake_clock_only
+def oldest_pending_age_survives_many_push_checkpoints(b: Backend) -> None:
+    # One push a second for 70 s: 70 checkpoints in the push log. Then most are consumed.
+    start = b.now_ms()
+    for i in range(70):
+        push(b, f"j{i}")
+        b.sleep_ms(1001)
+    got = nxt(b, 65, LONG)
+    assert len(got.jobs) == 65
+    s = stats(b)
+    assert s["pending"] == 5
+    # j65 was pushed 65 * 1001 ms after the start.
+    want = b.now_ms() - (start + 65 * 1001)
+    assert s["oldest_pending_age_ms"] == want, f"{s} (want oldest {want})"

@@ -1,0 +1,185 @@
+"""The header of lua/rotator.lua is its contract: check it against what the body does."""
+
+from __future__ import annotations
+
+import re
+
+from tests.lua.harness import MODULE_PATH, ROLES
+
+SOURCE = MODULE_PATH.read_text()
+HEADER_MATCH = re.match(r"--\[\[\n(.*?)\n\]\]\n", SOURCE, re.DOTALL)
+assert HEADER_MATCH, "lua/rotator.lua must open with a --[[ ... ]] header block"
+HEADER = HEADER_MATCH[1]
+BODY = SOURCE[HEADER_MATCH.end() :]
+SECTIONS = ("KEYS", "ELEMENTS OF THE RING", "COMMANDS", "ERRORS", "REDIS-CLI")
+CODE_RE = re.compile(r"ROTATOR_[A-Z]+")
+TYPES = {"LIST": "list", "SET": "set", "ZSET": "zset", "HASH": "hash", "STRING": "string"}
+
+
+def section(title: str) -> str:
+    """The lines under a header title (a line starting with it), up to the next title."""
+    lines = HEADER.splitlines()
+    starts = [i for i, line in enumerate(lines) if line == title or line.startswith(title + " ")]
+    assert len(starts) == 1, f"header section {title!r} not found once"
+    body = []
+    for line in lines[starts[0] + 1 :]:
+        if line and not line.startswith(" "):
+            break
+        body.append(line)
+    # A title line may carry text after it, e.g. "ERRORS (replies start with the code)".
+    return "\n".join([lines[starts[0]][len(title) :], *body])
+
+
+def header_keys() -> list[tuple[int, str, str]]:
+    """(slot, name, Redis type) per `KEYS[n]  name  TYPE  meaning` line."""
+    rows = re.findall(r"^  KEYS\[(\d+)\]\s+(\w+)\s+([A-Z]+)\s", section("KEYS"), re.MULTILINE)
+    return [(int(slot), name, kind) for slot, name, kind in rows]
+
+
+def header_commands() -> dict[str, str]:
+    """Command name -> its block of the COMMANDS section."""
+    blocks: dict[str, str] = {}
+    current = None
+    for line in section("COMMANDS").splitlines()[1:]:
+        found = re.match(r"^  ([a-z_]+)\b", line)
+        if found:
+            current = found[1]
+            assert current not in blocks, f"{current} documented twice"
+            blocks[current] = line
+        elif current is not None:
+            blocks[current] += "\n" + line
+    return blocks
+
+
+def body_key_names() -> dict[str, int]:
+    """Name -> KEYS slot, whether the body binds them as locals (`local a, b = KEYS[1], KEYS[2]`)
+    or as fields of a table (`K = { a = KEYS[1], ... }`)."""
+    found: dict[str, int] = {}
+    for line in BODY.splitlines():
+        local = re.match(r"^local ([\w, ]+) = (KEYS\[\d+\](?:, KEYS\[\d+\])*)\s*$", line)
+        if local:
+            names = [n.strip() for n in local[1].split(",")]
+            slots = [int(s) for s in re.findall(r"KEYS\[(\d+)\]", local[2])]
+            assert len(names) == len(slots), line
+            found.update(zip(names, slots, strict=True))
+        else:
+            found.update(
+                (name, int(slot)) for name, slot in re.findall(r"(\w+) = KEYS\[(\d+)\]", line)
+            )
+    return found
+
+
+# The type each read command proves a key has (a WRONGTYPE reply otherwise).
+READ_TYPES = {
+    "LLEN": "list",
+    "LRANGE": "list",
+    "LINDEX": "list",
+    "SCARD": "set",
+    "SMISMEMBER": "set",
+    "HLEN": "hash",
+    "HMGET": "hash",
+    "HVALS": "hash",
+    "ZCARD": "zset",
+}
+
+
+def checked_key_types() -> dict[str, set[str]]:
+    """Key name -> the types implied by the guarded reads (`M.read('CMD', K.name ...)`)."""
+    found: dict[str, set[str]] = {}
+    for command, name in re.findall(r"M\.read\('([A-Z]+)', K\.(\w+)", BODY):
+        found.setdefault(name, set()).add(READ_TYPES[command])
+    return found
+
+
+def called_commands() -> list[str]:
+    """Commands called directly, and those called through the guarded read M.read."""
+    return re.findall(r"\b(?:rcall|M\.read)\(\s*'([A-Za-z]+)'", BODY)
+
+
+def test_the_header_has_every_section_in_order() -> None:
+    positions = [HEADER.find("\n" + title) for title in SECTIONS]
+    assert all(p >= 0 for p in positions), dict(zip(SECTIONS, positions, strict=True))
+    assert positions == sorted(positions)
+
+
+def test_keys_are_listed_one_to_ten_and_the_body_names_them_the_same_in_order() -> None:
+    keys = header_keys()
+    assert [slot for slot, _, _ in keys] == list(range(1, 11))
+    names = [name for _, name, _ in keys]
+    assert body_key_names() == {name: slot for slot, name, _ in keys}
+    assert tuple(names) == ROLES  # the harness builds KEYS in the header's order
+    # KEYS are only read into those named locals (and counted): no KEYS[i] elsewhere.
+    uses = re.findall(r"KEYS\[\d+\]", BODY)
+    assert len(uses) == 10
+
+
+def test_the_body_checks_each_key_for_the_type_the_header_gives() -> None:
+    # Every key is read through M.read (which turns WRONGTYPE into ROTATOR_WRONGTYPE) with
+    # commands of exactly the type the header documents, except the wake list, which is only
+    # ever written by LPUSH (checked with LLEN) and deleted.
+    expected = {name: {TYPES[kind]} for _, name, kind in header_keys()}
+    assert checked_key_types() == expected
+
+
+def test_header_commands_and_the_dispatch_table_agree() -> None:
+    table = re.search(r"local COMMANDS = \{(.*?)\n\}", BODY, re.DOTALL)
+    assert table, "no COMMANDS dispatch table in the body"
+    dispatch = dict(re.findall(r"^\s*(\w+) = ([\w.]+),?$", table[1], re.MULTILINE))
+    assert set(dispatch) == set(header_commands())
+    for handler in dispatch.values():
+        # `local function cmd_push(` or `function M.push(`: the handler is defined here.
+        assert re.search(rf"^(local )?function {re.escape(handler)}\(", BODY, re.MULTILINE), handler
+
+
+def test_every_command_documents_its_reply() -> None:
+    for name, block in header_commands().items():
+        assert "reply:" in block, f"{name} has no reply line"
+
+
+def test_error_codes_in_the_header_and_the_body_agree() -> None:
+    listed = set(CODE_RE.findall(section("ERRORS")))
+    used = set(CODE_RE.findall(BODY))
+    assert used == listed
+    per_command = set()
+    for name, block in header_commands().items():
+        errors = re.search(r"errors: (.*)", block)
+        codes = set(CODE_RE.findall(errors[1])) if errors else set()
+        assert codes <= listed, name
+        per_command |= codes
+    # The rest apply to every command: key count, command name, key types.
+    assert listed - per_command == {"ROTATOR_KEYS", "ROTATOR_BADCMD", "ROTATOR_WRONGTYPE"}
+
+
+def test_every_redis_call_names_its_command_literally_and_none_scans() -> None:
+    calls = called_commands()
+    assert calls, "no rcall('...') found"
+    direct = len(re.findall(r"\b(?:rcall|M\.read)\(", BODY))
+    assert direct == len(calls) + 1, "a command name is not a literal"  # + M.read's own definition
+    # only `local rcall = redis.call` and M.read's one redis.pcall
+    assert re.findall(r"\bredis\.p?call\b", BODY) == ["redis.call", "redis.pcall"]
+    forbidden = {
+        "KEYS",
+        "SCAN",
+        "SSCAN",
+        "HSCAN",
+        "ZSCAN",
+        "EVAL",
+        "EVALSHA",
+        "EVAL_RO",
+        "FCALL",
+        "FLUSHALL",
+        "FLUSHDB",
+        "LREM",
+        "LPOS",
+    }
+    assert not {c.upper() for c in calls} & forbidden
+
+
+def test_the_redis_cli_example_uses_the_ten_keys_in_order() -> None:
+    example = section("REDIS-CLI")
+    found = re.search(r'Q="([^"]+)"', example)
+    assert found, "no Q=... key list in the redis-cli example"
+    keys = found[1].split()
+    assert [k.rsplit(":", 1)[1] for k in keys] == [name for _, name, _ in header_keys()]
+    assert len({k.split(":")[1] for k in keys}) == 1  # one hash tag for all
+    assert "EVALSHA $SHA 10 $Q" in example

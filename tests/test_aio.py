@@ -1,0 +1,155 @@
+"""AsyncRotator on redis.asyncio against real servers.
+
+Each test is a plain function that runs its scenario with ``asyncio.run``, on a client of its
+own that the scenario closes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable
+
+import pytest
+import redis.asyncio as aredis
+
+from rotator import Job, Stats
+from rotator.aio import AsyncRotator
+from tests.servers import ServerProcess
+
+Scenario = Callable[[aredis.Redis], Awaitable[None]]
+
+
+def run_on(server: ServerProcess, scenario: Scenario) -> None:
+    async def main() -> None:
+        client = aredis.Redis.from_url(server.url)
+        try:
+            await scenario(client)
+        finally:
+            await client.aclose()
+
+    asyncio.run(main())
+
+
+def test_push_next_and_ack_round_trip(server: ServerProcess, queue_name: str) -> None:
+    async def scenario(client: aredis.Redis) -> None:
+        queue = AsyncRotator(client, queue_name, timeout=30)
+        assert await queue.push("a", "b", "c") == 3
+        jobs = await queue.next(2)
+        assert [(job.id, job.deliveries, job.reclaimed) for job in jobs] == [
+            ("a", 1, False),
+            ("b", 1, False),
+        ]
+        (last,) = await queue.next(5, ack=jobs)
+        assert last.id == "c"
+        assert (await queue.stats()).in_flight == 1
+        assert await queue.ack(last) == 1
+        assert await queue.next(5) == []
+        assert await queue.stats() == Stats(0, 0, 0, 0, 0, 0, None)
+
+    run_on(server, scenario)
+
+
+def test_a_blocked_next_is_woken_by_a_push_from_another_task(
+    server: ServerProcess, queue_name: str
+) -> None:
+    async def scenario(client: aredis.Redis) -> None:
+        queue = AsyncRotator(client, queue_name, timeout=30)
+        began = time.monotonic()
+        waiting = asyncio.create_task(queue.next(block=10))
+        await asyncio.sleep(0.3)
+        assert not waiting.done()  # nothing to take yet: it is blocked
+        await AsyncRotator(client, queue_name).push("wake-up")
+        jobs = await asyncio.wait_for(waiting, timeout=10)
+        assert [job.id for job in jobs] == ["wake-up"]
+        assert time.monotonic() - began < 5  # woken by the push, not by the 10 s block
+
+    run_on(server, scenario)
+
+
+def test_an_async_idempotency_callback_acks_a_reclaimed_job_instead_of_returning_it(
+    server: ServerProcess, queue_name: str
+) -> None:
+    asked: list[str] = []
+
+    async def already_done(job_id: str) -> bool:
+        await asyncio.sleep(0)
+        asked.append(job_id)
+        return True
+
+    async def scenario(client: aredis.Redis) -> None:
+        queue = AsyncRotator(client, queue_name, timeout=0.15, idempotency=already_done)
+        await queue.push("paid")
+        (first,) = await queue.next()
+        assert asked == []  # a first delivery is not screened
+        await asyncio.sleep(0.25)  # the lease runs out; the next lease is a reclaim
+        assert await queue.next() == []
+        assert asked == ["paid"]
+        assert await queue.ack(first) == 0  # its lease was re-issued, then acked by next
+        await asyncio.sleep(0.25)
+        assert await queue.next() == []  # acked, so it never comes back
+        stats = await queue.stats()
+        assert (stats.length, stats.in_flight, stats.dead) == (0, 0, 0)
+
+    run_on(server, scenario)
+
+
+def test_work_with_three_tasks_runs_three_handlers_at_once_and_each_job_once(
+    server: ServerProcess, queue_name: str
+) -> None:
+    ids = [f"job-{i}" for i in range(30)]
+    seen: list[str] = []
+
+    async def scenario(client: aredis.Redis) -> None:
+        queue = AsyncRotator(client, queue_name, timeout=30)
+        await queue.push(*ids)
+        first_three = asyncio.Barrier(3)  # times out (and the job fails) unless 3 run together
+
+        async def handler(job: Job) -> None:
+            seen.append(job.id)
+            if len(seen) <= 3:
+                await asyncio.wait_for(first_three.wait(), timeout=10)
+            await asyncio.sleep(0.001)
+
+        processed = await queue.work(handler, concurrency=3, stop_when_empty=True, poll=0.2)
+        assert processed == 30
+        assert await queue.next() == []
+        assert (await queue.stats()).length == 0
+
+    run_on(server, scenario)
+    assert Counter(seen) == Counter(ids)
+
+
+def test_claim_acks_when_the_block_ends_and_nacks_when_it_raises(
+    server: ServerProcess, queue_name: str
+) -> None:
+    async def scenario(client: aredis.Redis) -> None:
+        queue = AsyncRotator(client, queue_name, timeout=30)
+        await queue.push("good")
+        async with queue.claim() as job:
+            assert job is not None
+            assert job.id == "good"
+        assert await queue.next() == []  # acked: the lap removes it
+        assert (await queue.stats()).length == 0
+
+        await queue.push("bad")
+        claimed: list[Job] = []
+
+        async def fail_inside_claim() -> None:
+            async with queue.claim() as job:
+                assert job is not None
+                claimed.append(job)
+                raise RuntimeError("handler failed")
+
+        with pytest.raises(RuntimeError, match="handler failed"):
+            await fail_inside_claim()
+        (again,) = await queue.next()  # given back at once, as a new delivery
+        assert (again.id, again.deliveries, again.reclaimed) == ("bad", 2, False)
+        assert [job.id for job in claimed] == ["bad"]
+        assert await queue.ack(claimed[0]) == 0  # the nack revoked the claimed delivery
+
+        async with queue.claim(block=0.1) as nothing:
+            assert nothing is None
+
+    run_on(server, scenario)

@@ -1,0 +1,123 @@
+"""Rotator on a real 3-master Redis Cluster: queues on different nodes, one slot per queue."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+from redis.asyncio.cluster import ClusterNode as AsyncClusterNode
+from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
+from redis.cluster import ClusterNode, RedisCluster
+
+from rotator import Rotator
+from rotator.aio import AsyncRotator
+from tests.servers import ClusterProcess
+
+pytestmark = pytest.mark.cluster
+
+
+def slot(client: RedisCluster, key: str) -> int:
+    found: int = client.keyslot(key)  # type: ignore[no-untyped-call]
+    return found
+
+
+def node_of(client: RedisCluster, key: str) -> ClusterNode:
+    node: ClusterNode | None = client.get_node_from_key(key)  # type: ignore[no-untyped-call]
+    assert node is not None, key
+    return node
+
+
+def names_on_distinct_nodes(client: RedisCluster, base: str, count: int = 3) -> list[str]:
+    """Queue names whose hash tags land on `count` different slots of `count` different nodes."""
+    picked: dict[str, str] = {}  # node name -> queue name
+    for i in range(1000):
+        name = f"{base}-{i}"
+        ring = f"rotator:{{{name}}}:ring"
+        picked.setdefault(node_of(client, ring).name, name)
+        if len(picked) == count:
+            return list(picked.values())
+    raise AssertionError(f"no {count} names on distinct nodes among 1000 tries")
+
+
+def test_queues_on_three_nodes_each_run_the_whole_api(
+    cluster_client: RedisCluster, queue_name: str
+) -> None:
+    names = names_on_distinct_nodes(cluster_client, queue_name)
+    assert len({slot(cluster_client, f"{{{name}}}") for name in names}) == 3
+    for name in names:
+        queue = Rotator(cluster_client, name, timeout=30, max_deliveries=2)
+        slots = {slot(cluster_client, key) for key in queue.keys.all}
+        assert slots == {slot(cluster_client, queue.keys.ring)}, name
+
+        assert queue.push("a", "b", "c") == 3
+        a, b = queue.next(2)
+        assert (a.id, b.id) == ("a", "b")
+        assert queue.ack(a) == 1
+        assert [entry.state for entry in queue.peek(5)] == ["pending", "lap", "done", "leased"]
+        deadline = queue.extend(b, 60)
+        assert deadline * 1000 > b.deadline_ms
+        assert queue.nack(b) == 1
+        c, b_again = queue.next(2)  # the lap drops "a"; "b" is delivered a second time
+        assert (c.id, b_again.id, b_again.deliveries) == ("c", "b", 2)
+        assert queue.stats().in_flight == 2
+        assert queue.ack(c) == 1
+        assert queue.nack(b_again) == 1
+        assert queue.next() == []  # delivered twice already: "b" is dead-lettered
+        (letter,) = queue.dead()
+        assert (letter.id, letter.reason, letter.deliveries) == ("b", "max_deliveries", 2)
+        assert queue.requeue_dead("b") == 1
+        (b_new,) = queue.next()
+        assert (b_new.id, b_new.deliveries) == ("b", 1)
+        assert queue.ack(b_new) == 1
+        assert queue.next() == []  # a lap removes what was acked
+        stats = queue.stats()
+        assert (stats.length, stats.in_flight, stats.done, stats.dead) == (0, 0, 0, 0)
+        on_node = cluster_client.get_redis_connection(
+            node_of(cluster_client, queue.keys.ring)
+        )  # the queue lives on its own node
+        assert on_node.exists(queue.keys.ring, queue.keys.all[8]) == 2  # the ring and meta
+
+
+def test_a_blocking_next_on_the_cluster_is_woken_by_a_push(
+    cluster: ClusterProcess, cluster_client: RedisCluster, queue_name: str
+) -> None:
+    queue = Rotator(cluster_client, queue_name, timeout=30)
+    pusher_client = cluster.client()
+    pusher = threading.Timer(0.3, lambda: Rotator(pusher_client, queue_name).push("late"))
+    began = time.monotonic()
+    pusher.start()
+    try:
+        jobs = queue.next(block=10)
+    finally:
+        pusher.join()
+        pusher_client.close()
+    assert [job.id for job in jobs] == ["late"]
+    assert time.monotonic() - began < 5  # woken by the push, not by the 10 s block
+    assert queue.ack(*jobs) == 1
+
+
+def test_async_rotator_on_an_asyncio_cluster_client(
+    cluster: ClusterProcess, queue_name: str
+) -> None:
+    async def scenario() -> None:
+        nodes = [AsyncClusterNode(node.host, node.port) for node in cluster.startup_nodes]
+        client = AsyncRedisCluster(startup_nodes=nodes)
+        try:
+            queue = AsyncRotator(client, queue_name, timeout=30)
+            waiting = asyncio.create_task(queue.next(2, block=10))
+            await asyncio.sleep(0.2)
+            assert await queue.push("x", "y") == 2
+            jobs = await asyncio.wait_for(waiting, timeout=10)
+            assert [job.id for job in jobs] == ["x", "y"]
+            assert await queue.nack(jobs[1]) == 1
+            (again,) = await queue.next(ack=[jobs[0]])
+            assert (again.id, again.deliveries) == ("y", 2)
+            assert await queue.ack(again) == 1
+            assert await queue.next() == []
+            assert (await queue.stats()).length == 0
+        finally:
+            await client.aclose()
+
+    asyncio.run(scenario())

@@ -1,0 +1,107 @@
+"""Every scenario of tests/lua/scenarios.py on real Redis 7 and Valkey 8, by EVALSHA.
+
+The same scenarios run on the lupa stub (tests/lua/test_rotator_lua.py); running them here as
+well is what keeps the stub honest. Scenarios that need the clock moved by hours run on the
+stub only. Small scripts below also pin the Lua <-> Redis conversions the stub imitates.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from tests.lua.backend import RealBackend, ReplyError, StubBackend, normalise, strip_script_suffix
+from tests.lua.harness import LuaScript, RedisStub, ScriptError
+from tests.lua.scenarios import FAKE_CLOCK_ONLY, SCENARIOS, Scenario
+
+REAL_TIME = [s for s in SCENARIOS if s.__name__ not in FAKE_CLOCK_ONLY]
+
+
+@pytest.fixture
+def backend(client: redis.Redis, queue_name: str) -> Iterator[RealBackend]:
+    real = RealBackend(client, queue_name)
+    yield real
+    real.cleanup()
+
+
+@pytest.mark.parametrize("scenario", REAL_TIME, ids=[s.__name__ for s in REAL_TIME])
+def test_scenario_on_a_real_server(scenario: Scenario, backend: RealBackend) -> None:
+    scenario(backend)
+
+
+# Small scripts whose replies must be the same from the stub and from the server.
+SNIPPETS = [
+    "return {1, 2.7, -2.7, false, 'x', true, nil, 3}",
+    "return {{1, {2}}, {ok='S'}}",
+    "return {err=5}",
+    "return {err='ROTATOR_X msg'}",
+    "return redis.error_reply('ROTATOR_Y msg')",
+    "return redis.status_reply('FINE')",
+    "return redis.call('TYPE', KEYS[1])",
+    "return type(redis.call('LINDEX', KEYS[1], 0))",
+    "redis.call('RPUSH', KEYS[1], 'a', 2.5, 7, -3) return redis.call('LRANGE', KEYS[1], -100, 99)",
+    "redis.call('RPUSH', KEYS[1], 'a', 'b', 'c') redis.call('LTRIM', KEYS[1], 5, 2) "
+    "return redis.call('LLEN', KEYS[1])",
+    "redis.call('RPUSH', KEYS[1], 'a') return redis.call('SADD', KEYS[1], 'x')",
+    "redis.call('RPUSH', KEYS[1], 'a') return redis.pcall('SADD', KEYS[1], 'x').err",
+    "redis.call('SADD', KEYS[1], 'a') redis.call('SREM', KEYS[1], 'a') "
+    "return redis.call('TYPE', KEYS[1])",
+    "redis.call('HSET', KEYS[1], 'f', 1, 'g', 2) "
+    "return {redis.call('HMGET', KEYS[1], 'f', 'no', 'g'), redis.call('HDEL', KEYS[1], 'f', 'f')}",
+    "redis.call('ZADD', KEYS[1], 1, 'a', 2, 'b', 3, 'c') "
+    "return {redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', '(2'), "
+    "redis.call('ZMSCORE', KEYS[1], 'a', 'b')}",
+    "return redis.call('ZADD', KEYS[1], 'nan', 'a')",
+    "return redis.call('LRANGE', KEYS[1], '01', 2)",
+    "redis.call('RPUSH', KEYS[1], 'a') return redis.call('LSET', KEYS[1], 5, 'x')",
+    "return redis.call('RENAME', KEYS[1], KEYS[1] .. 'x')",
+    "redis.call('RPUSH', KEYS[1], 'a', 'b') return {redis.call('RPOP', KEYS[1]), "
+    "redis.call('RPOP', KEYS[1]), redis.call('RPOP', KEYS[1]), redis.call('LLEN', KEYS[1])}",
+    "return redis.call('LPUSH', KEYS[1])",
+    "leaked = 1 return 1",
+    "KEYS = {} return 1",
+    "string.extra = 1 return 1",
+    "return nope",
+]
+
+
+def _outcome(run: object) -> object:
+    """The normalised reply, or ('error', first words) for an error reply."""
+    assert callable(run)
+    try:
+        return normalise(run())
+    except (ScriptError, ReplyError, redis.ResponseError) as error:
+        # Redis and Valkey word some errors differently after the first words.
+        text = strip_script_suffix(str(error)).removeprefix("ERR ")
+        return ("error", " ".join(text.split()[:4]))
+
+
+@pytest.mark.parametrize("source", SNIPPETS)
+def test_the_stub_converts_like_the_server(
+    source: str, client: redis.Redis, queue_name: str
+) -> None:
+    key = f"{queue_name}:k"
+    try:
+        real = _outcome(lambda: client.eval(source, 1, key))
+    finally:
+        client.delete(key, key + "x")
+    script = LuaScript(RedisStub(), source.encode(), "@user_script")
+    assert _outcome(lambda: script.run([key.encode()], [])) == real
+
+
+def test_stub_and_server_leave_the_same_keys_after_a_lifecycle(
+    backend: RealBackend,
+) -> None:
+    # Not just replies: the stored state must match too (tokens differ only in their times).
+    stub = StubBackend(backend.name)
+    for b in (stub, backend):
+        b.call("push", "a", "b", "c")
+        b.call("next", 2, 60_000, 1000, 0)
+        b.call("push", "d")
+    assert {role: kind for role, (kind, _) in stub.snapshot().items()} == {
+        role: kind for role, (kind, _) in backend.snapshot().items()
+    }
+    shape = [e.split("*")[0] for e in stub.ring()]
+    assert shape == [e.split("*")[0] for e in backend.ring()]
