@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from rotator.errors import RotatorError
 
@@ -66,6 +68,26 @@ def find_valkey_server() -> str:
     )
 
 
+def _is_valkey_server(pid: int) -> bool:
+    """False when /proc shows that ``pid`` runs another program; True when it cannot tell."""
+    try:
+        name = Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:  # no /proc (macOS), or the process just exited
+        return True
+    return name.startswith("valkey-server")
+
+
+def _is_zombie(pid: int) -> bool:
+    """True when /proc shows that ``pid`` has exited but is not reaped yet. The daemon's parent
+    is init, which may reap late or never (a container's PID 1), so waiting for the pid to
+    vanish could last the whole stop timeout."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:  # no /proc (macOS), or already reaped
+        return False
+    return stat.rsplit(")", 1)[-1].split()[:1] == ["Z"]
+
+
 class EmbeddedServer:
     """The private server living in ``data_dir``."""
 
@@ -94,6 +116,9 @@ class EmbeddedServer:
             self._forget()
             return None
         except PermissionError:  # alive, but someone else's: not ours to use
+            return None
+        if not _is_valkey_server(pid):  # the pid was reused by another program
+            self._forget()
             return None
         return pid
 
@@ -165,7 +190,9 @@ class EmbeddedServer:
                 self._forget()
                 return False
             try:
-                with self.client(socket_timeout=5) as conn:
+                # No retries: the connection dropping is SHUTDOWN succeeding, not a reason to
+                # send it again after redis-py's backoff (seconds).
+                with self.client(socket_timeout=5, retry=Retry(NoBackoff(), 0)) as conn:
                     conn.shutdown()
             except (redis.ConnectionError, redis.ResponseError, redis.TimeoutError):
                 pass  # already going away, or refusing: the wait below decides
@@ -193,7 +220,7 @@ class EmbeddedServer:
         with contextlib.suppress(ChildProcessError):
             if os.waitpid(pid, os.WNOHANG)[0] == pid:
                 return False
-        return True
+        return not _is_zombie(pid)
 
     def status(self) -> ServerStatus:
         pid = self.pid()
