@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from rotator.core import Rotator
+from rotator.durability import Durability, NotDurable
 from rotator.errors import (
     InvalidArgument,
     InvalidJobId,
@@ -19,12 +20,14 @@ from rotator.worker import WorkSummary
 
 __all__ = [
     "DeadLetter",
+    "Durability",
     "InvalidArgument",
     "InvalidJobId",
     "InvalidQueueName",
     "InvalidToken",
     "Job",
     "LeaseLost",
+    "NotDurable",
     "ProtocolError",
     "RingEntry",
     "Rotator",

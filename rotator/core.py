@@ -25,6 +25,7 @@ from rotator.defaults import (
     MAX_BATCH,
     MAX_COUNT,
 )
+from rotator.durability import Durability, server_warnings, wait_durable
 from rotator.errors import InvalidArgument, LeaseLost
 from rotator.keys import queue_keys
 from rotator.models import DeadLetter, Job, RingEntry, Stats
@@ -71,7 +72,9 @@ class Rotator:
     another consumer. ``idempotency(job_id) -> bool`` is asked about every job whose lease
     expired before it is handed out again: True means the job was already done (it is acked
     and not returned). ``max_deliveries`` moves a job that was delivered that many times to
-    the dead letters instead of leasing it again.
+    the dead letters instead of leasing it again. With ``durability``, push, ack, nack and
+    requeue_dead return only once their writes are persisted/replicated as it asks (raising
+    NotDurable, after the write, when that is not confirmed in time).
     """
 
     def __init__(
@@ -84,8 +87,10 @@ class Rotator:
         max_deliveries: int | None = None,
         budget: int = DEFAULT_BUDGET,
         prefix: str = DEFAULT_PREFIX,
+        durability: Durability | None = None,
     ) -> None:
         self.client = client
+        self.durability = durability
         self.name = name
         self.keys = queue_keys(name, prefix)
         self.timeout = timeout
@@ -118,6 +123,17 @@ class Rotator:
     def _call(self, *args: Any) -> Any:
         return run(self._script, self.keys.all, list(args))
 
+    def _write(self, *args: Any) -> Any:
+        """A call whose writes the caller relies on: waits for durability when asked."""
+        reply = self._call(*args)
+        if self.durability is not None:
+            wait_durable(self.client, self.durability)
+        return reply
+
+    def server_warnings(self) -> list[str]:
+        """Server settings that can lose jobs (an evicting maxmemory-policy, AOF off)."""
+        return server_warnings(self.client)
+
     # -- producing -------------------------------------------------------------------------
 
     def push(self, *ids: str | int) -> int:
@@ -131,7 +147,7 @@ class Rotator:
     def push_many(self, ids: Iterable[str | int], chunk: int = DEFAULT_PUSH_CHUNK) -> int:
         raw = protocol.encode_ids(ids)
         size = protocol.whole(chunk, "chunk", 1, MAX_BATCH)
-        return sum(int(self._call(b"push", *part)) for part in chunks(raw, size))
+        return sum(int(self._write(b"push", *part)) for part in chunks(raw, size))
 
     # -- consuming -------------------------------------------------------------------------
 
@@ -190,7 +206,7 @@ class Rotator:
         counted). O(1) per job: the element leaves the ring when a consumer next reaches it.
         """
         tokens = protocol.encode_tokens(jobs)
-        return sum(int(self._call(b"ack", *part)) for part in chunks(tokens, MAX_BATCH))
+        return sum(int(self._write(b"ack", *part)) for part in chunks(tokens, MAX_BATCH))
 
     def nack(self, *jobs: JobRef, delay: float = 0.0) -> int:
         """Gives jobs back, to be delivered again once ``delay`` seconds have passed.
@@ -200,7 +216,7 @@ class Rotator:
         delay_ms = protocol.seconds_to_ms(delay, "delay", allow_zero=True)
         tokens = protocol.encode_tokens(jobs)
         return sum(
-            sum(int(flag) for flag in self._call(b"nack", delay_ms, *part))
+            sum(int(flag) for flag in self._write(b"nack", delay_ms, *part))
             for part in chunks(tokens, MAX_BATCH)
         )
 
@@ -318,4 +334,4 @@ class Rotator:
         count = protocol.whole(count, "count", 1, MAX_BATCH)
         if len(raw) > MAX_BATCH:
             raise InvalidArgument(f"at most {MAX_BATCH} ids per call")
-        return int(self._call(b"requeue_dead", count, *raw))
+        return int(self._write(b"requeue_dead", count, *raw))

@@ -72,6 +72,8 @@ class Worker:
     def run(
         self, *, stop_when_empty: bool = False, install_signal_handlers: bool = True
     ) -> WorkSummary:
+        for warning in self.rotator.server_warnings():
+            log.warning("%s", warning)
         restore = self._install_signals() if install_signal_handlers else {}
         heartbeat = threading.Thread(target=self._heartbeat, name="rotator-heartbeat", daemon=True)
         heartbeat.start()
