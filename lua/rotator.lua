@@ -606,8 +606,12 @@ if command == 'next' or command == 'sweep' or command == 'peek' then
     -- A pending id's first delivery: its token is id .. first .. visit number.
     local first = '*' .. s.deadline .. '.1.'
     local rotated, reply, srem = s.rotated, s.reply, s.srem
+    -- Slices start just larger than what is wanted (every element fetched costs a string
+    -- conversion) and double while the walk finds elements to skip.
+    local extra = 2
     while s.visited < limit and s.leased < count do
-      local want = math.min(limit - s.visited, count - s.leased + 16)
+      local want = math.min(limit - s.visited, count - s.leased + extra)
+      extra = extra * 2
       local slice = rcall('LRANGE', K.ring, -(s.visited + want), -(s.visited + 1))
       local done_in, mark, mark_in = {}, {}, {}
       M.look_up(slice, s.sides, done_in, mark, mark_in)

@@ -1,0 +1,95 @@
+"""What every benchmark shares: servers, worker processes, timing and percentiles."""
+
+from __future__ import annotations
+
+import multiprocessing
+import statistics
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from tests.servers import ServerProcess
+
+# One no-op job is claimed once and acked once; every pattern is measured the same way.
+Loop = Callable[[str, str, int, "Any"], list[float]]
+
+
+@dataclass
+class Result:
+    """One measured scenario."""
+
+    pattern: str
+    batch: int
+    clients: int
+    jobs: int
+    seconds: float
+    p50_ms: float | None = None
+    p99_ms: float | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def jobs_per_s(self) -> float:
+        return self.jobs / self.seconds if self.seconds > 0 else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["jobs_per_s"] = round(self.jobs_per_s, 1)
+        return data
+
+
+def percentile(samples: list[float], q: float) -> float | None:
+    if not samples:
+        return None
+    if len(samples) == 1:
+        return samples[0]
+    return statistics.quantiles(samples, n=100, method="inclusive")[int(q) - 1]
+
+
+@contextmanager
+def started(kind: str, workdir: Path) -> Iterator[ServerProcess]:
+    """A server of our own, persistence off, as every run starts its own."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    with ServerProcess(kind, workdir, {"appendonly": "no", "save": ""}) as server:  # type: ignore[arg-type]
+        yield server
+
+
+def _child(loop: Loop, url: str, name: str, batch: int, extra: tuple[Any, Any, Any]) -> None:
+    args, start, out = extra
+    start.wait()
+    out.put(loop(url, name, batch, args))
+
+
+def run_clients(
+    loop: Loop, url: str, name: str, *, batch: int, clients: int, args: Any = None
+) -> tuple[float, list[float]]:
+    """Runs ``loop`` in ``clients`` processes started together; returns (seconds, latencies)."""
+    context = multiprocessing.get_context("spawn")
+    start = context.Event()
+    out: Any = context.Queue()
+    procs = [
+        context.Process(target=_child, args=(loop, url, name, batch, (args, start, out)))
+        for _ in range(clients)
+    ]
+    for proc in procs:
+        proc.start()
+    time.sleep(0.5 + 0.2 * clients)  # let every child import and connect before the clock
+    began = time.perf_counter()
+    start.set()
+    latencies: list[float] = []
+    for _ in procs:
+        latencies.extend(out.get(timeout=600))
+    seconds = time.perf_counter() - began
+    for proc in procs:
+        proc.join()
+    return seconds, latencies
+
+
+def server_usec(client: redis.Redis, names: tuple[str, ...]) -> float:
+    """Server CPU time (µs) spent in the given commands since the last CONFIG RESETSTAT."""
+    stats = client.info("commandstats")
+    return float(sum(stats.get(f"cmdstat_{name}", {}).get("usec", 0) for name in names))

@@ -1,0 +1,134 @@
+"""Cost profiles: µs per job against queue length and in-flight count, bytes per job, and how
+fast an idle blocked consumer sees a push."""
+
+from __future__ import annotations
+
+import multiprocessing
+import time
+from typing import Any
+
+import redis
+
+from bench.harness import percentile, server_usec
+from bench.patterns import PRELOAD_CHUNK, job_ids
+from rotator import Rotator
+from rotator.models import Job
+
+STEADY_BATCH = 100
+
+
+def _steady_state_usec(client: redis.Redis, q: Rotator, jobs: int) -> dict[str, float]:
+    """Server µs per job while a producer keeps the ring's length constant: push one batch,
+    claim one batch with the previous batch's acks, and so on, laps included."""
+    client.config_resetstat()
+    began = time.perf_counter()
+    finished: list[Job] = []
+    fresh = iter(job_ids(jobs + 1000))
+    done = 0
+    while done < jobs:
+        q.push_many([f"new-{next(fresh)}" for _ in range(STEADY_BATCH)])
+        finished = q.next(STEADY_BATCH, ack=finished)
+        done += len(finished)
+    wall = time.perf_counter() - began
+    return {
+        "server_us_per_job": round(server_usec(client, ("evalsha",)) / done, 3),
+        "wall_us_per_job": round(wall * 1e6 / done, 3),
+    }
+
+
+def queue_length_scaling(
+    client: redis.Redis, lengths: list[int], jobs: int
+) -> list[dict[str, Any]]:
+    rows = []
+    for length in lengths:
+        q = Rotator(client, f"scale-len-{length}", timeout=600)
+        q.delete()
+        q.push_many(job_ids(length), chunk=PRELOAD_CHUNK)
+        rows.append({"queue_length": length, **_steady_state_usec(client, q, jobs)})
+        q.delete()
+    return rows
+
+
+def in_flight_scaling(client: redis.Redis, counts: list[int], jobs: int) -> list[dict[str, Any]]:
+    rows = []
+    for count in counts:
+        q = Rotator(client, f"scale-inflight-{count}", timeout=600)
+        q.delete()
+        if count:
+            q.push_many([f"held-{i:011d}" for i in range(count)], chunk=PRELOAD_CHUNK)
+            taken = 0
+            while taken < count:  # leased and never acked: young for the whole run
+                taken += len(q.next(1000))
+        q.push_many(job_ids(1000))
+        rows.append({"in_flight": count, **_steady_state_usec(client, q, jobs)})
+        q.delete()
+    return rows
+
+
+def memory_per_job(client: redis.Redis, jobs: int) -> dict[str, float]:
+    """Bytes per job, 16-byte ids, measured with MEMORY USAGE (all samples)."""
+    q = Rotator(client, "memory", timeout=600)
+    q.delete()
+    q.push_many(job_ids(jobs), chunk=PRELOAD_CHUNK)
+
+    def usage(key: str) -> float:
+        return float(client.memory_usage(key, samples=0) or 0) / jobs
+
+    pending = usage(q.keys.ring)
+    leased: list[Job] = []
+    while len(leased) < jobs:
+        leased.extend(q.next(1000))
+    in_flight = usage(q.keys.ring)
+    for start in range(0, jobs, 1000):
+        q.ack(*leased[start : start + 1000])
+    done = usage(q.keys.all[1])
+    q.delete()
+    stream = "memory-stream"
+    client.delete(stream)
+    for start in range(0, jobs, PRELOAD_CHUNK):
+        pipe = client.pipeline(transaction=False)
+        for job_id in job_ids(jobs)[start : start + PRELOAD_CHUNK]:
+            pipe.xadd(stream, {"id": job_id})
+        pipe.execute()
+    stream_entry = usage(stream)
+    client.xgroup_create(stream, "g", id="0")
+    while client.xreadgroup("g", "c", {stream: ">"}, count=1000):
+        pass
+    stream_pending = usage(stream)
+    client.delete(stream)
+    return {
+        "rotator_pending": round(pending, 1),
+        "rotator_in_flight": round(in_flight, 1),
+        "rotator_acked_awaiting_cleanup": round(done, 1),
+        "stream_entry": round(stream_entry, 1),
+        "stream_entry_delivered_pending_ack": round(stream_pending, 1),
+    }
+
+
+def _wake_consumer(url: str, name: str, samples: int, out: Any) -> None:
+    q = Rotator.from_url(url, name)
+    latencies: list[float] = []
+    out.put("ready")
+    while len(latencies) < samples:
+        for job in q.next(1, block=5.0):
+            latencies.append((time.monotonic_ns() - int(job.id)) / 1e6)
+            q.ack(job)
+    out.put(latencies)
+
+
+def wake_latency(url: str, samples: int) -> dict[str, float | None]:
+    """Push -> claim for a consumer idle in next(block=...), over separate processes."""
+    name = f"wake-{time.time_ns()}"
+    context = multiprocessing.get_context("spawn")
+    out: Any = context.Queue()
+    consumer = context.Process(target=_wake_consumer, args=(url, name, samples, out))
+    consumer.start()
+    out.get(timeout=60)
+    q = Rotator.from_url(url, name)
+    for _ in range(samples):
+        time.sleep(0.02)  # the consumer is blocked again by now
+        q.push(str(time.monotonic_ns()))  # CLOCK_MONOTONIC is shared by all processes
+    latencies: list[float] = out.get(timeout=60)
+    consumer.join()
+    q.delete()
+    return {"p50_ms": percentile(latencies, 50), "p99_ms": percentile(latencies, 99)}

@@ -1,0 +1,41 @@
+"""The benchmark suite runs end to end on tiny sizes, so it cannot rot unnoticed."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_bench_smoke_writes_every_scenario(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "bench", "--smoke", "--servers", "redis", "--out", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    data = json.loads((tmp_path / "redis.json").read_text())
+    patterns = {row["pattern"] for row in data["patterns"]}
+    assert patterns == {
+        "rotator",
+        "rotator-asyncio",
+        "rotator-work",
+        "raw-limit",
+        "streams",
+        "processing-list",
+    }
+    assert all(row["jobs_per_s"] > 0 for row in data["patterns"])
+    assert {row["pattern"] for row in data["peers"]} >= {"dramatiq", "rq", "bullmq"}
+    assert [row["queue_length"] for row in data["queue_length_scaling"]] == [1_000]
+    assert [row["in_flight"] for row in data["in_flight_scaling"]] == [0, 100]
+    assert data["memory_bytes_per_job"]["rotator_pending"] > 0
+    assert data["wake_latency"]["p50_ms"] is not None
+    report = (tmp_path / "README.md").read_text()
+    assert "## redis" in report
+    assert (tmp_path / "redis-throughput.png").stat().st_size > 0
