@@ -32,9 +32,9 @@ def preload_rotator(client: redis.Redis, name: str, n: int) -> None:
     Rotator(client, name).push_many(job_ids(n), chunk=PRELOAD_CHUNK)
 
 
-def rotator_loop(url: str, name: str, batch: int, _: Any) -> list[float]:
+def rotator_loop(url: str, name: str, batch: int, functions: Any) -> list[float]:
     """next(batch) carrying the previous batch's acks: one round trip per batch."""
-    q = Rotator.from_url(url, name, timeout=300)
+    q = Rotator.from_url(url, name, timeout=300, functions=bool(functions))
     latencies: list[float] = []
     finished: list[Job] = []
     while True:
@@ -46,6 +46,11 @@ def rotator_loop(url: str, name: str, batch: int, _: Any) -> list[float]:
         finished = jobs
     q.sweep()  # whoever finds the queue empty pays for removing the acked elements
     return latencies
+
+
+def rotator_fcall_loop(url: str, name: str, batch: int, _: Any) -> list[float]:
+    """The same loop with the module called by FCALL (loaded as a function library)."""
+    return rotator_loop(url, name, batch, True)
 
 
 def rotator_async_loop(url: str, name: str, batch: int, _: Any) -> list[float]:
@@ -157,6 +162,7 @@ def processing_list_loop(url: str, name: str, batch: int, _: Any) -> list[float]
 Preload = Callable[[redis.Redis, str, int], None]
 PATTERNS: dict[str, tuple[Preload, Any]] = {
     "rotator": (preload_rotator, rotator_loop),
+    "rotator-fcall": (preload_rotator, rotator_fcall_loop),
     "rotator-asyncio": (preload_rotator, rotator_async_loop),
     "rotator-work": (preload_rotator, rotator_work_loop),
     "raw-limit": (preload_list, raw_limit_loop),

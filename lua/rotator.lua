@@ -93,15 +93,30 @@ REDIS-CLI
   redis-cli EVALSHA $SHA 10 $Q stats
 ]]
 
--- Redis runs this whole chunk on every call, so it is written to be cheap to run: each
--- command called from Lua and each closure created costs about as much as a small command. So
--- functions live in one table (M), helpers are defined only for the commands that use them,
+-- Two ways to run: EVAL/EVALSHA run this whole chunk on every call, so it defines its
+-- functions each time (creating closures is a good part of a call's cost); FUNCTION LOAD runs
+-- it once to register `main`, and each FCALL only runs `main`. Functions live in one table (M)
 -- and key types are checked by the reads a command needs anyway (M.read), not by TYPE.
-local rcall = redis.call
-local command = ARGV[1]
 local M = {}
+-- This call's named keys and arguments, and the command function (which a library may not
+-- touch while it loads): all set by main for every call.
+local K, A, rcall
 
 local SENTINEL = '*lap'
+-- Zero-padded visit numbers ("00042"), each formatted once: a token's seq is the call's
+-- first visit number followed by one of these, which spares formatting a number per job.
+-- Made by main on its first call (a library may not call setmetatable while it loads), so
+-- loaded as a library it lives across calls.
+local PAD
+local function make_pad()
+  return setmetatable({}, {
+    __index = function(pad, i)
+      local text = string.format('%05d', i)
+      pad[i] = text
+      return text
+    end,
+  })
+end
 local LIMIT = {
   id_bytes = 1024,
   batch = 5000, -- ids or tokens per call; Lua's unpack() fails near 8000
@@ -111,12 +126,6 @@ local LIMIT = {
   revoked_keep_ms = 2 * 86400000, -- how long a refused token is remembered
   wake_tokens = 16, -- at most this many idle consumers woken by one push
   pushlog_bucket_ms = 1000, -- pushes within a second share one checkpoint
-}
-
--- Named KEYS slots, in the order of the header.
-local K = {
-  ring = KEYS[1], done = KEYS[2], done_old = KEYS[3], marks = KEYS[4], marks_old = KEYS[5],
-  revoked = KEYS[6], dead = KEYS[7], wake = KEYS[8], meta = KEYS[9], pushlog = KEYS[10],
 }
 
 function M.fail(code, message)
@@ -152,7 +161,7 @@ end
 
 -- A whole number in [lo, hi] written in plain digits; strtod-isms like "1e3" or "nan" fail.
 function M.int_arg(index, name, lo, hi)
-  local value = ARGV[index]
+  local value = A[index]
   if type(value) ~= 'string' or not string.find(value, '^%d+$') or #value > 15 then
     M.refuse('ROTATOR_BADARG', name .. ' must be a whole number, got ' .. M.printable(value))
   end
@@ -179,7 +188,7 @@ function M.parse_token(element)
 end
 
 function M.check_count(first, what)
-  local count = #ARGV - first + 1
+  local count = #A - first + 1
   if count > LIMIT.batch then
     M.refuse('ROTATOR_TOOMANY', 'at most ' .. LIMIT.batch .. ' ' .. what .. ' per call, got ' .. count)
   end
@@ -187,21 +196,22 @@ end
 
 function M.check_ids(first)
   M.check_count(first, 'ids')
-  for i = first, #ARGV do
-    if not M.valid_id(ARGV[i]) then
+  for i = first, #A do
+    if not M.valid_id(A[i]) then
       M.refuse('ROTATOR_BADID', 'job id must be 1..' .. LIMIT.id_bytes ..
-        ' bytes without "*", got ' .. M.printable(ARGV[i]))
+        ' bytes without "*", got ' .. M.printable(A[i]))
     end
   end
 end
 
 -- Tokens are only checked for their shape here; nothing parses their numbers.
 function M.check_tokens(first, required)
-  if required and #ARGV < first then M.refuse('ROTATOR_BADTOKEN', 'no token given') end
+  if required and #A < first then M.refuse('ROTATOR_BADTOKEN', 'no token given') end
   M.check_count(first, 'tokens')
   local find = string.find
-  for i = first, #ARGV do
-    local token = ARGV[i]
+  for i = first, #A do
+    local token = A[i]
+    -- A plain search for "*" (memchr), then a pattern over the short stamp only.
     local star = find(token, '*', 2, true)
     if not star or star > LIMIT.id_bytes + 1 or #token - star > 40
         or not find(token, '^%d+%.%d+%.%d+$', star + 1) then
@@ -236,25 +246,25 @@ function M.read_sides()
   }
 end
 
--- Tokens in ARGV[first..] that were revoked, as a set.
+-- Tokens in A[first..] that were revoked, as a set.
 function M.revoked_among(first, sides)
   local refused = {}
-  if #ARGV >= first and sides.revoked > 0 then
-    local scores = rcall('ZMSCORE', K.revoked, unpack(ARGV, first))
+  if #A >= first and sides.revoked > 0 then
+    local scores = rcall('ZMSCORE', K.revoked, unpack(A, first))
     for i = 1, #scores do
-      if scores[i] then refused[ARGV[first + i - 1]] = true end
+      if scores[i] then refused[A[first + i - 1]] = true end
     end
   end
   return refused
 end
 
--- Acks ARGV[first..] (already checked); returns how many were accepted.
+-- Acks A[first..] (already checked); returns how many were accepted.
 function M.ack_tokens(first, ring_length, sides)
-  if #ARGV < first or ring_length == 0 then return 0 end
+  if #A < first or ring_length == 0 then return 0 end
   local refused = M.revoked_among(first, sides)
   local accepted = {}
-  for i = first, #ARGV do
-    local token = ARGV[i]
+  for i = first, #A do
+    local token = A[i]
     if not refused[token] then
       accepted[#accepted + 1] = token
       refused[token] = true -- a token given twice counts once
@@ -274,66 +284,64 @@ function M.ack()
   return M.ack_tokens(2, length, sides)
 end
 
-if command == 'push' or command == 'requeue_dead' then
-  -- A ring that does not exist (new, or deleted) gets its sentinel; lap counting restarts.
-  function M.ensure_ring(length)
-    if length == 0 then
-      rcall('LPUSH', K.ring, SENTINEL)
-      rcall('HDEL', K.meta, 'lapnext')
-    end
+-- A ring that does not exist (new, or deleted) gets its sentinel; lap counting restarts.
+function M.ensure_ring(length)
+  if length == 0 then
+    rcall('LPUSH', K.ring, SENTINEL)
+    rcall('HDEL', K.meta, 'lapnext')
   end
+end
 
-  -- Reads (and so type-checks) what record_push will write.
-  function M.read_push_keys()
-    M.read('LLEN', K.wake)
-    return M.read('LINDEX', K.pushlog, 0)
-  end
+-- Reads (and so type-checks) what record_push will write.
+function M.read_push_keys()
+  M.read('LLEN', K.wake)
+  return M.read('LINDEX', K.pushlog, 0)
+end
 
-  -- Notes `n` more pending ids: counters, the push checkpoint for ages, and a wake-up.
-  function M.record_push(meta, n, now, head)
-    local pushlog = K.pushlog
-    meta.pushed = meta.pushed + n
-    local head_ms = head and tonumber(string.match(head, ':(%d+)$'))
-    if head_ms and now - head_ms < LIMIT.pushlog_bucket_ms and now >= head_ms then
-      rcall('LSET', pushlog, 0, meta.pushed .. ':' .. head_ms)
-    else
-      rcall('LPUSH', pushlog, meta.pushed .. ':' .. now)
-    end
-    -- Drop a few fully consumed checkpoints per push, so the log stays short.
-    for _ = 1, 4 do
-      local tail = rcall('LINDEX', pushlog, -1)
-      if not tail or (tonumber(string.match(tail, '^(%d+):')) or 0) > meta.taken then break end
-      rcall('RPOP', pushlog)
-    end
-    -- Something new is available: consumers must look at a whole lap again before idling.
-    rcall('HSET', K.meta, 'pushed', meta.pushed, 'qstart', meta.seq)
-    local tokens = {}
-    for i = 1, math.min(n, LIMIT.wake_tokens) do tokens[i] = '1' end
-    rcall('LPUSH', K.wake, unpack(tokens))
-    rcall('LTRIM', K.wake, 0, LIMIT.wake_tokens - 1)
+-- Notes `n` more pending ids: counters, the push checkpoint for ages, and a wake-up.
+function M.record_push(meta, n, now, head)
+  local pushlog = K.pushlog
+  meta.pushed = meta.pushed + n
+  local head_ms = head and tonumber(string.match(head, ':(%d+)$'))
+  if head_ms and now - head_ms < LIMIT.pushlog_bucket_ms and now >= head_ms then
+    rcall('LSET', pushlog, 0, meta.pushed .. ':' .. head_ms)
+  else
+    rcall('LPUSH', pushlog, meta.pushed .. ':' .. now)
   end
+  -- Drop a few fully consumed checkpoints per push, so the log stays short.
+  for _ = 1, 4 do
+    local tail = rcall('LINDEX', pushlog, -1)
+    if not tail or (tonumber(string.match(tail, '^(%d+):')) or 0) > meta.taken then break end
+    rcall('RPOP', pushlog)
+  end
+  -- Something new is available: consumers must look at a whole lap again before idling.
+  rcall('HSET', K.meta, 'pushed', meta.pushed, 'qstart', meta.seq)
+  local tokens = {}
+  for i = 1, math.min(n, LIMIT.wake_tokens) do tokens[i] = '1' end
+  rcall('LPUSH', K.wake, unpack(tokens))
+  rcall('LTRIM', K.wake, 0, LIMIT.wake_tokens - 1)
+end
 
-  -- The job id inside a dead letter, or nil when it holds no valid id.
-  function M.dead_letter_id(letter)
-    local element = string.match(letter, '^[^*]*%*%d+%*%d+%*(.*)$')
-    if not element then return nil end
-    local star = string.find(element, '*', 1, true)
-    local id = star and string.sub(element, 1, star - 1) or element
-    return M.valid_id(id) and id or nil
-  end
+-- The job id inside a dead letter, or nil when it holds no valid id.
+function M.dead_letter_id(letter)
+  local element = string.match(letter, '^[^*]*%*%d+%*%d+%*(.*)$')
+  if not element then return nil end
+  local star = string.find(element, '*', 1, true)
+  local id = star and string.sub(element, 1, star - 1) or element
+  return M.valid_id(id) and id or nil
 end
 
 function M.push()
   M.check_ids(2)
-  local n = #ARGV - 1
+  local n = #A - 1
   if n == 0 then return 0 end
   local length = M.read('LLEN', K.ring)
   local meta = M.read_meta()
   local head = M.read_push_keys()
   local now = M.now_ms()
   M.ensure_ring(length)
-  for i = 2, #ARGV, LIMIT.batch do
-    rcall('LPUSH', K.ring, unpack(ARGV, i, math.min(i + LIMIT.batch - 1, #ARGV)))
+  for i = 2, #A, LIMIT.batch do
+    rcall('LPUSH', K.ring, unpack(A, i, math.min(i + LIMIT.batch - 1, #A)))
   end
   M.record_push(meta, n, now, head)
   return n
@@ -343,9 +351,9 @@ function M.requeue_dead()
   local count = M.int_arg(2, 'COUNT', 1, LIMIT.batch)
   M.check_ids(3)
   local wanted = nil
-  if #ARGV >= 3 then
+  if #A >= 3 then
     wanted = {}
-    for i = 3, #ARGV do wanted[ARGV[i]] = true end
+    for i = 3, #A do wanted[A[i]] = true end
   end
   local letters = M.read('LRANGE', K.dead, 0, LIMIT.budget - 1)
   local length = M.read('LLEN', K.ring)
@@ -372,30 +380,28 @@ function M.requeue_dead()
   return #ids
 end
 
-if command == 'nack' or command == 'extend' then
-  -- Which tokens in ARGV[first..] still hold a live lease: not revoked, not acked.
-  function M.live_tokens(first)
-    local alive = {}
-    local length = M.read('LLEN', K.ring)
-    local sides = M.read_sides()
-    if length == 0 then return alive end
-    local refused = M.revoked_among(first, sides)
-    local tokens = {}
-    for i = first, #ARGV do tokens[#tokens + 1] = ARGV[i] end
-    local acked = {}
-    for _, key in ipairs({ K.done, K.done_old }) do
-      if sides[key] > 0 then
-        local flags = rcall('SMISMEMBER', key, unpack(tokens))
-        for i = 1, #flags do
-          if flags[i] == 1 then acked[tokens[i]] = true end
-        end
+-- Which tokens in A[first..] still hold a live lease: not revoked, not acked.
+function M.live_tokens(first)
+  local alive = {}
+  local length = M.read('LLEN', K.ring)
+  local sides = M.read_sides()
+  if length == 0 then return alive end
+  local refused = M.revoked_among(first, sides)
+  local tokens = {}
+  for i = first, #A do tokens[#tokens + 1] = A[i] end
+  local acked = {}
+  for _, key in ipairs({ K.done, K.done_old }) do
+    if sides[key] > 0 then
+      local flags = rcall('SMISMEMBER', key, unpack(tokens))
+      for i = 1, #flags do
+        if flags[i] == 1 then acked[tokens[i]] = true end
       end
     end
-    for _, token in ipairs(tokens) do
-      if not refused[token] and not acked[token] then alive[token] = true end
-    end
-    return alive
   end
+  for _, token in ipairs(tokens) do
+    if not refused[token] and not acked[token] then alive[token] = true end
+  end
+  return alive
 end
 
 function M.nack()
@@ -408,8 +414,8 @@ function M.nack()
   local due = now + delay
   local reply = {}
   local any = false
-  for i = 3, #ARGV do
-    local token = ARGV[i]
+  for i = 3, #A do
+    local token = A[i]
     if alive[token] then
       alive[token] = nil -- a token given twice is requeued once
       rcall('HSET', K.marks, token, 'n' .. due)
@@ -436,8 +442,8 @@ function M.extend()
   local alive = M.live_tokens(3)
   local deadline = M.now_ms() + lease
   local reply = { deadline }
-  for i = 3, #ARGV do
-    local token = ARGV[i]
+  for i = 3, #A do
+    local token = A[i]
     if alive[token] then
       rcall('HSET', K.marks, token, 'e' .. deadline)
       rcall('HDEL', K.marks_old, token)
@@ -449,245 +455,256 @@ function M.extend()
   return reply
 end
 
-if command == 'next' or command == 'sweep' or command == 'peek' then
-  -- Looks up, for a slice of ring elements, where their ack and mark live. Fills, per index:
-  -- done_in[i] = key of the done set holding it; mark[i] = mark value; mark_in[i] = its key.
-  -- One command per structure for the whole slice, whatever its size.
-  function M.look_up(slice, sides, done_in, mark, mark_in)
-    local find = string.find
-    local tokens, at = {}, {}
-    for i = 1, #slice do
-      if find(slice[i], '*', 2, true) then
-        tokens[#tokens + 1] = slice[i]
-        at[#tokens] = i
+-- Looks up, for a slice of ring elements, where their ack and mark live. Fills, per index:
+-- done_in[i] = key of the done set holding it; mark[i] = mark value; mark_in[i] = its key.
+-- One command per structure for the whole slice, whatever its size.
+function M.look_up(slice, sides, stamped, done_in, mark, mark_in)
+  local find = string.find
+  local tokens, at = {}, {}
+  local n = 0
+  for i = 1, #slice do
+    -- A "*" after the first byte: a lease (or a corrupt element that parse_token rejects).
+    if find(slice[i], '*', 2, true) then
+      n = n + 1
+      tokens[n], at[n] = slice[i], i
+      stamped[i] = true
+    end
+  end
+  if n == 0 then return end
+  for _, key in ipairs({ K.done, K.done_old }) do
+    if sides[key] > 0 then
+      local flags = rcall('SMISMEMBER', key, unpack(tokens))
+      for j = 1, #flags do
+        if flags[j] == 1 and not done_in[at[j]] then done_in[at[j]] = key end
       end
     end
-    if #tokens == 0 then return end
-    for _, key in ipairs({ K.done, K.done_old }) do
-      if sides[key] > 0 then
-        local flags = rcall('SMISMEMBER', key, unpack(tokens))
-        for j = 1, #flags do
-          if flags[j] == 1 and not done_in[at[j]] then done_in[at[j]] = key end
+  end
+  for _, key in ipairs({ K.marks, K.marks_old }) do
+    if sides[key] > 0 then
+      local values = rcall('HMGET', key, unpack(tokens))
+      for j = 1, #tokens do
+        local i = at[j]
+        if values[j] and not done_in[i] and not mark[i] then
+          mark[i] = values[j]
+          mark_in[i] = key
         end
       end
     end
-    for _, key in ipairs({ K.marks, K.marks_old }) do
-      if sides[key] > 0 then
-        local values = rcall('HMGET', key, unpack(tokens))
-        for j = 1, #tokens do
-          local i = at[j]
-          if values[j] and not done_in[i] and not mark[i] then
-            mark[i] = values[j]
-            mark_in[i] = key
-          end
-        end
-      end
-    end
   end
+end
 
-  -- Applies the side-structure writes collected so far by a walk, keeping the sizes in
-  -- s.sides true (end_lap renames only what exists).
-  function M.flush_side_writes(s)
-    local sides = s.sides
-    for _, key in ipairs({ K.done, K.done_old }) do
-      if #s.srem[key] > 0 then sides[key] = sides[key] - rcall('SREM', key, unpack(s.srem[key])) end
-      s.srem[key] = {}
-    end
-    for _, key in ipairs({ K.marks, K.marks_old }) do
-      if #s.hdel[key] > 0 then sides[key] = sides[key] - rcall('HDEL', key, unpack(s.hdel[key])) end
-      s.hdel[key] = {}
-    end
-    if #s.keep_marks > 0 then
-      sides[K.marks] = sides[K.marks] + rcall('HSET', K.marks, unpack(s.keep_marks))
-    end
-    s.keep_marks = {}
+-- Applies the side-structure writes collected so far by a walk, keeping the sizes in
+-- s.sides true (end_lap renames only what exists).
+function M.flush_side_writes(s)
+  local sides = s.sides
+  for _, key in ipairs({ K.done, K.done_old }) do
+    if #s.srem[key] > 0 then sides[key] = sides[key] - rcall('SREM', key, unpack(s.srem[key])) end
+    s.srem[key] = {}
   end
-
-  -- The sentinel's visit ends a lap: whatever an old generation still holds was not claimed
-  -- by any element during a whole lap, so it is a leftover (late ack, stale mark) and goes.
-  -- Look-ups already made for slice[1..from] now live one generation older.
-  function M.end_lap(s, from, done_in, mark_in)
-    M.flush_side_writes(s)
-    rcall('DEL', K.done_old, K.marks_old)
-    local sides = s.sides
-    if sides[K.done] > 0 then rcall('RENAME', K.done, K.done_old) end
-    if sides[K.marks] > 0 then rcall('RENAME', K.marks, K.marks_old) end
-    sides[K.done_old], sides[K.done] = sides[K.done], 0
-    sides[K.marks_old], sides[K.marks] = sides[K.marks], 0
-    rcall('ZREMRANGEBYSCORE', K.revoked, '-inf', '(' .. (s.now - LIMIT.revoked_keep_ms))
-    local older = { [K.done] = K.done_old, [K.marks] = K.marks_old }
-    for i = from, 1, -1 do
-      if done_in[i] then done_in[i] = older[done_in[i]] or false end
-      if mark_in[i] then mark_in[i] = older[mark_in[i]] or false end
-    end
-    s.rotated[#s.rotated + 1] = SENTINEL
-    s.lapnext, s.lapguess = s.seq + s.visited + s.live, false
+  for _, key in ipairs({ K.marks, K.marks_old }) do
+    if #s.hdel[key] > 0 then sides[key] = sides[key] - rcall('HDEL', key, unpack(s.hdel[key])) end
+    s.hdel[key] = {}
   end
-
-  -- Hands out a new delivery of `id` (delivered `n` times so far) in place of `old_token`,
-  -- or dead-letters it when it has had its deliveries.
-  function M.lease_again(s, id, n, old_token, reclaimed, mark_key)
-    if mark_key then table.insert(s.hdel[mark_key], old_token) end
-    s.revoke[#s.revoke + 1] = old_token
-    if s.max_deliveries > 0 and n >= s.max_deliveries then
-      s.letters[#s.letters + 1] = 'max_deliveries*' .. n .. '*' .. s.now .. '*' .. id
-      s.live = s.live - 1
-      return
-    end
-    local token = id .. '*' .. s.deadline .. '.' .. (n + 1) .. '.' .. (s.seq + s.visited)
-    s.rotated[#s.rotated + 1] = token
-    s.reply[#s.reply + 1] = token
-    s.reply[#s.reply + 1] = reclaimed
-    s.leased = s.leased + 1
+  if #s.keep_marks > 0 then
+    sides[K.marks] = sides[K.marks] + rcall('HSET', K.marks, unpack(s.keep_marks))
   end
+  s.keep_marks = {}
+end
 
-  -- An element that stays as it is for now; a mark it still needs moves to the current
-  -- generation.
-  function M.keep(s, element, at, m, m_key)
-    s.rotated[#s.rotated + 1] = element
-    if at and (not s.soonest or at < s.soonest) then s.soonest = at end
-    if m and m_key ~= K.marks then
-      s.keep_marks[#s.keep_marks + 1] = element
-      s.keep_marks[#s.keep_marks + 1] = m
-      if m_key then table.insert(s.hdel[m_key], element) end
-    end
+-- The sentinel's visit ends a lap: whatever an old generation still holds was not claimed
+-- by any element during a whole lap, so it is a leftover (late ack, stale mark) and goes.
+-- Look-ups already made for slice[1..from] now live one generation older.
+function M.end_lap(s, from, done_in, mark_in)
+  M.flush_side_writes(s)
+  rcall('DEL', K.done_old, K.marks_old)
+  local sides = s.sides
+  if sides[K.done] > 0 then rcall('RENAME', K.done, K.done_old) end
+  if sides[K.marks] > 0 then rcall('RENAME', K.marks, K.marks_old) end
+  sides[K.done_old], sides[K.done] = sides[K.done], 0
+  sides[K.marks_old], sides[K.marks] = sides[K.marks], 0
+  rcall('ZREMRANGEBYSCORE', K.revoked, '-inf', '(' .. (s.now - LIMIT.revoked_keep_ms))
+  local older = { [K.done] = K.done_old, [K.marks] = K.marks_old }
+  for i = from, 1, -1 do
+    if done_in[i] then done_in[i] = older[done_in[i]] or false end
+    if mark_in[i] then mark_in[i] = older[mark_in[i]] or false end
   end
+  s.rotated[#s.rotated + 1] = SENTINEL
+  s.lapnext, s.lapguess = s.seq + s.visited + s.live, false
+end
 
-  function M.dead_letter(s, reason, n, element)
-    s.letters[#s.letters + 1] = reason .. '*' .. n .. '*' .. s.now .. '*' .. element
+-- Hands out a new delivery of `id` (delivered `n` times so far) in place of `old_token`,
+-- or dead-letters it when it has had its deliveries.
+function M.lease_again(s, id, n, old_token, reclaimed, mark_key)
+  if mark_key then table.insert(s.hdel[mark_key], old_token) end
+  s.revoke[#s.revoke + 1] = old_token
+  if s.max_deliveries > 0 and n >= s.max_deliveries then
+    s.letters[#s.letters + 1] = 'max_deliveries*' .. n .. '*' .. s.now .. '*' .. id
     s.live = s.live - 1
+    return
   end
+  local token = id .. '*' .. s.deadline .. '.' .. (n + 1) .. '.' .. s.seq_base .. PAD[s.visited]
+  s.rotated[#s.rotated + 1] = token
+  s.reply[#s.reply + 1] = token
+  s.reply[#s.reply + 1] = reclaimed
+  s.leased = s.leased + 1
+end
 
-  -- A leased element that is not acked: keep it, or lease it again once it is due.
-  function M.visit_lease(s, element, m, m_key)
-    local id, deadline, n = M.parse_token(element)
-    local kind = m and string.sub(m, 1, 1)
-    local when = m and tonumber(string.match(m, '^[en](%d+)$'))
-    if not id then
-      if m_key then table.insert(s.hdel[m_key], element) end
-      M.dead_letter(s, 'corrupt', 0, element)
-      return
-    end
-    if when and kind == 'e' then deadline = when end
-    local due = (when and kind == 'n') and when or deadline
-    if due > s.now or s.sweeping then
-      M.keep(s, element, due, m, m_key)
-    else
-      M.lease_again(s, id, n, element, (kind == 'n') and 0 or 1, m_key)
-    end
+-- An element that stays as it is for now; a mark it still needs moves to the current
+-- generation.
+function M.keep(s, element, at, m, m_key)
+  s.rotated[#s.rotated + 1] = element
+  if at and (not s.soonest or at < s.soonest) then s.soonest = at end
+  if m and m_key ~= K.marks then
+    s.keep_marks[#s.keep_marks + 1] = element
+    s.keep_marks[#s.keep_marks + 1] = m
+    if m_key then table.insert(s.hdel[m_key], element) end
   end
+end
 
-  -- The state of one walk over the tail of the ring, shared by next and sweep. Reading the
-  -- ring's length and the side structures' sizes also checks every key the walk may write.
-  function M.start_walk(lease, max_deliveries)
-    local length = M.read('LLEN', K.ring)
-    local meta = M.read_meta()
-    local sides = M.read_sides()
-    M.read('LLEN', K.dead)
-    local now = M.now_ms()
-    local lapnext = meta.lapnext or (meta.seq + length + 1)
-    return {
-      now = now, deadline = now + lease, max_deliveries = max_deliveries, sides = sides,
-      length = length, live = length, -- ring length as it is at this point of the visits
-      seq = meta.seq, lapnext = lapnext, qmin = meta.qmin,
-      -- With the lap position unknown (new ring, lost meta), guess that the sentinel is within
-      -- one ring length: a sentinel seen before then is accepted, none seen means it is gone.
-      lapguess = meta.lapguess,
-      qstart = meta.qstart or meta.seq, taken = meta.taken,
-      reply = {}, rotated = {}, revoke = {}, letters = {}, keep_marks = {},
-      srem = { [K.done] = {}, [K.done_old] = {} }, hdel = { [K.marks] = {}, [K.marks_old] = {} },
-      visited = 0, leased = 0, soonest = nil, sweeping = false,
-    }
+function M.dead_letter(s, reason, n, element)
+  s.letters[#s.letters + 1] = reason .. '*' .. n .. '*' .. s.now .. '*' .. element
+  s.live = s.live - 1
+end
+
+-- A leased element that is not acked: keep it, or lease it again once it is due.
+function M.visit_lease(s, element, m, m_key)
+  local id, deadline, n = M.parse_token(element)
+  local kind = m and string.sub(m, 1, 1)
+  local when = m and tonumber(string.match(m, '^[en](%d+)$'))
+  if not id then
+    if m_key then table.insert(s.hdel[m_key], element) end
+    M.dead_letter(s, 'corrupt', 0, element)
+    return
   end
+  if when and kind == 'e' then deadline = when end
+  local due = (when and kind == 'n') and when or deadline
+  if due > s.now or s.sweeping then
+    M.keep(s, element, due, m, m_key)
+  else
+    M.lease_again(s, id, n, element, (kind == 'n') and 0 or 1, m_key)
+  end
+end
 
-  -- Visits at most `limit` elements from the tail, leasing up to `count` jobs.
-  function M.walk(s, count, limit)
-    local find, valid_id, SENTINEL = string.find, M.valid_id, SENTINEL
-    -- A pending id's first delivery: its token is id .. first .. visit number.
-    local first = '*' .. s.deadline .. '.1.'
-    local rotated, reply, srem = s.rotated, s.reply, s.srem
-    -- Slices start just larger than what is wanted (every element fetched costs a string
-    -- conversion) and double while the walk finds elements to skip.
-    local extra = 2
-    while s.visited < limit and s.leased < count do
-      local want = math.min(limit - s.visited, count - s.leased + extra)
-      extra = extra * 2
-      local slice = rcall('LRANGE', K.ring, -(s.visited + want), -(s.visited + 1))
-      local done_in, mark, mark_in = {}, {}, {}
-      M.look_up(slice, s.sides, done_in, mark, mark_in)
-      local i = #slice
-      while i >= 1 and s.leased < count do
-        local element = slice[i]
-        local visited = s.visited + 1
-        s.visited = visited
-        local index = s.seq + visited
-        if index > s.lapnext then
-          s.lapnext, s.lapguess = index + s.live, true -- lost track: guess again
-        end
-        if element == SENTINEL then
-          if index < s.lapnext and not s.lapguess then
-            s.live = s.live - 1 -- a second sentinel: drop it
-          else
-            M.end_lap(s, i - 1, done_in, mark_in)
-          end
+-- The state of one walk over the tail of the ring, shared by next and sweep. Reading the
+-- ring's length and the side structures' sizes also checks every key the walk may write.
+function M.start_walk(lease, max_deliveries)
+  local length = M.read('LLEN', K.ring)
+  local meta = M.read_meta()
+  local sides = M.read_sides()
+  M.read('LLEN', K.dead)
+  local now = M.now_ms()
+  local lapnext = meta.lapnext or (meta.seq + length + 1)
+  -- Tokens end in this call's first visit number and the visit's place in the call (PAD):
+  -- unique, because the next call that leases starts at a higher visit number.
+  local seq_base = tostring(meta.seq)
+  return {
+    now = now, deadline = now + lease, max_deliveries = max_deliveries, sides = sides,
+    seq_base = seq_base, first = '*' .. (now + lease) .. '.1.' .. seq_base,
+    length = length, live = length, -- ring length as it is at this point of the visits
+    seq = meta.seq, lapnext = lapnext, qmin = meta.qmin,
+    -- With the lap position unknown (new ring, lost meta), guess that the sentinel is within
+    -- one ring length: a sentinel seen before then is accepted, none seen means it is gone.
+    lapguess = meta.lapguess,
+    qstart = meta.qstart or meta.seq, taken = meta.taken,
+    reply = {}, rotated = {}, revoke = {}, letters = {}, keep_marks = {},
+    srem = { [K.done] = {}, [K.done_old] = {} }, hdel = { [K.marks] = {}, [K.marks_old] = {} },
+    visited = 0, leased = 0, soonest = nil, sweeping = false,
+  }
+end
+
+-- Visits at most `limit` elements from the tail, leasing up to `count` jobs.
+function M.walk(s, count, limit)
+  local PAD, SENTINEL = PAD, SENTINEL
+  -- A pending id's first delivery: its token is id .. first .. PAD[visit within this call].
+  local first = s.first
+  local rotated, reply, srem = s.rotated, s.reply, s.srem
+  local n_rotated, n_reply = #rotated, #reply
+  -- Slices start just larger than what is wanted (every element fetched costs a string
+  -- conversion) and double while the walk finds elements to skip.
+  local extra = 2
+  while s.visited < limit and s.leased < count do
+    local want = math.min(limit - s.visited, count - s.leased + extra)
+    extra = extra * 2
+    local slice = rcall('LRANGE', K.ring, -(s.visited + want), -(s.visited + 1))
+    local stamped, done_in, mark, mark_in = {}, {}, {}, {}
+    M.look_up(slice, s.sides, stamped, done_in, mark, mark_in)
+    local i = #slice
+    while i >= 1 and s.leased < count do
+      local element = slice[i]
+      local visited = s.visited + 1
+      s.visited = visited
+      local index = s.seq + visited
+      if index > s.lapnext then
+        s.lapnext, s.lapguess = index + s.live, true -- lost track: guess again
+      end
+      if element == SENTINEL then
+        if index < s.lapnext and not s.lapguess then
+          s.live = s.live - 1 -- a second sentinel: drop it
         else
-          if index == s.lapnext then
-            -- The sentinel is missing (someone removed it): put one back just before this
-            -- element, which is then the first of the next lap.
-            s.live = s.live + 1
-            M.end_lap(s, i, done_in, mark_in)
-            s.lapnext = s.lapnext - 1
-          end
-          if not find(element, '*', 1, true) then
-            if not valid_id(element) then
-              s.taken = s.taken + 1
-              M.dead_letter(s, 'corrupt', 0, element)
-            elseif s.sweeping then
-              rotated[#rotated + 1] = element
-            else
-              s.taken = s.taken + 1
-              local token = element .. first .. index
-              rotated[#rotated + 1] = token
-              reply[#reply + 1] = token
-              reply[#reply + 1] = 0
-              s.leased = s.leased + 1
-            end
-          elseif done_in[i] ~= nil then
-            if done_in[i] then
-              local list = srem[done_in[i]]
-              list[#list + 1] = element
-            end
-            s.live = s.live - 1
-          else
-            M.visit_lease(s, element, mark[i], mark_in[i])
-          end
+          M.end_lap(s, i - 1, done_in, mark_in)
+          n_rotated = #rotated
         end
-        i = i - 1
+      else
+        if index == s.lapnext then
+          -- The sentinel is missing (someone removed it): put one back just before this
+          -- element, which is then the first of the next lap.
+          s.live = s.live + 1
+          M.end_lap(s, i, done_in, mark_in)
+          n_rotated = #rotated
+          s.lapnext = s.lapnext - 1
+        end
+        if not stamped[i] then
+          if element == '' or #element > LIMIT.id_bytes or string.byte(element) == 42 then
+            s.taken = s.taken + 1 -- empty, too long, or starting with "*": not an id
+            M.dead_letter(s, 'corrupt', 0, element)
+          elseif s.sweeping then
+            n_rotated = n_rotated + 1
+            rotated[n_rotated] = element
+          else
+            s.taken = s.taken + 1
+            local token = element .. first .. PAD[visited]
+            n_rotated = n_rotated + 1
+            rotated[n_rotated] = token
+            reply[n_reply + 1], reply[n_reply + 2] = token, 0
+            n_reply = n_reply + 2
+            s.leased = s.leased + 1
+          end
+        elseif done_in[i] ~= nil then
+          if done_in[i] then
+            local list = srem[done_in[i]]
+            list[#list + 1] = element
+          end
+          s.live = s.live - 1
+        else
+          M.visit_lease(s, element, mark[i], mark_in[i])
+          n_rotated, n_reply = #rotated, #reply
+        end
       end
+      i = i - 1
     end
   end
+end
 
-  -- Writes what a walk decided: the ring (visited tail dropped, what stays pushed back at the
-  -- head in visit order), side structures, revocations, dead letters and counters.
-  function M.finish_walk(s)
-    rcall('LTRIM', K.ring, 0, -(s.visited + 1))
-    M.lpush_all(K.ring, s.rotated)
-    M.flush_side_writes(s)
-    if #s.revoke > 0 then
-      local args = {}
-      for j = 1, #s.revoke do
-        args[#args + 1] = s.now
-        args[#args + 1] = s.revoke[j]
-      end
-      rcall('ZADD', K.revoked, unpack(args))
+-- Writes what a walk decided: the ring (visited tail dropped, what stays pushed back at the
+-- head in visit order), side structures, revocations, dead letters and counters.
+function M.finish_walk(s)
+  rcall('LTRIM', K.ring, 0, -(s.visited + 1))
+  M.lpush_all(K.ring, s.rotated)
+  M.flush_side_writes(s)
+  if #s.revoke > 0 then
+    local args = {}
+    for j = 1, #s.revoke do
+      args[#args + 1] = s.now
+      args[#args + 1] = s.revoke[j]
     end
-    if #s.letters > 0 then rcall('RPUSH', K.dead, unpack(s.letters)) end
-    s.seq = s.seq + s.visited
-    if s.leased > 0 and (not s.soonest or s.deadline < s.soonest) then s.soonest = s.deadline end
-    if s.soonest and (not s.qmin or s.soonest < s.qmin) then s.qmin = s.soonest end
-    rcall('HSET', K.meta, 'seq', s.seq, 'qstart', s.qstart, 'taken', s.taken,
-      'lapnext', s.lapnext, 'lapguess', s.lapguess and 1 or 0, 'qmin', s.qmin or '')
+    rcall('ZADD', K.revoked, unpack(args))
   end
+  if #s.letters > 0 then rcall('RPUSH', K.dead, unpack(s.letters)) end
+  s.seq = s.seq + s.visited
+  if s.leased > 0 and (not s.soonest or s.deadline < s.soonest) then s.soonest = s.deadline end
+  if s.soonest and (not s.qmin or s.soonest < s.qmin) then s.qmin = s.soonest end
+  rcall('HSET', K.meta, 'seq', s.seq, 'qstart', s.qstart, 'taken', s.taken,
+    'lapnext', s.lapnext, 'lapguess', s.lapguess and 1 or 0, 'qmin', s.qmin or '')
 end
 
 function M.next()
@@ -767,7 +784,7 @@ function M.peek()
   local count = M.int_arg(2, 'COUNT', 1, LIMIT.count)
   local slice = M.read('LRANGE', K.ring, -count, -1)
   local done_in, mark = {}, {}
-  M.look_up(slice, M.read_sides(), done_in, mark, {})
+  M.look_up(slice, M.read_sides(), {}, done_in, mark, {})
   local reply = {}
   for i = #slice, 1, -1 do
     local element = slice[i]
@@ -813,15 +830,34 @@ local COMMANDS = {
   requeue_dead = M.requeue_dead,
 }
 
-if #KEYS ~= 10 then
-  return M.fail('ROTATOR_KEYS', 'expected 10 keys, got ' .. #KEYS)
+-- One call, whichever way it came: EVAL/EVALSHA (KEYS, ARGV) or FCALL (keys, args).
+local function main(keys, args)
+  if #keys ~= 10 then
+    return M.fail('ROTATOR_KEYS', 'expected 10 keys, got ' .. #keys)
+  end
+  -- Named KEYS slots, in the order of the header.
+  K = {
+    ring = keys[1], done = keys[2], done_old = keys[3], marks = keys[4], marks_old = keys[5],
+    revoked = keys[6], dead = keys[7], wake = keys[8], meta = keys[9], pushlog = keys[10],
+  }
+  A = args
+  rcall = redis.call
+  PAD = PAD or make_pad()
+  local handler = COMMANDS[args[1]]
+  if not handler then
+    return M.fail('ROTATOR_BADCMD', 'unknown command ' .. M.printable(args[1]))
+  end
+  local ok, result = pcall(handler)
+  if not ok and not (type(result) == 'table' and result.err) then
+    error(result, 0) -- a bug, or an error from Redis itself: report it as it is
+  end
+  return result
 end
-local handler = COMMANDS[command]
-if not handler then
-  return M.fail('ROTATOR_BADCMD', 'unknown command ' .. M.printable(command))
+
+if redis.register_function then
+  -- Loaded as a library: the loader's first lines name it (FUNCTION_NAME), see
+  -- rotator/script.py. Registered once; FCALL then runs only `main`.
+  redis.register_function(FUNCTION_NAME, main)
+  return
 end
-local ok, result = pcall(handler)
-if not ok and not (type(result) == 'table' and result.err) then
-  error(result, 0) -- a bug, or an error from Redis itself: report it as it is
-end
-return result
+return main(KEYS, ARGV)

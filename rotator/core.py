@@ -30,7 +30,7 @@ from rotator.errors import InvalidArgument, LeaseLost
 from rotator.keys import queue_keys
 from rotator.models import DeadLetter, Job, RingEntry, Stats
 from rotator.protocol import JobRef
-from rotator.script import module_source, run
+from rotator.script import FunctionCall, module_source, run
 from rotator.server import EmbeddedServer
 from rotator.worker import Handler, Worker, WorkSummary
 
@@ -74,7 +74,9 @@ class Rotator:
     and not returned). ``max_deliveries`` moves a job that was delivered that many times to
     the dead letters instead of leasing it again. With ``durability``, push, ack, nack and
     requeue_dead return only once their writes are persisted/replicated as it asks (raising
-    NotDurable, after the write, when that is not confirmed in time).
+    NotDurable, after the write, when that is not confirmed in time). ``functions=True``
+    calls the module with FCALL instead of EVALSHA (Redis 7+ / Valkey): cheaper per call, and
+    a worker's ACL can then allow FCALL of this library without allowing arbitrary scripts.
     """
 
     def __init__(
@@ -88,6 +90,7 @@ class Rotator:
         budget: int = DEFAULT_BUDGET,
         prefix: str = DEFAULT_PREFIX,
         durability: Durability | None = None,
+        functions: bool = False,
     ) -> None:
         self.client = client
         self.durability = durability
@@ -98,7 +101,10 @@ class Rotator:
         self._lease_ms = protocol.seconds_to_ms(timeout, "timeout")
         self._max_deliveries = protocol.check_max_deliveries(max_deliveries)
         self._budget = protocol.check_budget(budget)
-        self._script = client.register_script(module_source())
+        # FCALL of the module loaded as a function library, or EVALSHA of the script.
+        self._script: Any = (
+            FunctionCall(client) if functions else client.register_script(module_source())
+        )
 
     @classmethod
     def from_url(cls, url: str, name: str, *, cluster: bool = False, **options: Any) -> Rotator:

@@ -24,3 +24,20 @@ MAX_DELIVERIES_LIMIT = 1_000_000
 # Retry backoff for failed handlers: base * 2**(deliveries - 1), capped.
 RETRY_BACKOFF_BASE = 1.0
 RETRY_BACKOFF_CAP = 300.0
+
+# Spark (rotator.spark and `rotator spark`).
+# Ids per atomic push from a Spark partition: the unit a retried task skips once it is in.
+DEFAULT_SPARK_PUSH_BATCH = 5000
+# Jobs a drain task leases per call; a task that dies holds at most this many until its lease.
+DEFAULT_DRAIN_BATCH = 100
+# Deliveries before a drain dead-letters a job, so a handler that always fails cannot keep a
+# drain from ending (failed jobs come back after 1 s, 2 s, ...).
+DEFAULT_DRAIN_MAX_DELIVERIES = 3
+# Seconds an idle drain task waits for work before it checks whether the queue is drained.
+DEFAULT_DRAIN_POLL = 0.5
+# Elements per LRANGE when a snapshot or a drain's results are read back.
+SPARK_READ_PAGE = 1000
+# Seconds the Spark bookkeeping keys (push markers, drain results) outlive an abandoned run.
+SPARK_KEY_TTL = 86_400
+# Where the CLI runs Spark without --master: every core of this machine.
+DEFAULT_SPARK_MASTER = "local[*]"

@@ -1,8 +1,11 @@
 """The Lua module: its source, its SHA, and calling it with typed errors.
 
-Calls go through EVALSHA; redis-py's Script reloads the source and retries once when the
-server answers NOSCRIPT (after SCRIPT FLUSH, a restart or a failover), and a NOSCRIPT reply
-means nothing ran, so the retry cannot apply a command twice.
+Two ways to call the same module. EVALSHA (the default): redis-py's Script reloads the
+source and retries once when the server answers NOSCRIPT (after SCRIPT FLUSH, a restart or a
+failover). FCALL (``functions=True``): the module is loaded once as a function library, which
+the server persists and replicates, and each call skips re-defining the module's functions.
+Either way a "not loaded" reply means nothing ran, so the one retry cannot apply a command
+twice.
 """
 
 from __future__ import annotations
@@ -38,6 +41,55 @@ def module_source() -> str:
 def module_sha() -> str:
     """The SHA1 that ``SCRIPT LOAD`` returns for the module."""
     return hashlib.sha1(module_source().encode("utf-8")).hexdigest()
+
+
+def function_name() -> str:
+    """The library and function name: versioned, so two rotator versions can share a server."""
+    return f"rotator_{module_sha()[:16]}"
+
+
+def library_source() -> str:
+    """The module as a function library: a shebang naming it, and the name it registers."""
+    name = function_name()
+    return f"#!lua name={name}\nlocal FUNCTION_NAME = '{name}'\n{module_source()}"
+
+
+class FunctionCall:
+    """Calls the module with FCALL, loading the library when the server does not have it."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+        self.name = function_name()
+
+    def load(self) -> None:
+        self.client.function_load(library_source(), replace=True)
+
+    def __call__(self, keys: tuple[str, ...], args: list[Any]) -> Any:
+        try:
+            return self.client.fcall(self.name, len(keys), *keys, *args)
+        except ResponseError as error:
+            if not _function_missing(error):
+                raise
+        self.load()
+        return self.client.fcall(self.name, len(keys), *keys, *args)
+
+
+class AsyncFunctionCall(FunctionCall):
+    async def load(self) -> None:  # type: ignore[override]
+        await self.client.function_load(library_source(), replace=True)
+
+    async def __call__(self, keys: tuple[str, ...], args: list[Any]) -> Any:
+        try:
+            return await self.client.fcall(self.name, len(keys), *keys, *args)
+        except ResponseError as error:
+            if not _function_missing(error):
+                raise
+        await self.load()
+        return await self.client.fcall(self.name, len(keys), *keys, *args)
+
+
+def _function_missing(error: ResponseError) -> bool:
+    return "function not found" in str(error).lower()
 
 
 def run(script: Any, keys: tuple[str, ...], args: list[Any]) -> Any:

@@ -24,6 +24,7 @@ def test_bench_smoke_writes_every_scenario(tmp_path: Path) -> None:
     patterns = {row["pattern"] for row in data["patterns"]}
     assert patterns == {
         "rotator",
+        "rotator-fcall",
         "rotator-asyncio",
         "rotator-work",
         "raw-limit",

@@ -52,20 +52,11 @@ def header_commands() -> dict[str, str]:
 
 
 def body_key_names() -> dict[str, int]:
-    """Name -> KEYS slot, whether the body binds them as locals (`local a, b = KEYS[1], KEYS[2]`)
-    or as fields of a table (`K = { a = KEYS[1], ... }`)."""
+    """Name -> KEYS slot, as `main` binds them (`K = { ring = keys[1], ... }`): the keys come
+    in as `keys` (FCALL) or `KEYS` (EVAL), and are named in one place."""
     found: dict[str, int] = {}
     for line in BODY.splitlines():
-        local = re.match(r"^local ([\w, ]+) = (KEYS\[\d+\](?:, KEYS\[\d+\])*)\s*$", line)
-        if local:
-            names = [n.strip() for n in local[1].split(",")]
-            slots = [int(s) for s in re.findall(r"KEYS\[(\d+)\]", local[2])]
-            assert len(names) == len(slots), line
-            found.update(zip(names, slots, strict=True))
-        else:
-            found.update(
-                (name, int(slot)) for name, slot in re.findall(r"(\w+) = KEYS\[(\d+)\]", line)
-            )
+        found.update((name, int(slot)) for name, slot in re.findall(r"(\w+) = keys\[(\d+)\]", line))
     return found
 
 
@@ -108,8 +99,9 @@ def test_keys_are_listed_one_to_ten_and_the_body_names_them_the_same_in_order() 
     names = [name for _, name, _ in keys]
     assert body_key_names() == {name: slot for slot, name, _ in keys}
     assert tuple(names) == ROLES  # the harness builds KEYS in the header's order
-    # KEYS are only read into those named locals (and counted): no KEYS[i] elsewhere.
-    uses = re.findall(r"KEYS\[\d+\]", BODY)
+    # Keys are only read into those names (and counted): no keys[i] or KEYS[i] elsewhere.
+    assert not re.findall(r"KEYS\[\d+\]", BODY)
+    uses = re.findall(r"keys\[\d+\]", BODY)
     assert len(uses) == 10
 
 
@@ -155,8 +147,8 @@ def test_every_redis_call_names_its_command_literally_and_none_scans() -> None:
     assert calls, "no rcall('...') found"
     direct = len(re.findall(r"\b(?:rcall|M\.read)\(", BODY))
     assert direct == len(calls) + 1, "a command name is not a literal"  # + M.read's own definition
-    # only `local rcall = redis.call` and M.read's one redis.pcall
-    assert re.findall(r"\bredis\.p?call\b", BODY) == ["redis.call", "redis.pcall"]
+    # only main binding `rcall = redis.call`, and M.read's one redis.pcall
+    assert sorted(re.findall(r"\bredis\.p?call\b", BODY)) == ["redis.call", "redis.pcall"]
     forbidden = {
         "KEYS",
         "SCAN",

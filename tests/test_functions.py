@@ -1,0 +1,96 @@
+"""The same module called with FCALL, loaded as a function library (functions=True)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+import redis
+import redis.asyncio as aredis
+from redis.cluster import RedisCluster
+
+from rotator import Rotator
+from rotator.aio import AsyncRotator
+from rotator.script import function_name
+from tests.helpers import drain
+from tests.servers import ServerProcess
+
+
+def test_a_whole_lifecycle_runs_through_fcall(client: redis.Redis, queue_name: str) -> None:
+    q = Rotator(client, queue_name, functions=True, timeout=0.15)
+    assert q.push("a", "b", "c") == 3
+    a, b = q.next(2)
+    assert q.ack(a) == 1
+    assert q.nack(b, delay=0) == 1
+    time.sleep(0.2)
+    jobs = q.next(5)
+    assert sorted((j.id, j.deliveries) for j in jobs) == [("b", 2), ("c", 1)]
+    q.ack(*jobs)
+    assert drain(q) == []
+    assert q.stats().length == 0
+    # FUNCTION LIST answers flat [field, value, ...] lists, one per library.
+    libraries = {
+        dict(zip(lib[::2], lib[1::2], strict=True))[b"library_name"]
+        for lib in client.function_list()
+    }
+    assert function_name().encode() in libraries
+
+
+def test_fcall_reloads_the_library_after_function_flush(
+    client: redis.Redis, queue_name: str
+) -> None:
+    q = Rotator(client, queue_name, functions=True)
+    q.push("x")
+    client.function_flush()
+    (job,) = q.next()
+    client.function_flush()
+    assert q.ack(job) == 1
+
+
+def test_fcall_and_evalsha_share_one_queue(client: redis.Redis, queue_name: str) -> None:
+    by_function = Rotator(client, queue_name, functions=True)
+    by_script = Rotator(client, queue_name)
+    by_function.push("shared")
+    (job,) = by_script.next()
+    assert by_function.ack(job) == 1
+
+
+def test_the_library_survives_a_server_restart(tmp_path: Path) -> None:
+    with ServerProcess("valkey", tmp_path, {"appendonly": "yes"}) as server:
+        q = Rotator(server.client(), "persisted", functions=True)
+        q.push("kept")
+        server.restart()
+        client = server.client()
+        # Functions are persisted with the data: FCALL works before any reload.
+        assert client.fcall(function_name(), 10, *q.keys.all, "stats")[1] == 1
+        assert [j.id for j in Rotator(client, "persisted", functions=True).next()] == ["kept"]
+
+
+@pytest.mark.cluster
+def test_fcall_on_redis_cluster(cluster_client: RedisCluster) -> None:
+    names = ["fc-a", "fc-b", "fc-c"]
+    for name in names:
+        q = Rotator(cluster_client, name, functions=True)
+        q.delete()
+        q.push(f"{name}-job")
+        (job,) = q.next()
+        assert q.ack(job) == 1
+        assert q.stats().done == 1
+
+
+def test_async_fcall(server: ServerProcess, queue_name: str) -> None:
+    async def main() -> list[str]:
+        client = aredis.Redis.from_url(server.url)
+        q = AsyncRotator(client, queue_name, functions=True)
+        await q.push("x", "y")
+        jobs = await q.next(2)
+        await q.ack(*jobs)
+        await client.function_flush()
+        await q.push("z")
+        got = [j.id for j in jobs] + [j.id for j in await q.next(1)]
+        await client.aclose()
+        return got
+
+    assert asyncio.run(main()) == ["x", "y", "z"]
