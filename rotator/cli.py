@@ -7,6 +7,7 @@ are one line on stderr and a non-zero exit code, never a traceback.
 from __future__ import annotations
 
 import json
+import logging
 import shlex
 import subprocess
 import sys
@@ -171,7 +172,7 @@ def ack(ctx: click.Context, queue: str, tokens: tuple[str, ...], json: bool) -> 
     accepted = open_queue(ctx, queue).ack(*tokens)
     emit(ctx, {"acked": accepted}, str(accepted))
     if accepted < len(tokens):
-        sys.exit(EXIT_ERROR)
+        fail(f"{len(tokens) - accepted} of {len(tokens)} tokens refused: their leases were lost")
 
 
 @main.command()
@@ -185,7 +186,7 @@ def nack(ctx: click.Context, queue: str, tokens: tuple[str, ...], delay: float, 
     requeued = open_queue(ctx, queue).nack(*tokens, delay=delay)
     emit(ctx, {"nacked": requeued}, str(requeued))
     if requeued < len(tokens):
-        sys.exit(EXIT_ERROR)
+        fail(f"{len(tokens) - requeued} of {len(tokens)} tokens refused: their leases were lost")
 
 
 def stats_table(name: str, values: dict[str, Any]) -> str:
@@ -300,6 +301,8 @@ def work(
     Use `--` before COMMAND. SIGINT/SIGTERM finish the running jobs, then stop.
     """
     q = open_queue(ctx, queue, must_exist=False, timeout=timeout, max_deliveries=max_deliveries)
+    # Failures and warnings as one line each on stderr.
+    logging.basicConfig(level=logging.WARNING, format="rotator: %(message)s")
     worker = Worker(q, command_runner(command), concurrency=concurrency)
     summary = worker.run(stop_when_empty=until_empty)
     data = {"processed": summary.processed, "failed": summary.failed}

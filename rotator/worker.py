@@ -162,9 +162,15 @@ class Worker:
             return False
         try:
             self.handler(job)
-        except Exception:
-            log.exception("job %s failed (delivery %d); retrying later", job.id, job.deliveries)
-            self.rotator.nack(job, delay=retry_delay(job.deliveries))
+        except Exception as error:
+            delay = retry_delay(job.deliveries)
+            # One line per failure; the traceback only when debugging.
+            log.warning(
+                "job %s failed (delivery %d): %s; retrying in %g s",
+                job.id, job.deliveries, error, delay,
+                exc_info=log.isEnabledFor(logging.DEBUG),
+            )  # fmt: skip
+            self.rotator.nack(job, delay=delay)
             self._release([job])
             with self._lock:
                 self._failed += 1
