@@ -30,7 +30,6 @@ from rotator.server import EmbeddedServer
 from rotator.worker import Worker
 
 EXIT_ERROR = 1
-EXIT_USAGE = 2
 
 
 class CliError(click.ClickException):
