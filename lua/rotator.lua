@@ -568,6 +568,22 @@ end
 
 -- A leased element that is not acked: keep it, or lease it again once it is due.
 function M.visit_lease(s, element, m, m_key)
+  if not m and s.young_low then
+    -- The common case, a young lease with no mark, decided without parsing a number: a
+    -- deadline written with as many digits as now and the longest lease is young when it
+    -- sorts after now and no later than now + the longest lease (digit strings of one length
+    -- sort like their numbers, and anything else fails these checks and is parsed below).
+    local star = string.find(element, '*', 2, true)
+    local width = #s.young_low
+    local deadline = string.sub(element, star + 1, star + width)
+    if deadline > s.young_low and deadline <= s.young_high and #element - star <= 40
+        and string.byte(element, star + width + 1) == 46 and star <= LIMIT.id_bytes + 1 then
+      local rotated = s.rotated
+      rotated[#rotated + 1] = element
+      if not s.young_min or deadline < s.young_min then s.young_min = deadline end
+      return
+    end
+  end
   local id, deadline, n = M.parse_token(element)
   local kind = m and string.sub(m, 1, 1)
   local when = m and tonumber(string.match(m, '^[en](%d+)$'))
@@ -597,9 +613,10 @@ function M.start_walk(lease, max_deliveries)
   -- Tokens end in this call's first visit number and the visit's place in the call (PAD):
   -- unique, because the next call that leases starts at a higher visit number.
   local seq_base = tostring(meta.seq)
-  return {
+  local s = {
     now = now, deadline = now + lease, max_deliveries = max_deliveries, sides = sides,
     seq_base = seq_base, first = '*' .. (now + lease) .. '.1.' .. seq_base,
+    young_low = tostring(now), young_high = tostring(now + LIMIT.lease_ms),
     length = length, live = length, -- ring length as it is at this point of the visits
     seq = meta.seq, lapnext = lapnext, qmin = meta.qmin,
     -- With the lap position unknown (new ring, lost meta), guess that the sentinel is within
@@ -608,8 +625,10 @@ function M.start_walk(lease, max_deliveries)
     qstart = meta.qstart or meta.seq, taken = meta.taken,
     reply = {}, rotated = {}, revoke = {}, letters = {}, keep_marks = {},
     srem = { [K.done] = {}, [K.done_old] = {} }, hdel = { [K.marks] = {}, [K.marks_old] = {} },
-    visited = 0, leased = 0, soonest = nil, sweeping = false,
+    visited = 0, leased = 0, soonest = nil, young_min = nil, sweeping = false,
   }
+  if #s.young_low ~= #s.young_high then s.young_low = nil end -- no shortcut across a new digit
+  return s
 end
 
 -- Visits at most `limit` elements from the tail, leasing up to `count` jobs.
@@ -702,6 +721,8 @@ function M.finish_walk(s)
   if #s.letters > 0 then rcall('RPUSH', K.dead, unpack(s.letters)) end
   s.seq = s.seq + s.visited
   if s.leased > 0 and (not s.soonest or s.deadline < s.soonest) then s.soonest = s.deadline end
+  local young = s.young_min and tonumber(s.young_min)
+  if young and (not s.soonest or young < s.soonest) then s.soonest = young end
   if s.soonest and (not s.qmin or s.soonest < s.qmin) then s.qmin = s.soonest end
   rcall('HSET', K.meta, 'seq', s.seq, 'qstart', s.qstart, 'taken', s.taken,
     'lapnext', s.lapnext, 'lapguess', s.lapguess and 1 or 0, 'qmin', s.qmin or '')
