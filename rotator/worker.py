@@ -10,6 +10,7 @@ back at once.
 from __future__ import annotations
 
 import logging
+import random
 import signal
 import threading
 import time
@@ -18,8 +19,11 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
+from redis.exceptions import AuthenticationError, NoPermissionError, RedisError
+
 from rotator import protocol
 from rotator.defaults import DEFAULT_POLL, RETRY_BACKOFF_BASE, RETRY_BACKOFF_CAP
+from rotator.errors import ServerBusy
 from rotator.models import Job
 
 if TYPE_CHECKING:
@@ -27,6 +31,18 @@ if TYPE_CHECKING:
 
 Handler = Callable[[Job], Any]
 log = logging.getLogger("rotator.worker")
+
+# Pauses before claiming again after a server condition that passes (a restart, a long AOF
+# load, OOM, a flushed script cache, someone else's slow script): first pause, and the cap.
+CLAIM_RETRY_FIRST = 0.1
+CLAIM_RETRY_CAP = 5.0
+
+
+def transient(error: Exception) -> bool:
+    """True for server errors worth waiting out; ACL and auth errors need a person."""
+    if isinstance(error, NoPermissionError | AuthenticationError):
+        return False
+    return isinstance(error, RedisError | ServerBusy)
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,9 +139,23 @@ class Worker:
 
     def _loop(self, stop_when_empty: bool) -> None:
         finished: list[Job] = []
+        failures = 0
         try:
             while not self._stop.is_set():
-                jobs = self.rotator.next(self.batch, block=self.poll, ack=finished)
+                try:
+                    jobs = self.rotator.next(self.batch, block=self.poll, ack=finished)
+                except Exception as error:
+                    if not transient(error):
+                        raise
+                    # Wait it out instead of dying: the leases held stay held (the heartbeat
+                    # keeps extending them) and `finished` rides on the next claim.
+                    failures += 1
+                    pause = min(CLAIM_RETRY_CAP, CLAIM_RETRY_FIRST * 2 ** (failures - 1))
+                    pause *= random.uniform(0.5, 1.0)
+                    log.warning("could not claim jobs (%s); trying again in %.2f s", error, pause)
+                    self._stop.wait(pause)
+                    continue
+                failures = 0
                 self._release(finished)
                 finished = []
                 self._hold(jobs)
@@ -136,15 +166,36 @@ class Worker:
                 for position, job in enumerate(jobs):
                     if self._stop.is_set():
                         unstarted = jobs[position:]
-                        self.rotator.nack(*unstarted)  # claimed, never started: give back
-                        self._release(unstarted)
+                        self._give_back(unstarted)  # claimed, never started
                         break
                     if self._run_one(job):
                         finished.append(job)
         finally:
             if finished:
-                self.rotator.ack(*finished)
+                try:
+                    self.rotator.ack(*finished)
+                except Exception as error:
+                    if not transient(error):
+                        raise
+                    log.warning(
+                        "could not ack %d finished jobs (%s); they come back when their "
+                        "leases run out",
+                        len(finished),
+                        error,
+                    )
                 self._release(finished)
+
+    def _give_back(self, jobs: list[Job], delay: float = 0.0) -> None:
+        """Nacks jobs; when the server cannot take that now, their leases run out instead."""
+        try:
+            self.rotator.nack(*jobs, delay=delay)
+        except Exception as error:
+            if not transient(error):
+                raise
+            log.warning(
+                "could not give back %d jobs (%s); their leases will run out", len(jobs), error
+            )
+        self._release(jobs)
 
     def _drained(self) -> bool:
         stats = self.rotator.stats()
@@ -170,8 +221,7 @@ class Worker:
                 job.id, job.deliveries, error, delay,
                 exc_info=log.isEnabledFor(logging.DEBUG),
             )  # fmt: skip
-            self.rotator.nack(job, delay=delay)
-            self._release([job])
+            self._give_back([job], delay=delay)
             with self._lock:
                 self._failed += 1
             return False
