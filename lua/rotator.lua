@@ -1,9 +1,12 @@
 --[[
 rotator.lua: a reliable job queue on one Redis list (the ring). Redis >= 6.2 or Valkey >= 7.2.
 
-Load once and call by SHA; the first ARGV picks the command. Every command takes the same ten
-KEYS, which must share one hash tag so the module runs on Redis Cluster. Key names are never
-built here: they all arrive through KEYS.
+Load once and call by SHA; the first ARGV picks the command. The queue commands take the ten
+queue KEYS below; pushp/nextp/ackp take them plus KEYS[11] (and KEYS[12] to keep per-item
+stats); pushi/nackp/items take all twelve; the topic commands (t...) take the
+TOPIC KEYS, then ten queue KEYS per consumer group. All keys of one call must share one hash
+tag so the module runs on Redis Cluster. Key names are never built here: they all arrive
+through KEYS.
 
 KEYS
   KEYS[1]  ring       LIST  job ids and leases, plus one sentinel; consumers rotate tail -> head
@@ -14,8 +17,19 @@ KEYS
   KEYS[6]  revoked    ZSET  token -> ms it was revoked (re-leased, nacked or dead-lettered)
   KEYS[7]  dead       LIST  dead letters "<reason>*<deliveries>*<ms>*<element>", oldest first
   KEYS[8]  wake       LIST  wake-up tokens that idle consumers block on (BLPOP)
-  KEYS[9]  meta       HASH  counters: seq lapnext lapguess qstart qmin pushed taken
+  KEYS[9]  meta       HASH  counters: seq lapnext lapguess qstart qlen qmin pushed taken
   KEYS[10] pushlog    LIST  "<pushed>:<ms>" push checkpoints, newest first (pending age)
+  KEYS[11] payloads   HASH  id -> payload; pushp/nextp/ackp only (a topic group: its bodies)
+  KEYS[12] items      HASH  id -> "<enqueued ms>:<deliveries>:<last delivery ms>:<last error>"
+                            per-item stats, kept only by calls given this key (0: unknown)
+
+TOPIC KEYS (then KEYS[5..14] are group 1's ten queue keys, KEYS[15..24] group 2's, ...)
+  KEYS[1]  topic      HASH  seq (last message seq), ms (last message ms), bytes (retained)
+  KEYS[2]  groups     HASH  group name -> its ring key (KEYS[1] of its ten queue keys)
+  KEYS[3]  log        ZSET  retained message ids, scored by seq
+  KEYS[4]  bodies     HASH  message id -> payload, for the retained messages only
+  A message id is "<ms>-<seq>": ms from TIME (never lower than the last id's), seq counts up
+  from 1 per topic. A group's ring holds message ids like any job ids.
 
 ELEMENTS OF THE RING
   sentinel   "*lap"                          exactly one; marks a full lap
@@ -78,10 +92,70 @@ COMMANDS (ARGV[1]; numbers are decimal integers)
     with IDs, only letters for those ids. Examines at most 10000 letters per call.
     reply: number requeued
     errors: ROTATOR_BADARG, ROTATOR_BADID, ROTATOR_TOOMANY
+  pushp ID PAYLOAD [ID PAYLOAD ...]                                (KEYS 1..11, or 1..12)
+    push, and stores each payload under its id in KEYS[11] (an id pushed again gets the new
+    payload). At most 2500 pairs; all or nothing. With KEYS[12]: starts each id's stats.
+    reply: number pushed
+    errors: ROTATOR_BADARG, ROTATOR_BADID, ROTATOR_TOOMANY
+  nextp COUNT LEASE_MS BUDGET MAX_DELIVERIES DROP [ACK_TOKEN ...]   (KEYS 1..11, or 1..12)
+    next, with each job's payload read from KEYS[11] in the same call. DROP 1 deletes the
+    payloads (and stats) of the ACK_TOKENs accepted (a plain queue); 0 keeps them (a topic
+    group). With KEYS[12]: notes each delivery (count and time) in the job's stats.
+    reply: {idle, wait_ms, acked, token1, reclaimed1, payload1, ...}; payload nil if none
+    errors: ROTATOR_BADARG, ROTATOR_BADTOKEN, ROTATOR_TOOMANY
+  ackp TOKEN [TOKEN ...]                                            (KEYS 1..11, or 1..12)
+    ack, and deletes the payloads (and stats) of the accepted tokens' ids.
+    reply: number accepted
+    errors: ROTATOR_BADTOKEN, ROTATOR_TOOMANY
+  pushi ID [ID ...]                                                 (KEYS 1..12)
+    push, and starts each id's stats (enqueued now, no deliveries): a queue with stats but
+    without payloads.
+    reply: number pushed
+    errors: ROTATOR_BADID, ROTATOR_TOOMANY
+  nackp DELAY_MS ERROR TOKEN [TOKEN ...]                            (KEYS 1..12)
+    nack, and records ERROR (at most 4096 bytes) as the last error of each job given back.
+    reply: {ok1, ok2, ...} as nack
+    errors: ROTATOR_BADARG, ROTATOR_BADTOKEN, ROTATOR_TOOMANY
+  items ID [ID ...]                                                 (KEYS 1..12)
+    reply: each id's stats string (see KEYS[12]), nil for an id without stats
+    errors: ROTATOR_BADID, ROTATOR_TOOMANY
+  tpublish MAXLEN MAXAGE_MS PAYLOAD [PAYLOAD ...]                 (TOPIC KEYS + every group)
+    Stores 1..1000 payloads as new messages and pushes their ids onto every group's ring, in
+    one call; then drops retained messages beyond MAXLEN or older than MAXAGE_MS (0: no
+    limit), oldest first, at most n+16 per call. The KEYS must name exactly the registered
+    groups, each once; otherwise nothing is written (read the groups and call again).
+    reply: {id1, id2, ...}
+    errors: ROTATOR_BADARG, ROTATOR_TOOMANY, ROTATOR_STALE
+  tsubscribe GROUP                                                (TOPIC KEYS + that group)
+    Registers GROUP (1..64 of A-Z a-z 0-9 . _ @ / -) with its ring key; at most 100 groups.
+    Every later tpublish reaches it. Registering a known group changes nothing.
+    reply: {added (1 or 0), last_seq}  messages up to last_seq are not pushed to it
+    errors: ROTATOR_BADARG, ROTATOR_TOOMANY
+  tunsubscribe GROUP                                              (TOPIC KEYS + that group)
+    Forgets GROUP and deletes its ten queue keys.
+    reply: 1, or 0 when it was not registered
+    errors: ROTATOR_BADARG
+  treplay GROUP FROM_SEQ TO_SEQ COUNT                             (TOPIC KEYS + that group)
+    Pushes the retained messages with FROM_SEQ <= seq <= TO_SEQ (0: the last seq) onto
+    GROUP's ring again, at most COUNT (1..5000), oldest first.
+    reply: {pushed, next_from_seq, to_seq}  done when next_from_seq > to_seq
+    errors: ROTATOR_BADARG, ROTATOR_NOGROUP
+  tseek MS                                                        (TOPIC KEYS only)
+    reply: the seq of the oldest retained message with ms >= MS, else last seq + 1
+    errors: ROTATOR_BADARG
+  ttrim MAXLEN MAXAGE_MS BUDGET                                   (TOPIC KEYS only)
+    Applies retention as tpublish does, dropping at most BUDGET (1..10000) messages.
+    reply: number dropped
+    errors: ROTATOR_BADARG
+  tstats                                                          (TOPIC KEYS + every group)
+    reply: {"retained", n, "bytes", n, "last_seq", n, "groups", g, then per group: name,
+            length, pending, in_flight, done, deferred, dead, oldest_pending_age_ms}
+    errors: ROTATOR_STALE
 
 ERRORS (replies start with the code)
   ROTATOR_BADCMD, ROTATOR_BADARG, ROTATOR_BADID, ROTATOR_BADTOKEN, ROTATOR_TOOMANY,
-  ROTATOR_KEYS, ROTATOR_WRONGTYPE. Every argument and key type is checked before the first
+  ROTATOR_KEYS, ROTATOR_WRONGTYPE, ROTATOR_STALE (retry: the topic's groups changed),
+  ROTATOR_NOGROUP. Every argument and key type is checked before the first
   write, so a failing call changes nothing.
 
 REDIS-CLI
@@ -91,6 +165,19 @@ REDIS-CLI
   redis-cli EVALSHA $SHA 10 $Q next 10 30000 1000 5
   redis-cli EVALSHA $SHA 10 $Q ack 'job-1*1732233600000.1.1'
   redis-cli EVALSHA $SHA 10 $Q stats
+  P="$Q rotator:{orders}:payloads"
+  redis-cli EVALSHA $SHA 11 $P pushp job-3 '{"n":3}'
+  redis-cli EVALSHA $SHA 11 $P nextp 10 30000 1000 5 1
+  I="$P rotator:{orders}:items"
+  redis-cli EVALSHA $SHA 12 $I pushi job-4
+  redis-cli EVALSHA $SHA 12 $I items job-4
+  T="rotator:{news}:topic:meta rotator:{news}:topic:groups"
+  T="$T rotator:{news}:topic:log rotator:{news}:topic:bodies"
+  G=$(for r in ring done done_old marks marks_old revoked dead wake meta pushlog; do
+        printf 'rotator:{news}:group:mail:%s ' $r; done)
+  redis-cli EVALSHA $SHA 14 $T $G tsubscribe mail
+  redis-cli EVALSHA $SHA 14 $T $G tpublish 100000 0 'hello' 'world'
+  redis-cli EVALSHA $SHA 4 $T tseek 1732233600000
 ]]
 
 -- Two ways to run: EVAL/EVALSHA run this whole chunk on every call, so it defines its
@@ -101,6 +188,9 @@ local M = {}
 -- This call's named keys and arguments, and the command function (which a library may not
 -- touch while it loads): all set by main for every call.
 local K, A, rcall
+-- Topic calls: all KEYS (KS), the topic's keys by name (T) and how many groups follow them.
+local KS, T, NGROUPS
+local TOPIC_KEYS = 4
 
 local SENTINEL = '*lap'
 -- Zero-padded visit numbers ("00042"), each formatted once: a token's seq is the call's
@@ -126,6 +216,10 @@ local LIMIT = {
   revoked_keep_ms = 2 * 86400000, -- how long a refused token is remembered
   wake_tokens = 16, -- at most this many idle consumers woken by one push
   pushlog_bucket_ms = 1000, -- pushes within a second share one checkpoint
+  groups = 100, -- consumer groups per topic: a publish takes 10 KEYS per group
+  group_bytes = 64,
+  trim_extra = 16, -- retained messages a publish may drop by age beyond what it adds
+  error_bytes = 4096, -- the last error kept in a job's item stats
 }
 
 function M.fail(code, message)
@@ -229,11 +323,11 @@ end
 
 function M.read_meta()
   local m = M.read('HMGET', K.meta, 'seq', 'lapnext', 'qstart', 'qmin', 'pushed', 'taken',
-    'lapguess')
+    'lapguess', 'qlen')
   return {
     seq = tonumber(m[1]) or 0, lapnext = tonumber(m[2]), qstart = tonumber(m[3]),
     qmin = tonumber(m[4]), pushed = tonumber(m[5]) or 0, taken = tonumber(m[6]) or 0,
-    lapguess = m[7] == '1' or not tonumber(m[2]),
+    lapguess = m[7] == '1' or not tonumber(m[2]), qlen = tonumber(m[8]),
   }
 end
 
@@ -271,10 +365,9 @@ function M.ack_tokens(first, ring_length, sides)
     end
   end
   if #accepted > 0 then
-    rcall('SADD', K.done, unpack(accepted))
-    sides[K.done] = sides[K.done] + #accepted
+    sides[K.done] = sides[K.done] + rcall('SADD', K.done, unpack(accepted))
   end
-  return #accepted
+  return #accepted, accepted
 end
 
 function M.ack()
@@ -314,8 +407,9 @@ function M.record_push(meta, n, now, head)
     if not tail or (tonumber(string.match(tail, '^(%d+):')) or 0) > meta.taken then break end
     rcall('RPOP', pushlog)
   end
-  -- Something new is available: consumers must look at a whole lap again before idling.
-  rcall('HSET', K.meta, 'pushed', meta.pushed, 'qstart', meta.seq)
+  -- Something new is available: consumers must visit every element the ring holds now (the
+  -- new ones come last) before they may idle.
+  rcall('HSET', K.meta, 'pushed', meta.pushed, 'qstart', meta.seq, 'qlen', rcall('LLEN', K.ring))
   local tokens = {}
   for i = 1, math.min(n, LIMIT.wake_tokens) do tokens[i] = '1' end
   rcall('LPUSH', K.wake, unpack(tokens))
@@ -405,16 +499,23 @@ function M.live_tokens(first)
 end
 
 function M.nack()
+  return M.give_back(3)
+end
+
+-- nack's work, with the tokens starting at A[first]; `before_write` reads what a caller
+-- writes afterwards (checked before anything is written).
+function M.give_back(first, before_write)
   local delay = M.int_arg(2, 'DELAY_MS', 0, LIMIT.lease_ms)
-  M.check_tokens(3, true)
-  local alive = M.live_tokens(3)
+  M.check_tokens(first, true)
+  local alive = M.live_tokens(first)
   local meta = M.read_meta()
   M.read('LLEN', K.wake)
+  if before_write then before_write() end
   local now = M.now_ms()
   local due = now + delay
   local reply = {}
   local any = false
-  for i = 3, #A do
+  for i = first, #A do
     local token = A[i]
     if alive[token] then
       alive[token] = nil -- a token given twice is requeued once
@@ -429,7 +530,7 @@ function M.nack()
   end
   if any then
     local qmin = meta.qmin and math.min(meta.qmin, due) or due
-    rcall('HSET', K.meta, 'qmin', qmin, 'qstart', meta.seq)
+    rcall('HSET', K.meta, 'qmin', qmin, 'qstart', meta.seq, 'qlen', rcall('LLEN', K.ring))
     rcall('LPUSH', K.wake, '1')
     rcall('LTRIM', K.wake, 0, LIMIT.wake_tokens - 1)
   end
@@ -440,17 +541,24 @@ function M.extend()
   local lease = M.int_arg(2, 'LEASE_MS', 1, LIMIT.lease_ms)
   M.check_tokens(3, true)
   local alive = M.live_tokens(3)
+  local meta = M.read_meta()
   local deadline = M.now_ms() + lease
   local reply = { deadline }
+  local any = false
   for i = 3, #A do
     local token = A[i]
     if alive[token] then
       rcall('HSET', K.marks, token, 'e' .. deadline)
       rcall('HDEL', K.marks_old, token)
       reply[#reply + 1] = 1
+      any = true
     else
       reply[#reply + 1] = 0
     end
+  end
+  -- A shortened lease may now be the first thing to fall due: idle consumers wake for it.
+  if any and (not meta.qmin or deadline < meta.qmin) then
+    rcall('HSET', K.meta, 'qmin', deadline)
   end
   return reply
 end
@@ -516,7 +624,8 @@ end
 -- Look-ups already made for slice[1..from] now live one generation older.
 function M.end_lap(s, from, done_in, mark_in)
   M.flush_side_writes(s)
-  rcall('DEL', K.done_old, K.marks_old)
+  -- UNLINK frees a large leftover set in the background: the call stays short.
+  rcall('UNLINK', K.done_old, K.marks_old)
   local sides = s.sides
   if sides[K.done] > 0 then rcall('RENAME', K.done, K.done_old) end
   if sides[K.marks] > 0 then rcall('RENAME', K.marks, K.marks_old) end
@@ -537,6 +646,12 @@ end
 function M.lease_again(s, id, n, old_token, reclaimed, mark_key)
   if mark_key then table.insert(s.hdel[mark_key], old_token) end
   s.revoke[#s.revoke + 1] = old_token
+  if n >= 999999999 then
+    -- No delivery reaches this count (MAX_DELIVERIES <= 1000000): someone wrote it by hand,
+    -- and the next count would not fit the grammar.
+    M.dead_letter(s, 'corrupt', 0, old_token)
+    return
+  end
   if s.max_deliveries > 0 and n >= s.max_deliveries then
     s.letters[#s.letters + 1] = 'max_deliveries*' .. n .. '*' .. s.now .. '*' .. id
     s.live = s.live - 1
@@ -622,7 +737,7 @@ function M.start_walk(lease, max_deliveries)
     -- With the lap position unknown (new ring, lost meta), guess that the sentinel is within
     -- one ring length: a sentinel seen before then is accepted, none seen means it is gone.
     lapguess = meta.lapguess,
-    qstart = meta.qstart or meta.seq, taken = meta.taken,
+    qstart = meta.qstart or meta.seq, qlen = meta.qlen or length, taken = meta.taken,
     reply = {}, rotated = {}, revoke = {}, letters = {}, keep_marks = {},
     srem = { [K.done] = {}, [K.done_old] = {} }, hdel = { [K.marks] = {}, [K.marks_old] = {} },
     visited = 0, leased = 0, soonest = nil, young_min = nil, sweeping = false,
@@ -724,35 +839,41 @@ function M.finish_walk(s)
   local young = s.young_min and tonumber(s.young_min)
   if young and (not s.soonest or young < s.soonest) then s.soonest = young end
   if s.soonest and (not s.qmin or s.soonest < s.qmin) then s.qmin = s.soonest end
-  rcall('HSET', K.meta, 'seq', s.seq, 'qstart', s.qstart, 'taken', s.taken,
+  rcall('HSET', K.meta, 'seq', s.seq, 'qstart', s.qstart, 'qlen', s.qlen, 'taken', s.taken,
     'lapnext', s.lapnext, 'lapguess', s.lapguess and 1 or 0, 'qmin', s.qmin or '')
 end
 
 function M.next()
+  return (M.lease(6))
+end
+
+-- next's work, with the ack tokens starting at A[first]; also returns the accepted tokens.
+function M.lease(first)
   local count = M.int_arg(2, 'COUNT', 1, LIMIT.count)
   local lease = M.int_arg(3, 'LEASE_MS', 1, LIMIT.lease_ms)
   local budget = M.int_arg(4, 'BUDGET', 1, LIMIT.budget)
   local max_deliveries = M.int_arg(5, 'MAX_DELIVERIES', 0, 1000000)
-  M.check_tokens(6, false)
+  M.check_tokens(first, false)
   local s = M.start_walk(lease, max_deliveries)
-  local acked = M.ack_tokens(6, s.length, s.sides)
-  if s.length == 0 then return { 1, -1, acked } end
+  local acked, accepted = M.ack_tokens(first, s.length, s.sides)
+  if s.length == 0 then return { 1, -1, acked }, accepted end
   if s.qmin and s.qmin <= s.now then
     -- Something has come due since the last idle lap: look at a whole lap again.
-    s.qmin, s.qstart = nil, s.seq
+    s.qmin, s.qstart, s.qlen = nil, s.seq, s.length
   end
   s.reply = { 0, -1, acked }
   M.walk(s, count, math.min(budget, s.length))
   M.finish_walk(s)
   local reply = s.reply
-  if s.leased == 0 and s.seq - s.qstart >= s.live then
-    -- A whole lap since the last push found nothing. Only such a call may clear the wake
-    -- list, so a push between two partial laps cannot lose its wake-up.
+  if s.leased == 0 and s.seq - s.qstart >= s.qlen then
+    -- Every element the ring held at the last push has been visited since, the pushed ones
+    -- last, and nothing was found. Only such a call may clear the wake list, so a push
+    -- between two partial laps cannot lose its wake-up.
     rcall('DEL', K.wake)
     reply[1] = 1
   end
   if s.qmin then reply[2] = s.qmin - s.now end
-  return reply
+  return reply, accepted
 end
 
 function M.sweep()
@@ -761,6 +882,9 @@ function M.sweep()
   if s.length == 0 then return { 0, 0, 0 } end
   s.sweeping = true
   M.walk(s, 1, math.min(budget, s.length))
+  -- A sweep leases nothing, so what it passed may still be pending: consumers must look at
+  -- a whole lap again before they idle.
+  s.qstart, s.qlen = s.seq + s.visited, s.live
   M.finish_walk(s)
   return { s.visited, s.length - s.live, math.max(s.live - 1, 0) }
 end
@@ -838,6 +962,416 @@ function M.dead()
   return M.read('LRANGE', K.dead, start, start + count - 1)
 end
 
+-- The payload, item-stats and topic commands: defined on their first use, so an EVAL call
+-- of a core command does not pay for creating their functions (a library defines them once).
+local function define_extensions()
+  -- The KEYS layout of each command that does not take the ten queue KEYS.
+  M.LAYOUT = {
+    pushp = 'payloads', nextp = 'payloads', ackp = 'payloads',
+    pushi = 'items', nackp = 'items', items = 'items',
+    tpublish = 'topic', tsubscribe = 'topic', tunsubscribe = 'topic', treplay = 'topic',
+    tseek = 'topic', ttrim = 'topic', tstats = 'topic',
+  }
+
+  -- -- payloads of plain queues (the eleventh key) ---------------------------------------
+
+  function M.refuse_id(value)
+    M.refuse('ROTATOR_BADID', 'job id must be 1..' .. LIMIT.id_bytes ..
+      ' bytes without "*", got ' .. M.printable(value))
+  end
+
+  -- Ids leased by a next reply ({idle, wait, acked, token, reclaimed, ...}), in reply order.
+  function M.leased_ids(reply)
+    local ids = {}
+    for i = 4, #reply, 2 do
+      local token = reply[i]
+      ids[#ids + 1] = string.sub(token, 1, string.find(token, '*', 2, true) - 1)
+    end
+    return ids
+  end
+
+  -- Ids of accepted tokens (checked tokens: each has a "*" after its id).
+  function M.token_ids(tokens)
+    local ids = {}
+    for i = 1, #tokens do
+      ids[i] = string.sub(tokens[i], 1, string.find(tokens[i], '*', 2, true) - 1)
+    end
+    return ids
+  end
+
+  function M.pushp()
+    if (#A - 1) % 2 == 1 then
+      M.refuse('ROTATOR_BADARG', 'pushp takes ID PAYLOAD pairs, got ' .. (#A - 1) .. ' arguments')
+    end
+    M.check_count(2, 'ids and payloads')
+    local ids = {}
+    for i = 2, #A, 2 do
+      if not M.valid_id(A[i]) then M.refuse_id(A[i]) end
+      ids[#ids + 1] = A[i]
+    end
+    if #ids == 0 then return 0 end
+    local length = M.read('LLEN', K.ring)
+    local meta = M.read_meta()
+    local head = M.read_push_keys()
+    M.read('HLEN', K.payloads)
+    if K.items then M.read('HLEN', K.items) end
+    local now = M.now_ms()
+    M.ensure_ring(length)
+    rcall('HSET', K.payloads, unpack(A, 2))
+    M.lpush_all(K.ring, ids)
+    M.record_push(meta, #ids, now, head)
+    M.enqueued(ids, now)
+    return #ids
+  end
+
+  -- Starts the per-item stats (the twelfth key) of ids just pushed: enqueued now, no delivery.
+  function M.enqueued(ids, now)
+    if not K.items then return end
+    local fresh = now .. ':0:0:'
+    local pairs_ = {}
+    for i = 1, #ids do
+      pairs_[#pairs_ + 1], pairs_[#pairs_ + 2] = ids[i], fresh
+      if #pairs_ >= LIMIT.batch then
+        rcall('HSET', K.items, unpack(pairs_))
+        pairs_ = {}
+      end
+    end
+    if #pairs_ > 0 then rcall('HSET', K.items, unpack(pairs_)) end
+  end
+
+  -- Notes a delivery of each leased job in its item stats (an id pushed without stats gets an
+  -- entry with enqueued ms 0: unknown).
+  function M.delivered(reply, ids)
+    if not K.items or #ids == 0 then return end
+    local now = M.now_ms()
+    local old = rcall('HMGET', K.items, unpack(ids))
+    local writes = {}
+    for j = 1, #ids do
+      local _, _, n = M.parse_token(reply[2 + 2 * j])
+      local enqueued, rest = string.match(old[j] or '', '^(%d+):%d+:%d+:(.*)$')
+      writes[#writes + 1] = ids[j]
+      writes[#writes + 1] = (enqueued or '0') .. ':' .. (n or 0) .. ':' .. now .. ':' .. (rest or '')
+    end
+    rcall('HSET', K.items, unpack(writes))
+  end
+
+  -- Deletes the payloads (and item stats) of the jobs whose tokens were accepted as acked.
+  function M.forget(accepted)
+    local ids = M.token_ids(accepted)
+    rcall('HDEL', K.payloads, unpack(ids))
+    if K.items then rcall('HDEL', K.items, unpack(ids)) end
+  end
+
+  function M.pushi()
+    M.check_ids(2)
+    local n = #A - 1
+    if n == 0 then return 0 end
+    local length = M.read('LLEN', K.ring)
+    local meta = M.read_meta()
+    local head = M.read_push_keys()
+    M.read('HLEN', K.items)
+    local now = M.now_ms()
+    M.ensure_ring(length)
+    local ids = {}
+    for i = 2, #A do ids[#ids + 1] = A[i] end
+    M.lpush_all(K.ring, ids)
+    M.record_push(meta, n, now, head)
+    M.enqueued(ids, now)
+    return n
+  end
+
+  function M.nackp()
+    local message = A[3]
+    if type(message) ~= 'string' or #message > LIMIT.error_bytes then
+      M.refuse('ROTATOR_BADARG', 'ERROR must be at most ' .. LIMIT.error_bytes .. ' bytes')
+    end
+    local reply = M.give_back(4, function() M.read('HLEN', K.items) end)
+    local ids = {}
+    for i = 4, #A do
+      if reply[i - 3] == 1 then ids[#ids + 1] = M.token_ids({ A[i] })[1] end
+    end
+    if #ids > 0 then
+      local old = rcall('HMGET', K.items, unpack(ids))
+      local writes = {}
+      for j = 1, #ids do
+        local kept = string.match(old[j] or '', '^(%d+:%d+:%d+):') or '0:0:0'
+        writes[#writes + 1], writes[#writes + 2] = ids[j], kept .. ':' .. message
+      end
+      rcall('HSET', K.items, unpack(writes))
+    end
+    return reply
+  end
+
+  function M.items()
+    M.check_ids(2)
+    if #A < 2 then return {} end
+    return M.read('HMGET', K.items, unpack(A, 2))
+  end
+
+  function M.nextp()
+    local drop = M.int_arg(6, 'DROP', 0, 1)
+    M.read('HLEN', K.payloads)
+    if K.items then M.read('HLEN', K.items) end
+    local reply, accepted = M.lease(7)
+    local out = { reply[1], reply[2], reply[3] }
+    local ids = M.leased_ids(reply)
+    if #ids > 0 then
+      local bodies = rcall('HMGET', K.payloads, unpack(ids))
+      for j = 1, #ids do
+        out[#out + 1] = reply[2 + 2 * j]
+        out[#out + 1] = reply[3 + 2 * j]
+        out[#out + 1] = bodies[j]
+      end
+    end
+    M.delivered(reply, ids)
+    if drop == 1 and accepted and #accepted > 0 then M.forget(accepted) end
+    return out
+  end
+
+  function M.ackp()
+    M.check_tokens(2, true)
+    local length = M.read('LLEN', K.ring)
+    local sides = { [K.done] = M.read('SCARD', K.done), revoked = M.read('ZCARD', K.revoked) }
+    M.read('HLEN', K.payloads)
+    if K.items then M.read('HLEN', K.items) end
+    local n, accepted = M.ack_tokens(2, length, sides)
+    if n > 0 then M.forget(accepted) end
+    return n
+  end
+
+  -- -- topics (TOPIC KEYS, then 10 KEYS per group) ------------------------------------------
+
+  function M.group_arg(index)
+    local group = A[index]
+    if type(group) ~= 'string' or #group > LIMIT.group_bytes
+        or not string.find(group, '^[%w._@/-]+$') then
+      M.refuse('ROTATOR_BADARG', 'GROUP must be 1..' .. LIMIT.group_bytes ..
+        ' of A-Z a-z 0-9 . _ @ / -, got ' .. M.printable(group))
+    end
+    return group
+  end
+
+  function M.read_topic()
+    local m = M.read('HMGET', T.topic, 'seq', 'ms', 'bytes')
+    return { seq = tonumber(m[1]) or 0, ms = tonumber(m[2]) or 0, bytes = tonumber(m[3]) or 0 }
+  end
+
+  -- The registered groups (name -> ring key), checked against the groups whose KEYS this call
+  -- got: exactly the registered set, each once. Anything else means a group registered or left
+  -- since the caller read the set: nothing is written, and the caller reads it again.
+  function M.check_groups()
+    local n = M.read('HLEN', T.groups)
+    if n > LIMIT.groups then
+      M.refuse('ROTATOR_BADARG', 'topic has ' .. n .. ' groups, at most ' .. LIMIT.groups)
+    end
+    local flat = rcall('HGETALL', T.groups)
+    local name_of = {}
+    for i = 1, #flat, 2 do name_of[flat[i + 1]] = flat[i] end
+    local names = {}
+    for g = 1, NGROUPS do
+      local ring = KS[TOPIC_KEYS + 10 * (g - 1) + 1]
+      local name = name_of[ring]
+      if not name then
+        M.refuse('ROTATOR_STALE', 'key ' .. M.printable(ring) .. ' is not a registered group ring')
+      end
+      name_of[ring] = nil -- a group given twice is refused below (the counts differ)
+      names[g] = name
+    end
+    if NGROUPS ~= n then
+      M.refuse('ROTATOR_STALE', 'the topic has ' .. n .. ' groups, the call named ' .. NGROUPS)
+    end
+    return names
+  end
+
+  -- Reads (and so type-checks) group g's keys that a push writes; K is then that group's.
+  function M.read_group(g)
+    M.bind_queue(TOPIC_KEYS + 10 * (g - 1))
+    local length = M.read('LLEN', K.ring)
+    local meta = M.read_meta()
+    local head = M.read_push_keys()
+    return { keys = K, length = length, meta = meta, head = head }
+  end
+
+  -- Pushes ids onto a group's ring as `push` does (read_group read its keys first).
+  function M.push_group(group, ids, now)
+    K = group.keys
+    M.ensure_ring(group.length)
+    M.lpush_all(K.ring, ids)
+    M.record_push(group.meta, #ids, now, group.head)
+  end
+
+  -- Drops retained messages from the oldest: beyond MAXLEN, or older than MAXAGE_MS. Looks at
+  -- no more than `budget` messages. Returns how many were dropped.
+  function M.trim(topic, maxlen, maxage, now, budget)
+    local card = rcall('ZCARD', T.log)
+    local excess = maxlen > 0 and card - maxlen or 0
+    if excess <= 0 and maxage == 0 then return 0 end
+    local before = now - maxage
+    if excess <= 0 then
+      -- Only age can drop something: look further only when the oldest message is too old.
+      local first = rcall('ZRANGE', T.log, 0, 0)[1]
+      if not first or (tonumber(string.match(first, '^(%d+)%-')) or 0) >= before then return 0 end
+    end
+    local look = math.min(card, budget, maxage > 0 and budget or excess)
+    if look <= 0 then return 0 end
+    local oldest = rcall('ZRANGE', T.log, 0, look - 1)
+    local cut = 0
+    for i = 1, #oldest do
+      local ms = tonumber(string.match(oldest[i], '^(%d+)%-')) or 0
+      if i <= excess or (maxage > 0 and ms < before) then cut = i else break end
+    end
+    if cut == 0 then return 0 end
+    local gone = {}
+    for i = 1, cut do
+      topic.bytes = topic.bytes - rcall('HSTRLEN', T.bodies, oldest[i])
+      gone[i] = oldest[i]
+    end
+    rcall('HDEL', T.bodies, unpack(gone))
+    rcall('ZREMRANGEBYRANK', T.log, 0, cut - 1)
+    rcall('HSET', T.topic, 'bytes', math.max(topic.bytes, 0))
+    return cut
+  end
+
+  function M.retention_args()
+    return M.int_arg(2, 'MAXLEN', 0, 1e12), M.int_arg(3, 'MAXAGE_MS', 0, 1e12)
+  end
+
+  function M.tpublish()
+    local maxlen, maxage = M.retention_args()
+    local n = #A - 3
+    if n < 1 then M.refuse('ROTATOR_BADARG', 'no payload given') end
+    if n > LIMIT.count then
+      M.refuse('ROTATOR_TOOMANY', 'at most ' .. LIMIT.count .. ' payloads per call, got ' .. n)
+    end
+    M.check_groups()
+    local topic = M.read_topic()
+    M.read('ZCARD', T.log)
+    M.read('HLEN', T.bodies)
+    local groups = {}
+    for g = 1, NGROUPS do groups[g] = M.read_group(g) end
+    local now = M.now_ms()
+    local ms = math.max(now, topic.ms)
+    local ids, bodies, log = {}, {}, {}
+    for i = 1, n do
+      local payload = A[3 + i]
+      topic.seq = topic.seq + 1
+      local id = ms .. '-' .. topic.seq
+      ids[i] = id
+      bodies[#bodies + 1], bodies[#bodies + 2] = id, payload
+      log[#log + 1], log[#log + 2] = topic.seq, id
+      topic.bytes = topic.bytes + #payload
+    end
+    rcall('HSET', T.bodies, unpack(bodies))
+    rcall('ZADD', T.log, unpack(log))
+    rcall('HSET', T.topic, 'seq', topic.seq, 'ms', ms, 'bytes', topic.bytes)
+    for g = 1, NGROUPS do M.push_group(groups[g], ids, now) end
+    M.trim(topic, maxlen, maxage, now, n + LIMIT.trim_extra)
+    return ids
+  end
+
+  function M.ttrim()
+    local maxlen, maxage = M.retention_args()
+    local budget = M.int_arg(4, 'BUDGET', 1, LIMIT.budget)
+    local topic = M.read_topic()
+    M.read('ZCARD', T.log)
+    M.read('HLEN', T.bodies)
+    return M.trim(topic, maxlen, maxage, M.now_ms(), budget)
+  end
+
+  -- The one group this call names: its ring must be registered under GROUP.
+  function M.named_group(group)
+    local ring = M.read('HMGET', T.groups, group)[1]
+    local given = KS[TOPIC_KEYS + 1]
+    if ring and ring ~= given then
+      M.refuse('ROTATOR_BADARG', 'group ' .. M.printable(group) .. ' has another ring key')
+    end
+    return ring
+  end
+
+  function M.tsubscribe()
+    local group = M.group_arg(2)
+    if NGROUPS ~= 1 then M.refuse('ROTATOR_BADARG', 'give the keys of exactly one group') end
+    local known = M.named_group(group)
+    local topic = M.read_topic()
+    local count = M.read('HLEN', T.groups)
+    local g = M.read_group(1)
+    if known then return { 0, topic.seq } end
+    if count >= LIMIT.groups then
+      M.refuse('ROTATOR_TOOMANY', 'at most ' .. LIMIT.groups .. ' groups per topic')
+    end
+    rcall('HSET', T.groups, group, g.keys.ring)
+    return { 1, topic.seq }
+  end
+
+  function M.tunsubscribe()
+    local group = M.group_arg(2)
+    if NGROUPS ~= 1 then M.refuse('ROTATOR_BADARG', 'give the keys of exactly one group') end
+    if not M.named_group(group) then return 0 end
+    M.bind_queue(TOPIC_KEYS)
+    rcall('HDEL', T.groups, group)
+    rcall('DEL', K.ring, K.done, K.done_old, K.marks, K.marks_old, K.revoked, K.dead, K.wake,
+      K.meta, K.pushlog)
+    return 1
+  end
+
+  -- Pushes the retained messages with FROM_SEQ <= seq <= TO_SEQ (TO_SEQ 0: the latest) into one
+  -- group's ring, at most COUNT (1..5000) of them, oldest first.
+  function M.treplay()
+    local group = M.group_arg(2)
+    local from = M.int_arg(3, 'FROM_SEQ', 0, 1e15)
+    local to = M.int_arg(4, 'TO_SEQ', 0, 1e15)
+    local count = M.int_arg(5, 'COUNT', 1, LIMIT.batch)
+    if NGROUPS ~= 1 then M.refuse('ROTATOR_BADARG', 'give the keys of exactly one group') end
+    if not M.named_group(group) then
+      M.refuse('ROTATOR_NOGROUP', 'no group ' .. M.printable(group) .. ' on this topic')
+    end
+    local topic = M.read_topic()
+    if to == 0 then to = topic.seq end
+    local ids = M.read('ZRANGEBYSCORE', T.log, from, to, 'LIMIT', 0, count)
+    local g = M.read_group(1)
+    local after = to + 1
+    if #ids == count then after = tonumber(string.match(ids[#ids], '%-(%d+)$')) + 1 end
+    if #ids > 0 then M.push_group(g, ids, M.now_ms()) end
+    return { #ids, after, to }
+  end
+
+  -- The seq of the oldest retained message published at or after MS (a binary search over the
+  -- log: at most ~50 look-ups); the next seq to be given out when there is none.
+  function M.tseek()
+    local at = M.int_arg(2, 'MS', 0, 1e15)
+    local topic = M.read_topic()
+    local lo, hi = 0, M.read('ZCARD', T.log) - 1
+    local found = nil
+    while lo <= hi do
+      local mid = math.floor((lo + hi) / 2)
+      local id = rcall('ZRANGE', T.log, mid, mid)[1]
+      local ms, seq = string.match(id or '', '^(%d+)%-(%d+)$')
+      if ms and tonumber(ms) >= at then
+        found, hi = tonumber(seq), mid - 1
+      else
+        lo = mid + 1
+      end
+    end
+    return found or topic.seq + 1
+  end
+
+  function M.tstats()
+    local names = M.check_groups()
+    local topic = M.read_topic()
+    local reply = {
+      'retained', M.read('ZCARD', T.log), 'bytes', topic.bytes, 'last_seq', topic.seq,
+      'groups', NGROUPS,
+    }
+    for g = 1, NGROUPS do
+      M.bind_queue(TOPIC_KEYS + 10 * (g - 1))
+      local stats = M.stats()
+      reply[#reply + 1] = names[g]
+      for i = 2, #stats, 2 do reply[#reply + 1] = stats[i] end
+    end
+    return reply
+  end
+end
+
 local COMMANDS = {
   push = M.push,
   next = M.next,
@@ -849,30 +1383,76 @@ local COMMANDS = {
   peek = M.peek,
   dead = M.dead,
   requeue_dead = M.requeue_dead,
+  pushp = M.pushp,
+  nextp = M.nextp,
+  ackp = M.ackp,
+  pushi = M.pushi,
+  nackp = M.nackp,
+  items = M.items,
+  tpublish = M.tpublish,
+  tsubscribe = M.tsubscribe,
+  tunsubscribe = M.tunsubscribe,
+  treplay = M.treplay,
+  tseek = M.tseek,
+  ttrim = M.ttrim,
+  tstats = M.tstats,
 }
+
+-- Names the ten KEYS of a queue starting after KEYS[base], in the order of the header.
+function M.bind_queue(base)
+  local keys = KS
+  K = {
+    ring = keys[base + 1], done = keys[base + 2], done_old = keys[base + 3],
+    marks = keys[base + 4], marks_old = keys[base + 5], revoked = keys[base + 6],
+    dead = keys[base + 7], wake = keys[base + 8], meta = keys[base + 9],
+    pushlog = keys[base + 10],
+  }
+end
 
 -- One call, whichever way it came: EVAL/EVALSHA (KEYS, ARGV) or FCALL (keys, args).
 local function main(keys, args)
-  if #keys ~= 10 then
-    return M.fail('ROTATOR_KEYS', 'expected 10 keys, got ' .. #keys)
-  end
-  -- Named KEYS slots, in the order of the header.
-  K = {
-    ring = keys[1], done = keys[2], done_old = keys[3], marks = keys[4], marks_old = keys[5],
-    revoked = keys[6], dead = keys[7], wake = keys[8], meta = keys[9], pushlog = keys[10],
-  }
-  A = args
+  KS, A, T, NGROUPS = keys, args, nil, 0
   rcall = redis.call
   PAD = PAD or make_pad()
   local handler = COMMANDS[args[1]]
+  local layout = nil
+  if not handler then
+    -- Not a core command: the extensions (defined on first use) may know it.
+    if not M.LAYOUT then define_extensions() end
+    layout = M.LAYOUT[args[1]]
+    handler = layout and M[args[1]]
+  end
+  if layout == 'topic' then
+    local groups = (#keys - TOPIC_KEYS) / 10
+    if #keys < TOPIC_KEYS or groups ~= math.floor(groups) or groups > LIMIT.groups then
+      return M.fail('ROTATOR_KEYS', 'expected ' .. TOPIC_KEYS ..
+        ' topic keys and 10 per group, got ' .. #keys)
+    end
+    T = { topic = keys[1], groups = keys[2], log = keys[3], bodies = keys[4] }
+    NGROUPS = groups
+  else
+    local low, high = 10, 10
+    if layout == 'payloads' then low, high = 11, 12 end
+    if layout == 'items' then low, high = 12, 12 end
+    if #keys < low or #keys > high then
+      return M.fail('ROTATOR_KEYS', 'expected ' .. (low == high and low or low .. ' or ' .. high)
+        .. ' keys, got ' .. #keys)
+    end
+    M.bind_queue(0)
+    K.payloads = keys[11]
+    K.items = keys[12]
+  end
   if not handler then
     return M.fail('ROTATOR_BADCMD', 'unknown command ' .. M.printable(args[1]))
   end
   local ok, result = pcall(handler)
-  if not ok and not (type(result) == 'table' and result.err) then
-    error(result, 0) -- a bug, or an error from Redis itself: report it as it is
+  if ok or (type(result) == 'table' and result.err) then return result end
+  -- An error from a command Redis refused (READONLY, OOM, NOPERM...) reaches pcall as a
+  -- string: reply with it as it is, so its code survives for the client to see.
+  if type(result) == 'string' and string.find(result, '^[A-Z]+ ') then
+    return { err = result }
   end
-  return result
+  error(result, 0) -- a bug: let Redis report it
 end
 
 if redis.register_function then

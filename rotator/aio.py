@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -25,7 +25,7 @@ from rotator.defaults import (
 )
 from rotator.errors import InvalidArgument, LeaseLost
 from rotator.keys import queue_keys
-from rotator.models import DeadLetter, Job, RingEntry, Stats
+from rotator.models import DeadLetter, ItemStats, Job, NextReply, RingEntry, Stats
 from rotator.protocol import JobRef
 from rotator.script import AsyncFunctionCall, module_source, run_async
 from rotator.worker import retry_delay
@@ -40,6 +40,8 @@ class AsyncRotator:
     ``idempotency`` may be a plain function or a coroutine function.
     """
 
+    _drop_payloads = True  # as Rotator._drop_payloads
+
     def __init__(
         self,
         client: AsyncClient,
@@ -51,8 +53,13 @@ class AsyncRotator:
         budget: int = DEFAULT_BUDGET,
         prefix: str = DEFAULT_PREFIX,
         functions: bool = False,
+        payloads: bool = False,
+        item_stats: bool = False,
     ) -> None:
         self.client = client
+        self.payloads = payloads
+        self._item_stats = item_stats
+        self._extended = payloads or item_stats
         self.name = name
         self.keys = queue_keys(name, prefix)
         self.timeout = timeout
@@ -74,6 +81,32 @@ class AsyncRotator:
     async def _call(self, *args: Any) -> Any:
         return await run_async(self._script, self.keys.all, list(args))
 
+    async def _call_payloads(self, *args: Any) -> Any:
+        keys = self.keys.with_items if self._item_stats else self.keys.with_payloads
+        return await run_async(self._script, keys, list(args))
+
+    async def push_payloads(
+        self, items: Mapping[Any, bytes | str], chunk: int = DEFAULT_PUSH_CHUNK
+    ) -> int:
+        """As :meth:`rotator.Rotator.push_payloads`."""
+        if not self.payloads:
+            raise InvalidArgument("push_payloads needs an AsyncRotator made with payloads=True")
+        pairs = [(protocol.encode_id(k), protocol.encode_payload(v)) for k, v in items.items()]
+        size = protocol.whole(chunk, "chunk", 1, MAX_BATCH // 2)
+        pushed = 0
+        for start in range(0, len(pairs), size):
+            flat = [part for pair in pairs[start : start + size] for part in pair]
+            pushed += int(await self._call_payloads(b"pushp", *flat))
+        return pushed
+
+    async def _next_call(self, count: int, acks: list[bytes]) -> NextReply:
+        head = (count, self._lease_ms, self._budget, self._max_deliveries)
+        if not self._extended:
+            return protocol.decode_next(await self._call(b"next", *head, *acks))
+        drop = int(self._drop_payloads)
+        reply = await self._call_payloads(b"nextp", *head, drop, *acks)
+        return protocol.decode_next_payloads(reply)
+
     async def push(self, *ids: str | int) -> int:
         return await self.push_many(ids)
 
@@ -82,7 +115,10 @@ class AsyncRotator:
         size = protocol.whole(chunk, "chunk", 1, MAX_BATCH)
         total = 0
         for part in chunks(raw, size):
-            total += int(await self._call(b"push", *part))
+            if self._item_stats:
+                total += int(await self._call_payloads(b"pushi", *part))
+            else:
+                total += int(await self._call(b"push", *part))
         return total
 
     async def next(
@@ -93,11 +129,7 @@ class AsyncRotator:
         waited = check_block(block)
         give_up = None if waited is None else time.monotonic() + waited
         while True:
-            reply = protocol.decode_next(
-                await self._call(
-                    b"next", count, self._lease_ms, self._budget, self._max_deliveries, *acks
-                )
-            )
+            reply = await self._next_call(count, acks)
             jobs, acks = await self._screen(reply.jobs)
             if jobs:
                 if acks:
@@ -131,8 +163,12 @@ class AsyncRotator:
 
     async def ack(self, *jobs: JobRef) -> int:
         total = 0
+        drop = self._extended and self._drop_payloads
         for part in chunks(protocol.encode_tokens(jobs), MAX_BATCH):
-            total += int(await self._call(b"ack", *part))
+            if drop:
+                total += int(await self._call_payloads(b"ackp", *part))
+            else:
+                total += int(await self._call(b"ack", *part))
         return total
 
     async def nack(self, *jobs: JobRef, delay: float = 0.0) -> int:
@@ -141,6 +177,28 @@ class AsyncRotator:
         for part in chunks(protocol.encode_tokens(jobs), MAX_BATCH):
             total += sum(int(flag) for flag in await self._call(b"nack", delay_ms, *part))
         return total
+
+    async def fail(self, *jobs: JobRef, error: str, delay: float = 0.0) -> int:
+        """As :meth:`rotator.Rotator.fail`."""
+        if not self._item_stats:
+            return await self.nack(*jobs, delay=delay)
+        delay_ms = protocol.seconds_to_ms(delay, "delay", allow_zero=True)
+        message = protocol.encode_error(error)
+        total = 0
+        for part in chunks(protocol.encode_tokens(jobs), MAX_BATCH):
+            flags = await self._call_payloads(b"nackp", delay_ms, message, *part)
+            total += sum(int(flag) for flag in flags)
+        return total
+
+    async def item_stats(self, *ids: str | int) -> list[ItemStats | None]:
+        """As :meth:`rotator.Rotator.item_stats`."""
+        if not self._item_stats:
+            raise InvalidArgument("item_stats needs an AsyncRotator made with item_stats=True")
+        found: list[ItemStats | None] = []
+        for part in chunks(protocol.encode_ids(ids), MAX_BATCH):
+            raw = await self._call_payloads(b"items", *part)
+            found += [protocol.decode_item_stats(value) for value in raw]
+        return found
 
     async def extend(self, job: JobRef, seconds: float | None = None) -> float:
         (kept,), deadline = await self._extend([job], seconds)

@@ -6,6 +6,7 @@ are one line on stderr and a non-zero exit code, never a traceback.
 
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 import shlex
@@ -13,6 +14,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any, NoReturn
 
 import click
@@ -20,13 +22,22 @@ import redis
 
 from rotator import protocol
 from rotator.core import Rotator
-from rotator.defaults import DEFAULT_LEASE_TIMEOUT, DEFAULT_PUSH_CHUNK
+from rotator.defaults import (
+    DEFAULT_DRAIN_BATCH,
+    DEFAULT_DRAIN_MAX_DELIVERIES,
+    DEFAULT_LEASE_TIMEOUT,
+    DEFAULT_PUSH_CHUNK,
+    DEFAULT_SPARK_MASTER,
+    DEFAULT_SPARK_PUSH_BATCH,
+    DEFAULT_TOPIC_RETENTION,
+)
 from rotator.demo import run_demo
 from rotator.errors import RotatorError
-from rotator.keys import queue_keys
+from rotator.keys import queue_keys, topic_keys
 from rotator.models import Job
 from rotator.script import module_path, module_sha
 from rotator.server import EmbeddedServer
+from rotator.topic import Retention, Topic
 from rotator.worker import Worker
 
 EXIT_ERROR = 1
@@ -397,3 +408,303 @@ def server_stop(ctx: click.Context, json: bool) -> None:
 def server_status(ctx: click.Context, json: bool) -> None:
     """Socket URL, pid, version and data directory of the embedded server."""
     show_status(ctx, EmbeddedServer().status())
+
+
+# -- rotator spark: the optional PySpark pipeline ----------------------------------------------
+# rotator.spark is imported inside these commands, so `rotator --help` and every other command
+# work without PySpark installed.
+
+
+def spark_api() -> Any:
+    """The rotator.spark module, or a one-line error saying how to install it."""
+    try:
+        return importlib.import_module("rotator.spark")
+    except ImportError as error:
+        fail(str(error))
+
+
+@contextmanager
+def spark_failures(api: Any) -> Iterator[None]:
+    """A failed Spark job as one line, not a JVM stack trace."""
+    try:
+        yield
+    except api.SparkFailure as error:
+        fail(f"Spark: {api.describe_failure(error)}")
+
+
+def spark_conf(pairs: tuple[str, ...]) -> dict[str, str]:
+    conf: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            fail(f"--conf takes KEY=VALUE, got {pair!r}")
+        conf[key] = value
+    return conf
+
+
+def spark_url(ctx: click.Context) -> str:
+    """The server the executors connect to: --url, else the embedded server's socket."""
+    url: str | None = ctx.find_root().params.get("url")
+    return url or EmbeddedServer().start().url
+
+
+def spark_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    command = click.option(
+        "--conf", multiple=True, metavar="KEY=VALUE", help="A Spark setting (repeatable)."
+    )(command)
+    return click.option(
+        "--master", default=DEFAULT_SPARK_MASTER, show_default=True, help="Spark master URL."
+    )(command)
+
+
+@main.group(name="spark")
+def spark_group() -> None:
+    """Push ids from datasets and drain queues with Spark (pip install 'rotator[spark]')."""
+
+
+@spark_group.command("push")
+@click.argument("queue")
+@click.option("--input", "path", required=True, help="Dataset: a file or directory Spark reads.")
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["parquet", "csv", "json", "text"]),
+    default="parquet",
+    show_default=True,
+    help="csv needs a header line; json is one object per line; text is one id per line.",
+)
+@click.option("--column", help="Column of job ids.  [default: id; value for text]")
+@click.option("--batch-size", default=DEFAULT_SPARK_PUSH_BATCH, show_default=True)
+@click.option("--distinct", is_flag=True, help="Push each distinct id once.")
+@spark_options
+@json_option
+@click.pass_context
+def spark_push(
+    ctx: click.Context,
+    queue: str,
+    path: str,
+    fmt: str,
+    column: str | None,
+    batch_size: int,
+    distinct: bool,
+    master: str,
+    conf: tuple[str, ...],
+    json: bool,
+) -> None:
+    """Push the ids of a dataset, every partition from its executor; prints how many.
+
+    A dataset with an invalid id pushes nothing. A retried Spark task does not push its ids
+    twice.
+    """
+    api = spark_api()
+    queue_keys(queue)
+    url = spark_url(ctx)
+    with spark_failures(api), api.session(master, spark_conf(conf)) as spark:
+        df = api.read_dataset(spark, path, fmt)
+        column = column or ("value" if fmt == "text" else "id")
+        pushed = api.push_dataframe(
+            df, queue, url=url, column=column, batch_size=batch_size, distinct=distinct
+        )
+    emit(ctx, {"pushed": pushed}, str(pushed))
+
+
+@spark_group.command("drain")
+@click.argument("queue")
+@click.option(
+    "--handler",
+    "handler_ref",
+    required=True,
+    metavar="MODULE:FUNCTION",
+    help="Called with each job (a rotator.Job); raising retries the job later.",
+)
+@click.option("--output", required=True, help="Where to write the results, as Parquet.")
+@click.option("--parallelism", type=int, help="Spark tasks draining at once.  [default: cores]")
+@click.option(
+    "--idempotency",
+    "idempotency_ref",
+    metavar="MODULE:FUNCTION",
+    help="Asked (with the job id) about reclaimed jobs: true means already done, skip it.",
+)
+@click.option("--timeout", default=DEFAULT_LEASE_TIMEOUT, show_default=True, help="Lease (s).")
+@click.option("--max-deliveries", default=DEFAULT_DRAIN_MAX_DELIVERIES, show_default=True)
+@click.option("--batch", default=DEFAULT_DRAIN_BATCH, show_default=True, help="Jobs per claim.")
+@click.option("--overwrite", is_flag=True, help="Replace --output if it exists.")
+@spark_options
+@json_option
+@click.pass_context
+def spark_drain(
+    ctx: click.Context,
+    queue: str,
+    handler_ref: str,
+    output: str,
+    parallelism: int | None,
+    idempotency_ref: str | None,
+    timeout: float,
+    max_deliveries: int,
+    batch: int,
+    overwrite: bool,
+    master: str,
+    conf: tuple[str, ...],
+    json: bool,
+) -> None:
+    """Run a handler for every job in Spark tasks until the queue is empty; write one row per
+    delivery (id, status, deliveries, reclaimed, seconds, worker, error) to --output.
+
+    The handler's module is shipped to the executors with it; what it imports must be
+    installed there.
+    """
+    api = spark_api()
+    queue_keys(queue)
+    handler = api.load_callable(handler_ref)
+    idempotency = api.load_callable(idempotency_ref) if idempotency_ref else None
+    url = spark_url(ctx)
+    with spark_failures(api), api.session(master, spark_conf(conf)) as spark:
+        if not overwrite and api.output_exists(spark, output):
+            fail(f"{output} exists: use --overwrite to replace it")  # before any job runs
+        began = time.monotonic()
+        results = api.drain(
+            spark,
+            queue,
+            handler,
+            url=url,
+            parallelism=parallelism,
+            idempotency=idempotency,
+            timeout=timeout,
+            max_deliveries=max_deliveries,
+            batch=batch,
+        )
+        results.write.mode("overwrite").parquet(output)
+        counts = dict(results.groupBy("status").count().collect())
+    data = {
+        "rows": sum(counts.values()),
+        **{status: counts.get(status, 0) for status in ("completed", "failed", "skipped")},
+        "seconds": round(time.monotonic() - began, 3),
+        "output": output,
+    }
+    emit(ctx, data, lines(f"{key:<10} {value}" for key, value in data.items()))
+
+
+# -- topics: `rotator topic ...` (rotator.topic) ---------------------------------------------
+
+
+def open_topic(
+    ctx: click.Context, name: str, count: int | None = None, age: float | None = None
+) -> Topic:
+    url = ctx.find_root().params.get("url")
+    topic_keys(name)  # a bad name fails before any connection is made
+    if url:
+        client: redis.Redis = redis.Redis.from_url(url)
+    else:
+        server = EmbeddedServer()
+        server.start()
+        client = server.client()
+    retention = Retention(count=count or None, age=age) if (count or age) else None
+    return Topic(client, name, retention=retention)
+
+
+@main.group(name="topic")
+def topic_group() -> None:
+    """Topics: every message reaches every subscribed group (see rotator.topic)."""
+
+
+@topic_group.command("publish")
+@click.argument("topic")
+@click.argument("payloads", nargs=-1, required=True)
+@click.option(
+    "--retention",
+    "count",
+    type=int,
+    default=DEFAULT_TOPIC_RETENTION,
+    show_default=True,
+    help="Messages the topic keeps (0: no count limit).",
+)
+@click.option("--max-age", type=float, help="Seconds a message is kept.  [default: no limit]")
+@json_option
+@click.pass_context
+def topic_publish(
+    ctx: click.Context,
+    topic: str,
+    payloads: tuple[str, ...],
+    count: int,
+    max_age: float | None,
+    json: bool,
+) -> None:
+    """Publish messages (use - to read one per line from stdin); prints their ids."""
+    t = open_topic(ctx, topic, count, max_age)
+    ids = t.publish_many(list(read_ids(payloads)))
+    emit(ctx, {"ids": ids}, lines(ids))
+
+
+@topic_group.command("subscribe")
+@click.argument("topic")
+@click.argument("group")
+@click.option(
+    "--start", default="latest", show_default=True, help="latest, earliest, or a message id."
+)
+@json_option
+@click.pass_context
+def topic_subscribe(ctx: click.Context, topic: str, group: str, start: str, json: bool) -> None:
+    """Register a consumer group (a no-op when it exists)."""
+    added = open_topic(ctx, topic).subscribe(group, start=start)
+    emit(ctx, {"added": added}, f"{'subscribed' if added else 'already subscribed'} {group}")
+
+
+@topic_group.command("unsubscribe")
+@click.argument("topic")
+@click.argument("group")
+@json_option
+@click.pass_context
+def topic_unsubscribe(ctx: click.Context, topic: str, group: str, json: bool) -> None:
+    """Forget a consumer group and delete its ring."""
+    removed = open_topic(ctx, topic).unsubscribe(group)
+    emit(ctx, {"removed": removed}, f"{'unsubscribed' if removed else 'no such group'} {group}")
+
+
+@topic_group.command("groups")
+@click.argument("topic")
+@json_option
+@click.pass_context
+def topic_groups(ctx: click.Context, topic: str, json: bool) -> None:
+    """List the registered groups."""
+    names = open_topic(ctx, topic).groups()
+    emit(ctx, {"groups": names}, lines(names))
+
+
+@topic_group.command("replay")
+@click.argument("topic")
+@click.argument("group")
+@click.option("--from-id", help="Replay from this message id (inclusive).")
+@click.option("--from-time", type=float, help="Replay from this unix time in seconds.")
+@json_option
+@click.pass_context
+def topic_replay(
+    ctx: click.Context,
+    topic: str,
+    group: str,
+    from_id: str | None,
+    from_time: float | None,
+    json: bool,
+) -> None:
+    """Deliver the retained messages from a point to GROUP again."""
+    pushed = open_topic(ctx, topic).replay(group, from_id=from_id, from_time=from_time)
+    emit(ctx, {"replayed": pushed}, f"replayed {pushed}")
+
+
+@topic_group.command("stats")
+@click.argument("topic")
+@json_option
+@click.pass_context
+def topic_stats(ctx: click.Context, topic: str, json: bool) -> None:
+    """Retained messages and bytes, and each group's backlog and oldest pending age."""
+    stats = open_topic(ctx, topic).stats()
+    data = {
+        "retained": stats.retained,
+        "bytes": stats.bytes,
+        "last_seq": stats.last_seq,
+        "groups": {name: s.as_dict() for name, s in stats.groups.items()},
+    }
+    rows = [f"retained   {stats.retained}", f"bytes      {stats.bytes}"]
+    for name, s in stats.groups.items():
+        age = "-" if s.oldest_pending_age is None else f"{s.oldest_pending_age:.3f}s"
+        rows.append(f"group {name}: backlog {s.pending} in_flight {s.in_flight} oldest {age}")
+    emit(ctx, data, lines(rows))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
@@ -28,7 +28,7 @@ from rotator.defaults import (
 from rotator.durability import Durability, server_warnings, wait_durable
 from rotator.errors import InvalidArgument, LeaseLost
 from rotator.keys import queue_keys
-from rotator.models import DeadLetter, Job, RingEntry, Stats
+from rotator.models import DeadLetter, ItemStats, Job, NextReply, RingEntry, Stats
 from rotator.protocol import JobRef
 from rotator.script import FunctionCall, module_source, run
 from rotator.server import EmbeddedServer
@@ -77,7 +77,16 @@ class Rotator:
     NotDurable, after the write, when that is not confirmed in time). ``functions=True``
     calls the module with FCALL instead of EVALSHA (Redis 7+ / Valkey): cheaper per call, and
     a worker's ACL can then allow FCALL of this library without allowing arbitrary scripts.
+    ``payloads=True`` keeps a payload per job id (see :meth:`push_payloads`): ``next``
+    returns it with each job in the same call, and an accepted ack deletes it. Off by
+    default, so the bare ring costs nothing extra. ``item_stats=True`` keeps per-job stats
+    (enqueue time, deliveries, last delivery, last error from :meth:`fail`), read by
+    :meth:`item_stats` and deleted by an accepted ack; also off by default.
     """
+
+    # Whether an accepted ack deletes the job's payload: a topic group's payloads belong to
+    # the topic (its retention), see rotator.topic.
+    _drop_payloads = True
 
     def __init__(
         self,
@@ -91,8 +100,14 @@ class Rotator:
         prefix: str = DEFAULT_PREFIX,
         durability: Durability | None = None,
         functions: bool = False,
+        payloads: bool = False,
+        item_stats: bool = False,
     ) -> None:
         self.client = client
+        self.payloads = payloads
+        self._item_stats = item_stats
+        # Payloads or item stats: the queue is called with its extra keys (pushp, nextp, ...).
+        self._extended = payloads or item_stats
         self.durability = durability
         self.name = name
         self.keys = queue_keys(name, prefix)
@@ -129,6 +144,12 @@ class Rotator:
     def _call(self, *args: Any) -> Any:
         return run(self._script, self.keys.all, list(args))
 
+    def _call_payloads(self, *args: Any) -> Any:
+        """A pushp/nextp/ackp/... call: the ten keys, the payloads and, with item stats on,
+        the stats hash."""
+        keys = self.keys.with_items if self._item_stats else self.keys.with_payloads
+        return run(self._script, keys, list(args))
+
     def _write(self, *args: Any) -> Any:
         """A call whose writes the caller relies on: waits for durability when asked."""
         reply = self._call(*args)
@@ -150,9 +171,35 @@ class Rotator:
         """
         return self.push_many(ids)
 
+    def push_payloads(
+        self, items: Mapping[Any, bytes | str], chunk: int = DEFAULT_PUSH_CHUNK
+    ) -> int:
+        """Adds jobs with payloads (``{id: payload}``); needs ``payloads=True``.
+
+        Each call of up to ``chunk`` (at most 2500) jobs is atomic: ids, payloads and the
+        wake-up together. Pushing an id again replaces its payload (one payload per id).
+        """
+        if not self.payloads:
+            raise InvalidArgument("push_payloads needs a Rotator made with payloads=True")
+        pairs = [(protocol.encode_id(k), protocol.encode_payload(v)) for k, v in items.items()]
+        size = protocol.whole(chunk, "chunk", 1, MAX_BATCH // 2)
+        pushed = 0
+        for start in range(0, len(pairs), size):
+            flat = [part for pair in pairs[start : start + size] for part in pair]
+            pushed += int(self._write_payloads(b"pushp", *flat))
+        return pushed
+
+    def _write_payloads(self, *args: Any) -> Any:
+        reply = self._call_payloads(*args)
+        if self.durability is not None:
+            wait_durable(self.client, self.durability)
+        return reply
+
     def push_many(self, ids: Iterable[str | int], chunk: int = DEFAULT_PUSH_CHUNK) -> int:
         raw = protocol.encode_ids(ids)
         size = protocol.whole(chunk, "chunk", 1, MAX_BATCH)
+        if self._item_stats:
+            return sum(int(self._write_payloads(b"pushi", *part)) for part in chunks(raw, size))
         return sum(int(self._write(b"push", *part)) for part in chunks(raw, size))
 
     # -- consuming -------------------------------------------------------------------------
@@ -171,11 +218,7 @@ class Rotator:
         waited = check_block(block)
         give_up = None if waited is None else time.monotonic() + waited
         while True:
-            reply = protocol.decode_next(
-                self._call(
-                    b"next", count, self._lease_ms, self._budget, self._max_deliveries, *acks
-                )
-            )
+            reply = self._next_call(count, acks)
             jobs, acks = self._screen(reply.jobs)
             if jobs:
                 if acks:
@@ -191,6 +234,13 @@ class Rotator:
             self.client.blpop(
                 [self.keys.wake], timeout=blpop_wait(self.client, remaining, reply.wait_ms)
             )
+
+    def _next_call(self, count: int, acks: list[bytes]) -> NextReply:
+        head = (count, self._lease_ms, self._budget, self._max_deliveries)
+        if not self._extended:
+            return protocol.decode_next(self._call(b"next", *head, *acks))
+        drop = int(self._drop_payloads)
+        return protocol.decode_next_payloads(self._call_payloads(b"nextp", *head, drop, *acks))
 
     def _screen(self, jobs: list[Job]) -> tuple[list[Job], list[bytes]]:
         """Splits reclaimed jobs the idempotency callback says are done from the rest."""
@@ -212,6 +262,10 @@ class Rotator:
         counted). O(1) per job: the element leaves the ring when a consumer next reaches it.
         """
         tokens = protocol.encode_tokens(jobs)
+        if self._extended and self._drop_payloads:
+            return sum(
+                int(self._write_payloads(b"ackp", *part)) for part in chunks(tokens, MAX_BATCH)
+            )
         return sum(int(self._write(b"ack", *part)) for part in chunks(tokens, MAX_BATCH))
 
     def nack(self, *jobs: JobRef, delay: float = 0.0) -> int:
@@ -223,6 +277,19 @@ class Rotator:
         tokens = protocol.encode_tokens(jobs)
         return sum(
             sum(int(flag) for flag in self._write(b"nack", delay_ms, *part))
+            for part in chunks(tokens, MAX_BATCH)
+        )
+
+    def fail(self, *jobs: JobRef, error: str, delay: float = 0.0) -> int:
+        """``nack`` that also records ``error`` as each job's last error, in the same call,
+        when item stats are on (without them it is just ``nack``)."""
+        if not self._item_stats:
+            return self.nack(*jobs, delay=delay)
+        delay_ms = protocol.seconds_to_ms(delay, "delay", allow_zero=True)
+        message = protocol.encode_error(error)
+        tokens = protocol.encode_tokens(jobs)
+        return sum(
+            sum(int(flag) for flag in self._write_payloads(b"nackp", delay_ms, message, *part))
             for part in chunks(tokens, MAX_BATCH)
         )
 
@@ -301,8 +368,9 @@ class Rotator:
         return bool(self.client.exists(self.keys.ring, self.keys.dead))
 
     def delete(self) -> bool:
-        """Removes the queue and everything in it (pending, leased, dead) in one command."""
-        return bool(self.client.delete(*self.keys.all))
+        """Removes the queue and everything in it (pending, leased, dead, payloads) in one
+        command."""
+        return bool(self.client.delete(*self.keys.with_items))
 
     def sweep(self) -> int:
         """Visits a whole lap without leasing anything; returns how many elements it removed.
@@ -319,6 +387,16 @@ class Rotator:
             visited += int(reply[0])
             removed += int(reply[1])
         return removed
+
+    def item_stats(self, *ids: str | int) -> list[ItemStats | None]:
+        """Each id's stats (None for an id without any); needs ``item_stats=True``."""
+        if not self._item_stats:
+            raise InvalidArgument("item_stats needs a Rotator made with item_stats=True")
+        raw = protocol.encode_ids(ids)
+        found: list[ItemStats | None] = []
+        for part in chunks(raw, MAX_BATCH):
+            found += [protocol.decode_item_stats(v) for v in self._call_payloads(b"items", *part)]
+        return found
 
     def stats(self) -> Stats:
         """Counts, read in one atomic call; costs O(nacked and extended jobs), not O(ring)."""

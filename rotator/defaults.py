@@ -13,6 +13,11 @@ DEFAULT_POLL = 1.0
 # Key prefix before the {queue} hash tag.
 DEFAULT_PREFIX = "rotator"
 
+# Messages a topic retains when no retention is given (payloads beyond it are dropped).
+DEFAULT_TOPIC_RETENTION = 100_000
+# Times a topic call that names every group is retried when a group registers meanwhile.
+TOPIC_STALE_RETRIES = 50
+
 # Limits enforced by the Lua module; checked here first so bad calls never reach the server.
 MAX_ID_BYTES = 1024
 MAX_BATCH = 5000
@@ -20,6 +25,9 @@ MAX_COUNT = 1000
 MAX_BUDGET = 10_000
 MAX_LEASE_SECONDS = 86_400.0
 MAX_DELIVERIES_LIMIT = 1_000_000
+MAX_ERROR_BYTES = 4096  # the last error kept in a job's item stats
+MAX_GROUPS = 100  # consumer groups per topic
+MAX_PUBLISH = 1000  # messages per atomic publish call
 
 # Retry backoff for failed handlers: base * 2**(deliveries - 1), capped.
 RETRY_BACKOFF_BASE = 1.0

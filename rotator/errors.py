@@ -41,6 +41,15 @@ class ServerBusy(RotatorError):
     """The server is running someone else's slow script (BUSY); retry later."""
 
 
+class GroupsChanged(RotatorError):
+    """A topic's consumer groups changed while a call that names them all was on its way;
+    nothing was written. Topic methods retry it themselves."""
+
+
+class UnknownGroup(RotatorError):
+    """The topic has no consumer group of that name (subscribe first)."""
+
+
 class ProtocolError(RotatorError):
     """The Lua module refused a call this client should never make (a bug)."""
 
@@ -53,6 +62,8 @@ _CODES: dict[str, type[RotatorError]] = {
     "ROTATOR_WRONGTYPE": WrongKeyType,
     "WRONGTYPE": WrongKeyType,
     "BUSY": ServerBusy,
+    "ROTATOR_STALE": GroupsChanged,
+    "ROTATOR_NOGROUP": UnknownGroup,
     "ROTATOR_BADCMD": ProtocolError,
     "ROTATOR_KEYS": ProtocolError,
 }

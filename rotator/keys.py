@@ -33,10 +33,21 @@ _NAME = re.compile(r"[A-Za-z0-9._:@/-]{1,128}")
 
 @dataclass(frozen=True, slots=True)
 class QueueKeys:
-    """The ten keys of one queue, in KEYS order."""
+    """The ten keys of one queue, in KEYS order, and where its payloads live (KEYS[11] of
+    pushp/nextp/ackp): the queue's own hash, or for a topic group the topic's bodies."""
 
     name: str
     all: tuple[str, ...]
+    payloads: str = ""
+    items: str = ""  # per-item stats (KEYS[12]); "" where there are none (a topic group)
+
+    @property
+    def with_payloads(self) -> tuple[str, ...]:
+        return (*self.all, self.payloads)
+
+    @property
+    def with_items(self) -> tuple[str, ...]:
+        return (*self.all, self.payloads, self.items)
 
     @property
     def ring(self) -> str:
@@ -68,4 +79,60 @@ def queue_keys(name: str, prefix: str = DEFAULT_PREFIX) -> QueueKeys:
     validate_queue_name(name)
     if not isinstance(prefix, str) or not _NAME.fullmatch(prefix):
         raise InvalidQueueName(f"key prefix must match the queue-name rules, got {prefix!r}")
-    return QueueKeys(name, tuple(f"{prefix}:{{{name}}}:{role}" for role in KEY_ROLES))
+    return QueueKeys(
+        name,
+        tuple(f"{prefix}:{{{name}}}:{role}" for role in KEY_ROLES),
+        f"{prefix}:{{{name}}}:payloads",
+        f"{prefix}:{{{name}}}:items",
+    )
+
+
+# The topic's own keys, in the order of the header's TOPIC KEYS.
+TOPIC_ROLES = ("meta", "groups", "log", "bodies")
+# Group names end up inside key names: no ":" (keeps "<group>:<role>" unambiguous).
+_GROUP = re.compile(r"[A-Za-z0-9._@/-]{1,64}")
+
+
+@dataclass(frozen=True, slots=True)
+class TopicKeys:
+    """The four keys of one topic, in TOPIC KEYS order; its groups' keys share its tag."""
+
+    name: str
+    all: tuple[str, ...]
+    prefix: str
+
+    @property
+    def groups(self) -> str:
+        return self.all[1]
+
+    @property
+    def log(self) -> str:
+        return self.all[2]
+
+    @property
+    def bodies(self) -> str:
+        return self.all[3]
+
+    def group(self, group: str) -> QueueKeys:
+        """Group ``group``'s ten queue keys (``<prefix>:{<topic>}:group:<group>:<role>``);
+        its payloads are the topic's bodies."""
+        validate_group_name(group)
+        base = f"{self.prefix}:{{{self.name}}}:group:{group}"
+        return QueueKeys(
+            f"{self.name}.{group}", tuple(f"{base}:{role}" for role in KEY_ROLES), self.bodies
+        )
+
+
+def validate_group_name(group: object) -> str:
+    if not isinstance(group, str) or not _GROUP.fullmatch(group):
+        raise InvalidQueueName(f"group name must be 1..64 of A-Z a-z 0-9 . _ @ / -, got {group!r}")
+    return group
+
+
+def topic_keys(name: str, prefix: str = DEFAULT_PREFIX) -> TopicKeys:
+    validate_queue_name(name)
+    if not isinstance(prefix, str) or not _NAME.fullmatch(prefix):
+        raise InvalidQueueName(f"key prefix must match the queue-name rules, got {prefix!r}")
+    return TopicKeys(
+        name, tuple(f"{prefix}:{{{name}}}:topic:{role}" for role in TOPIC_ROLES), prefix
+    )

@@ -19,6 +19,7 @@ class Job:
     deliveries: int
     reclaimed: bool
     deadline_ms: int
+    payload: bytes | None = None  # with payloads on: the job's payload (None when it has none)
 
     def __str__(self) -> str:
         return self.token
@@ -38,6 +39,16 @@ class Stats:
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+@dataclass(frozen=True, slots=True)
+class ItemStats:
+    """One job's stats (``stats=True``), kept from its push until it is acked."""
+
+    enqueued_ms: int | None  # None when it was pushed without stats
+    deliveries: int
+    last_delivery_ms: int | None
+    last_error: str | None
 
 
 @dataclass(frozen=True, slots=True)

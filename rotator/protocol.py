@@ -9,17 +9,19 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
+from dataclasses import replace
 from typing import Any
 
 from rotator.defaults import (
     MAX_BUDGET,
     MAX_COUNT,
     MAX_DELIVERIES_LIMIT,
+    MAX_ERROR_BYTES,
     MAX_ID_BYTES,
     MAX_LEASE_SECONDS,
 )
 from rotator.errors import InvalidArgument, InvalidJobId, InvalidToken
-from rotator.models import DeadLetter, Job, NextReply, RingEntry, Stats
+from rotator.models import DeadLetter, ItemStats, Job, NextReply, RingEntry, Stats
 
 JobRef = Job | str | bytes
 # Elements may hold any bytes if someone wrote the ring by hand; surrogateescape keeps them
@@ -36,7 +38,10 @@ def text(value: Any) -> str:
 def encode_id(job_id: object) -> bytes:
     if isinstance(job_id, bool) or not isinstance(job_id, str | int):
         raise InvalidJobId(f"job id must be a str (or an int), got {type(job_id).__name__}")
-    raw = str(job_id).encode("utf-8", _ERRORS)
+    try:
+        raw = str(job_id).encode("utf-8", _ERRORS)
+    except UnicodeEncodeError:  # a lone surrogate that is not an escaped byte
+        raise InvalidJobId(f"job id is not encodable text: {str(job_id)[:64]!r}") from None
     if not raw or len(raw) > MAX_ID_BYTES or b"*" in raw:
         raise InvalidJobId(
             f'job id must be 1..{MAX_ID_BYTES} bytes without "*", got {str(job_id)[:64]!r}'
@@ -49,10 +54,13 @@ def encode_ids(ids: Iterable[object]) -> list[bytes]:
 
 
 def parse_token(token: str) -> tuple[str, int, int] | None:
-    """``(id, deadline_ms, deliveries)`` of a well-formed token, else None."""
+    """``(id, deadline_ms, deliveries)`` of a well-formed token, else None: the same rules
+    as the Lua module's (an id of 1..1024 bytes, a stamp of at most 40 characters)."""
     job_id, star, stamp = token.partition("*")
     parts = stamp.split(".")
     if not star or not job_id or len(parts) != 3 or not all(p.isascii() for p in parts):
+        return None
+    if len(stamp) > 40 or len(job_id.encode("utf-8", _ERRORS)) > MAX_ID_BYTES:
         return None
     if not all(p.isdigit() for p in parts) or len(parts[0]) > 15 or len(parts[1]) > 9:
         return None
@@ -113,6 +121,48 @@ def job_from_token(token: str, reclaimed: bool) -> Job:
 def decode_next(reply: Sequence[Any]) -> NextReply:
     jobs = [job_from_token(text(reply[i]), int(reply[i + 1]) == 1) for i in range(3, len(reply), 2)]
     return NextReply(int(reply[0]) == 1, int(reply[1]), int(reply[2]), jobs)
+
+
+def decode_next_payloads(reply: Sequence[Any]) -> NextReply:
+    """A ``nextp`` reply: like ``next`` with a payload after each token's reclaimed flag."""
+    jobs = []
+    for i in range(3, len(reply), 3):
+        job = job_from_token(text(reply[i]), int(reply[i + 1]) == 1)
+        payload = reply[i + 2]
+        if isinstance(payload, str):
+            payload = payload.encode("utf-8", _ERRORS)
+        jobs.append(replace(job, payload=payload))
+    return NextReply(int(reply[0]) == 1, int(reply[1]), int(reply[2]), jobs)
+
+
+def encode_payload(payload: object) -> bytes:
+    if isinstance(payload, bytes):
+        return payload
+    if isinstance(payload, str):
+        return payload.encode("utf-8", _ERRORS)
+    raise InvalidArgument(f"a payload must be bytes or str, got {type(payload).__name__}")
+
+
+def encode_error(error: object) -> bytes:
+    """The last-error text of a nack: at most MAX_ERROR_BYTES bytes (None: no error)."""
+    if error is None:
+        return b""
+    if not isinstance(error, str):
+        raise InvalidArgument(f"error must be a str, got {type(error).__name__}")
+    raw = error.encode("utf-8", _ERRORS)
+    if len(raw) > MAX_ERROR_BYTES:
+        raise InvalidArgument(f"error must be at most {MAX_ERROR_BYTES} bytes")
+    return raw
+
+
+def decode_item_stats(raw: Any) -> ItemStats | None:
+    """An ``items`` entry, ``<enqueued ms>:<deliveries>:<last delivery ms>:<last error>``."""
+    if raw is None:
+        return None
+    enqueued, deliveries, last, error = text(raw).split(":", 3)
+    return ItemStats(
+        int(enqueued) or None, int(deliveries), int(last) or None, error if error else None
+    )
 
 
 def decode_stats(reply: Sequence[Any]) -> Stats:

@@ -54,6 +54,15 @@ SNIPPETS = [
     "return {redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', '(2'), "
     "redis.call('ZMSCORE', KEYS[1], 'a', 'b')}",
     "return redis.call('ZADD', KEYS[1], 'nan', 'a')",
+    "redis.call('ZADD', KEYS[1], 1, 'a', 2, 'b', 2, 'bb', 3, 'c') "
+    "return {redis.call('ZRANGE', KEYS[1], 0, 1), redis.call('ZRANGE', KEYS[1], 5, 9), "
+    "redis.call('ZRANGEBYSCORE', KEYS[1], 2, 3, 'LIMIT', 1, 2), "
+    "redis.call('ZRANGEBYSCORE', KEYS[1], 4, 9), redis.call('ZREMRANGEBYRANK', KEYS[1], 0, 1), "
+    "redis.call('ZRANGE', KEYS[1], 0, -1), redis.call('ZREMRANGEBYRANK', KEYS[1], 0, -1), "
+    "redis.call('TYPE', KEYS[1])}",
+    "redis.call('HSET', KEYS[1], 'f', 'abc') return {redis.call('HSTRLEN', KEYS[1], 'f'), "
+    "redis.call('HSTRLEN', KEYS[1], 'no'), redis.call('HGETALL', KEYS[1]), "
+    "redis.call('HGETALL', KEYS[1] .. 'x')}",
     "return redis.call('LRANGE', KEYS[1], '01', 2)",
     "redis.call('RPUSH', KEYS[1], 'a') return redis.call('LSET', KEYS[1], 5, 'x')",
     "return redis.call('RENAME', KEYS[1], KEYS[1] .. 'x')",

@@ -74,6 +74,7 @@ class Backend(ABC):
     name: str
     keys: tuple[str, ...]
     exact_clock: bool  # True when time moves only through sleep_ms (the stub's fake clock)
+    tracked: list[str]  # keys beyond the ten that cleanup deletes (see track)
 
     @abstractmethod
     def call_keys(self, keys: Sequence[str], *argv: Arg) -> Result:
@@ -87,10 +88,31 @@ class Backend(ABC):
     def now_ms(self) -> int:
         """The server's clock (TIME) in unix ms."""
 
-    @abstractmethod
     def state(self, role: str) -> KeyState:
         """(type, value) of one key: list -> list[str] head first, set -> sorted list[str],
         hash -> dict[str, str], zset -> dict[str, float], string -> str, none -> None."""
+        return self.key_state(self.key(role))
+
+    @abstractmethod
+    def key_state(self, key: str) -> KeyState:
+        """state() of any key by name (a topic's keys, a payload hash)."""
+
+    @abstractmethod
+    def raw_set_key(self, key: str, value: str) -> None: ...
+
+    @abstractmethod
+    def raw_del_key(self, key: str) -> None: ...
+
+    def zscores_of(self, key: str) -> dict[str, float]:
+        """A zset's members in score order (empty when the key does not exist)."""
+        kind, value = self.key_state(key)
+        assert kind in ("zset", "none"), f"{key} is a {kind}"
+        scores = dict(value) if isinstance(value, dict) else {}
+        return dict(sorted(scores.items(), key=lambda item: (item[1], item[0])))
+
+    def track(self, *keys: str) -> None:
+        """Keys beyond the queue's ten that a scenario writes: cleaned up with the queue."""
+        self.tracked.extend(keys)
 
     @abstractmethod
     def fresh(self, suffix: str) -> Backend:
@@ -165,6 +187,7 @@ class StubBackend(Backend):
         self.harness = Harness(name, path=path)
         self.name = name
         self.keys = queue_keys(name)
+        self.tracked: list[str] = []
 
     def call_keys(self, keys: Sequence[str], *argv: Arg) -> Result:
         try:
@@ -179,8 +202,8 @@ class StubBackend(Backend):
     def now_ms(self) -> int:
         return self.harness.now_ms
 
-    def state(self, role: str) -> KeyState:
-        value = self.harness.raw(role)
+    def key_state(self, key: str) -> KeyState:
+        value = self.harness.stub.data.get(key.encode())
         if value is None:
             return ("none", None)
         if isinstance(value, bytes):
@@ -208,8 +231,14 @@ class StubBackend(Backend):
         self._raw("RPUSH", self.key(role), *values)
 
     def raw_set(self, role: str, value: str) -> None:
+        self.raw_set_key(self.key(role), value)
+
+    def raw_set_key(self, key: str, value: str) -> None:
         # SET is not a command the module uses, so the stub has none: write the key directly.
-        self.harness.stub.data[self.key(role).encode()] = value.encode()
+        self.harness.stub.data[key.encode()] = value.encode()
+
+    def raw_del_key(self, key: str) -> None:
+        self._raw("DEL", key)
 
     def raw_del(self, role: str) -> None:
         self._raw("DEL", self.key(role))
@@ -227,6 +256,7 @@ class RealBackend(Backend):
         sha = client.script_load(MODULE_PATH.read_text())
         self.sha = _text(sha) if isinstance(sha, bytes) else str(sha)
         self._children: list[RealBackend] = []
+        self.tracked: list[str] = []
 
     def call_keys(self, keys: Sequence[str], *argv: Arg) -> Result:
         try:
@@ -242,8 +272,7 @@ class RealBackend(Backend):
         seconds, micros = self.client.time()
         return int(seconds) * 1000 + int(micros) // 1000
 
-    def state(self, role: str) -> KeyState:
-        key = self.key(role)
+    def key_state(self, key: str) -> KeyState:
         kind = _text(self.client.type(key))
         if kind == "none":
             return ("none", None)
@@ -277,6 +306,12 @@ class RealBackend(Backend):
     def raw_set(self, role: str, value: str) -> None:
         self.client.set(self.key(role), value)
 
+    def raw_set_key(self, key: str, value: str) -> None:
+        self.client.set(key, value)
+
+    def raw_del_key(self, key: str) -> None:
+        self.client.delete(key)
+
     def raw_del(self, role: str) -> None:
         self.client.delete(self.key(role))
 
@@ -284,4 +319,4 @@ class RealBackend(Backend):
         """Delete the queue's keys and its fresh() siblings' (tests share a server, not queues)."""
         for child in self._children:
             child.cleanup()
-        self.client.delete(*self.keys)
+        self.client.delete(*self.keys, *self.tracked)

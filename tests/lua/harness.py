@@ -149,6 +149,7 @@ class RedisStub:
             b"TIME": (1, self._time),
             b"TYPE": (2, self._type),
             b"DEL": (-2, self._del),
+            b"UNLINK": (-2, self._del),
             b"RENAME": (3, self._rename),
             b"LLEN": (2, self._llen),
             b"LRANGE": (4, self._lrange),
@@ -171,6 +172,11 @@ class RedisStub:
             b"ZCARD": (2, self._zcard),
             b"ZMSCORE": (-3, self._zmscore),
             b"ZREMRANGEBYSCORE": (4, self._zremrangebyscore),
+            b"HGETALL": (2, self._hgetall),
+            b"HSTRLEN": (3, self._hstrlen),
+            b"ZRANGE": (4, self._zrange),
+            b"ZRANGEBYSCORE": (-4, self._zrangebyscore),
+            b"ZREMRANGEBYRANK": (4, self._zremrangebyrank),
         }
 
     def advance(self, ms: int) -> None:
@@ -369,7 +375,59 @@ class RedisStub:
     def _hvals(self, args: list[bytes]) -> Reply:
         return list((self._hash(args[0]) or Hash()).values())
 
+    def _hgetall(self, args: list[bytes]) -> Reply:
+        flat: list[Reply] = []
+        for name, value in (self._hash(args[0]) or Hash()).items():
+            flat += [name, value]
+        return flat
+
+    def _hstrlen(self, args: list[bytes]) -> Reply:
+        return len((self._hash(args[0]) or Hash()).get(args[1], b""))
+
     # -- sorted sets --
+
+    def _zsorted(self, key: bytes) -> list[bytes]:
+        """Members in Redis order: by score, then by member bytes."""
+        members = self._zset(key) or ZSet()
+        return [m for m, _ in sorted(members.items(), key=lambda item: (item[1], item[0]))]
+
+    def _zrange(self, args: list[bytes]) -> Reply:
+        start, stop = parse_int(args[1]), parse_int(args[2])
+        ordered = self._zsorted(args[0])
+        span = _clamp_range(len(ordered), start, stop)
+        return [] if span is None else list[Reply](ordered[span[0] : span[1] + 1])
+
+    def _zrangebyscore(self, args: list[bytes]) -> Reply:
+        key, low_raw, high_raw, *rest = args
+        offset, count = 0, -1
+        if rest:
+            if len(rest) != 3 or rest[0].upper() != b"LIMIT":
+                raise StubError("ZRANGEBYSCORE supports only LIMIT offset count in the stub")
+            offset, count = parse_int(rest[1]), parse_int(rest[2])
+        low, low_open = _parse_score_bound(low_raw)
+        high, high_open = _parse_score_bound(high_raw)
+        members = self._zset(key) or ZSet()
+        inside = [
+            m
+            for m in self._zsorted(key)
+            if (members[m] > low if low_open else members[m] >= low)
+            and (members[m] < high if high_open else members[m] <= high)
+        ]
+        inside = inside[offset:]
+        return list[Reply](inside if count < 0 else inside[:count])
+
+    def _zremrangebyrank(self, args: list[bytes]) -> Reply:
+        start, stop = parse_int(args[1]), parse_int(args[2])
+        ordered = self._zsorted(args[0])
+        span = _clamp_range(len(ordered), start, stop)
+        if span is None:
+            return 0
+        members = self._zset(args[0])
+        assert members is not None
+        for member in ordered[span[0] : span[1] + 1]:
+            del members[member]
+        self._vacuum(args[0])
+        return span[1] - span[0] + 1
 
     def _zadd(self, args: list[bytes]) -> Reply:
         pairs = args[1:]

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from tests.lua.backend import Backend, ReplyError, Result
+from tests.lua.backend import Backend, KeyState, ReplyError, Result
 
 LONG = 60_000  # a lease that cannot expire during a scenario
 SHORT = 100  # a lease a scenario waits out
@@ -909,3 +909,325 @@ def oldest_pending_age_survives_many_push_checkpoints(b: Backend) -> None:
     # j65 was pushed 65 * 1001 ms after the start.
     want = b.now_ms() - (start + 65 * 1001)
     assert s["oldest_pending_age_ms"] == want, f"{s} (want oldest {want})"
+
+
+# -- payloads (the eleventh key) -------------------------------------------------------------
+
+
+def payload_keys(b: Backend) -> tuple[str, ...]:
+    key = f"rotator:{{{b.name}}}:payloads"
+    if key not in b.tracked:
+        b.track(key)
+    return (*b.keys, key)
+
+
+def nextp(b: Backend, count: int, drop: int, *acks: str) -> list[Result]:
+    reply = b.call_keys(payload_keys(b), "nextp", count, LONG, BUDGET, 0, drop, *acks)
+    assert isinstance(reply, list), reply
+    assert (len(reply) - 3) % 3 == 0, reply
+    return reply
+
+
+@scenario
+def pushp_and_nextp_carry_payloads_and_ackp_drops_them(b: Backend) -> None:
+    keys = payload_keys(b)
+    assert b.call_keys(keys, "pushp", "a", "pa", "b", "") == 2
+    push(b, "bare")
+    reply = nextp(b, 10, 1)
+    assert [parse_token(str(t)).id for t in reply[3::3]] == ["a", "b", "bare"]
+    assert reply[5::3] == ["pa", "", None]
+    assert b.key_state(keys[10]) == ("hash", {"a": "pa", "b": ""})
+    assert b.call_keys(keys, "ackp", str(reply[3])) == 1
+    assert b.key_state(keys[10]) == ("hash", {"b": ""})
+    # Acks carried by nextp drop their payloads only with DROP 1.
+    assert nextp(b, 1, 0, str(reply[6]))[2] == 1
+    assert b.key_state(keys[10]) == ("hash", {"b": ""})
+    assert b.call_keys(keys, "pushp", "c", "pc") == 1
+    reply2 = nextp(b, 1, 1, str(reply[6]), str(reply[9]))
+    assert reply2[2] == 2  # acking a token again is accepted again (idempotent)
+    assert reply2[5] == "pc"
+    assert b.key_state(keys[10]) == ("hash", {"c": "pc"})
+
+
+@scenario
+def payload_commands_check_arguments_keys_and_types_before_writing(b: Backend) -> None:
+    keys = payload_keys(b)
+    push(b, "x")
+    expect_error(b, "ROTATOR_BADARG", "pushp", "a", "pa", "b", keys=keys)
+    expect_error(b, "ROTATOR_BADID", "pushp", "a", "pa", "b*", "pb", keys=keys)
+    expect_error(b, "ROTATOR_TOOMANY", "pushp", *(["i", "p"] * 2501), keys=keys)
+    expect_error(b, "ROTATOR_BADARG", "nextp", 1, LONG, BUDGET, 0, 2, keys=keys)
+    expect_error(b, "ROTATOR_BADTOKEN", "ackp", "nope", keys=keys)
+    expect_error(b, "ROTATOR_KEYS", "pushp", "a", "pa")  # ten keys only
+    expect_error(b, "ROTATOR_KEYS", "push", "a", keys=keys)  # eleven for a queue command
+    b.call_keys(keys, "pushp", "k", "v")
+    b.raw_del_key(keys[10])
+    b.raw_set_key(keys[10], "oops")
+    before = b.snapshot()
+    for argv in [("pushp", "z", "pz"), ("nextp", 1, LONG, BUDGET, 0, 1), ("ackp", "a*1.1.1")]:
+        with pytest.raises(ReplyError) as caught:
+            b.call_keys(keys, *argv)
+        assert caught.value.code == "ROTATOR_WRONGTYPE", argv
+        assert b.snapshot() == before, argv
+
+
+# -- topics ----------------------------------------------------------------------------------
+
+TOPIC_ROLES = ("meta", "groups", "log", "bodies")
+QUEUE_ROLES = (
+    "ring",
+    "done",
+    "done_old",
+    "marks",
+    "marks_old",
+    "revoked",
+    "dead",
+    "wake",
+    "meta",
+    "pushlog",
+)
+
+
+def topic_keys(b: Backend) -> tuple[str, ...]:
+    keys = tuple(f"rotator:{{{b.name}}}:topic:{role}" for role in TOPIC_ROLES)
+    b.track(*(k for k in keys if k not in b.tracked))
+    return keys
+
+
+def group_keys(b: Backend, group: str) -> tuple[str, ...]:
+    keys = tuple(f"rotator:{{{b.name}}}:group:{group}:{role}" for role in QUEUE_ROLES)
+    b.track(*(k for k in keys if k not in b.tracked))
+    return keys
+
+
+def with_groups(b: Backend, *groups: str) -> tuple[str, ...]:
+    return topic_keys(b) + tuple(k for g in groups for k in group_keys(b, g))
+
+
+def subscribe(b: Backend, group: str) -> list[int]:
+    return ints(b.call_keys(with_groups(b, group), "tsubscribe", group))
+
+
+def publish(b: Backend, groups: tuple[str, ...], *payloads: str, keep: int = 0) -> list[str]:
+    reply = b.call_keys(with_groups(b, *groups), "tpublish", keep, 0, *payloads)
+    assert isinstance(reply, list), reply
+    return [str(i) for i in reply]
+
+
+def group_next(b: Backend, group: str, count: int = 100) -> list[tuple[str, Result]]:
+    keys = (*group_keys(b, group), topic_keys(b)[3])
+    reply = b.call_keys(keys, "nextp", count, LONG, BUDGET, 0, 0)
+    assert isinstance(reply, list), reply
+    return [(parse_token(str(reply[i])).id, reply[i + 2]) for i in range(3, len(reply), 3)]
+
+
+def state_of(b: Backend, keys: tuple[str, ...]) -> list[KeyState]:
+    return [b.key_state(k) for k in keys]
+
+
+@scenario
+def tpublish_reaches_every_registered_group_with_ordered_ids(b: Backend) -> None:
+    assert subscribe(b, "a") == [1, 0]
+    assert subscribe(b, "b") == [1, 0]
+    assert subscribe(b, "a") == [0, 0]
+    ids = publish(b, ("a", "b"), "one", "two")
+    assert [re.fullmatch(r"(\d{13})-(\d+)", i) is not None for i in ids] == [True, True]
+    assert [i.split("-")[1] for i in ids] == ["1", "2"]
+    assert subscribe(b, "c") == [1, 2]
+    ids += publish(b, ("a", "b", "c"), "three")
+    assert ids[2].endswith("-3")
+    everything = [(ids[0], "one"), (ids[1], "two"), (ids[2], "three")]
+    assert group_next(b, "a") == everything
+    assert group_next(b, "b") == everything
+    assert group_next(b, "c") == [(ids[2], "three")]
+    tkeys = topic_keys(b)
+    assert b.key_state(tkeys[1])[1] == {g: group_keys(b, g)[0] for g in ("a", "b", "c")}
+    assert b.key_state(tkeys[2]) == ("zset", {ids[0]: 1.0, ids[1]: 2.0, ids[2]: 3.0})
+    assert b.key_state(tkeys[0])[1] == {"seq": "3", "ms": ids[2].split("-")[0], "bytes": "11"}
+
+
+@scenario
+def tpublish_with_other_groups_than_registered_is_refused_and_writes_nothing(b: Backend) -> None:
+    subscribe(b, "a")
+    subscribe(b, "b")
+    publish(b, ("a", "b"), "first")
+    everything = with_groups(b, "a", "b", "c")
+    before = state_of(b, everything)
+    for groups in [("a",), ("a", "a"), ("a", "b", "c"), (), ("b", "c")]:
+        with pytest.raises(ReplyError) as caught:
+            b.call_keys(with_groups(b, *groups), "tpublish", 0, 0, "x")
+        assert caught.value.code == "ROTATOR_STALE", groups
+        assert state_of(b, everything) == before
+    for argv in [("tpublish", 0, 0), ("tpublish", "x", 0, "p"), ("tpublish", 0, -1, "p")]:
+        with pytest.raises(ReplyError) as caught:
+            b.call_keys(with_groups(b, "a", "b"), *argv)
+        assert caught.value.code == "ROTATOR_BADARG", argv
+    with pytest.raises(ReplyError) as caught:
+        b.call_keys(with_groups(b, "a", "b"), "tpublish", 0, 0, *(["p"] * 1001))
+    assert caught.value.code == "ROTATOR_TOOMANY"
+    for keys in [topic_keys(b)[:3], (*with_groups(b, "a"), "extra")]:
+        with pytest.raises(ReplyError) as caught:
+            b.call_keys(keys, "tpublish", 0, 0, "p")
+        assert caught.value.code == "ROTATOR_KEYS"
+    assert state_of(b, everything) == before
+
+
+@scenario
+def retention_by_count_drops_the_oldest_payloads(b: Backend) -> None:
+    subscribe(b, "g")
+    ids = publish(b, ("g",), "a", "b", "c", "d", keep=3)
+    assert b.key_state(topic_keys(b)[3]) == ("hash", {ids[1]: "b", ids[2]: "c", ids[3]: "d"})
+    assert b.key_state(topic_keys(b)[0])[1]["bytes"] == "3"  # type: ignore[index]
+    ids += publish(b, ("g",), "e", keep=2)
+    assert list(b.zscores_of(topic_keys(b)[2])) == ids[3:]
+    # The group still gets every id; those past retention come without a payload.
+    assert group_next(b, "g") == [
+        (ids[0], None),
+        (ids[1], None),
+        (ids[2], None),
+        (ids[3], "d"),
+        (ids[4], "e"),
+    ]
+
+
+@scenario
+def ttrim_drops_by_age_and_tseek_finds_the_first_message_at_a_time(b: Backend) -> None:
+    tkeys = topic_keys(b)
+    subscribe(b, "g")
+    old = publish(b, ("g",), "o1", "o2")
+    b.sleep_ms(50)
+    new = publish(b, ("g",), "n1")
+    new_ms = int(new[0].split("-")[0])
+    assert b.call_keys(tkeys, "tseek", new_ms) == 3
+    assert b.call_keys(tkeys, "tseek", 0) == 1
+    assert b.call_keys(tkeys, "tseek", new_ms + 10**6) == 4
+    assert b.call_keys(tkeys, "ttrim", 0, 10**9, 100) == 0
+    b.sleep_ms(30)
+    age = b.now_ms() - int(old[0].split("-")[0]) - 20  # the old two, not the new one
+    assert b.call_keys(tkeys, "ttrim", 0, age, 100) == 2
+    assert list(b.zscores_of(tkeys[2])) == new
+    assert b.call_keys(tkeys, "ttrim", 1, 0, 100) == 0
+    expect = "ROTATOR_BADARG"
+    for argv in [("ttrim", 0, 0, 0), ("tseek", "x")]:
+        with pytest.raises(ReplyError) as caught:
+            b.call_keys(tkeys, *argv)
+        assert caught.value.code == expect, argv
+
+
+@scenario
+def treplay_pushes_the_retained_range_in_pages(b: Backend) -> None:
+    subscribe(b, "g")
+    ids = publish(b, ("g",), *[f"p{i}" for i in range(7)])
+    assert len(group_next(b, "g")) == 7
+    keys = with_groups(b, "g")
+    assert ints(b.call_keys(keys, "treplay", "g", 3, 0, 2)) == [2, 5, 7]
+    assert ints(b.call_keys(keys, "treplay", "g", 5, 7, 2)) == [2, 7, 7]
+    assert ints(b.call_keys(keys, "treplay", "g", 7, 7, 2)) == [1, 8, 7]
+    assert ints(b.call_keys(keys, "treplay", "g", 8, 7, 2)) == [0, 8, 7]
+    assert [i for i, _ in group_next(b, "g")] == ids[2:]
+    with pytest.raises(ReplyError) as caught:
+        b.call_keys(with_groups(b, "nope"), "treplay", "nope", 1, 0, 10)
+    assert caught.value.code == "ROTATOR_NOGROUP"
+    with pytest.raises(ReplyError) as caught:
+        b.call_keys(keys, "treplay", "g", 1, 0, 0)
+    assert caught.value.code == "ROTATOR_BADARG"
+
+
+@scenario
+def tunsubscribe_forgets_the_group_and_deletes_its_ring(b: Backend) -> None:
+    subscribe(b, "a")
+    subscribe(b, "b")
+    publish(b, ("a", "b"), "x")
+    assert b.call_keys(with_groups(b, "b"), "tunsubscribe", "b") == 1
+    assert b.call_keys(with_groups(b, "b"), "tunsubscribe", "b") == 0
+    assert all(kind == "none" for kind, _ in state_of(b, group_keys(b, "b")))
+    assert b.key_state(topic_keys(b)[1])[1] == {"a": group_keys(b, "a")[0]}
+    publish(b, ("a",), "y")
+    for bad in ["", "a:b", "x" * 65, "a b"]:
+        with pytest.raises(ReplyError) as caught:
+            b.call_keys(with_groups(b, "a"), "tsubscribe", bad)
+        assert caught.value.code == "ROTATOR_BADARG", bad
+    with pytest.raises(ReplyError) as caught:  # the keys of another group's ring
+        b.call_keys(with_groups(b, "b"), "tsubscribe", "a")
+    assert caught.value.code == "ROTATOR_BADARG"
+
+
+@scenario
+def tstats_report_retention_and_each_group(b: Backend) -> None:
+    subscribe(b, "a")
+    subscribe(b, "b")
+    publish(b, ("a", "b"), "xx", "yyy")
+    group_next(b, "a", 1)
+    reply = b.call_keys(with_groups(b, "a", "b"), "tstats")
+    assert isinstance(reply, list), reply
+    assert reply[:8] == ["retained", 2, "bytes", 5, "last_seq", 2, "groups", 2]
+    assert reply[8:13] == ["a", 2, 1, 1, 0]
+    assert reply[16:21] == ["b", 2, 2, 0, 0]
+    with pytest.raises(ReplyError) as caught:
+        b.call_keys(with_groups(b, "a"), "tstats")
+    assert caught.value.code == "ROTATOR_STALE"
+
+
+@scenario
+def topic_keys_of_the_wrong_type_give_wrongtype_and_change_nothing(b: Backend) -> None:
+    subscribe(b, "g")
+    publish(b, ("g",), "x")
+    tkeys = topic_keys(b)
+    everything = with_groups(b, "g")
+    for index in range(4):
+        q = b.fresh(f"t{index}")
+        subscribe(q, "g")
+        publish(q, ("g",), "x")
+        bad = topic_keys(q)[index]
+        q.raw_del_key(bad)
+        q.raw_set_key(bad, "oops")
+        keys = with_groups(q, "g")
+        before = state_of(q, keys)
+        with pytest.raises(ReplyError) as caught:
+            q.call_keys(keys, "tpublish", 0, 0, "y")
+        assert caught.value.code == "ROTATOR_WRONGTYPE", bad
+        assert state_of(q, keys) == before
+    assert state_of(b, everything)[0] != ("none", None)
+    assert tkeys
+
+
+# -- per-item stats (the twelfth key) --------------------------------------------------------
+
+
+@scenario
+def item_stats_count_deliveries_and_keep_the_last_error_until_acked(b: Backend) -> None:
+    keys = (*payload_keys(b), f"rotator:{{{b.name}}}:items")
+    b.track(keys[11])
+    pushed_at = b.now_ms()
+    assert b.call_keys(keys, "pushi", "a", "b") == 2
+    assert b.call_keys(keys, "pushp", "c", "pc") == 1
+    stats = b.call_keys(keys, "items", "a", "c", "zz")
+    assert isinstance(stats, list)
+    enqueued = int(str(stats[0]).split(":")[0])
+    within(enqueued, pushed_at, pushed_at + 5000)
+    assert [str(s).split(":", 1)[1] for s in stats[:2]] == ["0:0:", "0:0:"]
+    assert stats[2] is None
+    reply = b.call_keys(keys, "nextp", 3, LONG, BUDGET, 0, 1)
+    assert isinstance(reply, list)
+    tokens = [str(t) for t in reply[3::3]]
+    assert ints(b.call_keys(keys, "nackp", 0, "it: broke", tokens[0])) == [1]
+    assert ints(b.call_keys(keys, "nackp", 0, "late", tokens[0])) == [0]  # lease already lost
+    again = b.call_keys(keys, "nextp", 1, LONG, BUDGET, 0, 1)
+    assert isinstance(again, list)
+    first = b.call_keys(keys, "items", "a")
+    assert isinstance(first, list)
+    parts = str(first[0]).split(":", 3)
+    assert parts[0] == str(enqueued)
+    assert parts[1] == "2"
+    assert parts[3] == "it: broke"
+    assert b.call_keys(keys, "ackp", str(again[3]), tokens[1], tokens[2]) == 3
+    assert b.key_state(keys[11]) == ("none", None)
+    assert b.key_state(keys[10]) == ("none", None)
+    for argv, code in [
+        (("nackp", 0, "x" * 4097, str(again[3])), "ROTATOR_BADARG"),
+        (("pushi", "bad*"), "ROTATOR_BADID"),
+        (("items", "bad*"), "ROTATOR_BADID"),
+    ]:
+        expect_error(b, code, *argv, keys=keys)
+    expect_error(b, "ROTATOR_KEYS", "pushi", "a", keys=keys[:11])
+    expect_error(b, "ROTATOR_KEYS", "pushp", "a", "p", keys=(*keys, "extra"))

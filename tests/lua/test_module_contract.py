@@ -30,9 +30,9 @@ def section(title: str) -> str:
     return "\n".join([lines[starts[0]][len(title) :], *body])
 
 
-def header_keys() -> list[tuple[int, str, str]]:
-    """(slot, name, Redis type) per `KEYS[n]  name  TYPE  meaning` line."""
-    rows = re.findall(r"^  KEYS\[(\d+)\]\s+(\w+)\s+([A-Z]+)\s", section("KEYS"), re.MULTILINE)
+def header_keys(title: str = "KEYS") -> list[tuple[int, str, str]]:
+    """(slot, name, Redis type) per `KEYS[n]  name  TYPE  meaning` line of a KEYS section."""
+    rows = re.findall(r"^  KEYS\[(\d+)\]\s+(\w+)\s+([A-Z]+)\s", section(title), re.MULTILINE)
     return [(int(slot), name, kind) for slot, name, kind in rows]
 
 
@@ -51,13 +51,17 @@ def header_commands() -> dict[str, str]:
     return blocks
 
 
-def body_key_names() -> dict[str, int]:
-    """Name -> KEYS slot, as `main` binds them (`K = { ring = keys[1], ... }`): the keys come
-    in as `keys` (FCALL) or `KEYS` (EVAL), and are named in one place."""
-    found: dict[str, int] = {}
+def body_key_names() -> tuple[dict[str, int], dict[str, int]]:
+    """Name -> KEYS slot, as the body binds them: the ten queue keys after a base
+    (`ring = keys[base + 1]`, by M.bind_queue) and the fixed slots (`payloads = keys[11]`,
+    `topic = keys[1]`, ...). The keys come in as `keys` (FCALL) or `KEYS` (EVAL)."""
+    queue: dict[str, int] = {}
+    fixed: dict[str, int] = {}
     for line in BODY.splitlines():
-        found.update((name, int(slot)) for name, slot in re.findall(r"(\w+) = keys\[(\d+)\]", line))
-    return found
+        found = re.findall(r"(\w+) = keys\[base \+ (\d+)\]", line)
+        queue.update((name, int(slot)) for name, slot in found)
+        fixed.update((name, int(slot)) for name, slot in re.findall(r"(\w+) = keys\[(\d+)\]", line))
+    return queue, fixed
 
 
 # The type each read command proves a key has (a WRONGTYPE reply otherwise).
@@ -71,13 +75,15 @@ READ_TYPES = {
     "HMGET": "hash",
     "HVALS": "hash",
     "ZCARD": "zset",
+    "ZRANGEBYSCORE": "zset",
+    "HGETALL": "hash",
 }
 
 
 def checked_key_types() -> dict[str, set[str]]:
     """Key name -> the types implied by the guarded reads (`M.read('CMD', K.name ...)`)."""
     found: dict[str, set[str]] = {}
-    for command, name in re.findall(r"M\.read\('([A-Z]+)', K\.(\w+)", BODY):
+    for command, name in re.findall(r"M\.read\('([A-Z]+)', [KT]\.(\w+)", BODY):
         found.setdefault(name, set()).add(READ_TYPES[command])
     return found
 
@@ -93,23 +99,34 @@ def test_the_header_has_every_section_in_order() -> None:
     assert positions == sorted(positions)
 
 
-def test_keys_are_listed_one_to_ten_and_the_body_names_them_the_same_in_order() -> None:
+def test_keys_are_listed_one_to_twelve_and_the_body_names_them_the_same_in_order() -> None:
     keys = header_keys()
-    assert [slot for slot, _, _ in keys] == list(range(1, 11))
+    assert [slot for slot, _, _ in keys] == list(range(1, 13))
     names = [name for _, name, _ in keys]
-    assert body_key_names() == {name: slot for slot, name, _ in keys}
-    assert tuple(names) == ROLES  # the harness builds KEYS in the header's order
+    queue, fixed = body_key_names()
+    assert queue == {name: slot for slot, name, _ in keys[:10]}
+    assert tuple(names[:10]) == ROLES  # the harness builds KEYS in the header's order
+    assert fixed["payloads"] == 11
+    assert fixed["items"] == 12
+    assert names[10:] == ["payloads", "items"]
+    topic = header_keys("TOPIC KEYS")
+    assert [slot for slot, _, _ in topic] == [1, 2, 3, 4]
+    assert {name: slot for slot, name, _ in topic} == {
+        name: slot for name, slot in fixed.items() if name not in {"payloads", "items"}
+    }
     # Keys are only read into those names (and counted): no keys[i] or KEYS[i] elsewhere.
     assert not re.findall(r"KEYS\[\d+\]", BODY)
-    uses = re.findall(r"keys\[\d+\]", BODY)
-    assert len(uses) == 10
+    assert len(re.findall(r"keys\[\d+\]", BODY)) == 2 + len(topic)
+    assert len(re.findall(r"keys\[base \+ \d+\]", BODY)) == 10
 
 
 def test_the_body_checks_each_key_for_the_type_the_header_gives() -> None:
     # Every key is read through M.read (which turns WRONGTYPE into ROTATOR_WRONGTYPE) with
     # commands of exactly the type the header documents, except the wake list, which is only
     # ever written by LPUSH (checked with LLEN) and deleted.
-    expected = {name: {TYPES[kind]} for _, name, kind in header_keys()}
+    expected = {
+        name: {TYPES[kind]} for _, name, kind in [*header_keys(), *header_keys("TOPIC KEYS")]
+    }
     assert checked_key_types() == expected
 
 
@@ -119,8 +136,10 @@ def test_header_commands_and_the_dispatch_table_agree() -> None:
     dispatch = dict(re.findall(r"^\s*(\w+) = ([\w.]+),?$", table[1], re.MULTILINE))
     assert set(dispatch) == set(header_commands())
     for handler in dispatch.values():
-        # `local function cmd_push(` or `function M.push(`: the handler is defined here.
-        assert re.search(rf"^(local )?function {re.escape(handler)}\(", BODY, re.MULTILINE), handler
+        # `local function cmd_push(` or `function M.push(` (indented inside
+        # define_extensions for the commands defined on first use): the handler is here.
+        defined = rf"^ *(local )?function {re.escape(handler)}\("
+        assert re.search(defined, BODY, re.MULTILINE), handler
 
 
 def test_every_command_documents_its_reply() -> None:
@@ -172,6 +191,6 @@ def test_the_redis_cli_example_uses_the_ten_keys_in_order() -> None:
     found = re.search(r'Q="([^"]+)"', example)
     assert found, "no Q=... key list in the redis-cli example"
     keys = found[1].split()
-    assert [k.rsplit(":", 1)[1] for k in keys] == [name for _, name, _ in header_keys()]
+    assert [k.rsplit(":", 1)[1] for k in keys] == [name for _, name, _ in header_keys()[:10]]
     assert len({k.split(":")[1] for k in keys}) == 1  # one hash tag for all
     assert "EVALSHA $SHA 10 $Q" in example

@@ -1,0 +1,153 @@
+"""Topics beside Redis Streams consumer groups: publish and consume rates with 1, 3, 10 groups.
+
+One client process, batches of 100 on both sides, on a server of our own (persistence off).
+Publish: rotator ``Topic.publish_many`` (one Lua call per 100 messages, every group's ring
+included) vs pipelined XADDs (100 per round trip). Consume: each group drains everything,
+leasing 100 and acking the previous batch in the same call (rotator ``next(ack=...)``, which
+includes the acked elements' cleanup lap) vs XREADGROUP COUNT 100 + XACK. Server time per
+message is from INFO commandstats (top-level commands only, so script sub-commands are not
+counted twice).
+
+    .venv/bin/python -m bench.topics [--messages 20000] [--servers redis,valkey] [--smoke]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from bench.harness import started
+from rotator import Job, Retention, Topic
+
+BATCH = 100
+PAYLOAD = b"x" * 64
+GROUP_COUNTS = (1, 3, 10)
+TOP_LEVEL = ("evalsha", "hkeys", "xadd", "xreadgroup", "xack", "xgroup|create", "xgroup")
+
+
+def server_usec(client: redis.Redis) -> int:
+    stats: dict[str, Any] = client.info("commandstats")
+    return sum(int(stats.get(f"cmdstat_{name}", {}).get("usec", 0)) for name in TOP_LEVEL)
+
+
+def timed(client: redis.Redis, work: Any) -> tuple[float, int]:
+    """(wall seconds, server usec) of ``work()``."""
+    client.config_resetstat()
+    began = time.perf_counter()
+    work()
+    return time.perf_counter() - began, server_usec(client)
+
+
+def rotator_run(client: redis.Redis, groups: int, messages: int) -> dict[str, Any]:
+    topic = Topic(client, f"bench-topic-{groups}", retention=Retention(count=messages))
+    names = [f"g{i}" for i in range(groups)]
+    for name in names:
+        topic.subscribe(name)
+
+    def publish() -> None:
+        for _ in range(0, messages, BATCH):
+            topic.publish_many([PAYLOAD] * BATCH)
+
+    def consume() -> None:
+        for name in names:
+            consumer = topic.group(name)
+            previous: list[Job] = []
+            while jobs := consumer.next(BATCH, ack=previous):
+                previous = jobs
+            consumer.ack(*previous)
+            consumer.next(1)  # the lap that removes the last acked batch
+
+    published = timed(client, publish)
+    consumed = timed(client, consume)
+    topic.delete()
+    return row("rotator-topic", groups, messages, publish=published, consume=consumed)
+
+
+def streams_run(client: redis.Redis, groups: int, messages: int) -> dict[str, Any]:
+    stream = f"bench-stream-{groups}"
+    client.delete(stream)
+    names = [f"g{i}" for i in range(groups)]
+    for name in names:
+        client.xgroup_create(stream, name, id="0", mkstream=True)
+
+    def publish() -> None:
+        for _ in range(0, messages, BATCH):
+            pipe = client.pipeline(transaction=False)
+            for _ in range(BATCH):
+                pipe.xadd(stream, {"p": PAYLOAD}, maxlen=messages, approximate=True)
+            pipe.execute()
+
+    def consume() -> None:
+        for name in names:
+            while True:
+                reply: Any = client.xreadgroup(name, "c1", {stream: ">"}, count=BATCH)
+                entries = reply[0][1] if reply else []
+                if not entries:
+                    break
+                client.xack(stream, name, *[entry_id for entry_id, _ in entries])
+
+    published = timed(client, publish)
+    consumed = timed(client, consume)
+    client.delete(stream)
+    return row("streams", groups, messages, publish=published, consume=consumed)
+
+
+def row(
+    pattern: str,
+    groups: int,
+    messages: int,
+    *,
+    publish: tuple[float, int],
+    consume: tuple[float, int],
+) -> dict[str, Any]:
+    """One result: ``publish`` and ``consume`` are (wall seconds, server usec)."""
+    (publish_s, publish_us), (consume_s, consume_us) = publish, consume
+    deliveries = messages * groups
+    return {
+        "pattern": pattern,
+        "groups": groups,
+        "messages": messages,
+        "publish_msgs_per_s": round(messages / publish_s, 1),
+        "publish_server_us_per_msg": round(publish_us / messages, 2),
+        "consume_deliveries_per_s": round(deliveries / consume_s, 1),
+        "consume_server_us_per_delivery": round(consume_us / deliveries, 2),
+    }
+
+
+def run(kind: str, messages: int) -> list[dict[str, Any]]:
+    rows = []
+    with tempfile.TemporaryDirectory() as workdir, started(kind, Path(workdir)) as server:
+        client = server.client()
+        for groups in GROUP_COUNTS:
+            rows.append(rotator_run(client, groups, messages))
+            rows.append(streams_run(client, groups, messages))
+        client.close()
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--messages", type=int, default=20_000)
+    parser.add_argument("--servers", default="redis,valkey")
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes, to check it runs")
+    parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "topics.json"))
+    args = parser.parse_args(argv)
+    messages = 500 if args.smoke else args.messages
+    results = {kind: run(kind, messages) for kind in args.servers.split(",")}
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"batch": BATCH, "results": results}, indent=2) + "\n")
+    for kind, rows in results.items():
+        for r in rows:
+            print(kind, json.dumps(r))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

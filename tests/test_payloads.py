@@ -1,0 +1,192 @@
+"""Plain-queue payloads (payloads=True) on real servers; the bare ring stays as it was."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+import redis
+import redis.asyncio as aredis
+
+from rotator import InvalidArgument, InvalidJobId, Job, Rotator
+from rotator.aio import AsyncRotator
+from tests.servers import ServerProcess
+
+
+@pytest.fixture
+def q(client: redis.Redis, queue_name: str) -> Rotator:
+    return Rotator(client, queue_name, timeout=30.0, payloads=True)
+
+
+def test_next_returns_each_jobs_payload_in_the_same_call(q: Rotator) -> None:
+    assert q.push_payloads({"a": b"\x00bin", "b": "text \u00e9", 7: b""}) == 3
+    jobs = q.next(10)
+    assert [(j.id, j.payload) for j in jobs] == [
+        ("a", b"\x00bin"),
+        ("b", "text \u00e9".encode()),
+        ("7", b""),
+    ]
+
+
+def test_an_accepted_ack_deletes_the_payload_and_a_refused_one_does_not(
+    client: redis.Redis, queue_name: str
+) -> None:
+    q = Rotator(client, queue_name, timeout=0.1, payloads=True)
+    q.push_payloads({"x": "1", "y": "2"})
+    first = q.next(2)
+    time.sleep(0.15)
+    again = q.next(2)  # both leases expired: re-issued, the first tokens are revoked
+    assert [j.payload for j in again] == [b"1", b"2"]
+    assert q.ack(*first) == 0
+    assert client.hlen(q.keys.payloads) == 2
+    assert q.ack(again[0]) == 1
+    assert client.hgetall(q.keys.payloads) == {b"y": b"2"}
+    assert q.next(1, ack=[again[1]]) == []
+    assert not client.exists(q.keys.payloads)
+
+
+def test_nack_keeps_the_payload_for_the_next_delivery(q: Rotator) -> None:
+    q.push_payloads({"job": "body"})
+    (job,) = q.next()
+    assert q.nack(job) == 1
+    (retry,) = q.next()
+    assert (retry.id, retry.deliveries, retry.payload) == ("job", 2, b"body")
+
+
+def test_a_job_pushed_without_a_payload_comes_with_none(q: Rotator) -> None:
+    q.push("bare")
+    q.push_payloads({"full": "x"})
+    assert [(j.id, j.payload) for j in q.next(5)] == [("bare", None), ("full", b"x")]
+
+
+def test_the_bare_queue_is_untouched_when_payloads_are_off(
+    client: redis.Redis, queue_name: str
+) -> None:
+    bare = Rotator(client, queue_name)
+    bare.push("a")
+    (job,) = bare.next()
+    assert job.payload is None
+    bare.ack(job)
+    assert not client.exists(bare.keys.payloads)
+    with pytest.raises(InvalidArgument):
+        bare.push_payloads({"a": "b"})
+
+
+def test_a_batch_with_a_bad_id_writes_nothing(client: redis.Redis, q: Rotator) -> None:
+    with pytest.raises(InvalidJobId):
+        q.push_payloads({"good": "1", "bad*": "2"})
+    with pytest.raises(InvalidArgument):
+        q.push_payloads({"good": 3})  # type: ignore[dict-item]
+    assert not client.exists(*q.keys.with_payloads)
+
+
+def test_large_batches_are_split_into_atomic_calls(client: redis.Redis, q: Rotator) -> None:
+    items = {f"j{i}": f"p{i}" for i in range(6000)}
+    assert q.push_payloads(items) == 6000
+    assert client.hlen(q.keys.payloads) == 6000
+    got = []
+    previous: list[Job] = []
+    while jobs := q.next(1000, ack=previous):
+        got += jobs
+        previous = jobs
+    q.ack(*previous)
+    assert [(j.id, j.payload) for j in got] == [(k, v.encode()) for k, v in items.items()]
+    assert not client.exists(q.keys.payloads)
+
+
+def test_delete_removes_the_payloads_too(client: redis.Redis, q: Rotator) -> None:
+    q.push_payloads({"a": "1"})
+    assert q.delete()
+    assert not client.exists(*q.keys.with_payloads)
+
+
+def test_payloads_work_through_fcall(client: redis.Redis, queue_name: str) -> None:
+    q = Rotator(client, queue_name, payloads=True, functions=True)
+    q.push_payloads({"f": "v"})
+    (job,) = q.next()
+    assert job.payload == b"v"
+    assert q.ack(job) == 1
+    assert not client.exists(q.keys.payloads)
+
+
+def test_asyncio_plain_queue_payloads(server: ServerProcess, queue_name: str) -> None:
+    async def scenario() -> None:
+        client = aredis.Redis.from_url(server.url)
+        try:
+            queue = AsyncRotator(client, queue_name, payloads=True)
+            assert await queue.push_payloads({"x": "px", "y": b"py"}) == 2
+            jobs = await queue.next(5)
+            assert [(j.id, j.payload) for j in jobs] == [("x", b"px"), ("y", b"py")]
+            assert await queue.ack(*jobs) == 2
+            assert not await client.exists(queue.keys.payloads)
+            await client.delete(*queue.keys.all)
+            counted = AsyncRotator(client, queue_name + "-s", item_stats=True)
+            assert await counted.push("s") == 1
+            (job,) = await counted.next()
+            assert await counted.fail(job, error="oops") == 1
+            (stats,) = await counted.item_stats("s")
+            assert stats is not None
+            assert (stats.deliveries, stats.last_error) == (1, "oops")
+            (job,) = await counted.next()
+            assert await counted.ack(job) == 1
+            assert await counted.item_stats("s") == [None]
+            await client.delete(*counted.keys.with_items)
+        finally:
+            await client.aclose()
+
+    asyncio.run(scenario())
+
+
+def test_item_stats_follow_a_job_from_push_to_ack(client: redis.Redis, queue_name: str) -> None:
+    q = Rotator(client, queue_name, timeout=30.0, item_stats=True)
+    before = int(time.time() * 1000)
+    q.push("a", "b")
+    (a_stats, b_stats, none) = q.item_stats("a", "b", "never")
+    assert none is None
+    assert a_stats is not None
+    assert a_stats.enqueued_ms is not None
+    assert before - 50 <= a_stats.enqueued_ms <= before + 5000
+    assert (a_stats.deliveries, a_stats.last_delivery_ms, a_stats.last_error) == (0, None, None)
+    assert b_stats is not None
+    first, second = q.next(2)
+    assert first.payload is None  # stats without payloads
+    assert q.fail(first, error="boom: bad input") == 1
+    (again,) = q.next(1)
+    assert again.id == "a"
+    (stats,) = q.item_stats("a")
+    assert stats is not None
+    assert stats.deliveries == 2
+    assert stats.last_error == "boom: bad input"
+    assert stats.last_delivery_ms is not None
+    assert stats.last_delivery_ms >= a_stats.enqueued_ms
+    assert q.ack(again, second) == 2
+    assert q.item_stats("a", "b") == [None, None]
+    assert not client.exists(q.keys.items)
+    q.delete()
+
+
+def test_item_stats_and_payloads_together(client: redis.Redis, queue_name: str) -> None:
+    q = Rotator(client, queue_name, payloads=True, item_stats=True)
+    q.push_payloads({"j": "body"})
+    (job,) = q.next()
+    assert job.payload == b"body"
+    (stats,) = q.item_stats("j")
+    assert stats is not None
+    assert stats.deliveries == 1
+    assert q.next(1, ack=[job]) == []
+    assert not client.exists(q.keys.payloads, q.keys.items)
+    with pytest.raises(InvalidArgument):
+        q.fail(job, error="x" * 5000)
+    with pytest.raises(InvalidArgument):
+        Rotator(client, queue_name).item_stats("j")
+
+
+def test_without_item_stats_fail_is_a_plain_nack(client: redis.Redis, queue_name: str) -> None:
+    q = Rotator(client, queue_name)
+    q.push("a")
+    (job,) = q.next()
+    assert q.fail(job, error="ignored") == 1
+    assert [j.deliveries for j in q.next()] == [2]
+    assert not client.exists(q.keys.items)
+    q.delete()
