@@ -386,6 +386,8 @@ class Rotator:
                 break
             visited += int(reply[0])
             removed += int(reply[1])
+            # Other consumers may be sweeping too: a lap of what is left is enough.
+            length = min(length, int(reply[2]) + 1)
         return removed
 
     def item_stats(self, *ids: str | int) -> list[ItemStats | None]:
