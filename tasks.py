@@ -2,7 +2,7 @@
 """The two quick-start commands, needing nothing but Python 3.11+:
 
     python3 tasks.py demo    # virtualenv, package, embedded server, then the crash demo
-    python3 tasks.py test    # the same setup plus Debian's redis-server, then lint and tests
+    python3 tasks.py test    # the same setup plus redis-server and Java, then lint and tests
 
 Standard library only: this runs before anything is installed. Extra arguments after `test`
 go to pytest.
@@ -65,6 +65,20 @@ def ensure_redis_server() -> None:
     apt_install("redis-server")
 
 
+def ensure_java() -> None:
+    """The Spark tests start JVMs: PySpark 4 needs Java 17+ (Debian 12's default is 17)."""
+    if shutil.which("java"):
+        return
+    if os.geteuid() != 0 or not shutil.which("apt-get"):
+        sys.exit(
+            "missing java, which the Spark tests need: install a Java 17+ runtime, e.g."
+            " `sudo apt-get install -y default-jre-headless`"
+        )
+    # Slim Debian images drop /usr/share/man, and the JRE's postinst fails without it.
+    Path("/usr/share/man/man1").mkdir(parents=True, exist_ok=True)
+    apt_install("default-jre-headless")
+
+
 def demo(args: list[str]) -> None:
     ensure_venv()
     run(BIN / "rotator", "demo", *args)
@@ -73,6 +87,7 @@ def demo(args: list[str]) -> None:
 def test(args: list[str]) -> None:
     ensure_venv()
     ensure_redis_server()
+    ensure_java()
     say("lint: ruff and mypy")
     run(BIN / "ruff", "check", ".")
     run(BIN / "ruff", "format", "--check", ".")
