@@ -474,7 +474,9 @@ def spark_group() -> None:
     help="csv needs a header line; json is one object per line; text is one id per line.",
 )
 @click.option("--column", help="Column of job ids.  [default: id; value for text]")
-@click.option("--batch-size", default=DEFAULT_SPARK_PUSH_BATCH, show_default=True)
+@click.option(
+    "--batch-size", default=DEFAULT_SPARK_PUSH_BATCH, show_default=True, help="Ids per atomic push."
+)
 @click.option("--distinct", is_flag=True, help="Push each distinct id once.")
 @spark_options
 @json_option
@@ -526,7 +528,12 @@ def spark_push(
     help="Asked (with the job id) about reclaimed jobs: true means already done, skip it.",
 )
 @click.option("--timeout", default=DEFAULT_LEASE_TIMEOUT, show_default=True, help="Lease (s).")
-@click.option("--max-deliveries", default=DEFAULT_DRAIN_MAX_DELIVERIES, show_default=True)
+@click.option(
+    "--max-deliveries",
+    default=DEFAULT_DRAIN_MAX_DELIVERIES,
+    show_default=True,
+    help="Dead-letter a job after this many deliveries.",
+)
 @click.option("--batch", default=DEFAULT_DRAIN_BATCH, show_default=True, help="Jobs per claim.")
 @click.option("--overwrite", is_flag=True, help="Replace --output if it exists.")
 @spark_options
