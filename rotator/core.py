@@ -386,8 +386,10 @@ class Rotator:
                 break
             visited += int(reply[0])
             removed += int(reply[1])
-            # Other consumers may be sweeping too: a lap of what is left is enough.
-            length = min(length, int(reply[2]) + 1)
+            # A call that visited the whole ring as it stood has seen everything; this ends a
+            # lap early when other consumers are removing elements at the same time.
+            if int(reply[0]) >= int(reply[1]) + int(reply[2]) + 1:
+                break
         return removed
 
     def item_stats(self, *ids: str | int) -> list[ItemStats | None]:

@@ -16,7 +16,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from redis.exceptions import ResponseError
+from redis.exceptions import NoScriptError, ResponseError
 
 from rotator.errors import error_from_reply
 
@@ -65,13 +65,16 @@ class FunctionCall:
         self.client.function_load(library_source(), replace=True)
 
     def __call__(self, keys: tuple[str, ...], args: list[Any]) -> Any:
-        try:
-            return self.client.fcall(self.name, len(keys), *keys, *args)
-        except ResponseError as error:
-            if not _function_missing(error):
-                raise
-        self.load()
-        return self.client.fcall(self.name, len(keys), *keys, *args)
+        for attempt in range(2):
+            try:
+                return self.client.fcall(self.name, len(keys), *keys, *args)
+            except ResponseError as error:
+                if not _function_missing(error):
+                    raise
+            if attempt == 0:
+                self.load()
+        # Flushed again between the load and the retry: run the same module as a script.
+        return self.client.eval(module_source(), len(keys), *keys, *args)
 
 
 class AsyncFunctionCall(FunctionCall):
@@ -79,13 +82,15 @@ class AsyncFunctionCall(FunctionCall):
         await self.client.function_load(library_source(), replace=True)
 
     async def __call__(self, keys: tuple[str, ...], args: list[Any]) -> Any:
-        try:
-            return await self.client.fcall(self.name, len(keys), *keys, *args)
-        except ResponseError as error:
-            if not _function_missing(error):
-                raise
-        await self.load()
-        return await self.client.fcall(self.name, len(keys), *keys, *args)
+        for attempt in range(2):
+            try:
+                return await self.client.fcall(self.name, len(keys), *keys, *args)
+            except ResponseError as error:
+                if not _function_missing(error):
+                    raise
+            if attempt == 0:
+                await self.load()
+        return await self.client.eval(module_source(), len(keys), *keys, *args)
 
 
 def _function_missing(error: ResponseError) -> bool:
@@ -93,15 +98,24 @@ def _function_missing(error: ResponseError) -> bool:
 
 
 def run(script: Any, keys: tuple[str, ...], args: list[Any]) -> Any:
-    """Runs the module through a redis-py Script, raising rotator's typed errors."""
+    """Runs the module through a redis-py Script (or FunctionCall), raising rotator's typed
+    errors. redis-py's Script reloads once on NOSCRIPT; if the cache is flushed again before
+    its retry, the source itself goes with EVAL, which no flush can defeat (a NOSCRIPT reply
+    means nothing ran, so nothing runs twice)."""
     try:
-        return script(keys=keys, args=args)
+        try:
+            return script(keys=keys, args=args)
+        except NoScriptError:
+            return script.registered_client.eval(script.script, len(keys), *keys, *args)
     except ResponseError as error:
         raise error_from_reply(error) from error
 
 
 async def run_async(script: Any, keys: tuple[str, ...], args: list[Any]) -> Any:
     try:
-        return await script(keys=keys, args=args)
+        try:
+            return await script(keys=keys, args=args)
+        except NoScriptError:
+            return await script.registered_client.eval(script.script, len(keys), *keys, *args)
     except ResponseError as error:
         raise error_from_reply(error) from error
