@@ -1,0 +1,136 @@
+"""A chaos producer: ``python -m tests.chaos.producer --url URL --queue Q --log FILE --count N``.
+
+Pushes ids ``<prefix><n:06d>`` in batches at a steady rate. Each attempt of a batch is
+``PUSH_INVOKE batch ids`` then ``PUSH_OK batch`` or ``PUSH_FAIL batch kind``; a failed batch
+is tried again after a backoff (its outcome was unknown, so a retry may enqueue it twice: the
+checker counts every attempt). redis-py's own retries of a push (a reply lost, a timeout) are
+logged as ``PUSH_RETRY batch kind``: each may also have enqueued the batch once more. rotator
+offers no push dedup, so such copies are duplicates the checker explains by these lines.
+SIGTERM/SIGINT stop it after the batch in hand.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from types import FrameType
+
+from redis.exceptions import RedisError
+
+from rotator import Rotator, RotatorError
+from tests.chaos.eventlog import EventLog, chaos_client, error_kind, stop_with_parent
+
+BACKOFF_FIRST = 0.05
+BACKOFF_CAP = 1.0
+
+
+class Producer:
+    """Pushes batches and logs each attempt; used by producer processes and by tests inline."""
+
+    def __init__(
+        self,
+        url: str,
+        queue: str,
+        log: EventLog,
+        *,
+        socket_timeout: float = 2.0,
+        rng: random.Random | None = None,
+        stop: threading.Event | None = None,
+        functions: bool = False,
+    ) -> None:
+        self.log = log
+        self.rng = rng or random.Random(0)
+        self.stop = stop or threading.Event()
+        self.batch_no = 0
+        self._current = 0
+        client = chaos_client(url, socket_timeout=socket_timeout, on_failure=self._on_failure)
+        self.rotator = Rotator(client, queue, functions=functions)
+
+    def _on_failure(self, error: Exception) -> None:
+        self.log.write("PUSH_RETRY", self._current, error_kind(error))
+
+    def push(self, ids: list[str], *, give_up_after: float = 30.0) -> bool:
+        """Pushes one batch, trying again on errors; True once a push of it was confirmed."""
+        self.batch_no += 1
+        self._current = self.batch_no
+        give_up = time.monotonic() + give_up_after
+        delay = 0.0
+        while True:
+            self.log.write("PUSH_INVOKE", self.batch_no, ",".join(ids))
+            try:
+                self.rotator.push(*ids)
+            except (RedisError, RotatorError) as error:
+                self.log.write("PUSH_FAIL", self.batch_no, error_kind(error))
+                if self.stop.is_set() or time.monotonic() > give_up:
+                    return False
+                delay = min(BACKOFF_CAP, max(BACKOFF_FIRST, delay * 2))
+                time.sleep(delay * self.rng.uniform(0.5, 1.0))
+                continue
+            self.log.write("PUSH_OK", self.batch_no)
+            return True
+
+    def run(self, ids: list[str], *, batch: int, rate: float) -> int:
+        """Pushes ``ids`` at about ``rate`` ids per second; returns how many were confirmed."""
+        started = time.monotonic()
+        confirmed = 0
+        for index in range(0, len(ids), batch):
+            if self.stop.is_set():
+                break
+            due = started + index / rate
+            wait = due - time.monotonic()
+            if wait > 0 and self.stop.wait(wait):
+                break
+            part = ids[index : index + batch]
+            if self.push(part):
+                confirmed += len(part)
+        return confirmed
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tests.chaos.producer")
+    parser.add_argument("--url", required=True)
+    parser.add_argument("--queue", required=True)
+    parser.add_argument("--log", required=True, type=Path)
+    parser.add_argument("--prefix", default="j")
+    parser.add_argument("--start", type=int, default=0)
+    parser.add_argument("--count", type=int, required=True)
+    parser.add_argument("--batch", type=int, default=50)
+    parser.add_argument("--rate", type=float, default=1000.0, help="ids per second")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--socket-timeout", type=float, default=2.0)
+    parser.add_argument("--functions", action="store_true", help="FCALL instead of EVALSHA")
+    args = parser.parse_args(argv)
+
+    log = EventLog(args.log)
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    stop_with_parent(stop)
+    producer = Producer(
+        args.url,
+        args.queue,
+        log,
+        socket_timeout=args.socket_timeout,
+        rng=random.Random(args.seed),
+        stop=stop,
+        functions=args.functions,
+    )
+    ids = [f"{args.prefix}{n:06d}" for n in range(args.start, args.start + args.count)]
+    log.write("BOOT", "producer", len(ids))
+    confirmed = producer.run(ids, batch=args.batch, rate=args.rate)
+    log.write("EXIT", "stopped" if stop.is_set() else "done", confirmed)
+    log.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

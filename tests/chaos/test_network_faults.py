@@ -1,0 +1,81 @@
+"""Lost replies, dropped connections and a blackhole, through the fault proxy.
+
+redis-py retries a command after a connection error or a timeout, so a command whose reply
+was lost runs again: a `next` leaves an orphaned lease (handed out again when it runs out, not
+processed twice), an ack is applied twice (harmless), and a push enqueues its ids twice.
+rotator offers no push dedup, so those duplicates are expected and the checker explains them
+by the producer's PUSH_RETRY lines.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import pytest
+
+from tests.chaos.faultproxy import PASS, FaultProxy, Mode, RequestFramer
+from tests.chaos.harness import ChaosRun
+
+AOF_EVERYSEC = {"appendonly": "yes", "appendfsync": "everysec"}
+
+MakeRun = Callable[..., ChaosRun]
+
+
+@pytest.mark.chaos
+@pytest.mark.timeout(60)
+def test_lost_replies_and_dropped_connections_lose_nothing(chaos: MakeRun) -> None:
+    run = chaos(AOF_EVERYSEC)
+    proxy = FaultProxy(run.server.port, seed=run.rng.randrange(2**32))
+    proxy.start()
+    try:
+        producer = run.spawn_producer(
+            count=2000, batch=20, rate=300, url=proxy.url, socket_timeout=1.0
+        )
+        workers = [
+            run.spawn_worker(lease=1.5, url=proxy.url, socket_timeout=1.0, functions=n == 0)
+            for n in range(3)
+        ]
+        run.wait_booted(workers)
+        proxy.set_mode(Mode(drop_after=0.02, drop_before=0.01))
+        faults_end = time.monotonic() + 5.0
+        while time.monotonic() < faults_end:
+            time.sleep(run.rng.uniform(0.7, 1.3))
+            run.admin_call("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes")
+            run.faults["client_kills"] += 1
+            run.snapshot()
+        proxy.set_mode(Mode(blackhole=True))  # longer than the clients' socket timeout
+        time.sleep(1.5)
+        proxy.set_mode(PASS)
+        run.faults["blackholes"] += 1
+        assert run.wait_exit(producer, 40) == 0, run.stderr(producer)
+        run.notes["settled"] = run.settle(timeout=15)
+        report = run.check(allow_leftovers=True)
+    finally:
+        proxy.stop()
+    report.notes["proxy"] = {k: v for k, v in sorted(proxy.stats.items()) if ":" not in k}
+
+    assert proxy.stats["dropped_after"] > 0, report.summary()
+    assert proxy.stats["dropped_before"] > 0, report.summary()
+    assert proxy.stats["blackholed_reads"] > 0, report.summary()
+    assert report.pushed == 2000, report.summary()
+    assert not report.lost, report.summary()
+    assert not report.unexpected, report.summary()
+    assert not report.unexplained, report.summary()
+    assert not report.false_reclaims, report.summary()
+    assert not report.structure, report.summary()
+    assert report.quiescent, report.summary()
+    assert "unexpected_exits" not in report.notes, report.summary()
+
+
+@pytest.mark.chaos
+@pytest.mark.timeout(60)
+def test_the_proxy_frames_whole_requests_across_reads() -> None:
+    framer = RequestFramer()
+    one = b"*3\r\n$7\r\nEVALSHA\r\n$3\r\nabc\r\n$1\r\n0\r\n"
+    two = b"*2\r\n$6\r\nSCRIPT\r\n$4\r\nload\r\n"
+    stream = one + two
+    assert framer.feed(stream[:5]) == []
+    assert framer.feed(stream[5:30]) == []
+    assert framer.feed(stream[30:]) == [(one, "EVALSHA"), (two, "SCRIPT LOAD")]
+    assert framer.feed(b"") == []
