@@ -18,23 +18,15 @@ from typing import Any, TypeAlias, TypeVar
 
 import lupa.lua51 as lupa
 
+from rotator.keys import KEY_ROLES
+
 ROOT = Path(__file__).resolve().parents[2]
 MODULE_PATH = ROOT / "lua" / "rotator.lua"
 MODULE_CHUNKNAME = "@lua/rotator.lua"  # error messages then read "lua/rotator.lua:123: ..."
 
-# KEYS[1..10] of a queue, in the order the module's header lists them.
-ROLES = (
-    "ring",
-    "done",
-    "done_old",
-    "marks",
-    "marks_old",
-    "revoked",
-    "dead",
-    "wake",
-    "meta",
-    "pushlog",
-)
+# KEYS[1..10] of a queue, in the order the module's header lists them: the layout the Python
+# client builds (the contract test checks the header against it).
+ROLES = KEY_ROLES
 
 START_MS = 1_732_233_600_000  # the fake clock's start: a realistic unix time in ms
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import pytest
 
+from rotator.keys import KEY_ROLES
 from tests.lua.backend import Backend, KeyState, ReplyError, Result
 
 LONG = 60_000  # a lease that cannot expire during a scenario
@@ -974,18 +975,7 @@ def payload_commands_check_arguments_keys_and_types_before_writing(b: Backend) -
 # -- topics ----------------------------------------------------------------------------------
 
 TOPIC_ROLES = ("meta", "groups", "log", "bodies")
-QUEUE_ROLES = (
-    "ring",
-    "done",
-    "done_old",
-    "marks",
-    "marks_old",
-    "revoked",
-    "dead",
-    "wake",
-    "meta",
-    "pushlog",
-)
+QUEUE_ROLES = KEY_ROLES
 
 
 def topic_keys(b: Backend) -> tuple[str, ...]:
