@@ -49,3 +49,6 @@ SPARK_READ_PAGE = 1000
 SPARK_KEY_TTL = 86_400
 # Where the CLI runs Spark without --master: every core of this machine.
 DEFAULT_SPARK_MASTER = "local[*]"
+
+# The longest a topic may keep messages: retention is data, not a lease.
+MAX_RETENTION_SECONDS = 10 * 365 * 86_400.0

@@ -78,11 +78,13 @@ def encode_tokens(refs: Iterable[JobRef]) -> list[bytes]:
     return [encode_token(ref) for ref in refs]
 
 
-def seconds_to_ms(seconds: object, name: str, *, allow_zero: bool = False) -> int:
+def seconds_to_ms(
+    seconds: object, name: str, *, allow_zero: bool = False, limit: float = MAX_LEASE_SECONDS
+) -> int:
     if isinstance(seconds, bool) or not isinstance(seconds, int | float):
         raise InvalidArgument(f"{name} must be a number of seconds, got {seconds!r}")
-    if not math.isfinite(seconds) or seconds < 0 or seconds > MAX_LEASE_SECONDS:
-        raise InvalidArgument(f"{name} must be finite and in 0..{MAX_LEASE_SECONDS:g} s")
+    if not math.isfinite(seconds) or seconds < 0 or seconds > limit:
+        raise InvalidArgument(f"{name} must be finite and in 0..{limit:g} s")
     ms = math.ceil(seconds * 1000)
     if ms == 0 and not allow_zero:
         raise InvalidArgument(f"{name} must be positive, got {seconds!r}")

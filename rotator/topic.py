@@ -33,6 +33,7 @@ from rotator.defaults import (
     MAX_BATCH,
     MAX_BUDGET,
     MAX_PUBLISH,
+    MAX_RETENTION_SECONDS,
     TOPIC_STALE_RETRIES,
 )
 from rotator.errors import GroupsChanged, InvalidArgument
@@ -54,7 +55,11 @@ class Retention:
 
     def args(self) -> tuple[int, int]:
         count = 0 if self.count is None else protocol.whole(self.count, "count", 1, 10**12)
-        age = 0 if self.age is None else protocol.seconds_to_ms(self.age, "age")
+        age = (
+            0
+            if self.age is None
+            else protocol.seconds_to_ms(self.age, "age", limit=MAX_RETENTION_SECONDS)
+        )
         if count == 0 and age == 0:
             raise InvalidArgument("retention needs a count, an age or both")
         return count, age

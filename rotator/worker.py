@@ -185,10 +185,14 @@ class Worker:
                     )
                 self._release(finished)
 
-    def _give_back(self, jobs: list[Job], delay: float = 0.0) -> None:
-        """Nacks jobs; when the server cannot take that now, their leases run out instead."""
+    def _give_back(self, jobs: list[Job], delay: float = 0.0, reason: str | None = None) -> None:
+        """Nacks jobs (recording ``reason`` as their last error when the queue keeps item
+        stats); when the server cannot take that now, their leases run out instead."""
         try:
-            self.rotator.nack(*jobs, delay=delay)
+            if reason is None:
+                self.rotator.nack(*jobs, delay=delay)
+            else:
+                self.rotator.fail(*jobs, error=reason, delay=delay)
         except Exception as error:
             if not transient(error):
                 raise
@@ -221,7 +225,7 @@ class Worker:
                 job.id, job.deliveries, error, delay,
                 exc_info=log.isEnabledFor(logging.DEBUG),
             )  # fmt: skip
-            self._give_back([job], delay=delay)
+            self._give_back([job], delay=delay, reason=f"{type(error).__name__}: {error}")
             with self._lock:
                 self._failed += 1
             return False

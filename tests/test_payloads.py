@@ -190,3 +190,19 @@ def test_without_item_stats_fail_is_a_plain_nack(client: redis.Redis, queue_name
     assert [j.deliveries for j in q.next()] == [2]
     assert not client.exists(q.keys.items)
     q.delete()
+
+
+def test_the_worker_records_a_failed_jobs_last_error(client: redis.Redis, queue_name: str) -> None:
+    q = Rotator(client, queue_name, item_stats=True, max_deliveries=1)
+    q.push("flaky")
+
+    def handler(job: Job) -> None:
+        raise RuntimeError("disk full")
+
+    summary = q.work(handler, stop_when_empty=True, poll=0.05, install_signal_handlers=False)
+    assert summary.failed == 1
+    assert [letter.id for letter in q.dead()] == ["flaky"]
+    (stats,) = q.item_stats("flaky")
+    assert stats is not None
+    assert stats.deliveries == 1
+    assert stats.last_error == "RuntimeError: disk full"

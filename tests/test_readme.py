@@ -50,3 +50,19 @@ def test_the_redis_cli_example_runs_verbatim(
     assert stats["in_flight"] == "1"
     assert stats["done"] == "1"
     assert client.llen("rotator:{orders}:ring") == 3
+
+
+def test_the_topic_example_runs_as_written(server: ServerProcess, client: redis.Redis) -> None:
+    match = re.search(r"<!-- topic-example -->\s*```python\n(.*?)```", README, re.DOTALL)
+    assert match, "README has no topic example"
+    if leftovers := client.keys("rotator:{news}:*"):
+        client.delete(*leftovers)
+    code = match.group(1).replace("redis://localhost:6379/0", server.url)
+    namespace: dict[str, object] = {}
+    exec(compile(code, "README.md", "exec"), namespace)
+    ids = namespace["ids"]
+    assert isinstance(ids, list)
+    assert len(ids) == 2
+    # Unsubscribed at the end: the group's keys are gone, the topic's retained log is not.
+    assert not client.keys("rotator:{news}:group:*")
+    assert client.zcard("rotator:{news}:topic:log") == 2
