@@ -29,6 +29,11 @@ MAX_ERROR_BYTES = 4096  # the last error kept in a job's item stats
 MAX_GROUPS = 100  # consumer groups per topic
 MAX_PUBLISH = 1000  # messages per atomic publish call
 
+# Pauses before a worker claims again after a server condition that passes (a restart, a long
+# AOF load, OOM, someone else's slow script): the first pause, doubling up to the cap.
+CLAIM_RETRY_FIRST = 0.1
+CLAIM_RETRY_CAP = 5.0
+
 # Retry backoff for failed handlers: base * 2**(deliveries - 1), capped.
 RETRY_BACKOFF_BASE = 1.0
 RETRY_BACKOFF_CAP = 300.0

@@ -22,7 +22,13 @@ from typing import TYPE_CHECKING, Any
 from redis.exceptions import AuthenticationError, NoPermissionError, RedisError
 
 from rotator import protocol
-from rotator.defaults import DEFAULT_POLL, RETRY_BACKOFF_BASE, RETRY_BACKOFF_CAP
+from rotator.defaults import (
+    CLAIM_RETRY_CAP,
+    CLAIM_RETRY_FIRST,
+    DEFAULT_POLL,
+    RETRY_BACKOFF_BASE,
+    RETRY_BACKOFF_CAP,
+)
 from rotator.errors import ServerBusy
 from rotator.models import Job
 
@@ -31,11 +37,6 @@ if TYPE_CHECKING:
 
 Handler = Callable[[Job], Any]
 log = logging.getLogger("rotator.worker")
-
-# Pauses before claiming again after a server condition that passes (a restart, a long AOF
-# load, OOM, a flushed script cache, someone else's slow script): first pause, and the cap.
-CLAIM_RETRY_FIRST = 0.1
-CLAIM_RETRY_CAP = 5.0
 
 
 def transient(error: Exception) -> bool:
