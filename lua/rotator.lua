@@ -425,20 +425,23 @@ function M.dead_letter_id(letter)
   return M.valid_id(id) and id or nil
 end
 
-function M.push()
+-- Also returns the time of the push; `before_write` reads (and so checks) what a caller
+-- writes afterwards, before anything is written.
+function M.push(before_write)
   M.check_ids(2)
   local n = #A - 1
   if n == 0 then return 0 end
   local length = M.read('LLEN', K.ring)
   local meta = M.read_meta()
   local head = M.read_push_keys()
+  if before_write then before_write() end
   local now = M.now_ms()
   M.ensure_ring(length)
   for i = 2, #A, LIMIT.batch do
     rcall('LPUSH', K.ring, unpack(A, i, math.min(i + LIMIT.batch - 1, #A)))
   end
   M.record_push(meta, n, now, head)
-  return n
+  return n, now
 end
 
 function M.requeue_dead()
@@ -1063,20 +1066,12 @@ local function define_extensions()
   end
 
   function M.pushi()
-    M.check_ids(2)
-    local n = #A - 1
-    if n == 0 then return 0 end
-    local length = M.read('LLEN', K.ring)
-    local meta = M.read_meta()
-    local head = M.read_push_keys()
-    M.read('HLEN', K.items)
-    local now = M.now_ms()
-    M.ensure_ring(length)
-    local ids = {}
-    for i = 2, #A do ids[#ids + 1] = A[i] end
-    M.lpush_all(K.ring, ids)
-    M.record_push(meta, n, now, head)
-    M.enqueued(ids, now)
+    local n, now = M.push(function() M.read('HLEN', K.items) end)
+    if n > 0 then
+      local ids = {}
+      for i = 2, #A do ids[#ids + 1] = A[i] end
+      M.enqueued(ids, now)
+    end
     return n
   end
 
