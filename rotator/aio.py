@@ -27,7 +27,7 @@ from rotator.errors import InvalidArgument, LeaseLost
 from rotator.keys import queue_keys
 from rotator.models import DeadLetter, ItemStats, Job, NextReply, RingEntry, Stats
 from rotator.protocol import JobRef
-from rotator.script import AsyncFunctionCall, module_source, run_async
+from rotator.script import async_module_caller, run_async
 from rotator.worker import retry_delay
 
 AsyncClient = aredis.Redis | RedisCluster
@@ -67,9 +67,7 @@ class AsyncRotator:
         self._lease_ms = protocol.seconds_to_ms(timeout, "timeout")
         self._max_deliveries = protocol.check_max_deliveries(max_deliveries)
         self._budget = protocol.check_budget(budget)
-        self._script: Any = (
-            AsyncFunctionCall(client) if functions else client.register_script(module_source())
-        )
+        self._script: Any = async_module_caller(client, functions)
 
     @classmethod
     def from_url(

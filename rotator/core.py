@@ -30,7 +30,7 @@ from rotator.errors import InvalidArgument, LeaseLost
 from rotator.keys import queue_keys
 from rotator.models import DeadLetter, ItemStats, Job, NextReply, RingEntry, Stats
 from rotator.protocol import JobRef
-from rotator.script import FunctionCall, module_source, run
+from rotator.script import module_caller, run
 from rotator.server import EmbeddedServer
 from rotator.worker import Handler, Worker, WorkSummary
 
@@ -117,9 +117,7 @@ class Rotator:
         self._max_deliveries = protocol.check_max_deliveries(max_deliveries)
         self._budget = protocol.check_budget(budget)
         # FCALL of the module loaded as a function library, or EVALSHA of the script.
-        self._script: Any = (
-            FunctionCall(client) if functions else client.register_script(module_source())
-        )
+        self._script: Any = module_caller(client, functions)
 
     @classmethod
     def from_url(cls, url: str, name: str, *, cluster: bool = False, **options: Any) -> Rotator:

@@ -93,6 +93,15 @@ class AsyncFunctionCall(FunctionCall):
         return await self.client.eval(module_source(), len(keys), *keys, *args)
 
 
+def module_caller(client: Any, functions: bool) -> Any:
+    """What calls the module for ``client``: FCALL of the library, or redis-py's Script."""
+    return FunctionCall(client) if functions else client.register_script(module_source())
+
+
+def async_module_caller(client: Any, functions: bool) -> Any:
+    return AsyncFunctionCall(client) if functions else client.register_script(module_source())
+
+
 def _function_missing(error: ResponseError) -> bool:
     return "function not found" in str(error).lower()
 

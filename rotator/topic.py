@@ -29,6 +29,7 @@ from rotator import protocol
 from rotator.aio import AsyncClient, AsyncRotator
 from rotator.core import Client, Rotator
 from rotator.defaults import (
+    DEFAULT_PREFIX,
     DEFAULT_TOPIC_RETENTION,
     MAX_BATCH,
     MAX_BUDGET,
@@ -39,7 +40,7 @@ from rotator.defaults import (
 from rotator.errors import GroupsChanged, InvalidArgument
 from rotator.keys import QueueKeys, TopicKeys, topic_keys, validate_group_name
 from rotator.models import Stats
-from rotator.script import AsyncFunctionCall, FunctionCall, module_source, run, run_async
+from rotator.script import async_module_caller, module_caller, run, run_async
 
 _T = TypeVar("_T")
 _MESSAGE_ID = re.compile(r"(\d{1,15})-(\d{1,15})")
@@ -148,7 +149,7 @@ class Topic:
         name: str,
         *,
         retention: Retention | None = None,
-        prefix: str = "rotator",
+        prefix: str = DEFAULT_PREFIX,
         functions: bool = False,
     ) -> None:
         self.client = client
@@ -157,9 +158,7 @@ class Topic:
         self.retention = retention if retention is not None else Retention()
         self._retention = self.retention.args()
         self._functions = functions
-        self._script: Any = (
-            FunctionCall(client) if functions else client.register_script(module_source())
-        )
+        self._script: Any = module_caller(client, functions)
 
     def __repr__(self) -> str:
         return f"Topic({self.name!r}, retention={self.retention})"
@@ -319,7 +318,7 @@ class AsyncTopic:
         name: str,
         *,
         retention: Retention | None = None,
-        prefix: str = "rotator",
+        prefix: str = DEFAULT_PREFIX,
         functions: bool = False,
     ) -> None:
         self.client = client
@@ -328,9 +327,7 @@ class AsyncTopic:
         self.retention = retention if retention is not None else Retention()
         self._retention = self.retention.args()
         self._functions = functions
-        self._script: Any = (
-            AsyncFunctionCall(client) if functions else client.register_script(module_source())
-        )
+        self._script: Any = async_module_caller(client, functions)
 
     async def _call(self, keys: tuple[str, ...], *args: Any) -> Any:
         return await run_async(self._script, keys, list(args))
