@@ -1,17 +1,18 @@
-"""The values rotator hands back: frozen dataclasses, nothing clever."""
+"""The values rotator hands back: immutable records, nothing clever."""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 
-@dataclass(frozen=True, slots=True)
-class Job:
+class Job(NamedTuple):
     """One delivery of a job.
 
     ``token`` (``<id>*<deadline>.<deliveries>.<seq>``) names this delivery only: ack, nack
     and extend take it, so a consumer whose lease was re-issued cannot complete the new one.
+    A NamedTuple rather than a dataclass: a batch of 1000 is built per call, and a tuple is
+    built several times faster than a frozen dataclass.
     """
 
     id: str

@@ -8,8 +8,8 @@ callers that use it directly). Replies are decoded here whatever the client's
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable, Sequence
-from dataclasses import replace
 from typing import Any
 
 from rotator.defaults import (
@@ -53,23 +53,38 @@ def encode_ids(ids: Iterable[object]) -> list[bytes]:
     return [encode_id(job_id) for job_id in ids]
 
 
+# A token as the Lua module checks it: an id without "*", then "<deadline>.<deliveries>.<seq>"
+# in ASCII digits (parse_token adds the length limits).
+_TOKEN = re.compile(r"([^*]+)\*([0-9]{1,15})\.([0-9]{1,9})\.[0-9]+")
+_MAX_STAMP = 40
+# An id of at most this many characters fits MAX_ID_BYTES whatever it holds (UTF-8: <= 4 bytes).
+_SURELY_SHORT_ID = MAX_ID_BYTES // 4
+
+
+def _token_match(token: str) -> re.Match[str] | None:
+    match = _TOKEN.fullmatch(token)
+    if match is None or len(token) - match.end(1) - 1 > _MAX_STAMP:
+        return None
+    if (
+        match.end(1) > _SURELY_SHORT_ID
+        and len(match.group(1).encode("utf-8", _ERRORS)) > MAX_ID_BYTES
+    ):
+        return None
+    return match
+
+
 def parse_token(token: str) -> tuple[str, int, int] | None:
     """``(id, deadline_ms, deliveries)`` of a well-formed token, else None: the same rules
     as the Lua module's (an id of 1..1024 bytes, a stamp of at most 40 characters)."""
-    job_id, star, stamp = token.partition("*")
-    parts = stamp.split(".")
-    if not star or not job_id or len(parts) != 3 or not all(p.isascii() for p in parts):
+    match = _token_match(token)
+    if match is None:
         return None
-    if len(stamp) > 40 or len(job_id.encode("utf-8", _ERRORS)) > MAX_ID_BYTES:
-        return None
-    if not all(p.isdigit() for p in parts) or len(parts[0]) > 15 or len(parts[1]) > 9:
-        return None
-    return job_id, int(parts[0]), int(parts[1])
+    return match.group(1), int(match.group(2)), int(match.group(3))
 
 
 def encode_token(ref: JobRef) -> bytes:
     token = ref.token if isinstance(ref, Job) else text(ref)
-    if parse_token(token) is None:
+    if _token_match(token) is None:
         raise InvalidToken(f"not a delivery token: {token[:80]!r}")
     return token.encode("utf-8", _ERRORS)
 
@@ -112,16 +127,23 @@ def check_max_deliveries(max_deliveries: object) -> int:
     return whole(max_deliveries, "max_deliveries", 1, MAX_DELIVERIES_LIMIT)
 
 
-def job_from_token(token: str, reclaimed: bool) -> Job:
-    parsed = parse_token(token)
-    if parsed is None:  # the module only hands out well-formed tokens
-        raise InvalidToken(f"server returned a malformed token {token!r}")
-    job_id, deadline_ms, deliveries = parsed
-    return Job(job_id, token, deliveries, reclaimed, deadline_ms)
+def job_from_token(raw: Any, reclaimed: bool, payload: bytes | None = None) -> Job:
+    """The Job of a token the module handed out. Its shape is the module's to guarantee, so
+    this only splits it (the hot path of every ``next``); anything else is refused."""
+    token = text(raw)
+    job_id, _, stamp = token.partition("*")
+    try:
+        deadline_ms, deliveries, _ = stamp.split(".")
+        return Job(job_id, token, int(deliveries), reclaimed, int(deadline_ms), payload)
+    except ValueError:
+        raise InvalidToken(f"server returned a malformed token {token!r}") from None
 
 
 def decode_next(reply: Sequence[Any]) -> NextReply:
-    jobs = [job_from_token(text(reply[i]), int(reply[i + 1]) == 1) for i in range(3, len(reply), 2)]
+    tokens, flags = reply[3::2], reply[4::2]
+    jobs = [
+        job_from_token(token, int(flag) == 1) for token, flag in zip(tokens, flags, strict=True)
+    ]
     return NextReply(int(reply[0]) == 1, int(reply[1]), int(reply[2]), jobs)
 
 
@@ -129,11 +151,10 @@ def decode_next_payloads(reply: Sequence[Any]) -> NextReply:
     """A ``nextp`` reply: like ``next`` with a payload after each token's reclaimed flag."""
     jobs = []
     for i in range(3, len(reply), 3):
-        job = job_from_token(text(reply[i]), int(reply[i + 1]) == 1)
         payload = reply[i + 2]
         if isinstance(payload, str):
             payload = payload.encode("utf-8", _ERRORS)
-        jobs.append(replace(job, payload=payload))
+        jobs.append(job_from_token(reply[i], int(reply[i + 1]) == 1, payload))
     return NextReply(int(reply[0]) == 1, int(reply[1]), int(reply[2]), jobs)
 
 
