@@ -12,12 +12,14 @@ KEYS
   KEYS[1]  ring       LIST  job ids and leases, plus one sentinel; consumers rotate tail -> head
   KEYS[2]  done       SET   tokens acked since the last lap, awaiting removal from the ring
   KEYS[3]  done_old   SET   tokens acked before the last lap (swept at the next lap)
-  KEYS[4]  marks      HASH  token -> "e<deadline ms>" (extended) or "n<due ms>" (nacked)
+  KEYS[4]  marks      HASH  token -> "e<deadline ms>" (extended) or "n<due ms>" (nacked);
+                            batch -> "a<jobs>" (acked whole) or "t" (touched, see below)
   KEYS[5]  marks_old  HASH  marks written before the last lap (swept at the next lap)
   KEYS[6]  revoked    ZSET  token -> ms it was revoked (re-leased, nacked or dead-lettered)
   KEYS[7]  dead       LIST  dead letters "<reason>*<deliveries>*<ms>*<element>", oldest first
   KEYS[8]  wake       LIST  wake-up tokens that idle consumers block on (BLPOP)
   KEYS[9]  meta       HASH  counters: seq lapnext lapguess qstart qlen qmin pushed taken
+                            packed (jobs in packed batches beyond one per element)
   KEYS[10] pushlog    LIST  "<pushed>:<ms>" push checkpoints, newest first (pending age)
   KEYS[11] payloads   HASH  id -> payload; pushp/nextp/ackp only (a topic group: its bodies)
   KEYS[12] items      HASH  id -> "<enqueued ms>:<deliveries>:<last delivery ms>:<last error>"
@@ -36,7 +38,15 @@ ELEMENTS OF THE RING
   pending    "<id>"                          id: 1..1024 bytes, no "*"
   leased     "<id>*<deadline>.<n>.<seq>"     the delivery token: lease deadline in unix ms
                                              (server TIME), n = deliveries so far, seq = the
-                                             queue's visit counter, so every token is unique
+                                             call's first visit number and a 5-digit place,
+                                             so every token is unique
+  packed     "<batch>*<id>*<id>..."          the first deliveries (n = 1) of one next call:
+             batch = "*<deadline>.1.<seq>"   job k's token is <id> .. batch .. k as 5 digits
+  A packed batch is the leases it stands for, kept as one element: one visit for the whole
+  batch while it is young, and one write when it is acked whole. When one of its jobs is
+  acked, nacked or extended on its own, the batch is marked "t" (touched); a touched or
+  expired batch is broken up at its next visit into its leases, which are then visited as
+  usual, and the batch is revoked (a later batch ack is refused: ack each token).
   Anything else is corrupt: a visit moves it to the dead letters with reason "corrupt".
 
 COMMANDS (ARGV[1]; numbers are decimal integers)
@@ -45,7 +55,8 @@ COMMANDS (ARGV[1]; numbers are decimal integers)
     reply: number pushed
     errors: ROTATOR_BADID, ROTATOR_TOOMANY
   next COUNT LEASE_MS BUDGET MAX_DELIVERIES [ACK_TOKEN ...]
-    First acks the tokens given (as `ack`), then visits at most BUDGET elements from the tail
+    First acks the tokens (and batch acks) given, as `ack`; then visits at most BUDGET
+    elements from the tail
     and leases at most COUNT jobs (1..1000) for LEASE_MS (1..86400000). An acked lease is
     removed; a young lease is skipped; an expired lease or a due nack is leased again with a
     new token, or dead-lettered once it was delivered MAX_DELIVERIES times (0: no limit).
@@ -57,8 +68,11 @@ COMMANDS (ARGV[1]; numbers are decimal integers)
     errors: ROTATOR_BADARG, ROTATOR_BADTOKEN, ROTATOR_TOOMANY
   ack TOKEN [TOKEN ...]
     Completes leases; the element leaves the ring when a consumer next reaches it.
-    A token whose lease was re-issued, nacked or dead-lettered is refused.
-    reply: number accepted
+    A token whose lease was re-issued, nacked or dead-lettered is refused. A TOKEN may be a
+    batch ack "*<deadline>.1.<seq>/<jobs>" (<deadline>.1.<seq> = a first delivery's stamp
+    less its last 5 digits): it completes every job of that call's batch, and is refused
+    once the batch was revoked (then ack the tokens one by one).
+    reply: number accepted (a batch ack counts once)
     errors: ROTATOR_BADTOKEN, ROTATOR_TOOMANY
   nack DELAY_MS TOKEN [TOKEN ...]
     Gives leases back; each job is delivered again (as a new delivery) once DELAY_MS has
@@ -74,7 +88,8 @@ COMMANDS (ARGV[1]; numbers are decimal integers)
             "oldest_pending_age_ms", n (-1 when nothing is pending)}
     Costs O(marks), never O(ring).
   peek COUNT
-    The COUNT (1..1000) elements nearest the tail, tail first, without changing anything.
+    The COUNT (1..1000) elements nearest the tail, tail first, without changing anything; a
+    packed batch shows as the leases it stands for, first job first (at most COUNT rows).
     reply: {element1, state1, time1, ...}; state: "lap", "pending", "leased", "done",
            "deferred", "corrupt"; time: lease deadline or due ms (0 when none)
     errors: ROTATOR_BADARG
@@ -82,7 +97,7 @@ COMMANDS (ARGV[1]; numbers are decimal integers)
     Visits at most BUDGET elements (1..10000) without leasing anything: removes acked
     elements, dead-letters corrupt ones, repairs the sentinel. Repeat until `visited` adds up
     to the ring's length to clean a whole lap (an idle queue otherwise cleans up lazily).
-    reply: {visited, removed, length}
+    reply: {visited, removed, length} (removed and length in jobs)
     errors: ROTATOR_BADARG
   dead START COUNT
     reply: dead-letter entries START .. START+COUNT-1 (COUNT 1..1000), oldest first
@@ -99,12 +114,12 @@ COMMANDS (ARGV[1]; numbers are decimal integers)
     errors: ROTATOR_BADARG, ROTATOR_BADID, ROTATOR_TOOMANY
   nextp COUNT LEASE_MS BUDGET MAX_DELIVERIES DROP [ACK_TOKEN ...]   (KEYS 1..11, or 1..12)
     next, with each job's payload read from KEYS[11] in the same call. DROP 1 deletes the
-    payloads (and stats) of the ACK_TOKENs accepted (a plain queue); 0 keeps them (a topic
-    group). With KEYS[12]: notes each delivery (count and time) in the job's stats.
+    payloads (and stats) of the ACK_TOKENs accepted (a plain queue: no batch acks, each
+    job's id is needed); 0 keeps them (a topic group). With KEYS[12]: notes each delivery (count and time) in the job's stats.
     reply: {idle, wait_ms, acked, token1, reclaimed1, payload1, ...}; payload nil if none
     errors: ROTATOR_BADARG, ROTATOR_BADTOKEN, ROTATOR_TOOMANY
   ackp TOKEN [TOKEN ...]                                            (KEYS 1..11, or 1..12)
-    ack, and deletes the payloads (and stats) of the accepted tokens' ids.
+    ack (no batch acks), and deletes the payloads (and stats) of the accepted tokens' ids.
     reply: number accepted
     errors: ROTATOR_BADTOKEN, ROTATOR_TOOMANY
   pushi ID [ID ...]                                                 (KEYS 1..12)
@@ -163,7 +178,8 @@ REDIS-CLI
   Q="rotator:{orders}:ring rotator:{orders}:done rotator:{orders}:done_old rotator:{orders}:marks rotator:{orders}:marks_old rotator:{orders}:revoked rotator:{orders}:dead rotator:{orders}:wake rotator:{orders}:meta rotator:{orders}:pushlog"
   redis-cli EVALSHA $SHA 10 $Q push job-1 job-2
   redis-cli EVALSHA $SHA 10 $Q next 10 30000 1000 5
-  redis-cli EVALSHA $SHA 10 $Q ack 'job-1*1732233600000.1.1'
+  redis-cli EVALSHA $SHA 10 $Q ack 'job-1*1732233600000.1.000001'
+  redis-cli EVALSHA $SHA 10 $Q ack '*1732233600000.1.0/2'     # job-1 and job-2 at once
   redis-cli EVALSHA $SHA 10 $Q stats
   P="$Q rotator:{orders}:payloads"
   redis-cli EVALSHA $SHA 11 $P pushp job-3 '{"n":3}'
@@ -193,8 +209,9 @@ local KS, T, NGROUPS
 local TOPIC_KEYS = 4
 
 local SENTINEL = '*lap'
--- Zero-padded visit numbers ("00042"), each formatted once: a token's seq is the call's
--- first visit number followed by one of these, which spares formatting a number per job.
+-- Zero-padded places ("00042"), each formatted once: a token's seq is the call's first visit
+-- number followed by the job's place in the call's batch (or among the call's later
+-- deliveries), which spares formatting a number per job.
 -- Made by main on its first call (a library may not call setmetatable while it loads), so
 -- loaded as a library it lives across calls.
 local PAD
@@ -298,8 +315,9 @@ function M.check_ids(first)
   end
 end
 
--- Tokens are only checked for their shape here; nothing parses their numbers.
-function M.check_tokens(first, required)
+-- Tokens (and, where `batches` allows, batch acks) are only checked for their shape here;
+-- nothing parses their numbers.
+function M.check_tokens(first, required, batches)
   if required and #A < first then M.refuse('ROTATOR_BADTOKEN', 'no token given') end
   M.check_count(first, 'tokens')
   local find = string.find
@@ -309,9 +327,28 @@ function M.check_tokens(first, required)
     local star = find(token, '*', 2, true)
     if not star or star > LIMIT.id_bytes + 1 or #token - star > 40
         or not find(token, '^%d+%.%d+%.%d+$', star + 1) then
-      M.refuse('ROTATOR_BADTOKEN', 'not a delivery token: ' .. M.printable(token))
+      local jobs = batches and #token <= 60 and string.match(token, '^%*%d+%.1%.%d+/(%d+)$')
+      if not jobs or tonumber(jobs) < 1 or tonumber(jobs) > LIMIT.count then
+        M.refuse('ROTATOR_BADTOKEN', (batches and 'not a delivery token or batch ack: '
+          or 'not a delivery token: ') .. M.printable(token))
+      end
     end
   end
+end
+
+-- The batch of a first-delivery token "<id>*<deadline>.1.<seq>", as "*<deadline>.1.<call
+-- seq>" (the seq less its last five digits, see PAD), or nil for a later delivery: only first
+-- deliveries are leased in batches.
+function M.batch_of(token)
+  local star = string.find(token, '*', 2, true)
+  if not string.find(token, '^%d+%.1%.%d%d%d%d%d%d', star + 1) then return nil end
+  return '*' .. string.sub(token, star + 1, -6)
+end
+
+-- A batch ack "*<deadline>.1.<call seq>/<jobs>": its batch and how many jobs it acks.
+function M.split_batch_ack(arg)
+  local slash = string.find(arg, '/', 2, true)
+  return string.sub(arg, 1, slash - 1), string.sub(arg, slash + 1)
 end
 
 -- LPUSH in slices, keeping order, so long batches stay under unpack()'s limit.
@@ -323,11 +360,12 @@ end
 
 function M.read_meta()
   local m = M.read('HMGET', K.meta, 'seq', 'lapnext', 'qstart', 'qmin', 'pushed', 'taken',
-    'lapguess', 'qlen')
+    'lapguess', 'qlen', 'packed')
   return {
     seq = tonumber(m[1]) or 0, lapnext = tonumber(m[2]), qstart = tonumber(m[3]),
     qmin = tonumber(m[4]), pushed = tonumber(m[5]) or 0, taken = tonumber(m[6]) or 0,
     lapguess = m[7] == '1' or not tonumber(m[2]), qlen = tonumber(m[8]),
+    packed = tonumber(m[9]) or 0, -- jobs in packed elements beyond one per element
   }
 end
 
@@ -340,11 +378,17 @@ function M.read_sides()
   }
 end
 
--- Tokens in A[first..] that were revoked, as a set.
+-- Tokens (or batch acks) in A[first..] that were revoked, as a set. A batch ack is refused
+-- when its batch was revoked: one of its jobs was given back, or its element was broken up.
 function M.revoked_among(first, sides)
   local refused = {}
   if #A >= first and sides.revoked > 0 then
-    local scores = rcall('ZMSCORE', K.revoked, unpack(A, first))
+    local names = {}
+    for i = first, #A do
+      local arg = A[i]
+      names[#names + 1] = string.byte(arg) == 42 and M.split_batch_ack(arg) or arg
+    end
+    local scores = rcall('ZMSCORE', K.revoked, unpack(names))
     for i = 1, #scores do
       if scores[i] then refused[A[first + i - 1]] = true end
     end
@@ -352,28 +396,56 @@ function M.revoked_among(first, sides)
   return refused
 end
 
--- Acks A[first..] (already checked); returns how many were accepted.
+-- Acks A[first..] (already checked); returns how many were accepted, and the accepted
+-- tokens. A token goes into the done set; its batch, which may still be one packed element,
+-- is marked "t" (touched) so that the element is broken up at its next visit. A batch ack
+-- marks its batch "a<jobs>": the packed element then leaves the ring as a whole.
 function M.ack_tokens(first, ring_length, sides)
   if #A < first or ring_length == 0 then return 0 end
   local refused = M.revoked_among(first, sides)
-  local accepted = {}
+  local accepted, batch_marks, touched = {}, {}, {}
+  local n = 0
   for i = first, #A do
-    local token = A[i]
-    if not refused[token] then
-      accepted[#accepted + 1] = token
-      refused[token] = true -- a token given twice counts once
+    local arg = A[i]
+    if not refused[arg] then
+      refused[arg] = true -- given twice, counted once
+      n = n + 1
+      if string.byte(arg) == 42 then
+        local batch, jobs = M.split_batch_ack(arg)
+        batch_marks[#batch_marks + 1] = batch
+        batch_marks[#batch_marks + 1] = 'a' .. jobs
+      else
+        accepted[#accepted + 1] = arg
+        local batch = M.batch_of(arg)
+        if batch then touched[batch] = true end
+      end
     end
   end
   if #accepted > 0 then
     sides[K.done] = sides[K.done] + rcall('SADD', K.done, unpack(accepted))
   end
-  return #accepted, accepted
+  if #batch_marks > 0 then
+    sides[K.marks] = sides[K.marks] + rcall('HSET', K.marks, unpack(batch_marks))
+  end
+  M.touch(touched, sides)
+  return n, accepted
+end
+
+-- Marks batches (a set of names) touched, without overwriting a batch ack.
+function M.touch(batches, sides)
+  for batch in pairs(batches) do
+    local added = rcall('HSETNX', K.marks, batch, 't')
+    if sides then sides[K.marks] = sides[K.marks] + added end
+  end
 end
 
 function M.ack()
-  M.check_tokens(2, true)
+  M.check_tokens(2, true, true)
   local length = M.read('LLEN', K.ring)
-  local sides = { [K.done] = M.read('SCARD', K.done), revoked = M.read('ZCARD', K.revoked) }
+  local sides = {
+    [K.done] = M.read('SCARD', K.done), [K.marks] = M.read('HLEN', K.marks),
+    revoked = M.read('ZCARD', K.revoked),
+  }
   return M.ack_tokens(2, length, sides)
 end
 
@@ -495,6 +567,20 @@ function M.live_tokens(first)
       end
     end
   end
+  -- A first delivery is also acked when its whole batch was.
+  local batches, of = {}, {}
+  for i = 1, #tokens do
+    local batch = M.batch_of(tokens[i])
+    if batch then batches[#batches + 1], of[#batches + 1] = batch, tokens[i] end
+  end
+  for _, key in ipairs({ K.marks, K.marks_old }) do
+    if #batches > 0 and sides[key] > 0 then
+      local values = rcall('HMGET', key, unpack(batches))
+      for i = 1, #values do
+        if values[i] and string.byte(values[i]) == 97 then acked[of[i]] = true end -- "a"
+      end
+    end
+  end
   for _, token in ipairs(tokens) do
     if not refused[token] and not acked[token] then alive[token] = true end
   end
@@ -518,6 +604,7 @@ function M.give_back(first, before_write)
   local due = now + delay
   local reply = {}
   local any = false
+  local touched = {}
   for i = first, #A do
     local token = A[i]
     if alive[token] then
@@ -525,12 +612,20 @@ function M.give_back(first, before_write)
       rcall('HSET', K.marks, token, 'n' .. due)
       rcall('HDEL', K.marks_old, token)
       rcall('ZADD', K.revoked, now, token)
+      -- Its batch can no longer be acked as a whole, and its packed element must be broken
+      -- up so that this job waits on its own.
+      local batch = M.batch_of(token)
+      if batch then
+        rcall('ZADD', K.revoked, now, batch)
+        touched[batch] = true
+      end
       reply[#reply + 1] = 1
       any = true
     else
       reply[#reply + 1] = 0
     end
   end
+  M.touch(touched)
   if any then
     local qmin = meta.qmin and math.min(meta.qmin, due) or due
     rcall('HSET', K.meta, 'qmin', qmin, 'qstart', meta.seq, 'qlen', rcall('LLEN', K.ring))
@@ -548,17 +643,21 @@ function M.extend()
   local deadline = M.now_ms() + lease
   local reply = { deadline }
   local any = false
+  local touched = {}
   for i = 3, #A do
     local token = A[i]
     if alive[token] then
       rcall('HSET', K.marks, token, 'e' .. deadline)
       rcall('HDEL', K.marks_old, token)
+      local batch = M.batch_of(token)
+      if batch then touched[batch] = true end -- its packed element keeps no marks: break it up
       reply[#reply + 1] = 1
       any = true
     else
       reply[#reply + 1] = 0
     end
   end
+  M.touch(touched)
   -- A shortened lease may now be the first thing to fall due: idle consumers wake for it.
   if any and (not meta.qmin or deadline < meta.qmin) then
     rcall('HSET', K.meta, 'qmin', deadline)
@@ -567,24 +666,38 @@ function M.extend()
 end
 
 -- Looks up, for a slice of ring elements, where their ack and mark live. Fills, per index:
--- done_in[i] = key of the done set holding it; mark[i] = mark value; mark_in[i] = its key.
--- One command per structure for the whole slice, whatever its size.
-function M.look_up(slice, sides, stamped, done_in, mark, mark_in)
-  local find = string.find
-  local tokens, at = {}, {}
+-- done_in[i] = key of the done set holding it; mark[i] = mark value; mark_in[i] = its key;
+-- packed[i] = the batch name of a packed element (whose mark is its batch's: a batch ack wins
+-- over a touch, whichever generation holds them). One command per structure for the whole
+-- slice, whatever its size.
+function M.look_up(slice, sides, stamped, done_in, mark, mark_in, packed)
+  local find, byte = string.find, string.byte
+  local names, at = {}, {} -- tokens first (n of them), then batch names
   local n = 0
+  local batches = {}
   for i = 1, #slice do
-    -- A "*" after the first byte: a lease (or a corrupt element that parse_token rejects).
-    if find(slice[i], '*', 2, true) then
-      n = n + 1
-      tokens[n], at[n] = slice[i], i
-      stamped[i] = true
+    local element = slice[i]
+    -- A "*" after the first byte: a lease, a packed batch, or a corrupt element.
+    local star = find(element, '*', 2, true)
+    if star then
+      if byte(element) == 42 then
+        local batch = string.sub(element, 1, star - 1)
+        packed[i] = batch
+        batches[#batches + 1] = i
+      else
+        n = n + 1
+        names[n], at[n] = element, i
+        stamped[i] = true
+      end
     end
   end
-  if n == 0 then return end
+  for j = 1, #batches do
+    names[n + j], at[n + j] = packed[batches[j]], batches[j]
+  end
+  if #names == 0 then return end
   for _, key in ipairs({ K.done, K.done_old }) do
-    if sides[key] > 0 then
-      local flags = rcall('SMISMEMBER', key, unpack(tokens))
+    if n > 0 and sides[key] > 0 then
+      local flags = rcall('SMISMEMBER', key, unpack(names, 1, n))
       for j = 1, #flags do
         if flags[j] == 1 and not done_in[at[j]] then done_in[at[j]] = key end
       end
@@ -592,11 +705,12 @@ function M.look_up(slice, sides, stamped, done_in, mark, mark_in)
   end
   for _, key in ipairs({ K.marks, K.marks_old }) do
     if sides[key] > 0 then
-      local values = rcall('HMGET', key, unpack(tokens))
-      for j = 1, #tokens do
-        local i = at[j]
-        if values[j] and not done_in[i] and not mark[i] then
-          mark[i] = values[j]
+      local values = rcall('HMGET', key, unpack(names))
+      for j = 1, #names do
+        local i, value = at[j], values[j]
+        if value and not done_in[i] and (not mark[i]
+            or (j > n and byte(value) == 97 and byte(mark[i]) ~= 97)) then
+          mark[i] = value
           mark_in[i] = key
         end
       end
@@ -660,7 +774,11 @@ function M.lease_again(s, id, n, old_token, reclaimed, mark_key)
     s.live = s.live - 1
     return
   end
-  local token = id .. '*' .. s.deadline .. '.' .. (n + 1) .. '.' .. s.seq_base .. PAD[s.visited]
+  -- Numbered apart from the batch, and counted at least 2 (a hand-written lease may say 0):
+  -- a later delivery's token never equals a first one's, nor names this call's batch.
+  s.released = s.released + 1
+  local token = id .. '*' .. s.deadline .. '.' .. (math.max(n, 1) + 1) .. '.' .. s.seq_base
+    .. PAD[s.released]
   s.rotated[#s.rotated + 1] = token
   s.reply[#s.reply + 1] = token
   s.reply[#s.reply + 1] = reclaimed
@@ -712,10 +830,56 @@ function M.visit_lease(s, element, m, m_key)
   end
   if when and kind == 'e' then deadline = when end
   local due = (when and kind == 'n') and when or deadline
-  if due > s.now or s.sweeping then
+  if due > s.now or s.sweeping or s.leased >= s.count then
     M.keep(s, element, due, m, m_key)
   else
     M.lease_again(s, id, n, element, (kind == 'n') and 0 or 1, m_key)
+  end
+end
+
+-- A packed batch "*<deadline>.1.<call seq>*<id>*<id>...": the first deliveries one call
+-- leased, job k's token being <id k> .. batch .. PAD[k]. Acked as a whole, it leaves the ring;
+-- young and untouched, it stays as it is (one visit for the whole batch); touched (one of
+-- its jobs acked, nacked or extended on its own) or expired, it is broken up into the
+-- elements it stands for, which are visited in its place.
+function M.visit_packed(s, element, batch, m, m_key)
+  local deadline = string.match(batch, '^%*(%d+)%.1%.%d+$')
+  local ids = {}
+  if deadline and #deadline <= 15 and #batch <= 40 then
+    for id in string.gmatch(string.sub(element, #batch + 2), '[^*]+') do ids[#ids + 1] = id end
+  end
+  if #ids == 0 then
+    if m_key then table.insert(s.hdel[m_key], batch) end
+    M.dead_letter(s, 'corrupt', 0, element)
+    return
+  end
+  local acked = m and string.byte(m) == 97 -- "a"
+  if acked then
+    table.insert(s.hdel[m_key], batch)
+    s.live = s.live - 1
+    s.packed = s.packed - (#ids - 1)
+    return
+  end
+  local due = tonumber(deadline)
+  if not m and (due > s.now or s.sweeping) then
+    M.keep(s, element, due)
+    return
+  end
+  if m_key then table.insert(s.hdel[m_key], batch) end -- the touch is used up
+  s.revoke[#s.revoke + 1] = batch -- from now on its jobs are acked one by one
+  local tokens = {}
+  for k = 1, #ids do tokens[k] = ids[k] .. batch .. PAD[k] end
+  s.live = s.live + #ids - 1
+  s.packed = s.packed - (#ids - 1)
+  local stamped, done_in, marks, marks_in = {}, {}, {}, {}
+  M.look_up(tokens, s.sides, stamped, done_in, marks, marks_in, {})
+  for k = 1, #tokens do
+    if done_in[k] ~= nil then
+      if done_in[k] then table.insert(s.srem[done_in[k]], tokens[k]) end
+      s.live = s.live - 1
+    else
+      M.visit_lease(s, tokens[k], marks[k], marks_in[k])
+    end
   end
 end
 
@@ -741,7 +905,8 @@ function M.start_walk(lease, max_deliveries)
     -- one ring length: a sentinel seen before then is accepted, none seen means it is gone.
     lapguess = meta.lapguess,
     qstart = meta.qstart or meta.seq, qlen = meta.qlen or length, taken = meta.taken,
-    reply = {}, rotated = {}, revoke = {}, letters = {}, keep_marks = {},
+    reply = {}, rotated = {}, revoke = {}, letters = {}, keep_marks = {}, batch = {},
+    packed = meta.packed, released = 0, count = 0,
     srem = { [K.done] = {}, [K.done_old] = {} }, hdel = { [K.marks] = {}, [K.marks_old] = {} },
     visited = 0, leased = 0, soonest = nil, young_min = nil, sweeping = false,
   }
@@ -752,10 +917,11 @@ end
 -- Visits at most `limit` elements from the tail, leasing up to `count` jobs.
 function M.walk(s, count, limit)
   local PAD, SENTINEL = PAD, SENTINEL
-  -- A pending id's first delivery: its token is id .. first .. PAD[visit within this call].
+  -- A pending id's first delivery: its token is id .. first .. PAD[its place in the batch].
   local first = s.first
-  local rotated, reply, srem = s.rotated, s.reply, s.srem
+  local rotated, reply, srem, batch = s.rotated, s.reply, s.srem, s.batch
   local n_rotated, n_reply = #rotated, #reply
+  s.count = count
   -- Slices start just larger than what is wanted (every element fetched costs a string
   -- conversion) and double while the walk finds elements to skip.
   local extra = 2
@@ -763,8 +929,8 @@ function M.walk(s, count, limit)
     local want = math.min(limit - s.visited, count - s.leased + extra)
     extra = extra * 2
     local slice = rcall('LRANGE', K.ring, -(s.visited + want), -(s.visited + 1))
-    local stamped, done_in, mark, mark_in = {}, {}, {}, {}
-    M.look_up(slice, s.sides, stamped, done_in, mark, mark_in)
+    local stamped, done_in, mark, mark_in, packed = {}, {}, {}, {}, {}
+    M.look_up(slice, s.sides, stamped, done_in, mark, mark_in, packed)
     local i = #slice
     while i >= 1 and s.leased < count do
       local element = slice[i]
@@ -790,7 +956,10 @@ function M.walk(s, count, limit)
           n_rotated = #rotated
           s.lapnext = s.lapnext - 1
         end
-        if not stamped[i] then
+        if packed[i] then
+          M.visit_packed(s, element, packed[i], mark[i], mark_in[i])
+          n_rotated, n_reply = #rotated, #reply
+        elseif not stamped[i] then
           if element == '' or #element > LIMIT.id_bytes or string.byte(element) == 42 then
             s.taken = s.taken + 1 -- empty, too long, or starting with "*": not an id
             M.dead_letter(s, 'corrupt', 0, element)
@@ -798,13 +967,14 @@ function M.walk(s, count, limit)
             n_rotated = n_rotated + 1
             rotated[n_rotated] = element
           else
+            -- Leased: it joins this call's batch, which goes back as one element.
             s.taken = s.taken + 1
-            local token = element .. first .. PAD[visited]
-            n_rotated = n_rotated + 1
-            rotated[n_rotated] = token
-            reply[n_reply + 1], reply[n_reply + 2] = token, 0
+            local place = #batch + 1
+            batch[place] = element
+            reply[n_reply + 1], reply[n_reply + 2] = element .. first .. PAD[place], 0
             n_reply = n_reply + 2
             s.leased = s.leased + 1
+            s.live = s.live - 1
           end
         elseif done_in[i] ~= nil then
           if done_in[i] then
@@ -825,6 +995,13 @@ end
 -- Writes what a walk decided: the ring (visited tail dropped, what stays pushed back at the
 -- head in visit order), side structures, revocations, dead letters and counters.
 function M.finish_walk(s)
+  local batch = s.batch
+  if #batch > 0 then
+    -- The call's first deliveries, packed into one element: "<first>*<id>*<id>...".
+    s.rotated[#s.rotated + 1] = s.first .. '*' .. table.concat(batch, '*')
+    s.live = s.live + 1
+    s.packed = s.packed + #batch - 1
+  end
   rcall('LTRIM', K.ring, 0, -(s.visited + 1))
   M.lpush_all(K.ring, s.rotated)
   M.flush_side_writes(s)
@@ -843,20 +1020,22 @@ function M.finish_walk(s)
   if young and (not s.soonest or young < s.soonest) then s.soonest = young end
   if s.soonest and (not s.qmin or s.soonest < s.qmin) then s.qmin = s.soonest end
   rcall('HSET', K.meta, 'seq', s.seq, 'qstart', s.qstart, 'qlen', s.qlen, 'taken', s.taken,
-    'lapnext', s.lapnext, 'lapguess', s.lapguess and 1 or 0, 'qmin', s.qmin or '')
+    'lapnext', s.lapnext, 'lapguess', s.lapguess and 1 or 0, 'qmin', s.qmin or '',
+    'packed', math.max(s.packed, 0))
 end
 
 function M.next()
-  return (M.lease(6))
+  return (M.lease(6, true))
 end
 
--- next's work, with the ack tokens starting at A[first]; also returns the accepted tokens.
-function M.lease(first)
+-- next's work, with the ack tokens starting at A[first] (batch acks among them when
+-- `batches`); also returns the accepted tokens.
+function M.lease(first, batches)
   local count = M.int_arg(2, 'COUNT', 1, LIMIT.count)
   local lease = M.int_arg(3, 'LEASE_MS', 1, LIMIT.lease_ms)
   local budget = M.int_arg(4, 'BUDGET', 1, LIMIT.budget)
   local max_deliveries = M.int_arg(5, 'MAX_DELIVERIES', 0, 1000000)
-  M.check_tokens(first, false)
+  M.check_tokens(first, false, batches)
   local s = M.start_walk(lease, max_deliveries)
   local acked, accepted = M.ack_tokens(first, s.length, s.sides)
   if s.length == 0 then return { 1, -1, acked }, accepted end
@@ -884,26 +1063,32 @@ function M.sweep()
   local s = M.start_walk(0, 0)
   if s.length == 0 then return { 0, 0, 0 } end
   s.sweeping = true
+  local packed = s.packed
   M.walk(s, 1, math.min(budget, s.length))
   -- A sweep leases nothing, so what it passed may still be pending: consumers must look at
   -- a whole lap again before they idle.
   s.qstart, s.qlen = s.seq + s.visited, s.live
   M.finish_walk(s)
-  return { s.visited, s.length - s.live, math.max(s.live - 1, 0) }
+  -- In jobs, not elements (a packed batch holds several).
+  local removed = math.max(s.length + packed - s.live - s.packed, 0)
+  return { s.visited, removed, math.max(s.live - 1 + s.packed, 0) }
 end
 
 function M.stats()
   local now = M.now_ms()
   local meta = M.read_meta()
   local ring_length = M.read('LLEN', K.ring)
-  local length = ring_length > 0 and ring_length - 1 or 0
+  -- Jobs, not elements: a packed batch holds several.
+  local length = ring_length > 0 and ring_length - 1 + meta.packed or 0
   local pending = math.max(0, math.min(length, meta.pushed - meta.taken))
   local acked = M.read('SCARD', K.done) + M.read('SCARD', K.done_old)
   local deferred = 0
   for _, key in ipairs({ K.marks, K.marks_old }) do
     local values = M.read('HVALS', key)
     for i = 1, #values do
-      if string.sub(values[i], 1, 1) == 'n' then deferred = deferred + 1 end
+      local kind = string.sub(values[i], 1, 1)
+      if kind == 'n' then deferred = deferred + 1 end
+      if kind == 'a' then acked = acked + (tonumber(string.sub(values[i], 2)) or 0) end
     end
   end
   local in_flight = math.max(0, length - pending - acked - deferred)
@@ -931,11 +1116,32 @@ end
 function M.peek()
   local count = M.int_arg(2, 'COUNT', 1, LIMIT.count)
   local slice = M.read('LRANGE', K.ring, -count, -1)
-  local done_in, mark = {}, {}
-  M.look_up(slice, M.read_sides(), {}, done_in, mark, {})
-  local reply = {}
+  local sides = M.read_sides()
+  local mark, packed = {}, {}
+  M.look_up(slice, sides, {}, {}, mark, {}, packed)
+  -- Tail first, at most COUNT rows; a packed batch is shown as the leases it stands for.
+  local rows, batch_acked = {}, {}
   for i = #slice, 1, -1 do
-    local element = slice[i]
+    local element, batch = slice[i], packed[i]
+    if batch and string.find(batch, '^%*%d+%.1%.%d+$') then
+      local k = 0
+      for id in string.gmatch(string.sub(element, #batch + 2), '[^*]+') do
+        k = k + 1
+        rows[#rows + 1] = id .. batch .. PAD[k]
+        batch_acked[#rows] = mark[i] and string.byte(mark[i]) == 97
+      end
+    else
+      rows[#rows + 1] = element
+    end
+    if #rows >= count then break end
+  end
+  for i = #rows, count + 1, -1 do rows[i] = nil end
+  local done_in = {}
+  mark = {}
+  M.look_up(rows, sides, {}, done_in, mark, {}, {})
+  local reply = {}
+  for i = 1, #rows do
+    local element = rows[i]
     local state, at = 'pending', 0
     if element == SENTINEL then
       state = 'lap'
@@ -944,7 +1150,7 @@ function M.peek()
       local when = mark[i] and tonumber(string.match(mark[i], '^[en](%d+)$'))
       if not id then
         state = 'corrupt'
-      elseif done_in[i] then
+      elseif done_in[i] or batch_acked[i] then
         state = 'done'
       elseif when and string.sub(mark[i], 1, 1) == 'n' then
         state, at = 'deferred', when
@@ -1107,7 +1313,8 @@ local function define_extensions()
     local drop = M.int_arg(6, 'DROP', 0, 1)
     M.read('HLEN', K.payloads)
     if K.items then M.read('HLEN', K.items) end
-    local reply, accepted = M.lease(7)
+    -- Dropping payloads needs each acked job's id: batch acks only where they are kept.
+    local reply, accepted = M.lease(7, drop == 0)
     local out = { reply[1], reply[2], reply[3] }
     local ids = M.leased_ids(reply)
     if #ids > 0 then
@@ -1124,9 +1331,12 @@ local function define_extensions()
   end
 
   function M.ackp()
-    M.check_tokens(2, true)
+    M.check_tokens(2, true, false)
     local length = M.read('LLEN', K.ring)
-    local sides = { [K.done] = M.read('SCARD', K.done), revoked = M.read('ZCARD', K.revoked) }
+    local sides = {
+      [K.done] = M.read('SCARD', K.done), [K.marks] = M.read('HLEN', K.marks),
+      revoked = M.read('ZCARD', K.revoked),
+    }
     M.read('HLEN', K.payloads)
     if K.items then M.read('HLEN', K.items) end
     local n, accepted = M.ack_tokens(2, length, sides)

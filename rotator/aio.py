@@ -68,6 +68,7 @@ class AsyncRotator:
         self._max_deliveries = protocol.check_max_deliveries(max_deliveries)
         self._budget = protocol.check_budget(budget)
         self._script: Any = async_module_caller(client, functions)
+        self._batches = protocol.Batches()
 
     @classmethod
     def from_url(
@@ -123,12 +124,17 @@ class AsyncRotator:
         self, count: int = 1, block: float | None = None, *, ack: Iterable[JobRef] = ()
     ) -> list[Job]:
         count = protocol.check_count(count)
-        acks = protocol.encode_tokens(ack)
+        tokens = protocol.encode_tokens(ack)
+        acks = self._pack(tokens)
         waited = check_block(block)
         give_up = None if waited is None else time.monotonic() + waited
         while True:
             reply = await self._next_call(count, acks)
+            if acks is not tokens and reply.acked < len(acks):
+                await self._ack_tokens(tokens, pack=False)  # a batch ack was refused
+            self._batches.note(reply.jobs)
             jobs, acks = await self._screen(reply.jobs)
+            tokens = acks
             if jobs:
                 if acks:
                     await self.ack(*acks)
@@ -160,14 +166,28 @@ class AsyncRotator:
         return keep, finished
 
     async def ack(self, *jobs: JobRef) -> int:
+        return await self._ack_tokens(protocol.encode_tokens(jobs), pack=True)
+
+    def _pack(self, tokens: list[bytes]) -> list[bytes]:
+        """As Rotator._pack."""
+        if self._extended and self._drop_payloads:
+            return tokens
+        return self._batches.pack(tokens)
+
+    async def _ack_tokens(self, tokens: list[bytes], *, pack: bool) -> int:
+        args = self._pack(tokens) if pack else tokens
         total = 0
         drop = self._extended and self._drop_payloads
-        for part in chunks(protocol.encode_tokens(jobs), MAX_BATCH):
+        for part in chunks(args, MAX_BATCH):
             if drop:
                 total += int(await self._call_payloads(b"ackp", *part))
             else:
                 total += int(await self._call(b"ack", *part))
-        return total
+        if args is tokens:
+            return total
+        if total < len(args):
+            return await self._ack_tokens(tokens, pack=False)  # a batch ack was refused
+        return len(set(tokens))
 
     async def nack(self, *jobs: JobRef, delay: float = 0.0) -> int:
         delay_ms = protocol.seconds_to_ms(delay, "delay", allow_zero=True)

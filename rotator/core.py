@@ -118,6 +118,7 @@ class Rotator:
         self._budget = protocol.check_budget(budget)
         # FCALL of the module loaded as a function library, or EVALSHA of the script.
         self._script: Any = module_caller(client, functions)
+        self._batches = protocol.Batches()
 
     @classmethod
     def from_url(cls, url: str, name: str, *, cluster: bool = False, **options: Any) -> Rotator:
@@ -212,12 +213,17 @@ class Rotator:
         wait also ends when a lease or a delayed retry falls due.
         """
         count = protocol.check_count(count)
-        acks = protocol.encode_tokens(ack)
+        tokens = protocol.encode_tokens(ack)
+        acks = self._pack(tokens)
         waited = check_block(block)
         give_up = None if waited is None else time.monotonic() + waited
         while True:
             reply = self._next_call(count, acks)
+            if acks is not tokens and reply.acked < len(acks):
+                self._ack_tokens(tokens, pack=False)  # a batch ack was refused
+            self._batches.note(reply.jobs)
             jobs, acks = self._screen(reply.jobs)
+            tokens = acks
             if jobs:
                 if acks:
                     self.ack(*acks)
@@ -259,12 +265,27 @@ class Rotator:
         A delivery whose lease was re-issued, nacked or dead-lettered is refused (not
         counted). O(1) per job: the element leaves the ring when a consumer next reaches it.
         """
-        tokens = protocol.encode_tokens(jobs)
+        return self._ack_tokens(protocol.encode_tokens(jobs), pack=True)
+
+    def _pack(self, tokens: list[bytes]) -> list[bytes]:
+        """Whole batches as batch acks, except where an ack must name each job (to delete
+        its payload)."""
+        if self._extended and self._drop_payloads:
+            return tokens
+        return self._batches.pack(tokens)
+
+    def _ack_tokens(self, tokens: list[bytes], *, pack: bool) -> int:
+        args = self._pack(tokens) if pack else tokens
         if self._extended and self._drop_payloads:
             return sum(
-                int(self._write_payloads(b"ackp", *part)) for part in chunks(tokens, MAX_BATCH)
+                int(self._write_payloads(b"ackp", *part)) for part in chunks(args, MAX_BATCH)
             )
-        return sum(int(self._write(b"ack", *part)) for part in chunks(tokens, MAX_BATCH))
+        accepted = sum(int(self._write(b"ack", *part)) for part in chunks(args, MAX_BATCH))
+        if args is tokens:
+            return accepted
+        if accepted < len(args):
+            return self._ack_tokens(tokens, pack=False)  # a batch ack was refused
+        return len(set(tokens))
 
     def nack(self, *jobs: JobRef, delay: float = 0.0) -> int:
         """Gives jobs back, to be delivered again once ``delay`` seconds have passed.

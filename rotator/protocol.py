@@ -83,7 +83,11 @@ def parse_token(token: str) -> tuple[str, int, int] | None:
 
 
 def encode_token(ref: JobRef) -> bytes:
-    token = ref.token if isinstance(ref, Job) else text(ref)
+    if isinstance(ref, Job):
+        # Handed out by the module (a Job made by hand with a bad token is refused by the
+        # module just the same: ROTATOR_BADTOKEN, nothing written).
+        return ref.token.encode("utf-8", _ERRORS)
+    token = text(ref)
     if _token_match(token) is None:
         raise InvalidToken(f"not a delivery token: {token[:80]!r}")
     return token.encode("utf-8", _ERRORS)
@@ -91,6 +95,60 @@ def encode_token(ref: JobRef) -> bytes:
 
 def encode_tokens(refs: Iterable[JobRef]) -> list[bytes]:
     return [encode_token(ref) for ref in refs]
+
+
+class Batches:
+    """The batches this client leased and how many jobs each holds, so that acking a whole
+    batch can be sent as one batch ack instead of every token.
+
+    A ``next`` call's first deliveries are one batch (one packed element in the ring); their
+    tokens are ``<id>*<stamp><5-digit place>`` with one ``stamp`` (``<deadline>.1.<seq>``).
+    The batch ack ``*<stamp>/<jobs>`` completes them all, unless one of them was given back
+    or its element was broken up meanwhile: then the module refuses it and the tokens are
+    sent one by one. Bounded: the oldest batches are forgotten first.
+    """
+
+    def __init__(self, limit: int = 4096) -> None:
+        self._sizes: dict[bytes, int] = {}
+        self._limit = limit
+
+    def note(self, jobs: list[Job]) -> None:
+        first = [job for job in jobs if job.deliveries == 1]
+        if not first:
+            return
+        self._sizes[batch_stamp(first[0].token.encode("utf-8", _ERRORS))] = len(first)
+        while len(self._sizes) > self._limit:
+            self._sizes.pop(next(iter(self._sizes)))
+
+    def pack(self, tokens: list[bytes]) -> list[bytes]:
+        """``tokens`` with every whole batch among them replaced by its batch ack; the very
+        list given when there is none."""
+        sizes = self._sizes
+        if not sizes:
+            return tokens
+        stamps = [batch_stamp(token) for token in tokens]
+        groups: dict[bytes, set[bytes]] = {}
+        for stamp, token in zip(stamps, tokens, strict=True):
+            if stamp in sizes:
+                members = groups.get(stamp)
+                if members is None:
+                    members = groups[stamp] = set()
+                members.add(token)
+        # pop: a batch is acked whole once (threads may share this client).
+        whole = {
+            stamp: len(members)
+            for stamp, members in groups.items()
+            if sizes.get(stamp) == len(members) and sizes.pop(stamp, None) is not None
+        }
+        if not whole:
+            return tokens
+        rest = [token for stamp, token in zip(stamps, tokens, strict=True) if stamp not in whole]
+        return rest + [b"*%s/%d" % (stamp, size) for stamp, size in whole.items()]
+
+
+def batch_stamp(token: bytes) -> bytes:
+    """``<deadline>.<deliveries>.<call seq>`` of a token: its stamp less the 5-digit place."""
+    return token[token.find(b"*") + 1 : -5]
 
 
 def seconds_to_ms(
@@ -127,22 +185,37 @@ def check_max_deliveries(max_deliveries: object) -> int:
     return whole(max_deliveries, "max_deliveries", 1, MAX_DELIVERIES_LIMIT)
 
 
-def job_from_token(raw: Any, reclaimed: bool, payload: bytes | None = None) -> Job:
+def job_from_token(
+    raw: Any,
+    reclaimed: bool,
+    payload: bytes | None = None,
+    stamps: dict[str, tuple[int, int]] | None = None,
+) -> Job:
     """The Job of a token the module handed out. Its shape is the module's to guarantee, so
-    this only splits it (the hot path of every ``next``); anything else is refused."""
+    this only splits it (the hot path of every ``next``); anything else is refused.
+    ``stamps`` remembers parsed stamps across one reply, whose tokens mostly share one."""
     token = text(raw)
     job_id, _, stamp = token.partition("*")
-    try:
-        deadline_ms, deliveries, _ = stamp.split(".")
-        return Job(job_id, token, int(deliveries), reclaimed, int(deadline_ms), payload)
-    except ValueError:
-        raise InvalidToken(f"server returned a malformed token {token!r}") from None
+    head = stamp[:-5]  # "<deadline>.<deliveries>.<call seq>": the same for a whole batch
+    known = stamps.get(head) if stamps is not None else None
+    if known is None:
+        try:
+            deadline_ms, deliveries, seq = stamp.split(".")
+            known = (int(deliveries), int(deadline_ms))
+            int(seq)
+        except ValueError:
+            raise InvalidToken(f"server returned a malformed token {token!r}") from None
+        if stamps is not None:
+            stamps[head] = known
+    return Job(job_id, token, known[0], reclaimed, known[1], payload)
 
 
 def decode_next(reply: Sequence[Any]) -> NextReply:
     tokens, flags = reply[3::2], reply[4::2]
+    stamps: dict[str, tuple[int, int]] = {}
     jobs = [
-        job_from_token(token, int(flag) == 1) for token, flag in zip(tokens, flags, strict=True)
+        job_from_token(token, flag == 1, None, stamps)
+        for token, flag in zip(tokens, flags, strict=True)
     ]
     return NextReply(int(reply[0]) == 1, int(reply[1]), int(reply[2]), jobs)
 
@@ -150,11 +223,12 @@ def decode_next(reply: Sequence[Any]) -> NextReply:
 def decode_next_payloads(reply: Sequence[Any]) -> NextReply:
     """A ``nextp`` reply: like ``next`` with a payload after each token's reclaimed flag."""
     jobs = []
+    stamps: dict[str, tuple[int, int]] = {}
     for i in range(3, len(reply), 3):
         payload = reply[i + 2]
         if isinstance(payload, str):
             payload = payload.encode("utf-8", _ERRORS)
-        jobs.append(job_from_token(reply[i], int(reply[i + 1]) == 1, payload))
+        jobs.append(job_from_token(reply[i], reply[i + 1] == 1, payload, stamps))
     return NextReply(int(reply[0]) == 1, int(reply[1]), int(reply[2]), jobs)
 
 

@@ -11,9 +11,11 @@ LPUSH per call), the model visits one element at a time, as a sequence of RPOPLP
 the README promises that both orders agree, and the stateful test checks it.
 
 Replies have the shapes the server sends (ints and bytes); refusals raise `Refused` with the
-module's error code. The `<seq>` of a new token is the module's business (only its uniqueness
-is promised), so the model hands out tokens ending in a placeholder (`.?<n>`); the test checks
-the rest of the token, then `adopt`s the server's token, which must never have been issued.
+module's error code. A call's first deliveries go back into the ring as one packed batch
+(`*<deadline>.1.<seq>*<id>*<id>...`), so the model knows the module's token numbering: the
+call's first visit number, then a five-digit place (in the batch, or among the call's later
+deliveries). The test `adopt`s each token the server hands out: it must be the model's, and
+never issued before.
 Besides the spec, the model keeps bookkeeping for the test's invariants (`pushed_ids`,
 `completed`, `delivered`, `laps`, `acked_at`).
 """
@@ -48,6 +50,8 @@ PUSH_CHUNK = 1000  # rotator.defaults.DEFAULT_PUSH_CHUNK: ids per push call of t
 FENCE_TOKENS_NOT_IN_RING = False
 
 _TOKEN_STAMP = re.compile(rb"(\d+)\.(\d+)\.\d+")
+_BATCH = re.compile(rb"\*(\d+)\.1\.\d+")
+_BATCH_ACK = re.compile(rb"\*\d+\.1\.\d+/(\d+)")
 _MARK = re.compile(rb"([en])(\d+)")
 _DEAD_LETTER = re.compile(rb"[^*]*\*\d+\*\d+\*(.*)", re.DOTALL)
 _PUSHLOG = re.compile(rb"(\d+):(\d+)")
@@ -80,7 +84,8 @@ def parse_lease(element: bytes) -> tuple[bytes, int, int] | None:
     return element[:star], int(stamp[1]), int(stamp[2])
 
 
-def check_tokens(tokens: list[bytes], required: bool) -> None:
+def check_tokens(tokens: list[bytes], required: bool, batches: bool = False) -> None:
+    """Delivery tokens, and where `batches` allows, batch acks `*<deadline>.1.<seq>/<jobs>`."""
     if required and not tokens:
         raise Refused("ROTATOR_BADTOKEN")
     if len(tokens) > BATCH:
@@ -93,7 +98,38 @@ def check_tokens(tokens: list[bytes], required: bool) -> None:
             or len(token) - star - 1 > 40
             or not re.fullmatch(rb"\d+\.\d+\.\d+", token[star + 1 :])
         ):
-            raise Refused("ROTATOR_BADTOKEN")
+            batch_ack = _BATCH_ACK.fullmatch(token) if batches and len(token) <= 60 else None
+            if batch_ack is None or not 1 <= int(batch_ack[1]) <= COUNT:
+                raise Refused("ROTATOR_BADTOKEN")
+
+
+def batch_of(token: bytes) -> bytes | None:
+    """`*<deadline>.1.<call seq>` of a first delivery's token, None for a later delivery."""
+    star = token.find(b"*", 1)
+    if not re.match(rb"\d+\.1\.\d{6}", token[star + 1 :]):
+        return None
+    return b"*" + token[star + 1 : -5]
+
+
+def packed_parts(element: bytes) -> tuple[bytes, list[bytes]] | None:
+    """`(batch, ids)` of an element that starts with `*` and has a second `*`, else None."""
+    star = element.find(b"*", 1)
+    if not element.startswith(b"*") or star < 0:
+        return None
+    return element[:star], [i for i in element[star + 1 :].split(b"*") if i]
+
+
+def unpacked(ring: list[bytes]) -> list[bytes]:
+    """The ring with each packed batch written out as the leases it stands for."""
+    out: list[bytes] = []
+    for element in ring:
+        parts = packed_parts(element)
+        if parts is not None and _BATCH.fullmatch(parts[0]):
+            batch, ids = parts
+            out += [job_id + batch + b"%05d" % k for k, job_id in enumerate(ids, 1)]
+        else:
+            out.append(element)
+    return out
 
 
 def check_ids(ids: list[bytes]) -> None:
@@ -121,9 +157,14 @@ class Walk:
     live: int
     lapnext: int
     lapguess: bool
+    seq_base: int = 0
+    packed: int = 0  # jobs in packed elements beyond one per element
+    count: int = 0
     visited: int = 0
     leased: int = 0
+    released: int = 0  # later deliveries handed out by this call
     soonest: int | None = None
+    batch: list[bytes] = field(default_factory=list)  # this call's first deliveries
     reply: list[Any] = field(default_factory=list)
 
 
@@ -147,8 +188,8 @@ class RotatorModel:
     qmin: int | None = None
     pushed: int = 0
     taken: int = 0
+    packed: int = 0  # meta "packed": jobs in packed elements beyond one per element
     issued: set[bytes] = field(default_factory=set)  # every token the server handed out
-    placeholders: int = 0
     # Bookkeeping for the test, not part of the queue.
     pushed_ids: Counter[bytes] = field(default_factory=Counter)  # valid ids that entered the ring
     completed: Counter[bytes] = field(default_factory=Counter)  # acked elements removed, by id
@@ -180,7 +221,7 @@ class RotatorModel:
         lease_ms = int_arg(lease, 1, LEASE_MS)
         limit = int_arg(budget, 1, BUDGET)
         most = int_arg(max_deliveries, 0, 1_000_000)
-        check_tokens(acks, required=False)
+        check_tokens(acks, required=False, batches=True)
         walk = self._start_walk(lease_ms, most)
         length = len(self.ring)
         acked = self._ack_tokens(acks)
@@ -204,7 +245,7 @@ class RotatorModel:
         return reply
 
     def ack(self, tokens: list[bytes]) -> int:
-        check_tokens(tokens, required=True)
+        check_tokens(tokens, required=True, batches=True)
         return self._ack_tokens(tokens)
 
     def nack(self, delay: object, tokens: list[bytes]) -> list[int]:
@@ -213,15 +254,21 @@ class RotatorModel:
         alive = self._live_tokens(tokens)
         due = self.now + delay_ms
         reply = []
+        touched: list[bytes] = []
         for token in tokens:
             if token in alive:
                 alive.discard(token)  # a token given twice is requeued once
                 self.marks[token] = b"n%d" % due
                 self.marks_old.pop(token, None)
                 self.revoked[token] = self.now
+                batch = batch_of(token)
+                if batch is not None:  # no more whole-batch acks; its element is broken up
+                    self.revoked[batch] = self.now
+                    touched.append(batch)
                 reply.append(1)
             else:
                 reply.append(0)
+        self._touch(touched)
         if any(reply):
             self.qmin = due if self.qmin is None else min(self.qmin, due)
             self.qstart, self.qlen = self.seq, len(self.ring)
@@ -234,11 +281,16 @@ class RotatorModel:
         alive = self._live_tokens(tokens)
         deadline = self.now + lease_ms
         reply = [deadline]
+        touched: list[bytes] = []
         for token in tokens:
             if token in alive:
                 self.marks[token] = b"e%d" % deadline
                 self.marks_old.pop(token, None)
+                batch = batch_of(token)
+                if batch is not None:
+                    touched.append(batch)
             reply.append(1 if token in alive else 0)
+        self._touch(touched)
         if alive and (self.qmin is None or deadline < self.qmin):
             self.qmin = deadline  # a shortened lease may be the next thing due
         return reply
@@ -252,17 +304,25 @@ class RotatorModel:
         if self.qlen is None:
             self.qlen = length
         walk.sweeping = True
+        packed = walk.packed
         self._walk(walk, 1, min(limit, length))
         self._finish_walk(walk)
         # A sweep leases nothing: what it passed may still be pending, so the quiet lap
         # starts again.
         self.qstart, self.qlen = self.seq, walk.live
-        return [walk.visited, length - walk.live, max(walk.live - 1, 0)]
+        removed = max(length + packed - walk.live - walk.packed, 0)
+        return [walk.visited, removed, max(walk.live - 1 + walk.packed, 0)]
 
     def stats(self) -> list[Any]:
-        length = max(len(self.ring) - 1, 0)
+        length = len(self.ring) - 1 + self.packed if self.ring else 0
         pending = max(0, min(length, self.pushed - self.taken))
         acked = len(self.done) + len(self.done_old)
+        acked += sum(
+            int(mark[1:] or b"0")
+            for marks in (self.marks, self.marks_old)
+            for mark in marks.values()
+            if mark.startswith(b"a")
+        )
         deferred = sum(
             mark.startswith(b"n")
             for marks in (self.marks, self.marks_old)
@@ -283,8 +343,23 @@ class RotatorModel:
 
     def peek(self, count: object) -> list[Any]:
         n = int_arg(count, 1, COUNT)
-        reply: list[Any] = []
+        rows: list[bytes] = []
+        batch_acked: set[int] = set()
         for element in reversed(self.ring[-n:]):
+            parts = packed_parts(element)
+            if parts is not None and _BATCH.fullmatch(parts[0]):
+                batch, ids = parts
+                acked = (self._batch_mark(batch)[0] or b"").startswith(b"a")
+                for k, job_id in enumerate(ids, 1):
+                    if acked:
+                        batch_acked.add(len(rows))
+                    rows.append(job_id + batch + b"%05d" % k)
+            else:
+                rows.append(element)
+            if len(rows) >= n:
+                break
+        reply: list[Any] = []
+        for i, element in enumerate(rows[:n]):
             state, at = b"pending", 0
             if element == SENTINEL:
                 state = b"lap"
@@ -294,7 +369,7 @@ class RotatorModel:
                 when = _MARK.fullmatch(mark) if mark else None
                 if lease is None:
                     state = b"corrupt"
-                elif element in self.done or element in self.done_old:
+                elif element in self.done or element in self.done_old or i in batch_acked:
                     state = b"done"
                 elif when and when[1] == b"n":
                     state, at = b"deferred", int(when[2])
@@ -330,15 +405,11 @@ class RotatorModel:
         self._record_push(len(found))
         return len(found)
 
-    def adopt(self, placeholder: bytes, token: bytes) -> None:
-        """The server's token for a delivery the model handed out as `placeholder`."""
-        stem, _, mark = placeholder.rpartition(b".")
-        assert mark.startswith(b"?"), placeholder
-        assert token.startswith(stem + b"."), (token, placeholder)
-        assert token[len(stem) + 1 :].isdigit(), token
+    def adopt(self, expected: bytes, token: bytes) -> None:
+        """The server's token for a delivery the model handed out as `expected`."""
+        assert token == expected, (token, expected)
         assert token not in self.issued, f"token {token!r} was issued twice"
         self.issued.add(token)
-        self.ring[self.ring.index(placeholder)] = token
 
     # -- outside the contract: an admin writing the ring -----------------------------------
 
@@ -366,13 +437,29 @@ class RotatorModel:
         self.qstart, self.qlen = self.seq, len(self.ring)
         self.wake = min(self.wake + min(n, WAKE_TOKENS), WAKE_TOKENS)
 
-    def _ack_tokens(self, tokens: list[bytes]) -> int:
-        if not tokens or not self.ring:
+    def _ack_tokens(self, args: list[bytes]) -> int:
+        """Tokens go into the done set and touch their batch; a batch ack marks its batch
+        `a<jobs>` (refused, like a token, once its batch was revoked)."""
+        if not args or not self.ring:
             return 0
-        accepted = {t for t in tokens if t not in self.revoked}
-        self.done |= accepted
-        self.acked_at.update(dict.fromkeys(accepted, self.laps))
+        accepted: list[bytes] = []
+        for arg in dict.fromkeys(args):  # given twice, counted once
+            name = arg.split(b"/")[0] if arg.startswith(b"*") else arg
+            if name not in self.revoked:
+                accepted.append(arg)
+        tokens = [a for a in accepted if not a.startswith(b"*")]
+        self.done |= set(tokens)
+        self.acked_at.update(dict.fromkeys(tokens, self.laps))
+        for arg in accepted:
+            if arg.startswith(b"*"):
+                batch, _, jobs = arg.partition(b"/")
+                self.marks[batch] = b"a" + jobs
+        self._touch([b for b in map(batch_of, tokens) if b is not None])
         return len(accepted)
+
+    def _touch(self, batches: list[bytes]) -> None:
+        for batch in batches:
+            self.marks.setdefault(batch, b"t")
 
     def _live_tokens(self, tokens: list[bytes]) -> set[bytes]:
         if not self.ring:
@@ -380,17 +467,37 @@ class RotatorModel:
         alive = {
             t
             for t in tokens
-            if t not in self.revoked and t not in self.done and t not in self.done_old
+            if t not in self.revoked
+            and t not in self.done
+            and t not in self.done_old
+            and not self._batch_acked(t)
         }
         if FENCE_TOKENS_NOT_IN_RING:
-            alive &= set(self.ring)
+            alive &= set(unpacked(self.ring))
         return alive
+
+    def _batch_acked(self, token: bytes) -> bool:
+        batch = batch_of(token)
+        return batch is not None and any(
+            marks.get(batch, b"").startswith(b"a") for marks in (self.marks, self.marks_old)
+        )
 
     def _mark_of(self, element: bytes) -> tuple[bytes | None, dict[bytes, bytes] | None]:
         for marks in (self.marks, self.marks_old):
             if element in marks:
                 return marks[element], marks
         return None, None
+
+    def _batch_mark(self, batch: bytes) -> tuple[bytes | None, dict[bytes, bytes] | None]:
+        """A packed element's mark: a batch ack wins over a touch, in either generation."""
+        found: tuple[bytes | None, dict[bytes, bytes] | None] = (None, None)
+        for marks in (self.marks, self.marks_old):
+            mark = marks.get(batch)
+            if mark is not None and (
+                found[0] is None or (mark.startswith(b"a") and not found[0].startswith(b"a"))
+            ):
+                found = (mark, marks)
+        return found
 
     def _start_walk(self, lease_ms: int, max_deliveries: int) -> Walk:
         length = len(self.ring)
@@ -402,9 +509,12 @@ class RotatorModel:
             live=length,
             lapnext=self.lapnext if self.lapnext is not None else self.seq + length + 1,
             lapguess=self.lapguess or self.lapnext is None,
+            seq_base=self.seq,
+            packed=self.packed,
         )
 
     def _walk(self, w: Walk, count: int, limit: int) -> None:
+        w.count = count
         if self.qstart is None:
             self.qstart = self.seq
         while w.visited < limit and w.leased < count:
@@ -435,9 +545,50 @@ class RotatorModel:
             elif w.sweeping:
                 self.ring.insert(0, element)
             else:
+                # Leased: it joins the call's batch, which goes back as one element.
                 self.taken += 1
-                self._hand_out(w, element, 1, 0)
+                w.batch.append(element)
+                token = element + b"*%d.1.%d%05d" % (w.deadline, w.seq_base, len(w.batch))
+                w.reply += [token, 0]
+                w.leased += 1
+                w.live -= 1
+                self.delivered[element] += 1
             return
+        parts = packed_parts(element)
+        if parts is not None:
+            self._visit_packed(w, element, *parts)
+            return
+        self._visit_stamped(w, element)
+
+    def _visit_packed(self, w: Walk, element: bytes, batch: bytes, ids: list[bytes]) -> None:
+        header = _BATCH.fullmatch(batch)
+        mark, marks = self._batch_mark(batch)
+        if header is None or len(header[1]) > 15 or len(batch) > 40 or not ids:
+            if marks is not None:
+                del marks[batch]
+            self._dead_letter(w, b"corrupt", 0, element)
+            return
+        if mark is not None and mark.startswith(b"a"):  # acked as a whole
+            assert marks is not None
+            del marks[batch]
+            w.live -= 1
+            w.packed -= len(ids) - 1
+            self.completed.update(ids)
+            return
+        due = int(header[1])
+        if mark is None and (due > w.now or w.sweeping):
+            self.ring.insert(0, element)
+            w.soonest = due if w.soonest is None else min(w.soonest, due)
+            return
+        if marks is not None:
+            del marks[batch]  # the touch is used up
+        self.revoked[batch] = w.now
+        w.live += len(ids) - 1
+        w.packed -= len(ids) - 1
+        for k, job_id in enumerate(ids, 1):
+            self._visit_stamped(w, job_id + batch + b"%05d" % k)
+
+    def _visit_stamped(self, w: Walk, element: bytes) -> None:
         if element in self.done or element in self.done_old:
             (self.done if element in self.done else self.done_old).discard(element)
             w.live -= 1
@@ -457,7 +608,7 @@ class RotatorModel:
         if when and when[1] == b"e":
             deadline = int(when[2])
         due = int(when[2]) if when and when[1] == b"n" else deadline
-        if due > w.now or w.sweeping:
+        if due > w.now or w.sweeping or w.leased >= w.count:
             self.ring.insert(0, element)
             w.soonest = due if w.soonest is None else min(w.soonest, due)
             if mark is not None and marks is self.marks_old:
@@ -470,11 +621,12 @@ class RotatorModel:
             self.dead.append(b"max_deliveries*%d*%d*" % (n, w.now) + job_id)
             w.live -= 1
             return
-        self._hand_out(w, job_id, n + 1, 0 if when and when[1] == b"n" else 1)
+        # At least 2 (a hand-written lease may say 0): first deliveries are the batch's.
+        self._hand_out(w, job_id, max(n, 1) + 1, 0 if when and when[1] == b"n" else 1)
 
     def _hand_out(self, w: Walk, job_id: bytes, deliveries: int, reclaimed: int) -> None:
-        self.placeholders += 1
-        token = job_id + b"*%d.%d.?%d" % (w.deadline, deliveries, self.placeholders)
+        w.released += 1
+        token = job_id + b"*%d.%d.%d%05d" % (w.deadline, deliveries, w.seq_base, w.released)
         self.ring.insert(0, token)
         w.reply += [token, reclaimed]
         w.leased += 1
@@ -495,6 +647,11 @@ class RotatorModel:
         self.laps += 1
 
     def _finish_walk(self, w: Walk) -> None:
+        if w.batch:
+            self.ring.insert(0, b"*%d.1.%d*" % (w.deadline, w.seq_base) + b"*".join(w.batch))
+            w.live += 1
+            w.packed += len(w.batch) - 1
+        self.packed = max(w.packed, 0)
         self.seq += w.visited
         if w.leased > 0 and (w.soonest is None or w.deadline < w.soonest):
             w.soonest = w.deadline
@@ -507,9 +664,11 @@ class RotatorModel:
     def leases(self) -> dict[bytes, tuple[bytes, int]]:
         """Leased elements in the ring: token -> (id, when it falls due), acked ones left out."""
         found = {}
-        for element in self.ring:
+        for element in unpacked(self.ring):
             lease = parse_lease(element)
             if lease is None or element in self.done or element in self.done_old:
+                continue
+            if self._batch_acked(element):
                 continue
             mark = _MARK.fullmatch(self._mark_of(element)[0] or b"")
             found[element] = (lease[0], int(mark[2]) if mark else lease[1])

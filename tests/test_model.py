@@ -39,9 +39,10 @@ from hypothesis.stateful import (
 )
 
 from rotator import InvalidArgument, InvalidJobId, InvalidToken, Job, LeaseLost, Rotator, Stats
+from rotator.protocol import Batches
 from rotator.script import module_source, run
 from tests import model as spec
-from tests.model import SENTINEL, Refused, RotatorModel, parse_lease, valid_id
+from tests.model import SENTINEL, Refused, RotatorModel, parse_lease, unpacked, valid_id
 from tests.servers import ServerProcess
 
 T = TypeVar("T")
@@ -192,6 +193,8 @@ class RotatorMachine(RuleBasedStateMachine):
         self.keys = self.q.keys.all
         set_clock(client, self.q, START_MS)
         self.tokens: list[bytes] = []  # deliveries the test's workers still remember
+        # What self.q knows of the batches it leased: the model is sent the acks it sends.
+        self.batches = Batches()
 
     def raw(self, *args: object) -> Any:
         return run(self.q._script, self.keys, list(args))
@@ -204,6 +207,18 @@ class RotatorMachine(RuleBasedStateMachine):
 
     def remember(self, tokens: list[bytes]) -> None:
         self.tokens.extend(tokens)
+
+    def client_ack(self, tokens: list[bytes]) -> int:
+        """What Rotator.ack sends the module, played on the model: whole batches it leased
+        as batch acks, and the tokens one by one when one of those is refused."""
+        spec.check_tokens(tokens, required=True)
+        args = self.batches.pack(tokens)
+        accepted = self.m.ack(args)
+        if args is tokens:
+            return accepted
+        if accepted < len(args):
+            return self.m.ack(tokens)
+        return len(set(tokens))
 
     # -- producing -------------------------------------------------------------------------
 
@@ -273,10 +288,13 @@ class RotatorMachine(RuleBasedStateMachine):
         """Rotator.next against what it does without `block`: the module is called again
         until it hands out jobs or says a whole lap was idle."""
         jobs = self.q.next(count, ack=[as_text(t) for t in acks])
+        packed = self.batches.pack(acks)
         for _ in range(10_000):
-            reply = self.m.next(count, LEASE_MS, BUDGET, MAX_DELIVERIES, acks)
+            reply = self.m.next(count, LEASE_MS, BUDGET, MAX_DELIVERIES, packed)
+            if packed is not acks and reply[2] < len(packed):
+                self.m.ack(acks)  # a batch ack was refused: the client acks one by one
             self.check_idle_reply(reply)
-            acks = []
+            acks = packed = []
             pairs = list(zip(reply[3::2], reply[4::2], strict=True))
             if pairs or reply[0] == 1:
                 break
@@ -287,6 +305,7 @@ class RotatorMachine(RuleBasedStateMachine):
             token = job.token.encode("utf-8", "surrogateescape")
             self.m.adopt(placeholder, token)
             assert job == expected_job(token, reclaimed)
+        self.batches.note(jobs)
         self.remember([job.token.encode("utf-8", "surrogateescape") for job in jobs])
         return jobs
 
@@ -309,7 +328,7 @@ class RotatorMachine(RuleBasedStateMachine):
     def ack(self, picks: list[int], foreign: bool) -> None:
         """Valid, late (re-issued, nacked, dead-lettered) and duplicate acks alike."""
         tokens = self.pick(picks) + ([FOREIGN] if foreign else [])
-        same_outcome(lambda: self.q.ack(*map(as_text, tokens)), lambda: self.m.ack(tokens))
+        same_outcome(lambda: self.q.ack(*map(as_text, tokens)), lambda: self.client_ack(tokens))
 
     @precondition(has_tokens)
     @rule(picks=PICKS, delay=st.sampled_from([0.0, 0.5, 2.5]), foreign=st.booleans())
@@ -461,14 +480,14 @@ class RotatorMachine(RuleBasedStateMachine):
 
         # Acks wait only for elements in the ring; any other ack is a leftover that is gone
         # within two laps, so nothing grows from normal operation.
-        for token in (real["done"] | real["done_old"]) - set(ring):
+        for token in (real["done"] | real["done_old"]) - set(unpacked(ring)):
             laps = self.m.laps - self.m.acked_at[token]
             assert laps <= 2, f"the leftover ack {token!r} survived {laps} laps"
 
         # No id lost: each valid id pushed is in the ring (pending or leased, acked or not),
         # was acked and removed, or is a dead letter with a reason.
         found: Counter[bytes] = Counter()
-        for element in ring:
+        for element in unpacked(ring):
             lease = parse_lease(element)
             if lease is not None:
                 found[lease[0]] += 1
@@ -499,7 +518,7 @@ class RotatorMachine(RuleBasedStateMachine):
                 break
             if jobs:
                 tokens = [job.token.encode("utf-8", "surrogateescape") for job in jobs]
-                assert self.q.ack(*jobs) == self.m.ack(tokens) == len(jobs)
+                assert self.q.ack(*jobs) == self.client_ack(tokens) == len(jobs)
         else:
             raise AssertionError("the queue never drained")
         for _ in range(2):

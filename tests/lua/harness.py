@@ -156,6 +156,7 @@ class RedisStub:
             b"SCARD": (2, self._scard),
             b"SMISMEMBER": (-3, self._smismember),
             b"HSET": (-4, self._hset),
+            b"HSETNX": (4, self._hsetnx),
             b"HMGET": (-3, self._hmget),
             b"HDEL": (-3, self._hdel),
             b"HLEN": (2, self._hlen),
@@ -348,6 +349,15 @@ class RedisStub:
             added += args[i] not in fields
             fields[args[i]] = args[i + 1]
         return added
+
+    def _hsetnx(self, args: list[bytes]) -> Reply:
+        fields = self._hash(args[0])
+        if fields is None:
+            fields = self.data[args[0]] = Hash()
+        if args[1] in fields:
+            return 0
+        fields[args[1]] = args[2]
+        return 1
 
     def _hmget(self, args: list[bytes]) -> Reply:
         fields = self._hash(args[0]) or Hash()
