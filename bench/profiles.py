@@ -78,10 +78,21 @@ def memory_per_job(client: redis.Redis, jobs: int) -> dict[str, float]:
     leased: list[Job] = []
     while len(leased) < jobs:
         leased.extend(q.next(1000))
-    in_flight = usage(q.keys.ring)
+    in_flight = usage(q.keys.ring)  # packed: one element per call's batch of 1000
+    # Acked whole batch by batch (what Rotator sends for whole batches): one mark per batch.
     for start in range(0, jobs, 1000):
         q.ack(*leased[start : start + 1000])
-    done = usage(q.keys.all[1])
+    batch_acked = usage(q.keys.all[1]) + usage(q.keys.all[3])
+    q.delete()
+    # Acked one by one (a client that does not know the batches): a done-set entry per token.
+    q.push_many(job_ids(jobs), chunk=PRELOAD_CHUNK)
+    leased = []
+    while len(leased) < jobs:
+        leased.extend(q.next(1000))
+    one_by_one = Rotator(client, "memory", timeout=600)
+    for start in range(0, jobs, 1000):
+        one_by_one.ack(*leased[start : start + 1000])
+    done = usage(q.keys.all[1]) + usage(q.keys.all[3])
     q.delete()
     stream = "memory-stream"
     client.delete(stream)
@@ -99,7 +110,8 @@ def memory_per_job(client: redis.Redis, jobs: int) -> dict[str, float]:
     return {
         "rotator_pending": round(pending, 1),
         "rotator_in_flight": round(in_flight, 1),
-        "rotator_acked_awaiting_cleanup": round(done, 1),
+        "rotator_acked_awaiting_cleanup": round(batch_acked, 1),
+        "rotator_acked_one_by_one_awaiting_cleanup": round(done, 1),
         "stream_entry": round(stream_entry, 1),
         "stream_entry_delivered_pending_ack": round(stream_pending, 1),
     }
