@@ -146,6 +146,20 @@ class Batches:
         return rest + [b"*%s/%d" % (stamp, size) for stamp, size in whole.items()]
 
 
+_PACKED_BATCH = re.compile(rb"\*[0-9]+\.1\.[0-9]+")
+
+
+def unpack_element(element: bytes) -> tuple[bytes, list[bytes]] | None:
+    """``(batch, tokens)`` of a packed ring element ``<batch>*<id>*<id>...``, whose job k
+    has the token ``<id><batch><k as 5 digits>``; None for any other element."""
+    star = element.find(b"*", 1)
+    if not element.startswith(b"*") or star < 0 or not _PACKED_BATCH.fullmatch(element, 0, star):
+        return None
+    batch = element[:star]
+    ids = [job_id for job_id in element[star + 1 :].split(b"*") if job_id]
+    return batch, [job_id + batch + b"%05d" % k for k, job_id in enumerate(ids, 1)]
+
+
 def batch_stamp(token: bytes) -> bytes:
     """``<deadline>.<deliveries>.<call seq>`` of a token: its stamp less the 5-digit place."""
     return token[token.find(b"*") + 1 : -5]

@@ -648,11 +648,22 @@ class _RingReader:
         finally:
             client.close()
 
-    def decode(self, client: redis.Redis, elements: list[bytes]) -> pa.RecordBatch:
+    def decode(self, client: redis.Redis, packed: list[bytes]) -> pa.RecordBatch:
+        # A packed batch is read as the leases it stands for, as the module's peek shows it.
+        elements: list[bytes] = []
+        batches: dict[bytes, list[bytes]] = {}
+        for element in packed:
+            unpacked = protocol.unpack_element(element)
+            if unpacked is None:
+                elements.append(element)
+            else:
+                batches[unpacked[0]] = unpacked[1]
+                elements += unpacked[1]
         # Tokens have a "*" after their first byte (the sentinel starts with one); as the
         # module's peek does, look them up in both done sets, then in both marks hashes
-        # (n<due>: nacked, e<deadline>: extended).
+        # (n<due>: nacked, e<deadline>: extended; a batch's "a<jobs>": acked whole).
         tokens = [element for element in elements if b"*" in element[1:]]
+        names = list(batches)
         done: set[bytes] = set()
         marks: dict[bytes, bytes] = {}
         if tokens:
@@ -660,14 +671,17 @@ class _RingReader:
             with client.pipeline(transaction=True) as pipe:
                 pipe.smismember(k[1], tokens)
                 pipe.smismember(k[2], tokens)
-                pipe.hmget(k[3], tokens)
-                pipe.hmget(k[4], tokens)
+                pipe.hmget(k[3], tokens + names)
+                pipe.hmget(k[4], tokens + names)
                 new_done, old_done, new_marks, old_marks = pipe.execute()
             for i, token in enumerate(tokens):
                 if new_done[i] or old_done[i]:
                     done.add(token)
                 elif (mark := new_marks[i] or old_marks[i]) is not None:
                     marks[token] = mark
+            for j, name in enumerate(names, len(tokens)):
+                if (new_marks[j] or b"").startswith(b"a") or (old_marks[j] or b"").startswith(b"a"):
+                    done.update(batches[name])
         columns: list[list[Any]] = [[], [], [], [], []]
         for element in elements:
             if element != _SENTINEL:

@@ -80,6 +80,8 @@ class Worker:
         # the next claim need their leases kept as much as the one running.
         self._held: dict[str, tuple[Job, float]] = {}
         self._lost: set[str] = set()
+        # Handled jobs whose ack is on its way: a refused extend means the ack landed first.
+        self._handled: set[str] = set()
         self._processed = self._failed = self._lost_count = 0
 
     def stop(self) -> None:
@@ -137,6 +139,7 @@ class Worker:
             for job in jobs:
                 self._held.pop(job.token, None)
                 self._lost.discard(job.token)
+                self._handled.discard(job.token)
 
     def _loop(self, stop_when_empty: bool) -> None:
         finished: list[Job] = []
@@ -170,6 +173,8 @@ class Worker:
                         self._give_back(unstarted)  # claimed, never started
                         break
                     if self._run_one(job):
+                        with self._lock:
+                            self._handled.add(job.token)
                         finished.append(job)
         finally:
             if finished:
@@ -255,7 +260,7 @@ class Worker:
                 continue
             with self._lock:
                 for job, ok in zip(due, kept, strict=True):
-                    if job.token not in self._held:
+                    if job.token not in self._held or (not ok and job.token in self._handled):
                         continue  # acked or nacked meanwhile: nothing was lost
                     if ok:
                         self._held[job.token] = (job, now + timeout)
