@@ -445,7 +445,7 @@ def test_snapshot_shows_every_state_across_pages_and_changes_nothing(
                         "deliveries": 0}  # fmt: skip
     by_id = {row["id"]: row for row in found}
     assert sum(row["state"] == "pending" for row in found) == 2494
-    assert by_id["j5"] == {"id": "j5", "state": "pending", "stamp_ms": None, "age_ms": None,
+    assert by_id["j9"] == {"id": "j9", "state": "pending", "stamp_ms": None, "age_ms": None,
                            "deliveries": 0}  # fmt: skip
     expected = {leased: "leased", acked: "done", nacked: "deferred", extended: "leased"}
     expected |= {job: "done" for job in whole}
