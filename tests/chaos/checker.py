@@ -14,7 +14,8 @@ redis-py's own replays): an upper bound, since a refused connection is counted a
   ``processed[id] - 1 <= reclaims[id] + copies[id] - 1``: each extra run follows a re-lease
   of an expired lease, or a push that ran twice. Unexplained duplicates must be empty.
 * false reclaims: a re-lease of a delivery whose ack the server had accepted: must be empty.
-* structure, at every snapshot and at the end: exactly one ``*lap`` in a non-empty ring;
+* structure, at every snapshot and at the end (packed batches read as the leases they stand
+  for): exactly one ``*lap`` in a non-empty ring;
   every element is the sentinel, a valid id or a well-formed token; no id more often than
   its copies; acked tokens (done, done_old) are tokens in the ring. That last one has
   documented exceptions: an ack that arrives after its element left the ring (a replayed
@@ -37,7 +38,7 @@ import redis
 
 from rotator import Rotator
 from rotator.keys import KEY_ROLES
-from rotator.protocol import text
+from rotator.protocol import text, unpack_element
 from tests.chaos.eventlog import read_logs
 
 SENTINEL = "*lap"
@@ -80,13 +81,22 @@ def read_state(client: redis.Redis, rotator: Rotator) -> QueueState:
         pipe.lrange(key["dead"], 0, -1)
         ring, done, done_old, marks, marks_old, dead = pipe.execute()
     return QueueState(
-        ring=[text(e) for e in ring],
+        ring=[text(e) for e in unpacked(ring)],
         done={text(t) for t in done},
         done_old={text(t) for t in done_old},
         marks=int(marks),
         marks_old=int(marks_old),
         dead=[text(d) for d in dead],
     )
+
+
+def unpacked(ring: list[bytes]) -> list[bytes]:
+    """The ring with each packed batch written out as the leases it stands for."""
+    out: list[bytes] = []
+    for element in ring:
+        batch = unpack_element(element)
+        out += [element] if batch is None else batch[1]
+    return out
 
 
 def element_id(element: str) -> str:
