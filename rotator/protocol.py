@@ -215,10 +215,11 @@ def job_from_token(
     if known is None:
         try:
             deadline_ms, deliveries, seq = stamp.split(".")
-            known = (int(deliveries), int(deadline_ms))
-            int(seq)
+            known = (int(deliveries), int(deadline_ms)) if seq.isdigit() else None
         except ValueError:
-            raise InvalidToken(f"server returned a malformed token {token!r}") from None
+            known = None
+        if known is None:
+            raise InvalidToken(f"server returned a malformed token {token!r}")
         if stamps is not None:
             stamps[head] = known
     return Job(job_id, token, known[0], reclaimed, known[1], payload)

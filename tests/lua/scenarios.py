@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import pytest
 
 from rotator.keys import KEY_ROLES
+from rotator.protocol import unpack_element
 from tests.lua.backend import Backend, KeyState, ReplyError, Result
 
 LONG = 60_000  # a lease that cannot expire during a scenario
@@ -153,15 +154,14 @@ def peek(b: Backend, count: int = 100) -> list[tuple[str, str, int]]:
 
 
 def unpacked(elements: list[str]) -> list[str]:
-    """The ring with each packed batch ("*<deadline>.1.<call seq>*<id>*<id>...") written out
-    as the leases it stands for: job k's token is <id> + batch + k as five digits."""
+    """The ring with each packed batch written out as the leases it stands for."""
     out: list[str] = []
     for element in elements:
-        if element.startswith("*") and element.count("*") > 1:
-            _, stamp, *ids = element.split("*")
-            out.extend(f"{job_id}*{stamp}{k:05d}" for k, job_id in enumerate(ids, 1))
-        else:
+        batch = unpack_element(element.encode("utf-8", "surrogateescape"))
+        if batch is None:
             out.append(element)
+        else:
+            out += [token.decode("utf-8", "surrogateescape") for token in batch[1]]
     return out
 
 
