@@ -56,8 +56,9 @@ COMMANDS (ARGV[1]; numbers are decimal integers)
     errors: ROTATOR_BADID, ROTATOR_TOOMANY
   next COUNT LEASE_MS BUDGET MAX_DELIVERIES [ACK_TOKEN ...]
     First acks the tokens (and batch acks) given, as `ack`; then visits at most BUDGET
-    elements from the tail
-    and leases at most COUNT jobs (1..1000) for LEASE_MS (1..86400000). An acked lease is
+    elements from the tail (a batch broken up counts its leases too: at most BUDGET plus
+    one batch of work) and leases at most COUNT jobs (1..1000) for LEASE_MS
+    (1..86400000). An acked lease is
     removed; a young lease is skipped; an expired lease or a due nack is leased again with a
     new token, or dead-lettered once it was delivered MAX_DELIVERIES times (0: no limit).
     reply: {idle, wait_ms, acked, token1, reclaimed1, token2, reclaimed2, ...}
@@ -94,7 +95,8 @@ COMMANDS (ARGV[1]; numbers are decimal integers)
            "deferred", "corrupt"; time: lease deadline or due ms (0 when none)
     errors: ROTATOR_BADARG
   sweep BUDGET
-    Visits at most BUDGET elements (1..10000) without leasing anything: removes acked
+    Visits at most BUDGET elements (1..10000; broken-up batches count their leases)
+    without leasing anything: removes acked
     elements, dead-letters corrupt ones, repairs the sentinel. Repeat until `visited` adds up
     to the ring's length to clean a whole lap (an idle queue otherwise cleans up lazily).
     reply: {visited, removed, length} (removed and length in jobs)
@@ -351,11 +353,15 @@ function M.split_batch_ack(arg)
   return string.sub(arg, 1, slash - 1), string.sub(arg, slash + 1)
 end
 
--- LPUSH in slices, keeping order, so long batches stay under unpack()'s limit.
-function M.lpush_all(key, items)
+-- COMMAND KEY ITEM... in slices, keeping order, so long lists stay under unpack()'s limit
+-- (LIMIT.batch is even: field/value and score/member pairs stay whole). Returns the sum of
+-- the replies: what SREM, HDEL, HSET and ZADD count.
+function M.call_all(command, key, items)
+  local total = 0
   for i = 1, #items, LIMIT.batch do
-    rcall('LPUSH', key, unpack(items, i, math.min(i + LIMIT.batch - 1, #items)))
+    total = total + rcall(command, key, unpack(items, i, math.min(i + LIMIT.batch - 1, #items)))
   end
+  return total
 end
 
 function M.read_meta()
@@ -542,9 +548,9 @@ function M.requeue_dead()
   rcall('LTRIM', K.dead, #letters, -1)
   local reversed = {}
   for i = #kept, 1, -1 do reversed[#reversed + 1] = kept[i] end
-  M.lpush_all(K.dead, reversed)
+  M.call_all('LPUSH', K.dead, reversed)
   M.ensure_ring(length)
-  M.lpush_all(K.ring, ids)
+  M.call_all('LPUSH', K.ring, ids)
   M.record_push(meta, #ids, M.now_ms(), head)
   return #ids
 end
@@ -723,16 +729,14 @@ end
 function M.flush_side_writes(s)
   local sides = s.sides
   for _, key in ipairs({ K.done, K.done_old }) do
-    if #s.srem[key] > 0 then sides[key] = sides[key] - rcall('SREM', key, unpack(s.srem[key])) end
+    sides[key] = sides[key] - M.call_all('SREM', key, s.srem[key])
     s.srem[key] = {}
   end
   for _, key in ipairs({ K.marks, K.marks_old }) do
-    if #s.hdel[key] > 0 then sides[key] = sides[key] - rcall('HDEL', key, unpack(s.hdel[key])) end
+    sides[key] = sides[key] - M.call_all('HDEL', key, s.hdel[key])
     s.hdel[key] = {}
   end
-  if #s.keep_marks > 0 then
-    sides[K.marks] = sides[K.marks] + rcall('HSET', K.marks, unpack(s.keep_marks))
-  end
+  sides[K.marks] = sides[K.marks] + M.call_all('HSET', K.marks, s.keep_marks)
   s.keep_marks = {}
 end
 
@@ -871,6 +875,7 @@ function M.visit_packed(s, element, batch, m, m_key)
   for k = 1, #ids do tokens[k] = ids[k] .. batch .. PAD[k] end
   s.live = s.live + #ids - 1
   s.packed = s.packed - (#ids - 1)
+  s.expanded = s.expanded + #ids
   local stamped, done_in, marks, marks_in = {}, {}, {}, {}
   M.look_up(tokens, s.sides, stamped, done_in, marks, marks_in, {})
   for k = 1, #tokens do
@@ -906,7 +911,7 @@ function M.start_walk(lease, max_deliveries)
     lapguess = meta.lapguess,
     qstart = meta.qstart or meta.seq, qlen = meta.qlen or length, taken = meta.taken,
     reply = {}, rotated = {}, revoke = {}, letters = {}, keep_marks = {}, batch = {},
-    packed = meta.packed, released = 0, count = 0,
+    packed = meta.packed, released = 0, count = 0, expanded = 0,
     srem = { [K.done] = {}, [K.done_old] = {} }, hdel = { [K.marks] = {}, [K.marks_old] = {} },
     visited = 0, leased = 0, soonest = nil, young_min = nil, sweeping = false,
   }
@@ -914,8 +919,9 @@ function M.start_walk(lease, max_deliveries)
   return s
 end
 
--- Visits at most `limit` elements from the tail, leasing up to `count` jobs.
-function M.walk(s, count, limit)
+-- Visits at most `limit` elements from the tail (never more than the ring holds), leasing up
+-- to `count` jobs; visits plus the leases of broken-up batches stay within `budget`.
+function M.walk(s, count, limit, budget)
   local PAD, SENTINEL = PAD, SENTINEL
   -- A pending id's first delivery: its token is id .. first .. PAD[its place in the batch].
   local first = s.first
@@ -925,14 +931,15 @@ function M.walk(s, count, limit)
   -- Slices start just larger than what is wanted (every element fetched costs a string
   -- conversion) and double while the walk finds elements to skip.
   local extra = 2
-  while s.visited < limit and s.leased < count do
-    local want = math.min(limit - s.visited, count - s.leased + extra)
+  while s.visited < limit and s.visited + s.expanded < budget and s.leased < count do
+    local want = math.min(limit - s.visited, budget - s.visited - s.expanded,
+      count - s.leased + extra, LIMIT.batch)
     extra = extra * 2
     local slice = rcall('LRANGE', K.ring, -(s.visited + want), -(s.visited + 1))
     local stamped, done_in, mark, mark_in, packed = {}, {}, {}, {}, {}
     M.look_up(slice, s.sides, stamped, done_in, mark, mark_in, packed)
     local i = #slice
-    while i >= 1 and s.leased < count do
+    while i >= 1 and s.leased < count and s.visited + s.expanded < budget do
       local element = slice[i]
       local visited = s.visited + 1
       s.visited = visited
@@ -1003,7 +1010,7 @@ function M.finish_walk(s)
     s.packed = s.packed + #batch - 1
   end
   rcall('LTRIM', K.ring, 0, -(s.visited + 1))
-  M.lpush_all(K.ring, s.rotated)
+  M.call_all('LPUSH', K.ring, s.rotated)
   M.flush_side_writes(s)
   if #s.revoke > 0 then
     local args = {}
@@ -1011,9 +1018,9 @@ function M.finish_walk(s)
       args[#args + 1] = s.now
       args[#args + 1] = s.revoke[j]
     end
-    rcall('ZADD', K.revoked, unpack(args))
+    M.call_all('ZADD', K.revoked, args)
   end
-  if #s.letters > 0 then rcall('RPUSH', K.dead, unpack(s.letters)) end
+  M.call_all('RPUSH', K.dead, s.letters)
   s.seq = s.seq + s.visited
   if s.leased > 0 and (not s.soonest or s.deadline < s.soonest) then s.soonest = s.deadline end
   local young = s.young_min and tonumber(s.young_min)
@@ -1044,7 +1051,7 @@ function M.lease(first, batches)
     s.qmin, s.qstart, s.qlen = nil, s.seq, s.length
   end
   s.reply = { 0, -1, acked }
-  M.walk(s, count, math.min(budget, s.length))
+  M.walk(s, count, math.min(budget, s.length), budget)
   M.finish_walk(s)
   local reply = s.reply
   if s.leased == 0 and s.seq - s.qstart >= s.qlen then
@@ -1064,7 +1071,7 @@ function M.sweep()
   if s.length == 0 then return { 0, 0, 0 } end
   s.sweeping = true
   local packed = s.packed
-  M.walk(s, 1, math.min(budget, s.length))
+  M.walk(s, 1, math.min(budget, s.length), budget)
   -- A sweep leases nothing, so what it passed may still be pending: consumers must look at
   -- a whole lap again before they idle.
   s.qstart, s.qlen = s.seq + s.visited, s.live
@@ -1227,7 +1234,7 @@ local function define_extensions()
     local now = M.now_ms()
     M.ensure_ring(length)
     rcall('HSET', K.payloads, unpack(A, 2))
-    M.lpush_all(K.ring, ids)
+    M.call_all('LPUSH', K.ring, ids)
     M.record_push(meta, #ids, now, head)
     M.enqueued(ids, now)
     return #ids
@@ -1401,7 +1408,7 @@ local function define_extensions()
   function M.push_group(group, ids, now)
     K = group.keys
     M.ensure_ring(group.length)
-    M.lpush_all(K.ring, ids)
+    M.call_all('LPUSH', K.ring, ids)
     M.record_push(group.meta, #ids, now, group.head)
   end
 

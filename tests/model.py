@@ -163,6 +163,7 @@ class Walk:
     visited: int = 0
     leased: int = 0
     released: int = 0  # later deliveries handed out by this call
+    expanded: int = 0  # leases of broken-up batches: they count against the budget too
     soonest: int | None = None
     batch: list[bytes] = field(default_factory=list)  # this call's first deliveries
     reply: list[Any] = field(default_factory=list)
@@ -233,7 +234,7 @@ class RotatorModel:
             # Something came due since the last idle lap: look at a whole lap again.
             self.qmin, self.qstart, self.qlen = None, self.seq, length
         walk.reply = [0, -1, acked]
-        self._walk(walk, n, min(limit, length))
+        self._walk(walk, n, min(limit, length), limit)
         self._finish_walk(walk)
         reply = walk.reply
         assert self.qstart is not None
@@ -305,7 +306,7 @@ class RotatorModel:
             self.qlen = length
         walk.sweeping = True
         packed = walk.packed
-        self._walk(walk, 1, min(limit, length))
+        self._walk(walk, 1, min(limit, length), limit)
         self._finish_walk(walk)
         # A sweep leases nothing: what it passed may still be pending, so the quiet lap
         # starts again.
@@ -513,11 +514,11 @@ class RotatorModel:
             packed=self.packed,
         )
 
-    def _walk(self, w: Walk, count: int, limit: int) -> None:
+    def _walk(self, w: Walk, count: int, limit: int, budget: int) -> None:
         w.count = count
         if self.qstart is None:
             self.qstart = self.seq
-        while w.visited < limit and w.leased < count:
+        while w.visited < limit and w.visited + w.expanded < budget and w.leased < count:
             element = self.ring.pop()  # the tail
             w.visited += 1
             index = self.seq + w.visited
@@ -585,6 +586,7 @@ class RotatorModel:
         self.revoked[batch] = w.now
         w.live += len(ids) - 1
         w.packed -= len(ids) - 1
+        w.expanded += len(ids)
         for k, job_id in enumerate(ids, 1):
             self._visit_stamped(w, job_id + batch + b"%05d" % k)
 

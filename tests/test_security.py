@@ -36,6 +36,7 @@ from rotator import InvalidQueueName, Job, Rotator, WrongKeyType
 from rotator.keys import queue_keys
 from rotator.script import FunctionCall
 from tests.helpers import drain
+from tests.lua.harness import called_commands
 from tests.servers import HOST, ServerProcess, find_server_binary, free_ports
 
 T = TypeVar("T")
@@ -70,7 +71,7 @@ def rule_for(queue: str, user: str, *, drop: frozenset[str] = frozenset()) -> li
 
 
 def module_commands() -> set[str]:
-    called = re.findall(r"(?:rcall|M\.read)\('([A-Z]+)'", MODULE)
+    called = called_commands(MODULE)
     return {name.lower() for name in called}
 
 

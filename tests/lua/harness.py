@@ -22,6 +22,16 @@ from rotator.keys import KEY_ROLES
 
 ROOT = Path(__file__).resolve().parents[2]
 MODULE_PATH = ROOT / "lua" / "rotator.lua"
+# How the module names a Redis command: rcall('X', ...), its guarded read M.read('X', ...) or
+# its sliced call M.call_all('X', ...).
+COMMAND_CALL = re.compile(r"\b(?:rcall|M\.read|M\.call_all)\(\s*'([A-Za-z]+)'")
+
+
+def called_commands(source: str) -> list[str]:
+    """Every command the module source calls, as written, once per call site."""
+    return COMMAND_CALL.findall(source)
+
+
 MODULE_CHUNKNAME = "@lua/rotator.lua"  # error messages then read "lua/rotator.lua:123: ..."
 
 # KEYS[1..10] of a queue, in the order the module's header lists them: the layout the Python

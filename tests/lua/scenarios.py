@@ -371,6 +371,31 @@ def young_lease_is_skipped(b: Backend) -> None:
 
 
 @scenario
+def breaking_up_batches_counts_against_the_budget(b: Backend) -> None:
+    # Nine batches of 1000, each acked token by token but one (touched): breaking all of them
+    # up in one call would be 9000 leases of work and more acks than one unpack() can send.
+    ids = [f"j{i:04d}" for i in range(9000)]
+    push(b, *ids[:4500])
+    push(b, *ids[4500:])
+    batches = [nxt(b, 1000, SHORT, budget=10_000).tokens for _ in range(9)]
+    assert all(len(tokens) == 1000 for tokens in batches)
+    for tokens in batches:
+        assert ack(b, *tokens[:999]) == 999
+    b.sleep_ms(PAST_SHORT)
+    seq = meta_seq(b)
+    got = nxt(b, 1000, LONG, budget=2500)
+    # The sentinel, then three batches: the third starts below the budget (2003 < 2500) and
+    # then nothing more. Each yields its one unacked, expired lease.
+    assert meta_seq(b) - seq == 4
+    assert len(got.jobs) == 3
+    reclaimed = got.ids
+    for _ in range(10):
+        reclaimed += nxt(b, 1000, LONG, budget=2500).ids
+    assert sorted(reclaimed) == sorted(tokens[999].split("*")[0] for tokens in batches)
+    assert (stats(b)["length"], stats(b)["in_flight"], stats(b)["done"]) == (9, 9, 0)
+
+
+@scenario
 def expired_lease_is_reclaimed_once_and_the_old_token_refused(b: Backend) -> None:
     old = lease_one(b, "a", SHORT)
     b.sleep_ms(PAST_SHORT)

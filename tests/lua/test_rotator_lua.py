@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import pytest
@@ -16,6 +15,7 @@ from tests.lua.harness import (
     ScriptError,
     Status,
     StubError,
+    called_commands,
 )
 from tests.lua.scenarios import SCENARIOS, Scenario
 
@@ -31,7 +31,7 @@ def _script(source: str, stub: RedisStub | None = None) -> LuaScript:
 
 def test_the_stub_implements_exactly_the_commands_the_module_calls() -> None:
     source = MODULE_PATH.read_text()
-    called = {name.upper() for name in re.findall(r"(?:rcall|M\.read)\(\s*'([A-Za-z]+)'", source)}
+    called = {name.upper() for name in called_commands(source)}
     assert called == {name.decode() for name in RedisStub().commands}
 
 
