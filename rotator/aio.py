@@ -101,7 +101,7 @@ class AsyncRotator:
     async def _next_call(self, count: int, acks: list[bytes]) -> NextReply:
         head = (count, self._lease_ms, self._budget, self._max_deliveries)
         if not self._extended:
-            return protocol.decode_next(await self._call(b"next", *head, *acks))
+            return protocol.decode_next_packed(await self._call(b"next_packed", *head, *acks))
         drop = int(self._drop_payloads)
         reply = await self._call_payloads(b"nextp", *head, drop, *acks)
         return protocol.decode_next_payloads(reply)
@@ -132,7 +132,7 @@ class AsyncRotator:
             reply = await self._next_call(count, acks)
             if acks is not tokens and reply.acked < len(acks):
                 await self._ack_tokens(tokens, pack=False)  # a batch ack was refused
-            self._batches.note(reply.jobs)
+            self._batches.note(reply)
             jobs, acks = await self._screen(reply.jobs)
             tokens = acks
             if jobs:

@@ -221,7 +221,7 @@ class Rotator:
             reply = self._next_call(count, acks)
             if acks is not tokens and reply.acked < len(acks):
                 self._ack_tokens(tokens, pack=False)  # a batch ack was refused
-            self._batches.note(reply.jobs)
+            self._batches.note(reply)
             jobs, acks = self._screen(reply.jobs)
             tokens = acks
             if jobs:
@@ -242,7 +242,7 @@ class Rotator:
     def _next_call(self, count: int, acks: list[bytes]) -> NextReply:
         head = (count, self._lease_ms, self._budget, self._max_deliveries)
         if not self._extended:
-            return protocol.decode_next(self._call(b"next", *head, *acks))
+            return protocol.decode_next_packed(self._call(b"next_packed", *head, *acks))
         drop = int(self._drop_payloads)
         return protocol.decode_next_payloads(self._call_payloads(b"nextp", *head, drop, *acks))
 

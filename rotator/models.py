@@ -80,3 +80,7 @@ class NextReply:
     wait_ms: int
     acked: int
     jobs: list[Job]
+    # The call's batch of first deliveries as the reply named it ("<deadline>.1.<seq>") and
+    # its size; "" when the reply did not say (its jobs then tell, see Batches.note).
+    batch: bytes = b""
+    batch_jobs: int = 0

@@ -112,11 +112,21 @@ class Batches:
         self._sizes: dict[bytes, int] = {}
         self._limit = limit
 
-    def note(self, jobs: list[Job]) -> None:
+    def note(self, reply: NextReply) -> None:
+        """Remembers the batch one ``next`` reply leased."""
+        if reply.batch:
+            self._remember(reply.batch, reply.batch_jobs)
+        else:
+            self.note_jobs(reply.jobs)
+
+    def note_jobs(self, jobs: list[Job]) -> None:
+        """Remembers the batch among the jobs of one ``next`` reply (its first deliveries)."""
         first = [job for job in jobs if job.deliveries == 1]
-        if not first:
-            return
-        self._sizes[batch_stamp(first[0].token.encode("utf-8", _ERRORS))] = len(first)
+        if first:
+            self._remember(batch_stamp(first[0].token.encode("utf-8", _ERRORS)), len(first))
+
+    def _remember(self, stamp: bytes, jobs: int) -> None:
+        self._sizes[stamp] = jobs
         while len(self._sizes) > self._limit:
             self._sizes.pop(next(iter(self._sizes)))
 
@@ -147,6 +157,7 @@ class Batches:
 
 
 _PACKED_BATCH = re.compile(rb"\*[0-9]+\.1\.[0-9]+")
+_PACKED_STAMP = re.compile(r"([0-9]{1,15})\.1\.[0-9]+")
 
 
 def unpack_element(element: bytes) -> tuple[bytes, list[bytes]] | None:
@@ -225,14 +236,44 @@ def job_from_token(
     return Job(job_id, token, known[0], reclaimed, known[1], payload)
 
 
-def decode_next(reply: Sequence[Any]) -> NextReply:
-    tokens, flags = reply[3::2], reply[4::2]
+# A batch job's place in its token, for every place a batch can have.
+_PLACES = tuple(f"{k:05d}" for k in range(MAX_COUNT + 1))
+
+
+def decode_next_packed(reply: Sequence[Any]) -> NextReply:
+    """A ``next_packed`` reply: the call's first deliveries as one packed element
+    ``*<deadline>.1.<seq>*<id>*<id>...`` (job k's token is ``<id>*<deadline>.1.<seq>`` and k
+    in 5 digits), then the later deliveries as ``next`` sends them. Batch jobs come first."""
+    packed = text(reply[3])
+    jobs: list[Job] = []
+    stamp = ""
+    if packed:
+        star = packed.find("*", 1)
+        batch = packed[:star]
+        stamp = batch[1:]
+        match = _PACKED_STAMP.fullmatch(stamp)
+        ids = packed[star + 1 :].split("*")
+        if star < 0 or match is None or len(ids) > MAX_COUNT:
+            raise InvalidToken(f"server returned a malformed batch {packed[:80]!r}")
+        deadline_ms = int(match[1])
+        places = _PLACES
+        jobs = [
+            Job(job_id, job_id + batch + places[k], 1, False, deadline_ms)
+            for k, job_id in enumerate(ids, 1)
+        ]
     stamps: dict[str, tuple[int, int]] = {}
-    jobs = [
+    jobs.extend(
         job_from_token(token, flag == 1, None, stamps)
-        for token, flag in zip(tokens, flags, strict=True)
-    ]
-    return NextReply(int(reply[0]) == 1, int(reply[1]), int(reply[2]), jobs)
+        for token, flag in zip(reply[4::2], reply[5::2], strict=True)
+    )
+    return NextReply(
+        int(reply[0]) == 1,
+        int(reply[1]),
+        int(reply[2]),
+        jobs,
+        stamp.encode("ascii"),
+        len(jobs) - len(reply[4::2]),
+    )
 
 
 def decode_next_payloads(reply: Sequence[Any]) -> NextReply:

@@ -245,6 +245,27 @@ class RotatorModel:
             reply[1] = self.qmin - self.now
         return reply
 
+    def next_packed(
+        self,
+        count: object,
+        lease: object,
+        budget: object,
+        max_deliveries: object,
+        acks: list[bytes],
+    ) -> list[Any]:
+        """`next`, with the call's first deliveries as their packed element (job k's token is
+        `<id k><batch><k as 5 digits>`), then the later deliveries."""
+        reply = self.next(count, lease, budget, max_deliveries, acks)
+        pairs = list(zip(reply[3::2], reply[4::2], strict=True))
+        first = [token for token, _ in pairs if parse_lease(token)[2] == 1]  # type: ignore[index]
+        packed = b""
+        if first:
+            batch = first[0][first[0].index(b"*") : -5]
+            packed = batch + b"*" + b"*".join(token[: token.index(b"*")] for token in first)
+            assert first == unpacked([packed]), "the batch's tokens are its places, in order"
+        later = [part for token, flag in pairs if token not in first for part in (token, flag)]
+        return [*reply[:3], packed, *later]
+
     def ack(self, tokens: list[bytes]) -> int:
         check_tokens(tokens, required=True, batches=True)
         return self._ack_tokens(tokens)

@@ -149,6 +149,13 @@ def expected_job(token: bytes, reclaimed: int) -> Job:
     return Job(as_text(job_id), as_text(token), deliveries, reclaimed == 1, deadline)
 
 
+def client_order(pairs: list[tuple[bytes, int]]) -> list[tuple[bytes, int]]:
+    """A ``next`` reply's (token, reclaimed) pairs in the order the Python client returns them
+    (it calls ``next_packed``): the call's batch of first deliveries, then the later ones."""
+    first = [pair for pair in pairs if parse_lease(pair[0])[2] == 1]  # type: ignore[index]
+    return first + [pair for pair in pairs if pair not in first]
+
+
 def checked(method: Callable[..., T]) -> Callable[..., T]:
     """Marks the machine failed when a step raises, so teardown skips the liveness check."""
 
@@ -245,6 +252,7 @@ class RotatorMachine(RuleBasedStateMachine):
         max_deliveries=st.sampled_from([0, 2, 3]),
         ack_picks=st.lists(st.integers(0, 2**16), max_size=2),
         bad=st.sampled_from([None] * 9 + ["count", "budget", "token"]),
+        packed=st.booleans(),
     )
     @checked
     def next_raw(
@@ -256,6 +264,7 @@ class RotatorMachine(RuleBasedStateMachine):
         max_deliveries: int,
         ack_picks: list[int],
         bad: str | None,
+        packed: bool,
     ) -> None:
         acks = self.pick(ack_picks) if self.tokens else []
         args: list[object] = [count, lease, budget, max_deliveries]
@@ -265,16 +274,26 @@ class RotatorMachine(RuleBasedStateMachine):
             args[2] = 10_001
         elif bad == "token":
             acks = [*acks, b"x*1e3.1.1"]
+        command, model_next = b"next", self.m.next
+        if packed:
+            command, model_next = b"next_packed", self.m.next_packed
         try:
-            want = self.m.next(args[0], args[1], args[2], args[3], acks)
+            want = model_next(args[0], args[1], args[2], args[3], acks)
         except Refused as refused:
-            expect_refusal(refused.code, lambda: self.raw(b"next", *args, *acks))
+            expect_refusal(refused.code, lambda: self.raw(command, *args, *acks))
             return
-        got = self.raw(b"next", *args, *acks)
+        got = self.raw(command, *args, *acks)
+        if packed:
+            assert got[:4] == want[:4]  # the batch, as one packed element
+            batch_tokens = unpacked([got[3]]) if got[3] else []
+            got, want = got[:3] + got[4:], want[:3] + want[4:]
+            for token in batch_tokens:
+                self.m.adopt(token, token)
+            self.remember(batch_tokens)
         assert got[:3] == want[:3]
         assert got[4::2] == want[4::2]  # the reclaimed flags
-        for placeholder, token in zip(want[3::2], got[3::2], strict=True):
-            self.m.adopt(placeholder, token)
+        for expected, token in zip(want[3::2], got[3::2], strict=True):
+            self.m.adopt(expected, token)
         self.check_idle_reply(got)
         self.remember(got[3::2])
 
@@ -295,7 +314,7 @@ class RotatorMachine(RuleBasedStateMachine):
                 self.m.ack(acks)  # a batch ack was refused: the client acks one by one
             self.check_idle_reply(reply)
             acks = packed = []
-            pairs = list(zip(reply[3::2], reply[4::2], strict=True))
+            pairs = client_order(list(zip(reply[3::2], reply[4::2], strict=True)))
             if pairs or reply[0] == 1:
                 break
         else:
@@ -305,7 +324,7 @@ class RotatorMachine(RuleBasedStateMachine):
             token = job.token.encode("utf-8", "surrogateescape")
             self.m.adopt(placeholder, token)
             assert job == expected_job(token, reclaimed)
-        self.batches.note(jobs)
+        self.batches.note_jobs(jobs)
         self.remember([job.token.encode("utf-8", "surrogateescape") for job in jobs])
         return jobs
 

@@ -396,6 +396,40 @@ def breaking_up_batches_counts_against_the_budget(b: Backend) -> None:
 
 
 @scenario
+def next_packed_sends_the_batch_as_its_element_and_later_deliveries_as_tokens(
+    b: Backend,
+) -> None:
+    push(b, "a", "b")
+    old = nxt(b, 1, SHORT).jobs[0][0]  # a, to be reclaimed
+    push(b, "c")
+    b.sleep_ms(PAST_SHORT)
+    reply = b.call("next_packed", 10, LONG, BUDGET, 0)
+    assert isinstance(reply, list), reply
+    assert (reply[0], reply[2]) == (0, 0), reply
+    within(int(reply[1]), 1, LONG)  # type: ignore[arg-type]
+    packed = reply[3]
+    assert isinstance(packed, str), reply
+    # b and c leased for the first time: one element, the very one now at the ring's head.
+    assert packed == b.ring()[0], (packed, b.ring())
+    batch, ids = packed.split("*", 2)[1], packed.split("*")[2:]
+    assert ids == ["b", "c"], packed
+    tokens = unpacked([packed])
+    assert [parse_token(t).n for t in tokens] == [1, 1]
+    assert all(t.startswith(f"{i}*{batch}") for i, t in zip(ids, tokens, strict=True))
+    # a again (its second delivery), as next sends it: token then reclaimed flag.
+    again = parse_token(str(reply[4]))
+    assert (again.id, again.n, reply[5], len(reply)) == ("a", 2, 1, 6), reply
+    assert ack(b, old.text) == 0
+    assert ack(b, *tokens, again.text) == 3
+    nothing = b.call("next_packed", 10, LONG, BUDGET, 0)
+    assert isinstance(nothing, list), nothing
+    assert len(nothing) == 4, nothing
+    assert nothing[3] == "", nothing  # no batch
+    laps(b, 2)
+    assert b.ring() == [SENTINEL]
+
+
+@scenario
 def expired_lease_is_reclaimed_once_and_the_old_token_refused(b: Backend) -> None:
     old = lease_one(b, "a", SHORT)
     b.sleep_ms(PAST_SHORT)
