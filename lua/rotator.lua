@@ -380,6 +380,7 @@ function M.read_meta()
     qmin = tonumber(m[4]), pushed = tonumber(m[5]) or 0, taken = tonumber(m[6]) or 0,
     lapguess = m[7] == '1' or not tonumber(m[2]), qlen = tonumber(m[8]),
     packed = tonumber(m[9]) or 0, -- jobs in packed elements beyond one per element
+    lapguess_field = m[7],
   }
 end
 
@@ -735,17 +736,23 @@ end
 -- Applies the side-structure writes collected so far by a walk, keeping the sizes in
 -- s.sides true (end_lap renames only what exists).
 function M.flush_side_writes(s)
-  local sides = s.sides
-  for _, key in ipairs({ K.done, K.done_old }) do
-    sides[key] = sides[key] - M.call_all('SREM', key, s.srem[key])
-    s.srem[key] = {}
+  local sides, srem, hdel = s.sides, s.srem, s.hdel
+  for key, list in pairs(srem) do
+    if #list > 0 then
+      sides[key] = sides[key] - M.call_all('SREM', key, list)
+      srem[key] = {}
+    end
   end
-  for _, key in ipairs({ K.marks, K.marks_old }) do
-    sides[key] = sides[key] - M.call_all('HDEL', key, s.hdel[key])
-    s.hdel[key] = {}
+  for key, list in pairs(hdel) do
+    if #list > 0 then
+      sides[key] = sides[key] - M.call_all('HDEL', key, list)
+      hdel[key] = {}
+    end
   end
-  sides[K.marks] = sides[K.marks] + M.call_all('HSET', K.marks, s.keep_marks)
-  s.keep_marks = {}
+  if #s.keep_marks > 0 then
+    sides[K.marks] = sides[K.marks] + M.call_all('HSET', K.marks, s.keep_marks)
+    s.keep_marks = {}
+  end
 end
 
 -- The sentinel's visit ends a lap: whatever an old generation still holds was not claimed
@@ -816,15 +823,17 @@ end
 
 -- A leased element that is not acked: keep it, or lease it again once it is due.
 function M.visit_lease(s, element, m, m_key)
-  if not m and s.young_low then
+  local young_low = s.young_low
+  if young_low == nil then young_low = M.young_bounds(s) end
+  if not m and young_low then
     -- The common case, a young lease with no mark, decided without parsing a number: a
     -- deadline written with as many digits as now and the longest lease is young when it
     -- sorts after now and no later than now + the longest lease (digit strings of one length
     -- sort like their numbers, and anything else fails these checks and is parsed below).
     local star = string.find(element, '*', 2, true)
-    local width = #s.young_low
+    local width = #young_low
     local deadline = string.sub(element, star + 1, star + width)
-    if deadline > s.young_low and deadline <= s.young_high and #element - star <= 40
+    if deadline > young_low and deadline <= s.young_high and #element - star <= 40
         and string.byte(element, star + width + 1) == 46 and star <= LIMIT.id_bytes + 1 then
       local rotated = s.rotated
       rotated[#rotated + 1] = element
@@ -910,8 +919,8 @@ function M.start_walk(lease, max_deliveries)
   local seq_base = tostring(meta.seq)
   local s = {
     now = now, deadline = now + lease, max_deliveries = max_deliveries, sides = sides,
-    seq_base = seq_base, first = '*' .. (now + lease) .. '.1.' .. seq_base,
-    young_low = tostring(now), young_high = tostring(now + LIMIT.lease_ms),
+    seq_base = seq_base, first = '*' .. (now + lease) .. '.1.' .. seq_base, meta = meta,
+    young_low = nil, young_high = nil, -- see M.young_bounds
     length = length, live = length, -- ring length as it is at this point of the visits
     seq = meta.seq, lapnext = lapnext, qmin = meta.qmin,
     -- With the lap position unknown (new ring, lost meta), guess that the sentinel is within
@@ -923,14 +932,22 @@ function M.start_walk(lease, max_deliveries)
     srem = { [K.done] = {}, [K.done_old] = {} }, hdel = { [K.marks] = {}, [K.marks_old] = {} },
     visited = 0, leased = 0, soonest = nil, young_min = nil, sweeping = false,
   }
-  if #s.young_low ~= #s.young_high then s.young_low = nil end -- no shortcut across a new digit
   return s
+end
+
+-- The bounds of visit_lease's shortcut for young leases, made when a walk first meets a
+-- lease: deadlines after now and no later than now + the longest lease, as digit strings.
+-- Returns the lower bound, or false when there is no shortcut (the bounds differ in length).
+function M.young_bounds(s)
+  local low, high = tostring(s.now), tostring(s.now + LIMIT.lease_ms)
+  s.young_low, s.young_high = #low == #high and low, high
+  return s.young_low
 end
 
 -- Visits at most `limit` elements from the tail (never more than the ring holds), leasing up
 -- to `count` jobs; visits plus the leases of broken-up batches stay within `budget`.
 function M.walk(s, count, limit, budget)
-  local PAD, SENTINEL = PAD, SENTINEL
+  local PAD, SENTINEL, byte, id_bytes = PAD, SENTINEL, string.byte, LIMIT.id_bytes
   -- A pending id's first delivery: its token is id .. first .. PAD[its place in the batch].
   local first, compact = s.first, s.compact
   local rotated, reply, srem, batch = s.rotated, s.reply, s.srem, s.batch
@@ -947,7 +964,32 @@ function M.walk(s, count, limit, budget)
     local stamped, done_in, mark, mark_in, packed = {}, {}, {}, {}, {}
     M.look_up(slice, s.sides, stamped, done_in, mark, mark_in, packed)
     local i = #slice
-    while i >= 1 and s.leased < count and s.visited + s.expanded < budget do
+    while true do
+      if not s.sweeping then
+        -- The common case first, with the counters in locals: a run of pending ids within
+        -- the lap, each leased into this call's batch. Anything else ends the run and is
+        -- visited below.
+        local visited, leased, live, taken = s.visited, s.leased, s.live, s.taken
+        local last = math.min(budget - s.expanded, s.lapnext - s.seq - 1) -- visits allowed
+        local place = #batch
+        while i >= 1 and leased < count and visited < last do
+          local element = slice[i]
+          if stamped[i] or packed[i] or element == '' or #element > id_bytes
+              or byte(element) == 42 then
+            break
+          end
+          visited, leased, live, taken = visited + 1, leased + 1, live - 1, taken + 1
+          place = place + 1
+          batch[place] = element
+          if not compact then
+            reply[n_reply + 1], reply[n_reply + 2] = element .. first .. PAD[place], 0
+            n_reply = n_reply + 2
+          end
+          i = i - 1
+        end
+        s.visited, s.leased, s.live, s.taken = visited, leased, live, taken
+      end
+      if i < 1 or s.leased >= count or s.visited + s.expanded >= budget then break end
       local element = slice[i]
       local visited = s.visited + 1
       s.visited = visited
@@ -1031,15 +1073,34 @@ function M.finish_walk(s)
     end
     M.call_all('ZADD', K.revoked, args)
   end
-  M.call_all('RPUSH', K.dead, s.letters)
+  if #s.letters > 0 then M.call_all('RPUSH', K.dead, s.letters) end
   s.seq = s.seq + s.visited
   if s.leased > 0 and (not s.soonest or s.deadline < s.soonest) then s.soonest = s.deadline end
   local young = s.young_min and tonumber(s.young_min)
   if young and (not s.soonest or young < s.soonest) then s.soonest = young end
   if s.soonest and (not s.qmin or s.soonest < s.qmin) then s.qmin = s.soonest end
-  rcall('HSET', K.meta, 'seq', s.seq, 'qstart', s.qstart, 'qlen', s.qlen, 'taken', s.taken,
-    'lapnext', s.lapnext, 'lapguess', s.lapguess and 1 or 0, 'qmin', s.qmin or '',
-    'packed', math.max(s.packed, 0))
+  M.write_meta(s)
+end
+
+-- Writes the counters a walk changed (only those: formatting numbers is a good part of a
+-- short call); an absent field reads as its default, as read_meta says.
+function M.write_meta(s)
+  local was = s.meta
+  local fields = { 'seq', s.seq }
+  local function changed(name, value, before)
+    if value ~= before then
+      fields[#fields + 1] = name
+      fields[#fields + 1] = value
+    end
+  end
+  changed('taken', s.taken, was.taken)
+  changed('packed', math.max(s.packed, 0), was.packed)
+  changed('qstart', s.qstart, was.qstart)
+  changed('qlen', s.qlen, was.qlen)
+  changed('lapnext', s.lapnext, was.lapnext)
+  changed('lapguess', s.lapguess and '1' or '0', was.lapguess_field)
+  changed('qmin', s.qmin or '', was.qmin or '')
+  rcall('HSET', K.meta, unpack(fields))
 end
 
 function M.next()
