@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -124,17 +124,17 @@ class AsyncRotator:
         self, count: int = 1, block: float | None = None, *, ack: Iterable[JobRef] = ()
     ) -> list[Job]:
         count = protocol.check_count(count)
-        tokens = protocol.encode_tokens(ack)
-        acks = self._pack(tokens)
+        refs = list(ack)
+        acks, packed, _ = self._pack(refs)
         waited = check_block(block)
         give_up = None if waited is None else time.monotonic() + waited
         while True:
             reply = await self._next_call(count, acks)
-            if acks is not tokens and reply.acked < len(acks):
-                await self._ack_tokens(tokens, pack=False)  # a batch ack was refused
+            if packed and reply.acked < len(acks):
+                await self._ack_refs(refs, pack=False)  # a batch ack was refused
             self._batches.note(reply)
             jobs, acks = await self._screen(reply.jobs)
-            tokens = acks
+            packed = False
             if jobs:
                 if acks:
                     await self.ack(*acks)
@@ -166,16 +166,20 @@ class AsyncRotator:
         return keep, finished
 
     async def ack(self, *jobs: JobRef) -> int:
-        return await self._ack_tokens(protocol.encode_tokens(jobs), pack=True)
+        return await self._ack_refs(jobs, pack=True)
 
-    def _pack(self, tokens: list[bytes]) -> list[bytes]:
+    def _pack(self, refs: Sequence[JobRef]) -> protocol.PackedAcks:
         """As Rotator._pack."""
         if self._extended and self._drop_payloads:
-            return tokens
-        return self._batches.pack(tokens)
+            tokens = protocol.encode_tokens(refs)
+            return protocol.PackedAcks(tokens, False, len(set(tokens)))
+        return self._batches.pack_refs(refs)
 
-    async def _ack_tokens(self, tokens: list[bytes], *, pack: bool) -> int:
-        args = self._pack(tokens) if pack else tokens
+    async def _ack_refs(self, refs: Sequence[JobRef], *, pack: bool) -> int:
+        if pack:
+            args, packed, named = self._pack(refs)
+        else:
+            args, packed, named = protocol.encode_tokens(refs), False, 0
         total = 0
         drop = self._extended and self._drop_payloads
         for part in chunks(args, MAX_BATCH):
@@ -183,11 +187,11 @@ class AsyncRotator:
                 total += int(await self._call_payloads(b"ackp", *part))
             else:
                 total += int(await self._call(b"ack", *part))
-        if args is tokens:
+        if not packed:
             return total
         if total < len(args):
-            return await self._ack_tokens(tokens, pack=False)  # a batch ack was refused
-        return len(set(tokens))
+            return await self._ack_refs(refs, pack=False)  # a batch ack was refused
+        return named
 
     async def nack(self, *jobs: JobRef, delay: float = 0.0) -> int:
         delay_ms = protocol.seconds_to_ms(delay, "delay", allow_zero=True)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -213,17 +213,17 @@ class Rotator:
         wait also ends when a lease or a delayed retry falls due.
         """
         count = protocol.check_count(count)
-        tokens = protocol.encode_tokens(ack)
-        acks = self._pack(tokens)
+        refs = list(ack)
+        acks, packed, _ = self._pack(refs)
         waited = check_block(block)
         give_up = None if waited is None else time.monotonic() + waited
         while True:
             reply = self._next_call(count, acks)
-            if acks is not tokens and reply.acked < len(acks):
-                self._ack_tokens(tokens, pack=False)  # a batch ack was refused
+            if packed and reply.acked < len(acks):
+                self._ack_refs(refs, pack=False)  # a batch ack was refused
             self._batches.note(reply)
             jobs, acks = self._screen(reply.jobs)
-            tokens = acks
+            packed = False
             if jobs:
                 if acks:
                     self.ack(*acks)
@@ -265,27 +265,31 @@ class Rotator:
         A delivery whose lease was re-issued, nacked or dead-lettered is refused (not
         counted). O(1) per job: the element leaves the ring when a consumer next reaches it.
         """
-        return self._ack_tokens(protocol.encode_tokens(jobs), pack=True)
+        return self._ack_refs(jobs, pack=True)
 
-    def _pack(self, tokens: list[bytes]) -> list[bytes]:
+    def _pack(self, refs: Sequence[JobRef]) -> protocol.PackedAcks:
         """Whole batches as batch acks, except where an ack must name each job (to delete
         its payload)."""
         if self._extended and self._drop_payloads:
-            return tokens
-        return self._batches.pack(tokens)
+            tokens = protocol.encode_tokens(refs)
+            return protocol.PackedAcks(tokens, False, len(set(tokens)))
+        return self._batches.pack_refs(refs)
 
-    def _ack_tokens(self, tokens: list[bytes], *, pack: bool) -> int:
-        args = self._pack(tokens) if pack else tokens
+    def _ack_refs(self, refs: Sequence[JobRef], *, pack: bool) -> int:
+        if pack:
+            args, packed, named = self._pack(refs)
+        else:
+            args, packed, named = protocol.encode_tokens(refs), False, 0
         if self._extended and self._drop_payloads:
             return sum(
                 int(self._write_payloads(b"ackp", *part)) for part in chunks(args, MAX_BATCH)
             )
         accepted = sum(int(self._write(b"ack", *part)) for part in chunks(args, MAX_BATCH))
-        if args is tokens:
+        if not packed:
             return accepted
         if accepted < len(args):
-            return self._ack_tokens(tokens, pack=False)  # a batch ack was refused
-        return len(set(tokens))
+            return self._ack_refs(refs, pack=False)  # a batch ack was refused
+        return named
 
     def nack(self, *jobs: JobRef, delay: float = 0.0) -> int:
         """Gives jobs back, to be delivered again once ``delay`` seconds have passed.

@@ -10,7 +10,8 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Iterable, Sequence
-from typing import Any
+from operator import is_
+from typing import Any, NamedTuple
 
 from rotator.defaults import (
     MAX_BUDGET,
@@ -97,6 +98,15 @@ def encode_tokens(refs: Iterable[JobRef]) -> list[bytes]:
     return [encode_token(ref) for ref in refs]
 
 
+class PackedAcks(NamedTuple):
+    """Acks ready to send: ``args`` (tokens, and batch acks where a whole batch is acked),
+    whether any batch ack is among them, and how many distinct deliveries they name."""
+
+    args: list[bytes]
+    packed: bool
+    jobs: int
+
+
 class Batches:
     """The batches this client leased and how many jobs each holds, so that acking a whole
     batch can be sent as one batch ack instead of every token.
@@ -106,18 +116,26 @@ class Batches:
     The batch ack ``*<stamp>/<jobs>`` completes them all, unless one of them was given back
     or its element was broken up meanwhile: then the module refuses it and the tokens are
     sent one by one. Bounded: the oldest batches are forgotten first.
+
+    The jobs of the last few batches are kept too: acking them as ``next`` returned them
+    (the common loop) is then recognised by identity, without encoding a token per job.
     """
 
-    def __init__(self, limit: int = 4096) -> None:
+    def __init__(self, limit: int = 4096, kept: int = 16) -> None:
         self._sizes: dict[bytes, int] = {}
         self._limit = limit
+        self._jobs: dict[bytes, tuple[Job, ...]] = {}  # stamp -> the batch's jobs, in order
+        self._kept = kept
 
     def note(self, reply: NextReply) -> None:
         """Remembers the batch one ``next`` reply leased."""
-        if reply.batch:
-            self._remember(reply.batch, reply.batch_jobs)
-        else:
+        if not reply.batch:
             self.note_jobs(reply.jobs)
+            return
+        self._remember(reply.batch, reply.batch_jobs)
+        self._jobs[reply.batch] = tuple(reply.jobs[: reply.batch_jobs])
+        while len(self._jobs) > self._kept:
+            self._jobs.pop(next(iter(self._jobs)))
 
     def note_jobs(self, jobs: list[Job]) -> None:
         """Remembers the batch among the jobs of one ``next`` reply (its first deliveries)."""
@@ -129,6 +147,30 @@ class Batches:
         self._sizes[stamp] = jobs
         while len(self._sizes) > self._limit:
             self._sizes.pop(next(iter(self._sizes)))
+
+    def pack_refs(self, refs: Sequence[JobRef]) -> PackedAcks:
+        """The acks for ``refs``: a batch among them as its batch ack, the rest as tokens."""
+        first = refs[0] if refs else None
+        if isinstance(first, Job) and first.deliveries == 1:
+            token = first.token
+            stamp = token[token.find("*") + 1 : -5].encode("utf-8", _ERRORS)
+            jobs = self._jobs.get(stamp, ())
+            size = len(jobs)
+            # The batch's very Job objects, first and in order: nothing to check per job.
+            # Popped: a batch is acked whole once (threads may share this client).
+            if (
+                size
+                and len(refs) >= size
+                and all(map(is_, jobs, refs))
+                and self._sizes.pop(stamp, None) is not None
+            ):
+                self._jobs.pop(stamp, None)
+                rest = encode_tokens(refs[size:])
+                named = size if not rest else len(set(encode_tokens(jobs)).union(rest))
+                return PackedAcks([*self.pack(rest), b"*%s/%d" % (stamp, size)], True, named)
+        tokens = encode_tokens(refs)
+        args = self.pack(tokens)
+        return PackedAcks(args, args is not tokens, len(set(tokens)))
 
     def pack(self, tokens: list[bytes]) -> list[bytes]:
         """``tokens`` with every whole batch among them replaced by its batch ack; the very
@@ -257,8 +299,10 @@ def decode_next_packed(reply: Sequence[Any]) -> NextReply:
             raise InvalidToken(f"server returned a malformed batch {packed[:80]!r}")
         deadline_ms = int(match[1])
         places = _PLACES
+        # tuple.__new__ skips the NamedTuple's Python-level __new__: a third cheaper per job.
+        make = tuple.__new__
         jobs = [
-            Job(job_id, job_id + batch + places[k], 1, False, deadline_ms)
+            make(Job, (job_id, job_id + batch + places[k], 1, False, deadline_ms, None))
             for k, job_id in enumerate(ids, 1)
         ]
     stamps: dict[str, tuple[int, int]] = {}

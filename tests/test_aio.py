@@ -51,6 +51,25 @@ def test_push_next_and_ack_round_trip(server: ServerProcess, queue_name: str) ->
     run_on(server, scenario)
 
 
+def test_whole_batches_are_acked_as_one_batch_ack_and_refusals_token_by_token(
+    server: ServerProcess, queue_name: str
+) -> None:
+    async def scenario(client: aredis.Redis) -> None:
+        queue = AsyncRotator(client, queue_name, timeout=30)
+        marks, done = queue.keys.all[3], queue.keys.all[1]
+        await queue.push("a", "b", "c", "d")
+        first = await queue.next(2)
+        second = await queue.next(2, ack=first)  # carried by next: one batch ack
+        batch = ("*" + first[0].token.split("*")[1][:-5]).encode()
+        assert await client.hgetall(marks) == {batch: b"a2"}
+        assert await client.scard(done) == 0
+        assert await queue.nack(second[0], delay=60) == 1  # revokes the second batch
+        assert await queue.ack(*second) == 1  # refused as a batch, then d alone
+        assert await client.smembers(done) == {second[1].token.encode()}
+
+    run_on(server, scenario)
+
+
 def test_a_blocked_next_is_woken_by_a_push_from_another_task(
     server: ServerProcess, queue_name: str
 ) -> None:

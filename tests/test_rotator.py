@@ -69,6 +69,45 @@ def test_acks_carried_by_next_complete_the_previous_batch(q: Rotator) -> None:
     assert q.stats().length == 0
 
 
+def batch_marks(client: redis.Redis, q: Rotator) -> dict[bytes, bytes]:
+    """The batch acks (``a<jobs>``) and touches in the queue's marks, by batch name."""
+    marks: dict[bytes, bytes] = client.hgetall(q.keys.all[3])  # type: ignore[assignment]
+    return {name: value for name, value in marks.items() if name.startswith(b"*")}
+
+
+def done_tokens(client: redis.Redis, q: Rotator) -> set[bytes]:
+    done: set[bytes] = client.sunion([q.keys.all[1], q.keys.all[2]])  # type: ignore[assignment]
+    return done
+
+
+def test_a_whole_batch_acked_as_next_returned_it_is_one_batch_ack(
+    client: redis.Redis, q: Rotator
+) -> None:
+    q.push(*[str(i) for i in range(6)])
+    first = q.next(3)
+    batch = b"*" + first[0].token.split("*")[1][:-5].encode()
+    assert q.ack(*first) == 3
+    assert batch_marks(client, q) == {batch: b"a3"}
+    assert done_tokens(client, q) == set()  # no token written one by one
+    second = q.next(3, ack=first)  # acked again: one by one now, each accepted
+    assert done_tokens(client, q) == {job.token.encode() for job in first}
+    assert q.ack(*second, *first[:1]) == 4  # the batch, and a token beside it
+    second_batch = b"*" + second[0].token.split("*")[1][:-5].encode()
+    assert batch_marks(client, q)[second_batch] == b"a3"
+    drain(q)
+    assert q.stats().length == 0
+
+
+def test_a_refused_batch_ack_is_resent_token_by_token(client: redis.Redis, q: Rotator) -> None:
+    q.push("a", "b", "c")
+    jobs = q.next(3)
+    assert q.nack(jobs[0], delay=60) == 1  # revokes the batch
+    assert q.ack(*jobs) == 2  # the batch ack is refused, then b and c are accepted
+    assert done_tokens(client, q) == {job.token.encode() for job in jobs[1:]}
+    assert q.next(3, ack=jobs) == []  # a waits for its nack delay
+    assert q.stats().deferred == 1
+
+
 def test_no_other_consumer_gets_a_job_while_its_lease_is_valid(
     client: redis.Redis, queue_name: str
 ) -> None:
