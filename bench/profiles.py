@@ -75,18 +75,19 @@ def memory_per_job(client: redis.Redis, jobs: int) -> dict[str, float]:
         return float(client.memory_usage(key, samples=0) or 0) / jobs
 
     pending = usage(q.keys.ring)
-    leased: list[Job] = []
-    while len(leased) < jobs:
-        leased.extend(q.next(1000))
-    in_flight = usage(q.keys.ring)  # packed: one element per call's batch of 1000
-    # Acked whole batch by batch (what Rotator sends for whole batches): one mark per batch.
-    for start in range(0, jobs, 1000):
-        q.ack(*leased[start : start + 1000])
+    batches: list[list[Job]] = []
+    while sum(map(len, batches)) < jobs:
+        batches.append(q.next(1000))
+    in_flight = usage(q.keys.ring)  # packed: one element per call's batch of up to 1000
+    # Each batch acked as next returned it (what Rotator sends as one batch ack): one mark
+    # per batch.
+    for batch in batches:
+        q.ack(*batch)
     batch_acked = usage(q.keys.all[1]) + usage(q.keys.all[3])
     q.delete()
     # Acked one by one (a client that does not know the batches): a done-set entry per token.
     q.push_many(job_ids(jobs), chunk=PRELOAD_CHUNK)
-    leased = []
+    leased: list[Job] = []
     while len(leased) < jobs:
         leased.extend(q.next(1000))
     one_by_one = Rotator(client, "memory", timeout=600)

@@ -865,25 +865,26 @@ end
 -- elements it stands for, which are visited in its place.
 function M.visit_packed(s, element, batch, m, m_key)
   local deadline = string.match(batch, '^%*(%d+)%.1%.%d+$')
-  local ids = {}
-  if deadline and #deadline <= 15 and #batch <= 40 then
-    for id in string.gmatch(string.sub(element, #batch + 2), '[^*]+') do ids[#ids + 1] = id end
-  end
-  if #ids == 0 then
+  -- Well formed: a batch name, then at least one id (a byte other than "*").
+  if not deadline or #deadline > 15 or #batch > 40
+      or not string.find(element, '[^*]', #batch + 2) then
     if m_key then table.insert(s.hdel[m_key], batch) end
     M.dead_letter(s, 'corrupt', 0, element)
     return
   end
+  local due = tonumber(deadline)
+  if not m and (due > s.now or s.sweeping) then
+    -- Young and untouched, the common case: kept without reading its ids (O(1) per lap).
+    M.keep(s, element, due)
+    return
+  end
+  local ids = {}
+  for id in string.gmatch(string.sub(element, #batch + 2), '[^*]+') do ids[#ids + 1] = id end
   local acked = m and string.byte(m) == 97 -- "a"
   if acked then
     table.insert(s.hdel[m_key], batch)
     s.live = s.live - 1
     s.packed = s.packed - (#ids - 1)
-    return
-  end
-  local due = tonumber(deadline)
-  if not m and (due > s.now or s.sweeping) then
-    M.keep(s, element, due)
     return
   end
   if m_key then table.insert(s.hdel[m_key], batch) end -- the touch is used up

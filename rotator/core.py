@@ -22,6 +22,7 @@ from rotator.defaults import (
     DEFAULT_POLL,
     DEFAULT_PREFIX,
     DEFAULT_PUSH_CHUNK,
+    DEFAULT_WORK_BATCH,
     MAX_BATCH,
     MAX_COUNT,
 )
@@ -368,7 +369,7 @@ class Rotator:
         *,
         concurrency: int = 1,
         stop_when_empty: bool = False,
-        batch: int = 1,
+        batch: int = DEFAULT_WORK_BATCH,
         poll: float = DEFAULT_POLL,
         install_signal_handlers: bool = True,
     ) -> WorkSummary:
@@ -376,8 +377,10 @@ class Rotator:
         ``stop_when_empty``, until nothing is pending, in flight or deferred.
 
         Failures are nacked with exponential backoff; the leases of every job held are
-        extended while it waits or runs. ``poll`` is how long an idle loop blocks before it
-        looks at its stop conditions. See :mod:`rotator.worker`.
+        extended while it waits or runs. A claim takes about 0.1 s of work at the handler's
+        recent pace and at most ``batch`` jobs (``batch=1``: one job per round trip).
+        ``poll`` is how long an idle loop blocks before it looks at its stop conditions. See
+        :mod:`rotator.worker`.
         """
         worker = Worker(self, handler, concurrency=concurrency, batch=batch, poll=poll)
         return worker.run(

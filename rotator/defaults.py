@@ -10,6 +10,11 @@ DEFAULT_BUDGET = 1000
 DEFAULT_PUSH_CHUNK = 1000
 # Seconds an idle worker waits for work per `next` call before checking for a stop.
 DEFAULT_POLL = 1.0
+# The most jobs one worker claim takes, and about how many seconds of the handler's recent
+# pace a claim takes: fast jobs are claimed many per round trip, slow ones one at a time so
+# that workers elsewhere can take the rest.
+DEFAULT_WORK_BATCH = 100
+WORK_CLAIM_SECONDS = 0.1
 # Key prefix before the {queue} hash tag.
 DEFAULT_PREFIX = "rotator"
 

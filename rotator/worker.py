@@ -1,8 +1,11 @@
 """The worker loop: claim, run the handler, ack or nack, keep long leases alive, stop cleanly.
 
-Each worker thread leases ``batch`` jobs at a time and acks finished ones in the same call
-that claims the next batch, so a busy worker pays one round trip per batch. A heartbeat
-thread extends the lease of any job that has run for half its lease. SIGINT/SIGTERM stop
+Each worker thread claims jobs in batches and acks finished ones in the same call that claims
+the next batch, so a busy worker pays one round trip per batch. A claim takes about
+WORK_CLAIM_SECONDS of work at the handler's recent pace, at most ``batch`` jobs (the first
+claim takes one): fast jobs go many per round trip, slow ones one at a time, so that idle
+workers elsewhere can take the rest. A heartbeat thread extends the lease of any job held
+(waiting its turn or running) once it has used half its lease. SIGINT/SIGTERM stop
 claiming; jobs already started are finished and acked, jobs claimed but not started are given
 back at once.
 """
@@ -26,8 +29,10 @@ from rotator.defaults import (
     CLAIM_RETRY_CAP,
     CLAIM_RETRY_FIRST,
     DEFAULT_POLL,
+    DEFAULT_WORK_BATCH,
     RETRY_BACKOFF_BASE,
     RETRY_BACKOFF_CAP,
+    WORK_CLAIM_SECONDS,
 )
 from rotator.errors import ServerBusy
 from rotator.models import Job
@@ -65,7 +70,7 @@ class Worker:
         handler: Handler,
         *,
         concurrency: int = 1,
-        batch: int = 1,
+        batch: int = DEFAULT_WORK_BATCH,
         poll: float = DEFAULT_POLL,
     ) -> None:
         self.rotator = rotator
@@ -83,6 +88,8 @@ class Worker:
         # Handled jobs whose ack is on its way: a refused extend means the ack landed first.
         self._handled: set[str] = set()
         self._processed = self._failed = self._lost_count = 0
+        # Seconds per job over the recent batches (None until one was run): sizes claims.
+        self._pace: float | None = None
 
     def stop(self) -> None:
         """Asks every loop to finish its current job and return."""
@@ -147,7 +154,7 @@ class Worker:
         try:
             while not self._stop.is_set():
                 try:
-                    jobs = self.rotator.next(self.batch, block=self.poll, ack=finished)
+                    jobs = self.rotator.next(self._claim_size(), block=self.poll, ack=finished)
                 except Exception as error:
                     if not transient(error):
                         raise
@@ -167,6 +174,7 @@ class Worker:
                     if stop_when_empty and self._drained():
                         return
                     continue
+                began = time.monotonic()
                 for position, job in enumerate(jobs):
                     if self._stop.is_set():
                         unstarted = jobs[position:]
@@ -176,6 +184,7 @@ class Worker:
                         with self._lock:
                             self._handled.add(job.token)
                         finished.append(job)
+                self._note_pace((time.monotonic() - began) / len(jobs))
         finally:
             if finished:
                 try:
@@ -206,6 +215,21 @@ class Worker:
                 "could not give back %d jobs (%s); their leases will run out", len(jobs), error
             )
         self._release(jobs)
+
+    def _claim_size(self) -> int:
+        """Jobs to claim next: about WORK_CLAIM_SECONDS of work, 1..batch."""
+        pace = self._pace
+        if pace is None:
+            return 1
+        if pace * self.batch <= WORK_CLAIM_SECONDS:
+            return self.batch
+        return max(1, min(self.batch, int(WORK_CLAIM_SECONDS / pace)))
+
+    def _note_pace(self, seconds_per_job: float) -> None:
+        # A moving average: one slow batch halves the next claim, it does not reset it.
+        # Threads share it; a lost update only skews one claim.
+        pace = self._pace
+        self._pace = seconds_per_job if pace is None else (pace + seconds_per_job) / 2
 
     def _drained(self) -> bool:
         stats = self.rotator.stats()

@@ -188,18 +188,21 @@ def test_a_job_that_always_fails_is_dead_lettered_after_max_deliveries(
 def test_every_job_of_a_claimed_batch_keeps_its_lease_until_it_is_acked(
     server: ServerProcess, client: redis.Redis, queue_name: str
 ) -> None:
-    # With batch=2 the worker holds both jobs for two handler runs. A job waiting for its
-    # turn, or finished but waiting for the batch's ack, is still the worker's: its lease must
-    # be kept alive like the running one's, or another consumer is handed it meanwhile.
+    # A fast job first, so the worker's next claim takes a batch of two; then two slow ones:
+    # the worker holds both for two handler runs. A job waiting for its turn, or finished but
+    # waiting for the batch's ack, is still the worker's: its lease must be kept alive like
+    # the running one's, or another consumer is handed it meanwhile.
     queue = Rotator(client, queue_name, timeout=0.4)
-    queue.push("first", "second")
+    queue.push("warm-up", "first", "second")
     handled: list[tuple[str, int]] = []
     finished = threading.Event()
 
     def handler(job: Job) -> None:
         handled.append((job.id, job.deliveries))
+        if job.id == "warm-up":
+            return
         time.sleep(0.6)  # longer than the lease of 0.4 s
-        if len(handled) == 2:
+        if len(handled) == 3:
             finished.set()
 
     summaries: list[WorkSummary] = []
@@ -210,7 +213,7 @@ def test_every_job_of_a_claimed_batch_keeps_its_lease_until_it_is_acked(
     stolen: list[Job] = []
     with redis.Redis.from_url(server.url) as other_client:
         other = Rotator(other_client, queue_name, timeout=30)
-        wait_until(lambda: len(handled) == 1)
+        wait_until(lambda: len(handled) == 2)
         while not finished.is_set() and worker.is_alive():
             jobs = other.next(10)
             stolen.extend(jobs)
@@ -219,4 +222,42 @@ def test_every_job_of_a_claimed_batch_keeps_its_lease_until_it_is_acked(
     worker.join(20)
 
     outcome = ([(job.id, job.deliveries) for job in stolen], handled, summaries)
-    assert outcome == ([], [("first", 1), ("second", 1)], [WorkSummary(2, 0, 0)])
+    assert outcome == (
+        [],
+        [("warm-up", 1), ("first", 1), ("second", 1)],
+        [WorkSummary(3, 0, 0)],
+    )
+
+
+class ClaimCounting(Rotator):
+    """A Rotator that notes the count each claim asks for."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.claims: list[int] = []
+
+    def next(self, count: int = 1, block: float | None = None, *, ack: object = ()) -> list[Job]:
+        self.claims.append(count)
+        return super().next(count, block, ack=ack)  # type: ignore[arg-type]
+
+
+def test_claims_grow_to_the_batch_for_fast_jobs_and_stay_single_for_slow_ones(
+    client: redis.Redis, queue_name: str
+) -> None:
+    fast = ClaimCounting(client, queue_name, timeout=30)
+    fast.push_many(f"fast-{i}" for i in range(250))
+    summary = fast.work(lambda job: None, stop_when_empty=True)
+    assert summary.processed == 250
+    # The first claim takes one job (the pace is unknown), then whole batches of 100.
+    assert fast.claims[:3] == [1, 100, 100], fast.claims
+    assert max(fast.claims) == 100
+
+    slow = ClaimCounting(client, queue_name + "-slow", timeout=30)
+    slow.push("a", "b", "c")
+    assert slow.work(lambda job: time.sleep(0.15), stop_when_empty=True).processed == 3
+    assert set(slow.claims) == {1}, slow.claims  # 0.15 s a job: more than a claim's 0.1 s
+
+    capped = ClaimCounting(client, queue_name + "-capped", timeout=30)
+    capped.push_many(f"c-{i}" for i in range(30))
+    assert capped.work(lambda job: None, batch=10, stop_when_empty=True).processed == 30
+    assert capped.claims[:3] == [1, 10, 10], capped.claims
