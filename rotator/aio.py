@@ -27,7 +27,13 @@ from rotator.errors import InvalidArgument, LeaseLost
 from rotator.keys import queue_keys
 from rotator.models import DeadLetter, ItemStats, Job, NextReply, RingEntry, Stats
 from rotator.protocol import JobRef
-from rotator.script import async_module_caller, run_async
+from rotator.script import (
+    async_module_caller,
+    module_command,
+    not_loaded,
+    pipeline_reply,
+    run_async,
+)
 from rotator.worker import retry_delay
 
 AsyncClient = aredis.Redis | RedisCluster
@@ -98,13 +104,34 @@ class AsyncRotator:
             pushed += int(await self._call_payloads(b"pushp", *flat))
         return pushed
 
-    async def _next_call(self, count: int, acks: list[bytes]) -> NextReply:
+    async def _next_call(self, count: int, acks: list[bytes], wake_wait: float | None) -> NextReply:
+        """As Rotator._next_call."""
         head = (count, self._lease_ms, self._budget, self._max_deliveries)
         if not self._extended:
-            return protocol.decode_next_packed(await self._call(b"next_packed", *head, *acks))
-        drop = int(self._drop_payloads)
-        reply = await self._call_payloads(b"nextp", *head, drop, *acks)
-        return protocol.decode_next_payloads(reply)
+            keys, args = self.keys.all, [b"next_packed", *head, *acks]
+            decode = protocol.decode_next_packed
+        else:
+            keys = self.keys.with_items if self._item_stats else self.keys.with_payloads
+            args = [b"nextp", *head, int(self._drop_payloads), *acks]
+            decode = protocol.decode_next_payloads
+        if wake_wait is None:
+            return decode(await run_async(self._script, keys, args))
+        return decode(await self._after_wake(wake_wait, keys, args))
+
+    async def _after_wake(self, wait: float, keys: tuple[str, ...], args: list[Any]) -> Any:
+        """As Rotator._after_wake."""
+        if not isinstance(self.client, aredis.Redis):
+            await self.client.blpop([self.keys.wake], timeout=wait)
+            return await run_async(self._script, keys, args)
+        async with self.client.pipeline(transaction=False) as pipe:
+            pipe.blpop([self.keys.wake], timeout=wait)
+            pipe.execute_command(*module_command(self._script, keys, args))
+            woken, reply = await pipe.execute(raise_on_error=False)
+        if isinstance(woken, Exception):
+            raise woken
+        if not_loaded(reply):
+            return await run_async(self._script, keys, args)
+        return pipeline_reply(reply)
 
     async def push(self, *ids: str | int) -> int:
         return await self.push_many(ids)
@@ -128,8 +155,10 @@ class AsyncRotator:
         acks, packed, _ = self._pack(refs)
         waited = check_block(block)
         give_up = None if waited is None else time.monotonic() + waited
+        wake_wait: float | None = None
         while True:
-            reply = await self._next_call(count, acks)
+            reply = await self._next_call(count, acks, wake_wait)
+            wake_wait = None
             if packed and reply.acked < len(acks):
                 await self._ack_refs(refs, pack=False)  # a batch ack was refused
             self._batches.note(reply)
@@ -146,8 +175,7 @@ class AsyncRotator:
             remaining = give_up - time.monotonic()
             if remaining <= 0:
                 return []
-            wait = blpop_wait(self.client, remaining, reply.wait_ms)
-            await self.client.blpop([self.keys.wake], timeout=wait)
+            wake_wait = blpop_wait(self.client, remaining, reply.wait_ms)
 
     async def _screen(self, jobs: list[Job]) -> tuple[list[Job], list[bytes]]:
         if self.idempotency is None:

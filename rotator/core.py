@@ -31,7 +31,7 @@ from rotator.errors import InvalidArgument, LeaseLost
 from rotator.keys import queue_keys
 from rotator.models import DeadLetter, ItemStats, Job, NextReply, RingEntry, Stats
 from rotator.protocol import JobRef
-from rotator.script import module_caller, run
+from rotator.script import module_caller, module_command, not_loaded, pipeline_reply, run
 from rotator.server import EmbeddedServer
 from rotator.worker import Handler, Worker, WorkSummary
 
@@ -218,8 +218,10 @@ class Rotator:
         acks, packed, _ = self._pack(refs)
         waited = check_block(block)
         give_up = None if waited is None else time.monotonic() + waited
+        wake_wait: float | None = None
         while True:
-            reply = self._next_call(count, acks)
+            reply = self._next_call(count, acks, wake_wait)
+            wake_wait = None
             if packed and reply.acked < len(acks):
                 self._ack_refs(refs, pack=False)  # a batch ack was refused
             self._batches.note(reply)
@@ -236,16 +238,38 @@ class Rotator:
             remaining = give_up - time.monotonic()
             if remaining <= 0:
                 return []
-            self.client.blpop(
-                [self.keys.wake], timeout=blpop_wait(self.client, remaining, reply.wait_ms)
-            )
+            wake_wait = blpop_wait(self.client, remaining, reply.wait_ms)
 
-    def _next_call(self, count: int, acks: list[bytes]) -> NextReply:
+    def _next_call(self, count: int, acks: list[bytes], wake_wait: float | None) -> NextReply:
+        """One ``next`` call; with ``wake_wait``, after blocking that long on the wake list."""
         head = (count, self._lease_ms, self._budget, self._max_deliveries)
         if not self._extended:
-            return protocol.decode_next_packed(self._call(b"next_packed", *head, *acks))
-        drop = int(self._drop_payloads)
-        return protocol.decode_next_payloads(self._call_payloads(b"nextp", *head, drop, *acks))
+            keys, args = self.keys.all, [b"next_packed", *head, *acks]
+            decode = protocol.decode_next_packed
+        else:
+            keys = self.keys.with_items if self._item_stats else self.keys.with_payloads
+            args = [b"nextp", *head, int(self._drop_payloads), *acks]
+            decode = protocol.decode_next_payloads
+        if wake_wait is None:
+            return decode(run(self._script, keys, args))
+        return decode(self._after_wake(wake_wait, keys, args))
+
+    def _after_wake(self, wait: float, keys: tuple[str, ...], args: list[Any]) -> Any:
+        """Blocks on the wake list, then calls the module, in one round trip: the server runs
+        the pipelined call as soon as BLPOP returns (woken by a push, or timed out), so a
+        woken consumer does not pay a second round trip before it holds the job."""
+        if not isinstance(self.client, redis.Redis):  # a cluster client: two round trips
+            self.client.blpop([self.keys.wake], timeout=wait)
+            return run(self._script, keys, args)
+        pipe: Any = self.client.pipeline(transaction=False)
+        pipe.blpop([self.keys.wake], timeout=wait)
+        pipe.execute_command(*module_command(self._script, keys, args))
+        woken, reply = pipe.execute(raise_on_error=False)
+        if isinstance(woken, Exception):
+            raise woken
+        if not_loaded(reply):
+            return run(self._script, keys, args)
+        return pipeline_reply(reply)
 
     def _screen(self, jobs: list[Job]) -> tuple[list[Job], list[bytes]]:
         """Splits reclaimed jobs the idempotency callback says are done from the rest."""

@@ -106,6 +106,30 @@ def _function_missing(error: ResponseError) -> bool:
     return "function not found" in str(error).lower()
 
 
+def module_command(caller: Any, keys: tuple[str, ...], args: list[Any]) -> list[Any]:
+    """The command that calls the module as ``caller`` does, to send in a pipeline."""
+    if isinstance(caller, FunctionCall):
+        return ["FCALL", caller.name, len(keys), *keys, *args]
+    return ["EVALSHA", caller.sha, len(keys), *keys, *args]
+
+
+def not_loaded(reply: object) -> bool:
+    """True for a pipeline reply saying the script or library is not on the server (nothing
+    ran: call again through ``run``, which loads it)."""
+    return isinstance(reply, NoScriptError) or (
+        isinstance(reply, ResponseError) and _function_missing(reply)
+    )
+
+
+def pipeline_reply(reply: object) -> Any:
+    """A module reply taken from a pipeline: errors raised as ``run`` raises them."""
+    if isinstance(reply, ResponseError):
+        raise error_from_reply(reply) from reply
+    if isinstance(reply, Exception):
+        raise reply
+    return reply
+
+
 def run(script: Any, keys: tuple[str, ...], args: list[Any]) -> Any:
     """Runs the module through a redis-py Script (or FunctionCall), raising rotator's typed
     errors. redis-py's Script reloads once on NOSCRIPT; if the cache is flushed again before

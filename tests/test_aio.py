@@ -70,6 +70,28 @@ def test_whole_batches_are_acked_as_one_batch_ack_and_refusals_token_by_token(
     run_on(server, scenario)
 
 
+def test_a_next_woken_after_a_script_flush_still_gets_the_job(
+    server: ServerProcess, queue_name: str
+) -> None:
+    async def scenario(client: aredis.Redis) -> None:
+        queue = AsyncRotator(client, queue_name, timeout=30)
+        assert await queue.next() == []  # the script is loaded
+
+        async def flush_then_push() -> None:
+            await asyncio.sleep(0.2)
+            async with aredis.Redis.from_url(server.url) as other:
+                await other.script_flush()
+            await queue.push("after")
+
+        pusher = asyncio.create_task(flush_then_push())
+        (job,) = await queue.next(block=10)
+        await pusher
+        assert (job.id, job.deliveries) == ("after", 1)
+        assert await queue.ack(job) == 1
+
+    run_on(server, scenario)
+
+
 def test_a_blocked_next_is_woken_by_a_push_from_another_task(
     server: ServerProcess, queue_name: str
 ) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from pathlib import Path
 
@@ -46,6 +47,18 @@ def test_fcall_reloads_the_library_after_function_flush(
     client.function_flush()
     (job,) = q.next()
     client.function_flush()
+    assert q.ack(job) == 1
+
+
+def test_a_consumer_woken_after_a_function_flush_still_gets_the_job(
+    client: redis.Redis, queue_name: str
+) -> None:
+    q = Rotator(client, queue_name, functions=True)
+    q.next()  # the library is loaded
+    flush_then_push = threading.Timer(0.2, lambda: (client.function_flush(), q.push("after")))
+    flush_then_push.start()
+    (job,) = q.next(block=10.0)
+    assert (job.id, job.deliveries) == ("after", 1)
     assert q.ack(job) == 1
 
 

@@ -8,7 +8,7 @@ import time
 import pytest
 import redis
 
-from rotator import Job, LeaseLost, Rotator, Stats
+from rotator import Job, LeaseLost, Rotator, Stats, WrongKeyType
 from tests.helpers import drain, snapshot
 from tests.servers import ServerProcess
 
@@ -251,6 +251,37 @@ def test_a_blocked_consumer_is_woken_when_a_lease_expires(
     (job,) = q.next(block=10.0)
     assert job.reclaimed
     assert time.monotonic() - started < 5.0
+
+
+def test_a_consumer_woken_after_a_script_flush_still_gets_the_job(
+    client: redis.Redis, q: Rotator
+) -> None:
+    # The call that follows the wake-up is sent with the BLPOP, before anyone knows whether
+    # the script is still cached: a NOSCRIPT reply there means nothing ran, and it is resent.
+    q.next()  # the script is loaded
+    flush_then_push = threading.Timer(0.2, lambda: (client.script_flush(), q.push("after")))
+    flush_then_push.start()
+    (job,) = q.next(block=10.0)
+    assert (job.id, job.deliveries) == ("after", 1)
+    assert q.ack(job) == 1
+
+
+def test_a_call_that_fails_after_the_wake_up_raises_its_typed_error(
+    client: redis.Redis, q: Rotator, queue_name: str
+) -> None:
+    q.push("x")
+    q.ack(*q.next())
+    assert q.next() == []  # a lap: the ring holds only its sentinel
+
+    def break_the_ring() -> None:
+        client.delete(q.keys.ring)
+        client.set(q.keys.ring, "not a list")
+        client.lpush(q.keys.wake, "1")
+
+    threading.Timer(0.2, break_the_ring).start()
+    with pytest.raises(WrongKeyType):
+        q.next(block=10.0)
+    assert client.get(q.keys.ring) == b"not a list"  # nothing written
 
 
 def test_block_gives_up_after_its_time_on_an_empty_queue(q: Rotator) -> None:
