@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import statistics
 import sys
 import tempfile
 import time
@@ -37,37 +38,81 @@ class Plan:
     memory_jobs: int
     wake_samples: int
     peer_jobs: int
+    # The target comparisons, run again in interleaved rounds: (batch, clients, jobs) cells.
+    rounds: int
+    cells: tuple[tuple[int, int, int], ...]
 
 
 PLANS = {
     "full": Plan({1: 10_000, 10: 50_000, 100: 100_000}, (1, 4), [1_000, 100_000, 1_000_000],
-                 [0, 1_000, 10_000, 100_000], 20_000, 100_000, 200, 20_000),
+                 [0, 1_000, 10_000, 100_000], 20_000, 100_000, 200, 20_000,
+                 5, ((1, 1, 5_000), (100, 4, 100_000))),
     "quick": Plan({1: 2_000, 100: 20_000}, (1, 4), [1_000, 100_000], [0, 1_000, 10_000],
-                  5_000, 20_000, 50, 2_000),
-    "smoke": Plan({1: 100, 10: 200}, (1, 2), [1_000], [0, 100], 300, 1_000, 5, 100),
+                  5_000, 20_000, 50, 2_000, 3, ((1, 1, 2_000), (100, 4, 20_000))),
+    "smoke": Plan({1: 100, 10: 200}, (1, 2), [1_000], [0, 100], 300, 1_000, 5, 100,
+                  2, ((1, 1, 100), (10, 2, 200))),
 }  # fmt: skip
+
+# Measured head to head: the module both ways, and what it must beat.
+HEAD_TO_HEAD = ("rotator", "rotator-fcall", "streams")
+
+
+def run_pattern(
+    client: redis.Redis, url: str, pattern: str, *, batch: int, clients: int, jobs: int
+) -> Result:
+    preload, loop = PATTERNS[pattern]
+    name = f"bench-{pattern}-{batch}-{clients}-{time.time_ns()}"
+    preload(client, name, jobs)
+    seconds, latencies = run_clients(loop, url, name, batch=batch, clients=clients)
+    keys = client.keys(f"*{name}*")
+    if keys:
+        client.delete(*keys)
+    return Result(
+        pattern, batch, clients, jobs, seconds,
+        percentile(latencies, 50), percentile(latencies, 99),
+    )  # fmt: skip
 
 
 def measure_patterns(client: redis.Redis, url: str, plan: Plan, log: Any) -> list[Result]:
     results = []
-    for pattern, (preload, loop) in PATTERNS.items():
+    for pattern in PATTERNS:
         for batch, jobs in plan.jobs_by_batch.items():
             for clients in plan.clients:
-                name = f"bench-{pattern}-{batch}-{clients}-{time.time_ns()}"
-                preload(client, name, jobs)
-                seconds, latencies = run_clients(loop, url, name, batch=batch, clients=clients)
-                result = Result(
-                    pattern, batch, clients, jobs, seconds,
-                    percentile(latencies, 50), percentile(latencies, 99),
-                )  # fmt: skip
+                result = run_pattern(client, url, pattern, batch=batch, clients=clients, jobs=jobs)
                 log(
                     f"  {pattern:<16} batch {batch:>3} x{clients}: {result.jobs_per_s:>9.0f} jobs/s"
                 )
                 results.append(result)
-                keys = client.keys(f"*{name}*")
-                if keys:
-                    client.delete(*keys)
     return results
+
+
+def measure_head_to_head(
+    client: redis.Redis, url: str, plan: Plan, log: Any
+) -> list[dict[str, Any]]:
+    """The target comparisons in interleaved rounds (rotator, FCALL, Streams, again...), so
+    that a machine whose speed drifts during the run shifts all of them alike. Ratios are
+    taken within each round; the report gives their median."""
+    rows = []
+    for batch, clients, jobs in plan.cells:
+        samples: dict[str, list[float]] = {pattern: [] for pattern in HEAD_TO_HEAD}
+        for _ in range(plan.rounds):
+            for pattern in HEAD_TO_HEAD:
+                result = run_pattern(client, url, pattern, batch=batch, clients=clients, jobs=jobs)
+                samples[pattern].append(round(result.jobs_per_s, 1))
+        for pattern, values in samples.items():
+            row = {
+                "pattern": pattern, "batch": batch, "clients": clients, "jobs": jobs,
+                "jobs_per_s": values, "median_jobs_per_s": statistics.median(values),
+                "vs_streams_by_round": [
+                    round(a / b, 3) for a, b in zip(values, samples["streams"], strict=True)
+                ],
+            }  # fmt: skip
+            log(
+                f"  head to head {pattern:<14} batch {batch:>3} x{clients}: "
+                f"median {row['median_jobs_per_s']:>9.0f} jobs/s"
+            )
+            rows.append(row)
+    return rows
 
 
 def measure_peers(server: Any, plan: Plan, log: Any) -> list[Result]:
@@ -90,6 +135,8 @@ def run_server(kind: str, plan: Plan, workdir: Path, log: Any) -> dict[str, Any]
         client = server.client()
         log(f"{kind} {server.version} on port {server.port}")
         patterns = measure_patterns(client, server.url, plan, log)
+        log("  head to head")
+        head_to_head = measure_head_to_head(client, server.url, plan, log)
         log("  profiles")
         lengths = profiles.queue_length_scaling(client, plan.lengths, plan.steady_jobs)
         in_flight = profiles.in_flight_scaling(client, plan.in_flight, plan.steady_jobs)
@@ -101,6 +148,7 @@ def run_server(kind: str, plan: Plan, workdir: Path, log: Any) -> dict[str, Any]
             "server": kind,
             "version": server.version,
             "patterns": [r.as_dict() for r in patterns],
+            "head_to_head": head_to_head,
             "peers": [r.as_dict() for r in peer_results],
             "queue_length_scaling": lengths,
             "in_flight_scaling": in_flight,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -58,7 +59,8 @@ def server_section(run: dict[str, Any]) -> list[str]:
         row["pattern"] + str(row["extra"].get("concurrency", "")): row["jobs_per_s"]
         for row in run["peers"]
     }
-    out += ["", "Ratios:", ""]
+    out += head_to_head_section(run.get("head_to_head", []))
+    out += ["", "Ratios (from the table above, one run each; head-to-head medians above):", ""]
     out.append(
         f"- rotator vs Streams, batch {big}, {many} clients: "
         f"{_ratio(_find(rows, 'rotator', big, many), _find(rows, 'streams', big, many))}"
@@ -93,6 +95,26 @@ def server_section(run: dict[str, Any]) -> list[str]:
         f"p50 {_ms(wake['p50_ms'])} ms, p99 {_ms(wake['p99_ms'])} ms",
         "",
     ]
+    return out
+
+
+def head_to_head_section(rows: list[dict[str, Any]]) -> list[str]:
+    """The target comparisons, measured in interleaved rounds: medians, and the ratio to
+    Streams taken within each round (median and range)."""
+    if not rows:
+        return []
+    rounds = len(rows[0]["jobs_per_s"])
+    out = ["", f"Head to head ({rounds} interleaved rounds; median jobs/s, ratio to Streams "
+           "per round: median and range):", ""]  # fmt: skip
+    out += ["| pattern | batch | clients | median jobs/s | vs Streams | range |"]
+    out += ["|---|---:|---:|---:|---:|---|"]
+    for row in rows:
+        ratios = row["vs_streams_by_round"]
+        out.append(
+            f"| {row['pattern']} | {row['batch']} | {row['clients']} "
+            f"| {row['median_jobs_per_s']:,.0f} | {statistics.median(ratios):.2f}x "
+            f"| {min(ratios):.2f} to {max(ratios):.2f}x |"
+        )
     return out
 
 

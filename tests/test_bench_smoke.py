@@ -32,6 +32,11 @@ def test_bench_smoke_writes_every_scenario(tmp_path: Path) -> None:
         "processing-list",
     }
     assert all(row["jobs_per_s"] > 0 for row in data["patterns"])
+    head_to_head = {(row["pattern"], row["batch"]) for row in data["head_to_head"]}
+    assert head_to_head == {
+        (pattern, batch) for pattern in ("rotator", "rotator-fcall", "streams") for batch in (1, 10)
+    }
+    assert all(len(row["jobs_per_s"]) == 2 for row in data["head_to_head"])
     assert {row["pattern"] for row in data["peers"]} >= {"dramatiq", "rq", "bullmq"}
     assert [row["queue_length"] for row in data["queue_length_scaling"]] == [1_000]
     assert [row["in_flight"] for row in data["in_flight_scaling"]] == [0, 100]
@@ -39,4 +44,5 @@ def test_bench_smoke_writes_every_scenario(tmp_path: Path) -> None:
     assert data["wake_latency"]["p50_ms"] is not None
     report = (tmp_path / "README.md").read_text()
     assert "## redis" in report
+    assert "Head to head (2 interleaved rounds" in report
     assert (tmp_path / "redis-throughput.png").stat().st_size > 0
