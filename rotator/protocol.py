@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import re
+import threading
 from collections.abc import Iterable, Sequence
 from operator import is_
 from typing import Any, NamedTuple
@@ -126,6 +127,8 @@ class Batches:
         self._limit = limit
         self._jobs: dict[bytes, tuple[Job, ...]] = {}  # stamp -> the batch's jobs, in order
         self._kept = kept
+        # Worker threads share one client: every change to the two dicts holds the lock.
+        self._lock = threading.Lock()
 
     def note(self, reply: NextReply) -> None:
         """Remembers the batch one ``next`` reply leased."""
@@ -133,9 +136,11 @@ class Batches:
             self.note_jobs(reply.jobs)
             return
         self._remember(reply.batch, reply.batch_jobs)
-        self._jobs[reply.batch] = tuple(reply.jobs[: reply.batch_jobs])
-        while len(self._jobs) > self._kept:
-            self._jobs.pop(next(iter(self._jobs)))
+        jobs = tuple(reply.jobs[: reply.batch_jobs])
+        with self._lock:
+            self._jobs[reply.batch] = jobs
+            while len(self._jobs) > self._kept:
+                self._jobs.pop(next(iter(self._jobs)))
 
     def note_jobs(self, jobs: list[Job]) -> None:
         """Remembers the batch among the jobs of one ``next`` reply (its first deliveries)."""
@@ -144,9 +149,10 @@ class Batches:
             self._remember(batch_stamp(first[0].token.encode("utf-8", _ERRORS)), len(first))
 
     def _remember(self, stamp: bytes, jobs: int) -> None:
-        self._sizes[stamp] = jobs
-        while len(self._sizes) > self._limit:
-            self._sizes.pop(next(iter(self._sizes)))
+        with self._lock:
+            self._sizes[stamp] = jobs
+            while len(self._sizes) > self._limit:
+                self._sizes.pop(next(iter(self._sizes)))
 
     def pack_refs(self, refs: Sequence[JobRef]) -> PackedAcks:
         """The acks for ``refs``: a batch among them as its batch ack, the rest as tokens."""
@@ -157,20 +163,20 @@ class Batches:
             jobs = self._jobs.get(stamp, ())
             size = len(jobs)
             # The batch's very Job objects, first and in order: nothing to check per job.
-            # Popped: a batch is acked whole once (threads may share this client).
-            if (
-                size
-                and len(refs) >= size
-                and all(map(is_, jobs, refs))
-                and self._sizes.pop(stamp, None) is not None
-            ):
-                self._jobs.pop(stamp, None)
+            # Taken: a batch is acked whole once (threads may share this client).
+            if size and len(refs) >= size and all(map(is_, jobs, refs)) and self._take(stamp):
                 rest = encode_tokens(refs[size:])
                 named = size if not rest else len(set(encode_tokens(jobs)).union(rest))
                 return PackedAcks([*self.pack(rest), b"*%s/%d" % (stamp, size)], True, named)
         tokens = encode_tokens(refs)
         args = self.pack(tokens)
         return PackedAcks(args, args is not tokens, len(set(tokens)))
+
+    def _take(self, stamp: bytes) -> bool:
+        """Forgets a batch about to be acked whole; False when it already was."""
+        with self._lock:
+            self._jobs.pop(stamp, None)
+            return self._sizes.pop(stamp, None) is not None
 
     def pack(self, tokens: list[bytes]) -> list[bytes]:
         """``tokens`` with every whole batch among them replaced by its batch ack; the very
@@ -186,11 +192,11 @@ class Batches:
                 if members is None:
                     members = groups[stamp] = set()
                 members.add(token)
-        # pop: a batch is acked whole once (threads may share this client).
+        # Taken: a batch is acked whole once (threads may share this client).
         whole = {
             stamp: len(members)
             for stamp, members in groups.items()
-            if sizes.get(stamp) == len(members) and sizes.pop(stamp, None) is not None
+            if sizes.get(stamp) == len(members) and self._take(stamp)
         }
         if not whole:
             return tokens
