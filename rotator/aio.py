@@ -14,7 +14,7 @@ import redis.asyncio as aredis
 from redis.asyncio.cluster import RedisCluster
 
 from rotator import protocol
-from rotator.core import blpop_wait, check_block, chunks
+from rotator.core import QueueRequests, blpop_wait, check_block, chunks
 from rotator.defaults import (
     DEFAULT_BUDGET,
     DEFAULT_LEASE_TIMEOUT,
@@ -40,7 +40,7 @@ AsyncClient = aredis.Redis | RedisCluster
 AsyncIdempotency = Callable[[str], bool | Awaitable[bool]]
 
 
-class AsyncRotator:
+class AsyncRotator(QueueRequests):
     """The asyncio twin of :class:`rotator.Rotator`; see it for the semantics.
 
     ``idempotency`` may be a plain function or a coroutine function.
@@ -106,14 +106,7 @@ class AsyncRotator:
 
     async def _next_call(self, count: int, acks: list[bytes], wake_wait: float | None) -> NextReply:
         """As Rotator._next_call."""
-        head = (count, self._lease_ms, self._budget, self._max_deliveries)
-        if not self._extended:
-            keys, args = self.keys.all, [b"next_packed", *head, *acks]
-            decode = protocol.decode_next_packed
-        else:
-            keys = self.keys.with_items if self._item_stats else self.keys.with_payloads
-            args = [b"nextp", *head, int(self._drop_payloads), *acks]
-            decode = protocol.decode_next_payloads
+        keys, args, decode = self._next_request(count, acks)
         if wake_wait is None:
             return decode(await run_async(self._script, keys, args))
         return decode(await self._after_wake(wake_wait, keys, args))
@@ -195,13 +188,6 @@ class AsyncRotator:
 
     async def ack(self, *jobs: JobRef) -> int:
         return await self._ack_refs(jobs, pack=True)
-
-    def _pack(self, refs: Sequence[JobRef]) -> protocol.PackedAcks:
-        """As Rotator._pack."""
-        if self._extended and self._drop_payloads:
-            tokens = protocol.encode_tokens(refs)
-            return protocol.PackedAcks(tokens, False, len(set(tokens)))
-        return self._batches.pack_refs(refs)
 
     async def _ack_refs(self, refs: Sequence[JobRef], *, pack: bool) -> int:
         if pack:

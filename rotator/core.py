@@ -28,7 +28,7 @@ from rotator.defaults import (
 )
 from rotator.durability import Durability, server_warnings, wait_durable
 from rotator.errors import InvalidArgument, LeaseLost
-from rotator.keys import queue_keys
+from rotator.keys import QueueKeys, queue_keys
 from rotator.models import DeadLetter, ItemStats, Job, NextReply, RingEntry, Stats
 from rotator.protocol import JobRef
 from rotator.script import module_caller, module_command, not_loaded, pipeline_reply, run
@@ -66,7 +66,40 @@ def chunks(items: list[bytes], size: int) -> Iterator[list[bytes]]:
         yield items[start : start + size]
 
 
-class Rotator:
+class QueueRequests:
+    """What Rotator and AsyncRotator build alike before a call: the arguments of a ``next``
+    and the acks to send. Only the sending differs (sync or async)."""
+
+    keys: QueueKeys
+    _extended: bool
+    _item_stats: bool
+    _drop_payloads: bool
+    _lease_ms: int
+    _budget: int
+    _max_deliveries: int
+    _batches: protocol.Batches
+
+    def _next_request(
+        self, count: int, acks: list[bytes]
+    ) -> tuple[tuple[str, ...], list[Any], Callable[[Any], NextReply]]:
+        """The keys, arguments and reply decoder of one ``next`` call."""
+        head = (count, self._lease_ms, self._budget, self._max_deliveries)
+        if not self._extended:
+            return self.keys.all, [b"next_packed", *head, *acks], protocol.decode_next_packed
+        keys = self.keys.with_items if self._item_stats else self.keys.with_payloads
+        args = [b"nextp", *head, int(self._drop_payloads), *acks]
+        return keys, args, protocol.decode_next_payloads
+
+    def _pack(self, refs: Sequence[JobRef]) -> protocol.PackedAcks:
+        """Whole batches as batch acks, except where an ack must name each job (to delete
+        its payload)."""
+        if self._extended and self._drop_payloads:
+            tokens = protocol.encode_tokens(refs)
+            return protocol.PackedAcks(tokens, False, len(set(tokens)))
+        return self._batches.pack_refs(refs)
+
+
+class Rotator(QueueRequests):
     """One queue on one Redis or Valkey server (or Redis Cluster).
 
     ``timeout`` is the lease: seconds a consumer holds a job before it may be handed to
@@ -242,14 +275,7 @@ class Rotator:
 
     def _next_call(self, count: int, acks: list[bytes], wake_wait: float | None) -> NextReply:
         """One ``next`` call; with ``wake_wait``, after blocking that long on the wake list."""
-        head = (count, self._lease_ms, self._budget, self._max_deliveries)
-        if not self._extended:
-            keys, args = self.keys.all, [b"next_packed", *head, *acks]
-            decode = protocol.decode_next_packed
-        else:
-            keys = self.keys.with_items if self._item_stats else self.keys.with_payloads
-            args = [b"nextp", *head, int(self._drop_payloads), *acks]
-            decode = protocol.decode_next_payloads
+        keys, args, decode = self._next_request(count, acks)
         if wake_wait is None:
             return decode(run(self._script, keys, args))
         return decode(self._after_wake(wake_wait, keys, args))
@@ -291,14 +317,6 @@ class Rotator:
         counted). O(1) per job: the element leaves the ring when a consumer next reaches it.
         """
         return self._ack_refs(jobs, pack=True)
-
-    def _pack(self, refs: Sequence[JobRef]) -> protocol.PackedAcks:
-        """Whole batches as batch acks, except where an ack must name each job (to delete
-        its payload)."""
-        if self._extended and self._drop_payloads:
-            tokens = protocol.encode_tokens(refs)
-            return protocol.PackedAcks(tokens, False, len(set(tokens)))
-        return self._batches.pack_refs(refs)
 
     def _ack_refs(self, refs: Sequence[JobRef], *, pack: bool) -> int:
         if pack:
