@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import multiprocessing
 import time
+from collections.abc import Callable
 from typing import Any
 
 import redis
@@ -118,7 +119,12 @@ def memory_per_job(client: redis.Redis, jobs: int) -> dict[str, float]:
     }
 
 
-def _wake_consumer(url: str, name: str, samples: int, out: Any) -> None:
+# Wake latency, side by side: rotator, what any blocking consumer costs on this machine (a
+# bare BLPOP), and Streams. Each consumer returns ms from the push (whose payload is the
+# producer's CLOCK_MONOTONIC, shared by all processes) to holding the job.
+
+
+def _rotator_consumer(url: str, name: str, samples: int, out: Any) -> None:
     q = Rotator.from_url(url, name)
     latencies: list[float] = []
     out.put("ready")
@@ -129,19 +135,66 @@ def _wake_consumer(url: str, name: str, samples: int, out: Any) -> None:
     out.put(latencies)
 
 
-def wake_latency(url: str, samples: int) -> dict[str, float | None]:
-    """Push -> claim for a consumer idle in next(block=...), over separate processes."""
-    name = f"wake-{time.time_ns()}"
+def _blpop_consumer(url: str, name: str, samples: int, out: Any) -> None:
+    client = redis.Redis.from_url(url)
+    latencies: list[float] = []
+    out.put("ready")
+    while len(latencies) < samples:
+        popped: Any = client.blpop([name], timeout=5)
+        if popped:
+            latencies.append((time.monotonic_ns() - int(popped[1])) / 1e6)
+    out.put(latencies)
+
+
+def _streams_consumer(url: str, name: str, samples: int, out: Any) -> None:
+    client = redis.Redis.from_url(url)
+    client.xgroup_create(name, "workers", id="$", mkstream=True)
+    latencies: list[float] = []
+    out.put("ready")
+    while len(latencies) < samples:
+        reply: Any = client.xreadgroup("workers", "c", {name: ">"}, count=1, block=5000)
+        for entry_id, fields in reply[0][1] if reply else []:
+            latencies.append((time.monotonic_ns() - int(fields[b"id"])) / 1e6)
+            client.xack(name, "workers", entry_id)
+    out.put(latencies)
+
+
+WAKE_CONSUMERS = {
+    "rotator": _rotator_consumer,
+    "blpop": _blpop_consumer,
+    "streams": _streams_consumer,
+}
+
+
+def _push_for(kind: str, client: redis.Redis, name: str) -> Callable[[str], Any]:
+    if kind == "rotator":
+        return Rotator(client, name).push
+    if kind == "blpop":
+        return lambda stamp: client.lpush(name, stamp)
+    return lambda stamp: client.xadd(name, {"id": stamp})
+
+
+def wake_latency(url: str, samples: int) -> dict[str, dict[str, float | None]]:
+    """Push -> claim for an idle blocked consumer in its own process: rotator's
+    next(block=...), a bare BLPOP (the floor for any blocking consumer on this machine and
+    server) and a Streams XREADGROUP BLOCK."""
     context = multiprocessing.get_context("spawn")
-    out: Any = context.Queue()
-    consumer = context.Process(target=_wake_consumer, args=(url, name, samples, out))
-    consumer.start()
-    out.get(timeout=60)
-    q = Rotator.from_url(url, name)
-    for _ in range(samples):
-        time.sleep(0.02)  # the consumer is blocked again by now
-        q.push(str(time.monotonic_ns()))  # CLOCK_MONOTONIC is shared by all processes
-    latencies: list[float] = out.get(timeout=60)
-    consumer.join()
-    q.delete()
-    return {"p50_ms": percentile(latencies, 50), "p99_ms": percentile(latencies, 99)}
+    client = redis.Redis.from_url(url)
+    results = {}
+    for kind, consume in WAKE_CONSUMERS.items():
+        name = f"wake-{kind}-{time.time_ns()}"
+        out: Any = context.Queue()
+        consumer = context.Process(target=consume, args=(url, name, samples, out))
+        consumer.start()
+        out.get(timeout=60)
+        push = _push_for(kind, client, name)
+        for _ in range(samples):
+            time.sleep(0.02)  # the consumer is blocked again by now
+            push(str(time.monotonic_ns()))
+        latencies: list[float] = out.get(timeout=60)
+        consumer.join()
+        keys = client.keys(f"*{name}*")
+        if keys:
+            client.delete(*keys)
+        results[kind] = {"p50_ms": percentile(latencies, 50), "p99_ms": percentile(latencies, 99)}
+    return results

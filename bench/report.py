@@ -13,6 +13,12 @@ import matplotlib.pyplot as plt
 
 from rotator.defaults import DEFAULT_WORK_BATCH
 
+WAKE_LABELS = {
+    "rotator": "rotator next(block=...)",
+    "blpop": "bare BLPOP (the floor)",
+    "streams": "Streams XREADGROUP BLOCK",
+}
+
 
 def _find(rows: list[dict[str, Any]], pattern: str, batch: int, clients: int) -> float | None:
     for row in rows:
@@ -88,13 +94,13 @@ def server_section(run: dict[str, Any]) -> list[str]:
     out += ["", "Bytes per job (16-byte ids, MEMORY USAGE):", ""]
     out += ["| what | bytes |", "|---|---:|"]
     out += [f"| {k} | {v} |" for k, v in run["memory_bytes_per_job"].items()]
-    wake = run["wake_latency"]
-    out += [
-        "",
-        "Wake latency (push -> claim, idle blocked consumer): "
-        f"p50 {_ms(wake['p50_ms'])} ms, p99 {_ms(wake['p99_ms'])} ms",
-        "",
-    ]
+    out += ["", "Wake latency (push -> claim, idle blocked consumer in its own process):", ""]
+    out += ["| consumer | p50 ms | p99 ms |", "|---|---:|---:|"]
+    for kind, wake in run["wake_latency"].items():
+        out.append(
+            f"| {WAKE_LABELS.get(kind, kind)} | {_ms(wake['p50_ms'])} | {_ms(wake['p99_ms'])} |"
+        )
+    out.append("")
     return out
 
 

@@ -41,8 +41,10 @@ def test_bench_smoke_writes_every_scenario(tmp_path: Path) -> None:
     assert [row["queue_length"] for row in data["queue_length_scaling"]] == [1_000]
     assert [row["in_flight"] for row in data["in_flight_scaling"]] == [0, 100]
     assert data["memory_bytes_per_job"]["rotator_pending"] > 0
-    assert data["wake_latency"]["p50_ms"] is not None
+    assert set(data["wake_latency"]) == {"rotator", "blpop", "streams"}
+    assert all(wake["p50_ms"] is not None for wake in data["wake_latency"].values())
     report = (tmp_path / "README.md").read_text()
     assert "## redis" in report
     assert "Head to head (2 interleaved rounds" in report
+    assert "| bare BLPOP (the floor) |" in report
     assert (tmp_path / "redis-throughput.png").stat().st_size > 0
