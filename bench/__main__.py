@@ -41,16 +41,20 @@ class Plan:
     # The target comparisons, run again in interleaved rounds: (batch, clients, jobs) cells.
     rounds: int
     cells: tuple[tuple[int, int, int], ...]
+    # Where one consumer's time goes (client, script, sub-commands): batch sizes, jobs each.
+    profile_batches: tuple[int, ...]
+    profile_jobs: int
 
 
 PLANS = {
     "full": Plan({1: 10_000, 10: 50_000, 100: 100_000}, (1, 4), [1_000, 100_000, 1_000_000],
                  [0, 1_000, 10_000, 100_000], 20_000, 100_000, 200, 20_000,
-                 5, ((1, 1, 5_000), (100, 4, 300_000))),
+                 5, ((1, 1, 5_000), (100, 4, 300_000)), (1, 100), 10_000),
     "quick": Plan({1: 2_000, 100: 20_000}, (1, 4), [1_000, 100_000], [0, 1_000, 10_000],
-                  5_000, 20_000, 50, 2_000, 3, ((1, 1, 2_000), (100, 4, 50_000))),
+                  5_000, 20_000, 50, 2_000, 3, ((1, 1, 2_000), (100, 4, 50_000)), (1, 100),
+                  2_000),
     "smoke": Plan({1: 100, 10: 200}, (1, 2), [1_000], [0, 100], 300, 1_000, 5, 100,
-                  2, ((1, 1, 100), (10, 2, 200))),
+                  2, ((1, 1, 100), (10, 2, 200)), (1, 10), 100),
 }  # fmt: skip
 
 # Measured head to head: the module both ways, and what it must beat.
@@ -142,6 +146,7 @@ def run_server(kind: str, plan: Plan, workdir: Path, log: Any) -> dict[str, Any]
         in_flight = profiles.in_flight_scaling(client, plan.in_flight, plan.steady_jobs)
         memory = profiles.memory_per_job(client, plan.memory_jobs)
         wake = profiles.wake_latency(server.url, plan.wake_samples)
+        calls = profiles.call_profile(client, server.url, plan.profile_batches, plan.profile_jobs)
         log("  peers")
         peer_results = measure_peers(server, plan, log)
         return {
@@ -154,6 +159,7 @@ def run_server(kind: str, plan: Plan, workdir: Path, log: Any) -> dict[str, Any]
             "in_flight_scaling": in_flight,
             "memory_bytes_per_job": memory,
             "wake_latency": wake,
+            "call_profile": calls,
         }
 
 

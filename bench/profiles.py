@@ -11,7 +11,7 @@ from typing import Any
 import redis
 
 from bench.harness import percentile, server_usec
-from bench.patterns import PRELOAD_CHUNK, job_ids
+from bench.patterns import PATTERNS, PRELOAD_CHUNK, job_ids
 from rotator import Rotator
 from rotator.models import Job
 
@@ -117,6 +117,56 @@ def memory_per_job(client: redis.Redis, jobs: int) -> dict[str, float]:
         "stream_entry": round(stream_entry, 1),
         "stream_entry_delivered_pending_ack": round(stream_pending, 1),
     }
+
+
+# Where one consumer's time goes, per job: the client (redis-py and rotator's Python, and
+# the loopback round trip), the script's own Lua time, and the commands it issues.
+CALL_PROFILE_PATTERNS = ("rotator", "rotator-fcall", "streams")
+SCRIPT_COMMANDS = ("evalsha", "fcall")
+NOT_THE_LOOP = ("cmdstat_config", "cmdstat_function", "cmdstat_script")  # setup, loading
+
+
+def call_profile(
+    client: redis.Redis, url: str, batches: tuple[int, ...], jobs: int
+) -> list[dict[str, Any]]:
+    """Per job, one consumer in this process: wall µs, server µs (INFO commandstats), split for
+    rotator into the script's own time and its sub-commands' (a script's usec includes the
+    commands it calls), and what is left for the client. The PING row is the round trip
+    every call pays before any work, on this machine."""
+    rows = []
+    began = time.perf_counter()
+    for _ in range(jobs):
+        client.ping()
+    ping_us = (time.perf_counter() - began) / jobs * 1e6
+    rows.append({"pattern": "ping", "batch": 1, "wall_us": round(ping_us, 1)})
+    for batch in batches:
+        for pattern in CALL_PROFILE_PATTERNS:
+            preload, loop = PATTERNS[pattern]
+            name = f"profile-{pattern}-{batch}-{time.time_ns()}"
+            preload(client, name, jobs)
+            client.config_resetstat()
+            began = time.perf_counter()
+            loop(url, name, batch, None)
+            wall = (time.perf_counter() - began) / jobs * 1e6
+            stats = client.info("commandstats")
+            usec = {
+                key.removeprefix("cmdstat_"): v["usec"] / jobs
+                for key, v in stats.items()
+                if not key.startswith(NOT_THE_LOOP)
+            }
+            scripts = sum(usec.get(command, 0.0) for command in SCRIPT_COMMANDS)
+            # The loop sends nothing but script calls, whose usec holds their sub-commands'.
+            sub = sum(v for k, v in usec.items() if k not in SCRIPT_COMMANDS) if scripts else 0.0
+            server = scripts or sum(usec.values())
+            rows.append({
+                "pattern": pattern, "batch": batch, "wall_us": round(wall, 2),
+                "server_us": round(server, 2), "script_own_us": round(scripts - sub, 2),
+                "subcommand_us": round(sub, 2), "client_us": round(wall - server, 2),
+            })  # fmt: skip
+            keys = client.keys(f"*{name}*")
+            if keys:
+                client.delete(*keys)
+    return rows
 
 
 # Wake latency, side by side: rotator, what any blocking consumer costs on this machine (a

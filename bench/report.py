@@ -20,6 +20,32 @@ WAKE_LABELS = {
 }
 
 
+def call_profile_section(rows: list[dict[str, Any]]) -> list[str]:
+    """Where one consumer's time goes per job: the client, the script's own Lua time and the
+    commands it calls (from INFO commandstats)."""
+    if not rows:
+        return []
+    ping = next(row["wall_us"] for row in rows if row["pattern"] == "ping")
+    out = [
+        "",
+        f"Where one consumer's time goes, µs per job (a PING round trip: {ping} µs; client ="
+        " wall - server):",
+        "",
+        "| pattern | batch | wall | client | server | script's own Lua | its commands |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for row in rows:
+        if row["pattern"] == "ping":
+            continue
+        script = row["script_own_us"] if row["subcommand_us"] else "-"
+        sub = row["subcommand_us"] if row["subcommand_us"] else "-"
+        out.append(
+            f"| {row['pattern']} | {row['batch']} | {row['wall_us']} | {row['client_us']} "
+            f"| {row['server_us']} | {script} | {sub} |"
+        )
+    return out
+
+
 def _find(rows: list[dict[str, Any]], pattern: str, batch: int, clients: int) -> float | None:
     for row in rows:
         if (row["pattern"], row["batch"], row["clients"]) == (pattern, batch, clients):
@@ -94,6 +120,7 @@ def server_section(run: dict[str, Any]) -> list[str]:
     out += ["", "Bytes per job (16-byte ids, MEMORY USAGE):", ""]
     out += ["| what | bytes |", "|---|---:|"]
     out += [f"| {k} | {v} |" for k, v in run["memory_bytes_per_job"].items()]
+    out += call_profile_section(run.get("call_profile", []))
     out += ["", "Wake latency (push -> claim, idle blocked consumer in its own process):", ""]
     out += ["| consumer | p50 ms | p99 ms |", "|---|---:|---:|"]
     for kind, wake in run["wake_latency"].items():

@@ -43,8 +43,15 @@ def test_bench_smoke_writes_every_scenario(tmp_path: Path) -> None:
     assert data["memory_bytes_per_job"]["rotator_pending"] > 0
     assert set(data["wake_latency"]) == {"rotator", "blpop", "streams"}
     assert all(wake["p50_ms"] is not None for wake in data["wake_latency"].values())
+    profiled = {(row["pattern"], row["batch"]) for row in data["call_profile"]}
+    assert profiled == {("ping", 1)} | {
+        (pattern, batch) for pattern in ("rotator", "rotator-fcall", "streams") for batch in (1, 10)
+    }
+    script_rows = [row for row in data["call_profile"] if row["pattern"].startswith("rotator")]
+    assert all(row["script_own_us"] > 0 and row["subcommand_us"] > 0 for row in script_rows)
     report = (tmp_path / "README.md").read_text()
     assert "## redis" in report
     assert "Head to head (2 interleaved rounds" in report
     assert "| bare BLPOP (the floor) |" in report
+    assert "Where one consumer's time goes" in report
     assert (tmp_path / "redis-throughput.png").stat().st_size > 0
