@@ -169,13 +169,13 @@ def call_profile(
     return rows
 
 
-# Wake latency, side by side: rotator, what any blocking consumer costs on this machine (a
+# Wake latency, side by side: rotator both ways, what any blocking consumer costs on this machine (a
 # bare BLPOP), and Streams. Each consumer returns ms from the push (whose payload is the
 # producer's CLOCK_MONOTONIC, shared by all processes) to holding the job.
 
 
-def _rotator_consumer(url: str, name: str, samples: int, out: Any) -> None:
-    q = Rotator.from_url(url, name)
+def _rotator_consumer(url: str, name: str, samples: int, out: Any, functions: bool = False) -> None:
+    q = Rotator.from_url(url, name, functions=functions)
     latencies: list[float] = []
     out.put("ready")
     while len(latencies) < samples:
@@ -183,6 +183,10 @@ def _rotator_consumer(url: str, name: str, samples: int, out: Any) -> None:
             latencies.append((time.monotonic_ns() - int(job.id)) / 1e6)
             q.ack(job)
     out.put(latencies)
+
+
+def _rotator_fcall_consumer(url: str, name: str, samples: int, out: Any) -> None:
+    _rotator_consumer(url, name, samples, out, functions=True)
 
 
 def _blpop_consumer(url: str, name: str, samples: int, out: Any) -> None:
@@ -211,14 +215,15 @@ def _streams_consumer(url: str, name: str, samples: int, out: Any) -> None:
 
 WAKE_CONSUMERS = {
     "rotator": _rotator_consumer,
+    "rotator-fcall": _rotator_fcall_consumer,
     "blpop": _blpop_consumer,
     "streams": _streams_consumer,
 }
 
 
 def _push_for(kind: str, client: redis.Redis, name: str) -> Callable[[str], Any]:
-    if kind == "rotator":
-        return Rotator(client, name).push
+    if kind.startswith("rotator"):
+        return Rotator(client, name, functions=kind == "rotator-fcall").push
     if kind == "blpop":
         return lambda stamp: client.lpush(name, stamp)
     return lambda stamp: client.xadd(name, {"id": stamp})
@@ -226,8 +231,8 @@ def _push_for(kind: str, client: redis.Redis, name: str) -> Callable[[str], Any]
 
 def wake_latency(url: str, samples: int) -> dict[str, dict[str, float | None]]:
     """Push -> claim for an idle blocked consumer in its own process: rotator's
-    next(block=...), a bare BLPOP (the floor for any blocking consumer on this machine and
-    server) and a Streams XREADGROUP BLOCK."""
+    next(block=...) by EVALSHA and by FCALL, a bare BLPOP (the floor for any blocking
+    consumer on this machine and server) and a Streams XREADGROUP BLOCK."""
     context = multiprocessing.get_context("spawn")
     client = redis.Redis.from_url(url)
     results = {}

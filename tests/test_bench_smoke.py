@@ -41,7 +41,7 @@ def test_bench_smoke_writes_every_scenario(tmp_path: Path) -> None:
     assert [row["queue_length"] for row in data["queue_length_scaling"]] == [1_000]
     assert [row["in_flight"] for row in data["in_flight_scaling"]] == [0, 100]
     assert data["memory_bytes_per_job"]["rotator_pending"] > 0
-    assert set(data["wake_latency"]) == {"rotator", "blpop", "streams"}
+    assert set(data["wake_latency"]) == {"rotator", "rotator-fcall", "blpop", "streams"}
     assert all(wake["p50_ms"] is not None for wake in data["wake_latency"].values())
     profiled = {(row["pattern"], row["batch"]) for row in data["call_profile"]}
     assert profiled == {("ping", 1)} | {
