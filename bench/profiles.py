@@ -6,6 +6,7 @@ from __future__ import annotations
 import multiprocessing
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import redis
@@ -126,28 +127,47 @@ SCRIPT_COMMANDS = ("evalsha", "fcall")
 NOT_THE_LOOP = ("cmdstat_config", "cmdstat_function", "cmdstat_script")  # setup, loading
 
 
+def _server_cpu(client: redis.Redis) -> float:
+    cpu = client.info("cpu")
+    return float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
+
+
+def _costs(client: redis.Redis, run: Callable[[], Any], jobs: int) -> dict[str, float]:
+    """µs per job of ``run``: wall, this process's CPU, and the server's CPU (commands,
+    scripts, and the network system calls every round trip costs it)."""
+    server_before = _server_cpu(client)
+    wall_before, cpu_before = time.perf_counter(), time.process_time()
+    run()
+    wall = time.perf_counter() - wall_before
+    cpu = time.process_time() - cpu_before
+    server = _server_cpu(client) - server_before
+    return {
+        "wall_us": round(wall / jobs * 1e6, 2),
+        "client_cpu_us": round(cpu / jobs * 1e6, 2),
+        "server_cpu_us": round(server / jobs * 1e6, 2),
+    }
+
+
 def call_profile(
     client: redis.Redis, url: str, batches: tuple[int, ...], jobs: int
 ) -> list[dict[str, Any]]:
-    """Per job, one consumer in this process: wall µs, server µs (INFO commandstats), split for
-    rotator into the script's own time and its sub-commands' (a script's usec includes the
-    commands it calls), and what is left for the client. The PING row is the round trip
-    every call pays before any work, on this machine."""
-    rows = []
-    began = time.perf_counter()
-    for _ in range(jobs):
-        client.ping()
-    ping_us = (time.perf_counter() - began) / jobs * 1e6
-    rows.append({"pattern": "ping", "batch": 1, "wall_us": round(ping_us, 1)})
+    """Per job, one consumer in this process: wall µs; client and server CPU µs; and from
+    INFO commandstats the server's command time, split for rotator into the script's own Lua
+    time and its sub-commands' (a script's usec includes the commands it calls). The PING
+    row is what any round trip costs on this machine before any work."""
+
+    def pings() -> None:
+        for _ in range(jobs):
+            client.ping()
+
+    rows: list[dict[str, Any]] = [{"pattern": "ping", "batch": 1, **_costs(client, pings, jobs)}]
     for batch in batches:
         for pattern in CALL_PROFILE_PATTERNS:
             preload, loop = PATTERNS[pattern]
             name = f"profile-{pattern}-{batch}-{time.time_ns()}"
             preload(client, name, jobs)
             client.config_resetstat()
-            began = time.perf_counter()
-            loop(url, name, batch, None)
-            wall = (time.perf_counter() - began) / jobs * 1e6
+            costs = _costs(client, partial(loop, url, name, batch, None), jobs)
             stats = client.info("commandstats")
             usec = {
                 key.removeprefix("cmdstat_"): v["usec"] / jobs
@@ -157,11 +177,10 @@ def call_profile(
             scripts = sum(usec.get(command, 0.0) for command in SCRIPT_COMMANDS)
             # The loop sends nothing but script calls, whose usec holds their sub-commands'.
             sub = sum(v for k, v in usec.items() if k not in SCRIPT_COMMANDS) if scripts else 0.0
-            server = scripts or sum(usec.values())
             rows.append({
-                "pattern": pattern, "batch": batch, "wall_us": round(wall, 2),
-                "server_us": round(server, 2), "script_own_us": round(scripts - sub, 2),
-                "subcommand_us": round(sub, 2), "client_us": round(wall - server, 2),
+                "pattern": pattern, "batch": batch, **costs,
+                "commands_us": round(scripts or sum(usec.values()), 2),
+                "script_own_us": round(scripts - sub, 2), "subcommand_us": round(sub, 2),
             })  # fmt: skip
             keys = client.keys(f"*{name}*")
             if keys:

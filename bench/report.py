@@ -22,28 +22,27 @@ WAKE_LABELS = {
 
 
 def call_profile_section(rows: list[dict[str, Any]]) -> list[str]:
-    """Where one consumer's time goes per job: the client, the script's own Lua time and the
-    commands it calls (from INFO commandstats)."""
+    """Where one consumer's time goes per job: its own CPU, the server's CPU, and of the
+    server's the command time (for rotator: the script's own Lua and the commands it calls)."""
     if not rows:
         return []
-    ping = next(row["wall_us"] for row in rows if row["pattern"] == "ping")
     out = [
         "",
-        f"Where one consumer's time goes, µs per job (a PING round trip: {ping} µs; client ="
-        " wall - server):",
+        "Where one consumer's time goes, µs per job (CPU from getrusage and INFO cpu; command"
+        " time from INFO commandstats):",
         "",
-        "| pattern | batch | wall | client | server | script's own Lua | its commands |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "| pattern | batch | wall | client CPU | server CPU | of which commands "
+        "| script's own Lua | its commands |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in rows:
-        if row["pattern"] == "ping":
-            continue
-        script = row["script_own_us"] if row["subcommand_us"] else "-"
-        sub = row["subcommand_us"] if row["subcommand_us"] else "-"
-        out.append(
-            f"| {row['pattern']} | {row['batch']} | {row['wall_us']} | {row['client_us']} "
-            f"| {row['server_us']} | {script} | {sub} |"
-        )
+        split = bool(row.get("subcommand_us"))
+        cells = [
+            row["pattern"], row["batch"], row["wall_us"], row["client_cpu_us"],
+            row["server_cpu_us"], row.get("commands_us", "-"),
+            row["script_own_us"] if split else "-", row["subcommand_us"] if split else "-",
+        ]  # fmt: skip
+        out.append("| " + " | ".join(str(cell) for cell in cells) + " |")
     return out
 
 
