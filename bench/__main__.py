@@ -21,7 +21,7 @@ from typing import Any
 import redis
 
 from bench import peers, profiles
-from bench.harness import Result, percentile, run_clients, started
+from bench.harness import Result, delete_run_keys, percentile, run_clients, started
 from bench.patterns import PATTERNS
 from bench.report import write_report
 
@@ -68,9 +68,7 @@ def run_pattern(
     name = f"bench-{pattern}-{batch}-{clients}-{time.time_ns()}"
     preload(client, name, jobs)
     seconds, latencies = run_clients(loop, url, name, batch=batch, clients=clients)
-    keys = client.keys(f"*{name}*")
-    if keys:
-        client.delete(*keys)
+    delete_run_keys(client, name)
     return Result(
         pattern, batch, clients, jobs, seconds,
         percentile(latencies, 50), percentile(latencies, 99),

@@ -93,3 +93,10 @@ def server_usec(client: redis.Redis, names: tuple[str, ...]) -> float:
     """Server CPU time (µs) spent in the given commands since the last CONFIG RESETSTAT."""
     stats = client.info("commandstats")
     return float(sum(stats.get(f"cmdstat_{name}", {}).get("usec", 0) for name in names))
+
+
+def delete_run_keys(client: redis.Redis, name: str) -> None:
+    """Deletes every key a measured run left behind (all of them contain its unique name)."""
+    keys = client.keys(f"*{name}*")
+    if keys:
+        client.delete(*keys)

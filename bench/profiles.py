@@ -11,7 +11,7 @@ from typing import Any
 
 import redis
 
-from bench.harness import percentile, server_usec
+from bench.harness import delete_run_keys, percentile, server_usec
 from bench.patterns import PATTERNS, PRELOAD_CHUNK, job_ids
 from rotator import Rotator
 from rotator.models import Job
@@ -182,15 +182,13 @@ def call_profile(
                 "commands_us": round(scripts or sum(usec.values()), 2),
                 "script_own_us": round(scripts - sub, 2), "subcommand_us": round(sub, 2),
             })  # fmt: skip
-            keys = client.keys(f"*{name}*")
-            if keys:
-                client.delete(*keys)
+            delete_run_keys(client, name)
     return rows
 
 
-# Wake latency, side by side: rotator both ways, what any blocking consumer costs on this machine (a
-# bare BLPOP), and Streams. Each consumer returns ms from the push (whose payload is the
-# producer's CLOCK_MONOTONIC, shared by all processes) to holding the job.
+# Wake latency, side by side: rotator both ways, what any blocking consumer costs on this
+# machine (a bare BLPOP), and Streams. Each consumer returns ms from the push (whose payload
+# is the producer's CLOCK_MONOTONIC, shared by all processes) to holding the job.
 
 
 def _rotator_consumer(url: str, name: str, samples: int, out: Any, functions: bool = False) -> None:
@@ -202,10 +200,6 @@ def _rotator_consumer(url: str, name: str, samples: int, out: Any, functions: bo
             latencies.append((time.monotonic_ns() - int(job.id)) / 1e6)
             q.ack(job)
     out.put(latencies)
-
-
-def _rotator_fcall_consumer(url: str, name: str, samples: int, out: Any) -> None:
-    _rotator_consumer(url, name, samples, out, functions=True)
 
 
 def _blpop_consumer(url: str, name: str, samples: int, out: Any) -> None:
@@ -232,9 +226,9 @@ def _streams_consumer(url: str, name: str, samples: int, out: Any) -> None:
     out.put(latencies)
 
 
-WAKE_CONSUMERS = {
+WAKE_CONSUMERS: dict[str, Callable[..., None]] = {
     "rotator": _rotator_consumer,
-    "rotator-fcall": _rotator_fcall_consumer,
+    "rotator-fcall": partial(_rotator_consumer, functions=True),
     "blpop": _blpop_consumer,
     "streams": _streams_consumer,
 }
@@ -267,8 +261,6 @@ def wake_latency(url: str, samples: int) -> dict[str, dict[str, float | None]]:
             push(str(time.monotonic_ns()))
         latencies: list[float] = out.get(timeout=60)
         consumer.join()
-        keys = client.keys(f"*{name}*")
-        if keys:
-            client.delete(*keys)
+        delete_run_keys(client, name)
         results[kind] = {"p50_ms": percentile(latencies, 50), "p99_ms": percentile(latencies, 99)}
     return results
