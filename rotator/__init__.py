@@ -3,27 +3,38 @@
 from __future__ import annotations
 
 from rotator.core import Rotator
-from rotator.durability import Durability, NotDurable
 from rotator.errors import (
+    EmbeddedServerError,
     GroupsChanged,
     InvalidArgument,
     InvalidJobId,
     InvalidQueueName,
     InvalidToken,
     LeaseLost,
+    NotDurable,
     ProtocolError,
     RotatorError,
     ServerBusy,
     UnknownGroup,
     WrongKeyType,
 )
-from rotator.models import DeadLetter, ItemStats, Job, RingEntry, Stats
-from rotator.topic import Retention, Topic, TopicGroup, TopicStats
-from rotator.worker import WorkSummary
+from rotator.models import (
+    DeadLetter,
+    Durability,
+    ItemStats,
+    Job,
+    Retention,
+    RingEntry,
+    Stats,
+    TopicStats,
+    WorkSummary,
+)
+from rotator.topic import Topic, TopicGroup
 
 __all__ = [
     "DeadLetter",
     "Durability",
+    "EmbeddedServerError",
     "GroupsChanged",
     "InvalidArgument",
     "InvalidJobId",

@@ -1,31 +1,48 @@
-"""AsyncRotator: the Rotator API on ``redis.asyncio``, sharing the pure helpers of
-:mod:`rotator.protocol`. Each method is one or a few calls of the same Lua module."""
+"""The asyncio twins of :class:`rotator.Rotator`, :class:`rotator.Topic` and
+:class:`rotator.TopicGroup`, on ``redis.asyncio``.
+
+Each method awaits the same flow (:mod:`rotator.flows`) its sync twin runs, so the two APIs
+cannot drift: same methods, same arguments, same results (a test compares them). See the
+sync classes for the semantics.
+"""
 
 from __future__ import annotations
 
-import asyncio
 import inspect
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 import redis.asyncio as aredis
 from redis.asyncio.cluster import RedisCluster
 
-from rotator import protocol
-from rotator.core import QueueRequests, blpop_wait, check_block, chunks
+from rotator import commands
+from rotator.commands import AfterWake, Ask, ClientCall, Flow, ModuleCall, Request
 from rotator.defaults import (
     DEFAULT_BUDGET,
     DEFAULT_LEASE_TIMEOUT,
+    DEFAULT_POLL,
     DEFAULT_PREFIX,
     DEFAULT_PUSH_CHUNK,
+    DEFAULT_WORK_BATCH,
     MAX_BATCH,
-    MAX_COUNT,
+    MAX_PUBLISH,
 )
-from rotator.errors import InvalidArgument, LeaseLost
-from rotator.keys import queue_keys
-from rotator.models import DeadLetter, ItemStats, Job, NextReply, RingEntry, Stats
+from rotator.durability import wait_durable
+from rotator.flows import GroupView, QueueFlows, QueueView, TopicFlows
+from rotator.keys import QueueKeys, TopicKeys, validate_group_name
+from rotator.models import (
+    AsyncHandler,
+    DeadLetter,
+    Durability,
+    ItemStats,
+    Job,
+    Retention,
+    RingEntry,
+    Stats,
+    TopicStats,
+    WorkSummary,
+)
 from rotator.protocol import JobRef
 from rotator.script import (
     async_module_caller,
@@ -34,19 +51,75 @@ from rotator.script import (
     pipeline_reply,
     run_async,
 )
-from rotator.worker import retry_delay
+from rotator.sending import socket_timeout, wake_wait
 
 AsyncClient = aredis.Redis | RedisCluster
 AsyncIdempotency = Callable[[str], bool | Awaitable[bool]]
+T = TypeVar("T")
 
 
-class AsyncRotator(QueueRequests):
+class AsyncSender:
+    """The asyncio twin of :class:`rotator.sending.Sender`."""
+
+    def __init__(self, client: Any, functions: bool, durability: Durability | None) -> None:
+        self.client = client
+        self.script: Any = async_module_caller(client, functions)
+        self.durability = durability
+        self._socket_timeout = socket_timeout(client)
+        self._pipelines = isinstance(client, aredis.Redis)
+
+    async def run(self, flow: Flow[T]) -> T:
+        perform = self.perform
+        try:
+            request = next(flow)
+            while True:
+                try:
+                    reply = await perform(request)
+                except Exception as error:
+                    request = flow.throw(error)
+                else:
+                    request = flow.send(reply)
+        except StopIteration as stop:
+            result: T = stop.value
+            return result
+
+    async def perform(self, request: Request) -> Any:
+        if type(request) is ModuleCall:
+            reply = request.decode(await run_async(self.script, request.keys, request.args))
+            if request.durable and self.durability is not None:
+                await self.run(wait_durable(self.durability))
+            return reply
+        if type(request) is AfterWake:
+            return await self._after_wake(request)
+        if type(request) is ClientCall:
+            return await getattr(self.client, request.method)(*request.args)
+        if type(request) is Ask:
+            answer = request.callback(request.job_id)
+            return await answer if inspect.isawaitable(answer) else answer
+        raise TypeError(f"not a request: {request!r}")
+
+    async def _after_wake(self, request: AfterWake[Any]) -> Any:
+        wait = wake_wait(request.seconds, self._socket_timeout)
+        call = request.call
+        if not self._pipelines:
+            await self.client.blpop([request.wake], timeout=wait)
+            return await self.perform(call)
+        async with self.client.pipeline(transaction=False) as pipe:
+            pipe.blpop([request.wake], timeout=wait)
+            pipe.execute_command(*module_command(self.script, call.keys, call.args))
+            woken, reply = await pipe.execute(raise_on_error=False)
+        if isinstance(woken, Exception):
+            raise woken
+        if not_loaded(reply):
+            return await self.perform(call)
+        return call.decode(pipeline_reply(reply))
+
+
+class AsyncRotator(QueueView):
     """The asyncio twin of :class:`rotator.Rotator`; see it for the semantics.
 
     ``idempotency`` may be a plain function or a coroutine function.
     """
-
-    _drop_payloads = True  # as Rotator._drop_payloads
 
     def __init__(
         self,
@@ -58,23 +131,25 @@ class AsyncRotator(QueueRequests):
         max_deliveries: int | None = None,
         budget: int = DEFAULT_BUDGET,
         prefix: str = DEFAULT_PREFIX,
+        durability: Durability | None = None,
         functions: bool = False,
         payloads: bool = False,
         item_stats: bool = False,
     ) -> None:
         self.client = client
-        self.payloads = payloads
-        self._item_stats = item_stats
-        self._extended = payloads or item_stats
-        self.name = name
-        self.keys = queue_keys(name, prefix)
-        self.timeout = timeout
-        self.idempotency = idempotency
-        self._lease_ms = protocol.seconds_to_ms(timeout, "timeout")
-        self._max_deliveries = protocol.check_max_deliveries(max_deliveries)
-        self._budget = protocol.check_budget(budget)
-        self._script: Any = async_module_caller(client, functions)
-        self._batches = protocol.Batches()
+        self.durability = durability
+        self._flows: QueueFlows = self._make_flows(
+            name,
+            timeout=timeout,
+            idempotency=idempotency,
+            max_deliveries=max_deliveries,
+            budget=budget,
+            prefix=prefix,
+            payloads=payloads,
+            item_stats=item_stats,
+        )
+        self._sender = AsyncSender(client, functions, durability)
+        self._run = self._sender.run
 
     @classmethod
     def from_url(
@@ -83,178 +158,54 @@ class AsyncRotator(QueueRequests):
         client: AsyncClient = RedisCluster.from_url(url) if cluster else aredis.Redis.from_url(url)
         return cls(client, name, **options)
 
-    async def _call(self, *args: Any) -> Any:
-        return await run_async(self._script, self.keys.all, list(args))
+    @classmethod
+    def embedded(cls, name: str, *, data_dir: str | None = None, **options: Any) -> AsyncRotator:
+        """As :meth:`rotator.Rotator.embedded` (the server is started synchronously)."""
+        from rotator.server import EmbeddedServer  # noqa: PLC0415 (the API does not need it)
 
-    async def _call_payloads(self, *args: Any) -> Any:
-        keys = self.keys.with_items if self._item_stats else self.keys.with_payloads
-        return await run_async(self._script, keys, list(args))
+        server = EmbeddedServer(data_dir)
+        server.start()
+        return cls(aredis.Redis(unix_socket_path=str(server.socket)), name, **options)
+
+    def __repr__(self) -> str:
+        return f"AsyncRotator({self.name!r}, timeout={self.timeout})"
+
+    async def _call(self, *args: Any) -> Any:
+        return await self._sender.perform(commands.raw(self.keys.all, args))
+
+    async def server_warnings(self) -> list[str]:
+        return await self._run(self._flows.server_warnings())
+
+    async def push(self, *ids: str | int) -> int:
+        return await self._run(self._flows.push_many(ids, DEFAULT_PUSH_CHUNK))
+
+    async def push_many(self, ids: Iterable[str | int], chunk: int = DEFAULT_PUSH_CHUNK) -> int:
+        return await self._run(self._flows.push_many(ids, chunk))
 
     async def push_payloads(
         self, items: Mapping[Any, bytes | str], chunk: int = DEFAULT_PUSH_CHUNK
     ) -> int:
-        """As :meth:`rotator.Rotator.push_payloads`."""
-        if not self.payloads:
-            raise InvalidArgument("push_payloads needs an AsyncRotator made with payloads=True")
-        pairs = [(protocol.encode_id(k), protocol.encode_payload(v)) for k, v in items.items()]
-        size = protocol.whole(chunk, "chunk", 1, MAX_BATCH // 2)
-        pushed = 0
-        for start in range(0, len(pairs), size):
-            flat = [part for pair in pairs[start : start + size] for part in pair]
-            pushed += int(await self._call_payloads(b"pushp", *flat))
-        return pushed
-
-    async def _next_call(self, count: int, acks: list[bytes], wake_wait: float | None) -> NextReply:
-        """As Rotator._next_call."""
-        keys, args, decode = self._next_request(count, acks)
-        if wake_wait is None:
-            return decode(await run_async(self._script, keys, args))
-        return decode(await self._after_wake(wake_wait, keys, args))
-
-    async def _after_wake(self, wait: float, keys: tuple[str, ...], args: list[Any]) -> Any:
-        """As Rotator._after_wake."""
-        if not isinstance(self.client, aredis.Redis):
-            await self.client.blpop([self.keys.wake], timeout=wait)
-            return await run_async(self._script, keys, args)
-        async with self.client.pipeline(transaction=False) as pipe:
-            pipe.blpop([self.keys.wake], timeout=wait)
-            pipe.execute_command(*module_command(self._script, keys, args))
-            woken, reply = await pipe.execute(raise_on_error=False)
-        if isinstance(woken, Exception):
-            raise woken
-        if not_loaded(reply):
-            return await run_async(self._script, keys, args)
-        return pipeline_reply(reply)
-
-    async def push(self, *ids: str | int) -> int:
-        return await self.push_many(ids)
-
-    async def push_many(self, ids: Iterable[str | int], chunk: int = DEFAULT_PUSH_CHUNK) -> int:
-        raw = protocol.encode_ids(ids)
-        size = protocol.whole(chunk, "chunk", 1, MAX_BATCH)
-        total = 0
-        for part in chunks(raw, size):
-            if self._item_stats:
-                total += int(await self._call_payloads(b"pushi", *part))
-            else:
-                total += int(await self._call(b"push", *part))
-        return total
+        return await self._run(self._flows.push_payloads(items, chunk))
 
     async def next(
         self, count: int = 1, block: float | None = None, *, ack: Iterable[JobRef] = ()
     ) -> list[Job]:
-        count = protocol.check_count(count)
-        refs = list(ack)
-        acks, packed, _ = self._pack(refs)
-        waited = check_block(block)
-        give_up = None if waited is None else time.monotonic() + waited
-        wake_wait: float | None = None
-        while True:
-            reply = await self._next_call(count, acks, wake_wait)
-            wake_wait = None
-            if packed and reply.acked < len(acks):
-                await self._ack_refs(refs, pack=False)  # a batch ack was refused
-            self._batches.note(reply)
-            jobs, acks = await self._screen(reply.jobs)
-            packed = False
-            if jobs:
-                if acks:
-                    await self.ack(*acks)
-                return jobs
-            if acks or not reply.idle:
-                continue
-            if give_up is None:
-                return []
-            remaining = give_up - time.monotonic()
-            if remaining <= 0:
-                return []
-            wake_wait = blpop_wait(self.client, remaining, reply.wait_ms)
-
-    async def _screen(self, jobs: list[Job]) -> tuple[list[Job], list[bytes]]:
-        if self.idempotency is None:
-            return jobs, []
-        keep: list[Job] = []
-        finished: list[bytes] = []
-        for job in jobs:
-            done = False
-            if job.reclaimed:
-                answer = self.idempotency(job.id)
-                done = bool(await answer) if inspect.isawaitable(answer) else bool(answer)
-            if done:
-                finished.append(protocol.encode_token(job))
-            else:
-                keep.append(job)
-        return keep, finished
+        return await self._run(self._flows.next(count, block, ack))
 
     async def ack(self, *jobs: JobRef) -> int:
-        return await self._ack_refs(jobs, pack=True)
-
-    async def _ack_refs(self, refs: Sequence[JobRef], *, pack: bool) -> int:
-        if pack:
-            args, packed, named = self._pack(refs)
-        else:
-            args, packed, named = protocol.encode_tokens(refs), False, 0
-        total = 0
-        drop = self._extended and self._drop_payloads
-        for part in chunks(args, MAX_BATCH):
-            if drop:
-                total += int(await self._call_payloads(b"ackp", *part))
-            else:
-                total += int(await self._call(b"ack", *part))
-        if not packed:
-            return total
-        if total < len(args):
-            return await self._ack_refs(refs, pack=False)  # a batch ack was refused
-        return named
+        return await self._run(self._flows.ack_refs(jobs, pack=True))
 
     async def nack(self, *jobs: JobRef, delay: float = 0.0) -> int:
-        delay_ms = protocol.seconds_to_ms(delay, "delay", allow_zero=True)
-        total = 0
-        for part in chunks(protocol.encode_tokens(jobs), MAX_BATCH):
-            total += sum(int(flag) for flag in await self._call(b"nack", delay_ms, *part))
-        return total
+        return await self._run(self._flows.nack(jobs, delay))
 
     async def fail(self, *jobs: JobRef, error: str, delay: float = 0.0) -> int:
-        """As :meth:`rotator.Rotator.fail`."""
-        if not self._item_stats:
-            return await self.nack(*jobs, delay=delay)
-        delay_ms = protocol.seconds_to_ms(delay, "delay", allow_zero=True)
-        message = protocol.encode_error(error)
-        total = 0
-        for part in chunks(protocol.encode_tokens(jobs), MAX_BATCH):
-            flags = await self._call_payloads(b"nackp", delay_ms, message, *part)
-            total += sum(int(flag) for flag in flags)
-        return total
-
-    async def item_stats(self, *ids: str | int) -> list[ItemStats | None]:
-        """As :meth:`rotator.Rotator.item_stats`."""
-        if not self._item_stats:
-            raise InvalidArgument("item_stats needs an AsyncRotator made with item_stats=True")
-        found: list[ItemStats | None] = []
-        for part in chunks(protocol.encode_ids(ids), MAX_BATCH):
-            raw = await self._call_payloads(b"items", *part)
-            found += [protocol.decode_item_stats(value) for value in raw]
-        return found
+        return await self._run(self._flows.fail(jobs, error, delay))
 
     async def extend(self, job: JobRef, seconds: float | None = None) -> float:
-        (kept,), deadline = await self._extend([job], seconds)
-        if not kept:
-            raise LeaseLost(f"lease {protocol.encode_token(job).decode(errors='replace')} was lost")
-        return deadline
+        return await self._run(self._flows.extend(job, seconds))
 
     async def extend_many(self, jobs: Iterable[JobRef], seconds: float | None = None) -> list[bool]:
-        return (await self._extend(list(jobs), seconds))[0]
-
-    async def _extend(self, jobs: list[JobRef], seconds: float | None) -> tuple[list[bool], float]:
-        lease_ms = self._lease_ms if seconds is None else protocol.seconds_to_ms(seconds, "seconds")
-        tokens = protocol.encode_tokens(jobs)
-        flags: list[bool] = []
-        deadline_ms = 0
-        for part in chunks(tokens, MAX_BATCH):
-            reply = await self._call(b"extend", lease_ms, *part)
-            deadline_ms = int(reply[0])
-            flags.extend(int(flag) == 1 for flag in reply[1:])
-        return flags, deadline_ms / 1000
+        return await self._run(self._flows.extend_many(jobs, seconds))
 
     @asynccontextmanager
     async def claim(self, block: float | None = None) -> AsyncIterator[Job | None]:
@@ -272,81 +223,133 @@ class AsyncRotator(QueueRequests):
 
     async def work(
         self,
-        handler: Callable[[Job], Awaitable[Any]],
+        handler: AsyncHandler,
         *,
         concurrency: int = 1,
         stop_when_empty: bool = False,
-        poll: float = 1.0,
-    ) -> int:
-        """Runs ``await handler(job)`` in ``concurrency`` tasks; returns jobs processed.
+        batch: int = DEFAULT_WORK_BATCH,
+        poll: float = DEFAULT_POLL,
+        install_signal_handlers: bool = True,
+    ) -> WorkSummary:
+        """Runs ``await handler(job)`` in ``concurrency`` tasks; see
+        :meth:`rotator.Rotator.work`. Cancelling the task gives back the jobs in hand."""
+        from rotator.worker import AsyncWorker  # noqa: PLC0415 (the worker builds on this API)
 
-        Failures are nacked with exponential backoff. Cancel the task to stop: jobs in hand
-        are given back.
-        """
-        protocol.whole(concurrency, "concurrency", 1, 10_000)
-        processed = 0
+        worker = AsyncWorker(self, handler, concurrency=concurrency, batch=batch, poll=poll)
+        return await worker.run(
+            stop_when_empty=stop_when_empty, install_signal_handlers=install_signal_handlers
+        )
 
-        async def loop() -> None:
-            nonlocal processed
-            finished: list[Job] = []
-            try:
-                while True:
-                    jobs = await self.next(1, block=poll, ack=finished)
-                    finished = []
-                    if not jobs:
-                        if stop_when_empty and await self._drained():
-                            return
-                        continue
-                    job = jobs[0]
-                    try:
-                        await self._run_with_heartbeat(handler, job)
-                    except asyncio.CancelledError:
-                        await self.nack(job)
-                        raise
-                    except Exception:
-                        await self.nack(job, delay=retry_delay(job.deliveries))
-                        continue
-                    finished.append(job)
-                    processed += 1
-            finally:
-                if finished:
-                    await self.ack(*finished)
+    async def exists(self) -> bool:
+        return await self._run(self._flows.exists())
 
-        await asyncio.gather(*(loop() for _ in range(concurrency)))
-        return processed
+    async def delete(self) -> bool:
+        return await self._run(self._flows.delete())
 
-    async def _run_with_heartbeat(self, handler: Callable[[Job], Awaitable[Any]], job: Job) -> None:
-        task = asyncio.ensure_future(handler(job))
-        try:
-            while True:
-                done, _ = await asyncio.wait({task}, timeout=self.timeout / 2)
-                if done:
-                    task.result()
-                    return
-                await self.extend_many([job])
-        finally:
-            if not task.done():
-                task.cancel()
+    async def sweep(self) -> int:
+        return await self._run(self._flows.sweep())
 
-    async def _drained(self) -> bool:
-        stats = await self.stats()
-        return stats.pending == 0 and stats.in_flight == 0 and stats.deferred == 0
+    async def drained(self) -> bool:
+        return await self._run(self._flows.drained())
+
+    async def item_stats(self, *ids: str | int) -> list[ItemStats | None]:
+        return await self._run(self._flows.item_stats_of(ids))
 
     async def stats(self) -> Stats:
-        return protocol.decode_stats(await self._call(b"stats"))
+        return await self._run(self._flows.stats())
 
     async def peek(self, limit: int = 20) -> list[RingEntry]:
-        return protocol.decode_peek(await self._call(b"peek", protocol.check_count(limit)))
+        return await self._run(self._flows.peek(limit))
 
     async def dead(self, start: int = 0, limit: int = 100) -> list[DeadLetter]:
-        start = protocol.whole(start, "start", 0, 10**15)
-        limit = protocol.whole(limit, "limit", 1, MAX_COUNT)
-        raw = await self._call(b"dead", start, limit)
-        return [protocol.decode_dead_letter(letter) for letter in raw]
+        return await self._run(self._flows.dead(start, limit))
 
     async def requeue_dead(self, *ids: str | int, count: int = MAX_BATCH) -> int:
-        raw = protocol.encode_ids(ids)
-        count = protocol.whole(count, "count", 1, MAX_BATCH)
-        if len(raw) > MAX_BATCH:
-            raise InvalidArgument(f"at most {MAX_BATCH} ids per call")
-        return int(await self._call(b"requeue_dead", count, *raw))
+        return await self._run(self._flows.requeue_dead(ids, count))
+
+
+class AsyncTopicGroup(GroupView, AsyncRotator):
+    """The asyncio twin of :class:`rotator.TopicGroup`."""
+
+    def __init__(self, client: AsyncClient, topic: TopicKeys, group: str, **options: Any) -> None:
+        self.group = group
+        self._topic = topic
+        super().__init__(client, topic.name, **options)
+
+    def __repr__(self) -> str:
+        return f"AsyncTopicGroup({self.keys.name!r}, timeout={self.timeout})"
+
+
+class AsyncTopic:
+    """The asyncio twin of :class:`rotator.Topic`; see it for the semantics."""
+
+    def __init__(
+        self,
+        client: AsyncClient,
+        name: str,
+        *,
+        retention: Retention | None = None,
+        prefix: str = DEFAULT_PREFIX,
+        functions: bool = False,
+    ) -> None:
+        self.client = client
+        self._flows = TopicFlows(name, retention=retention, prefix=prefix)
+        self._functions = functions
+        self._sender = AsyncSender(client, functions, None)
+        self._run = self._sender.run
+
+    @property
+    def name(self) -> str:
+        return self._flows.name
+
+    @property
+    def keys(self) -> TopicKeys:
+        return self._flows.keys
+
+    @property
+    def retention(self) -> Retention:
+        return self._flows.retention
+
+    def __repr__(self) -> str:
+        return f"AsyncTopic({self.name!r}, retention={self.retention})"
+
+    async def _call(self, keys: tuple[str, ...], *args: Any) -> Any:
+        return await self._sender.perform(commands.raw(keys, args))
+
+    async def groups(self) -> list[str]:
+        return await self._run(self._flows.groups())
+
+    async def subscribe(self, group: str, start: str = "latest") -> bool:
+        return await self._run(self._flows.subscribe(group, start))
+
+    async def unsubscribe(self, group: str) -> bool:
+        return await self._run(self._flows.unsubscribe(group))
+
+    def group(self, group: str, **options: Any) -> AsyncTopicGroup:
+        validate_group_name(group)
+        return AsyncTopicGroup(self.client, self.keys, group, functions=self._functions, **options)
+
+    def group_keys(self, group: str) -> QueueKeys:
+        return self.keys.group(group)
+
+    async def publish(self, payload: bytes | str) -> str:
+        return (await self._run(self._flows.publish_many([payload], MAX_PUBLISH)))[0]
+
+    async def publish_many(
+        self, payloads: Iterable[bytes | str], chunk: int = MAX_PUBLISH
+    ) -> list[str]:
+        return await self._run(self._flows.publish_many(payloads, chunk))
+
+    async def replay(
+        self, group: str, *, from_id: str | None = None, from_time: float | None = None
+    ) -> int:
+        return await self._run(self._flows.replay(group, from_id, from_time))
+
+    async def trim(self) -> int:
+        return await self._run(self._flows.trim())
+
+    async def stats(self) -> TopicStats:
+        return await self._run(self._flows.stats())
+
+    async def delete(self) -> None:
+        await self._run(self._flows.delete())

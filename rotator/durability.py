@@ -2,76 +2,51 @@
 
 The Lua module cannot wait for durability itself (WAIT and WAITAOF do not block inside a
 script), so the client asks after the write: ``WAITAOF`` where the server has it (Redis 7.2+,
-Valkey), ``WAIT`` for replicas otherwise.
+Valkey), ``WAIT`` for replicas otherwise. Both are flows (see :mod:`rotator.commands`), so the
+sync and async APIs share them.
 """
 
 from __future__ import annotations
 
 import logging
-import math
-from dataclasses import dataclass
 from typing import Any
 
 from redis.exceptions import ResponseError
 
-from rotator.errors import InvalidArgument, RotatorError
+from rotator.commands import ClientCall, Flow
+from rotator.errors import NotDurable
+from rotator.models import Durability
 
 log = logging.getLogger("rotator")
 
-
-class NotDurable(RotatorError):
-    """The write was applied, but not confirmed persisted/replicated within the timeout."""
+_warned_no_waitaof = False
 
 
-@dataclass(frozen=True, slots=True)
-class Durability:
-    """What a push, ack or nack must reach before the call returns.
-
-    ``local_aof``: fsynced to the server's own append-only file (needs ``appendonly yes``).
-    ``replicas``: acknowledged by (with ``local_aof``, fsynced on) this many replicas.
-    """
-
-    local_aof: bool = True
-    replicas: int = 0
-    timeout: float = 1.0
-
-    def __post_init__(self) -> None:
-        if isinstance(self.replicas, bool) or not isinstance(self.replicas, int):
-            raise InvalidArgument(f"replicas must be a whole number, got {self.replicas!r}")
-        if self.replicas < 0 or not (self.local_aof or self.replicas):
-            raise InvalidArgument("ask for local_aof, or for at least one replica")
-        if not math.isfinite(self.timeout) or self.timeout <= 0:
-            raise InvalidArgument(f"timeout must be positive and finite, got {self.timeout!r}")
-
-
-_warned_no_waitaof: set[int] = set()
-
-
-def wait_durable(client: Any, durability: Durability) -> None:
+def wait_durable(durability: Durability) -> Flow[None]:
     """Blocks until the connection's earlier writes reach what ``durability`` asks for."""
+    global _warned_no_waitaof
     timeout_ms = max(1, int(durability.timeout * 1000))
     numlocal = 1 if durability.local_aof else 0
     try:
-        local, replicas = (
-            int(n)
-            for n in client.execute_command("WAITAOF", numlocal, durability.replicas, timeout_ms)
+        reply = yield ClientCall(
+            "execute_command", ("WAITAOF", numlocal, durability.replicas, timeout_ms)
         )
+        local, replicas = (int(n) for n in reply)
     except ResponseError as error:
         if "unknown command" not in str(error).lower():
             raise NotDurable(str(error)) from error
         # Redis before 7.2: replicas can still be waited for; the local fsync cannot.
-        if durability.local_aof and id(client) not in _warned_no_waitaof:
-            _warned_no_waitaof.add(id(client))
+        if durability.local_aof and not _warned_no_waitaof:
+            _warned_no_waitaof = True
             log.warning(
                 "this server has no WAITAOF (Redis < 7.2): local durability relies on its "
                 "appendfsync setting; use 'appendfsync always' to lose nothing on a crash"
             )
         local = numlocal
-        replicas = (
-            int(client.execute_command("WAIT", durability.replicas, timeout_ms))
-            if (durability.replicas)
-            else 0
-        )
+        replicas = 0
+        if durability.replicas:
+            waited = yield ClientCall("execute_command", ("WAIT", durability.replicas, timeout_ms))
+            replicas = int(waited)
     if local < numlocal or replicas < durability.replicas:
         raise NotDurable(
             f"write confirmed on {local} local AOF and {replicas} replicas within "
@@ -79,17 +54,17 @@ def wait_durable(client: Any, durability: Durability) -> None:
         )
 
 
-def server_warnings(client: Any) -> list[str]:
+def server_warnings() -> Flow[list[str]]:
     """Settings of the server that can lose queued jobs, in words an operator can act on."""
     warnings = []
-    memory = client.info("memory")
+    memory: Any = yield ClientCall("info", ("memory",))
     policy = str(memory.get("maxmemory_policy", "noeviction"))
     if policy != "noeviction":
         warnings.append(
             f"maxmemory-policy is {policy}: the server may evict a queue's keys and lose jobs; "
             "set it to noeviction"
         )
-    persistence = client.info("persistence")
+    persistence: Any = yield ClientCall("info", ("persistence",))
     if not int(persistence.get("aof_enabled", 0)):
         warnings.append(
             "appendonly is off: a server crash loses everything since the last snapshot; "

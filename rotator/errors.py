@@ -50,6 +50,14 @@ class UnknownGroup(RotatorError):
     """The topic has no consumer group of that name (subscribe first)."""
 
 
+class NotDurable(RotatorError):
+    """The write was applied, but not confirmed persisted/replicated within the timeout."""
+
+
+class EmbeddedServerError(RotatorError):
+    """The embedded server could not be found, started or stopped."""
+
+
 class ProtocolError(RotatorError):
     """The Lua module refused a call this client should never make (a bug)."""
 

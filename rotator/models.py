@@ -1,9 +1,15 @@
-"""The values rotator hands back: immutable records, nothing clever."""
+"""The values rotator hands back and the options it takes: immutable records, nothing
+clever."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+import math
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict, dataclass, field
 from typing import Any, NamedTuple
+
+from rotator.defaults import DEFAULT_TOPIC_RETENTION
+from rotator.errors import InvalidArgument
 
 
 class Job(NamedTuple):
@@ -24,6 +30,11 @@ class Job(NamedTuple):
 
     def __str__(self) -> str:
         return self.token
+
+
+# What a worker runs for each job: its return acks the job, an exception retries it.
+Handler = Callable[[Job], Any]
+AsyncHandler = Callable[[Job], Awaitable[Any]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,3 +95,53 @@ class NextReply:
     # its size; "" when the reply did not say (its jobs then tell, see Batches.note).
     batch: bytes = b""
     batch_jobs: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Retention:
+    """How much a topic keeps: at most ``count`` messages and/or none older than ``age``
+    seconds. At least one must be set, so the topic's memory is bounded (checked when a
+    topic is made with it)."""
+
+    count: int | None = DEFAULT_TOPIC_RETENTION
+    age: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TopicStats:
+    """A topic's counts, read in one atomic call."""
+
+    retained: int  # messages in the log (and payloads kept)
+    bytes: int  # payload bytes retained
+    last_seq: int  # seq of the last message published (0 before the first)
+    groups: dict[str, Stats] = field(default_factory=dict)  # backlog = Stats.pending
+
+
+@dataclass(frozen=True, slots=True)
+class WorkSummary:
+    """What a worker loop did, counted in deliveries."""
+
+    processed: int  # handler returned and the ack was sent
+    failed: int  # handler raised; the job was nacked for a retry
+    leases_lost: int  # leases another consumer took over while the handler ran
+
+
+@dataclass(frozen=True, slots=True)
+class Durability:
+    """What a push, ack or nack must reach before the call returns.
+
+    ``local_aof``: fsynced to the server's own append-only file (needs ``appendonly yes``).
+    ``replicas``: acknowledged by (with ``local_aof``, fsynced on) this many replicas.
+    """
+
+    local_aof: bool = True
+    replicas: int = 0
+    timeout: float = 1.0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.replicas, bool) or not isinstance(self.replicas, int):
+            raise InvalidArgument(f"replicas must be a whole number, got {self.replicas!r}")
+        if self.replicas < 0 or not (self.local_aof or self.replicas):
+            raise InvalidArgument("ask for local_aof, or for at least one replica")
+        if not math.isfinite(self.timeout) or self.timeout <= 0:
+            raise InvalidArgument(f"timeout must be positive and finite, got {self.timeout!r}")

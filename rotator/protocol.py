@@ -1,4 +1,4 @@
-"""Pure helpers shared by the sync and asyncio APIs: argument checks and reply decoding.
+"""The wire grammar, no I/O: job ids, tokens, packed batches and argument checks.
 
 Arguments are checked here before anything is sent (the Lua module checks them again, for
 callers that use it directly). Replies are decoded here whatever the client's
@@ -10,9 +10,9 @@ from __future__ import annotations
 import math
 import re
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from operator import is_
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 from rotator.defaults import (
     MAX_BUDGET,
@@ -23,17 +23,18 @@ from rotator.defaults import (
     MAX_LEASE_SECONDS,
 )
 from rotator.errors import InvalidArgument, InvalidJobId, InvalidToken
-from rotator.models import DeadLetter, ItemStats, Job, NextReply, RingEntry, Stats
+from rotator.models import Job, NextReply
 
 JobRef = Job | str | bytes
+T = TypeVar("T")
 # Elements may hold any bytes if someone wrote the ring by hand; surrogateescape keeps them
 # round-trippable instead of crashing a worker with UnicodeDecodeError.
-_ERRORS = "surrogateescape"
+BYTES_ERRORS = "surrogateescape"
 
 
 def text(value: Any) -> str:
     if isinstance(value, bytes):
-        return value.decode("utf-8", _ERRORS)
+        return value.decode("utf-8", BYTES_ERRORS)
     return str(value)
 
 
@@ -41,7 +42,7 @@ def encode_id(job_id: object) -> bytes:
     if isinstance(job_id, bool) or not isinstance(job_id, str | int):
         raise InvalidJobId(f"job id must be a str (or an int), got {type(job_id).__name__}")
     try:
-        raw = str(job_id).encode("utf-8", _ERRORS)
+        raw = str(job_id).encode("utf-8", BYTES_ERRORS)
     except UnicodeEncodeError:  # a lone surrogate that is not an escaped byte
         raise InvalidJobId(f"job id is not encodable text: {str(job_id)[:64]!r}") from None
     if not raw or len(raw) > MAX_ID_BYTES or b"*" in raw:
@@ -69,7 +70,7 @@ def _token_match(token: str) -> re.Match[str] | None:
         return None
     if (
         match.end(1) > _SURELY_SHORT_ID
-        and len(match.group(1).encode("utf-8", _ERRORS)) > MAX_ID_BYTES
+        and len(match.group(1).encode("utf-8", BYTES_ERRORS)) > MAX_ID_BYTES
     ):
         return None
     return match
@@ -88,11 +89,11 @@ def encode_token(ref: JobRef) -> bytes:
     if isinstance(ref, Job):
         # Handed out by the module (a Job made by hand with a bad token is refused by the
         # module just the same: ROTATOR_BADTOKEN, nothing written).
-        return ref.token.encode("utf-8", _ERRORS)
+        return ref.token.encode("utf-8", BYTES_ERRORS)
     token = text(ref)
     if _token_match(token) is None:
         raise InvalidToken(f"not a delivery token: {token[:80]!r}")
-    return token.encode("utf-8", _ERRORS)
+    return token.encode("utf-8", BYTES_ERRORS)
 
 
 def encode_tokens(refs: Iterable[JobRef]) -> list[bytes]:
@@ -146,7 +147,7 @@ class Batches:
         """Remembers the batch among the jobs of one ``next`` reply (its first deliveries)."""
         first = [job for job in jobs if job.deliveries == 1]
         if first:
-            self._remember(batch_stamp(first[0].token.encode("utf-8", _ERRORS)), len(first))
+            self._remember(batch_stamp(first[0].token.encode("utf-8", BYTES_ERRORS)), len(first))
 
     def _remember(self, stamp: bytes, jobs: int) -> None:
         with self._lock:
@@ -159,7 +160,7 @@ class Batches:
         first = refs[0] if refs else None
         if isinstance(first, Job) and first.deliveries == 1:
             token = first.token
-            stamp = token[token.find("*") + 1 : -5].encode("utf-8", _ERRORS)
+            stamp = token[token.find("*") + 1 : -5].encode("utf-8", BYTES_ERRORS)
             jobs = self._jobs.get(stamp, ())
             size = len(jobs)
             # The batch's very Job objects, first and in order: nothing to check per job.
@@ -205,7 +206,7 @@ class Batches:
 
 
 _PACKED_BATCH = re.compile(rb"\*[0-9]+\.1\.[0-9]+")
-_PACKED_STAMP = re.compile(r"([0-9]{1,15})\.1\.[0-9]+")
+PACKED_STAMP = re.compile(r"([0-9]{1,15})\.1\.[0-9]+")
 
 
 def unpack_element(element: bytes) -> tuple[bytes, list[bytes]] | None:
@@ -284,65 +285,11 @@ def job_from_token(
     return Job(job_id, token, known[0], reclaimed, known[1], payload)
 
 
-# A batch job's place in its token, for every place a batch can have.
-_PLACES = tuple(f"{k:05d}" for k in range(MAX_COUNT + 1))
-
-
-def decode_next_packed(reply: Sequence[Any]) -> NextReply:
-    """A ``next_packed`` reply: the call's first deliveries as one packed element
-    ``*<deadline>.1.<seq>*<id>*<id>...`` (job k's token is ``<id>*<deadline>.1.<seq>`` and k
-    in 5 digits), then the later deliveries as ``next`` sends them. Batch jobs come first."""
-    packed = text(reply[3])
-    jobs: list[Job] = []
-    stamp = ""
-    if packed:
-        star = packed.find("*", 1)
-        batch = packed[:star]
-        stamp = batch[1:]
-        match = _PACKED_STAMP.fullmatch(stamp)
-        ids = packed[star + 1 :].split("*")
-        if star < 0 or match is None or len(ids) > MAX_COUNT:
-            raise InvalidToken(f"server returned a malformed batch {packed[:80]!r}")
-        deadline_ms = int(match[1])
-        places = _PLACES
-        # tuple.__new__ skips the NamedTuple's Python-level __new__: a third cheaper per job.
-        make = tuple.__new__
-        jobs = [
-            make(Job, (job_id, job_id + batch + places[k], 1, False, deadline_ms, None))
-            for k, job_id in enumerate(ids, 1)
-        ]
-    stamps: dict[str, tuple[int, int]] = {}
-    jobs.extend(
-        job_from_token(token, flag == 1, None, stamps)
-        for token, flag in zip(reply[4::2], reply[5::2], strict=True)
-    )
-    return NextReply(
-        int(reply[0]) == 1,
-        int(reply[1]),
-        int(reply[2]),
-        jobs,
-        stamp.encode("ascii"),
-        len(jobs) - len(reply[4::2]),
-    )
-
-
-def decode_next_payloads(reply: Sequence[Any]) -> NextReply:
-    """A ``nextp`` reply: like ``next`` with a payload after each token's reclaimed flag."""
-    jobs = []
-    stamps: dict[str, tuple[int, int]] = {}
-    for i in range(3, len(reply), 3):
-        payload = reply[i + 2]
-        if isinstance(payload, str):
-            payload = payload.encode("utf-8", _ERRORS)
-        jobs.append(job_from_token(reply[i], reply[i + 1] == 1, payload, stamps))
-    return NextReply(int(reply[0]) == 1, int(reply[1]), int(reply[2]), jobs)
-
-
 def encode_payload(payload: object) -> bytes:
     if isinstance(payload, bytes):
         return payload
     if isinstance(payload, str):
-        return payload.encode("utf-8", _ERRORS)
+        return payload.encode("utf-8", BYTES_ERRORS)
     raise InvalidArgument(f"a payload must be bytes or str, got {type(payload).__name__}")
 
 
@@ -352,44 +299,27 @@ def encode_error(error: object) -> bytes:
         return b""
     if not isinstance(error, str):
         raise InvalidArgument(f"error must be a str, got {type(error).__name__}")
-    raw = error.encode("utf-8", _ERRORS)
+    raw = error.encode("utf-8", BYTES_ERRORS)
     if len(raw) > MAX_ERROR_BYTES:
         raise InvalidArgument(f"error must be at most {MAX_ERROR_BYTES} bytes")
     return raw
 
 
-def decode_item_stats(raw: Any) -> ItemStats | None:
-    """An ``items`` entry, ``<enqueued ms>:<deliveries>:<last delivery ms>:<last error>``."""
-    if raw is None:
+# A batch job's place in its token, for every place a batch can have.
+PLACES = tuple(f"{k:05d}" for k in range(MAX_COUNT + 1))
+
+
+def check_block(block: float | None) -> float | None:
+    if block is None:
         return None
-    enqueued, deliveries, last, error = text(raw).split(":", 3)
-    return ItemStats(
-        int(enqueued) or None, int(deliveries), int(last) or None, error if error else None
-    )
+    if isinstance(block, bool) or not isinstance(block, int | float) or not math.isfinite(block):
+        raise InvalidArgument(f"block must be a finite number of seconds, got {block!r}")
+    if block < 0:
+        raise InvalidArgument(f"block must not be negative, got {block!r}")
+    return float(block)
 
 
-def decode_stats(reply: Sequence[Any]) -> Stats:
-    fields = {text(reply[i]): int(reply[i + 1]) for i in range(0, len(reply), 2)}
-    age_ms = fields["oldest_pending_age_ms"]
-    return Stats(
-        length=fields["length"],
-        pending=fields["pending"],
-        in_flight=fields["in_flight"],
-        done=fields["done"],
-        deferred=fields["deferred"],
-        dead=fields["dead"],
-        oldest_pending_age=None if age_ms < 0 else age_ms / 1000,
-    )
-
-
-def decode_peek(reply: Sequence[Any]) -> list[RingEntry]:
-    return [
-        RingEntry(text(reply[i]), text(reply[i + 1]), int(reply[i + 2]))
-        for i in range(0, len(reply), 3)
-    ]
-
-
-def decode_dead_letter(raw: Any) -> DeadLetter:
-    reason, deliveries, died, element = text(raw).split("*", 3)
-    job_id = element.partition("*")[0] if reason != "corrupt" else element
-    return DeadLetter(job_id, reason, int(deliveries), int(died), element)
+def chunks(items: Sequence[T], size: int) -> Iterator[Sequence[T]]:
+    """``items`` in slices of at most ``size``: every call the module gets stays bounded."""
+    for start in range(0, len(items), size):
+        yield items[start : start + size]

@@ -24,7 +24,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from rotator.errors import RotatorError
+from rotator.errors import EmbeddedServerError
 
 SOCKET_NAME = "valkey.sock"
 PID_NAME = "valkey.pid"
@@ -32,10 +32,6 @@ LOG_NAME = "valkey.log"
 START_TIMEOUT = 15.0
 STOP_TIMEOUT = 15.0
 _MAX_SOCKET_PATH = 107  # sun_path is 108 bytes on Linux, with its NUL
-
-
-class EmbeddedServerError(RotatorError):
-    """The embedded server could not be found, started or stopped."""
 
 
 @dataclass(frozen=True, slots=True)

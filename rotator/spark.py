@@ -75,10 +75,10 @@ from rotator.defaults import (
 from rotator.errors import InvalidArgument, InvalidJobId, ProtocolError, RotatorError
 from rotator.errors import error_from_reply as typed_error
 from rotator.keys import QueueKeys, queue_keys
-from rotator.models import Job
+from rotator.models import Handler, Job
 from rotator.protocol import JobRef
 from rotator.script import module_sha, module_source
-from rotator.worker import Handler, Worker
+from rotator.worker import Worker
 
 __all__ = [
     "RESULT_COLUMNS",

@@ -1,24 +1,27 @@
 """The worker loop: claim, run the handler, ack or nack, keep long leases alive, stop cleanly.
 
-Each worker thread claims jobs in batches and acks finished ones in the same call that claims
-the next batch, so a busy worker pays one round trip per batch. A claim takes about
+Each loop claims jobs in batches and acks finished ones in the same call that claims the
+next batch, so a busy worker pays one round trip per batch. A claim takes about
 WORK_CLAIM_SECONDS of work at the handler's recent pace, at most ``batch`` jobs (the first
 claim takes one): fast jobs go many per round trip, slow ones one at a time, so that idle
-workers elsewhere can take the rest. A heartbeat thread extends the lease of any job held
-(waiting its turn or running) once it has used half its lease. SIGINT/SIGTERM stop
-claiming; jobs already started are finished and acked, jobs claimed but not started are given
-back at once.
+workers elsewhere can take the rest. A heartbeat extends the lease of any job held (waiting
+its turn or running) once it has used half its lease. SIGINT/SIGTERM stop claiming; jobs
+already started are finished and acked, jobs claimed but not started are given back at once.
+
+:class:`Worker` runs loops in threads over a :class:`rotator.Rotator`; :class:`AsyncWorker`
+runs them as tasks over a :class:`rotator.aio.AsyncRotator`. What they decide alike (which
+jobs are held, which leases are due or lost, how much to claim, what was done) is one
+:class:`Ledger`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import random
 import signal
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
@@ -35,12 +38,12 @@ from rotator.defaults import (
     WORK_CLAIM_SECONDS,
 )
 from rotator.errors import ServerBusy
-from rotator.models import Job
+from rotator.models import AsyncHandler, Handler, Job, WorkSummary
 
 if TYPE_CHECKING:
+    from rotator.aio import AsyncRotator
     from rotator.core import Rotator
 
-Handler = Callable[[Job], Any]
 log = logging.getLogger("rotator.worker")
 
 
@@ -51,16 +54,120 @@ def transient(error: Exception) -> bool:
     return isinstance(error, RedisError | ServerBusy)
 
 
-@dataclass(frozen=True, slots=True)
-class WorkSummary:
-    processed: int  # handler returned and the ack was sent
-    failed: int  # handler raised; the job was nacked for a retry
-    leases_lost: int  # leases another consumer took over while the handler ran
-
-
 def retry_delay(deliveries: int) -> float:
     """Exponential backoff before a failed job is delivered again."""
     return float(min(RETRY_BACKOFF_BASE * 2 ** max(deliveries - 1, 0), RETRY_BACKOFF_CAP))
+
+
+def claim_pause(failures: int) -> float:
+    """Seconds to wait before claiming again after ``failures`` transient errors in a row."""
+    pause = min(CLAIM_RETRY_CAP, CLAIM_RETRY_FIRST * 2 ** (failures - 1))
+    return float(pause * random.uniform(0.5, 1.0))
+
+
+def failure_reason(error: BaseException) -> str:
+    return f"{type(error).__name__}: {error}"
+
+
+def log_failure(job: Job, error: BaseException, delay: float) -> None:
+    # One line per failure; the traceback only when debugging.
+    log.warning(
+        "job %s failed (delivery %d): %s; retrying in %g s",
+        job.id, job.deliveries, error, delay,
+        exc_info=log.isEnabledFor(logging.DEBUG),
+    )  # fmt: skip
+
+
+class Ledger:
+    """What a worker holds and has done, shared by its loops and its heartbeat.
+
+    Every job claimed and not yet acked or nacked is held, with the monotonic time its lease
+    runs out: jobs waiting their turn in a batch and finished jobs whose ack rides on the
+    next claim need their leases kept as much as the one running. Thread-safe.
+    """
+
+    def __init__(self, timeout: float, batch: int) -> None:
+        self.timeout = timeout
+        self.batch = batch
+        self._lock = threading.Lock()
+        self._held: dict[str, tuple[Job, float]] = {}
+        self._lost: set[str] = set()
+        # Handled jobs whose ack is on its way: a refused extend means the ack landed first.
+        self._handled: set[str] = set()
+        self._processed = self._failed = self._lost_count = 0
+        # Seconds per job over the recent batches (None until one was run): sizes claims.
+        self._pace: float | None = None
+
+    def hold(self, jobs: list[Job]) -> None:
+        expiry = time.monotonic() + self.timeout
+        with self._lock:
+            for job in jobs:
+                self._held[job.token] = (job, expiry)
+
+    def release(self, jobs: list[Job]) -> None:
+        with self._lock:
+            for job in jobs:
+                self._held.pop(job.token, None)
+                self._lost.discard(job.token)
+                self._handled.discard(job.token)
+
+    def lost(self, job: Job) -> bool:
+        """True when another consumer has the job now: running it here would duplicate it."""
+        with self._lock:
+            return job.token in self._lost
+
+    def handled(self, job: Job) -> None:
+        with self._lock:
+            self._handled.add(job.token)
+            self._processed += 1
+
+    def failed(self) -> None:
+        with self._lock:
+            self._failed += 1
+
+    def claim_size(self) -> int:
+        """Jobs to claim next: about WORK_CLAIM_SECONDS of work, 1..batch."""
+        pace = self._pace
+        if pace is None:
+            return 1
+        if pace * self.batch <= WORK_CLAIM_SECONDS:
+            return self.batch
+        return max(1, min(self.batch, int(WORK_CLAIM_SECONDS / pace)))
+
+    def note_pace(self, seconds_per_job: float) -> None:
+        # A moving average: one slow batch halves the next claim, it does not reset it.
+        # Loops share it; a lost update only skews one claim.
+        pace = self._pace
+        self._pace = seconds_per_job if pace is None else (pace + seconds_per_job) / 2
+
+    def heartbeat_interval(self) -> float:
+        return max(min(self.timeout / 4, 5.0), 0.01)
+
+    def due(self) -> tuple[float, list[Job]]:
+        """``(now, jobs)``: the held jobs that have used half their lease."""
+        now = time.monotonic()
+        with self._lock:
+            return now, [
+                job
+                for token, (job, expiry) in self._held.items()
+                if expiry - now < self.timeout / 2 and token not in self._lost
+            ]
+
+    def extended(self, now: float, due: list[Job], kept: list[bool]) -> None:
+        """Records what an extend of ``due`` (sent at ``now``) answered."""
+        with self._lock:
+            for job, ok in zip(due, kept, strict=True):
+                if job.token not in self._held or (not ok and job.token in self._handled):
+                    continue  # acked or nacked meanwhile: nothing was lost
+                if ok:
+                    self._held[job.token] = (job, now + self.timeout)
+                else:
+                    self._lost.add(job.token)
+                    self._lost_count += 1
+                    log.warning("lease of job %s was lost; it will not be acked here", job.id)
+
+    def summary(self) -> WorkSummary:
+        return WorkSummary(self._processed, self._failed, self._lost_count)
 
 
 class Worker:
@@ -79,17 +186,7 @@ class Worker:
         self.batch = protocol.check_count(batch)
         self.poll = poll
         self._stop = threading.Event()
-        self._lock = threading.Lock()
-        # Every job claimed and not yet acked or nacked, with the monotonic time its lease
-        # runs out: jobs waiting their turn in a batch and finished jobs whose ack rides on
-        # the next claim need their leases kept as much as the one running.
-        self._held: dict[str, tuple[Job, float]] = {}
-        self._lost: set[str] = set()
-        # Handled jobs whose ack is on its way: a refused extend means the ack landed first.
-        self._handled: set[str] = set()
-        self._processed = self._failed = self._lost_count = 0
-        # Seconds per job over the recent batches (None until one was run): sizes claims.
-        self._pace: float | None = None
+        self._ledger = Ledger(rotator.timeout, self.batch)
 
     def stop(self) -> None:
         """Asks every loop to finish its current job and return."""
@@ -123,7 +220,7 @@ class Worker:
             heartbeat.join()
             for signum, previous in restore.items():
                 signal.signal(signum, previous)
-        return WorkSummary(self._processed, self._failed, self._lost_count)
+        return self._ledger.summary()
 
     def _install_signals(self) -> dict[int, Any]:
         if threading.current_thread() is not threading.main_thread():
@@ -135,41 +232,28 @@ class Worker:
 
         return {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
 
-    def _hold(self, jobs: list[Job]) -> None:
-        expiry = time.monotonic() + self.rotator.timeout
-        with self._lock:
-            for job in jobs:
-                self._held[job.token] = (job, expiry)
-
-    def _release(self, jobs: list[Job]) -> None:
-        with self._lock:
-            for job in jobs:
-                self._held.pop(job.token, None)
-                self._lost.discard(job.token)
-                self._handled.discard(job.token)
-
     def _loop(self, stop_when_empty: bool) -> None:
+        ledger = self._ledger
         finished: list[Job] = []
         failures = 0
         try:
             while not self._stop.is_set():
                 try:
-                    jobs = self.rotator.next(self._claim_size(), block=self.poll, ack=finished)
+                    jobs = self.rotator.next(ledger.claim_size(), block=self.poll, ack=finished)
                 except Exception as error:
                     if not transient(error):
                         raise
                     # Wait it out instead of dying: the leases held stay held (the heartbeat
                     # keeps extending them) and `finished` rides on the next claim.
                     failures += 1
-                    pause = min(CLAIM_RETRY_CAP, CLAIM_RETRY_FIRST * 2 ** (failures - 1))
-                    pause *= random.uniform(0.5, 1.0)
+                    pause = claim_pause(failures)
                     log.warning("could not claim jobs (%s); trying again in %.2f s", error, pause)
                     self._stop.wait(pause)
                     continue
                 failures = 0
-                self._release(finished)
+                ledger.release(finished)
                 finished = []
-                self._hold(jobs)
+                ledger.hold(jobs)
                 if not jobs:
                     if stop_when_empty and self._drained():
                         return
@@ -177,14 +261,11 @@ class Worker:
                 began = time.monotonic()
                 for position, job in enumerate(jobs):
                     if self._stop.is_set():
-                        unstarted = jobs[position:]
-                        self._give_back(unstarted)  # claimed, never started
+                        self._give_back(jobs[position:])  # claimed, never started
                         break
                     if self._run_one(job):
-                        with self._lock:
-                            self._handled.add(job.token)
                         finished.append(job)
-                self._note_pace((time.monotonic() - began) / len(jobs))
+                ledger.note_pace((time.monotonic() - began) / len(jobs))
         finally:
             if finished:
                 try:
@@ -198,7 +279,7 @@ class Worker:
                         len(finished),
                         error,
                     )
-                self._release(finished)
+                ledger.release(finished)
 
     def _give_back(self, jobs: list[Job], delay: float = 0.0, reason: str | None = None) -> None:
         """Nacks jobs (recording ``reason`` as their last error when the queue keeps item
@@ -214,67 +295,35 @@ class Worker:
             log.warning(
                 "could not give back %d jobs (%s); their leases will run out", len(jobs), error
             )
-        self._release(jobs)
-
-    def _claim_size(self) -> int:
-        """Jobs to claim next: about WORK_CLAIM_SECONDS of work, 1..batch."""
-        pace = self._pace
-        if pace is None:
-            return 1
-        if pace * self.batch <= WORK_CLAIM_SECONDS:
-            return self.batch
-        return max(1, min(self.batch, int(WORK_CLAIM_SECONDS / pace)))
-
-    def _note_pace(self, seconds_per_job: float) -> None:
-        # A moving average: one slow batch halves the next claim, it does not reset it.
-        # Threads share it; a lost update only skews one claim.
-        pace = self._pace
-        self._pace = seconds_per_job if pace is None else (pace + seconds_per_job) / 2
+        self._ledger.release(jobs)
 
     def _drained(self) -> bool:
-        stats = self.rotator.stats()
-        if stats.pending == 0 and stats.in_flight == 0 and stats.deferred == 0:
+        if self.rotator.drained():
             self.rotator.sweep()  # leave no acked element behind in the ring
             return True
         return False
 
     def _run_one(self, job: Job) -> bool:
         """Runs the handler; True when the job should be acked."""
-        with self._lock:
-            lost = job.token in self._lost
-        if lost:  # another consumer has it now: running it here would be a duplicate
-            self._release([job])
+        if self._ledger.lost(job):
+            self._ledger.release([job])
             return False
         try:
             self.handler(job)
         except Exception as error:
             delay = retry_delay(job.deliveries)
-            # One line per failure; the traceback only when debugging.
-            log.warning(
-                "job %s failed (delivery %d): %s; retrying in %g s",
-                job.id, job.deliveries, error, delay,
-                exc_info=log.isEnabledFor(logging.DEBUG),
-            )  # fmt: skip
-            self._give_back([job], delay=delay, reason=f"{type(error).__name__}: {error}")
-            with self._lock:
-                self._failed += 1
+            log_failure(job, error, delay)
+            self._give_back([job], delay=delay, reason=failure_reason(error))
+            self._ledger.failed()
             return False
-        with self._lock:
-            self._processed += 1
+        self._ledger.handled(job)
         return True
 
     def _heartbeat(self) -> None:
         """Extends every held lease that is half used, so slow batches keep their jobs."""
-        timeout = self.rotator.timeout
-        interval = max(min(timeout / 4, 5.0), 0.01)
-        while not self._stop.wait(interval):
-            now = time.monotonic()
-            with self._lock:
-                due = [
-                    job
-                    for token, (job, expiry) in self._held.items()
-                    if expiry - now < timeout / 2 and token not in self._lost
-                ]
+        ledger = self._ledger
+        while not self._stop.wait(ledger.heartbeat_interval()):
+            now, due = ledger.due()
             if not due:
                 continue
             try:
@@ -282,13 +331,169 @@ class Worker:
             except Exception:
                 log.exception("could not extend %d leases; will retry", len(due))
                 continue
-            with self._lock:
-                for job, ok in zip(due, kept, strict=True):
-                    if job.token not in self._held or (not ok and job.token in self._handled):
-                        continue  # acked or nacked meanwhile: nothing was lost
-                    if ok:
-                        self._held[job.token] = (job, now + timeout)
-                    else:
-                        self._lost.add(job.token)
-                        self._lost_count += 1
-                        log.warning("lease of job %s was lost; it will not be acked here", job.id)
+            ledger.extended(now, due, kept)
+
+
+class AsyncWorker:
+    """The asyncio twin of :class:`Worker`: ``concurrency`` tasks instead of threads, each
+    awaiting ``handler(job)``. Cancelling the task that runs :meth:`run` gives back every
+    job in hand."""
+
+    def __init__(
+        self,
+        rotator: AsyncRotator,
+        handler: AsyncHandler,
+        *,
+        concurrency: int = 1,
+        batch: int = DEFAULT_WORK_BATCH,
+        poll: float = DEFAULT_POLL,
+    ) -> None:
+        self.rotator = rotator
+        self.handler = handler
+        self.concurrency = protocol.whole(concurrency, "concurrency", 1, 10_000)
+        self.batch = protocol.check_count(batch)
+        self.poll = poll
+        self._stop = asyncio.Event()
+        self._ledger = Ledger(rotator.timeout, self.batch)
+
+    def stop(self) -> None:
+        """Asks every loop to finish its current job and return."""
+        self._stop.set()
+
+    async def run(
+        self, *, stop_when_empty: bool = False, install_signal_handlers: bool = True
+    ) -> WorkSummary:
+        for warning in await self.rotator.server_warnings():
+            log.warning("%s", warning)
+        restore = self._install_signals() if install_signal_handlers else []
+        heartbeat = asyncio.ensure_future(self._heartbeat())
+        try:
+            await asyncio.gather(*(self._loop(stop_when_empty) for _ in range(self.concurrency)))
+        finally:
+            self._stop.set()
+            heartbeat.cancel()
+            loop = asyncio.get_running_loop()
+            for signum in restore:
+                loop.remove_signal_handler(signum)
+        return self._ledger.summary()
+
+    def _install_signals(self) -> list[int]:
+        if threading.current_thread() is not threading.main_thread():
+            return []
+        loop = asyncio.get_running_loop()
+        installed: list[int] = []
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            try:
+                loop.add_signal_handler(signum, self._on_signal, signum)
+            except (NotImplementedError, RuntimeError):  # no signals on this loop
+                continue
+            installed.append(signum)
+        return installed
+
+    def _on_signal(self, signum: int) -> None:
+        log.info("signal %d: finishing the jobs in hand, then stopping", signum)
+        self.stop()
+
+    async def _loop(self, stop_when_empty: bool) -> None:
+        ledger = self._ledger
+        finished: list[Job] = []
+        jobs: list[Job] = []
+        position = 0
+        failures = 0
+        try:
+            while not self._stop.is_set():
+                try:
+                    jobs = await self.rotator.next(
+                        ledger.claim_size(), block=self.poll, ack=finished
+                    )
+                except Exception as error:
+                    if not transient(error):
+                        raise
+                    failures += 1
+                    pause = claim_pause(failures)
+                    log.warning("could not claim jobs (%s); trying again in %.2f s", error, pause)
+                    await asyncio.sleep(pause)
+                    continue
+                failures = 0
+                ledger.release(finished)
+                finished = []
+                ledger.hold(jobs)
+                if not jobs:
+                    if stop_when_empty and await self._drained():
+                        return
+                    continue
+                began = time.monotonic()
+                for position, job in enumerate(jobs):
+                    if self._stop.is_set():
+                        await self._give_back(jobs[position:])  # claimed, never started
+                        break
+                    if await self._run_one(job):
+                        finished.append(job)
+                jobs = []
+                ledger.note_pace((time.monotonic() - began) / max(position + 1, 1))
+        except asyncio.CancelledError:
+            # Cancelled: what was claimed and not finished goes back now, not at its lease.
+            unfinished = [job for job in jobs if job not in finished]
+            if unfinished:
+                await asyncio.shield(self._give_back(unfinished))
+            raise
+        finally:
+            if finished:
+                try:
+                    await asyncio.shield(self.rotator.ack(*finished))
+                except Exception as error:
+                    if not transient(error):
+                        raise
+                    log.warning("could not ack %d finished jobs (%s)", len(finished), error)
+                ledger.release(finished)
+
+    async def _give_back(
+        self, jobs: list[Job], delay: float = 0.0, reason: str | None = None
+    ) -> None:
+        try:
+            if reason is None:
+                await self.rotator.nack(*jobs, delay=delay)
+            else:
+                await self.rotator.fail(*jobs, error=reason, delay=delay)
+        except Exception as error:
+            if not transient(error):
+                raise
+            log.warning(
+                "could not give back %d jobs (%s); their leases will run out", len(jobs), error
+            )
+        self._ledger.release(jobs)
+
+    async def _drained(self) -> bool:
+        if await self.rotator.drained():
+            await self.rotator.sweep()
+            return True
+        return False
+
+    async def _run_one(self, job: Job) -> bool:
+        if self._ledger.lost(job):
+            self._ledger.release([job])
+            return False
+        try:
+            await self.handler(job)
+        except Exception as error:
+            delay = retry_delay(job.deliveries)
+            log_failure(job, error, delay)
+            await self._give_back([job], delay=delay, reason=failure_reason(error))
+            self._ledger.failed()
+            return False
+        self._ledger.handled(job)
+        return True
+
+    async def _heartbeat(self) -> None:
+        ledger = self._ledger
+        while not self._stop.is_set():
+            await asyncio.sleep(ledger.heartbeat_interval())
+            now, due = ledger.due()
+            if not due:
+                continue
+            try:
+                kept = await self.rotator.extend_many(due)
+            except Exception:
+                log.exception("could not extend %d leases; will retry", len(due))
+                continue
+            ledger.extended(now, due, kept)

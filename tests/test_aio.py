@@ -153,8 +153,8 @@ def test_work_with_three_tasks_runs_three_handlers_at_once_and_each_job_once(
                 await asyncio.wait_for(first_three.wait(), timeout=10)
             await asyncio.sleep(0.001)
 
-        processed = await queue.work(handler, concurrency=3, stop_when_empty=True, poll=0.2)
-        assert processed == 30
+        summary = await queue.work(handler, concurrency=3, stop_when_empty=True, poll=0.2)
+        assert summary.processed == 30
         assert await queue.next() == []
         assert (await queue.stats()).length == 0
 

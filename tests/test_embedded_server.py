@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 
 from rotator import Rotator
-from rotator.server import EmbeddedServer, EmbeddedServerError
+from rotator.errors import EmbeddedServerError
+from rotator.server import EmbeddedServer
 
 ROTATOR = str(Path(sys.executable).parent / "rotator")
 

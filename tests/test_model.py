@@ -93,7 +93,7 @@ def clocked_source() -> str:
 def clocked_rotator(client: redis.Redis, name: str, **options: Any) -> Rotator:
     """A Rotator whose every call goes to the clocked variant of the module."""
     queue = Rotator(client, name, **options)
-    queue._script = client.register_script(clocked_source())
+    queue._sender.script = client.register_script(clocked_source())
     return queue
 
 
@@ -204,7 +204,7 @@ class RotatorMachine(RuleBasedStateMachine):
         self.batches = Batches()
 
     def raw(self, *args: object) -> Any:
-        return run(self.q._script, self.keys, list(args))
+        return run(self.q._sender.script, self.keys, list(args))
 
     def pick(self, picks: list[int]) -> list[bytes]:
         return [self.tokens[i % len(self.tokens)] for i in picks]

@@ -310,7 +310,7 @@ def test_without_script_load_the_module_must_be_loaded_by_an_admin(
         client.script_flush()
         with pytest.raises(redis.exceptions.NoPermissionError):
             q.push("a")
-        client.script_load(q._script.script)
+        client.script_load(q._sender.script.script)
         assert q.push("a") == 1
 
 

@@ -28,8 +28,9 @@ from rotator import (
     Topic,
     UnknownGroup,
 )
+from rotator.aio import AsyncTopic
 from rotator.cli import main
-from rotator.topic import AsyncTopic, message_seq
+from rotator.topic import message_seq
 from tests.servers import ServerProcess
 
 

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from tests.chaos.checker import Report
 from tests.chaos.harness import REPORTS, ChaosRun
 from tests.servers import Kind
 
@@ -75,8 +76,22 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
         return
     write = terminalreporter.write_line
     terminalreporter.section("chaos: checker figures per server")
+    real = [report for report in REPORTS if "negative_control" not in report.notes]
+    controls = [report for report in REPORTS if "negative_control" in report.notes]
+    for server, total in sorted(_totals(real).items()):
+        write(f"{server}: " + " ".join(f"{k}={v}" for k, v in total.items()))
+    # The control runs without persistence on purpose: its loss shows the checker sees loss.
+    for server, total in sorted(_totals(controls).items()):
+        write(
+            f"negative control, {server} (loss expected): lost={total.get('lost', 0)} "
+            f"of pushed={total.get('pushed', 0)} over runs={total['runs']}"
+        )
+
+
+def _totals(reports: list[Report]) -> dict[str, dict[str, int]]:
+    """Each server's figures summed over ``reports``."""
     totals: dict[str, dict[str, int]] = {}
-    for report in REPORTS:
+    for report in reports:
         figures = report.figures()
         total = totals.setdefault(str(figures.pop("server")), {})
         for key, value in figures.items():
@@ -85,6 +100,4 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
         total["explained_dups"] = total.get("explained_dups", 0) + (
             report.duplicates - sum(d["processed"] - 1 for d in report.unexplained.values())
         )
-    for server, total in sorted(totals.items()):
-        write(f"{server}: " + " ".join(f"{k}={v}" for k, v in total.items()))
-    write("(the negative control counts its deliberate loss under 'lost')")
+    return totals

@@ -1,0 +1,361 @@
+"""Each command of the Lua module, described once: its KEYS and ARGV built from the caller's
+arguments, and its reply decoded. No I/O: a sender (sync or async, see :mod:`rotator.sending`)
+runs the descriptions this module returns.
+
+The wire contract is the header of ``lua/rotator.lua``; the functions here follow it in its
+order and take arguments already checked by :mod:`rotator.protocol` (the module checks them
+again, for callers that use it directly). Replies are decoded whatever the client's
+``decode_responses`` setting is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Generator, Sequence
+from typing import Any, Generic, NamedTuple, TypeVar
+
+from rotator.defaults import MAX_COUNT
+from rotator.errors import InvalidToken
+from rotator.models import DeadLetter, ItemStats, Job, NextReply, RingEntry, Stats, TopicStats
+from rotator.protocol import (
+    BYTES_ERRORS,
+    PACKED_STAMP,
+    PLACES,
+    job_from_token,
+    text,
+)
+
+T = TypeVar("T")
+Keys = tuple[str, ...]
+
+
+# -- what a sender is asked to do ---------------------------------------------------------------
+
+
+class ModuleCall(NamedTuple, Generic[T]):
+    """One call of the module: ``FCALL``/``EVALSHA`` with ``keys`` and ``args``, its reply
+    turned into a ``T`` by ``decode``. ``durable``: the caller relies on its writes, so a
+    queue with a Durability setting waits for them before returning."""
+
+    keys: Keys
+    args: list[Any]
+    decode: Callable[[Any], T]
+    durable: bool = False
+
+
+class AfterWake(NamedTuple, Generic[T]):
+    """Block up to ``seconds`` on the wake list ``wake`` (BLPOP), then make ``call``; the
+    sender pipelines both where it can, so a woken consumer pays one round trip."""
+
+    wake: str
+    seconds: float
+    call: ModuleCall[T]
+
+
+class ClientCall(NamedTuple):
+    """A plain command through the client's own method of that name (``hkeys``, ``info``,
+    ``delete``...), so redis-py parses its reply as it always does."""
+
+    method: str
+    args: tuple[Any, ...] = ()
+
+
+class Ask(NamedTuple):
+    """Ask the user's callback about a job id (the sender awaits it if it is async)."""
+
+    callback: Callable[[str], Any]
+    job_id: str
+
+
+Request = ModuleCall[Any] | AfterWake[Any] | ClientCall | Ask
+# An operation written once: it yields requests, is sent their replies (or has the errors
+# they raised thrown into it), and returns its result. Sync and async senders both run it.
+Flow = Generator[Request, Any, T]
+
+
+def raw(keys: Keys, args: Sequence[Any]) -> ModuleCall[Any]:
+    """Any module call, its reply undecoded (for tests and debugging)."""
+    return ModuleCall(keys, list(args), _undecoded)
+
+
+def _undecoded(reply: Any) -> Any:
+    return reply
+
+
+def _int(reply: Any) -> int:
+    return int(reply)
+
+
+def _flags(reply: Any) -> int:
+    """How many 1s a reply of per-token flags holds."""
+    return sum(int(flag) for flag in reply)
+
+
+# -- queue ----------------------------------------------------------------------------------
+
+
+def push(keys: Keys, ids: Sequence[bytes], *, item_stats: bool = False) -> ModuleCall[int]:
+    """``push`` (or ``pushi``, which also starts each id's item stats: KEYS 1..12)."""
+    return ModuleCall(keys, [b"pushi" if item_stats else b"push", *ids], _int, True)
+
+
+def next_packed(
+    keys: Keys, count: int, lease_ms: int, budget: int, max_deliveries: int, acks: list[bytes]
+) -> ModuleCall[NextReply]:
+    return ModuleCall(
+        keys,
+        [b"next_packed", count, lease_ms, budget, max_deliveries, *acks],
+        decode_next_packed,
+    )
+
+
+def ack(keys: Keys, tokens: Sequence[bytes], *, drop_payloads: bool = False) -> ModuleCall[int]:
+    """``ack`` (or ``ackp``, which also deletes the payloads and item stats: KEYS 1..11/12)."""
+    return ModuleCall(keys, [b"ackp" if drop_payloads else b"ack", *tokens], _int, True)
+
+
+def nack(keys: Keys, delay_ms: int, tokens: Sequence[bytes]) -> ModuleCall[int]:
+    """``nack``; decoded as how many leases were given back."""
+    return ModuleCall(keys, [b"nack", delay_ms, *tokens], _flags, True)
+
+
+def extend(
+    keys: Keys, lease_ms: int, tokens: Sequence[bytes]
+) -> ModuleCall[tuple[int, list[bool]]]:
+    """``extend``; decoded as ``(deadline_ms, [still held, ...])``."""
+    return ModuleCall(keys, [b"extend", lease_ms, *tokens], _decode_extend)
+
+
+def _decode_extend(reply: Any) -> tuple[int, list[bool]]:
+    return int(reply[0]), [int(flag) == 1 for flag in reply[1:]]
+
+
+def stats(keys: Keys) -> ModuleCall[Stats]:
+    return ModuleCall(keys, [b"stats"], decode_stats)
+
+
+def peek(keys: Keys, count: int) -> ModuleCall[list[RingEntry]]:
+    return ModuleCall(keys, [b"peek", count], decode_peek)
+
+
+def sweep(keys: Keys, budget: int) -> ModuleCall[tuple[int, int, int]]:
+    """``sweep``; decoded as ``(visited, removed, length)``."""
+    return ModuleCall(keys, [b"sweep", budget], _decode_sweep)
+
+
+def _decode_sweep(reply: Any) -> tuple[int, int, int]:
+    return int(reply[0]), int(reply[1]), int(reply[2])
+
+
+def dead(keys: Keys, start: int, count: int) -> ModuleCall[list[DeadLetter]]:
+    return ModuleCall(keys, [b"dead", start, count], _decode_dead_letters)
+
+
+def requeue_dead(keys: Keys, count: int, ids: Sequence[bytes]) -> ModuleCall[int]:
+    return ModuleCall(keys, [b"requeue_dead", count, *ids], _int, True)
+
+
+# -- payloads and item stats ------------------------------------------------------------------
+
+
+def pushp(keys: Keys, pairs: Sequence[bytes]) -> ModuleCall[int]:
+    """``pushp ID PAYLOAD [ID PAYLOAD ...]`` (KEYS 1..11, or 1..12)."""
+    return ModuleCall(keys, [b"pushp", *pairs], _int, True)
+
+
+def nextp(
+    keys: Keys,
+    count: int,
+    lease_ms: int,
+    budget: int,
+    max_deliveries: int,
+    drop: bool,
+    acks: list[bytes],
+) -> ModuleCall[NextReply]:
+    return ModuleCall(
+        keys,
+        [b"nextp", count, lease_ms, budget, max_deliveries, int(drop), *acks],
+        decode_next_payloads,
+    )
+
+
+def nackp(keys: Keys, delay_ms: int, error: bytes, tokens: Sequence[bytes]) -> ModuleCall[int]:
+    """``nackp`` (KEYS 1..12): nack, recording ``error`` as each job's last error."""
+    return ModuleCall(keys, [b"nackp", delay_ms, error, *tokens], _flags, True)
+
+
+def items(keys: Keys, ids: Sequence[bytes]) -> ModuleCall[list[ItemStats | None]]:
+    return ModuleCall(keys, [b"items", *ids], _decode_items)
+
+
+def _decode_items(reply: Any) -> list[ItemStats | None]:
+    return [decode_item_stats(raw) for raw in reply]
+
+
+# -- topics -----------------------------------------------------------------------------------
+
+
+def tpublish(
+    keys: Keys, max_len: int, max_age_ms: int, payloads: Sequence[bytes]
+) -> ModuleCall[list[str]]:
+    """``tpublish`` (TOPIC KEYS + every group's ten keys); decoded as the message ids."""
+    return ModuleCall(keys, [b"tpublish", max_len, max_age_ms, *payloads], _decode_texts)
+
+
+def _decode_texts(reply: Any) -> list[str]:
+    return [text(item) for item in reply]
+
+
+def tsubscribe(keys: Keys, group: str) -> ModuleCall[tuple[bool, int]]:
+    """``tsubscribe``; decoded as ``(added, last_seq)``."""
+    return ModuleCall(keys, [b"tsubscribe", group], _decode_subscribe)
+
+
+def _decode_subscribe(reply: Any) -> tuple[bool, int]:
+    return int(reply[0]) == 1, int(reply[1])
+
+
+def tunsubscribe(keys: Keys, group: str) -> ModuleCall[bool]:
+    return ModuleCall(keys, [b"tunsubscribe", group], _is_one)
+
+
+def _is_one(reply: Any) -> bool:
+    return int(reply) == 1
+
+
+def treplay(
+    keys: Keys, group: str, first: int, last: int, count: int
+) -> ModuleCall[tuple[int, int, int]]:
+    """``treplay``; decoded as ``(pushed, next_from_seq, to_seq)``."""
+    return ModuleCall(keys, [b"treplay", group, first, last, count], _decode_sweep)
+
+
+def tseek(keys: Keys, ms: int) -> ModuleCall[int]:
+    return ModuleCall(keys, [b"tseek", ms], _int)
+
+
+def ttrim(keys: Keys, max_len: int, max_age_ms: int, budget: int) -> ModuleCall[int]:
+    return ModuleCall(keys, [b"ttrim", max_len, max_age_ms, budget], _int)
+
+
+def tstats(keys: Keys) -> ModuleCall[TopicStats]:
+    return ModuleCall(keys, [b"tstats"], decode_topic_stats)
+
+
+# -- reply decoders ---------------------------------------------------------------------------
+
+
+def decode_next_packed(reply: Sequence[Any]) -> NextReply:
+    """A ``next_packed`` reply: the call's first deliveries as one packed element
+    ``*<deadline>.1.<seq>*<id>*<id>...`` (job k's token is ``<id>*<deadline>.1.<seq>`` and k
+    in 5 digits), then the later deliveries as ``next`` sends them. Batch jobs come first."""
+    packed = text(reply[3])
+    jobs: list[Job] = []
+    stamp = ""
+    if packed:
+        star = packed.find("*", 1)
+        batch = packed[:star]
+        stamp = batch[1:]
+        match = PACKED_STAMP.fullmatch(stamp)
+        ids = packed[star + 1 :].split("*")
+        if star < 0 or match is None or len(ids) > MAX_COUNT:
+            raise InvalidToken(f"server returned a malformed batch {packed[:80]!r}")
+        deadline_ms = int(match[1])
+        places = PLACES
+        # tuple.__new__ skips the NamedTuple's Python-level __new__: a third cheaper per job.
+        make = tuple.__new__
+        jobs = [
+            make(Job, (job_id, job_id + batch + places[k], 1, False, deadline_ms, None))
+            for k, job_id in enumerate(ids, 1)
+        ]
+    stamps: dict[str, tuple[int, int]] = {}
+    jobs.extend(
+        job_from_token(token, flag == 1, None, stamps)
+        for token, flag in zip(reply[4::2], reply[5::2], strict=True)
+    )
+    return NextReply(
+        int(reply[0]) == 1,
+        int(reply[1]),
+        int(reply[2]),
+        jobs,
+        stamp.encode("ascii"),
+        len(jobs) - len(reply[4::2]),
+    )
+
+
+def decode_next_payloads(reply: Sequence[Any]) -> NextReply:
+    """A ``nextp`` reply: like ``next`` with a payload after each token's reclaimed flag."""
+    jobs = []
+    stamps: dict[str, tuple[int, int]] = {}
+    for i in range(3, len(reply), 3):
+        payload = reply[i + 2]
+        if isinstance(payload, str):
+            payload = payload.encode("utf-8", BYTES_ERRORS)
+        jobs.append(job_from_token(reply[i], reply[i + 1] == 1, payload, stamps))
+    return NextReply(int(reply[0]) == 1, int(reply[1]), int(reply[2]), jobs)
+
+
+def decode_item_stats(raw: Any) -> ItemStats | None:
+    """An ``items`` entry, ``<enqueued ms>:<deliveries>:<last delivery ms>:<last error>``."""
+    if raw is None:
+        return None
+    enqueued, deliveries, last, error = text(raw).split(":", 3)
+    return ItemStats(
+        int(enqueued) or None, int(deliveries), int(last) or None, error if error else None
+    )
+
+
+# The fields of a queue's stats, in the order tstats sends them per group.
+STATS_FIELDS = (
+    "length",
+    "pending",
+    "in_flight",
+    "done",
+    "deferred",
+    "dead",
+    "oldest_pending_age_ms",
+)
+
+
+def _stats_from(fields: dict[str, int]) -> Stats:
+    age_ms = fields["oldest_pending_age_ms"]
+    return Stats(
+        length=fields["length"],
+        pending=fields["pending"],
+        in_flight=fields["in_flight"],
+        done=fields["done"],
+        deferred=fields["deferred"],
+        dead=fields["dead"],
+        oldest_pending_age=None if age_ms < 0 else age_ms / 1000,
+    )
+
+
+def decode_stats(reply: Sequence[Any]) -> Stats:
+    """A ``stats`` reply: field names and values, alternating."""
+    return _stats_from({text(reply[i]): int(reply[i + 1]) for i in range(0, len(reply), 2)})
+
+
+def decode_topic_stats(reply: Sequence[Any]) -> TopicStats:
+    head = {text(reply[i]): int(reply[i + 1]) for i in range(0, 8, 2)}
+    groups: dict[str, Stats] = {}
+    step = len(STATS_FIELDS) + 1
+    for i in range(8, len(reply), step):
+        values = (int(value) for value in reply[i + 1 : i + step])
+        groups[text(reply[i])] = _stats_from(dict(zip(STATS_FIELDS, values, strict=True)))
+    return TopicStats(head["retained"], head["bytes"], head["last_seq"], groups)
+
+
+def decode_peek(reply: Sequence[Any]) -> list[RingEntry]:
+    return [
+        RingEntry(text(reply[i]), text(reply[i + 1]), int(reply[i + 2]))
+        for i in range(0, len(reply), 3)
+    ]
+
+
+def decode_dead_letter(raw: Any) -> DeadLetter:
+    reason, deliveries, died, element = text(raw).split("*", 3)
+    job_id = element.partition("*")[0] if reason != "corrupt" else element
+    return DeadLetter(job_id, reason, int(deliveries), int(died), element)
+
+
+def _decode_dead_letters(reply: Any) -> list[DeadLetter]:
+    return [decode_dead_letter(raw) for raw in reply]

@@ -1,0 +1,468 @@
+"""Every queue and topic operation, written once: a generator (a flow) that checks its
+arguments, yields the module calls and plain commands it needs (:mod:`rotator.commands`),
+and returns the result. No I/O: :class:`rotator.Rotator` runs these flows on a client,
+:class:`rotator.aio.AsyncRotator` awaits them, and so do the topic classes.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, TypeVar
+
+from rotator import commands, protocol
+from rotator.commands import AfterWake, Ask, ClientCall, Flow, Keys, ModuleCall
+from rotator.defaults import (
+    DEFAULT_BUDGET,
+    DEFAULT_LEASE_TIMEOUT,
+    DEFAULT_PREFIX,
+    MAX_BATCH,
+    MAX_BUDGET,
+    MAX_COUNT,
+    MAX_PUBLISH,
+    MAX_RETENTION_SECONDS,
+    TOPIC_STALE_RETRIES,
+)
+from rotator.durability import server_warnings
+from rotator.errors import GroupsChanged, InvalidArgument, LeaseLost
+from rotator.keys import QueueKeys, TopicKeys, queue_keys, topic_keys, validate_group_name
+from rotator.models import (
+    DeadLetter,
+    ItemStats,
+    Job,
+    NextReply,
+    Retention,
+    RingEntry,
+    Stats,
+    TopicStats,
+)
+from rotator.protocol import JobRef, chunks
+
+T = TypeVar("T")
+
+
+class QueueFlows:
+    """One queue's options and the flows of its operations; see :class:`rotator.Rotator`
+    for what each operation means.
+
+    ``keys`` replaces the queue's own keys (a topic group's ring); ``drop_payloads`` says
+    whether an accepted ack deletes the job's payload (a topic group's payloads belong to
+    the topic's retention, so its acks keep them).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        timeout: float = DEFAULT_LEASE_TIMEOUT,
+        idempotency: Any = None,
+        max_deliveries: int | None = None,
+        budget: int = DEFAULT_BUDGET,
+        prefix: str = DEFAULT_PREFIX,
+        payloads: bool = False,
+        item_stats: bool = False,
+        keys: QueueKeys | None = None,
+        drop_payloads: bool = True,
+    ) -> None:
+        self.name = name
+        self.keys = keys if keys is not None else queue_keys(name, prefix)
+        self.timeout = timeout
+        self.idempotency = idempotency
+        self.payloads = payloads
+        self.item_stats = item_stats
+        self.lease_ms = protocol.seconds_to_ms(timeout, "timeout")
+        self.max_deliveries = protocol.check_max_deliveries(max_deliveries)
+        self.budget = protocol.check_budget(budget)
+        self.drop_payloads = drop_payloads
+        # Payloads or item stats: the queue is called with its extra keys (pushp, nextp, ...).
+        self.extended = payloads or item_stats
+        self.plain_keys: Keys = self.keys.all
+        self.extended_keys: Keys = self.keys.with_items if item_stats else self.keys.with_payloads
+        self.batches = protocol.Batches()
+
+    # -- producing -------------------------------------------------------------------------
+
+    def push_many(self, ids: Iterable[str | int], chunk: int) -> Flow[int]:
+        raw = protocol.encode_ids(ids)
+        size = protocol.whole(chunk, "chunk", 1, MAX_BATCH)
+        keys = self.extended_keys if self.item_stats else self.plain_keys
+        pushed = 0
+        for part in chunks(raw, size):
+            pushed += yield commands.push(keys, part, item_stats=self.item_stats)
+        return pushed
+
+    def push_payloads(self, items: Mapping[Any, bytes | str], chunk: int) -> Flow[int]:
+        if not self.payloads:
+            raise InvalidArgument("push_payloads needs a queue made with payloads=True")
+        if not self.drop_payloads:
+            raise InvalidArgument("publish to the topic instead of pushing payloads to a group")
+        pairs = [(protocol.encode_id(k), protocol.encode_payload(v)) for k, v in items.items()]
+        size = protocol.whole(chunk, "chunk", 1, MAX_BATCH // 2)
+        pushed = 0
+        for part in chunks(pairs, size):
+            flat = [half for pair in part for half in pair]
+            pushed += yield commands.pushp(self.extended_keys, flat)
+        return pushed
+
+    # -- consuming -------------------------------------------------------------------------
+
+    def next(self, count: int, block: float | None, ack: Iterable[JobRef]) -> Flow[list[Job]]:
+        count = protocol.check_count(count)
+        refs = list(ack)
+        acks, packed, _ = self.pack(refs)
+        waited = protocol.check_block(block)
+        give_up = None if waited is None else time.monotonic() + waited
+        wake_wait: float | None = None
+        while True:
+            call = self._next_call(count, acks)
+            reply: NextReply = yield (
+                call if wake_wait is None else AfterWake(self.keys.wake, wake_wait, call)
+            )
+            wake_wait = None
+            if packed and reply.acked < len(acks):
+                yield from self.ack_refs(refs, pack=False)  # a batch ack was refused
+            self.batches.note(reply)
+            jobs, acks = yield from self._screen(reply.jobs)
+            packed = False
+            if jobs:
+                if acks:
+                    yield from self.ack_refs(acks, pack=True)
+                return jobs
+            if acks or not reply.idle:
+                continue  # send the acks, or look at the rest of the lap
+            if give_up is None:
+                return []
+            remaining = give_up - time.monotonic()
+            if remaining <= 0:
+                return []
+            # Until work may be due (a lease deadline or a retry), at the latest.
+            wait_ms = reply.wait_ms
+            wake_wait = remaining if wait_ms < 0 else min(remaining, wait_ms / 1000)
+
+    def _next_call(self, count: int, acks: list[bytes]) -> commands.ModuleCall[NextReply]:
+        head = (count, self.lease_ms, self.budget, self.max_deliveries)
+        if not self.extended:
+            return commands.next_packed(self.plain_keys, *head, acks)
+        return commands.nextp(self.extended_keys, *head, self.drop_payloads, acks)
+
+    def _screen(self, jobs: list[Job]) -> Flow[tuple[list[Job], list[bytes]]]:
+        """Splits reclaimed jobs the idempotency callback says are done from the rest."""
+        if self.idempotency is None:
+            return jobs, []
+        keep: list[Job] = []
+        finished: list[bytes] = []
+        for job in jobs:
+            if job.reclaimed and (yield Ask(self.idempotency, job.id)):
+                finished.append(protocol.encode_token(job))
+            else:
+                keep.append(job)
+        return keep, finished
+
+    def pack(self, refs: Sequence[JobRef]) -> protocol.PackedAcks:
+        """Whole batches as batch acks, except where an ack must name each job (to delete
+        its payload)."""
+        if self.extended and self.drop_payloads:
+            tokens = protocol.encode_tokens(refs)
+            return protocol.PackedAcks(tokens, False, len(set(tokens)))
+        return self.batches.pack_refs(refs)
+
+    def ack_refs(self, refs: Sequence[JobRef], *, pack: bool) -> Flow[int]:
+        if pack:
+            args, packed, named = self.pack(refs)
+        else:
+            args, packed, named = protocol.encode_tokens(refs), False, 0
+        drop = self.extended and self.drop_payloads
+        keys = self.extended_keys if drop else self.plain_keys
+        accepted = 0
+        for part in chunks(args, MAX_BATCH):
+            accepted += yield commands.ack(keys, part, drop_payloads=drop)
+        if not packed:
+            return accepted
+        if accepted < len(args):
+            return (yield from self.ack_refs(refs, pack=False))  # a batch ack was refused
+        return named
+
+    def nack(self, refs: Sequence[JobRef], delay: float) -> Flow[int]:
+        delay_ms = protocol.seconds_to_ms(delay, "delay", allow_zero=True)
+        given_back = 0
+        for part in chunks(protocol.encode_tokens(refs), MAX_BATCH):
+            given_back += yield commands.nack(self.plain_keys, delay_ms, part)
+        return given_back
+
+    def fail(self, refs: Sequence[JobRef], error: str, delay: float) -> Flow[int]:
+        if not self.item_stats:
+            return (yield from self.nack(refs, delay))
+        delay_ms = protocol.seconds_to_ms(delay, "delay", allow_zero=True)
+        message = protocol.encode_error(error)
+        given_back = 0
+        for part in chunks(protocol.encode_tokens(refs), MAX_BATCH):
+            given_back += yield commands.nackp(self.extended_keys, delay_ms, message, part)
+        return given_back
+
+    def extend(self, job: JobRef, seconds: float | None) -> Flow[float]:
+        (kept,), deadline = yield from self._extend([job], seconds)
+        if not kept:
+            token = protocol.encode_token(job).decode(errors="replace")
+            raise LeaseLost(f"lease {token} was lost")
+        return deadline
+
+    def extend_many(self, jobs: Iterable[JobRef], seconds: float | None) -> Flow[list[bool]]:
+        flags, _ = yield from self._extend(list(jobs), seconds)
+        return flags
+
+    def _extend(self, jobs: list[JobRef], seconds: float | None) -> Flow[tuple[list[bool], float]]:
+        lease_ms = self.lease_ms if seconds is None else protocol.seconds_to_ms(seconds, "seconds")
+        tokens = protocol.encode_tokens(jobs)
+        flags: list[bool] = []
+        deadline_ms = 0
+        for part in chunks(tokens, MAX_BATCH):
+            deadline_ms, kept = yield commands.extend(self.plain_keys, lease_ms, part)
+            flags.extend(kept)
+        return flags, deadline_ms / 1000
+
+    # -- inspecting ------------------------------------------------------------------------
+
+    def server_warnings(self) -> Flow[list[str]]:
+        return server_warnings()
+
+    def exists(self) -> Flow[bool]:
+        found = yield ClientCall("exists", (self.keys.ring, self.keys.dead))
+        return bool(found)
+
+    def delete(self) -> Flow[bool]:
+        # A topic group's payloads are the topic's: deleting the group leaves them.
+        keys = self.keys.with_items if self.drop_payloads else self.keys.all
+        deleted = yield ClientCall("delete", keys)
+        return bool(deleted)
+
+    def sweep(self) -> Flow[int]:
+        length = int((yield ClientCall("llen", (self.keys.ring,))))
+        visited = removed = 0
+        while visited < length:
+            seen, gone, left = yield commands.sweep(self.plain_keys, self.budget)
+            if seen == 0:
+                break
+            visited += seen
+            removed += gone
+            # A call that visited the whole ring as it stood has seen everything; this ends a
+            # lap early when other consumers are removing elements at the same time.
+            if seen >= gone + left + 1:
+                break
+        return removed
+
+    def item_stats_of(self, ids: Iterable[str | int]) -> Flow[list[ItemStats | None]]:
+        if not self.item_stats:
+            raise InvalidArgument("item_stats needs a queue made with item_stats=True")
+        found: list[ItemStats | None] = []
+        for part in chunks(protocol.encode_ids(ids), MAX_BATCH):
+            found += yield commands.items(self.extended_keys, part)
+        return found
+
+    def stats(self) -> Flow[Stats]:
+        reply: Stats = yield commands.stats(self.plain_keys)
+        return reply
+
+    def drained(self) -> Flow[bool]:
+        """True when nothing is pending, in flight or deferred."""
+        now: Stats = yield commands.stats(self.plain_keys)
+        return now.pending == 0 and now.in_flight == 0 and now.deferred == 0
+
+    def peek(self, limit: int) -> Flow[list[RingEntry]]:
+        reply: list[RingEntry] = yield commands.peek(self.plain_keys, protocol.check_count(limit))
+        return reply
+
+    def dead(self, start: int, limit: int) -> Flow[list[DeadLetter]]:
+        start = protocol.whole(start, "start", 0, 10**15)
+        limit = protocol.whole(limit, "limit", 1, MAX_COUNT)
+        reply: list[DeadLetter] = yield commands.dead(self.plain_keys, start, limit)
+        return reply
+
+    def requeue_dead(self, ids: Iterable[str | int], count: int) -> Flow[int]:
+        raw = protocol.encode_ids(ids)
+        count = protocol.whole(count, "count", 1, MAX_BATCH)
+        if len(raw) > MAX_BATCH:
+            raise InvalidArgument(f"at most {MAX_BATCH} ids per call")
+        reply: int = yield commands.requeue_dead(self.plain_keys, count, raw)
+        return reply
+
+
+class QueueView:
+    """What the sync and async queue classes show of their queue, read from its flows."""
+
+    _flows: QueueFlows
+
+    def _make_flows(self, name: str, **options: Any) -> QueueFlows:
+        return QueueFlows(name, **options)
+
+    @property
+    def name(self) -> str:
+        return self._flows.name
+
+    @property
+    def keys(self) -> QueueKeys:
+        return self._flows.keys
+
+    @property
+    def timeout(self) -> float:
+        return self._flows.timeout
+
+    @property
+    def idempotency(self) -> Any:
+        return self._flows.idempotency
+
+    @property
+    def payloads(self) -> bool:
+        return self._flows.payloads
+
+
+class GroupView(QueueView):
+    """A topic group's ring seen as a queue: the group's keys, payloads read from the
+    topic's bodies, and acks that leave them to the topic's retention."""
+
+    group: str
+    _topic: TopicKeys
+
+    def _make_flows(self, name: str, **options: Any) -> QueueFlows:
+        if options.pop("item_stats", False):
+            raise InvalidArgument("topic groups keep no item stats")
+        options["payloads"] = True
+        return QueueFlows(name, keys=self._topic.group(self.group), drop_payloads=False, **options)
+
+
+# -- topics -----------------------------------------------------------------------------------
+
+
+def retention_args(retention: Retention) -> tuple[int, int]:
+    """``(MAXLEN, MAXAGE_MS)`` of a retention, 0 meaning no limit; refuses no limit at all."""
+    count = 0 if retention.count is None else protocol.whole(retention.count, "count", 1, 10**12)
+    age = (
+        0
+        if retention.age is None
+        else protocol.seconds_to_ms(retention.age, "age", limit=MAX_RETENTION_SECONDS)
+    )
+    if count == 0 and age == 0:
+        raise InvalidArgument("retention needs a count, an age or both")
+    return count, age
+
+
+_MESSAGE_ID = re.compile(r"(\d{1,15})-(\d{1,15})")
+
+
+def message_seq(message_id: str) -> int:
+    """The seq of a message id ``<ms>-<seq>``."""
+    found = _MESSAGE_ID.fullmatch(message_id) if isinstance(message_id, str) else None
+    if not found:
+        raise InvalidArgument(f"not a message id (<ms>-<seq>): {message_id!r}")
+    return int(found[2])
+
+
+def start_seq(start: str) -> int | None:
+    """The first seq a new group gets from the retained log: None for "latest"."""
+    if start == "latest":
+        return None
+    if start == "earliest":
+        return 0
+    return message_seq(start)
+
+
+def time_ms(from_time: object) -> int:
+    if isinstance(from_time, bool) or not isinstance(from_time, int | float):
+        raise InvalidArgument(f"from_time must be unix seconds, got {from_time!r}")
+    return protocol.whole(int(max(from_time, 0) * 1000), "from_time", 0, 10**15)
+
+
+class TopicFlows:
+    """One topic's options and the flows of its operations; see :class:`rotator.Topic`."""
+
+    def __init__(
+        self, name: str, *, retention: Retention | None = None, prefix: str = DEFAULT_PREFIX
+    ) -> None:
+        self.name = name
+        self.keys: TopicKeys = topic_keys(name, prefix)
+        self.retention = retention if retention is not None else Retention()
+        self.max_len, self.max_age_ms = retention_args(self.retention)
+
+    def _group_keys(self, group: str) -> Keys:
+        return (*self.keys.all, *self.keys.group(group).all)
+
+    def _with_every_group(self, call: Callable[[Keys], ModuleCall[T]]) -> Flow[T]:
+        """Makes a call that names every registered group (``call(keys)`` builds it),
+        reading the groups again when they changed on the way."""
+        for _ in range(TOPIC_STALE_RETRIES):
+            names = yield from self.groups()
+            keys = [key for name in names for key in self.keys.group(name).all]
+            try:
+                reply: T = yield call((*self.keys.all, *keys))
+                return reply
+            except GroupsChanged:
+                continue
+        raise GroupsChanged(f"topic {self.name!r}: groups kept changing during the call")
+
+    def groups(self) -> Flow[list[str]]:
+        raw = yield ClientCall("hkeys", (self.keys.groups,))
+        return sorted(protocol.text(name) for name in raw)
+
+    def subscribe(self, group: str, start: str) -> Flow[bool]:
+        validate_group_name(group)
+        first = start_seq(start)
+        added, last_seq = yield commands.tsubscribe(self._group_keys(group), group)
+        # Messages after last_seq reach the group by publishing (0: there were none before).
+        if added and first is not None and last_seq > 0:
+            yield from self.replay_seqs(group, first, last_seq)
+        return bool(added)
+
+    def unsubscribe(self, group: str) -> Flow[bool]:
+        validate_group_name(group)
+        reply: bool = yield commands.tunsubscribe(self._group_keys(group), group)
+        return reply
+
+    def publish_many(self, payloads: Iterable[bytes | str], chunk: int) -> Flow[list[str]]:
+        raw = [protocol.encode_payload(payload) for payload in payloads]
+        size = protocol.whole(chunk, "chunk", 1, MAX_PUBLISH)
+        ids: list[str] = []
+        for part in chunks(raw, size):
+
+            def publish(keys: Keys, part: Sequence[bytes] = part) -> ModuleCall[list[str]]:
+                return commands.tpublish(keys, self.max_len, self.max_age_ms, part)
+
+            ids.extend((yield from self._with_every_group(publish)))
+        return ids
+
+    def replay(self, group: str, from_id: str | None, from_time: float | None) -> Flow[int]:
+        validate_group_name(group)
+        if (from_id is None) == (from_time is None):
+            raise InvalidArgument("give exactly one of from_id and from_time")
+        if from_id is not None:
+            first = message_seq(from_id)
+        else:
+            first = yield commands.tseek(self.keys.all, time_ms(from_time))
+        return (yield from self.replay_seqs(group, first, 0))
+
+    def replay_seqs(self, group: str, first: int, last: int) -> Flow[int]:
+        keys = self._group_keys(group)
+        pushed = 0
+        while True:
+            step: tuple[int, int, int] = yield commands.treplay(keys, group, first, last, MAX_BATCH)
+            done, first, last = step
+            pushed += done
+            if first > last or done == 0:
+                return pushed
+
+    def trim(self) -> Flow[int]:
+        dropped = 0
+        while True:
+            gone: int = yield commands.ttrim(
+                self.keys.all, self.max_len, self.max_age_ms, MAX_BUDGET
+            )
+            dropped += gone
+            if gone < MAX_BUDGET:
+                return dropped
+
+    def stats(self) -> Flow[TopicStats]:
+        return (yield from self._with_every_group(commands.tstats))
+
+    def delete(self) -> Flow[None]:
+        for group in (yield from self.groups()):
+            yield from self.unsubscribe(group)
+        yield ClientCall("delete", self.keys.all)

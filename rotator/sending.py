@@ -1,0 +1,100 @@
+"""Senders: the only place a flow's requests meet a client. :class:`Sender` runs them on a
+``redis.Redis`` (or ``RedisCluster``); its twin :class:`rotator.aio.AsyncSender` awaits them
+on ``redis.asyncio``.
+Everything else about an operation (its arguments, its calls, its retries and loops) is
+written once, as a flow (see :mod:`rotator.commands` and :mod:`rotator.flows`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+import redis
+
+from rotator.commands import AfterWake, Ask, ClientCall, Flow, ModuleCall, Request
+from rotator.durability import wait_durable
+from rotator.models import Durability
+from rotator.script import (
+    module_caller,
+    module_command,
+    not_loaded,
+    pipeline_reply,
+    run,
+)
+
+T = TypeVar("T")
+
+
+def socket_timeout(client: Any) -> float | None:
+    pool = getattr(client, "connection_pool", None)
+    limit = pool.connection_kwargs.get("socket_timeout") if pool is not None else None
+    return float(limit) if limit else None
+
+
+def wake_wait(seconds: float, socket_timeout: float | None) -> float:
+    """Seconds to block on the wake list: within the socket timeout, never BLPOP's 0
+    ("forever")."""
+    if socket_timeout is not None:
+        seconds = min(seconds, max(socket_timeout - 0.1, 0.01))
+    return max(seconds, 0.001)
+
+
+class Sender:
+    """Runs flows on a synchronous client. ``functions``: call the module with FCALL of the
+    library instead of EVALSHA. ``durability``: after each module call whose writes the
+    caller relies on, wait until they are persisted or replicated as it asks."""
+
+    def __init__(self, client: Any, functions: bool, durability: Durability | None) -> None:
+        self.client = client
+        self.script: Any = module_caller(client, functions)
+        self.durability = durability
+        self._socket_timeout = socket_timeout(client)
+        self._pipelines = isinstance(client, redis.Redis)  # a cluster client: no pipelined wake
+
+    def run(self, flow: Flow[T]) -> T:
+        """Drives ``flow`` to its end; its result, or the error it raised."""
+        perform = self.perform
+        try:
+            request = next(flow)
+            while True:
+                try:
+                    reply = perform(request)
+                except Exception as error:
+                    request = flow.throw(error)
+                else:
+                    request = flow.send(reply)
+        except StopIteration as stop:
+            result: T = stop.value
+            return result
+
+    def perform(self, request: Request) -> Any:
+        if type(request) is ModuleCall:
+            reply = request.decode(run(self.script, request.keys, request.args))
+            if request.durable and self.durability is not None:
+                self.run(wait_durable(self.durability))
+            return reply
+        if type(request) is AfterWake:
+            return self._after_wake(request)
+        if type(request) is ClientCall:
+            return getattr(self.client, request.method)(*request.args)
+        if type(request) is Ask:
+            return request.callback(request.job_id)
+        raise TypeError(f"not a request: {request!r}")
+
+    def _after_wake(self, request: AfterWake[Any]) -> Any:
+        """Blocks on the wake list, then calls the module, in one round trip: the server runs
+        the pipelined call as soon as BLPOP returns (woken by a push, or timed out)."""
+        wait = wake_wait(request.seconds, self._socket_timeout)
+        call = request.call
+        if not self._pipelines:
+            self.client.blpop([request.wake], timeout=wait)
+            return self.perform(call)
+        pipe: Any = self.client.pipeline(transaction=False)
+        pipe.blpop([request.wake], timeout=wait)
+        pipe.execute_command(*module_command(self.script, call.keys, call.args))
+        woken, reply = pipe.execute(raise_on_error=False)
+        if isinstance(woken, Exception):
+            raise woken
+        if not_loaded(reply):
+            return self.perform(call)
+        return call.decode(pipeline_reply(reply))
