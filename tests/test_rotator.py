@@ -4,18 +4,31 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
+from typing import cast
 
 import pytest
 import redis
 
 from rotator import Job, LeaseLost, Rotator, Stats, WrongKeyType
+from rotator.aio import AsyncRotator
 from tests.helpers import drain, snapshot
 from tests.servers import ServerProcess
+from tests.twins import Blocking
 
 
-@pytest.fixture
-def q(client: redis.Redis, queue_name: str) -> Rotator:
-    return Rotator(client, queue_name, timeout=30.0)
+@pytest.fixture(params=["sync", "async"])
+def q(
+    request: pytest.FixtureRequest, server: ServerProcess, client: redis.Redis, queue_name: str
+) -> Iterator[Rotator]:
+    """The queue as Rotator, and as AsyncRotator driven to completion (tests/twins.py): each
+    scenario checks both APIs."""
+    if request.param == "sync":
+        yield Rotator(client, queue_name, timeout=30.0)
+        return
+    twin = Blocking(lambda aclient: AsyncRotator(aclient, queue_name, timeout=30.0), server.url)
+    yield cast(Rotator, twin)
+    twin.close()
 
 
 def short_lease(client: redis.Redis, queue_name: str, **options: object) -> Rotator:
