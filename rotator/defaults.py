@@ -32,6 +32,8 @@ MAX_LEASE_SECONDS = 86_400.0
 MAX_DELIVERIES_LIMIT = 1_000_000
 MAX_ERROR_BYTES = 4096  # the last error kept in a job's item stats
 MAX_GROUPS = 100  # consumer groups per topic
+MAX_GROUP_BYTES = 64  # of a group name
+MAX_RETENTION_COUNT = 10**12  # messages a topic's retention may name
 MAX_PUBLISH = 1000  # messages per atomic publish call
 
 # Pauses before a worker claims again after a server condition that passes (a restart, a long

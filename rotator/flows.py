@@ -21,6 +21,7 @@ from rotator.defaults import (
     MAX_BUDGET,
     MAX_COUNT,
     MAX_PUBLISH,
+    MAX_RETENTION_COUNT,
     MAX_RETENTION_SECONDS,
     TOPIC_STALE_RETRIES,
 )
@@ -335,7 +336,11 @@ class GroupView(QueueView):
 
 def retention_args(retention: Retention) -> tuple[int, int]:
     """``(MAXLEN, MAXAGE_MS)`` of a retention, 0 meaning no limit; refuses no limit at all."""
-    count = 0 if retention.count is None else protocol.whole(retention.count, "count", 1, 10**12)
+    count = (
+        0
+        if retention.count is None
+        else protocol.whole(retention.count, "count", 1, MAX_RETENTION_COUNT)
+    )
     age = (
         0
         if retention.age is None

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from rotator.defaults import DEFAULT_PREFIX
+from rotator.defaults import DEFAULT_PREFIX, MAX_GROUP_BYTES
 from rotator.errors import InvalidQueueName
 
 KEY_ROLES = (
@@ -90,7 +90,7 @@ def queue_keys(name: str, prefix: str = DEFAULT_PREFIX) -> QueueKeys:
 # The topic's own keys, in the order of the header's TOPIC KEYS.
 TOPIC_ROLES = ("meta", "groups", "log", "bodies")
 # Group names end up inside key names: no ":" (keeps "<group>:<role>" unambiguous).
-_GROUP = re.compile(r"[A-Za-z0-9._@/-]{1,64}")
+_GROUP = re.compile(rf"[A-Za-z0-9._@/-]{{1,{MAX_GROUP_BYTES}}}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,7 +125,9 @@ class TopicKeys:
 
 def validate_group_name(group: object) -> str:
     if not isinstance(group, str) or not _GROUP.fullmatch(group):
-        raise InvalidQueueName(f"group name must be 1..64 of A-Z a-z 0-9 . _ @ / -, got {group!r}")
+        raise InvalidQueueName(
+            f"group name must be 1..{MAX_GROUP_BYTES} of A-Z a-z 0-9 . _ @ / -, got {group!r}"
+        )
     return group
 
 
