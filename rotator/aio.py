@@ -29,8 +29,8 @@ from rotator.defaults import (
     MAX_PUBLISH,
 )
 from rotator.durability import wait_durable
-from rotator.flows import GroupView, QueueFlows, QueueView, TopicFlows
-from rotator.keys import QueueKeys, TopicKeys, validate_group_name
+from rotator.flows import GroupView, QueueFlows, QueueView, TopicFlows, TopicView
+from rotator.keys import TopicKeys, validate_group_name
 from rotator.models import (
     AsyncHandler,
     DeadLetter,
@@ -280,7 +280,7 @@ class AsyncTopicGroup(GroupView, AsyncRotator):
         return f"AsyncTopicGroup({self.keys.name!r}, timeout={self.timeout})"
 
 
-class AsyncTopic:
+class AsyncTopic(TopicView):
     """The asyncio twin of :class:`rotator.Topic`; see it for the semantics."""
 
     def __init__(
@@ -297,18 +297,6 @@ class AsyncTopic:
         self._functions = functions
         self._sender = AsyncSender(client, functions, None)
         self._run = self._sender.run
-
-    @property
-    def name(self) -> str:
-        return self._flows.name
-
-    @property
-    def keys(self) -> TopicKeys:
-        return self._flows.keys
-
-    @property
-    def retention(self) -> Retention:
-        return self._flows.retention
 
     def __repr__(self) -> str:
         return f"AsyncTopic({self.name!r}, retention={self.retention})"
@@ -328,9 +316,6 @@ class AsyncTopic:
     def group(self, group: str, **options: Any) -> AsyncTopicGroup:
         validate_group_name(group)
         return AsyncTopicGroup(self.client, self.keys, group, functions=self._functions, **options)
-
-    def group_keys(self, group: str) -> QueueKeys:
-        return self.keys.group(group)
 
     async def publish(self, payload: bytes | str) -> str:
         return (await self._run(self._flows.publish_many([payload], MAX_PUBLISH)))[0]

@@ -471,3 +471,25 @@ class TopicFlows:
         for group in (yield from self.groups()):
             yield from self.unsubscribe(group)
         yield ClientCall("delete", self.keys.all)
+
+
+class TopicView:
+    """What the sync and async topic classes show of their topic, read from its flows."""
+
+    _flows: TopicFlows
+
+    @property
+    def name(self) -> str:
+        return self._flows.name
+
+    @property
+    def keys(self) -> TopicKeys:
+        return self._flows.keys
+
+    @property
+    def retention(self) -> Retention:
+        return self._flows.retention
+
+    def group_keys(self, group: str) -> QueueKeys:
+        """Group ``group``'s ten queue keys."""
+        return self.keys.group(group)

@@ -26,8 +26,8 @@ from typing import Any
 from rotator import commands
 from rotator.core import Client, Rotator
 from rotator.defaults import DEFAULT_PREFIX, MAX_PUBLISH
-from rotator.flows import GroupView, TopicFlows, message_seq
-from rotator.keys import QueueKeys, TopicKeys, validate_group_name
+from rotator.flows import GroupView, TopicFlows, TopicView, message_seq
+from rotator.keys import TopicKeys, validate_group_name
 from rotator.models import Retention, TopicStats
 from rotator.sending import Sender
 
@@ -51,7 +51,7 @@ class TopicGroup(GroupView, Rotator):
         return f"TopicGroup({self.keys.name!r}, timeout={self.timeout})"
 
 
-class Topic:
+class Topic(TopicView):
     """A topic on one Redis or Valkey server (or Redis Cluster: all its keys and its groups'
     keys share the hash tag ``{name}``)."""
 
@@ -69,18 +69,6 @@ class Topic:
         self._functions = functions
         self._sender = Sender(client, functions, None)
         self._run = self._sender.run
-
-    @property
-    def name(self) -> str:
-        return self._flows.name
-
-    @property
-    def keys(self) -> TopicKeys:
-        return self._flows.keys
-
-    @property
-    def retention(self) -> Retention:
-        return self._flows.retention
 
     def __repr__(self) -> str:
         return f"Topic({self.name!r}, retention={self.retention})"
@@ -114,9 +102,6 @@ class Topic:
         It does not register the group: call :meth:`subscribe` once first."""
         validate_group_name(group)
         return TopicGroup(self.client, self.keys, group, functions=self._functions, **options)
-
-    def group_keys(self, group: str) -> QueueKeys:
-        return self.keys.group(group)
 
     # -- publishing ------------------------------------------------------------------------
 
