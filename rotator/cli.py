@@ -30,6 +30,7 @@ from rotator.defaults import (
     DEFAULT_SPARK_MASTER,
     DEFAULT_SPARK_PUSH_BATCH,
     DEFAULT_TOPIC_RETENTION,
+    DISTRIBUTION,
 )
 from rotator.demo import run_demo
 from rotator.errors import RotatorError
@@ -101,7 +102,7 @@ json_option = click.option("--json", "json", is_flag=True, help="Print JSON.")
     envvar="ROTATOR_URL",
     help="Server URL (redis://, rediss://, unix://). Default: the embedded server.",
 )
-@click.version_option(package_name="rotator")
+@click.version_option(package_name=DISTRIBUTION)
 def main(url: str | None) -> None:
     """rotator: a reliable job queue for Redis and Valkey."""
 
@@ -336,10 +337,15 @@ def scripts(ctx: click.Context, json: bool) -> None:
 @json_option
 @click.pass_context
 def demo(ctx: click.Context, jobs: int, workers: int, json: bool) -> None:
-    """Push jobs, run workers, SIGKILL one mid-job, and show that nothing was lost."""
+    """Push jobs, run workers, SIGKILL one mid-job, and show that nothing was lost.
+
+    Without --url it starts the embedded server, and leaves it running.
+    """
     if jobs < 1 or workers < 2:
         fail("the demo needs --jobs >= 1 and --workers >= 2 (one of them is killed)")
-    url = ctx.find_root().params.get("url") or EmbeddedServer().start().url
+    given = ctx.find_root().params.get("url")
+    embedded = EmbeddedServer()
+    url = given or embedded.start().url
     show = sys.stderr.isatty() and not json
 
     def progress(done: int, total: int) -> None:
@@ -361,6 +367,13 @@ def demo(ctx: click.Context, jobs: int, workers: int, json: bool) -> None:
         ("jobs/s", result.jobs_per_s),
     ]
     emit(ctx, result.as_dict(), lines(f"{name:<27} {value}" for name, value in rows))
+    if given is None:
+        status = embedded.status()
+        click.echo(
+            f"rotator: left running: the embedded server (pid {status.pid}, data in "
+            f"{status.data_dir}); `rotator server stop` stops it",
+            err=True,
+        )
     if result.lost:
         sys.exit(EXIT_ERROR)
 
@@ -459,7 +472,7 @@ def spark_options(command: Callable[..., Any]) -> Callable[..., Any]:
 
 @main.group(name="spark")
 def spark_group() -> None:
-    """Push ids from datasets and drain queues with Spark (pip install 'rotator[spark]')."""
+    """Push ids from datasets and drain queues with Spark (pip install 'rotator-queue[spark]')."""
 
 
 @spark_group.command("push")

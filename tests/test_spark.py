@@ -146,7 +146,7 @@ def test_without_pyspark_import_and_cli_say_how_to_install_it() -> None:
         [sys.executable, "-c", WITHOUT_PYSPARK], capture_output=True, text=True, check=True
     )
     assert "import: rotator.spark needs PySpark" in out.stdout
-    assert "pip install 'rotator[spark]'" in out.stdout
+    assert "pip install 'rotator-queue[spark]'" in out.stdout
     assert "cli: 1 rotator: error: rotator.spark needs PySpark" in out.stdout
 
 
