@@ -47,6 +47,9 @@ CLAIM_RETRY_CAP = 5.0
 # Retry backoff for failed handlers: base * 2**(deliveries - 1), capped.
 RETRY_BACKOFF_BASE = 1.0
 RETRY_BACKOFF_CAP = 300.0
+# Ids of retried jobs a worker remembers, so that a job failing again counts once in its
+# summary's `retried` (beyond this many the memory is cleared: a count, not a ledger).
+RETRIED_MEMORY = 100_000
 
 # Spark (rotator.spark and `rotator spark`).
 # Ids per atomic push from a Spark partition: the unit a retried task skips once it is in.

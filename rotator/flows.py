@@ -316,6 +316,11 @@ class QueueView:
     def payloads(self) -> bool:
         return self._flows.payloads
 
+    @property
+    def max_deliveries(self) -> int | None:
+        """Deliveries after which a job goes to the dead letters; None: no limit."""
+        return self._flows.max_deliveries or None
+
 
 class GroupView(QueueView):
     """A topic group's ring seen as a queue: the group's keys, payloads read from the

@@ -119,11 +119,19 @@ class TopicStats:
 
 @dataclass(frozen=True, slots=True)
 class WorkSummary:
-    """What a worker loop did, counted in deliveries."""
+    """What a worker loop did. ``processed``, ``failed`` and ``leases_lost`` count
+    deliveries; ``retried`` and ``dead`` count jobs."""
 
-    processed: int  # handler returned and the ack was sent
-    failed: int  # handler raised; the job was nacked for a retry
+    processed: int  # handler returned and the ack was sent (jobs completed)
+    failed: int  # deliveries whose handler raised (each given back, or dead-lettered)
     leases_lost: int  # leases another consumer took over while the handler ran
+    retried: int = 0  # jobs given back for another delivery after a failure, each once
+    dead: int = 0  # jobs that failed their last allowed delivery: gone to the dead letters
+
+    @property
+    def completed(self) -> int:
+        """Jobs whose handler returned, acked."""
+        return self.processed
 
 
 @dataclass(frozen=True, slots=True)

@@ -33,6 +33,7 @@ from rotator.defaults import (
     CLAIM_RETRY_FIRST,
     DEFAULT_POLL,
     DEFAULT_WORK_BATCH,
+    RETRIED_MEMORY,
     RETRY_BACKOFF_BASE,
     RETRY_BACKOFF_CAP,
     WORK_CLAIM_SECONDS,
@@ -69,13 +70,30 @@ def failure_reason(error: BaseException) -> str:
     return f"{type(error).__name__}: {error}"
 
 
-def log_failure(job: Job, error: BaseException, delay: float) -> None:
-    # One line per failure; the traceback only when debugging.
+def last_delivery(job: Job, max_deliveries: int | None) -> bool:
+    """True when a failure of this delivery sends the job to the dead letters: the next
+    claim that reaches it finds it delivered ``max_deliveries`` times."""
+    return max_deliveries is not None and job.deliveries >= max_deliveries
+
+
+def log_failure(job: Job, error: BaseException, delay: float, max_deliveries: int | None) -> None:
+    # One line per failure, saying what happens to the job; the traceback only when debugging.
+    of = f" of {max_deliveries}" if max_deliveries else ""
+    then = (
+        "no deliveries left: it goes to the dead letters"
+        if last_delivery(job, max_deliveries)
+        else f"retrying in {delay:g} s"
+    )
     log.warning(
-        "job %s failed (delivery %d): %s; retrying in %g s",
-        job.id, job.deliveries, error, delay,
+        "job %s failed (delivery %d%s): %s; %s", job.id, job.deliveries, of, error, then,
         exc_info=log.isEnabledFor(logging.DEBUG),
     )  # fmt: skip
+
+
+def failure_delay(job: Job, max_deliveries: int | None) -> float:
+    """Backoff before a failed job is delivered again; none on its last delivery, so that
+    the next claim moves it to the dead letters at once."""
+    return 0.0 if last_delivery(job, max_deliveries) else retry_delay(job.deliveries)
 
 
 class Ledger:
@@ -94,7 +112,11 @@ class Ledger:
         self._lost: set[str] = set()
         # Handled jobs whose ack is on its way: a refused extend means the ack landed first.
         self._handled: set[str] = set()
-        self._processed = self._failed = self._lost_count = 0
+        self._processed = self._failed = self._lost_count = self._retried = self._dead = 0
+        # Ids of jobs that failed here and were given back, so that a job retried several
+        # times counts once in ``retried``. Forgotten when the job completes or dies here;
+        # cleared past RETRIED_MEMORY ids (jobs completed elsewhere would otherwise stay).
+        self._retrying: set[str] = set()
         # Seconds per job over the recent batches (None until one was run): sizes claims.
         self._pace: float | None = None
 
@@ -120,10 +142,21 @@ class Ledger:
         with self._lock:
             self._handled.add(job.token)
             self._processed += 1
+            if self._retrying:
+                self._retrying.discard(job.id)
 
-    def failed(self) -> None:
+    def failed(self, job: Job, dead: bool) -> None:
+        """Counts a failed delivery: the job is dead (its last delivery) or given back."""
         with self._lock:
             self._failed += 1
+            if dead:
+                self._dead += 1
+                self._retrying.discard(job.id)
+            elif job.id not in self._retrying:
+                if len(self._retrying) >= RETRIED_MEMORY:
+                    self._retrying.clear()
+                self._retrying.add(job.id)
+                self._retried += 1
 
     def claim_size(self) -> int:
         """Jobs to claim next: about WORK_CLAIM_SECONDS of work, 1..batch."""
@@ -167,7 +200,9 @@ class Ledger:
                     log.warning("lease of job %s was lost; it will not be acked here", job.id)
 
     def summary(self) -> WorkSummary:
-        return WorkSummary(self._processed, self._failed, self._lost_count)
+        return WorkSummary(
+            self._processed, self._failed, self._lost_count, self._retried, self._dead
+        )
 
 
 class Worker:
@@ -311,10 +346,11 @@ class Worker:
         try:
             self.handler(job)
         except Exception as error:
-            delay = retry_delay(job.deliveries)
-            log_failure(job, error, delay)
+            limit = self.rotator.max_deliveries
+            delay = failure_delay(job, limit)
+            log_failure(job, error, delay, limit)
             self._give_back([job], delay=delay, reason=failure_reason(error))
-            self._ledger.failed()
+            self._ledger.failed(job, last_delivery(job, limit))
             return False
         self._ledger.handled(job)
         return True
@@ -476,10 +512,11 @@ class AsyncWorker:
         try:
             await self.handler(job)
         except Exception as error:
-            delay = retry_delay(job.deliveries)
-            log_failure(job, error, delay)
+            limit = self.rotator.max_deliveries
+            delay = failure_delay(job, limit)
+            log_failure(job, error, delay, limit)
             await self._give_back([job], delay=delay, reason=failure_reason(error))
-            self._ledger.failed()
+            self._ledger.failed(job, last_delivery(job, limit))
             return False
         self._ledger.handled(job)
         return True

@@ -194,3 +194,21 @@ def test_claim_acks_when_the_block_ends_and_nacks_when_it_raises(
             assert nothing is None
 
     run_on(server, scenario)
+
+
+def test_the_async_worker_counts_jobs_retried_and_dead_and_dead_letters_at_the_last_delivery(
+    server: ServerProcess, queue_name: str
+) -> None:
+    async def scenario(client: aredis.Redis) -> None:
+        queue = AsyncRotator(client, queue_name, timeout=30, max_deliveries=2)
+        await queue.push("doomed", "fine")
+
+        async def handler(job: Job) -> None:
+            if job.id == "doomed":
+                raise ValueError("always")
+
+        summary = await queue.work(handler, stop_when_empty=True, poll=0.2)
+        assert (summary.completed, summary.retried, summary.dead, summary.failed) == (1, 1, 1, 2)
+        assert [letter.id for letter in await queue.dead()] == ["doomed"]
+
+    run_on(server, scenario)

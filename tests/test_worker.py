@@ -6,6 +6,7 @@ fail on purpose use one or a few jobs.
 
 from __future__ import annotations
 
+import logging
 import signal
 import subprocess
 import sys
@@ -14,6 +15,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import pytest
 import redis
 
 from rotator import Job, Rotator, WorkSummary
@@ -83,7 +85,7 @@ def test_a_failed_handler_is_retried_after_a_backoff_and_succeeds_on_its_second_
 
     summary = queue.work(handler, stop_when_empty=True)
 
-    assert summary == WorkSummary(processed=3, failed=1, leases_lost=0)
+    assert summary == WorkSummary(processed=3, failed=1, leases_lost=0, retried=1, dead=0)
     assert [(job_id, n) for job_id, n, _ in calls] == [
         ("ok-1", 1),
         ("flaky", 1),
@@ -177,12 +179,65 @@ def test_a_job_that_always_fails_is_dead_lettered_after_max_deliveries(
 
     summary = queue.work(handler, stop_when_empty=True)
 
-    assert summary == WorkSummary(processed=0, failed=2, leases_lost=0)
+    # In jobs: "doomed" was retried once, then died; in deliveries, two failed.
+    assert summary == WorkSummary(processed=0, failed=2, leases_lost=0, retried=1, dead=1)
     assert deliveries == [1, 2]
     (letter,) = queue.dead()
     assert (letter.id, letter.reason, letter.deliveries) == ("doomed", "max_deliveries", 2)
     stats = queue.stats()
     assert (stats.length, stats.dead) == (0, 1)
+
+
+def test_the_last_failure_says_dead_letters_not_retrying_and_dies_without_a_backoff(
+    client: redis.Redis, queue_name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    queue = Rotator(client, queue_name, timeout=30, max_deliveries=3)
+    queue.push("doomed", "flaky")
+    failed_at: list[float] = []
+
+    def handler(job: Job) -> None:
+        if job.id == "flaky" and job.deliveries == 2:
+            return
+        failed_at.append(time.monotonic())
+        raise ValueError(f"boom {job.id} {job.deliveries}")
+
+    began = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger="rotator.worker"):
+        summary = queue.work(handler, stop_when_empty=True)
+
+    failures = [r.getMessage() for r in caplog.records if "failed" in r.getMessage()]
+    assert failures == [
+        "job doomed failed (delivery 1 of 3): boom doomed 1; retrying in 1 s",
+        "job flaky failed (delivery 1 of 3): boom flaky 1; retrying in 1 s",
+        "job doomed failed (delivery 2 of 3): boom doomed 2; retrying in 2 s",
+        "job doomed failed (delivery 3 of 3): boom doomed 3; "
+        "no deliveries left: it goes to the dead letters",
+    ]
+    # Jobs: flaky completed after one retry; doomed was retried (counted once), then died.
+    assert (summary.completed, summary.retried, summary.dead) == (1, 2, 1)
+    assert summary.failed == 4  # deliveries
+    # No backoff after the last failure: the run ends about 1 + 2 s after it began.
+    assert time.monotonic() - began < 3 + 1.5
+    assert [letter.id for letter in queue.dead()] == ["doomed"]
+
+
+def test_without_max_deliveries_failures_say_retrying_and_nothing_dies(
+    client: redis.Redis, queue_name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    queue = Rotator(client, queue_name, timeout=30)
+    queue.push("once")
+
+    def handler(job: Job) -> None:
+        if job.deliveries == 1:
+            raise ValueError("first")
+
+    with caplog.at_level(logging.WARNING, logger="rotator.worker"):
+        summary = queue.work(handler, stop_when_empty=True)
+
+    assert [r.getMessage() for r in caplog.records if "failed" in r.getMessage()] == [
+        "job once failed (delivery 1): first; retrying in 1 s"
+    ]
+    assert (summary.completed, summary.retried, summary.dead) == (1, 1, 0)
 
 
 def test_every_job_of_a_claimed_batch_keeps_its_lease_until_it_is_acked(
