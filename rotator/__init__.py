@@ -20,6 +20,7 @@ from rotator.errors import (
 )
 from rotator.models import (
     DeadLetter,
+    Discovered,
     Durability,
     ItemStats,
     Job,
@@ -33,6 +34,7 @@ from rotator.topic import Topic, TopicGroup
 
 __all__ = [
     "DeadLetter",
+    "Discovered",
     "Durability",
     "EmbeddedServerError",
     "GroupsChanged",

@@ -304,6 +304,9 @@ class AsyncTopic(TopicView):
     async def _call(self, keys: tuple[str, ...], *args: Any) -> Any:
         return await self._sender.perform(commands.raw(keys, args))
 
+    async def exists(self) -> bool:
+        return await self._run(self._flows.exists())
+
     async def groups(self) -> list[str]:
         return await self._run(self._flows.groups())
 

@@ -20,6 +20,8 @@ DEFAULT_WORK_BATCH = 100
 WORK_CLAIM_SECONDS = 0.1
 # Key prefix before the {queue} hash tag.
 DEFAULT_PREFIX = "rotator"
+# Keyspace slots one SCAN call visits when finding the queues and topics on a server.
+DEFAULT_SCAN_COUNT = 1000
 
 # Messages a topic retains when no retention is given (payloads beyond it are dropped).
 DEFAULT_TOPIC_RETENTION = 100_000

@@ -409,6 +409,10 @@ class TopicFlows:
                 continue
         raise GroupsChanged(f"topic {self.name!r}: groups kept changing during the call")
 
+    def exists(self) -> Flow[bool]:
+        found = yield ClientCall("exists", (self.keys.all[0], self.keys.groups))
+        return bool(found)
+
     def groups(self) -> Flow[list[str]]:
         raw = yield ClientCall("hkeys", (self.keys.groups,))
         return sorted(protocol.text(name) for name in raw)

@@ -138,3 +138,31 @@ def topic_keys(name: str, prefix: str = DEFAULT_PREFIX) -> TopicKeys:
     return TopicKeys(
         name, tuple(f"{prefix}:{{{name}}}:topic:{role}" for role in TOPIC_ROLES), prefix
     )
+
+
+# -- finding queues and topics by their keys (rotator.discovery) ------------------------------
+
+
+def discovery_pattern(prefix: str = DEFAULT_PREFIX) -> str:
+    """The SCAN MATCH pattern of every key under ``prefix`` with a hash tag. Neither the
+    prefix nor a name can hold a glob character, so the pattern matches nothing else."""
+    if not isinstance(prefix, str) or not _NAME.fullmatch(prefix):
+        raise InvalidQueueName(f"key prefix must match the queue-name rules, got {prefix!r}")
+    return f"{prefix}:{{*}}:*"
+
+
+def discovered(key: str, prefix: str = DEFAULT_PREFIX) -> tuple[str, str] | None:
+    """``("queue", name)`` for a queue's meta hash, ``("topic", name)`` for a topic's meta
+    or groups hash, None for any other key. A queue has its meta from its first push on, a
+    topic its groups from the first subscribe and its meta from the first publish."""
+    head = f"{prefix}:{{"
+    if not key.startswith(head):
+        return None
+    name, sep, role = key[len(head) :].partition("}:")
+    if not sep or not _NAME.fullmatch(name):
+        return None
+    if role == "meta":
+        return "queue", name
+    if role in ("topic:meta", "topic:groups"):
+        return "topic", name
+    return None

@@ -118,6 +118,14 @@ class TopicStats:
 
 
 @dataclass(frozen=True, slots=True)
+class Discovered:
+    """The queues and topics found on a server, each sorted (see :mod:`rotator.discovery`)."""
+
+    queues: tuple[str, ...]
+    topics: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class WorkSummary:
     """What a worker loop did. ``processed``, ``failed`` and ``leases_lost`` count
     deliveries; ``retried`` and ``dead`` count jobs."""

@@ -79,6 +79,10 @@ class Topic(TopicView):
 
     # -- groups ----------------------------------------------------------------------------
 
+    def exists(self) -> bool:
+        """True once a group was registered or a message published, until :meth:`delete`."""
+        return self._run(self._flows.exists())
+
     def groups(self) -> list[str]:
         """The registered group names, sorted."""
         return self._run(self._flows.groups())

@@ -298,6 +298,24 @@ def test_subscribing_while_publishing_loses_nothing_and_never_fails(
     topic.delete()
 
 
+def test_a_topic_exists_from_its_first_subscribe_or_publish_until_it_is_deleted(
+    client: redis.Redis, queue_name: str
+) -> None:
+    subscribed, published = Topic(client, queue_name), Topic(client, f"{queue_name}-p")
+    assert not subscribed.exists()
+    assert not published.exists()
+
+    subscribed.subscribe("mail")
+    published.publish("hello")
+
+    assert subscribed.exists()
+    assert published.exists()
+    subscribed.delete()
+    published.delete()
+    assert not subscribed.exists()
+    assert not published.exists()
+
+
 def test_unsubscribe_removes_the_group_and_its_keys(client: redis.Redis, queue_name: str) -> None:
     topic = Topic(client, queue_name)
     topic.subscribe("stay")
