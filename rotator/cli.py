@@ -1,7 +1,8 @@
 """The ``rotator`` command: parse, call the API, print. Nothing else lives here.
 
-Without ``--url`` (or ``ROTATOR_URL``) every command uses the private embedded server. Errors
-are one line on stderr and a non-zero exit code, never a traceback.
+Without ``--url`` (before the subcommand or after it) or ``ROTATOR_URL`` every command uses the
+private embedded server. Exit status: 0 when the command did what was asked; 1 when it failed
+or did only part of it; 2 for a bad argument. Errors are one line on stderr, never a traceback.
 """
 
 from __future__ import annotations
@@ -9,8 +10,9 @@ from __future__ import annotations
 import importlib
 import json
 import logging
+import os
 import shlex
-import subprocess
+import stat
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -19,6 +21,8 @@ from typing import Any, NoReturn
 
 import click
 import redis
+from click.core import ParameterSource
+from redis.connection import parse_url
 
 from rotator import protocol
 from rotator.core import Rotator
@@ -30,18 +34,33 @@ from rotator.defaults import (
     DEFAULT_SPARK_MASTER,
     DEFAULT_SPARK_PUSH_BATCH,
     DEFAULT_TOPIC_RETENTION,
+    DEFAULT_WORK_MAX_DELIVERIES,
     DISTRIBUTION,
+    MAX_BATCH,
+    MAX_COUNT,
+    MAX_DELIVERIES_LIMIT,
+    MAX_LEASE_SECONDS,
+    MAX_RETENTION_COUNT,
+    MAX_RETENTION_SECONDS,
 )
 from rotator.demo import run_demo
+from rotator.discovery import find
 from rotator.errors import RotatorError
-from rotator.keys import queue_keys, topic_keys
-from rotator.models import Job
+from rotator.keys import queue_keys, topic_keys, validate_group_name
+from rotator.models import Job, Stats, WorkSummary
 from rotator.script import module_path, module_sha
 from rotator.server import EmbeddedServer
-from rotator.topic import Retention, Topic
+from rotator.shell import CommandHandler, Stopper, missing_program
+from rotator.topic import Retention, Topic, TopicGroup
 from rotator.worker import Worker
 
 EXIT_ERROR = 1
+URL_KEY = "rotator.url"  # where --url (root or subcommand) or ROTATOR_URL is kept in ctx.meta
+URL_HELP = (
+    "Server: redis://HOST:PORT/DB, rediss://... (TLS) or unix:///PATH.  "
+    "[default: $ROTATOR_URL, else the embedded server]"
+)
+SCHEMES = ("redis://", "rediss://", "unix://")
 
 
 class CliError(click.ClickException):
@@ -51,23 +70,119 @@ class CliError(click.ClickException):
         click.echo(f"rotator: error: {self.format_message()}", err=True)
 
 
+def fail(message: str) -> NoReturn:
+    raise CliError(message)
+
+
+def remember_url(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+    """Checks a --url (or ROTATOR_URL) and keeps it for the command; the last one given wins,
+    so ``rotator --url A push --url B`` uses B."""
+    if value is None:
+        return
+    from_env = ctx.get_parameter_source(param.name or "url") is ParameterSource.ENVIRONMENT
+    hint = "ROTATOR_URL" if from_env else None
+    if not value.startswith(SCHEMES):
+        raise click.BadParameter(
+            f"{value!r} has no scheme: use {', '.join(SCHEMES)} (e.g. redis://localhost:6379/0)",
+            ctx,
+            param,
+            hint,
+        )
+    try:
+        parse_url(value)  # type: ignore[no-untyped-call]
+    except ValueError as error:
+        raise click.BadParameter(f"{value!r}: {error}", ctx, param, hint) from error
+    ctx.meta[URL_KEY] = value
+
+
+def url_param(envvar: str | None = None) -> click.Option:
+    return click.Option(
+        ["--url"],
+        metavar="URL",
+        envvar=envvar,
+        expose_value=False,
+        callback=remember_url,
+        help=URL_HELP,
+    )
+
+
+def server_url(ctx: click.Context) -> str | None:
+    url: str | None = ctx.meta.get(URL_KEY)
+    return url
+
+
+def where(ctx: click.Context) -> str:
+    return server_url(ctx) or f"the embedded server ({EmbeddedServer().url})"
+
+
+class ServerCommand(click.Command):
+    """A command that talks to a server: it takes --url after its name too."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.params.append(url_param())
+
+
 class RotatorGroup(click.Group):
-    """Turns every expected failure into a CliError, so users never see a traceback."""
+    """One line on stderr for every error, usage errors included; never a traceback."""
+
+    command_class: type[click.Command] | None = ServerCommand
+    group_class = type  # subgroups are RotatorGroups too
+
+    def main(
+        self,
+        args: Sequence[str] | None = None,
+        prog_name: str | None = None,
+        complete_var: str | None = None,
+        standalone_mode: bool = True,
+        **extra: Any,
+    ) -> Any:
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, False, **extra)
+        try:
+            returned = super().main(args, prog_name, complete_var, False, **extra)
+        except click.UsageError as error:
+            command = error.ctx.command_path if error.ctx is not None else "rotator"
+            click.echo(f"rotator: error: {error.format_message()} (see {command} -h)", err=True)
+            sys.exit(error.exit_code)
+        except click.ClickException as error:
+            error.show()
+            sys.exit(error.exit_code)
+        except click.Abort:
+            click.echo("rotator: error: aborted", err=True)
+            sys.exit(EXIT_ERROR)
+        sys.exit(returned if isinstance(returned, int) else 0)
 
     def invoke(self, ctx: click.Context) -> Any:
-        url = ctx.params.get("url") or "the embedded server"
         try:
             return super().invoke(ctx)
         except (click.ClickException, click.exceptions.Exit, click.Abort):
             raise
         except redis.ConnectionError as error:
-            raise CliError(f"cannot reach {url}: {error}") from error
+            raise CliError(f"cannot reach {where(ctx)}: {error}") from error
         except (RotatorError, redis.RedisError) as error:
             raise CliError(str(error)) from error
 
 
-def fail(message: str) -> NoReturn:
-    raise CliError(message)
+class Seconds(click.ParamType[float, Any]):
+    """A finite number of seconds in ``low..high`` (``low`` itself only with ``zero``)."""
+
+    name = "SECONDS"
+
+    def __init__(self, high: float = MAX_LEASE_SECONDS, *, zero: bool = False) -> None:
+        self.high = high
+        self.zero = zero
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        try:
+            seconds = float(value)
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is not a number of seconds", param, ctx)
+        low_ok = seconds >= 0 if self.zero else seconds > 0
+        if not (low_ok and seconds <= self.high):  # NaN fails both
+            span = "from 0 to" if self.zero else "above 0 and at most"
+            self.fail(f"{value!r} is not {span} {self.high:g} seconds", param, ctx)
+        return seconds
 
 
 def emit(ctx: click.Context, data: Any, text: str) -> None:
@@ -82,29 +197,81 @@ def lines(rows: Iterable[str]) -> str:
     return "\n".join(rows)
 
 
+def open_client(ctx: click.Context) -> redis.Redis:
+    url = server_url(ctx)
+    if url:
+        return redis.Redis.from_url(url)
+    embedded = EmbeddedServer()
+    embedded.start()
+    return embedded.client()
+
+
 def open_queue(
     ctx: click.Context, name: str, *, must_exist: bool = True, **options: Any
 ) -> Rotator:
-    url = ctx.find_root().params.get("url")
     queue_keys(name)  # a bad name fails before any connection is made
-    rotator = Rotator.from_url(url, name, **options) if url else Rotator.embedded(name, **options)
+    rotator = Rotator(open_client(ctx), name, **options)
     if must_exist and not rotator.exists():
-        fail(f"unknown queue {name!r} on {url or 'the embedded server'}")
+        fail(f"unknown queue {name!r} on {where(ctx)}")
     return rotator
 
 
 json_option = click.option("--json", "json", is_flag=True, help="Print JSON.")
+count_option = click.option(
+    "--count",
+    type=click.IntRange(1, MAX_COUNT),
+    default=1,
+    show_default=True,
+    help="Jobs to lease.",
+)
+lease_option = click.option(
+    "--timeout",
+    type=Seconds(),
+    default=DEFAULT_LEASE_TIMEOUT,
+    show_default=True,
+    help="Lease: seconds a job is held before another consumer may take it.",
+)
+block_option = click.option(
+    "--block",
+    type=Seconds(zero=True),
+    default=None,
+    help="Seconds to wait for a job when there is none (woken by the next push).",
+)
+delay_option = click.option(
+    "--delay",
+    type=Seconds(zero=True),
+    default=0.0,
+    show_default=True,
+    help="Seconds before the job is delivered again.",
+)
 
 
-@click.group(cls=RotatorGroup)
+@click.group(
+    cls=RotatorGroup,
+    context_settings={"help_option_names": ["-h", "--help"]},
+    epilog="Exit status: 0 done, 1 failed or done in part, 2 bad arguments. "
+    "Every command takes -h.",
+)
 @click.option(
     "--url",
+    metavar="URL",
     envvar="ROTATOR_URL",
-    help="Server URL (redis://, rediss://, unix://). Default: the embedded server.",
+    expose_value=False,
+    callback=remember_url,
+    help=URL_HELP,
 )
 @click.version_option(package_name=DISTRIBUTION)
-def main(url: str | None) -> None:
-    """rotator: a reliable job queue for Redis and Valkey."""
+def main() -> None:
+    """rotator: a reliable job queue for Redis and Valkey.
+
+    \b
+    Example:
+      rotator push orders order-1 order-2
+      rotator work orders -- ./ship.sh {}
+    """
+
+
+# -- queues -----------------------------------------------------------------------------------
 
 
 def read_ids(values: Sequence[str]) -> Iterator[str]:
@@ -117,60 +284,148 @@ def read_ids(values: Sequence[str]) -> Iterator[str]:
             yield value
 
 
+def stdin_file_bytes() -> int | None:
+    """Bytes left to read on stdin when it is a regular file (``< ids.txt``), else None."""
+    try:
+        fd = sys.stdin.fileno()
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            return None
+        return max(info.st_size - os.lseek(fd, 0, os.SEEK_CUR), 0)
+    except (OSError, ValueError):  # no descriptor (a test's stdin), or not seekable
+        return None
+
+
+class PushMeter:
+    """What a push from stdin shows on a terminal: a bar over the bytes of a stdin file, or a
+    running count of ids pushed when the length is unknown (a pipe). Silent elsewhere."""
+
+    def __init__(self, ids: Sequence[str]) -> None:
+        self.shown = "-" in ids and sys.stderr.isatty()
+        size = stdin_file_bytes() if self.shown else None
+        self.bar: Any = None
+        if size:
+            self.bar = click.progressbar(length=size, label="pushing", file=sys.stderr)
+            self.bar.render_progress()
+        self.size = size or 0
+        self.read = 0
+
+    def line(self, job_id: str) -> None:
+        if self.bar is not None:
+            self.read += len(job_id.encode()) + 1
+
+    def pushed(self, total: int) -> None:
+        if not self.shown:
+            return
+        if self.bar is None:
+            click.echo(f"\rpushed {total}", nl=False, err=True)
+            return
+        self.bar.update(min(self.read, self.size) - self.bar.pos)
+
+    def finish(self, total: int) -> None:
+        if not self.shown:
+            return
+        if self.bar is None:
+            click.echo(f"\rpushed {total}", err=True)
+            return
+        self.bar.update(self.size - self.bar.pos)
+        self.bar.render_finish()
+
+
 @main.command()
 @click.argument("queue")
 @click.argument("ids", nargs=-1, required=True)
 @json_option
 @click.pass_context
 def push(ctx: click.Context, queue: str, ids: tuple[str, ...], json: bool) -> None:
-    """Push job IDs (use - to read one per line from stdin)."""
+    """Push job IDS to QUEUE; prints how many. `-` reads one id per line from stdin.
+
+    Every 1000 ids go in one atomic call; a bad id stops the push before its batch is sent.
+
+    \b
+    Examples:
+      rotator push orders order-1 order-2
+      seq 1 100000 | rotator push orders -
+    """
     q = open_queue(ctx, queue, must_exist=False)
+    meter = PushMeter(ids)
     total = 0
     batch: list[str] = []
-    # A bar only for a human watching a long stdin stream.
-    bar = click.progressbar(length=0, label="pushing", file=sys.stderr)
-    show_bar = "-" in ids and sys.stderr.isatty()
     for job_id in read_ids(ids):
         protocol.encode_id(job_id)  # refuse a bad line before sending its batch
         batch.append(job_id)
+        meter.line(job_id)
         if len(batch) == DEFAULT_PUSH_CHUNK:
             total += q.push_many(batch)
             batch = []
-            if show_bar:
-                bar.update(DEFAULT_PUSH_CHUNK)
+            meter.pushed(total)
     if batch:
         total += q.push_many(batch)
-    if show_bar:
-        bar.render_finish()
+    meter.finish(total)
     emit(ctx, {"pushed": total}, str(total))
 
 
-def job_dict(job: Job) -> dict[str, Any]:
-    return {
+def payload_text(payload: bytes | None) -> str | None:
+    return None if payload is None else payload.decode("utf-8", "backslashreplace")
+
+
+def job_dict(job: Job, payloads: bool = False) -> dict[str, Any]:
+    data = {
         "id": job.id,
         "token": job.token,
         "deliveries": job.deliveries,
         "reclaimed": job.reclaimed,
         "deadline_ms": job.deadline_ms,
     }
+    if payloads:
+        data["payload"] = payload_text(job.payload)
+    return data
+
+
+def job_line(job: Job, payloads: bool) -> str:
+    if not payloads:
+        return f"{job.id}\t{job.token}"
+    # One line per job whatever the payload holds: escapes as in Python's repr.
+    shown = (payload_text(job.payload) or "").encode("unicode_escape").decode("ascii")
+    return f"{job.id}\t{job.token}\t{shown}"
+
+
+def lease_jobs(
+    ctx: click.Context, q: Rotator, count: int, block: float | None, payloads: bool = False
+) -> None:
+    jobs = q.next(count, block)
+    data = [job_dict(job, payloads) for job in jobs]
+    emit(ctx, data, lines(job_line(job, payloads) for job in jobs))
 
 
 @main.command(name="next")
 @click.argument("queue")
-@click.option("--count", default=1, show_default=True, help="Jobs to lease.")
-@click.option(
-    "--timeout", default=DEFAULT_LEASE_TIMEOUT, show_default=True, help="Lease, in seconds."
-)
-@click.option("--block", type=float, default=None, help="Seconds to wait for a job.")
+@count_option
+@lease_option
+@block_option
 @json_option
 @click.pass_context
 def next_(
     ctx: click.Context, queue: str, count: int, timeout: float, block: float | None, json: bool
 ) -> None:
-    """Lease jobs; prints one `ID TOKEN` line per job."""
-    q = open_queue(ctx, queue, timeout=timeout)
-    jobs = q.next(count, block)
-    emit(ctx, [job_dict(job) for job in jobs], lines(f"{j.id}\t{j.token}" for j in jobs))
+    """Lease jobs of QUEUE; prints one `ID<TAB>TOKEN` line per job (none: prints nothing).
+
+    Ack each job with its token before the lease runs out, or it is delivered again. With
+    --block, waits for a job, even on a queue nobody has pushed to yet.
+
+    \b
+    Examples:
+      rotator next orders --count 10 --timeout 60
+      rotator next orders --block 30 --json
+    """
+    q = open_queue(ctx, queue, must_exist=block is None, timeout=timeout)
+    lease_jobs(ctx, q, count, block)
+
+
+def settle(ctx: click.Context, done: int, tokens: Sequence[str], key: str) -> None:
+    emit(ctx, {key: done}, str(done))
+    if done < len(tokens):
+        fail(f"{len(tokens) - done} of {len(tokens)} tokens refused: their leases were lost")
 
 
 @main.command()
@@ -179,49 +434,67 @@ def next_(
 @json_option
 @click.pass_context
 def ack(ctx: click.Context, queue: str, tokens: tuple[str, ...], json: bool) -> None:
-    """Complete deliveries by token; prints how many were accepted."""
-    accepted = open_queue(ctx, queue).ack(*tokens)
-    emit(ctx, {"acked": accepted}, str(accepted))
-    if accepted < len(tokens):
-        fail(f"{len(tokens) - accepted} of {len(tokens)} tokens refused: their leases were lost")
+    """Complete deliveries of QUEUE by token; prints how many were accepted.
+
+    Exits 1 when a token was refused (its lease was re-issued, nacked or dead-lettered).
+
+    \b
+    Example:
+      rotator ack orders 'order-1*1732233600000.1.2'
+    """
+    settle(ctx, open_queue(ctx, queue).ack(*tokens), tokens, "acked")
 
 
 @main.command()
 @click.argument("queue")
 @click.argument("tokens", nargs=-1, required=True)
-@click.option("--delay", default=0.0, show_default=True, help="Seconds before redelivery.")
+@delay_option
 @json_option
 @click.pass_context
 def nack(ctx: click.Context, queue: str, tokens: tuple[str, ...], delay: float, json: bool) -> None:
-    """Give deliveries back, to be delivered again after --delay seconds."""
-    requeued = open_queue(ctx, queue).nack(*tokens, delay=delay)
-    emit(ctx, {"nacked": requeued}, str(requeued))
-    if requeued < len(tokens):
-        fail(f"{len(tokens) - requeued} of {len(tokens)} tokens refused: their leases were lost")
+    """Give deliveries of QUEUE back, to be delivered again after --delay seconds.
+
+    \b
+    Example:
+      rotator nack orders 'order-2*1732233600000.1.3' --delay 5
+    """
+    settle(ctx, open_queue(ctx, queue).nack(*tokens, delay=delay), tokens, "nacked")
 
 
-def stats_table(name: str, values: dict[str, Any]) -> str:
-    lines = [f"queue {name}"]
+def stats_table(title: str, values: dict[str, Any]) -> str:
+    rows = [title]
     for key, value in values.items():
         shown = "-" if value is None else (f"{value:.3f} s" if isinstance(value, float) else value)
-        lines.append(f"  {key:<20} {shown}")
-    return "\n".join(lines)
+        rows.append(f"  {key:<20} {shown}")
+    return "\n".join(rows)
 
 
 @main.command()
 @click.argument("queue")
 @click.option("--watch", is_flag=True, help="Refresh every --interval seconds until Ctrl-C.")
-@click.option("--interval", default=1.0, show_default=True)
+@click.option(
+    "--interval",
+    type=Seconds(),
+    default=1.0,
+    show_default=True,
+    help="Seconds between refreshes with --watch.",
+)
 @json_option
 @click.pass_context
 def stats(ctx: click.Context, queue: str, watch: bool, interval: float, json: bool) -> None:
-    """Counts: length, pending, in flight, done, deferred, dead, oldest pending age."""
+    """Counts of QUEUE: length, pending, in flight, done, deferred, dead, oldest pending age.
+
+    \b
+    Examples:
+      rotator stats orders
+      rotator stats orders --watch --interval 5
+    """
     q = open_queue(ctx, queue)
     while True:
         values = q.stats().as_dict()
         if watch and not json:
             click.clear()
-        emit(ctx, values, stats_table(queue, values))
+        emit(ctx, values, stats_table(f"queue {queue}", values))
         if not watch:
             return
         try:
@@ -230,13 +503,27 @@ def stats(ctx: click.Context, queue: str, watch: bool, interval: float, json: bo
             return
 
 
+limit_option = click.option(
+    "--limit",
+    type=click.IntRange(1, MAX_COUNT),
+    default=20,
+    show_default=True,
+    help="Most elements to show.",
+)
+
+
 @main.command()
 @click.argument("queue")
-@click.option("--limit", default=20, show_default=True)
+@limit_option
 @json_option
 @click.pass_context
 def peek(ctx: click.Context, queue: str, limit: int, json: bool) -> None:
-    """Show the elements next in line, with their state, without changing anything."""
+    """Show the elements of QUEUE next in line, with their state, changing nothing.
+
+    \b
+    Example:
+      rotator peek orders --limit 50
+    """
     entries = open_queue(ctx, queue).peek(limit)
     now_ms = int(time.time() * 1000)
 
@@ -248,18 +535,9 @@ def peek(ctx: click.Context, queue: str, limit: int, json: bool) -> None:
     emit(ctx, data, lines(rows))
 
 
-@main.command()
-@click.argument("queue")
-@click.argument("ids", nargs=-1)
-@click.option("--requeue", is_flag=True, help="Move the letters (all, or of IDS) back.")
-@click.option("--limit", default=100, show_default=True)
-@json_option
-@click.pass_context
-def dead(
-    ctx: click.Context, queue: str, ids: tuple[str, ...], requeue: bool, limit: int, json: bool
+def dead_letters(
+    ctx: click.Context, q: Rotator, ids: tuple[str, ...], requeue: bool, limit: int
 ) -> None:
-    """List dead letters with their reasons, or requeue them."""
-    q = open_queue(ctx, queue)
     if requeue:
         moved = q.requeue_dead(*ids)
         emit(ctx, {"requeued": moved}, str(moved))
@@ -274,57 +552,290 @@ def dead(
     emit(ctx, data, lines(f"{d.id}\t{d.reason}\t{d.deliveries}" for d in letters))
 
 
-def command_runner(command: tuple[str, ...]) -> Callable[[Job], None]:
-    """A handler running ``command`` per job: ``{}`` becomes the id, else it is appended."""
+@main.command()
+@click.argument("queue")
+@click.argument("ids", nargs=-1)
+@click.option("--requeue", is_flag=True, help="Move the letters (all, or those of IDS) back.")
+@click.option(
+    "--limit",
+    type=click.IntRange(1, MAX_COUNT),
+    default=100,
+    show_default=True,
+    help="Most letters to list.",
+)
+@json_option
+@click.pass_context
+def dead(
+    ctx: click.Context, queue: str, ids: tuple[str, ...], requeue: bool, limit: int, json: bool
+) -> None:
+    """List the dead letters of QUEUE (`ID<TAB>REASON<TAB>DELIVERIES`), or requeue them.
 
-    def handler(job: Job) -> None:
-        argv = [part.replace("{}", job.id) for part in command]
-        if not any("{}" in part for part in command):
-            argv.append(job.id)
-        result = subprocess.run(argv, check=False)
-        if result.returncode != 0:
-            raise RuntimeError(f"{shlex.join(argv)} exited with {result.returncode}")
+    \b
+    Examples:
+      rotator dead orders
+      rotator dead orders --requeue order-7
+    """
+    dead_letters(ctx, open_queue(ctx, queue), ids, requeue, limit)
 
-    return handler
+
+def counts_line(values: dict[str, Any]) -> str:
+    """``name value`` pairs of a stats dict on one line (what is set)."""
+    shown = []
+    for key, value in values.items():
+        if value is None:
+            continue
+        shown.append(f"{key} {value:.3f}s" if isinstance(value, float) else f"{key} {value}")
+    return "  ".join(shown)
+
+
+@main.command()
+@click.option("--prefix", default="rotator", show_default=True, help="Key prefix of the queues.")
+@json_option
+@click.pass_context
+def queues(ctx: click.Context, prefix: str, json: bool) -> None:
+    """List every queue and topic on the server, with their counts.
+
+    Found with SCAN (never KEYS), in bounded steps: a queue is listed from its first push,
+    a topic from its first subscribe or publish, until they are deleted.
+
+    \b
+    Example:
+      rotator queues --url redis://localhost:6379/0
+    """
+    client = open_client(ctx)
+    found = find(client, prefix=prefix)
+    queue_stats = {name: Rotator(client, name, prefix=prefix).stats() for name in found.queues}
+    topic_stats = {name: Topic(client, name, prefix=prefix).stats() for name in found.topics}
+    data = {
+        "queues": {name: s.as_dict() for name, s in queue_stats.items()},
+        "topics": {
+            name: {
+                "retained": s.retained,
+                "bytes": s.bytes,
+                "groups": {group: g.as_dict() for group, g in s.groups.items()},
+            }
+            for name, s in topic_stats.items()
+        },
+    }
+    rows = [f"queue  {name}  {counts_line(s.as_dict())}" for name, s in queue_stats.items()]
+    for name, t in topic_stats.items():
+        rows.append(f"topic  {name}  retained {t.retained}  bytes {t.bytes}")
+        rows.extend(f"  group {g}  {counts_line(s.as_dict())}" for g, s in t.groups.items())
+    emit(ctx, data, lines(rows) if rows else f"no queues or topics on {where(ctx)}")
+
+
+def confirm(question: str, yes: bool) -> None:
+    """Asks on the terminal (or reads stdin) unless --yes; anything but yes fails."""
+    if yes:
+        return
+    try:
+        agreed = click.confirm(question, err=True)
+    except click.Abort:
+        fail("nothing deleted: no answer (--yes deletes without asking)")
+    if not agreed:
+        fail("nothing deleted")
+
+
+def brief(stats: Stats) -> str:
+    return f"{stats.pending} pending, {stats.in_flight} in flight, {stats.dead} dead"
+
+
+@main.command()
+@click.argument("queue")
+@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+@json_option
+@click.pass_context
+def delete(ctx: click.Context, queue: str, yes: bool, json: bool) -> None:
+    """Delete QUEUE and everything in it: pending, leased and dead jobs, payloads.
+
+    Asks first, unless --yes. Workers holding its jobs will find their leases gone.
+
+    \b
+    Examples:
+      rotator delete orders
+      rotator delete orders --yes
+    """
+    q = open_queue(ctx, queue)
+    confirm(f"Delete queue {queue!r} ({brief(q.stats())}) on {where(ctx)}?", yes)
+    deleted = q.delete()
+    emit(ctx, {"deleted": deleted}, f"deleted {queue}")
+
+
+# -- rotator work: a shell command per job ------------------------------------------------------
+
+
+@contextmanager
+def log_lines(verbose: bool) -> Iterator[None]:
+    """rotator's log records as `rotator: ...` lines on stderr while a command runs."""
+    logger = logging.getLogger("rotator")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("rotator: %(message)s"))
+    saved = logger.level, logger.propagate
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO if verbose else logging.WARNING)
+    logger.propagate = False
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(saved[0])
+        logger.propagate = saved[1]
+
+
+def summary_dict(summary: WorkSummary) -> dict[str, int]:
+    return {
+        "completed": summary.completed,
+        "retried": summary.retried,
+        "dead": summary.dead,
+        "failed_deliveries": summary.failed,
+        "leases_lost": summary.leases_lost,
+    }
+
+
+def summary_line(summary: WorkSummary) -> str:
+    line = f"completed {summary.completed}, retried {summary.retried}, dead {summary.dead}"
+    if summary.leases_lost:
+        line += f", leases lost {summary.leases_lost}"
+    return line
+
+
+def run_commands(
+    ctx: click.Context,
+    q: Rotator,
+    what: str,
+    command: tuple[str, ...],
+    *,
+    concurrency: int,
+    until_empty: bool,
+    verbose: bool,
+    dead_hint: str,
+    payload_stdin: bool = False,
+) -> None:
+    if command[0].startswith("-"):
+        raise click.UsageError(f"no such option: {command[0]} (the command goes after --)", ctx)
+    if (program := missing_program(command)) is not None:
+        fail(f"cannot run {program!r}: not found or not executable")
+    handler = CommandHandler(command, payload_stdin=payload_stdin)
+    worker = Worker(q, handler, concurrency=concurrency)
+    stopper = Stopper(worker.stop, handler)
+    limit = q.max_deliveries
+    pending = q.stats().pending  # also: the server answers and the keys are the queue's
+    click.echo(
+        f"rotator: working on {what} ({pending} pending) at {where(ctx)}: "
+        f"{shlex.join(command)}; concurrency "
+        f"{concurrency}, lease {q.timeout:g} s, "
+        f"{f'at most {limit} deliveries' if limit else 'no delivery limit'}"
+        f"{', until empty' if until_empty else ''}. Ctrl-C finishes the running jobs and stops",
+        err=True,
+    )
+    with log_lines(verbose):
+        stopper.install()
+        try:
+            summary = worker.run(stop_when_empty=until_empty, install_signal_handlers=False)
+        finally:
+            stopper.restore()
+    emit(ctx, summary_dict(summary), summary_line(summary))
+    if summary.dead:
+        fail(f"{summary.dead} job(s) went to the dead letters: {dead_hint}")
+
+
+def work_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    options = [
+        click.option(
+            "--concurrency",
+            type=click.IntRange(1, 1024),
+            default=1,
+            show_default=True,
+            help="Commands run at once.",
+        ),
+        lease_option,
+        click.option(
+            "--max-deliveries",
+            type=click.IntRange(0, MAX_DELIVERIES_LIMIT),
+            default=DEFAULT_WORK_MAX_DELIVERIES,
+            show_default=True,
+            help="Deliveries before a failing job goes to the dead letters (0: no limit).",
+        ),
+        click.option("--until-empty", is_flag=True, help="Stop when nothing is left to do."),
+        click.option("-v", "--verbose", is_flag=True, help="One line per job completed."),
+        json_option,
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+def doc(*parts: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Sets a command's help from shared parts (click reads it from the docstring)."""
+
+    def decorate(function: Callable[..., Any]) -> Callable[..., Any]:
+        function.__doc__ = "\n\n".join(parts)
+        return function
+
+    return decorate
+
+
+WORK_HELP = """Exit status 0 acks the job; any other status gives it back, to be retried after 1, 2,
+4 ... seconds until --max-deliveries, when it goes to the dead letters instead. The command
+runs in a process group of its own, with the job in $ROTATOR_JOB_ID and $ROTATOR_DELIVERIES.
+
+Ctrl-C or SIGTERM: no new jobs; the running ones finish and are acked, then the worker
+exits. A second Ctrl-C sends SIGTERM to the running commands (their jobs are given back), a
+third kills them. Prints the jobs completed, retried and dead; exits 1 when a job went to
+the dead letters. -v adds a line per job completed."""
 
 
 @main.command(context_settings={"ignore_unknown_options": True})
 @click.argument("queue")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
-@click.option("--concurrency", default=1, show_default=True)
-@click.option("--timeout", default=DEFAULT_LEASE_TIMEOUT, show_default=True, help="Lease (s).")
-@click.option("--max-deliveries", type=int, default=None, help="Dead-letter after this many.")
-@click.option("--until-empty", is_flag=True, help="Stop when nothing is left to do.")
-@json_option
+@work_options
 @click.pass_context
+@doc(
+    "Run COMMAND once per job of QUEUE: `{}` in it becomes the job id (with no `{}`, the id "
+    "is its last argument). Put `--` before COMMAND. Its stdin is /dev/null.",
+    WORK_HELP,
+    "\b\nExamples:\n  rotator work orders -- ./ship.sh {}\n"
+    "  rotator work orders --concurrency 4 --until-empty -v -- sh -c 'curl -fsS \"$API/{}\"'",
+)
 def work(
     ctx: click.Context,
     queue: str,
     command: tuple[str, ...],
     concurrency: int,
     timeout: float,
-    max_deliveries: int | None,
+    max_deliveries: int,
     until_empty: bool,
+    verbose: bool,
     json: bool,
 ) -> None:
-    """Run COMMAND for each job: exit 0 acks, anything else retries with backoff.
+    q = open_queue(
+        ctx, queue, must_exist=False, timeout=timeout, max_deliveries=max_deliveries or None
+    )
+    run_commands(
+        ctx,
+        q,
+        f"queue {queue}",
+        command,
+        concurrency=concurrency,
+        until_empty=until_empty,
+        verbose=verbose,
+        dead_hint=f"rotator dead {queue}",
+    )
 
-    Use `--` before COMMAND. SIGINT/SIGTERM finish the running jobs, then stop.
-    """
-    q = open_queue(ctx, queue, must_exist=False, timeout=timeout, max_deliveries=max_deliveries)
-    # Failures and warnings as one line each on stderr.
-    logging.basicConfig(level=logging.WARNING, format="rotator: %(message)s")
-    worker = Worker(q, command_runner(command), concurrency=concurrency)
-    summary = worker.run(stop_when_empty=until_empty)
-    data = {"processed": summary.processed, "failed": summary.failed}
-    emit(ctx, data, f"processed {summary.processed}, failed {summary.failed}")
+
+# -- scripts, demo, the embedded server ----------------------------------------------------------
 
 
-@main.command()
+@main.command(cls=click.Command)
 @json_option
 @click.pass_context
 def scripts(ctx: click.Context, json: bool) -> None:
-    """The Lua module's SHA and path, and how to load it with redis-cli."""
+    """The Lua module's SHA and path, and how to load it with redis-cli.
+
+    \b
+    Example:
+      rotator scripts --json
+    """
     path = str(module_path())
     load = f'redis-cli SCRIPT LOAD "$(cat {shlex.quote(path)})"'
     data = {"sha": module_sha(), "path": path, "load": load}
@@ -332,27 +843,40 @@ def scripts(ctx: click.Context, json: bool) -> None:
 
 
 @main.command()
-@click.option("--jobs", default=20_000, show_default=True)
-@click.option("--workers", default=4, show_default=True)
+@click.option(
+    "--jobs",
+    type=click.IntRange(1, 10_000_000),
+    default=20_000,
+    show_default=True,
+    help="Jobs to push and complete.",
+)
+@click.option(
+    "--workers",
+    type=click.IntRange(2, 64),
+    default=4,
+    show_default=True,
+    help="Worker processes; one of them is killed.",
+)
 @json_option
 @click.pass_context
 def demo(ctx: click.Context, jobs: int, workers: int, json: bool) -> None:
     """Push jobs, run workers, SIGKILL one mid-job, and show that nothing was lost.
 
     Without --url it starts the embedded server, and leaves it running.
+
+    \b
+    Example:
+      rotator demo --jobs 2000 --workers 3
     """
-    if jobs < 1 or workers < 2:
-        fail("the demo needs --jobs >= 1 and --workers >= 2 (one of them is killed)")
-    given = ctx.find_root().params.get("url")
+    url = server_url(ctx)
     embedded = EmbeddedServer()
-    url = given or embedded.start().url
     show = sys.stderr.isatty() and not json
 
     def progress(done: int, total: int) -> None:
         if show:
             click.echo(f"\rcompleted {done}/{total}", nl=False, err=True)
 
-    result = run_demo(url, jobs=jobs, workers=workers, progress=progress)
+    result = run_demo(url or embedded.start().url, jobs=jobs, workers=workers, progress=progress)
     if show:
         click.echo(err=True)
     rows = [
@@ -367,7 +891,7 @@ def demo(ctx: click.Context, jobs: int, workers: int, json: bool) -> None:
         ("jobs/s", result.jobs_per_s),
     ]
     emit(ctx, result.as_dict(), lines(f"{name:<27} {value}" for name, value in rows))
-    if given is None:
+    if url is None:
         status = embedded.status()
         click.echo(
             f"rotator: left running: the embedded server (pid {status.pid}, data in "
@@ -375,12 +899,23 @@ def demo(ctx: click.Context, jobs: int, workers: int, json: bool) -> None:
             err=True,
         )
     if result.lost:
-        sys.exit(EXIT_ERROR)
+        fail(f"{result.lost} jobs lost")
 
 
-@main.group()
+class LocalGroup(RotatorGroup):
+    """Commands on this machine only: no --url."""
+
+    command_class = click.Command
+
+
+@main.group(cls=LocalGroup)
 def server() -> None:
-    """Manage the embedded server (used when no --url is given)."""
+    """Manage the embedded server (used when no --url is given).
+
+    \b
+    Example:
+      rotator server status
+    """
 
 
 def status_dict(status: Any) -> dict[str, Any]:
@@ -402,7 +937,12 @@ def show_status(ctx: click.Context, status: Any) -> None:
 @json_option
 @click.pass_context
 def server_start(ctx: click.Context, json: bool) -> None:
-    """Start the embedded server (harmless when it already runs)."""
+    """Start the embedded server (harmless when it already runs).
+
+    \b
+    Example:
+      ROTATOR_HOME=/srv/rotator rotator server start
+    """
     show_status(ctx, EmbeddedServer().start())
 
 
@@ -410,7 +950,12 @@ def server_start(ctx: click.Context, json: bool) -> None:
 @json_option
 @click.pass_context
 def server_stop(ctx: click.Context, json: bool) -> None:
-    """Stop the embedded server; its data stays for the next start."""
+    """Stop the embedded server; its data stays for the next start (exit 0 if not running).
+
+    \b
+    Example:
+      rotator server stop
+    """
     stopped = EmbeddedServer().stop()
     emit(ctx, {"stopped": stopped}, "stopped" if stopped else "not running")
 
@@ -419,8 +964,17 @@ def server_stop(ctx: click.Context, json: bool) -> None:
 @json_option
 @click.pass_context
 def server_status(ctx: click.Context, json: bool) -> None:
-    """Socket URL, pid, version and data directory of the embedded server."""
-    show_status(ctx, EmbeddedServer().status())
+    """Socket URL, pid, version and data directory of the embedded server; exits 1 when it
+    is not running.
+
+    \b
+    Example:
+      rotator server status --json
+    """
+    status = EmbeddedServer().status()
+    show_status(ctx, status)
+    if not status.running:
+        sys.exit(EXIT_ERROR)
 
 
 # -- rotator spark: the optional PySpark pipeline ----------------------------------------------
@@ -457,8 +1011,7 @@ def spark_conf(pairs: tuple[str, ...]) -> dict[str, str]:
 
 def spark_url(ctx: click.Context) -> str:
     """The server the executors connect to: --url, else the embedded server's socket."""
-    url: str | None = ctx.find_root().params.get("url")
-    return url or EmbeddedServer().start().url
+    return server_url(ctx) or EmbeddedServer().start().url
 
 
 def spark_options(command: Callable[..., Any]) -> Callable[..., Any]:
@@ -472,7 +1025,12 @@ def spark_options(command: Callable[..., Any]) -> Callable[..., Any]:
 
 @main.group(name="spark")
 def spark_group() -> None:
-    """Push ids from datasets and drain queues with Spark (pip install 'rotator-queue[spark]')."""
+    """Push ids from datasets and drain queues with Spark (pip install 'rotator-queue[spark]').
+
+    \b
+    Example:
+      rotator spark push orders --input orders.parquet
+    """
 
 
 @spark_group.command("push")
@@ -488,7 +1046,11 @@ def spark_group() -> None:
 )
 @click.option("--column", help="Column of job ids.  [default: id; value for text]")
 @click.option(
-    "--batch-size", default=DEFAULT_SPARK_PUSH_BATCH, show_default=True, help="Ids per atomic push."
+    "--batch-size",
+    type=click.IntRange(1, MAX_BATCH),
+    default=DEFAULT_SPARK_PUSH_BATCH,
+    show_default=True,
+    help="Ids per atomic push.",
 )
 @click.option("--distinct", is_flag=True, help="Push each distinct id once.")
 @spark_options
@@ -510,6 +1072,11 @@ def spark_push(
 
     A dataset with an invalid id pushes nothing. A retried Spark task does not push its ids
     twice.
+
+    \b
+    Examples:
+      rotator spark push orders --input orders.parquet
+      rotator spark push orders --input ids.txt --format text --master spark://host:7077
     """
     api = spark_api()
     queue_keys(queue)
@@ -533,21 +1100,32 @@ def spark_push(
     help="Called with each job (a rotator.Job); raising retries the job later.",
 )
 @click.option("--output", required=True, help="Where to write the results, as Parquet.")
-@click.option("--parallelism", type=int, help="Spark tasks draining at once.  [default: cores]")
+@click.option(
+    "--parallelism",
+    type=click.IntRange(1, 100_000),
+    help="Spark tasks draining at once.  [default: cores]",
+)
 @click.option(
     "--idempotency",
     "idempotency_ref",
     metavar="MODULE:FUNCTION",
     help="Asked (with the job id) about reclaimed jobs: true means already done, skip it.",
 )
-@click.option("--timeout", default=DEFAULT_LEASE_TIMEOUT, show_default=True, help="Lease (s).")
+@lease_option
 @click.option(
     "--max-deliveries",
+    type=click.IntRange(1, MAX_DELIVERIES_LIMIT),
     default=DEFAULT_DRAIN_MAX_DELIVERIES,
     show_default=True,
     help="Dead-letter a job after this many deliveries.",
 )
-@click.option("--batch", default=DEFAULT_DRAIN_BATCH, show_default=True, help="Jobs per claim.")
+@click.option(
+    "--batch",
+    type=click.IntRange(1, MAX_COUNT),
+    default=DEFAULT_DRAIN_BATCH,
+    show_default=True,
+    help="Jobs per claim.",
+)
 @click.option("--overwrite", is_flag=True, help="Replace --output if it exists.")
 @spark_options
 @json_option
@@ -572,6 +1150,10 @@ def spark_drain(
 
     The handler's module is shipped to the executors with it; what it imports must be
     installed there.
+
+    \b
+    Example:
+      rotator spark drain orders --handler handlers:ship --output results.parquet
     """
     api = spark_api()
     queue_keys(queue)
@@ -608,23 +1190,43 @@ def spark_drain(
 
 
 def open_topic(
-    ctx: click.Context, name: str, count: int | None = None, age: float | None = None
+    ctx: click.Context,
+    name: str,
+    count: int | None = None,
+    age: float | None = None,
+    *,
+    must_exist: bool = True,
 ) -> Topic:
-    url = ctx.find_root().params.get("url")
     topic_keys(name)  # a bad name fails before any connection is made
-    if url:
-        client: redis.Redis = redis.Redis.from_url(url)
-    else:
-        server = EmbeddedServer()
-        server.start()
-        client = server.client()
     retention = Retention(count=count or None, age=age) if (count or age) else None
-    return Topic(client, name, retention=retention)
+    topic = Topic(open_client(ctx), name, retention=retention)
+    if must_exist and not topic.exists():
+        fail(f"unknown topic {name!r} on {where(ctx)}")
+    return topic
+
+
+def require_group(t: Topic, group: str) -> None:
+    if group not in t.groups():
+        fail(f"topic {t.name!r} has no group {group!r} (rotator topic subscribe {t.name} {group})")
+
+
+def open_group(ctx: click.Context, topic: str, group: str, **options: Any) -> TopicGroup:
+    validate_group_name(group)
+    t = open_topic(ctx, topic)
+    require_group(t, group)
+    return t.group(group, **options)
 
 
 @main.group(name="topic")
 def topic_group() -> None:
-    """Topics: every message reaches every subscribed group (see rotator.topic)."""
+    """Topics: every message reaches every subscribed group (see rotator.topic).
+
+    \b
+    Example:
+      rotator topic subscribe news mail
+      rotator topic publish news 'hello'
+      rotator topic work news mail -- sh -c 'cat >> mail.log'
+    """
 
 
 @topic_group.command("publish")
@@ -633,12 +1235,16 @@ def topic_group() -> None:
 @click.option(
     "--retention",
     "count",
-    type=int,
+    type=click.IntRange(0, MAX_RETENTION_COUNT),
     default=DEFAULT_TOPIC_RETENTION,
     show_default=True,
     help="Messages the topic keeps (0: no count limit).",
 )
-@click.option("--max-age", type=float, help="Seconds a message is kept.  [default: no limit]")
+@click.option(
+    "--max-age",
+    type=Seconds(MAX_RETENTION_SECONDS),
+    help="Seconds a message is kept.  [default: no limit]",
+)
 @json_option
 @click.pass_context
 def topic_publish(
@@ -649,8 +1255,16 @@ def topic_publish(
     max_age: float | None,
     json: bool,
 ) -> None:
-    """Publish messages (use - to read one per line from stdin); prints their ids."""
-    t = open_topic(ctx, topic, count, max_age)
+    """Publish messages (use - to read one per line from stdin); prints their ids.
+
+    \b
+    Examples:
+      rotator topic publish news 'hello' 'world'
+      tail -f events.log | rotator topic publish news -
+    """
+    if count == 0 and max_age is None:
+        raise click.UsageError("--retention 0 needs --max-age: a topic must keep a bound", ctx)
+    t = open_topic(ctx, topic, count, max_age, must_exist=False)
     ids = t.publish_many(list(read_ids(payloads)))
     emit(ctx, {"ids": ids}, lines(ids))
 
@@ -664,8 +1278,14 @@ def topic_publish(
 @json_option
 @click.pass_context
 def topic_subscribe(ctx: click.Context, topic: str, group: str, start: str, json: bool) -> None:
-    """Register a consumer group (a no-op when it exists)."""
-    added = open_topic(ctx, topic).subscribe(group, start=start)
+    """Register consumer GROUP on TOPIC (a no-op when it exists).
+
+    \b
+    Example:
+      rotator topic subscribe news mail --start earliest
+    """
+    validate_group_name(group)
+    added = open_topic(ctx, topic, must_exist=False).subscribe(group, start=start)
     emit(ctx, {"added": added}, f"{'subscribed' if added else 'already subscribed'} {group}")
 
 
@@ -675,9 +1295,17 @@ def topic_subscribe(ctx: click.Context, topic: str, group: str, start: str, json
 @json_option
 @click.pass_context
 def topic_unsubscribe(ctx: click.Context, topic: str, group: str, json: bool) -> None:
-    """Forget a consumer group and delete its ring."""
+    """Forget consumer GROUP and delete its ring; exits 1 when there is no such group.
+
+    \b
+    Example:
+      rotator topic unsubscribe news mail
+    """
+    validate_group_name(group)
     removed = open_topic(ctx, topic).unsubscribe(group)
-    emit(ctx, {"removed": removed}, f"{'unsubscribed' if removed else 'no such group'} {group}")
+    emit(ctx, {"removed": removed}, f"unsubscribed {group}" if removed else "")
+    if not removed:
+        fail(f"topic {topic!r} has no group {group!r}")
 
 
 @topic_group.command("groups")
@@ -685,7 +1313,12 @@ def topic_unsubscribe(ctx: click.Context, topic: str, group: str, json: bool) ->
 @json_option
 @click.pass_context
 def topic_groups(ctx: click.Context, topic: str, json: bool) -> None:
-    """List the registered groups."""
+    """List the registered groups of TOPIC.
+
+    \b
+    Example:
+      rotator topic groups news
+    """
     names = open_topic(ctx, topic).groups()
     emit(ctx, {"groups": names}, lines(names))
 
@@ -694,7 +1327,9 @@ def topic_groups(ctx: click.Context, topic: str, json: bool) -> None:
 @click.argument("topic")
 @click.argument("group")
 @click.option("--from-id", help="Replay from this message id (inclusive).")
-@click.option("--from-time", type=float, help="Replay from this unix time in seconds.")
+@click.option(
+    "--from-time", type=Seconds(1e13, zero=True), help="Replay from this unix time in seconds."
+)
 @json_option
 @click.pass_context
 def topic_replay(
@@ -705,8 +1340,19 @@ def topic_replay(
     from_time: float | None,
     json: bool,
 ) -> None:
-    """Deliver the retained messages from a point to GROUP again."""
-    pushed = open_topic(ctx, topic).replay(group, from_id=from_id, from_time=from_time)
+    """Deliver the retained messages from a point on to GROUP again.
+
+    \b
+    Examples:
+      rotator topic replay news mail --from-id 1732233600000-42
+      rotator topic replay news mail --from-time "$(date -d yesterday +%s)"
+    """
+    if (from_id is None) == (from_time is None):
+        raise click.UsageError("give exactly one of --from-id and --from-time", ctx)
+    validate_group_name(group)
+    t = open_topic(ctx, topic)
+    require_group(t, group)
+    pushed = t.replay(group, from_id=from_id, from_time=from_time)
     emit(ctx, {"replayed": pushed}, f"replayed {pushed}")
 
 
@@ -715,7 +1361,12 @@ def topic_replay(
 @json_option
 @click.pass_context
 def topic_stats(ctx: click.Context, topic: str, json: bool) -> None:
-    """Retained messages and bytes, and each group's backlog and oldest pending age."""
+    """Retained messages and bytes of TOPIC, and each group's backlog and oldest pending age.
+
+    \b
+    Example:
+      rotator topic stats news --json
+    """
     stats = open_topic(ctx, topic).stats()
     data = {
         "retained": stats.retained,
@@ -728,3 +1379,113 @@ def topic_stats(ctx: click.Context, topic: str, json: bool) -> None:
         age = "-" if s.oldest_pending_age is None else f"{s.oldest_pending_age:.3f}s"
         rows.append(f"group {name}: backlog {s.pending} in_flight {s.in_flight} oldest {age}")
     emit(ctx, data, lines(rows))
+
+
+@topic_group.command("next")
+@click.argument("topic")
+@click.argument("group")
+@count_option
+@lease_option
+@block_option
+@json_option
+@click.pass_context
+def topic_next(
+    ctx: click.Context,
+    topic: str,
+    group: str,
+    count: int,
+    timeout: float,
+    block: float | None,
+    json: bool,
+) -> None:
+    """Lease messages for GROUP; prints `ID<TAB>TOKEN<TAB>PAYLOAD` per message.
+
+    The payload is shown escaped (a newline as \\n); --json gives it as text. Ack with
+    `rotator topic ack TOPIC GROUP TOKEN`.
+
+    \b
+    Example:
+      rotator topic next news mail --count 10 --block 30
+    """
+    lease_jobs(ctx, open_group(ctx, topic, group, timeout=timeout), count, block, payloads=True)
+
+
+@topic_group.command("ack")
+@click.argument("topic")
+@click.argument("group")
+@click.argument("tokens", nargs=-1, required=True)
+@json_option
+@click.pass_context
+def topic_ack(
+    ctx: click.Context, topic: str, group: str, tokens: tuple[str, ...], json: bool
+) -> None:
+    """Complete GROUP's deliveries by token; exits 1 when one was refused.
+
+    \b
+    Example:
+      rotator topic ack news mail '1732233600000-1*1732233630000.1.100001'
+    """
+    settle(ctx, open_group(ctx, topic, group).ack(*tokens), tokens, "acked")
+
+
+@topic_group.command("nack")
+@click.argument("topic")
+@click.argument("group")
+@click.argument("tokens", nargs=-1, required=True)
+@delay_option
+@json_option
+@click.pass_context
+def topic_nack(
+    ctx: click.Context,
+    topic: str,
+    group: str,
+    tokens: tuple[str, ...],
+    delay: float,
+    json: bool,
+) -> None:
+    """Give GROUP's deliveries back, to be delivered again after --delay seconds.
+
+    \b
+    Example:
+      rotator topic nack news mail '1732233600000-1*1732233630000.1.100001' --delay 10
+    """
+    settle(ctx, open_group(ctx, topic, group).nack(*tokens, delay=delay), tokens, "nacked")
+
+
+@topic_group.command("work", context_settings={"ignore_unknown_options": True})
+@click.argument("topic")
+@click.argument("group")
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+@work_options
+@click.pass_context
+@doc(
+    "Run COMMAND once per message GROUP receives from TOPIC: `{}` in it becomes the message "
+    "id (with no `{}`, the id is its last argument), and its stdin is the message's payload. "
+    "Put `--` before COMMAND.",
+    WORK_HELP,
+    "\b\nExample:\n  rotator topic work news mail -- sh -c 'cat > inbox/{}.msg'",
+)
+def topic_work(
+    ctx: click.Context,
+    topic: str,
+    group: str,
+    command: tuple[str, ...],
+    concurrency: int,
+    timeout: float,
+    max_deliveries: int,
+    until_empty: bool,
+    verbose: bool,
+    json: bool,
+) -> None:
+    g = open_group(ctx, topic, group, timeout=timeout, max_deliveries=max_deliveries or None)
+    run_commands(
+        ctx,
+        g,
+        f"topic {topic}, group {group}",
+        command,
+        concurrency=concurrency,
+        until_empty=until_empty,
+        verbose=verbose,
+        dead_hint=f"rotator topic stats {topic}",
+        payload_stdin=True,
+    )

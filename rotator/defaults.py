@@ -52,6 +52,9 @@ RETRY_BACKOFF_CAP = 300.0
 # Ids of retried jobs a worker remembers, so that a job failing again counts once in its
 # summary's `retried` (beyond this many the memory is cleared: a count, not a ledger).
 RETRIED_MEMORY = 100_000
+# Deliveries before `rotator work` dead-letters a job (0 there: no limit): a command that
+# always fails is tried 5 times over about 15 s (backoff 1, 2, 4, 8 s), not forever.
+DEFAULT_WORK_MAX_DELIVERIES = 5
 
 # Spark (rotator.spark and `rotator spark`).
 # Ids per atomic push from a Spark partition: the unit a retried task skips once it is in.

@@ -7,13 +7,17 @@ needs neither binary. Tests share a server, never a queue name, and never FLUSHA
 from __future__ import annotations
 
 import re
+import shutil
+import tempfile
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import redis
 from redis.cluster import RedisCluster
 
+from rotator.server import EmbeddedServer
 from tests.servers import ClusterProcess, ServerProcess
 
 
@@ -68,3 +72,15 @@ def cluster_client(cluster: ClusterProcess) -> Iterator[RedisCluster]:
         yield conn
     finally:
         conn.close()
+
+
+@pytest.fixture
+def rotator_home() -> Iterator[Path]:
+    """A short ROTATOR_HOME for the embedded server (a unix socket path must fit in 107
+    bytes); its server is stopped and the directory removed afterwards."""
+    path = Path(tempfile.mkdtemp(prefix="rot", dir="/tmp"))
+    try:
+        yield path
+    finally:
+        EmbeddedServer(path).stop()
+        shutil.rmtree(path, ignore_errors=True)

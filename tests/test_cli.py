@@ -9,12 +9,9 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -97,16 +94,8 @@ def queue(client: redis.Redis, queue_name: str) -> Rotator:
     return Rotator(client, queue_name, timeout=30)
 
 
-@pytest.fixture
-def rotator_home() -> Iterator[Path]:
-    """A short ROTATOR_HOME (a unix socket path must fit in 107 bytes); its server is
-    stopped and the directory removed afterwards."""
-    path = Path(tempfile.mkdtemp(prefix="rot", dir="/tmp"))
-    try:
-        yield path
-    finally:
-        EmbeddedServer(path).stop()
-        shutil.rmtree(path, ignore_errors=True)
+# `work --json` when every job completed at its first delivery.
+WORK_CLEAN = {"completed": 0, "retried": 0, "dead": 0, "failed_deliveries": 0, "leases_lost": 0}
 
 
 def tokens(result: Result) -> dict[str, str]:
@@ -425,7 +414,7 @@ def test_work_until_empty_runs_the_command_once_per_job_with_braces_replaced(
         "--", "sh", "-c", f"echo {{}} >> {out}",
     )  # fmt: skip
 
-    assert (done.returncode, done.stdout) == (0, "processed 20, failed 0\n"), done.stderr
+    assert (done.returncode, done.stdout) == (0, "completed 20, retried 0, dead 0\n"), done.stderr
     assert sorted(out.read_text().splitlines()) == sorted(ids)
     stats = queue.stats()
     assert (stats.pending, stats.in_flight, stats.deferred) == (0, 0, 0)
@@ -442,7 +431,7 @@ def test_work_appends_the_id_when_the_command_has_no_braces(
         "--", "sh", "-c", f'echo "$1 $#" >> {out}', "sh",
     )  # fmt: skip
 
-    assert ok_json(result) == {"processed": 2, "failed": 0}
+    assert ok_json(result) == WORK_CLEAN | {"completed": 2}
     assert out.read_text().splitlines() == ["a 1", "b 1"]
 
 
@@ -455,7 +444,7 @@ def test_work_retries_a_command_that_exits_nonzero(
 
     result = cli(server, "work", queue_name, "--until-empty", "--json", "--", "sh", "-c", script)
 
-    assert ok_json(result) == {"processed": 1, "failed": 1}
+    assert ok_json(result) == WORK_CLEAN | {"completed": 1, "retried": 1, "failed_deliveries": 1}
     assert out.read_text() == "a\n"
     assert queue.stats().pending == 0
 
@@ -496,13 +485,17 @@ def test_demo_refuses_fewer_than_two_workers(server: ServerProcess) -> None:
 def test_server_start_status_stop(rotator_home: Path) -> None:
     env: dict[str, str | None] = {"ROTATOR_HOME": str(rotator_home), "ROTATOR_URL": None}
 
-    before = ok_json(run("server", "status", "--json", env=env))
+    down = run("server", "status", "--json", env=env)
+    assert down.exit_code == 1  # status says what it found, and that it is not running
+    before = json.loads(down.stdout)
     started = ok_json(run("server", "start", "--json", env=env))
     again = ok_json(run("server", "start", "--json", env=env))
     status_text = ok(run("server", "status", env=env))
     stopped = ok(run("server", "stop", env=env))
     stopped_again = ok_json(run("server", "stop", "--json", env=env))
-    after = ok_json(run("server", "status", "--json", env=env))
+    stopped_status = run("server", "status", "--json", env=env)
+    assert stopped_status.exit_code == 1
+    after = json.loads(stopped_status.stdout)
 
     socket_url = f"unix://{rotator_home}/valkey.sock"
     assert (before["running"], before["pid"], before["url"]) == (False, None, socket_url)
