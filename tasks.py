@@ -92,7 +92,7 @@ def ensure_java() -> None:
 def demo(args: list[str]) -> None:
     ensure_venv("embedded")
     run(BIN / "rotator", "demo", *args)
-    say(f"the rotator command is {(BIN / 'rotator').relative_to(ROOT)}: try --help")
+    say(f"the rotator command is {os.path.relpath(BIN / 'rotator')}: try it with --help")
 
 
 def test(args: list[str]) -> None:
