@@ -54,7 +54,7 @@ def header_commands() -> dict[str, str]:
 
 def body_key_names() -> tuple[dict[str, int], dict[str, int]]:
     """Name -> KEYS slot, as the body binds them: the ten queue keys after a base
-    (`ring = keys[base + 1]`, by M.bind_queue) and the fixed slots (`payloads = keys[11]`,
+    (`ring = keys[base + 1]`, by M.queue_keys) and the fixed slots (`payloads = keys[11]`,
     `topic = keys[1]`, ...). The keys come in as `keys` (FCALL) or `KEYS` (EVAL)."""
     queue: dict[str, int] = {}
     fixed: dict[str, int] = {}
@@ -137,7 +137,7 @@ def test_header_commands_and_the_dispatch_table_agree() -> None:
     assert set(dispatch) == set(header_commands())
     for handler in dispatch.values():
         # `local function cmd_push(` or `function M.push(` (indented inside
-        # define_extensions for the commands defined on first use): the handler is here.
+        # M.define_extensions for the commands defined on first use): the handler is here.
         defined = rf"^ *(local )?function {re.escape(handler)}\("
         assert re.search(defined, BODY, re.MULTILINE), handler
 
