@@ -21,7 +21,8 @@ KEYS
   KEYS[9]  meta       HASH  counters: seq lapnext lapguess qstart qlen qmin pushed taken
                             packed (jobs in packed batches beyond one per element)
   KEYS[10] pushlog    LIST  "<pushed>:<ms>" push checkpoints, newest first (pending age)
-  KEYS[11] payloads   HASH  id -> payload; pushp/nextp/ackp only (a topic group: its bodies)
+  KEYS[11] payloads   HASH  id -> payload; pushp/nextp/ackp only (a topic group: its bodies);
+                            push_chunk takes its marker hash here instead
   KEYS[12] items      HASH  id -> "<enqueued ms>:<deliveries>:<last delivery ms>:<last error>"
                             per-item stats, kept only by calls given this key (0: unknown)
 
@@ -54,6 +55,13 @@ COMMANDS (ARGV[1]; numbers are decimal integers)
     Appends pending ids (at most 5000 per call); all or nothing. Wakes idle consumers.
     reply: number pushed
     errors: ROTATOR_BADID, ROTATOR_TOOMANY
+  push_chunk CHUNK TTL_MS ID [ID ...]                     (KEYS 1..10, KEYS[11] a marker hash)
+    push, once per chunk of a bulk load: only when the marker's field `chunks` (0 when
+    absent) equals CHUNK; then `chunks` becomes CHUNK + 1 and the marker expires in TTL_MS.
+    A chunk the marker already counts pushes nothing, so a retried loader pushes no id twice.
+    reply: {pushed, chunks}  pushed is 0 when the chunk was already in
+    errors: ROTATOR_BADARG (CHUNK beyond what the marker records), ROTATOR_BADID,
+            ROTATOR_TOOMANY, ROTATOR_WRONGTYPE
   next COUNT LEASE_MS BUDGET MAX_DELIVERIES [ACK_TOKEN ...]
     First acks the tokens (and batch acks) given, as `ack`; then visits at most BUDGET
     elements from the tail (a batch broken up counts its leases too: at most BUDGET plus
@@ -101,6 +109,13 @@ COMMANDS (ARGV[1]; numbers are decimal integers)
     packed batch shows as the leases it stands for, first job first (at most COUNT rows).
     reply: {element1, state1, time1, ...}; state: "lap", "pending", "leased", "done",
            "deferred", "corrupt"; time: lease deadline or due ms (0 when none)
+    errors: ROTATOR_BADARG
+  scan START STOP COUNT
+    The elements START..STOP-1 counted from the tail (0: the next to be visited), as peek
+    shows them, at most COUNT (1..1000) rows' worth of elements (an element is never split:
+    a packed batch alone may give up to 1000 rows). Changes nothing. Continue from NEXT until
+    it reaches STOP (or LENGTH); SEQ and PUSHED unchanged across pages means nothing moved.
+    reply: {NEXT, LENGTH, SEQ, PUSHED, element1, state1, time1, ...}
     errors: ROTATOR_BADARG
   sweep BUDGET
     Visits at most BUDGET elements (1..10000; broken-up batches count their leases)
@@ -213,8 +228,8 @@ REDIS-CLI
 --    4. Queue state       counters, side-structure sizes and pushes, on any queue's keys
 --    5. Acks              acking tokens and batch acks, for ack, next and ackp
 --    6. The walk engine   one walk over the ring's tail, for next, next_packed and sweep
---    7. Queue commands    push next next_packed ack nack extend sweep stats peek dead
---                         requeue_dead
+--    7. Queue commands    push push_chunk next next_packed ack nack extend sweep stats peek
+--                         scan dead requeue_dead
 --    8. Payloads          pushp nextp ackp, and item stats: pushi nackp items
 --    9. Topics            tpublish tsubscribe tunsubscribe treplay tseek ttrim tstats
 --                         (8 and 9 are defined on first use, by M.define_extensions)
@@ -1001,11 +1016,16 @@ end
 
 -- 7. QUEUE COMMANDS -----------------------------------------------------------------------------
 
--- Also returns the time of the push; `before_write` reads (and so checks) what a caller
--- writes afterwards, before anything is written.
-function M.push(before_write)
-  M.check_ids(2)
-  local n = #A - 1
+function M.push()
+  return (M.push_ids(2))
+end
+
+-- push's work, with the ids starting at A[first]. Also returns the time of the push;
+-- `before_write` reads (and so checks) what a caller writes afterwards, before anything is
+-- written.
+function M.push_ids(first, before_write)
+  M.check_ids(first)
+  local n = #A - first + 1
   if n == 0 then return 0 end
   local length = M.read('LLEN', K.ring)
   local meta = M.read_meta(K)
@@ -1013,11 +1033,33 @@ function M.push(before_write)
   if before_write then before_write() end
   local now = M.now_ms()
   M.ensure_ring(K, length)
-  for i = 2, #A, LIMIT.batch do
+  for i = first, #A, LIMIT.batch do
     rcall('LPUSH', K.ring, unpack(A, i, math.min(i + LIMIT.batch - 1, #A)))
   end
   M.record_push(K, meta, n, now, head)
   return n, now
+end
+
+-- push, once per chunk of a bulk load whose progress the marker hash (the eleventh key) records in
+-- its field `chunks`: a retried or duplicated loader (a Spark task run twice) pushes nothing
+-- twice, however its attempts interleave.
+function M.push_chunk()
+  local chunk = M.int_arg(2, 'CHUNK', 0, LIMIT.no_bound)
+  local ttl = M.int_arg(3, 'TTL_MS', 1, LIMIT.no_bound)
+  local marker = K.payloads -- the eleventh key: push_chunk takes its marker hash there
+  local chunks = tonumber(M.read('HMGET', marker, 'chunks')[1]) or 0
+  if chunks > chunk then
+    M.check_ids(4)
+    return { 0, chunks }
+  end
+  if chunks < chunk then
+    M.refuse('ROTATOR_BADARG', 'chunk ' .. chunk .. ' comes after chunk ' .. chunks ..
+      ', which the marker does not record: it expired or was deleted')
+  end
+  local pushed = M.push_ids(4)
+  rcall('HSET', marker, 'chunks', chunk + 1)
+  rcall('PEXPIRE', marker, ttl)
+  return { pushed, chunk + 1 }
 end
 
 function M.next()
@@ -1252,13 +1294,49 @@ end
 function M.peek()
   local count = M.int_arg(2, 'COUNT', 1, LIMIT.count)
   local slice = M.read('LRANGE', K.ring, -count, -1)
+  local rows = M.ring_rows(slice, M.read_sides(), count)
+  for i = #rows, count * 3 + 1, -1 do rows[i] = nil end
+  return rows
+end
+
+-- The ring's elements START..STOP-1 counted from the tail (0: the next to be visited), as
+-- peek shows them: read page by page, a whole ring in bounded calls.
+function M.scan()
+  local start = M.int_arg(2, 'START', 0, LIMIT.no_bound)
+  local stop = M.int_arg(3, 'STOP', 0, LIMIT.no_bound)
+  local count = M.int_arg(4, 'COUNT', 1, LIMIT.count)
+  local length = M.read('LLEN', K.ring)
   local sides = M.read_sides()
+  local meta = M.read_meta(K)
+  stop = math.min(stop, length)
+  -- At most COUNT elements, and fewer where packed batches bring the rows past COUNT (a
+  -- first element alone gives all its rows: a batch holds at most LIMIT.count jobs).
+  local rows, at = {}, start
+  while at < stop and #rows < count * 3 do
+    local want = math.min(stop - at, count - #rows / 3)
+    local slice = rcall('LRANGE', K.ring, -(at + want), -(at + 1))
+    local page = M.ring_rows(slice, sides, nil, count * 3 - #rows)
+    for i = 1, #page do rows[#rows + 1] = page[i] end
+    at = at + (page.elements or #slice)
+    if page.elements and page.elements < #slice then break end
+  end
+  local reply = { math.max(at, start), length, meta.seq, meta.pushed }
+  for i = 1, #rows do reply[#reply + 1] = rows[i] end
+  return reply
+end
+
+-- Rows {element, state, time, ...} for a slice of the ring (tail last), tail first. A packed
+-- batch shows as the leases it stands for, first job first. With `count`, stops at count
+-- rows; with `room`, stops before an element whose rows would not fit in `room` reply
+-- entries (the first always fits), and says in rows.elements how many elements it showed.
+function M.ring_rows(slice, sides, count, room)
   local mark, packed = {}, {}
   M.look_up(slice, sides, {}, {}, mark, {}, packed)
-  -- Tail first, at most COUNT rows; a packed batch is shown as the leases it stands for.
   local rows, batch_acked = {}, {}
+  local elements = 0
   for i = #slice, 1, -1 do
     local element, batch = slice[i], packed[i]
+    local before = #rows
     if batch and string.find(batch, '^%*%d+%.1%.%d+$') then
       local k = 0
       for id in string.gmatch(string.sub(element, #batch + 2), '[^*]+') do
@@ -1269,13 +1347,17 @@ function M.peek()
     else
       rows[#rows + 1] = element
     end
-    if #rows >= count then break end
+    if room and elements > 0 and #rows * 3 > room then
+      for j = #rows, before + 1, -1 do rows[j] = nil end
+      break
+    end
+    elements = elements + 1
+    if count and #rows >= count then break end
   end
-  for i = #rows, count + 1, -1 do rows[i] = nil end
   local done_in = {}
   mark = {}
   M.look_up(rows, sides, {}, done_in, mark, {}, {})
-  local reply = {}
+  local reply = { elements = elements }
   for i = 1, #rows do
     local element = rows[i]
     local state, at = 'pending', 0
@@ -1489,7 +1571,7 @@ function M.define_extensions()
   end
 
   function M.pushi()
-    local n, now = M.push(function() M.read('HLEN', K.items) end)
+    local n, now = M.push_ids(2, function() M.read('HLEN', K.items) end)
     if n > 0 then
       local ids = {}
       for i = 2, #A do ids[#ids + 1] = A[i] end
@@ -1769,6 +1851,7 @@ end
 
 local COMMANDS = {
   push = M.push,
+  push_chunk = M.push_chunk,
   next = M.next,
   next_packed = M.next_packed,
   ack = M.ack,
@@ -1777,6 +1860,7 @@ local COMMANDS = {
   sweep = M.sweep,
   stats = M.stats,
   peek = M.peek,
+  scan = M.scan,
   dead = M.dead,
   requeue_dead = M.requeue_dead,
   pushp = M.pushp,
@@ -1831,6 +1915,7 @@ local function main(keys, args)
     -- With payloads, the eleventh key; with item stats, the twelfth too.
     if layout == 'payloads' then low, high = QUEUE_KEYS + 1, QUEUE_KEYS + 2 end
     if layout == 'items' then low, high = QUEUE_KEYS + 2, QUEUE_KEYS + 2 end
+    if handler == M.push_chunk then low, high = QUEUE_KEYS + 1, QUEUE_KEYS + 1 end
     if #keys < low or #keys > high then
       return M.fail('ROTATOR_KEYS', 'expected ' .. (low == high and low or low .. ' or ' .. high)
         .. ' keys, got ' .. #keys)

@@ -15,7 +15,16 @@ from typing import Any, Generic, NamedTuple, TypeVar
 
 from rotator.defaults import MAX_COUNT
 from rotator.errors import InvalidToken
-from rotator.models import DeadLetter, ItemStats, Job, NextReply, RingEntry, Stats, TopicStats
+from rotator.models import (
+    DeadLetter,
+    ItemStats,
+    Job,
+    NextReply,
+    RingEntry,
+    RingPage,
+    Stats,
+    TopicStats,
+)
 from rotator.protocol import (
     BYTES_ERRORS,
     PACKED_STAMP,
@@ -152,6 +161,24 @@ def dead(keys: Keys, start: int, count: int) -> ModuleCall[list[DeadLetter]]:
 
 def requeue_dead(keys: Keys, count: int, ids: Sequence[bytes]) -> ModuleCall[int]:
     return ModuleCall(keys, [b"requeue_dead", count, *ids], _int, True)
+
+
+def push_chunk(
+    keys: Keys, chunk: int, ttl_ms: int, ids: Sequence[bytes]
+) -> ModuleCall[tuple[int, int]]:
+    """``push_chunk`` (KEYS 1..10 and the run's marker hash as KEYS[11]); decoded as
+    ``(pushed, chunks)``: chunk ``chunk`` was pushed now, or by an earlier attempt when
+    ``chunks`` is past it and ``pushed`` is 0."""
+    return ModuleCall(keys, [b"push_chunk", chunk, ttl_ms, *ids], _decode_pair, True)
+
+
+def _decode_pair(reply: Any) -> tuple[int, int]:
+    return int(reply[0]), int(reply[1])
+
+
+def scan(keys: Keys, start: int, stop: int, count: int) -> ModuleCall[RingPage]:
+    """``scan``: the ring's elements START..STOP-1 from the tail, as peek shows them."""
+    return ModuleCall(keys, [b"scan", start, stop, count], decode_ring_page)
 
 
 # -- payloads and item stats ------------------------------------------------------------------
@@ -349,6 +376,13 @@ def decode_peek(reply: Sequence[Any]) -> list[RingEntry]:
         RingEntry(text(reply[i]), text(reply[i + 1]), int(reply[i + 2]))
         for i in range(0, len(reply), 3)
     ]
+
+
+def decode_ring_page(reply: Sequence[Any]) -> RingPage:
+    """A ``scan`` reply: ``{next, length, seq, pushed, element, state, time, ...}``."""
+    return RingPage(
+        int(reply[0]), int(reply[1]), (int(reply[2]), int(reply[3])), decode_peek(reply[4:])
+    )
 
 
 def decode_dead_letter(raw: Any) -> DeadLetter:

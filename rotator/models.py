@@ -73,6 +73,16 @@ class RingEntry:
 
 
 @dataclass(frozen=True, slots=True)
+class RingPage:
+    """One ``scan`` call's elements of the ring, and where the next call starts."""
+
+    next: int  # the offset from the tail to scan from next (the STOP given: done)
+    length: int  # the ring's length when this page was read
+    version: tuple[int, int]  # (seq, pushed): unchanged between pages, nothing moved
+    entries: list[RingEntry]
+
+
+@dataclass(frozen=True, slots=True)
 class DeadLetter:
     """A job that left the ring without being acked, and why."""
 

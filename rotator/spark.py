@@ -41,7 +41,6 @@ from typing import Any, cast
 import redis
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError, ResponseError, WatchError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
@@ -60,7 +59,7 @@ except ImportError as missing:
         f"rotator.spark needs PySpark and pyarrow ({missing}): pip install '{DISTRIBUTION}[spark]'"
     ) from missing
 
-from rotator import protocol
+from rotator import commands, protocol
 from rotator.core import Rotator
 from rotator.defaults import (
     DEFAULT_DRAIN_BATCH,
@@ -74,12 +73,11 @@ from rotator.defaults import (
     SPARK_KEY_TTL,
     SPARK_READ_PAGE,
 )
-from rotator.errors import InvalidArgument, InvalidJobId, ProtocolError, RotatorError
-from rotator.errors import error_from_reply as typed_error
+from rotator.errors import InvalidArgument, InvalidJobId, RotatorError
 from rotator.keys import QueueKeys, queue_keys
-from rotator.models import Handler, Job
+from rotator.models import Handler, Job, RingEntry
 from rotator.protocol import JobRef
-from rotator.script import module_sha, module_source
+from rotator.sending import Sender
 from rotator.worker import Worker
 
 __all__ = [
@@ -140,7 +138,6 @@ _TASK_ARROW = pa.schema(
 _TASK_COLUMNS = "worker string, processed bigint, failed bigint, leases_lost bigint"
 
 _ID_TYPES = (T.StringType, T.ByteType, T.ShortType, T.IntegerType, T.LongType)
-_SENTINEL = b"*lap"
 _ERROR_CHARS = 2000  # of a handler's error kept in its result row
 _PUSH_ATTEMPTS = 5  # per chunk, against connection drops; the marker says whether it landed
 
@@ -177,84 +174,38 @@ def _worker_name() -> str:
 
 # -- pushing ----------------------------------------------------------------------------------
 
-# Run in the same MULTI as a chunk's push: BEGIN notes the queue's push counter, END checks
-# that the push between them added exactly this chunk before recording it, so a push that
-# failed inside the transaction (NOSCRIPT, a foreign key type) is never marked as done.
-_BEGIN = """
-redis.call('HSET', KEYS[1], 'before', redis.call('HGET', KEYS[2], 'pushed') or '0')
-return 1
-"""
-_END = """
-local before = tonumber(redis.call('HGET', KEYS[1], 'before'))
-redis.call('HDEL', KEYS[1], 'before')
-local now = tonumber(redis.call('HGET', KEYS[2], 'pushed') or '0')
-if before == nil or now ~= before + tonumber(ARGV[1]) then return 0 end
-redis.call('HSET', KEYS[1], 'chunks', ARGV[2])
-redis.call('EXPIRE', KEYS[1], ARGV[3])
-return 1
-"""
-
 
 class _ChunkPusher:
     """Pushes one partition's chunks, each at most once for the marker it is given.
 
     The marker is a hash holding ``chunks``, how many of the partition's chunks are in the
-    ring. Chunk ``i`` is pushed by one transaction (WATCH marker; MULTI; BEGIN; push; END;
-    EXEC) only while the marker says ``i``: a later attempt of the same task skips it, and of
-    two attempts running at once the second's EXEC aborts on the WATCH and then skips it.
+    ring. The module's ``push_chunk`` pushes chunk ``i`` and moves the marker to ``i + 1`` in
+    one atomic call, only while the marker says ``i``: a later attempt of the same task skips
+    the chunk, and of two attempts running at once the second finds it counted.
     """
 
     def __init__(self, client: redis.Redis, keys: QueueKeys, marker: str) -> None:
-        self.client = client
-        self.keys = keys
+        self.sender = Sender(client, False, None)
+        self.keys = (*keys.all, marker)
         self.marker = marker
-        self.meta = keys.all[8]  # the module's counters; its `pushed` grows by each push
-        self.loaded = False
 
     def push(self, index: int, chunk: list[bytes]) -> int:
         """Returns len(chunk) once the chunk is in the ring, pushed now or by an earlier run."""
+        call = commands.push_chunk(self.keys, index, SPARK_KEY_TTL * 1000, chunk)
         for attempt in range(_PUSH_ATTEMPTS):
             try:
-                if self._push_once(index, chunk):
-                    return len(chunk)
-            except WatchError:
-                continue  # another attempt of this task moved the marker: look again
+                self.sender.perform(call)
             except (RedisConnectionError, RedisTimeoutError):
                 if attempt == _PUSH_ATTEMPTS - 1:
                     raise
                 time.sleep(0.1 * 2**attempt)  # whether it landed is the marker's to say
+                continue
+            # Pushed now, or counted by an earlier attempt (the module refuses a chunk the
+            # marker has not reached: its markers expired or were deleted during the run).
+            return len(chunk)
         raise RotatorError(
             f"chunk {index} of {self.marker} was not pushed in {_PUSH_ATTEMPTS} tries"
         )
-
-    def _push_once(self, index: int, chunk: list[bytes]) -> bool:
-        if not self.loaded:
-            self.client.script_load(module_source())
-            self.loaded = True
-        with self.client.pipeline(transaction=True) as pipe:
-            pipe.watch(self.marker)  # type: ignore[no-untyped-call]
-            done = int(pipe.hget(self.marker, "chunks") or 0)
-            if done > index:
-                return True
-            if done < index:
-                raise RotatorError(
-                    f"{self.marker} records {done} chunks, expected {index}: the run's markers"
-                    " expired or were deleted while it ran"
-                )
-            pipe.multi()
-            pipe.eval(_BEGIN, 2, self.marker, self.meta)
-            pipe.evalsha(module_sha(), len(self.keys.all), *self.keys.all, b"push", *chunk)
-            pipe.eval(_END, 2, self.marker, self.meta, len(chunk), index + 1, SPARK_KEY_TTL)
-            _, pushed, marked = pipe.execute(raise_on_error=False)
-        if marked == 1:
-            return True
-        if isinstance(pushed, NoScriptError):  # flushed since we loaded it; nothing was pushed
-            self.loaded = False
-            return False
-        for reply in (pushed, marked):
-            if isinstance(reply, ResponseError):
-                raise typed_error(reply) from reply
-        raise ProtocolError(f"push of chunk {index} added {pushed!r} ids, not {len(chunk)}")
 
 
 def push_partition(
@@ -459,6 +410,10 @@ class _JournalingRotator(Rotator):
         self._write_rows(jobs)
         return super().nack(*jobs, delay=delay)
 
+    def fail(self, *jobs: JobRef, error: str, delay: float = 0.0) -> int:
+        self._write_rows(jobs)
+        return super().fail(*jobs, error=error, delay=delay)
+
     def recording(self, handler: Handler, idempotency: Idempotency | None) -> Handler:
         """``handler`` with its outcome recorded; reclaimed jobs go to ``idempotency`` first."""
 
@@ -633,7 +588,8 @@ class _JournalReader:
 
 @dataclass(frozen=True)
 class _RingReader:
-    """Reads pages of the ring from its tail, so rows come next-to-be-visited first."""
+    """Reads pages of the ring from its tail with the module's ``scan``, so rows come
+    next-to-be-visited first and each element's state is the module's own."""
 
     url: str
     keys: QueueKeys
@@ -641,73 +597,40 @@ class _RingReader:
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         client = redis.Redis.from_url(self.url)
+        sender = Sender(client, False, None)
         try:
             for batch in batches:
                 for page in batch.column(0).to_pylist():
-                    end = -page * SPARK_READ_PAGE - 1
-                    elements = client.lrange(self.keys.ring, end - SPARK_READ_PAGE + 1, end)
-                    yield self.decode(client, cast("list[bytes]", elements)[::-1])
+                    start, stop = page * SPARK_READ_PAGE, (page + 1) * SPARK_READ_PAGE
+                    while start < stop:
+                        found = sender.perform(
+                            commands.scan(self.keys.all, start, stop, SPARK_READ_PAGE)
+                        )
+                        yield self.decode(found.entries)
+                        if found.next <= start or found.next >= found.length:
+                            break
+                        start = found.next
         finally:
             client.close()
 
-    def decode(self, client: redis.Redis, packed: list[bytes]) -> pa.RecordBatch:
-        # A packed batch is read as the leases it stands for, as the module's peek shows it.
-        elements: list[bytes] = []
-        batches: dict[bytes, list[bytes]] = {}
-        for element in packed:
-            unpacked = protocol.unpack_element(element)
-            if unpacked is None:
-                elements.append(element)
-            else:
-                batches[unpacked[0]] = unpacked[1]
-                elements += unpacked[1]
-        # Tokens have a "*" after their first byte (the sentinel starts with one); as the
-        # module's peek does, look them up in both done sets, then in both marks hashes
-        # (n<due>: nacked, e<deadline>: extended; a batch's "a<jobs>": acked whole).
-        tokens = [element for element in elements if b"*" in element[1:]]
-        names = list(batches)
-        done: set[bytes] = set()
-        marks: dict[bytes, bytes] = {}
-        if tokens:
-            k = self.keys.all
-            with client.pipeline(transaction=True) as pipe:
-                pipe.smismember(k[1], tokens)
-                pipe.smismember(k[2], tokens)
-                pipe.hmget(k[3], tokens + names)
-                pipe.hmget(k[4], tokens + names)
-                new_done, old_done, new_marks, old_marks = pipe.execute()
-            for i, token in enumerate(tokens):
-                if new_done[i] or old_done[i]:
-                    done.add(token)
-                elif (mark := new_marks[i] or old_marks[i]) is not None:
-                    marks[token] = mark
-            for j, name in enumerate(names, len(tokens)):
-                if (new_marks[j] or b"").startswith(b"a") or (old_marks[j] or b"").startswith(b"a"):
-                    done.update(batches[name])
+    def decode(self, entries: list[RingEntry]) -> pa.RecordBatch:
         columns: list[list[Any]] = [[], [], [], [], []]
-        for element in elements:
-            if element != _SENTINEL:
-                for column, value in zip(columns, self.row(element, done, marks), strict=True):
+        for entry in entries:
+            if entry.state != "lap":
+                for column, value in zip(columns, self.row(entry), strict=True):
                     column.append(value)
         return _batch(columns, _SNAPSHOT_ARROW)
 
-    def row(
-        self, element: bytes, done: set[bytes], marks: dict[bytes, bytes]
-    ) -> tuple[str, str, int | None, int | None, int]:
-        shown = element.decode("utf-8", "replace")  # Arrow holds UTF-8 only
-        if b"*" not in element:
-            state = "pending" if 0 < len(element) <= MAX_ID_BYTES else "corrupt"
-            return shown, state, None, None, 0
-        parsed = protocol.parse_token(shown)
-        if parsed is None:
+    def row(self, entry: RingEntry) -> tuple[str, str, int | None, int | None, int]:
+        shown = _utf8(entry.element)  # Arrow holds UTF-8 only
+        if entry.state in ("pending", "corrupt"):
+            return shown, entry.state, None, None, 0
+        parsed = protocol.parse_token(entry.element)
+        if parsed is None:  # the module would have said corrupt
             return shown, "corrupt", None, None, 0
-        job_id, stamp, deliveries = parsed
-        state, mark = "leased", marks.get(element, b"")
-        if element in done:
-            state = "done"
-        elif mark[1:].isdigit():
-            state, stamp = ("deferred" if mark[:1] == b"n" else "leased"), int(mark[1:])
-        return job_id, state, stamp, self.now_ms - stamp, deliveries
+        job_id, deadline_ms, deliveries = parsed
+        stamp = entry.time_ms or deadline_ms  # a done job's is its lease's
+        return _utf8(job_id), entry.state, stamp, self.now_ms - stamp, deliveries
 
 
 def snapshot(spark: SparkSession, queue: str, *, url: str) -> DataFrame:
@@ -725,15 +648,16 @@ def snapshot(spark: SparkSession, queue: str, *, url: str) -> DataFrame:
     keys = queue_keys(queue)
     with redis.Redis.from_url(url) as client:
         seconds, micros = client.time()
-        before = client.hmget(keys.all[8], "seq", "pushed")
-        length = int(client.llen(keys.ring))
+        first = Sender(client, False, None).perform(commands.scan(keys.all, 0, 0, 1))
+        length = first.length
     reader = _RingReader(url, keys, seconds * 1000 + micros // 1000)
     pages = math.ceil(length / SPARK_READ_PAGE)
     slices = max(1, min(pages, spark.sparkContext.defaultParallelism * 4))
     page_ids = spark.range(0, pages, numPartitions=slices)
     rows = page_ids.mapInArrow(reader, SNAPSHOT_COLUMNS).localCheckpoint(eager=True)
     with redis.Redis.from_url(url) as client:
-        if client.hmget(keys.all[8], "seq", "pushed") != before:
+        last = Sender(client, False, None).perform(commands.scan(keys.all, 0, 0, 1))
+        if last.version != first.version:
             log.warning("queue %s changed while its snapshot was read: rows may be off", queue)
     return rows
 

@@ -180,7 +180,9 @@ class RedisStub:
             b"ZRANGE": (4, self._zrange),
             b"ZRANGEBYSCORE": (-4, self._zrangebyscore),
             b"ZREMRANGEBYRANK": (4, self._zremrangebyrank),
+            b"PEXPIRE": (3, self._pexpire),
         }
+        self.expires: dict[bytes, int] = {}  # key -> ms at which it is gone
 
     def advance(self, ms: int) -> None:
         self.now_ms += ms
@@ -196,6 +198,10 @@ class RedisStub:
         if (arity >= 0 and len(args) != arity) or (arity < 0 and len(args) < -arity):
             raise CommandError(ARITY)
         self.calls.append(tuple(args))
+        for key, at in list(self.expires.items()):  # a key past its expiry is gone
+            if at <= self.now_ms:
+                self.data.pop(key, None)
+                del self.expires[key]
         return run(list(args[1:]))
 
     # -- typed access: WRONGTYPE like Redis, and empty collections deleted after writes --
@@ -246,7 +252,16 @@ class RedisStub:
         return Status(b"none")
 
     def _del(self, args: list[bytes]) -> Reply:
+        for key in args:
+            self.expires.pop(key, None)
         return sum(1 for key in dict.fromkeys(args) if self.data.pop(key, None) is not None)
+
+    def _pexpire(self, args: list[bytes]) -> Reply:
+        key, ms = args
+        if key not in self.data:
+            return 0
+        self.expires[key] = self.now_ms + int(ms)
+        return 1
 
     def _rename(self, args: list[bytes]) -> Reply:
         source, target = args

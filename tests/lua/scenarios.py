@@ -1295,3 +1295,51 @@ def item_stats_count_deliveries_and_keep_the_last_error_until_acked(b: Backend) 
         expect_error(b, code, *argv, keys=keys)
     expect_error(b, "ROTATOR_KEYS", "pushi", "a", keys=keys[:11])
     expect_error(b, "ROTATOR_KEYS", "pushp", "a", "p", keys=(*keys, "extra"))
+
+
+# -- bulk loads and reading the whole ring ----------------------------------------------------
+
+
+@scenario
+def push_chunk_pushes_each_chunk_once_whatever_the_attempts(b: Backend) -> None:
+    marker = f"rotator:{{{b.name}}}:spark:push:run:0"
+    b.track(marker)
+    keys = (*b.keys, marker)
+    assert ints(b.call_keys(keys, "push_chunk", 0, 60_000, "a", "b")) == [2, 1]
+    assert ints(b.call_keys(keys, "push_chunk", 0, 60_000, "a", "b")) == [0, 1]  # a retry
+    assert ints(b.call_keys(keys, "push_chunk", 1, 60_000, "c")) == [1, 2]
+    assert stats(b)["pending"] == 3
+    assert b.key_state(marker) == ("hash", {"chunks": "2"})
+    expect_error(b, "ROTATOR_BADARG", "push_chunk", 5, 60_000, "d", keys=keys)
+    expect_error(b, "ROTATOR_BADID", "push_chunk", 2, 60_000, "ok", "bad*", keys=keys)
+    expect_error(b, "ROTATOR_BADARG", "push_chunk", 2, 0, "d", keys=keys)
+    expect_error(b, "ROTATOR_KEYS", "push_chunk", 2, 60_000, "d")
+    assert [job for job in nxt(b, 10).ids] == ["a", "b", "c"]
+
+
+@scenario
+def scan_pages_through_the_ring_as_peek_shows_it_and_changes_nothing(b: Backend) -> None:
+    push(b, *(f"j{n}" for n in range(12)))
+    leased = nxt(b, 4)
+    assert ack(b, leased.tokens[0]) == 1
+    before = b.snapshot()
+    shown: list[tuple[str, str, int]] = []
+    start = 0
+    while True:
+        reply = b.call("scan", start, 1000, 5)
+        assert isinstance(reply, list), reply
+        following, length = int(str(reply[0])), int(str(reply[1]))
+        assert length == 10  # eight pending, the sentinel, the packed batch of four
+        for i in range(4, len(reply), 3):
+            shown.append((str(reply[i]), str(reply[i + 1]), int(str(reply[i + 2]))))
+        if following >= length:
+            break
+        assert following > start
+        start = following
+    assert shown == peek(b, 1000)
+    assert [state for _, state, _ in shown].count("pending") == 8
+    assert [state for _, state, _ in shown].count("done") == 1
+    assert [state for _, state, _ in shown].count("leased") == 3
+    assert b.snapshot() == before
+    expect_error(b, "ROTATOR_BADARG", "scan", 0, 10, 0)
+    expect_error(b, "ROTATOR_BADARG", "scan", -1, 10, 5)
