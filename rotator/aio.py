@@ -336,6 +336,9 @@ class AsyncTopic(TopicView):
     async def trim(self) -> int:
         return await self._run(self._flows.trim())
 
+    async def expired(self, group: str) -> int:
+        return await self._run(self._flows.expired(group))
+
     async def stats(self) -> TopicStats:
         return await self._run(self._flows.stats())
 

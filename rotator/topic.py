@@ -15,7 +15,11 @@ Retention decides when a payload is deleted, not acks: a message leaves the topi
 and log entry) once it is beyond the retained count or older than the retained age, trimmed by
 each publish and by :meth:`Topic.trim`. A group that acks a message only removes the id from
 its own ring; the payload stays retained for replay. A message that leaves retention before a
-group consumed it is still delivered to that group, with ``payload=None``.
+group consumed it is still delivered to that group, with ``payload=None``, unless the group's
+backlog bound dropped it: each publish keeps every group's pending ids within the retained
+count (1,000,000 with age-only retention), give or take 16, by dropping its oldest pending
+ids, which are never delivered to that group (:meth:`Topic.expired` counts them; leased
+messages never go).
 """
 
 from __future__ import annotations
@@ -132,8 +136,15 @@ class Topic(TopicView):
         return self._run(self._flows.replay(group, from_id, from_time))
 
     def trim(self) -> int:
-        """Applies retention now (publishing also does); returns how many messages left."""
+        """Applies retention now (publishing also does); returns how many messages left.
+        Runs in calls of up to 2000 messages each, so any backlog over retention goes."""
         return self._run(self._flows.trim())
+
+    def expired(self, group: str) -> int:
+        """How many message ids left ``group``'s backlog unconsumed: publishing keeps a
+        group's pending ids within the retained count (1,000,000 with age-only retention),
+        give or take 16, by dropping its oldest pending ids, never delivered to that group."""
+        return self._run(self._flows.expired(group))
 
     # -- inspecting ------------------------------------------------------------------------
 

@@ -1144,7 +1144,8 @@ def retention_by_count_drops_the_oldest_payloads(b: Backend) -> None:
     assert b.key_state(topic_keys(b)[0])[1]["bytes"] == "3"  # type: ignore[index]
     ids += publish(b, ("g",), "e", keep=2)
     assert list(b.zscores_of(topic_keys(b)[2])) == ids[3:]
-    # The group still gets every id; those past retention come without a payload.
+    # The group still gets every id (its backlog is within the bound's margin of 16); those
+    # past retention come without a payload.
     assert group_next(b, "g") == [
         (ids[0], None),
         (ids[1], None),
@@ -1152,6 +1153,30 @@ def retention_by_count_drops_the_oldest_payloads(b: Backend) -> None:
         (ids[3], "d"),
         (ids[4], "e"),
     ]
+
+
+@scenario
+def an_idle_groups_backlog_is_bounded_by_the_retained_count(b: Backend) -> None:
+    subscribe(b, "g")
+    ring, meta = group_keys(b, "g")[0], group_keys(b, "g")[8]
+
+    def group_ring() -> list[str]:
+        kind, elements = b.key_state(ring)
+        assert kind == "list"
+        assert isinstance(elements, list)
+        return [str(e) for e in elements]
+
+    ids = publish(b, ("g",), *[f"p{i}" for i in range(40)], keep=10)
+    # 30 over the count: the oldest 30 pending ids left the ring, counted in `expired`.
+    assert b.key_state(meta)[1]["expired"] == "30"  # type: ignore[index]
+    assert group_ring() == [*reversed(ids[-10:]), SENTINEL]  # the sentinel stays at the tail
+    for i in range(16):  # up to 16 over the count is let be
+        ids += publish(b, ("g",), f"q{i}", keep=10)
+    assert len(group_ring()) == 27
+    ids += publish(b, ("g",), "r", keep=10)  # 17 over: back to the count
+    assert b.key_state(meta)[1]["expired"] == "47"  # type: ignore[index]
+    assert group_ring() == [*reversed(ids[-10:]), SENTINEL]
+    assert [i for i, _ in group_next(b, "g")] == ids[-10:]
 
 
 @scenario
