@@ -37,6 +37,7 @@ from rotator.models import (
     Durability,
     ItemStats,
     Job,
+    QueueSettings,
     Retention,
     RingEntry,
     Stats,
@@ -167,9 +168,6 @@ class AsyncRotator(QueueView):
         server.start()
         return cls(aredis.Redis(unix_socket_path=str(server.socket)), name, **options)
 
-    def __repr__(self) -> str:
-        return f"AsyncRotator({self.name!r}, timeout={self.timeout})"
-
     async def _call(self, *args: Any) -> Any:
         return await self._sender.perform(commands.raw(self.keys.all, args))
 
@@ -240,11 +238,23 @@ class AsyncRotator(QueueView):
             stop_when_empty=stop_when_empty, install_signal_handlers=install_signal_handlers
         )
 
+    async def configure(
+        self,
+        *,
+        fence_window: float | None = None,
+        fence_max: int | None = None,
+        dead_max: int | None = None,
+        dead_max_age: float | None = None,
+    ) -> QueueSettings:
+        return await self._run(
+            self._flows.configure(fence_window, fence_max, dead_max, dead_max_age)
+        )
+
     async def exists(self) -> bool:
         return await self._run(self._flows.exists())
 
-    async def delete(self) -> bool:
-        return await self._run(self._flows.delete())
+    async def delete(self, *, forget: bool = False) -> bool:
+        return await self._run(self._flows.delete(forget))
 
     async def sweep(self) -> int:
         return await self._run(self._flows.sweep())
@@ -276,9 +286,6 @@ class AsyncTopicGroup(GroupView, AsyncRotator):
         self._topic = topic
         super().__init__(client, topic.name, **options)
 
-    def __repr__(self) -> str:
-        return f"AsyncTopicGroup({self.keys.name!r}, timeout={self.timeout})"
-
 
 class AsyncTopic(TopicView):
     """The asyncio twin of :class:`rotator.Topic`; see it for the semantics."""
@@ -297,9 +304,6 @@ class AsyncTopic(TopicView):
         self._functions = functions
         self._sender = AsyncSender(client, functions, None)
         self._run = self._sender.run
-
-    def __repr__(self) -> str:
-        return f"AsyncTopic({self.name!r}, retention={self.retention})"
 
     async def _call(self, keys: tuple[str, ...], *args: Any) -> Any:
         return await self._sender.perform(commands.raw(keys, args))

@@ -604,10 +604,19 @@ def queues(ctx: click.Context, prefix: str, json: bool) -> None:
     """
     client = open_client(ctx)
     found = find(client, prefix=prefix)
-    queue_stats = {name: Rotator(client, name, prefix=prefix).stats() for name in found.queues}
+    # A queue whose keys someone broke (a key of another type) is listed with its error.
+    queue_stats: dict[str, Stats | RotatorError] = {}
+    for name in found.queues:
+        try:
+            queue_stats[name] = Rotator(client, name, prefix=prefix).stats()
+        except RotatorError as error:
+            queue_stats[name] = error
     topic_stats = {name: Topic(client, name, prefix=prefix).stats() for name in found.topics}
     data = {
-        "queues": {name: s.as_dict() for name, s in queue_stats.items()},
+        "queues": {
+            name: {"error": str(s)} if isinstance(s, RotatorError) else s.as_dict()
+            for name, s in queue_stats.items()
+        },
         "topics": {
             name: {
                 "retained": s.retained,
@@ -617,7 +626,11 @@ def queues(ctx: click.Context, prefix: str, json: bool) -> None:
             for name, s in topic_stats.items()
         },
     }
-    rows = [f"queue  {name}  {counts_line(s.as_dict())}" for name, s in queue_stats.items()]
+    rows = [
+        f"queue  {name}  "
+        + (f"error: {s}" if isinstance(s, RotatorError) else counts_line(s.as_dict()))
+        for name, s in queue_stats.items()
+    ]
     for name, t in topic_stats.items():
         rows.append(f"topic  {name}  retained {t.retained}  bytes {t.bytes}")
         rows.extend(f"  group {g}  {counts_line(s.as_dict())}" for g, s in t.groups.items())

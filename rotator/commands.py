@@ -20,6 +20,7 @@ from rotator.models import (
     ItemStats,
     Job,
     NextReply,
+    QueueSettings,
     RingEntry,
     RingPage,
     Stats,
@@ -138,6 +139,27 @@ def _decode_extend(reply: Any) -> tuple[int, list[bool]]:
     return int(reply[0]), [int(flag) == 1 for flag in reply[1:]]
 
 
+def delete(keys: Keys, forget: bool) -> ModuleCall[bool]:
+    """``delete`` (KEYS 1..10, or with the payloads and item stats, 1..12)."""
+    return ModuleCall(keys, [b"delete", int(forget)], _is_one, True)
+
+
+def configure(keys: Keys, settings: Sequence[Any]) -> ModuleCall[QueueSettings]:
+    """``configure NAME VALUE ...``; decoded as every setting's value."""
+    return ModuleCall(keys, [b"configure", *settings], _decode_settings, True)
+
+
+def _decode_settings(reply: Any) -> QueueSettings:
+    values = {text(reply[i]): int(reply[i + 1]) for i in range(0, len(reply), 2)}
+    age = values["dead_age_ms"]
+    return QueueSettings(
+        values["fence_ms"] / 1000,
+        values["fence_max"],
+        values["dead_max"],
+        age / 1000 if age else None,
+    )
+
+
 def stats(keys: Keys) -> ModuleCall[Stats]:
     return ModuleCall(keys, [b"stats"], decode_stats)
 
@@ -159,8 +181,11 @@ def dead(keys: Keys, start: int, count: int) -> ModuleCall[list[DeadLetter]]:
     return ModuleCall(keys, [b"dead", start, count], _decode_dead_letters)
 
 
-def requeue_dead(keys: Keys, count: int, ids: Sequence[bytes]) -> ModuleCall[int]:
-    return ModuleCall(keys, [b"requeue_dead", count, *ids], _int, True)
+def requeue_dead_from(
+    keys: Keys, start: int, count: int, ids: Sequence[bytes]
+) -> ModuleCall[tuple[int, int]]:
+    """``requeue_dead_from``; decoded as ``(requeued, next start)``, -1 at the end."""
+    return ModuleCall(keys, [b"requeue_dead_from", start, count, *ids], _decode_pair, True)
 
 
 def push_chunk(

@@ -31,6 +31,7 @@ from rotator.models import (
     Handler,
     ItemStats,
     Job,
+    QueueSettings,
     RingEntry,
     Stats,
     WorkSummary,
@@ -109,9 +110,6 @@ class Rotator(QueueView):
         server = EmbeddedServer(data_dir)
         server.start()
         return cls(server.client(), name, **options)
-
-    def __repr__(self) -> str:
-        return f"Rotator({self.name!r}, timeout={self.timeout})"
 
     def _call(self, *args: Any) -> Any:
         """One raw module call with the queue's ten keys (for tests and debugging)."""
@@ -236,14 +234,41 @@ class Rotator(QueueView):
 
     # -- inspecting ------------------------------------------------------------------------
 
+    def configure(
+        self,
+        *,
+        fence_window: float | None = None,
+        fence_max: int | None = None,
+        dead_max: int | None = None,
+        dead_max_age: float | None = None,
+    ) -> QueueSettings:
+        """Sets the queue's settings that are given (kept on the server, for every client)
+        and returns all of them. Each is a bound on memory:
+
+        - ``fence_window`` (seconds, default 3600) and ``fence_max`` (default 1,000,000): how
+          long, and how many, refused tokens (leases re-issued, nacked or dead-lettered) are
+          remembered. A late ack after the window is accepted but completes nothing.
+        - ``dead_max`` (default 100,000) and ``dead_max_age`` (seconds, default 7 days): dead
+          letters kept, the newest; older ones are dropped.
+
+        Each call that adds to these structures drops at most what it added plus 1000 of the
+        oldest beyond them, so no call does work in proportion to their size.
+        """
+        return self._run(self._flows.configure(fence_window, fence_max, dead_max, dead_max_age))
+
     def exists(self) -> bool:
         """True once anything was pushed (or dead-lettered) and the queue was not deleted."""
         return self._run(self._flows.exists())
 
-    def delete(self) -> bool:
+    def delete(self, *, forget: bool = False) -> bool:
         """Removes the queue and everything in it (pending, leased, dead, payloads) in one
-        command."""
-        return self._run(self._flows.delete())
+        atomic call, freeing the memory in the background.
+
+        What stays is where its seq got to (one hash field), so that a queue made again
+        under the name never issues a token of this one and refuses the old ones;
+        ``forget=True`` removes that too, for a name that is never used again.
+        """
+        return self._run(self._flows.delete(forget))
 
     def sweep(self) -> int:
         """Visits a whole lap without leasing anything; returns how many elements it removed.

@@ -30,6 +30,7 @@ TOPIC_STALE_RETRIES = 50
 
 # Limits enforced by the Lua module; checked here first so bad calls never reach the server.
 MAX_ID_BYTES = 1024
+MAX_STAMP_BYTES = 48  # of a stamp "<deadline>.<deliveries>.<seq>", a token after its "*"
 MAX_BATCH = 5000
 MAX_COUNT = 1000
 MAX_BUDGET = 10_000

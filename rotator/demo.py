@@ -130,6 +130,6 @@ def run_demo(
             jobs_per_s=round(finished / seconds, 1) if seconds > 0 else 0.0,
         )
     finally:
-        q.delete()
+        q.delete(forget=True)  # a name made for this run alone
         client.delete(completed, counters)
         client.close()

@@ -2,7 +2,8 @@
 
 One SCAN over the keyspace, each call bounded (``COUNT`` keyspace slots, 1000 by default),
 asking only for hashes whose names match ``<prefix>:{*}:*``: a queue is found by its meta
-hash (``rotator:{orders}:meta``, written by its first push, gone when it is deleted), a topic
+hash (``rotator:{orders}:meta``, written by its first push) and kept while its ring or dead
+letters exist (a deleted queue keeps only its seq there), a topic
 by its meta or groups hash (its first publish or subscribe). The whole scan is O(keys on the
 server), like any SCAN, and sees every key that exists from its start to its end; one created
 or deleted meanwhile may or may not be seen.
@@ -22,7 +23,7 @@ from rotator import protocol
 from rotator.commands import ClientCall, Flow
 from rotator.defaults import DEFAULT_PREFIX, DEFAULT_SCAN_COUNT
 from rotator.errors import InvalidArgument
-from rotator.keys import discovered, discovery_pattern
+from rotator.keys import discovered, discovery_pattern, queue_keys
 from rotator.models import Discovered
 from rotator.sending import Sender
 
@@ -43,7 +44,15 @@ def discover(prefix: str = DEFAULT_PREFIX, count: int = DEFAULT_SCAN_COUNT) -> F
             if found is not None:
                 (queues if found[0] == "queue" else topics).add(found[1])
         if int(cursor) == 0:
-            return Discovered(tuple(sorted(queues)), tuple(sorted(topics)))
+            break
+    # A deleted queue keeps its meta hash (its seq: see the module's delete): it is a queue
+    # only while its ring or its dead letters exist.
+    live = []
+    for name in sorted(queues):
+        keys = queue_keys(name, prefix)
+        if (yield ClientCall("exists", (keys.ring, keys.dead))):
+            live.append(name)
+    return Discovered(tuple(live), tuple(sorted(topics)))
 
 
 def _refuse_cluster() -> None:

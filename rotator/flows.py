@@ -39,6 +39,7 @@ from rotator.models import (
     ItemStats,
     Job,
     NextReply,
+    QueueSettings,
     Retention,
     RingEntry,
     Stats,
@@ -237,11 +238,32 @@ class QueueFlows:
         found = yield ClientCall("exists", (self.keys.ring, self.keys.dead))
         return bool(found)
 
-    def delete(self) -> Flow[bool]:
+    def configure(
+        self,
+        fence_window: float | None,
+        fence_max: int | None,
+        dead_max: int | None,
+        dead_max_age: float | None,
+    ) -> Flow[QueueSettings]:
+        pairs: list[Any] = []
+        if fence_window is not None:
+            window = protocol.seconds_to_ms(fence_window, "fence_window", limit=30 * 86_400.0)
+            pairs += [b"fence_ms", max(window, 1000)]
+        if fence_max is not None:
+            pairs += [b"fence_max", protocol.whole(fence_max, "fence_max", 1000, 10**9)]
+        if dead_max is not None:
+            pairs += [b"dead_max", protocol.whole(dead_max, "dead_max", 1, 1_000_000)]
+        if dead_max_age is not None:
+            age = protocol.seconds_to_ms(dead_max_age, "dead_max_age", limit=3650 * 86_400.0)
+            pairs += [b"dead_age_ms", max(age, 1000)]
+        settings: QueueSettings = yield commands.configure(self.plain_keys, pairs)
+        return settings
+
+    def delete(self, forget: bool) -> Flow[bool]:
         # A topic group's payloads are the topic's: deleting the group leaves them.
         keys = self.keys.with_items if self.drop_payloads else self.keys.all
-        deleted = yield ClientCall("delete", keys)
-        return bool(deleted)
+        deleted: bool = yield commands.delete(keys, forget)
+        return deleted
 
     def sweep(self) -> Flow[int]:
         length = int((yield ClientCall("llen", (self.keys.ring,))))
@@ -290,14 +312,24 @@ class QueueFlows:
         count = protocol.whole(count, "count", 1, MAX_BATCH)
         if len(raw) > MAX_BATCH:
             raise InvalidArgument(f"at most {MAX_BATCH} ids per call")
-        reply: int = yield commands.requeue_dead(self.plain_keys, count, raw)
-        return reply
+        # Calls that each examine a bounded stretch of the letters, from the oldest on.
+        requeued, start = 0, 0
+        while requeued < count and start >= 0:
+            step: tuple[int, int] = yield commands.requeue_dead_from(
+                self.plain_keys, start, count - requeued, raw
+            )
+            moved, start = step
+            requeued += moved
+        return requeued
 
 
 class QueueView:
     """What the sync and async queue classes show of their queue, read from its flows."""
 
     _flows: QueueFlows
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.keys.name!r}, timeout={self.timeout})"
 
     def _make_flows(self, name: str, **options: Any) -> QueueFlows:
         return QueueFlows(name, **options)
@@ -504,6 +536,9 @@ class TopicView:
     """What the sync and async topic classes show of their topic, read from its flows."""
 
     _flows: TopicFlows
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.name!r}, retention={self.retention})"
 
     @property
     def name(self) -> str:

@@ -171,3 +171,13 @@ class Durability:
             raise InvalidArgument("ask for local_aof, or for at least one replica")
         if not math.isfinite(self.timeout) or self.timeout <= 0:
             raise InvalidArgument(f"timeout must be positive and finite, got {self.timeout!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class QueueSettings:
+    """A queue's settings, kept on the server (see :meth:`rotator.Rotator.configure`)."""
+
+    fence_window: float  # seconds a refused token (re-leased, nacked, ...) stays refused
+    fence_max: int  # refused tokens remembered at most
+    dead_max: int  # dead letters kept (the newest)
+    dead_max_age: float | None  # seconds a dead letter is kept; None: no age limit

@@ -21,6 +21,7 @@ from rotator.defaults import (
     MAX_ERROR_BYTES,
     MAX_ID_BYTES,
     MAX_LEASE_SECONDS,
+    MAX_STAMP_BYTES,
 )
 from rotator.errors import InvalidArgument, InvalidJobId, InvalidToken
 from rotator.models import Job, NextReply
@@ -59,7 +60,7 @@ def encode_ids(ids: Iterable[object]) -> list[bytes]:
 # A token as the Lua module checks it: an id without "*", then "<deadline>.<deliveries>.<seq>"
 # in ASCII digits (parse_token adds the length limits).
 _TOKEN = re.compile(r"([^*]+)\*([0-9]{1,15})\.([0-9]{1,9})\.[0-9]+")
-_MAX_STAMP = 40
+_MAX_STAMP = MAX_STAMP_BYTES
 # An id of at most this many characters fits MAX_ID_BYTES whatever it holds (UTF-8: <= 4 bytes).
 _SURELY_SHORT_ID = MAX_ID_BYTES // 4
 
@@ -78,7 +79,7 @@ def _token_match(token: str) -> re.Match[str] | None:
 
 def parse_token(token: str) -> tuple[str, int, int] | None:
     """``(id, deadline_ms, deliveries)`` of a well-formed token, else None: the same rules
-    as the Lua module's (an id of 1..1024 bytes, a stamp of at most 40 characters)."""
+    as the Lua module's (an id of 1..1024 bytes, a stamp of at most 48 characters)."""
     match = _token_match(token)
     if match is None:
         return None

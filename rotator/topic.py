@@ -51,9 +51,6 @@ class TopicGroup(GroupView, Rotator):
         self._topic = topic
         super().__init__(client, topic.name, **options)
 
-    def __repr__(self) -> str:
-        return f"TopicGroup({self.keys.name!r}, timeout={self.timeout})"
-
 
 class Topic(TopicView):
     """A topic on one Redis or Valkey server (or Redis Cluster: all its keys and its groups'
@@ -73,9 +70,6 @@ class Topic(TopicView):
         self._functions = functions
         self._sender = Sender(client, functions, None)
         self._run = self._sender.run
-
-    def __repr__(self) -> str:
-        return f"Topic({self.name!r}, retention={self.retention})"
 
     def _call(self, keys: tuple[str, ...], *args: Any) -> Any:
         """One raw module call naming ``keys`` (for tests and debugging)."""

@@ -27,8 +27,11 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from rotator.defaults import MAX_STAMP_BYTES
+
 SENTINEL = b"*lap"
 ID_BYTES = 1024
+STAMP_BYTES = MAX_STAMP_BYTES
 BATCH = 5000
 COUNT = 1000
 BUDGET = 10_000
@@ -74,9 +77,9 @@ def parse_lease(element: bytes) -> tuple[bytes, int, int] | None:
     """`(id, deadline, deliveries)` of `<id>*<deadline>.<n>.<seq>`; None for anything else.
 
     Digits only (strtod-isms like `nan` or `1e3` are corrupt), at most 15 digits of deadline,
-    9 of deliveries and 40 bytes of stamp, an id of 1..1024 bytes."""
+    9 of deliveries and 48 bytes of stamp, an id of 1..1024 bytes."""
     star = element.find(b"*")
-    if star <= 0 or star > ID_BYTES or len(element) - star - 1 > 40:
+    if star <= 0 or star > ID_BYTES or len(element) - star - 1 > STAMP_BYTES:
         return None
     stamp = _TOKEN_STAMP.fullmatch(element, star + 1)
     if stamp is None or len(stamp[1]) > 15 or len(stamp[2]) > 9:
@@ -95,7 +98,7 @@ def check_tokens(tokens: list[bytes], required: bool, batches: bool = False) -> 
         if (
             star < 0
             or star > ID_BYTES
-            or len(token) - star - 1 > 40
+            or len(token) - star - 1 > STAMP_BYTES
             or not re.fullmatch(rb"\d+\.\d+\.\d+", token[star + 1 :])
         ):
             batch_ack = _BATCH_ACK.fullmatch(token) if batches and len(token) <= 60 else None
@@ -182,6 +185,8 @@ class RotatorModel:
     wake: int = 0  # LLEN of the wake list
     pushlog: list[tuple[int, int]] = field(default_factory=list)  # (pushed, ms), newest first
     seq: int = 0
+    seeded: bool = False  # a new queue's seq starts at the server's time (module: read_meta)
+    origin: int = 0  # the first seq of the queue: tokens from before are refused
     lapnext: int | None = None
     lapguess: bool = False
     qstart: int | None = None
@@ -204,6 +209,7 @@ class RotatorModel:
         check_ids(ids)
         if not ids:
             return 0
+        self._seed()
         self._ensure_ring()
         self.ring[:0] = reversed(ids)
         self.pushed_ids.update(ids)
@@ -467,7 +473,7 @@ class RotatorModel:
         accepted: list[bytes] = []
         for arg in dict.fromkeys(args):  # given twice, counted once
             name = arg.split(b"/")[0] if arg.startswith(b"*") else arg
-            if name not in self.revoked:
+            if name not in self.revoked and self._issued(arg):
                 accepted.append(arg)
         tokens = [a for a in accepted if not a.startswith(b"*")]
         self.done |= set(tokens)
@@ -478,6 +484,18 @@ class RotatorModel:
                 self.marks[batch] = b"a" + jobs
         self._touch([b for b in map(batch_of, tokens) if b is not None])
         return len(accepted)
+
+    def _issued(self, arg: bytes) -> bool:
+        """Whether this queue could have issued the token (or batch ack): its call seq is in
+        origin <= seq < seq (the module's refused_among)."""
+        if arg.startswith(b"*"):
+            found = re.match(rb"^\*\d+\.1\.(\d+)/", arg)
+            call = int(found[1]) if found else None
+        else:
+            digits = re.search(rb"\.(\d+)$", arg)
+            head = digits[1][:-5] if digits else b""
+            call = int(head) if head else None
+        return call is not None and self.origin <= call < self.seq
 
     def _touch(self, batches: list[bytes]) -> None:
         for batch in batches:
@@ -490,6 +508,7 @@ class RotatorModel:
             t
             for t in tokens
             if t not in self.revoked
+            and self._issued(t)
             and t not in self.done
             and t not in self.done_old
             and not self._batch_acked(t)
@@ -523,6 +542,8 @@ class RotatorModel:
 
     def _start_walk(self, lease_ms: int, max_deliveries: int) -> Walk:
         length = len(self.ring)
+        if length:
+            self._seed()  # an empty ring's call writes nothing, so its seed is not kept
         return Walk(
             now=self.now,
             deadline=self.now + lease_ms,
@@ -534,6 +555,11 @@ class RotatorModel:
             seq_base=self.seq,
             packed=self.packed,
         )
+
+    def _seed(self) -> None:
+        if not self.seeded:
+            self.seq = self.origin = self.now
+            self.seeded = True
 
     def _walk(self, w: Walk, count: int, limit: int, budget: int) -> None:
         w.count = count
@@ -585,7 +611,7 @@ class RotatorModel:
     def _visit_packed(self, w: Walk, element: bytes, batch: bytes, ids: list[bytes]) -> None:
         header = _BATCH.fullmatch(batch)
         mark, marks = self._batch_mark(batch)
-        if header is None or len(header[1]) > 15 or len(batch) > 40 or not ids:
+        if header is None or len(header[1]) > 15 or len(batch) > STAMP_BYTES or not ids:
             if marks is not None:
                 del marks[batch]
             self._dead_letter(w, b"corrupt", 0, element)

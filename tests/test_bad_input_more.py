@@ -234,10 +234,14 @@ def test_100000_acks_of_another_queues_tokens_keep_this_queue_working(
 def test_acks_of_tokens_this_queue_never_issued_touch_no_job_and_are_swept(
     client: redis.Redis, q: Rotator
 ) -> None:
-    """A well-formed token cannot be told from a live one without scanning the ring, so it is
-    counted (README, "Guarantees"); it completes nothing and is gone within two laps."""
+    """A token with a call seq this queue never used is refused; one within the seqs it used
+    cannot be told from a live one without scanning the ring, so it is counted (README,
+    "Guarantees"): it completes nothing and is gone within two laps."""
     ring = client.lrange(q.keys.ring, 0, -1)
-    assert q.ack(*FOREIGN[:10]) == 10
+    assert q.ack(*FOREIGN[:10]) == 0
+    (held,) = [job for job in q.peek() if job.state == "leased"]
+    lookalikes = [f"someone-else-{i}{held.element[held.element.index('*') :]}" for i in range(10)]
+    assert q.ack(*lookalikes) == 10
     assert client.lrange(q.keys.ring, 0, -1) == ring  # no job was touched
     for _ in range(3):
         q.sweep()

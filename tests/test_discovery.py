@@ -113,8 +113,9 @@ def test_the_flow_asks_for_hash_keys_matching_the_pattern_in_count_sized_steps()
 
     first = next(flow)
     second = flow.send((b"7", [b"rotator:{a}:meta", b"rotator:{a}:ring"]))
+    third = flow.send((0, [b"rotator:{t}:topic:groups"]))
     try:
-        flow.send((0, [b"rotator:{t}:topic:groups"]))
+        flow.send(1)  # a's ring exists: a queue, not what a delete left
     except StopIteration as stop:
         result = stop.value
 
@@ -122,6 +123,7 @@ def test_the_flow_asks_for_hash_keys_matching_the_pattern_in_count_sized_steps()
     assert isinstance(second, ClientCall)
     assert (first.method, first.args) == ("scan", (0, "rotator:{*}:*", 50, "hash"))
     assert second.args == (b"7", "rotator:{*}:*", 50, "hash")
+    assert third == ClientCall("exists", ("rotator:{a}:ring", "rotator:{a}:dead"))
     assert (result.queues, result.topics) == (("a",), ("t",))
 
 

@@ -51,8 +51,13 @@ SNIPPETS = [
     "redis.call('HSET', KEYS[1], 'f', 1, 'g', 2) "
     "return {redis.call('HMGET', KEYS[1], 'f', 'no', 'g'), redis.call('HDEL', KEYS[1], 'f', 'f')}",
     "redis.call('ZADD', KEYS[1], 1, 'a', 2, 'b', 3, 'c') "
-    "return {redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', '(2'), "
-    "redis.call('ZMSCORE', KEYS[1], 'a', 'b')}",
+    "return {redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', '(2', 'LIMIT', 0, 5), "
+    "redis.call('ZREMRANGEBYRANK', KEYS[1], 0, 0), redis.call('ZMSCORE', KEYS[1], 'a', 'b')}",
+    "redis.call('RPUSH', KEYS[1], 'a', 'x', 'b', 'x', 'x') "
+    "return {redis.call('LREM', KEYS[1], 2, 'x'), redis.call('LRANGE', KEYS[1], 0, -1)}",
+    "redis.call('HSET', KEYS[1], 'n', 1) "
+    "return {redis.call('HINCRBY', KEYS[1], 'n', -1), redis.call('HINCRBY', KEYS[1], 'm', 2), "
+    "redis.pcall('HINCRBY', KEYS[1], 'x', 'y').err ~= nil}",
     "return redis.call('ZADD', KEYS[1], 'nan', 'a')",
     "redis.call('ZADD', KEYS[1], 1, 'a', 2, 'b', 2, 'bb', 3, 'c') "
     "return {redis.call('ZRANGE', KEYS[1], 0, 1), redis.call('ZRANGE', KEYS[1], 5, 9), "

@@ -204,6 +204,15 @@ def test_a_worker_with_the_rule_runs_the_whole_api_and_uses_every_command_it_gra
         )
         assert (summary.processed, seen) == (1, ["f"])
         assert use(q.exists)
+        # Bounds: refused tokens past the window forgotten (ZREMRANGEBYRANK), dead letters
+        # past the cap dropped and counted (HINCRBY).
+        assert use(lambda: q.configure(fence_window=1.0, dead_max=1)).dead_max == 1
+        assert use(lambda: q.push("g", "h")) == 2
+        for _ in range(2):
+            held = use(lambda: q.next(2))
+            assert use(lambda held=held: q.nack(*held)) == 2
+        assert use(lambda: q.next(5)) == []  # both had their deliveries
+        assert [letter.id for letter in use(q.dead)] == ["h"]
         client.delete(q.keys.all[9])
         client.set(q.keys.all[9], "not a list")  # a key of the wrong type: the module says so
         with pytest.raises(WrongKeyType):

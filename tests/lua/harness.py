@@ -174,13 +174,14 @@ class RedisStub:
             b"ZADD": (-4, self._zadd),
             b"ZCARD": (2, self._zcard),
             b"ZMSCORE": (-3, self._zmscore),
-            b"ZREMRANGEBYSCORE": (4, self._zremrangebyscore),
             b"HGETALL": (2, self._hgetall),
             b"HSTRLEN": (3, self._hstrlen),
             b"ZRANGE": (4, self._zrange),
             b"ZRANGEBYSCORE": (-4, self._zrangebyscore),
             b"ZREMRANGEBYRANK": (4, self._zremrangebyrank),
             b"PEXPIRE": (3, self._pexpire),
+            b"LREM": (4, self._lrem),
+            b"HINCRBY": (4, self._hincrby),
         }
         self.expires: dict[bytes, int] = {}  # key -> ms at which it is gone
 
@@ -325,6 +326,22 @@ class RedisStub:
         items.extend(args[1:])
         return len(items)
 
+    def _lrem(self, args: list[bytes]) -> Reply:
+        key, count_raw, value = args
+        count = parse_int(count_raw)
+        if count < 0:
+            raise StubError("LREM from the tail is not implemented in the stub")
+        items = self._list(key) or []
+        kept, removed = [], 0
+        for item in items:
+            if item == value and (count == 0 or removed < count):
+                removed += 1
+            else:
+                kept.append(item)
+        items[:] = kept
+        self._vacuum(key)
+        return removed
+
     def _rpop(self, args: list[bytes]) -> Reply:
         if len(args) != 1:
             raise StubError("RPOP with a count is not implemented in the stub")
@@ -383,6 +400,18 @@ class RedisStub:
             return 0
         fields[args[1]] = args[2]
         return 1
+
+    def _hincrby(self, args: list[bytes]) -> Reply:
+        key, name, by = args
+        fields = self._hash(key)
+        if fields is None:
+            fields = self.data[key] = Hash()
+        try:
+            value = int(fields.get(name, b"0")) + int(by)
+        except ValueError:
+            raise CommandError("ERR hash value is not an integer") from None
+        fields[name] = str(value).encode()
+        return value
 
     def _hmget(self, args: list[bytes]) -> Reply:
         fields = self._hash(args[0]) or Hash()
@@ -478,24 +507,6 @@ class RedisStub:
     def _zmscore(self, args: list[bytes]) -> Reply:
         members = self._zset(args[0]) or ZSet()
         return [None if m not in members else format_double(members[m]) for m in args[1:]]
-
-    def _zremrangebyscore(self, args: list[bytes]) -> Reply:
-        low, low_open = _parse_score_bound(args[1])
-        high, high_open = _parse_score_bound(args[2])
-        members = self._zset(args[0])
-        if members is None:
-            return 0
-
-        def inside(score: float) -> bool:
-            above = score > low if low_open else score >= low
-            below = score < high if high_open else score <= high
-            return above and below
-
-        gone = [member for member, score in members.items() if inside(score)]
-        for member in gone:
-            del members[member]
-        self._vacuum(args[0])
-        return len(gone)
 
 
 # Builds the sandbox once per runtime: the redis table, readonly globals, a runner per chunk.

@@ -23,6 +23,7 @@ def lua_limits() -> dict[str, Any]:
 def test_python_limits_match_the_lua_limit_table() -> None:
     lua = lua_limits()
     assert lua["id_bytes"] == defaults.MAX_ID_BYTES
+    assert lua["stamp_bytes"] == defaults.MAX_STAMP_BYTES
     assert lua["batch"] == defaults.MAX_BATCH
     assert lua["count"] == defaults.MAX_COUNT
     assert lua["budget"] == defaults.MAX_BUDGET

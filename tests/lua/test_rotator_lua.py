@@ -36,8 +36,8 @@ def test_the_stub_implements_exactly_the_commands_the_module_calls() -> None:
 
 
 def test_an_unknown_command_fails_loudly_even_under_pcall() -> None:
-    script = _script("local r = redis.pcall('LREM', KEYS[1], 0, 'x') return 1")
-    with pytest.raises(StubError, match="LREM"):
+    script = _script("local r = redis.pcall('LPOS', KEYS[1], 'x') return 1")
+    with pytest.raises(StubError, match="LPOS"):
         script.run([b"k"], [])
 
 
