@@ -128,7 +128,7 @@ COMMANDS (ARGV[1]; numbers are decimal integers)
   stats
     reply: {"length", n, "pending", n, "in_flight", n, "done", n, "deferred", n, "dead", n,
             "oldest_pending_age_ms", n (-1 when nothing is pending)}
-    Costs O(marks), never O(ring).
+    O(1): counters kept in meta (marked_n, marked_a and their _old), never a whole read.
   peek COUNT
     The COUNT (1..1000) elements nearest the tail, tail first, without changing anything; a
     packed batch shows as the leases it stands for, first job first (at most COUNT rows).
@@ -340,6 +340,7 @@ local SENTINEL = '*lap'
 local BYTE_STAR = 42 -- '*': opens the sentinel, a packed batch and a batch ack; ends an id
 local BYTE_DOT = 46 -- '.': ends the deadline in a lease's stamp
 local BYTE_A = 97 -- 'a': opens the mark of a batch acked whole ("a<jobs>")
+local BYTE_N = 110 -- 'n': opens the mark of a nacked job ("n<due ms>")
 
 -- 2. CALL STATE ---------------------------------------------------------------------------------
 
@@ -535,6 +536,71 @@ function M.read_sides()
   }
 end
 
+-- What the marks hashes hold, counted as stats counts it, kept in the meta hash so that stats
+-- reads no hash whole: per hash, its deferred jobs ("n" marks) and the jobs of its batch acks
+-- ("a<jobs>" marks). Every write of a mark goes through count_mark; at a lap's end the counts
+-- move with the hashes. Noted in sides.marked.
+local MARK_COUNTS = { 'marked_n', 'marked_a', 'marked_n_old', 'marked_a_old' }
+
+function M.read_marked(sides)
+  local m = M.read('HMGET', K.meta, unpack(MARK_COUNTS))
+  local c = {}
+  for i = 1, 4 do c[i] = tonumber(m[i]) or 0 end
+  sides.marked = { [K.marks] = { c[1], c[2] }, [K.marks_old] = { c[3], c[4] }, was = c }
+  return sides
+end
+
+-- Counts a mark `m` into (sign 1) or out of (sign -1) the hash `key`.
+function M.count_mark(sides, key, m, sign)
+  if not m or not key then return end
+  local kind = string.byte(m)
+  local counts = sides.marked[key]
+  if kind == BYTE_N then
+    counts[1] = counts[1] + sign
+  elseif kind == BYTE_A then
+    counts[2] = counts[2] + sign * (tonumber(string.sub(m, 2)) or 0)
+  end
+end
+
+-- A lap's end: the marks hash becomes the old one, the old one goes.
+function M.age_marked(sides)
+  local marked = sides.marked
+  marked[K.marks_old] = marked[K.marks]
+  marked[K.marks] = { 0, 0 }
+end
+
+function M.write_marked(sides)
+  local marked, fields = sides.marked, {}
+  local now = { marked[K.marks][1], marked[K.marks][2], marked[K.marks_old][1],
+    marked[K.marks_old][2] }
+  for i = 1, 4 do
+    if now[i] ~= marked.was[i] then
+      fields[#fields + 1], fields[#fields + 2] = MARK_COUNTS[i], math.max(now[i], 0)
+    end
+  end
+  if #fields > 0 then rcall('HSET', K.meta, unpack(fields)) end
+  marked.was = now
+end
+
+-- Writes marks (distinct fields -> values) into the current marks hash, counting what they
+-- replace; with `old_too`, also removes the fields from the old hash.
+function M.write_marks(sides, fields, values, old_too)
+  if #fields == 0 then return end
+  local before = rcall('HMGET', K.marks, unpack(fields))
+  local pairs_ = {}
+  for i = 1, #fields do
+    M.count_mark(sides, K.marks, before[i], -1)
+    M.count_mark(sides, K.marks, values[i], 1)
+    pairs_[#pairs_ + 1], pairs_[#pairs_ + 2] = fields[i], values[i]
+  end
+  sides[K.marks] = sides[K.marks] + M.call_all('HSET', K.marks, pairs_)
+  if old_too then
+    local older = rcall('HMGET', K.marks_old, unpack(fields))
+    for i = 1, #fields do M.count_mark(sides, K.marks_old, older[i], -1) end
+    sides[K.marks_old] = sides[K.marks_old] - M.call_all('HDEL', K.marks_old, fields)
+  end
+end
+
 -- A ring that does not exist (new, or deleted) gets its sentinel; lap counting restarts.
 function M.ensure_ring(K, length)
   if length == 0 then
@@ -585,7 +651,7 @@ end
 function M.ack_tokens(first, ring_length, sides)
   if #A < first or ring_length == 0 then return 0 end
   local refused = M.refused_among(first, sides)
-  local accepted, batch_marks, touched = {}, {}, {}
+  local accepted, batch_names, batch_marks, touched = {}, {}, {}, {}
   local n = 0
   for i = first, #A do
     local arg = A[i]
@@ -594,8 +660,8 @@ function M.ack_tokens(first, ring_length, sides)
       n = n + 1
       if string.byte(arg) == BYTE_STAR then
         local batch, jobs = M.split_batch_ack(arg)
-        batch_marks[#batch_marks + 1] = batch
-        batch_marks[#batch_marks + 1] = 'a' .. jobs
+        if not batch_marks[batch] then batch_names[#batch_names + 1] = batch end
+        batch_marks[batch] = 'a' .. jobs
       else
         accepted[#accepted + 1] = arg
         local batch = M.batch_of(arg)
@@ -606,9 +672,9 @@ function M.ack_tokens(first, ring_length, sides)
   if #accepted > 0 then
     sides[K.done] = sides[K.done] + rcall('SADD', K.done, unpack(accepted))
   end
-  if #batch_marks > 0 then
-    sides[K.marks] = sides[K.marks] + M.call_all('HSET', K.marks, batch_marks)
-  end
+  local values = {}
+  for i = 1, #batch_names do values[i] = batch_marks[batch_names[i]] end
+  M.write_marks(sides, batch_names, values, false)
   M.touch(touched, sides)
   return n, accepted
 end
@@ -665,7 +731,7 @@ end
 function M.start_walk(lease, max_deliveries)
   local length = M.read('LLEN', K.ring)
   local meta = M.read_meta(K)
-  local sides = M.read_sides()
+  local sides = M.read_marked(M.read_sides())
   sides.origin, sides.seq = meta.origin, meta.seq
   local dead_length = M.read('LLEN', K.dead)
   M.read('LLEN', K.wake) -- an idle call deletes it
@@ -887,7 +953,10 @@ function M.visit_lease(s, element, m, m_key)
   local kind = m and string.sub(m, 1, 1)
   local when = m and tonumber(string.match(m, '^[en](%d+)$'))
   if not id then
-    if m_key then table.insert(s.hdel[m_key], element) end
+    if m_key then
+      table.insert(s.hdel[m_key], element)
+      M.count_mark(s.sides, m_key, m, -1)
+    end
     M.dead_letter(s, 'corrupt', 0, element)
     return
   end
@@ -896,7 +965,7 @@ function M.visit_lease(s, element, m, m_key)
   if due > s.now or s.sweeping or s.leased >= s.count then
     M.keep(s, element, due, m, m_key)
   else
-    M.lease_again(s, id, n, element, (kind == 'n') and 0 or 1, m_key)
+    M.lease_again(s, id, n, element, (kind == 'n') and 0 or 1, m, m_key)
   end
 end
 
@@ -910,7 +979,10 @@ function M.visit_packed(s, element, batch, m, m_key)
   -- Well formed: a batch name, then at least one id (a byte other than "*").
   if not deadline or #deadline > LIMIT.int_digits or #batch > LIMIT.stamp_bytes
       or not string.find(element, '[^*]', #batch + 2) then
-    if m_key then table.insert(s.hdel[m_key], batch) end
+    if m_key then
+      table.insert(s.hdel[m_key], batch)
+      M.count_mark(s.sides, m_key, m, -1)
+    end
     M.dead_letter(s, 'corrupt', 0, element)
     return
   end
@@ -927,11 +999,15 @@ function M.visit_packed(s, element, batch, m, m_key)
   local acked = m and string.byte(m) == BYTE_A and tonumber(string.sub(m, 2)) == #ids
   if acked then
     table.insert(s.hdel[m_key], batch)
+    M.count_mark(s.sides, m_key, m, -1)
     s.live = s.live - 1
     s.packed = s.packed - (#ids - 1)
     return
   end
-  if m_key then table.insert(s.hdel[m_key], batch) end -- the touch is used up
+  if m_key then -- the touch (or a batch ack of another size) is used up
+    table.insert(s.hdel[m_key], batch)
+    M.count_mark(s.sides, m_key, m, -1)
+  end
   s.revoke[#s.revoke + 1] = batch -- from now on its jobs are acked one by one
   local tokens = {}
   for k = 1, #ids do tokens[k] = ids[k] .. batch .. PAD[k] end
@@ -958,14 +1034,21 @@ function M.keep(s, element, at, m, m_key)
   if m and m_key ~= K.marks then
     s.keep_marks[#s.keep_marks + 1] = element
     s.keep_marks[#s.keep_marks + 1] = m
-    if m_key then table.insert(s.hdel[m_key], element) end
+    M.count_mark(s.sides, K.marks, m, 1)
+    if m_key then
+      table.insert(s.hdel[m_key], element)
+      M.count_mark(s.sides, m_key, m, -1)
+    end
   end
 end
 
 -- Hands out a new delivery of `id` (delivered `n` times so far) in place of `old_token`,
 -- or dead-letters it when it has had its deliveries.
-function M.lease_again(s, id, n, old_token, reclaimed, mark_key)
-  if mark_key then table.insert(s.hdel[mark_key], old_token) end
+function M.lease_again(s, id, n, old_token, reclaimed, mark, mark_key)
+  if mark_key then
+    table.insert(s.hdel[mark_key], old_token)
+    M.count_mark(s.sides, mark_key, mark, -1)
+  end
   s.revoke[#s.revoke + 1] = old_token
   if n >= LIMIT.stamped_deliveries then
     -- No delivery reaches this count (MAX_DELIVERIES <= LIMIT.max_deliveries): someone wrote
@@ -1006,6 +1089,7 @@ function M.end_lap(s, from, done_in, mark_in)
   if sides[K.marks] > 0 then rcall('RENAME', K.marks, K.marks_old) end
   sides[K.done_old], sides[K.done] = sides[K.done], 0
   sides[K.marks_old], sides[K.marks] = sides[K.marks], 0
+  M.age_marked(sides)
   local older = { [K.done] = K.done_old, [K.marks] = K.marks_old }
   for i = from, 1, -1 do
     if done_in[i] then done_in[i] = older[done_in[i]] or false end
@@ -1070,6 +1154,7 @@ function M.finish_walk(s)
   if young and (not s.soonest or young < s.soonest) then s.soonest = young end
   if s.soonest and (not s.qmin or s.soonest < s.qmin) then s.qmin = s.soonest end
   M.write_meta(s)
+  M.write_marked(s.sides)
 end
 
 -- Forgets refused tokens past the fencing window, oldest first, and beyond its count: at most
@@ -1222,7 +1307,10 @@ end
 function M.ack()
   M.check_tokens(2, true, true)
   local length = M.read('LLEN', K.ring)
-  return M.ack_tokens(2, length, M.ack_sides())
+  local sides = M.ack_sides()
+  local n = M.ack_tokens(2, length, sides)
+  M.write_marked(sides)
+  return n
 end
 
 -- What ack_tokens needs to know of the side structures (reading them checks their types),
@@ -1232,7 +1320,7 @@ function M.ack_sides()
     [K.done] = M.read('SCARD', K.done), [K.marks] = M.read('HLEN', K.marks),
     revoked = M.read('ZCARD', K.revoked),
   }
-  return M.read_issued(sides)
+  return M.read_marked(M.read_issued(sides))
 end
 
 -- Notes in `sides` the call seqs this queue has issued tokens with: origin <= seq < seq.
@@ -1252,7 +1340,7 @@ end
 function M.give_back(first, before_write)
   local delay = M.int_arg(2, 'DELAY_MS', 0, LIMIT.lease_ms)
   M.check_tokens(first, true)
-  local alive = M.live_tokens(first)
+  local alive, sides = M.live_tokens(first)
   local meta = M.read_meta(K)
   M.read('LLEN', K.wake)
   if before_write then before_write() end
@@ -1260,13 +1348,12 @@ function M.give_back(first, before_write)
   local due = now + delay
   local reply = {}
   local any = false
-  local touched = {}
+  local touched, given, marks = {}, {}, {}
   for i = first, #A do
     local token = A[i]
     if alive[token] then
       alive[token] = nil -- a token given twice is requeued once
-      rcall('HSET', K.marks, token, 'n' .. due)
-      rcall('HDEL', K.marks_old, token)
+      given[#given + 1], marks[#marks + 1] = token, 'n' .. due
       rcall('ZADD', K.revoked, now, token)
       -- Its batch can no longer be acked as a whole, and its packed element must be broken
       -- up so that this job waits on its own.
@@ -1281,6 +1368,8 @@ function M.give_back(first, before_write)
       reply[#reply + 1] = 0
     end
   end
+  M.write_marks(sides, given, marks, true)
+  M.write_marked(sides)
   M.touch(touched)
   if any then
     local qmin = meta.qmin and math.min(meta.qmin, due) or due
@@ -1297,8 +1386,8 @@ end
 function M.live_tokens(first)
   local alive = {}
   local length = M.read('LLEN', K.ring)
-  local sides = M.read_issued(M.read_sides())
-  if length == 0 then return alive end
+  local sides = M.read_marked(M.read_issued(M.read_sides()))
+  if length == 0 then return alive, sides end
   local refused = M.refused_among(first, sides)
   local tokens = {}
   for i = first, #A do tokens[#tokens + 1] = A[i] end
@@ -1328,23 +1417,25 @@ function M.live_tokens(first)
   for _, token in ipairs(tokens) do
     if not refused[token] and not acked[token] then alive[token] = true end
   end
-  return alive
+  return alive, sides
 end
 
 function M.extend()
   local lease = M.int_arg(2, 'LEASE_MS', 1, LIMIT.lease_ms)
   M.check_tokens(3, true)
-  local alive = M.live_tokens(3)
+  local alive, sides = M.live_tokens(3)
   local meta = M.read_meta(K)
   local deadline = M.now_ms() + lease
   local reply = { deadline }
   local any = false
-  local touched = {}
+  local touched, extended, marks, seen = {}, {}, {}, {}
   for i = 3, #A do
     local token = A[i]
     if alive[token] then
-      rcall('HSET', K.marks, token, 'e' .. deadline)
-      rcall('HDEL', K.marks_old, token)
+      if not seen[token] then
+        seen[token] = true
+        extended[#extended + 1], marks[#marks + 1] = token, 'e' .. deadline
+      end
       local batch = M.batch_of(token)
       if batch then touched[batch] = true end -- its packed element keeps no marks: break it up
       reply[#reply + 1] = 1
@@ -1353,6 +1444,8 @@ function M.extend()
       reply[#reply + 1] = 0
     end
   end
+  M.write_marks(sides, extended, marks, true)
+  M.write_marked(sides)
   M.touch(touched)
   -- A shortened lease may now be the first thing to fall due: idle consumers wake for it.
   if any and (not meta.qmin or deadline < meta.qmin) then
@@ -1443,15 +1536,12 @@ function M.queue_stats(K)
   local length = ring_length > 0 and ring_length - 1 + meta.packed or 0
   local pending = math.max(0, math.min(length, meta.pushed - meta.taken))
   local acked = M.read('SCARD', K.done) + M.read('SCARD', K.done_old)
-  local deferred = 0
-  for _, key in ipairs({ K.marks, K.marks_old }) do
-    local values = M.read('HVALS', key)
-    for i = 1, #values do
-      local kind = string.sub(values[i], 1, 1)
-      if kind == 'n' then deferred = deferred + 1 end
-      if kind == 'a' then acked = acked + (tonumber(string.sub(values[i], 2)) or 0) end
-    end
-  end
+  -- The marks' counts (see read_marked), not the marks: O(1) however many are deferred.
+  M.read('HLEN', K.marks)
+  M.read('HLEN', K.marks_old)
+  local marked = M.read('HMGET', K.meta, unpack(MARK_COUNTS))
+  local deferred = (tonumber(marked[1]) or 0) + (tonumber(marked[3]) or 0)
+  acked = acked + (tonumber(marked[2]) or 0) + (tonumber(marked[4]) or 0)
   local in_flight = math.max(0, length - pending - acked - deferred)
   -- The push log holds cumulative push counts, newest first: the oldest pending job was
   -- pushed in the oldest checkpoint whose count exceeds what was taken. Binary search.
@@ -1795,6 +1885,7 @@ function M.define_extensions()
     M.read('HLEN', K.payloads)
     if K.items then M.read('HLEN', K.items) end
     local n, accepted = M.ack_tokens(2, length, sides)
+    M.write_marked(sides)
     if n > 0 then M.forget(accepted) end
     return n
   end

@@ -17,6 +17,7 @@ from rotator import (
     Job,
     ProtocolError,
     Rotator,
+    Topic,
     WrongKeyType,
 )
 from rotator.keys import queue_keys
@@ -217,3 +218,42 @@ def test_a_dead_letter_far_down_the_list_is_requeued_by_id(
     assert q.requeue_dead("j24999") == 1
     assert [job.id for job in q.next()] == ["j24999"]
     assert client.llen(q.keys.dead) == 24_999
+
+
+def test_stats_reads_no_hash_whole_however_many_jobs_are_deferred(
+    client: redis.Redis, queue_name: str
+) -> None:
+    q = Rotator(client, queue_name, timeout=30)
+    q.push_many(f"j{n}" for n in range(3000))
+    nacked = 0
+    while nacked < 3000:
+        nacked += q.nack(*q.next(1000), delay=60)
+    whole_reads = sum(command_calls(client, c) for c in ("hvals", "hgetall", "smembers"))
+    stats = q.stats()
+    assert (stats.deferred, stats.pending, stats.in_flight) == (3000, 0, 0)
+    assert sum(command_calls(client, c) for c in ("hvals", "hgetall", "smembers")) == whole_reads
+
+
+def test_topic_stats_are_counters_too(client: redis.Redis, queue_name: str) -> None:
+    topic = Topic(client, queue_name)
+    topic.subscribe("a")
+    topic.publish_many([b"m"] * 10)
+    group = topic.group("a", timeout=30)
+    group.nack(*group.next(10), delay=60)
+    whole_reads = command_calls(client, "hvals")
+    assert topic.stats().groups["a"].deferred == 10
+    assert command_calls(client, "hvals") == whole_reads
+
+
+def test_counters_stay_true_through_laps(client: redis.Redis, queue_name: str) -> None:
+    q = Rotator(client, queue_name, timeout=30)
+    q.push_many(f"j{n}" for n in range(50))
+    jobs = q.next(50)
+    q.nack(*jobs[:10], delay=60)
+    q.ack(*jobs[10:20])
+    q.ack(*jobs[20:30])
+    for _ in range(5):
+        q.sweep()
+    stats = q.stats()
+    assert (stats.deferred, stats.in_flight, stats.done) == (10, 20, 0)
+    assert stats.length == 30

@@ -22,6 +22,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -210,7 +211,7 @@ def test_a_worker_with_the_rule_runs_the_whole_api_and_uses_every_command_it_gra
         assert use(lambda: q.push("g", "h")) == 2
         for _ in range(2):
             held = use(lambda: q.next(2))
-            assert use(lambda held=held: q.nack(*held)) == 2
+            assert use(partial(q.nack, *held)) == 2
         assert use(lambda: q.next(5)) == []  # both had their deliveries
         assert [letter.id for letter in use(q.dead)] == ["h"]
         client.delete(q.keys.all[9])

@@ -170,7 +170,6 @@ class RedisStub:
             b"HMGET": (-3, self._hmget),
             b"HDEL": (-3, self._hdel),
             b"HLEN": (2, self._hlen),
-            b"HVALS": (2, self._hvals),
             b"ZADD": (-4, self._zadd),
             b"ZCARD": (2, self._zcard),
             b"ZMSCORE": (-3, self._zmscore),
@@ -427,9 +426,6 @@ class RedisStub:
 
     def _hlen(self, args: list[bytes]) -> Reply:
         return len(self._hash(args[0]) or ())
-
-    def _hvals(self, args: list[bytes]) -> Reply:
-        return list((self._hash(args[0]) or Hash()).values())
 
     def _hgetall(self, args: list[bytes]) -> Reply:
         flat: list[Reply] = []
