@@ -70,8 +70,8 @@ COMMANDS (ARGV[1]; numbers are decimal integers)
             ROTATOR_TOOMANY, ROTATOR_WRONGTYPE
   next COUNT LEASE_MS BUDGET MAX_DELIVERIES [ACK_TOKEN ...]
     First acks the tokens (and batch acks) given, as `ack`; then visits at most BUDGET
-    elements from the tail (a batch broken up counts its leases too: at most BUDGET plus
-    one batch of work) and leases at most COUNT jobs (1..1000) for LEASE_MS
+    (1..1000) elements from the tail (a batch broken up counts its leases too: at most BUDGET
+    plus one batch of work) and leases at most COUNT jobs (1..1000) for LEASE_MS
     (1..86400000). An acked lease is
     removed; a young lease is skipped; an expired lease or a due nack is leased again with a
     new token, or dead-lettered once it was delivered MAX_DELIVERIES times (0: no limit).
@@ -143,7 +143,7 @@ COMMANDS (ARGV[1]; numbers are decimal integers)
     reply: {NEXT, LENGTH, SEQ, PUSHED, element1, state1, time1, ...}
     errors: ROTATOR_BADARG
   sweep BUDGET
-    Visits at most BUDGET elements (1..10000; broken-up batches count their leases)
+    Visits at most BUDGET elements (1..1000; broken-up batches count their leases)
     without leasing anything: removes acked
     elements, dead-letters corrupt ones, repairs the sentinel. Repeat until `visited` adds up
     to the ring's length to clean a whole lap (an idle queue otherwise cleans up lazily).
@@ -219,7 +219,7 @@ COMMANDS (ARGV[1]; numbers are decimal integers)
     reply: the seq of the oldest retained message with ms >= MS, else last seq + 1
     errors: ROTATOR_BADARG
   ttrim MAXLEN MAXAGE_MS BUDGET                                   (TOPIC KEYS only)
-    Applies retention as tpublish does, dropping at most BUDGET (1..10000) messages (the
+    Applies retention as tpublish does, dropping at most BUDGET (1..2000) messages (the
     Python client sends 2000 per call: about 3 ms of server time).
     reply: number dropped
     errors: ROTATOR_BADARG
@@ -286,7 +286,10 @@ local LIMIT = {
   id_bytes = 1024,
   batch = 5000, -- ids or tokens per call; Lua's unpack() fails near 8000
   count = 1000, -- jobs leased per call
-  budget = 10000, -- elements visited per call: bounds the time of one call
+  -- Elements one next or sweep visits at most: a visit over deferred or extended jobs costs
+  -- about 4-8 us of server time, so no call passes 10 ms.
+  budget = 1000,
+  trim_budget = 2000, -- retained messages one ttrim drops at most (about 3 ms)
   lease_ms = 86400000, -- one day; longer jobs extend their lease
   max_deliveries = 1000000, -- next's MAX_DELIVERIES (0 there: no limit)
   -- Queue settings (configure), defaults and ranges: how long and how many refused tokens
@@ -2257,7 +2260,7 @@ function M.define_extensions()
 
   function M.ttrim()
     local maxlen, maxage = M.retention_args()
-    local budget = M.int_arg(4, 'BUDGET', 1, LIMIT.budget)
+    local budget = M.int_arg(4, 'BUDGET', 1, LIMIT.trim_budget)
     M.topic_base()
     local topic = M.read_topic()
     M.read('ZCARD', T.log)

@@ -22,6 +22,7 @@ from rotator.defaults import (
     MAX_PUBLISH,
     MAX_RETENTION_COUNT,
     MAX_RETENTION_SECONDS,
+    MAX_TRIM_BUDGET,
     TOPIC_STALE_RETRIES,
 )
 from rotator.durability import server_warnings
@@ -420,10 +421,6 @@ def time_ms(from_time: object) -> int:
     return protocol.whole(int(max(from_time, 0) * 1000), "from_time", 0, 10**15)
 
 
-# Messages one ttrim call drops at most: about 3 ms of server time on a 2-core machine (5,000
-# took 6-9 ms; the module takes up to MAX_BUDGET).
-TRIM_BUDGET = 2000
-
 
 class TopicFlows:
     """One topic's options and the flows of its operations; see :class:`rotator.Topic`."""
@@ -511,10 +508,10 @@ class TopicFlows:
         dropped = 0
         while True:
             gone: int = yield commands.ttrim(
-                self.keys.all, self.max_len, self.max_age_ms, TRIM_BUDGET
+                self.keys.all, self.max_len, self.max_age_ms, MAX_TRIM_BUDGET
             )
             dropped += gone
-            if gone < TRIM_BUDGET:
+            if gone < MAX_TRIM_BUDGET:
                 return dropped
 
     def expired(self, group: str) -> Flow[int]:

@@ -112,7 +112,7 @@ def test_bad_arguments_raise_typed_errors_and_change_nothing(
 
 @pytest.mark.parametrize(
     "options",
-    [{"budget": 0}, {"budget": 10_001}, {"max_deliveries": 0}, {"max_deliveries": -3}],
+    [{"budget": 0}, {"budget": 1_001}, {"max_deliveries": 0}, {"max_deliveries": -3}],
     ids=repr,
 )
 def test_bad_queue_options_are_refused(

@@ -271,7 +271,7 @@ class RotatorMachine(RuleBasedStateMachine):
         if bad == "count":
             args[0] = 0
         elif bad == "budget":
-            args[2] = 10_001
+            args[2] = 1_001
         elif bad == "token":
             acks = [*acks, b"x*1e3.1.1"]
         command, model_next = b"next", self.m.next

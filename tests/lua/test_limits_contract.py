@@ -27,6 +27,7 @@ def test_python_limits_match_the_lua_limit_table() -> None:
     assert lua["batch"] == defaults.MAX_BATCH
     assert lua["count"] == defaults.MAX_COUNT
     assert lua["budget"] == defaults.MAX_BUDGET
+    assert lua["trim_budget"] == defaults.MAX_TRIM_BUDGET
     assert lua["lease_ms"] == defaults.MAX_LEASE_SECONDS * 1000
     assert lua["max_deliveries"] == defaults.MAX_DELIVERIES_LIMIT
     assert lua["error_bytes"] == defaults.MAX_ERROR_BYTES
