@@ -421,7 +421,6 @@ def time_ms(from_time: object) -> int:
     return protocol.whole(int(max(from_time, 0) * 1000), "from_time", 0, 10**15)
 
 
-
 class TopicFlows:
     """One topic's options and the flows of its operations; see :class:`rotator.Topic`."""
 
