@@ -288,7 +288,7 @@ class Rotator(QueueView):
         return self._run(self._flows.item_stats_of(ids))
 
     def stats(self) -> Stats:
-        """Counts, read in one atomic call; costs O(nacked and extended jobs), not O(ring)."""
+        """Counts, read in one atomic call; O(1), whatever is queued, deferred or in flight."""
         return self._run(self._flows.stats())
 
     def peek(self, limit: int = 20) -> list[RingEntry]:
