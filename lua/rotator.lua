@@ -1371,9 +1371,7 @@ function M.give_back(first, before_write)
       reply[#reply + 1] = 0
     end
   end
-  M.write_marks(sides, given, marks, true)
-  M.write_marked(sides)
-  M.touch(touched)
+  M.mark_leases(sides, given, marks, touched)
   if any then
     local qmin = meta.qmin and math.min(meta.qmin, due) or due
     rcall('HSET', K.meta, 'qmin', qmin, 'qstart', meta.seq, 'qlen', rcall('LLEN', K.ring),
@@ -1383,6 +1381,14 @@ function M.give_back(first, before_write)
     M.trim_revoked(meta, now, 2 * (#A - first + 1)) -- each token, and maybe its batch
   end
   return reply
+end
+
+-- nack's and extend's marks on live leases (replacing any in the old generation), their
+-- counts, and a touch for the batch of each first delivery among them.
+function M.mark_leases(sides, tokens, values, touched)
+  M.write_marks(sides, tokens, values, true)
+  M.write_marked(sides)
+  M.touch(touched)
 end
 
 -- Which tokens in A[first..] still hold a live lease: not revoked, not acked.
@@ -1447,9 +1453,7 @@ function M.extend()
       reply[#reply + 1] = 0
     end
   end
-  M.write_marks(sides, extended, marks, true)
-  M.write_marked(sides)
-  M.touch(touched)
+  M.mark_leases(sides, extended, marks, touched)
   -- A shortened lease may now be the first thing to fall due: idle consumers wake for it.
   if any and (not meta.qmin or deadline < meta.qmin) then
     rcall('HSET', K.meta, 'qmin', deadline)
