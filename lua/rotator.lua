@@ -6,7 +6,10 @@ queue KEYS below; pushp/nextp/ackp take them plus KEYS[11] (and KEYS[12] to keep
 stats); pushi/nackp/items take all twelve; the topic commands (t...) take the
 TOPIC KEYS, then ten queue KEYS per consumer group. All keys of one call must share one hash
 tag so the module runs on Redis Cluster. Key names are never built here: they all arrive
-through KEYS.
+through KEYS, and their names are checked before anything is read or written: a queue's ten
+are "<base>:ring" ... "<base>:pushlog" in the order below, one base for all; KEYS[11] is
+"<base>:payloads" (a topic group: the topic's bodies) or push_chunk's marker under "<base>:",
+KEYS[12] "<base>:items". Anything else: ROTATOR_KEYS, nothing written.
 
 KEYS
   KEYS[1]  ring       LIST  job ids and leases, plus one sentinel; consumers rotate tail -> head
@@ -19,7 +22,9 @@ KEYS
   KEYS[7]  dead       LIST  dead letters "<reason>*<deliveries>*<ms>*<element>", oldest first
   KEYS[8]  wake       LIST  wake-up tokens that idle consumers block on (BLPOP)
   KEYS[9]  meta       HASH  counters: seq origin lapnext lapguess qstart qlen qmin pushed taken
-                            packed (jobs in packed batches beyond one per element)
+                            packed (jobs in packed batches beyond one per element),
+                            marked_n marked_a marked_n_old marked_a_old (the marks' counts),
+                            dead_dropped, expired (a topic group's); settings (configure)
   KEYS[10] pushlog    LIST  "<pushed>:<ms>" push checkpoints, newest first (pending age)
   KEYS[11] payloads   HASH  id -> payload; pushp/nextp/ackp only (a topic group: its bodies);
                             push_chunk takes its marker hash here instead
