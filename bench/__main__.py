@@ -2,7 +2,9 @@
 
 Each run starts its own servers (persistence off) and measures, per server, every queue
 pattern side by side, the cost profiles and the peers, then writes
-``bench/results/<server>.json``, ``bench/results/README.md`` and PNG plots.
+``bench/results/<server>.json``, ``bench/results/README.md`` and PNG plots; then the bounds
+of issue 22, the module before and after side by side (``bench/bounds.py``), into
+``bench/results/bounds.json``.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import Any
 
 import redis
 
-from bench import peers, profiles
+from bench import bounds, peers, profiles
 from bench.harness import Result, delete_run_keys, percentile, run_clients, started
 from bench.patterns import PATTERNS
 from bench.report import write_report
@@ -191,7 +193,8 @@ def main(argv: list[str] | None = None) -> int:
             data = {"machine": machine, **run_server(kind, plan, Path(tmp), log)}
             (args.out / f"{kind}.json").write_text(json.dumps(data, indent=2) + "\n")
             runs.append(data)
-    write_report(runs, args.out)
+        write_report(runs, args.out)
+        bounds.run(kinds, mode, Path(tmp) / "bounds", args.out, log)
     log(f"done in {time.perf_counter() - began:.0f} s; results in {args.out}")
     return 0
 

@@ -55,3 +55,20 @@ def test_bench_smoke_writes_every_scenario(tmp_path: Path) -> None:
     assert "| bare BLPOP (the floor) |" in report
     assert "Where one consumer's time goes" in report
     assert (tmp_path / "redis-throughput.png").stat().st_size > 0
+    bounds = json.loads((tmp_path / "bounds.json").read_text())
+    rows = bounds["results"]["redis"]["rows"]
+    steps = {(row["step"], row["module"]) for row in rows}
+    assert steps == {
+        (step, module)
+        for step in ("stats", "tstats", "next", "requeue_dead", "revoked_trim", "tunsubscribe")
+        for module in ("old", "new")
+    } | {("hot_path", "old"), ("hot_path", "new")}
+    assert all(row["calls"] > 0 and row["worst_ms"] > 0 for row in rows if "worst_ms" in row)
+    new_next = next(row for row in rows if row["step"] == "next" and row["module"] == "new")
+    assert new_next["budget_10000"].startswith("ROTATOR_BADARG")
+    assert all(row["found"] for row in rows if row["step"] == "requeue_dead")
+    hot = {(row["module"], row["via"], row["batch"]) for row in rows if row["step"] == "hot_path"}
+    assert hot == {
+        (m, via, b) for m in ("old", "new") for via in ("evalsha", "fcall") for b in (1, 100)
+    }
+    assert all(row["us_per_call"] > 0 for row in rows if row["step"] == "hot_path")
