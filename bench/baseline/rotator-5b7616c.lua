@@ -1,0 +1,1759 @@
+--[[
+rotator.lua: a reliable job queue on one Redis list (the ring). Redis >= 6.2 or Valkey >= 7.2.
+
+Load once and call by SHA; the first ARGV picks the command. The queue commands take the ten
+queue KEYS below; pushp/nextp/ackp take them plus KEYS[11] (and KEYS[12] to keep per-item
+stats); pushi/nackp/items take all twelve; the topic commands (t...) take the
+TOPIC KEYS, then ten queue KEYS per consumer group. All keys of one call must share one hash
+tag so the module runs on Redis Cluster. Key names are never built here: they all arrive
+through KEYS.
+
+KEYS
+  KEYS[1]  ring       LIST  job ids and leases, plus one sentinel; consumers rotate tail -> head
+  KEYS[2]  done       SET   tokens acked since the last lap, awaiting removal from the ring
+  KEYS[3]  done_old   SET   tokens acked before the last lap (swept at the next lap)
+  KEYS[4]  marks      HASH  token -> "e<deadline ms>" (extended) or "n<due ms>" (nacked);
+                            batch -> "a<jobs>" (acked whole) or "t" (touched, see below)
+  KEYS[5]  marks_old  HASH  marks written before the last lap (swept at the next lap)
+  KEYS[6]  revoked    ZSET  token -> ms it was revoked (re-leased, nacked or dead-lettered)
+  KEYS[7]  dead       LIST  dead letters "<reason>*<deliveries>*<ms>*<element>", oldest first
+  KEYS[8]  wake       LIST  wake-up tokens that idle consumers block on (BLPOP)
+  KEYS[9]  meta       HASH  counters: seq lapnext lapguess qstart qlen qmin pushed taken
+                            packed (jobs in packed batches beyond one per element)
+  KEYS[10] pushlog    LIST  "<pushed>:<ms>" push checkpoints, newest first (pending age)
+  KEYS[11] payloads   HASH  id -> payload; pushp/nextp/ackp only (a topic group: its bodies)
+  KEYS[12] items      HASH  id -> "<enqueued ms>:<deliveries>:<last delivery ms>:<last error>"
+                            per-item stats, kept only by calls given this key (0: unknown)
+
+TOPIC KEYS (then KEYS[5..14] are group 1's ten queue keys, KEYS[15..24] group 2's, ...)
+  KEYS[1]  topic      HASH  seq (last message seq), ms (last message ms), bytes (retained)
+  KEYS[2]  groups     HASH  group name -> its ring key (KEYS[1] of its ten queue keys)
+  KEYS[3]  log        ZSET  retained message ids, scored by seq
+  KEYS[4]  bodies     HASH  message id -> payload, for the retained messages only
+  A message id is "<ms>-<seq>": ms from TIME (never lower than the last id's), seq counts up
+  from 1 per topic. A group's ring holds message ids like any job ids.
+
+ELEMENTS OF THE RING
+  sentinel   "*lap"                          exactly one; marks a full lap
+  pending    "<id>"                          id: 1..1024 bytes, no "*"
+  leased     "<id>*<deadline>.<n>.<seq>"     the delivery token: lease deadline in unix ms
+                                             (server TIME), n = deliveries so far, seq = the
+                                             call's first visit number and a 5-digit place,
+                                             so every token is unique
+  packed     "<batch>*<id>*<id>..."          the first deliveries (n = 1) of one next call:
+             batch = "*<deadline>.1.<seq>"   job k's token is <id> .. batch .. k as 5 digits
+  A packed batch is the leases it stands for, kept as one element: one visit for the whole
+  batch while it is young, and one write when it is acked whole. When one of its jobs is
+  acked, nacked or extended on its own, the batch is marked "t" (touched); a touched or
+  expired batch is broken up at its next visit into its leases, which are then visited as
+  usual, and the batch is revoked (a later batch ack is refused: ack each token).
+  Anything else is corrupt: a visit moves it to the dead letters with reason "corrupt".
+
+COMMANDS (ARGV[1]; numbers are decimal integers)
+  push ID [ID ...]
+    Appends pending ids (at most 5000 per call); all or nothing. Wakes idle consumers.
+    reply: number pushed
+    errors: ROTATOR_BADID, ROTATOR_TOOMANY
+  next COUNT LEASE_MS BUDGET MAX_DELIVERIES [ACK_TOKEN ...]
+    First acks the tokens (and batch acks) given, as `ack`; then visits at most BUDGET
+    elements from the tail (a batch broken up counts its leases too: at most BUDGET plus
+    one batch of work) and leases at most COUNT jobs (1..1000) for LEASE_MS
+    (1..86400000). An acked lease is
+    removed; a young lease is skipped; an expired lease or a due nack is leased again with a
+    new token, or dead-lettered once it was delivered MAX_DELIVERIES times (0: no limit).
+    reply: {idle, wait_ms, acked, token1, reclaimed1, token2, reclaimed2, ...}
+      idle     1 when a whole lap since the last push found nothing: block on KEYS[8]
+      wait_ms  ms until the earliest known lease deadline or nack due time, -1 if none
+      acked    how many ACK_TOKENs were accepted
+      reclaimedN 1 when tokenN re-leases a job whose previous lease expired
+    errors: ROTATOR_BADARG, ROTATOR_BADTOKEN, ROTATOR_TOOMANY
+  next_packed COUNT LEASE_MS BUDGET MAX_DELIVERIES [ACK_TOKEN ...]
+    next, with this call's first deliveries sent as their packed element instead of a
+    token each (what the Python client calls: less work on both sides of the wire).
+    reply: {idle, wait_ms, acked, packed, token1, reclaimed1, ...}
+      packed   "<batch>*<id1>*<id2>..." ("" when none): job k's token is
+               <id k> .. <batch> .. k as 5 digits, not reclaimed
+      tokenN   the later deliveries, as in next
+    errors: as next
+  ack TOKEN [TOKEN ...]
+    Completes leases; the element leaves the ring when a consumer next reaches it.
+    A token whose lease was re-issued, nacked or dead-lettered is refused. A TOKEN may be a
+    batch ack "*<deadline>.1.<seq>/<jobs>" (<deadline>.1.<seq> = a first delivery's stamp
+    less its last 5 digits): it completes every job of that call's batch, and is refused
+    once the batch was revoked (then ack the tokens one by one).
+    reply: number accepted (a batch ack counts once)
+    errors: ROTATOR_BADTOKEN, ROTATOR_TOOMANY
+  nack DELAY_MS TOKEN [TOKEN ...]
+    Gives leases back; each job is delivered again (as a new delivery) once DELAY_MS has
+    passed (0..86400000). The old token is revoked.
+    reply: {ok1, ok2, ...}  1 = requeued, 0 = lease lost (re-issued, acked or unknown queue)
+    errors: ROTATOR_BADARG, ROTATOR_BADTOKEN, ROTATOR_TOOMANY
+  extend LEASE_MS TOKEN [TOKEN ...]
+    Moves each lease's deadline to now + LEASE_MS (1..86400000).
+    reply: {deadline_ms, ok1, ok2, ...}  1 = extended, 0 = lease lost
+    errors: ROTATOR_BADARG, ROTATOR_BADTOKEN, ROTATOR_TOOMANY
+  stats
+    reply: {"length", n, "pending", n, "in_flight", n, "done", n, "deferred", n, "dead", n,
+            "oldest_pending_age_ms", n (-1 when nothing is pending)}
+    Costs O(marks), never O(ring).
+  peek COUNT
+    The COUNT (1..1000) elements nearest the tail, tail first, without changing anything; a
+    packed batch shows as the leases it stands for, first job first (at most COUNT rows).
+    reply: {element1, state1, time1, ...}; state: "lap", "pending", "leased", "done",
+           "deferred", "corrupt"; time: lease deadline or due ms (0 when none)
+    errors: ROTATOR_BADARG
+  sweep BUDGET
+    Visits at most BUDGET elements (1..10000; broken-up batches count their leases)
+    without leasing anything: removes acked
+    elements, dead-letters corrupt ones, repairs the sentinel. Repeat until `visited` adds up
+    to the ring's length to clean a whole lap (an idle queue otherwise cleans up lazily).
+    reply: {visited, removed, length} (removed and length in jobs)
+    errors: ROTATOR_BADARG
+  dead START COUNT
+    reply: dead-letter entries START .. START+COUNT-1 (COUNT 1..1000), oldest first
+    errors: ROTATOR_BADARG
+  requeue_dead COUNT [ID ...]
+    Moves up to COUNT (1..5000) dead letters back to the ring as pending ids, oldest first;
+    with IDs, only letters for those ids. Examines at most 10000 letters per call.
+    reply: number requeued
+    errors: ROTATOR_BADARG, ROTATOR_BADID, ROTATOR_TOOMANY
+  pushp ID PAYLOAD [ID PAYLOAD ...]                                (KEYS 1..11, or 1..12)
+    push, and stores each payload under its id in KEYS[11] (an id pushed again gets the new
+    payload). At most 2500 pairs; all or nothing. With KEYS[12]: starts each id's stats.
+    reply: number pushed
+    errors: ROTATOR_BADARG, ROTATOR_BADID, ROTATOR_TOOMANY
+  nextp COUNT LEASE_MS BUDGET MAX_DELIVERIES DROP [ACK_TOKEN ...]   (KEYS 1..11, or 1..12)
+    next, with each job's payload read from KEYS[11] in the same call. DROP 1 deletes the
+    payloads (and stats) of the ACK_TOKENs accepted (a plain queue: no batch acks, each
+    job's id is needed); 0 keeps them (a topic group). With KEYS[12]: notes each delivery (count and time) in the job's stats.
+    reply: {idle, wait_ms, acked, token1, reclaimed1, payload1, ...}; payload nil if none
+    errors: ROTATOR_BADARG, ROTATOR_BADTOKEN, ROTATOR_TOOMANY
+  ackp TOKEN [TOKEN ...]                                            (KEYS 1..11, or 1..12)
+    ack (no batch acks), and deletes the payloads (and stats) of the accepted tokens' ids.
+    reply: number accepted
+    errors: ROTATOR_BADTOKEN, ROTATOR_TOOMANY
+  pushi ID [ID ...]                                                 (KEYS 1..12)
+    push, and starts each id's stats (enqueued now, no deliveries): a queue with stats but
+    without payloads.
+    reply: number pushed
+    errors: ROTATOR_BADID, ROTATOR_TOOMANY
+  nackp DELAY_MS ERROR TOKEN [TOKEN ...]                            (KEYS 1..12)
+    nack, and records ERROR (at most 4096 bytes) as the last error of each job given back.
+    reply: {ok1, ok2, ...} as nack
+    errors: ROTATOR_BADARG, ROTATOR_BADTOKEN, ROTATOR_TOOMANY
+  items ID [ID ...]                                                 (KEYS 1..12)
+    reply: each id's stats string (see KEYS[12]), nil for an id without stats
+    errors: ROTATOR_BADID, ROTATOR_TOOMANY
+  tpublish MAXLEN MAXAGE_MS PAYLOAD [PAYLOAD ...]                 (TOPIC KEYS + every group)
+    Stores 1..1000 payloads as new messages and pushes their ids onto every group's ring, in
+    one call; then drops retained messages beyond MAXLEN or older than MAXAGE_MS (0: no
+    limit), oldest first, at most n+16 per call. The KEYS must name exactly the registered
+    groups, each once; otherwise nothing is written (read the groups and call again).
+    reply: {id1, id2, ...}
+    errors: ROTATOR_BADARG, ROTATOR_TOOMANY, ROTATOR_STALE
+  tsubscribe GROUP                                                (TOPIC KEYS + that group)
+    Registers GROUP (1..64 of A-Z a-z 0-9 . _ @ / -) with its ring key; at most 100 groups.
+    Every later tpublish reaches it. Registering a known group changes nothing.
+    reply: {added (1 or 0), last_seq}  messages up to last_seq are not pushed to it
+    errors: ROTATOR_BADARG, ROTATOR_TOOMANY
+  tunsubscribe GROUP                                              (TOPIC KEYS + that group)
+    Forgets GROUP and deletes its ten queue keys.
+    reply: 1, or 0 when it was not registered
+    errors: ROTATOR_BADARG
+  treplay GROUP FROM_SEQ TO_SEQ COUNT                             (TOPIC KEYS + that group)
+    Pushes the retained messages with FROM_SEQ <= seq <= TO_SEQ (0: the last seq) onto
+    GROUP's ring again, at most COUNT (1..5000), oldest first.
+    reply: {pushed, next_from_seq, to_seq}  done when next_from_seq > to_seq
+    errors: ROTATOR_BADARG, ROTATOR_NOGROUP
+  tseek MS                                                        (TOPIC KEYS only)
+    reply: the seq of the oldest retained message with ms >= MS, else last seq + 1
+    errors: ROTATOR_BADARG
+  ttrim MAXLEN MAXAGE_MS BUDGET                                   (TOPIC KEYS only)
+    Applies retention as tpublish does, dropping at most BUDGET (1..10000) messages.
+    reply: number dropped
+    errors: ROTATOR_BADARG
+  tstats                                                          (TOPIC KEYS + every group)
+    reply: {"retained", n, "bytes", n, "last_seq", n, "groups", g, then per group: name,
+            length, pending, in_flight, done, deferred, dead, oldest_pending_age_ms}
+    errors: ROTATOR_STALE
+
+ERRORS (replies start with the code)
+  ROTATOR_BADCMD, ROTATOR_BADARG, ROTATOR_BADID, ROTATOR_BADTOKEN, ROTATOR_TOOMANY,
+  ROTATOR_KEYS, ROTATOR_WRONGTYPE, ROTATOR_STALE (retry: the topic's groups changed),
+  ROTATOR_NOGROUP. Every argument and key type is checked before the first
+  write, so a failing call changes nothing.
+
+REDIS-CLI
+  SHA=$(redis-cli SCRIPT LOAD "$(cat lua/rotator.lua)")
+  Q="rotator:{orders}:ring rotator:{orders}:done rotator:{orders}:done_old rotator:{orders}:marks rotator:{orders}:marks_old rotator:{orders}:revoked rotator:{orders}:dead rotator:{orders}:wake rotator:{orders}:meta rotator:{orders}:pushlog"
+  redis-cli EVALSHA $SHA 10 $Q push job-1 job-2
+  redis-cli EVALSHA $SHA 10 $Q next 10 30000 1000 5
+  redis-cli EVALSHA $SHA 10 $Q ack 'job-1*1732233600000.1.000001'
+  redis-cli EVALSHA $SHA 10 $Q ack '*1732233600000.1.0/2'     # job-1 and job-2 at once
+  redis-cli EVALSHA $SHA 10 $Q stats
+  P="$Q rotator:{orders}:payloads"
+  redis-cli EVALSHA $SHA 11 $P pushp job-3 '{"n":3}'
+  redis-cli EVALSHA $SHA 11 $P nextp 10 30000 1000 5 1
+  I="$P rotator:{orders}:items"
+  redis-cli EVALSHA $SHA 12 $I pushi job-4
+  redis-cli EVALSHA $SHA 12 $I items job-4
+  T="rotator:{news}:topic:meta rotator:{news}:topic:groups"
+  T="$T rotator:{news}:topic:log rotator:{news}:topic:bodies"
+  G=$(for r in ring done done_old marks marks_old revoked dead wake meta pushlog; do
+        printf 'rotator:{news}:group:mail:%s ' $r; done)
+  redis-cli EVALSHA $SHA 14 $T $G tsubscribe mail
+  redis-cli EVALSHA $SHA 14 $T $G tpublish 100000 0 'hello' 'world'
+  redis-cli EVALSHA $SHA 4 $T tseek 1732233600000
+]]
+
+-- Two ways to run: EVAL/EVALSHA run this whole chunk on every call, so it defines its
+-- functions each time (creating closures is a good part of a call's cost); FUNCTION LOAD runs
+-- it once to register `main`, and each FCALL only runs `main`. Functions live in one table (M)
+-- and key types are checked by the reads a command needs anyway (M.read), not by TYPE.
+local M = {}
+-- This call's named keys and arguments, and the command function (which a library may not
+-- touch while it loads): all set by main for every call.
+local K, A, rcall
+-- Topic calls: all KEYS (KS), the topic's keys by name (T) and how many groups follow them.
+local KS, T, NGROUPS
+local TOPIC_KEYS = 4
+
+local SENTINEL = '*lap'
+-- Zero-padded places ("00042"), each formatted once: a token's seq is the call's first visit
+-- number followed by the job's place in the call's batch (or among the call's later
+-- deliveries), which spares formatting a number per job.
+-- Made by main on its first call (a library may not call setmetatable while it loads), so
+-- loaded as a library it lives across calls.
+local PAD
+local function make_pad()
+  return setmetatable({}, {
+    __index = function(pad, i)
+      local text = string.format('%05d', i)
+      pad[i] = text
+      return text
+    end,
+  })
+end
+local LIMIT = {
+  id_bytes = 1024,
+  batch = 5000, -- ids or tokens per call; Lua's unpack() fails near 8000
+  count = 1000, -- jobs leased per call
+  budget = 10000, -- elements visited per call: bounds the time of one call
+  lease_ms = 86400000, -- one day; longer jobs extend their lease
+  revoked_keep_ms = 2 * 86400000, -- how long a refused token is remembered
+  wake_tokens = 16, -- at most this many idle consumers woken by one push
+  pushlog_bucket_ms = 1000, -- pushes within a second share one checkpoint
+  groups = 100, -- consumer groups per topic: a publish takes 10 KEYS per group
+  group_bytes = 64,
+  trim_extra = 16, -- retained messages a publish may drop by age beyond what it adds
+  error_bytes = 4096, -- the last error kept in a job's item stats
+}
+
+function M.fail(code, message)
+  return { err = code .. ' ' .. message }
+end
+
+-- Ends the command with an expected error. Only ever raised before a command's first write
+-- (Redis does not roll back a script); the dispatcher turns it into the error reply.
+function M.refuse(code, message)
+  error(M.fail(code, message), 0)
+end
+
+-- Arguments echoed in errors: short, and nothing that could break a reply or a log line.
+function M.printable(value)
+  return '"' .. string.gsub(string.sub(tostring(value), 1, 64), '[^%w%p ]', '?') .. '"'
+end
+
+-- A read that is also its key's type check: every key a command writes is read through here
+-- before the command's first write.
+function M.read(name, key, ...)
+  local reply = redis.pcall(name, key, ...)
+  if type(reply) == 'table' and reply.err then
+    M.refuse('ROTATOR_WRONGTYPE', key .. ' holds a ' .. rcall('TYPE', key)['ok'] ..
+      ', not the type rotator keeps there')
+  end
+  return reply
+end
+
+function M.now_ms()
+  local t = rcall('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-- A whole number in [lo, hi] written in plain digits; strtod-isms like "1e3" or "nan" fail.
+function M.int_arg(index, name, lo, hi)
+  local value = A[index]
+  if type(value) ~= 'string' or not string.find(value, '^%d+$') or #value > 15 then
+    M.refuse('ROTATOR_BADARG', name .. ' must be a whole number, got ' .. M.printable(value))
+  end
+  local n = tonumber(value)
+  if n < lo or n > hi then
+    M.refuse('ROTATOR_BADARG', name .. ' must be in ' .. lo .. '..' .. hi .. ', got ' .. value)
+  end
+  return n
+end
+
+function M.valid_id(id)
+  return #id > 0 and #id <= LIMIT.id_bytes and not string.find(id, '*', 1, true)
+end
+
+-- Splits "<id>*<deadline>.<n>.<seq>"; nil for anything that is not a well-formed lease.
+function M.parse_token(element)
+  local star = string.find(element, '*', 1, true)
+  if not star or star == 1 or star > LIMIT.id_bytes + 1 or #element - star > 40 then
+    return nil
+  end
+  local deadline, n = string.match(element, '^(%d+)%.(%d+)%.%d+$', star + 1)
+  if not deadline or #deadline > 15 or #n > 9 then return nil end
+  return string.sub(element, 1, star - 1), tonumber(deadline), tonumber(n)
+end
+
+function M.check_count(first, what)
+  local count = #A - first + 1
+  if count > LIMIT.batch then
+    M.refuse('ROTATOR_TOOMANY', 'at most ' .. LIMIT.batch .. ' ' .. what .. ' per call, got ' .. count)
+  end
+end
+
+function M.check_ids(first)
+  M.check_count(first, 'ids')
+  for i = first, #A do
+    if not M.valid_id(A[i]) then
+      M.refuse('ROTATOR_BADID', 'job id must be 1..' .. LIMIT.id_bytes ..
+        ' bytes without "*", got ' .. M.printable(A[i]))
+    end
+  end
+end
+
+-- Tokens (and, where `batches` allows, batch acks) are only checked for their shape here;
+-- nothing parses their numbers.
+function M.check_tokens(first, required, batches)
+  if required and #A < first then M.refuse('ROTATOR_BADTOKEN', 'no token given') end
+  M.check_count(first, 'tokens')
+  local find = string.find
+  for i = first, #A do
+    local token = A[i]
+    -- A plain search for "*" (memchr), then a pattern over the short stamp only.
+    local star = find(token, '*', 2, true)
+    if not star or star > LIMIT.id_bytes + 1 or #token - star > 40
+        or not find(token, '^%d+%.%d+%.%d+$', star + 1) then
+      local jobs = batches and #token <= 60 and string.match(token, '^%*%d+%.1%.%d+/(%d+)$')
+      if not jobs or tonumber(jobs) < 1 or tonumber(jobs) > LIMIT.count then
+        M.refuse('ROTATOR_BADTOKEN', (batches and 'not a delivery token or batch ack: '
+          or 'not a delivery token: ') .. M.printable(token))
+      end
+    end
+  end
+end
+
+-- The batch of a first-delivery token "<id>*<deadline>.1.<seq>", as "*<deadline>.1.<call
+-- seq>" (the seq less its last five digits, see PAD), or nil for a later delivery: only first
+-- deliveries are leased in batches.
+function M.batch_of(token)
+  local star = string.find(token, '*', 2, true)
+  if not string.find(token, '^%d+%.1%.%d%d%d%d%d%d', star + 1) then return nil end
+  return '*' .. string.sub(token, star + 1, -6)
+end
+
+-- A batch ack "*<deadline>.1.<call seq>/<jobs>": its batch and how many jobs it acks.
+function M.split_batch_ack(arg)
+  local slash = string.find(arg, '/', 2, true)
+  return string.sub(arg, 1, slash - 1), string.sub(arg, slash + 1)
+end
+
+-- COMMAND KEY ITEM... in slices, keeping order, so long lists stay under unpack()'s limit
+-- (LIMIT.batch is even: field/value and score/member pairs stay whole). Returns the sum of
+-- the replies: what SREM, HDEL, HSET and ZADD count.
+function M.call_all(command, key, items)
+  local total = 0
+  for i = 1, #items, LIMIT.batch do
+    total = total + rcall(command, key, unpack(items, i, math.min(i + LIMIT.batch - 1, #items)))
+  end
+  return total
+end
+
+function M.read_meta()
+  local m = M.read('HMGET', K.meta, 'seq', 'lapnext', 'qstart', 'qmin', 'pushed', 'taken',
+    'lapguess', 'qlen', 'packed')
+  return {
+    seq = tonumber(m[1]) or 0, lapnext = tonumber(m[2]), qstart = tonumber(m[3]),
+    qmin = tonumber(m[4]), pushed = tonumber(m[5]) or 0, taken = tonumber(m[6]) or 0,
+    lapguess = m[7] == '1' or not tonumber(m[2]), qlen = tonumber(m[8]),
+    packed = tonumber(m[9]) or 0, -- jobs in packed elements beyond one per element
+    lapguess_field = m[7],
+  }
+end
+
+-- The sizes of the side structures; reading them is also their type check.
+function M.read_sides()
+  return {
+    [K.done] = M.read('SCARD', K.done), [K.done_old] = M.read('SCARD', K.done_old),
+    [K.marks] = M.read('HLEN', K.marks), [K.marks_old] = M.read('HLEN', K.marks_old),
+    revoked = M.read('ZCARD', K.revoked),
+  }
+end
+
+-- Tokens (or batch acks) in A[first..] that were revoked, as a set. A batch ack is refused
+-- when its batch was revoked: one of its jobs was given back, or its element was broken up.
+function M.revoked_among(first, sides)
+  local refused = {}
+  if #A >= first and sides.revoked > 0 then
+    local names = {}
+    for i = first, #A do
+      local arg = A[i]
+      names[#names + 1] = string.byte(arg) == 42 and M.split_batch_ack(arg) or arg
+    end
+    local scores = rcall('ZMSCORE', K.revoked, unpack(names))
+    for i = 1, #scores do
+      if scores[i] then refused[A[first + i - 1]] = true end
+    end
+  end
+  return refused
+end
+
+-- Acks A[first..] (already checked); returns how many were accepted, and the accepted
+-- tokens. A token goes into the done set; its batch, which may still be one packed element,
+-- is marked "t" (touched) so that the element is broken up at its next visit. A batch ack
+-- marks its batch "a<jobs>": the packed element then leaves the ring as a whole.
+function M.ack_tokens(first, ring_length, sides)
+  if #A < first or ring_length == 0 then return 0 end
+  local refused = M.revoked_among(first, sides)
+  local accepted, batch_marks, touched = {}, {}, {}
+  local n = 0
+  for i = first, #A do
+    local arg = A[i]
+    if not refused[arg] then
+      refused[arg] = true -- given twice, counted once
+      n = n + 1
+      if string.byte(arg) == 42 then
+        local batch, jobs = M.split_batch_ack(arg)
+        batch_marks[#batch_marks + 1] = batch
+        batch_marks[#batch_marks + 1] = 'a' .. jobs
+      else
+        accepted[#accepted + 1] = arg
+        local batch = M.batch_of(arg)
+        if batch then touched[batch] = true end
+      end
+    end
+  end
+  if #accepted > 0 then
+    sides[K.done] = sides[K.done] + rcall('SADD', K.done, unpack(accepted))
+  end
+  if #batch_marks > 0 then
+    sides[K.marks] = sides[K.marks] + rcall('HSET', K.marks, unpack(batch_marks))
+  end
+  M.touch(touched, sides)
+  return n, accepted
+end
+
+-- Marks batches (a set of names) touched, without overwriting a batch ack.
+function M.touch(batches, sides)
+  for batch in pairs(batches) do
+    local added = rcall('HSETNX', K.marks, batch, 't')
+    if sides then sides[K.marks] = sides[K.marks] + added end
+  end
+end
+
+function M.ack()
+  M.check_tokens(2, true, true)
+  local length = M.read('LLEN', K.ring)
+  local sides = {
+    [K.done] = M.read('SCARD', K.done), [K.marks] = M.read('HLEN', K.marks),
+    revoked = M.read('ZCARD', K.revoked),
+  }
+  return M.ack_tokens(2, length, sides)
+end
+
+-- A ring that does not exist (new, or deleted) gets its sentinel; lap counting restarts.
+function M.ensure_ring(length)
+  if length == 0 then
+    rcall('LPUSH', K.ring, SENTINEL)
+    rcall('HDEL', K.meta, 'lapnext')
+  end
+end
+
+-- Reads (and so type-checks) what record_push will write.
+function M.read_push_keys()
+  M.read('LLEN', K.wake)
+  return M.read('LINDEX', K.pushlog, 0)
+end
+
+-- Notes `n` more pending ids: counters, the push checkpoint for ages, and a wake-up.
+function M.record_push(meta, n, now, head)
+  local pushlog = K.pushlog
+  meta.pushed = meta.pushed + n
+  local head_ms = head and tonumber(string.match(head, ':(%d+)$'))
+  if head_ms and now - head_ms < LIMIT.pushlog_bucket_ms and now >= head_ms then
+    rcall('LSET', pushlog, 0, meta.pushed .. ':' .. head_ms)
+  else
+    rcall('LPUSH', pushlog, meta.pushed .. ':' .. now)
+  end
+  -- Drop a few fully consumed checkpoints per push, so the log stays short.
+  for _ = 1, 4 do
+    local tail = rcall('LINDEX', pushlog, -1)
+    if not tail or (tonumber(string.match(tail, '^(%d+):')) or 0) > meta.taken then break end
+    rcall('RPOP', pushlog)
+  end
+  -- Something new is available: consumers must visit every element the ring holds now (the
+  -- new ones come last) before they may idle.
+  rcall('HSET', K.meta, 'pushed', meta.pushed, 'qstart', meta.seq, 'qlen', rcall('LLEN', K.ring))
+  local tokens = {}
+  for i = 1, math.min(n, LIMIT.wake_tokens) do tokens[i] = '1' end
+  rcall('LPUSH', K.wake, unpack(tokens))
+  rcall('LTRIM', K.wake, 0, LIMIT.wake_tokens - 1)
+end
+
+-- The job id inside a dead letter, or nil when it holds no valid id.
+function M.dead_letter_id(letter)
+  local element = string.match(letter, '^[^*]*%*%d+%*%d+%*(.*)$')
+  if not element then return nil end
+  local star = string.find(element, '*', 1, true)
+  local id = star and string.sub(element, 1, star - 1) or element
+  return M.valid_id(id) and id or nil
+end
+
+-- Also returns the time of the push; `before_write` reads (and so checks) what a caller
+-- writes afterwards, before anything is written.
+function M.push(before_write)
+  M.check_ids(2)
+  local n = #A - 1
+  if n == 0 then return 0 end
+  local length = M.read('LLEN', K.ring)
+  local meta = M.read_meta()
+  local head = M.read_push_keys()
+  if before_write then before_write() end
+  local now = M.now_ms()
+  M.ensure_ring(length)
+  for i = 2, #A, LIMIT.batch do
+    rcall('LPUSH', K.ring, unpack(A, i, math.min(i + LIMIT.batch - 1, #A)))
+  end
+  M.record_push(meta, n, now, head)
+  return n, now
+end
+
+function M.requeue_dead()
+  local count = M.int_arg(2, 'COUNT', 1, LIMIT.batch)
+  M.check_ids(3)
+  local wanted = nil
+  if #A >= 3 then
+    wanted = {}
+    for i = 3, #A do wanted[A[i]] = true end
+  end
+  local letters = M.read('LRANGE', K.dead, 0, LIMIT.budget - 1)
+  local length = M.read('LLEN', K.ring)
+  local meta = M.read_meta()
+  local head = M.read_push_keys()
+  local ids, kept = {}, {}
+  for i = 1, #letters do
+    local id = #ids < count and M.dead_letter_id(letters[i])
+    if id and (not wanted or wanted[id]) then
+      ids[#ids + 1] = id
+    else
+      kept[#kept + 1] = letters[i]
+    end
+  end
+  if #ids == 0 then return 0 end
+  -- Rewrite the examined prefix without the requeued letters, keeping their order.
+  rcall('LTRIM', K.dead, #letters, -1)
+  local reversed = {}
+  for i = #kept, 1, -1 do reversed[#reversed + 1] = kept[i] end
+  M.call_all('LPUSH', K.dead, reversed)
+  M.ensure_ring(length)
+  M.call_all('LPUSH', K.ring, ids)
+  M.record_push(meta, #ids, M.now_ms(), head)
+  return #ids
+end
+
+-- Which tokens in A[first..] still hold a live lease: not revoked, not acked.
+function M.live_tokens(first)
+  local alive = {}
+  local length = M.read('LLEN', K.ring)
+  local sides = M.read_sides()
+  if length == 0 then return alive end
+  local refused = M.revoked_among(first, sides)
+  local tokens = {}
+  for i = first, #A do tokens[#tokens + 1] = A[i] end
+  local acked = {}
+  for _, key in ipairs({ K.done, K.done_old }) do
+    if sides[key] > 0 then
+      local flags = rcall('SMISMEMBER', key, unpack(tokens))
+      for i = 1, #flags do
+        if flags[i] == 1 then acked[tokens[i]] = true end
+      end
+    end
+  end
+  -- A first delivery is also acked when its whole batch was.
+  local batches, of = {}, {}
+  for i = 1, #tokens do
+    local batch = M.batch_of(tokens[i])
+    if batch then batches[#batches + 1], of[#batches + 1] = batch, tokens[i] end
+  end
+  for _, key in ipairs({ K.marks, K.marks_old }) do
+    if #batches > 0 and sides[key] > 0 then
+      local values = rcall('HMGET', key, unpack(batches))
+      for i = 1, #values do
+        if values[i] and string.byte(values[i]) == 97 then acked[of[i]] = true end -- "a"
+      end
+    end
+  end
+  for _, token in ipairs(tokens) do
+    if not refused[token] and not acked[token] then alive[token] = true end
+  end
+  return alive
+end
+
+function M.nack()
+  return M.give_back(3)
+end
+
+-- nack's work, with the tokens starting at A[first]; `before_write` reads what a caller
+-- writes afterwards (checked before anything is written).
+function M.give_back(first, before_write)
+  local delay = M.int_arg(2, 'DELAY_MS', 0, LIMIT.lease_ms)
+  M.check_tokens(first, true)
+  local alive = M.live_tokens(first)
+  local meta = M.read_meta()
+  M.read('LLEN', K.wake)
+  if before_write then before_write() end
+  local now = M.now_ms()
+  local due = now + delay
+  local reply = {}
+  local any = false
+  local touched = {}
+  for i = first, #A do
+    local token = A[i]
+    if alive[token] then
+      alive[token] = nil -- a token given twice is requeued once
+      rcall('HSET', K.marks, token, 'n' .. due)
+      rcall('HDEL', K.marks_old, token)
+      rcall('ZADD', K.revoked, now, token)
+      -- Its batch can no longer be acked as a whole, and its packed element must be broken
+      -- up so that this job waits on its own.
+      local batch = M.batch_of(token)
+      if batch then
+        rcall('ZADD', K.revoked, now, batch)
+        touched[batch] = true
+      end
+      reply[#reply + 1] = 1
+      any = true
+    else
+      reply[#reply + 1] = 0
+    end
+  end
+  M.touch(touched)
+  if any then
+    local qmin = meta.qmin and math.min(meta.qmin, due) or due
+    rcall('HSET', K.meta, 'qmin', qmin, 'qstart', meta.seq, 'qlen', rcall('LLEN', K.ring))
+    rcall('LPUSH', K.wake, '1')
+    rcall('LTRIM', K.wake, 0, LIMIT.wake_tokens - 1)
+  end
+  return reply
+end
+
+function M.extend()
+  local lease = M.int_arg(2, 'LEASE_MS', 1, LIMIT.lease_ms)
+  M.check_tokens(3, true)
+  local alive = M.live_tokens(3)
+  local meta = M.read_meta()
+  local deadline = M.now_ms() + lease
+  local reply = { deadline }
+  local any = false
+  local touched = {}
+  for i = 3, #A do
+    local token = A[i]
+    if alive[token] then
+      rcall('HSET', K.marks, token, 'e' .. deadline)
+      rcall('HDEL', K.marks_old, token)
+      local batch = M.batch_of(token)
+      if batch then touched[batch] = true end -- its packed element keeps no marks: break it up
+      reply[#reply + 1] = 1
+      any = true
+    else
+      reply[#reply + 1] = 0
+    end
+  end
+  M.touch(touched)
+  -- A shortened lease may now be the first thing to fall due: idle consumers wake for it.
+  if any and (not meta.qmin or deadline < meta.qmin) then
+    rcall('HSET', K.meta, 'qmin', deadline)
+  end
+  return reply
+end
+
+-- Looks up, for a slice of ring elements, where their ack and mark live. Fills, per index:
+-- done_in[i] = key of the done set holding it; mark[i] = mark value; mark_in[i] = its key;
+-- packed[i] = the batch name of a packed element (whose mark is its batch's: a batch ack wins
+-- over a touch, whichever generation holds them). One command per structure for the whole
+-- slice, whatever its size.
+function M.look_up(slice, sides, stamped, done_in, mark, mark_in, packed)
+  local find, byte = string.find, string.byte
+  local names, at = {}, {} -- tokens first (n of them), then batch names
+  local n = 0
+  local batches = {}
+  for i = 1, #slice do
+    local element = slice[i]
+    -- A "*" after the first byte: a lease, a packed batch, or a corrupt element.
+    local star = find(element, '*', 2, true)
+    if star then
+      if byte(element) == 42 then
+        local batch = string.sub(element, 1, star - 1)
+        packed[i] = batch
+        batches[#batches + 1] = i
+      else
+        n = n + 1
+        names[n], at[n] = element, i
+        stamped[i] = true
+      end
+    end
+  end
+  for j = 1, #batches do
+    names[n + j], at[n + j] = packed[batches[j]], batches[j]
+  end
+  if #names == 0 then return end
+  for _, key in ipairs({ K.done, K.done_old }) do
+    if n > 0 and sides[key] > 0 then
+      local flags = rcall('SMISMEMBER', key, unpack(names, 1, n))
+      for j = 1, #flags do
+        if flags[j] == 1 and not done_in[at[j]] then done_in[at[j]] = key end
+      end
+    end
+  end
+  for _, key in ipairs({ K.marks, K.marks_old }) do
+    if sides[key] > 0 then
+      local values = rcall('HMGET', key, unpack(names))
+      for j = 1, #names do
+        local i, value = at[j], values[j]
+        if value and not done_in[i] and (not mark[i]
+            or (j > n and byte(value) == 97 and byte(mark[i]) ~= 97)) then
+          mark[i] = value
+          mark_in[i] = key
+        end
+      end
+    end
+  end
+end
+
+-- Applies the side-structure writes collected so far by a walk, keeping the sizes in
+-- s.sides true (end_lap renames only what exists).
+function M.flush_side_writes(s)
+  local sides, srem, hdel = s.sides, s.srem, s.hdel
+  for key, list in pairs(srem) do
+    if #list > 0 then
+      sides[key] = sides[key] - M.call_all('SREM', key, list)
+      srem[key] = {}
+    end
+  end
+  for key, list in pairs(hdel) do
+    if #list > 0 then
+      sides[key] = sides[key] - M.call_all('HDEL', key, list)
+      hdel[key] = {}
+    end
+  end
+  if #s.keep_marks > 0 then
+    sides[K.marks] = sides[K.marks] + M.call_all('HSET', K.marks, s.keep_marks)
+    s.keep_marks = {}
+  end
+end
+
+-- The sentinel's visit ends a lap: whatever an old generation still holds was not claimed
+-- by any element during a whole lap, so it is a leftover (late ack, stale mark) and goes.
+-- Look-ups already made for slice[1..from] now live one generation older.
+function M.end_lap(s, from, done_in, mark_in)
+  M.flush_side_writes(s)
+  -- UNLINK frees a large leftover set in the background: the call stays short.
+  rcall('UNLINK', K.done_old, K.marks_old)
+  local sides = s.sides
+  if sides[K.done] > 0 then rcall('RENAME', K.done, K.done_old) end
+  if sides[K.marks] > 0 then rcall('RENAME', K.marks, K.marks_old) end
+  sides[K.done_old], sides[K.done] = sides[K.done], 0
+  sides[K.marks_old], sides[K.marks] = sides[K.marks], 0
+  rcall('ZREMRANGEBYSCORE', K.revoked, '-inf', '(' .. (s.now - LIMIT.revoked_keep_ms))
+  local older = { [K.done] = K.done_old, [K.marks] = K.marks_old }
+  for i = from, 1, -1 do
+    if done_in[i] then done_in[i] = older[done_in[i]] or false end
+    if mark_in[i] then mark_in[i] = older[mark_in[i]] or false end
+  end
+  s.rotated[#s.rotated + 1] = SENTINEL
+  s.lapnext, s.lapguess = s.seq + s.visited + s.live, false
+end
+
+-- Hands out a new delivery of `id` (delivered `n` times so far) in place of `old_token`,
+-- or dead-letters it when it has had its deliveries.
+function M.lease_again(s, id, n, old_token, reclaimed, mark_key)
+  if mark_key then table.insert(s.hdel[mark_key], old_token) end
+  s.revoke[#s.revoke + 1] = old_token
+  if n >= 999999999 then
+    -- No delivery reaches this count (MAX_DELIVERIES <= 1000000): someone wrote it by hand,
+    -- and the next count would not fit the grammar.
+    M.dead_letter(s, 'corrupt', 0, old_token)
+    return
+  end
+  if s.max_deliveries > 0 and n >= s.max_deliveries then
+    s.letters[#s.letters + 1] = 'max_deliveries*' .. n .. '*' .. s.now .. '*' .. id
+    s.live = s.live - 1
+    return
+  end
+  -- Numbered apart from the batch, and counted at least 2 (a hand-written lease may say 0):
+  -- a later delivery's token never equals a first one's, nor names this call's batch.
+  s.released = s.released + 1
+  local token = id .. '*' .. s.deadline .. '.' .. (math.max(n, 1) + 1) .. '.' .. s.seq_base
+    .. PAD[s.released]
+  s.rotated[#s.rotated + 1] = token
+  s.reply[#s.reply + 1] = token
+  s.reply[#s.reply + 1] = reclaimed
+  s.leased = s.leased + 1
+end
+
+-- An element that stays as it is for now; a mark it still needs moves to the current
+-- generation.
+function M.keep(s, element, at, m, m_key)
+  s.rotated[#s.rotated + 1] = element
+  if at and (not s.soonest or at < s.soonest) then s.soonest = at end
+  if m and m_key ~= K.marks then
+    s.keep_marks[#s.keep_marks + 1] = element
+    s.keep_marks[#s.keep_marks + 1] = m
+    if m_key then table.insert(s.hdel[m_key], element) end
+  end
+end
+
+function M.dead_letter(s, reason, n, element)
+  s.letters[#s.letters + 1] = reason .. '*' .. n .. '*' .. s.now .. '*' .. element
+  s.live = s.live - 1
+end
+
+-- A leased element that is not acked: keep it, or lease it again once it is due.
+function M.visit_lease(s, element, m, m_key)
+  local young_low = s.young_low
+  if young_low == nil then young_low = M.young_bounds(s) end
+  if not m and young_low then
+    -- The common case, a young lease with no mark, decided without parsing a number: a
+    -- deadline written with as many digits as now and the longest lease is young when it
+    -- sorts after now and no later than now + the longest lease (digit strings of one length
+    -- sort like their numbers, and anything else fails these checks and is parsed below).
+    local star = string.find(element, '*', 2, true)
+    local width = #young_low
+    local deadline = string.sub(element, star + 1, star + width)
+    if deadline > young_low and deadline <= s.young_high and #element - star <= 40
+        and string.byte(element, star + width + 1) == 46 and star <= LIMIT.id_bytes + 1 then
+      local rotated = s.rotated
+      rotated[#rotated + 1] = element
+      if not s.young_min or deadline < s.young_min then s.young_min = deadline end
+      return
+    end
+  end
+  local id, deadline, n = M.parse_token(element)
+  local kind = m and string.sub(m, 1, 1)
+  local when = m and tonumber(string.match(m, '^[en](%d+)$'))
+  if not id then
+    if m_key then table.insert(s.hdel[m_key], element) end
+    M.dead_letter(s, 'corrupt', 0, element)
+    return
+  end
+  if when and kind == 'e' then deadline = when end
+  local due = (when and kind == 'n') and when or deadline
+  if due > s.now or s.sweeping or s.leased >= s.count then
+    M.keep(s, element, due, m, m_key)
+  else
+    M.lease_again(s, id, n, element, (kind == 'n') and 0 or 1, m_key)
+  end
+end
+
+-- A packed batch "*<deadline>.1.<call seq>*<id>*<id>...": the first deliveries one call
+-- leased, job k's token being <id k> .. batch .. PAD[k]. Acked as a whole, it leaves the ring;
+-- young and untouched, it stays as it is (one visit for the whole batch); touched (one of
+-- its jobs acked, nacked or extended on its own) or expired, it is broken up into the
+-- elements it stands for, which are visited in its place.
+function M.visit_packed(s, element, batch, m, m_key)
+  local deadline = string.match(batch, '^%*(%d+)%.1%.%d+$')
+  -- Well formed: a batch name, then at least one id (a byte other than "*").
+  if not deadline or #deadline > 15 or #batch > 40
+      or not string.find(element, '[^*]', #batch + 2) then
+    if m_key then table.insert(s.hdel[m_key], batch) end
+    M.dead_letter(s, 'corrupt', 0, element)
+    return
+  end
+  local due = tonumber(deadline)
+  if not m and (due > s.now or s.sweeping) then
+    -- Young and untouched, the common case: kept without reading its ids (O(1) per lap).
+    M.keep(s, element, due)
+    return
+  end
+  local ids = {}
+  for id in string.gmatch(string.sub(element, #batch + 2), '[^*]+') do ids[#ids + 1] = id end
+  local acked = m and string.byte(m) == 97 -- "a"
+  if acked then
+    table.insert(s.hdel[m_key], batch)
+    s.live = s.live - 1
+    s.packed = s.packed - (#ids - 1)
+    return
+  end
+  if m_key then table.insert(s.hdel[m_key], batch) end -- the touch is used up
+  s.revoke[#s.revoke + 1] = batch -- from now on its jobs are acked one by one
+  local tokens = {}
+  for k = 1, #ids do tokens[k] = ids[k] .. batch .. PAD[k] end
+  s.live = s.live + #ids - 1
+  s.packed = s.packed - (#ids - 1)
+  s.expanded = s.expanded + #ids
+  local stamped, done_in, marks, marks_in = {}, {}, {}, {}
+  M.look_up(tokens, s.sides, stamped, done_in, marks, marks_in, {})
+  for k = 1, #tokens do
+    if done_in[k] ~= nil then
+      if done_in[k] then table.insert(s.srem[done_in[k]], tokens[k]) end
+      s.live = s.live - 1
+    else
+      M.visit_lease(s, tokens[k], marks[k], marks_in[k])
+    end
+  end
+end
+
+-- The state of one walk over the tail of the ring, shared by next and sweep. Reading the
+-- ring's length and the side structures' sizes also checks every key the walk may write.
+function M.start_walk(lease, max_deliveries)
+  local length = M.read('LLEN', K.ring)
+  local meta = M.read_meta()
+  local sides = M.read_sides()
+  M.read('LLEN', K.dead)
+  local now = M.now_ms()
+  local lapnext = meta.lapnext or (meta.seq + length + 1)
+  -- Tokens end in this call's first visit number and the visit's place in the call (PAD):
+  -- unique, because the next call that leases starts at a higher visit number.
+  local seq_base = tostring(meta.seq)
+  local s = {
+    now = now, deadline = now + lease, max_deliveries = max_deliveries, sides = sides,
+    seq_base = seq_base, first = '*' .. (now + lease) .. '.1.' .. seq_base, meta = meta,
+    young_low = nil, young_high = nil, -- see M.young_bounds
+    length = length, live = length, -- ring length as it is at this point of the visits
+    seq = meta.seq, lapnext = lapnext, qmin = meta.qmin,
+    -- With the lap position unknown (new ring, lost meta), guess that the sentinel is within
+    -- one ring length: a sentinel seen before then is accepted, none seen means it is gone.
+    lapguess = meta.lapguess,
+    qstart = meta.qstart or meta.seq, qlen = meta.qlen or length, taken = meta.taken,
+    reply = {}, rotated = {}, revoke = {}, letters = {}, keep_marks = {}, batch = {},
+    packed = meta.packed, released = 0, count = 0, expanded = 0,
+    srem = { [K.done] = {}, [K.done_old] = {} }, hdel = { [K.marks] = {}, [K.marks_old] = {} },
+    visited = 0, leased = 0, soonest = nil, young_min = nil, sweeping = false,
+  }
+  return s
+end
+
+-- The bounds of visit_lease's shortcut for young leases, made when a walk first meets a
+-- lease: deadlines after now and no later than now + the longest lease, as digit strings.
+-- Returns the lower bound, or false when there is no shortcut (the bounds differ in length).
+function M.young_bounds(s)
+  local low, high = tostring(s.now), tostring(s.now + LIMIT.lease_ms)
+  s.young_low, s.young_high = #low == #high and low, high
+  return s.young_low
+end
+
+-- Visits at most `limit` elements from the tail (never more than the ring holds), leasing up
+-- to `count` jobs; visits plus the leases of broken-up batches stay within `budget`.
+function M.walk(s, count, limit, budget)
+  local PAD, SENTINEL, byte, id_bytes = PAD, SENTINEL, string.byte, LIMIT.id_bytes
+  -- A pending id's first delivery: its token is id .. first .. PAD[its place in the batch].
+  local first, compact = s.first, s.compact
+  local rotated, reply, srem, batch = s.rotated, s.reply, s.srem, s.batch
+  local n_rotated, n_reply = #rotated, #reply
+  s.count = count
+  -- Slices start just larger than what is wanted (every element fetched costs a string
+  -- conversion) and double while the walk finds elements to skip.
+  local extra = 2
+  while s.visited < limit and s.visited + s.expanded < budget and s.leased < count do
+    local want = math.min(limit - s.visited, budget - s.visited - s.expanded,
+      count - s.leased + extra, LIMIT.batch)
+    extra = extra * 2
+    local slice = rcall('LRANGE', K.ring, -(s.visited + want), -(s.visited + 1))
+    local stamped, done_in, mark, mark_in, packed = {}, {}, {}, {}, {}
+    M.look_up(slice, s.sides, stamped, done_in, mark, mark_in, packed)
+    local i = #slice
+    while true do
+      if not s.sweeping then
+        -- The common case first, with the counters in locals: a run of pending ids within
+        -- the lap, each leased into this call's batch. Anything else ends the run and is
+        -- visited below.
+        local visited, leased, live, taken = s.visited, s.leased, s.live, s.taken
+        local last = math.min(budget - s.expanded, s.lapnext - s.seq - 1) -- visits allowed
+        local place = #batch
+        while i >= 1 and leased < count and visited < last do
+          local element = slice[i]
+          if stamped[i] or packed[i] or element == '' or #element > id_bytes
+              or byte(element) == 42 then
+            break
+          end
+          visited, leased, live, taken = visited + 1, leased + 1, live - 1, taken + 1
+          place = place + 1
+          batch[place] = element
+          if not compact then
+            reply[n_reply + 1], reply[n_reply + 2] = element .. first .. PAD[place], 0
+            n_reply = n_reply + 2
+          end
+          i = i - 1
+        end
+        s.visited, s.leased, s.live, s.taken = visited, leased, live, taken
+      end
+      if i < 1 or s.leased >= count or s.visited + s.expanded >= budget then break end
+      local element = slice[i]
+      local visited = s.visited + 1
+      s.visited = visited
+      local index = s.seq + visited
+      if index > s.lapnext then
+        s.lapnext, s.lapguess = index + s.live, true -- lost track: guess again
+      end
+      if element == SENTINEL then
+        if index < s.lapnext and not s.lapguess then
+          s.live = s.live - 1 -- a second sentinel: drop it
+        else
+          M.end_lap(s, i - 1, done_in, mark_in)
+          n_rotated = #rotated
+        end
+      else
+        if index == s.lapnext then
+          -- The sentinel is missing (someone removed it): put one back just before this
+          -- element, which is then the first of the next lap.
+          s.live = s.live + 1
+          M.end_lap(s, i, done_in, mark_in)
+          n_rotated = #rotated
+          s.lapnext = s.lapnext - 1
+        end
+        if packed[i] then
+          M.visit_packed(s, element, packed[i], mark[i], mark_in[i])
+          n_rotated, n_reply = #rotated, #reply
+        elseif not stamped[i] then
+          if element == '' or #element > LIMIT.id_bytes or string.byte(element) == 42 then
+            s.taken = s.taken + 1 -- empty, too long, or starting with "*": not an id
+            M.dead_letter(s, 'corrupt', 0, element)
+          elseif s.sweeping then
+            n_rotated = n_rotated + 1
+            rotated[n_rotated] = element
+          else
+            -- Leased: it joins this call's batch, which goes back as one element.
+            s.taken = s.taken + 1
+            local place = #batch + 1
+            batch[place] = element
+            if not compact then
+              reply[n_reply + 1], reply[n_reply + 2] = element .. first .. PAD[place], 0
+              n_reply = n_reply + 2
+            end
+            s.leased = s.leased + 1
+            s.live = s.live - 1
+          end
+        elseif done_in[i] ~= nil then
+          if done_in[i] then
+            local list = srem[done_in[i]]
+            list[#list + 1] = element
+          end
+          s.live = s.live - 1
+        else
+          M.visit_lease(s, element, mark[i], mark_in[i])
+          n_rotated, n_reply = #rotated, #reply
+        end
+      end
+      i = i - 1
+    end
+  end
+end
+
+-- Writes what a walk decided: the ring (visited tail dropped, what stays pushed back at the
+-- head in visit order), side structures, revocations, dead letters and counters.
+function M.finish_walk(s)
+  local batch = s.batch
+  if #batch > 0 then
+    -- The call's first deliveries, packed into one element: "<first>*<id>*<id>...".
+    s.packed_element = s.first .. '*' .. table.concat(batch, '*')
+    s.rotated[#s.rotated + 1] = s.packed_element
+    s.live = s.live + 1
+    s.packed = s.packed + #batch - 1
+  end
+  rcall('LTRIM', K.ring, 0, -(s.visited + 1))
+  M.call_all('LPUSH', K.ring, s.rotated)
+  M.flush_side_writes(s)
+  if #s.revoke > 0 then
+    local args = {}
+    for j = 1, #s.revoke do
+      args[#args + 1] = s.now
+      args[#args + 1] = s.revoke[j]
+    end
+    M.call_all('ZADD', K.revoked, args)
+  end
+  if #s.letters > 0 then M.call_all('RPUSH', K.dead, s.letters) end
+  s.seq = s.seq + s.visited
+  if s.leased > 0 and (not s.soonest or s.deadline < s.soonest) then s.soonest = s.deadline end
+  local young = s.young_min and tonumber(s.young_min)
+  if young and (not s.soonest or young < s.soonest) then s.soonest = young end
+  if s.soonest and (not s.qmin or s.soonest < s.qmin) then s.qmin = s.soonest end
+  M.write_meta(s)
+end
+
+-- Writes the counters a walk changed (only those: formatting numbers is a good part of a
+-- short call); an absent field reads as its default, as read_meta says.
+function M.write_meta(s)
+  local was = s.meta
+  local fields = { 'seq', s.seq }
+  local function changed(name, value, before)
+    if value ~= before then
+      fields[#fields + 1] = name
+      fields[#fields + 1] = value
+    end
+  end
+  changed('taken', s.taken, was.taken)
+  changed('packed', math.max(s.packed, 0), was.packed)
+  changed('qstart', s.qstart, was.qstart)
+  changed('qlen', s.qlen, was.qlen)
+  changed('lapnext', s.lapnext, was.lapnext)
+  changed('lapguess', s.lapguess and '1' or '0', was.lapguess_field)
+  changed('qmin', s.qmin or '', was.qmin or '')
+  rcall('HSET', K.meta, unpack(fields))
+end
+
+function M.next()
+  return (M.lease(6, true))
+end
+
+function M.next_packed()
+  return (M.lease(6, true, true))
+end
+
+-- next's work, with the ack tokens starting at A[first] (batch acks among them when
+-- `batches`); also returns the accepted tokens. `compact`: the reply carries this call's
+-- first deliveries as their packed element (next_packed) instead of a token each.
+function M.lease(first, batches, compact)
+  local count = M.int_arg(2, 'COUNT', 1, LIMIT.count)
+  local lease = M.int_arg(3, 'LEASE_MS', 1, LIMIT.lease_ms)
+  local budget = M.int_arg(4, 'BUDGET', 1, LIMIT.budget)
+  local max_deliveries = M.int_arg(5, 'MAX_DELIVERIES', 0, 1000000)
+  M.check_tokens(first, false, batches)
+  local s = M.start_walk(lease, max_deliveries)
+  local acked, accepted = M.ack_tokens(first, s.length, s.sides)
+  local reply = compact and { 0, -1, acked, '' } or { 0, -1, acked }
+  if s.length == 0 then
+    reply[1] = 1
+    return reply, accepted
+  end
+  if s.qmin and s.qmin <= s.now then
+    -- Something has come due since the last idle lap: look at a whole lap again.
+    s.qmin, s.qstart, s.qlen = nil, s.seq, s.length
+  end
+  s.reply, s.compact = reply, compact
+  M.walk(s, count, math.min(budget, s.length), budget)
+  M.finish_walk(s)
+  if compact then reply[4] = s.packed_element or '' end
+  if s.leased == 0 and s.seq - s.qstart >= s.qlen then
+    -- Every element the ring held at the last push has been visited since, the pushed ones
+    -- last, and nothing was found. Only such a call may clear the wake list, so a push
+    -- between two partial laps cannot lose its wake-up.
+    rcall('DEL', K.wake)
+    reply[1] = 1
+  end
+  if s.qmin then reply[2] = s.qmin - s.now end
+  return reply, accepted
+end
+
+function M.sweep()
+  local budget = M.int_arg(2, 'BUDGET', 1, LIMIT.budget)
+  local s = M.start_walk(0, 0)
+  if s.length == 0 then return { 0, 0, 0 } end
+  s.sweeping = true
+  local packed = s.packed
+  M.walk(s, 1, math.min(budget, s.length), budget)
+  -- A sweep leases nothing, so what it passed may still be pending: consumers must look at
+  -- a whole lap again before they idle.
+  s.qstart, s.qlen = s.seq + s.visited, s.live
+  M.finish_walk(s)
+  -- In jobs, not elements (a packed batch holds several).
+  local removed = math.max(s.length + packed - s.live - s.packed, 0)
+  return { s.visited, removed, math.max(s.live - 1 + s.packed, 0) }
+end
+
+function M.stats()
+  local now = M.now_ms()
+  local meta = M.read_meta()
+  local ring_length = M.read('LLEN', K.ring)
+  -- Jobs, not elements: a packed batch holds several.
+  local length = ring_length > 0 and ring_length - 1 + meta.packed or 0
+  local pending = math.max(0, math.min(length, meta.pushed - meta.taken))
+  local acked = M.read('SCARD', K.done) + M.read('SCARD', K.done_old)
+  local deferred = 0
+  for _, key in ipairs({ K.marks, K.marks_old }) do
+    local values = M.read('HVALS', key)
+    for i = 1, #values do
+      local kind = string.sub(values[i], 1, 1)
+      if kind == 'n' then deferred = deferred + 1 end
+      if kind == 'a' then acked = acked + (tonumber(string.sub(values[i], 2)) or 0) end
+    end
+  end
+  local in_flight = math.max(0, length - pending - acked - deferred)
+  -- The push log holds cumulative push counts, newest first: the oldest pending job was
+  -- pushed in the oldest checkpoint whose count exceeds what was taken. Binary search.
+  local oldest = -1
+  local lo, hi = 0, M.read('LLEN', K.pushlog) - 1
+  local found = nil
+  while pending > 0 and lo <= hi do
+    local mid = math.floor((lo + hi) / 2)
+    local pushed, at = string.match(rcall('LINDEX', K.pushlog, mid) or '', '^(%d+):(%d+)$')
+    if pushed and tonumber(pushed) > meta.taken then
+      found, lo = tonumber(at), mid + 1
+    else
+      hi = mid - 1
+    end
+  end
+  if found then oldest = math.max(0, now - found) end
+  return {
+    'length', length, 'pending', pending, 'in_flight', in_flight, 'done', acked,
+    'deferred', deferred, 'dead', M.read('LLEN', K.dead), 'oldest_pending_age_ms', oldest,
+  }
+end
+
+function M.peek()
+  local count = M.int_arg(2, 'COUNT', 1, LIMIT.count)
+  local slice = M.read('LRANGE', K.ring, -count, -1)
+  local sides = M.read_sides()
+  local mark, packed = {}, {}
+  M.look_up(slice, sides, {}, {}, mark, {}, packed)
+  -- Tail first, at most COUNT rows; a packed batch is shown as the leases it stands for.
+  local rows, batch_acked = {}, {}
+  for i = #slice, 1, -1 do
+    local element, batch = slice[i], packed[i]
+    if batch and string.find(batch, '^%*%d+%.1%.%d+$') then
+      local k = 0
+      for id in string.gmatch(string.sub(element, #batch + 2), '[^*]+') do
+        k = k + 1
+        rows[#rows + 1] = id .. batch .. PAD[k]
+        batch_acked[#rows] = mark[i] and string.byte(mark[i]) == 97
+      end
+    else
+      rows[#rows + 1] = element
+    end
+    if #rows >= count then break end
+  end
+  for i = #rows, count + 1, -1 do rows[i] = nil end
+  local done_in = {}
+  mark = {}
+  M.look_up(rows, sides, {}, done_in, mark, {}, {})
+  local reply = {}
+  for i = 1, #rows do
+    local element = rows[i]
+    local state, at = 'pending', 0
+    if element == SENTINEL then
+      state = 'lap'
+    elseif string.find(element, '*', 1, true) or not M.valid_id(element) then
+      local id, deadline = M.parse_token(element)
+      local when = mark[i] and tonumber(string.match(mark[i], '^[en](%d+)$'))
+      if not id then
+        state = 'corrupt'
+      elseif done_in[i] or batch_acked[i] then
+        state = 'done'
+      elseif when and string.sub(mark[i], 1, 1) == 'n' then
+        state, at = 'deferred', when
+      else
+        state, at = 'leased', when or deadline
+      end
+    end
+    reply[#reply + 1] = element
+    reply[#reply + 1] = state
+    reply[#reply + 1] = at
+  end
+  return reply
+end
+
+function M.dead()
+  local start = M.int_arg(2, 'START', 0, 1e15)
+  local count = M.int_arg(3, 'COUNT', 1, LIMIT.count)
+  return M.read('LRANGE', K.dead, start, start + count - 1)
+end
+
+-- The payload, item-stats and topic commands: defined on their first use, so an EVAL call
+-- of a core command does not pay for creating their functions (a library defines them once).
+local function define_extensions()
+  -- The KEYS layout of each command that does not take the ten queue KEYS.
+  M.LAYOUT = {
+    pushp = 'payloads', nextp = 'payloads', ackp = 'payloads',
+    pushi = 'items', nackp = 'items', items = 'items',
+    tpublish = 'topic', tsubscribe = 'topic', tunsubscribe = 'topic', treplay = 'topic',
+    tseek = 'topic', ttrim = 'topic', tstats = 'topic',
+  }
+
+  -- -- payloads of plain queues (the eleventh key) ---------------------------------------
+
+  function M.refuse_id(value)
+    M.refuse('ROTATOR_BADID', 'job id must be 1..' .. LIMIT.id_bytes ..
+      ' bytes without "*", got ' .. M.printable(value))
+  end
+
+  -- Ids leased by a next reply ({idle, wait, acked, token, reclaimed, ...}), in reply order.
+  function M.leased_ids(reply)
+    local ids = {}
+    for i = 4, #reply, 2 do
+      local token = reply[i]
+      ids[#ids + 1] = string.sub(token, 1, string.find(token, '*', 2, true) - 1)
+    end
+    return ids
+  end
+
+  -- Ids of accepted tokens (checked tokens: each has a "*" after its id).
+  function M.token_ids(tokens)
+    local ids = {}
+    for i = 1, #tokens do
+      ids[i] = string.sub(tokens[i], 1, string.find(tokens[i], '*', 2, true) - 1)
+    end
+    return ids
+  end
+
+  function M.pushp()
+    if (#A - 1) % 2 == 1 then
+      M.refuse('ROTATOR_BADARG', 'pushp takes ID PAYLOAD pairs, got ' .. (#A - 1) .. ' arguments')
+    end
+    M.check_count(2, 'ids and payloads')
+    local ids = {}
+    for i = 2, #A, 2 do
+      if not M.valid_id(A[i]) then M.refuse_id(A[i]) end
+      ids[#ids + 1] = A[i]
+    end
+    if #ids == 0 then return 0 end
+    local length = M.read('LLEN', K.ring)
+    local meta = M.read_meta()
+    local head = M.read_push_keys()
+    M.read('HLEN', K.payloads)
+    if K.items then M.read('HLEN', K.items) end
+    local now = M.now_ms()
+    M.ensure_ring(length)
+    rcall('HSET', K.payloads, unpack(A, 2))
+    M.call_all('LPUSH', K.ring, ids)
+    M.record_push(meta, #ids, now, head)
+    M.enqueued(ids, now)
+    return #ids
+  end
+
+  -- Starts the per-item stats (the twelfth key) of ids just pushed: enqueued now, no delivery.
+  function M.enqueued(ids, now)
+    if not K.items then return end
+    local fresh = now .. ':0:0:'
+    local pairs_ = {}
+    for i = 1, #ids do
+      pairs_[#pairs_ + 1], pairs_[#pairs_ + 2] = ids[i], fresh
+      if #pairs_ >= LIMIT.batch then
+        rcall('HSET', K.items, unpack(pairs_))
+        pairs_ = {}
+      end
+    end
+    if #pairs_ > 0 then rcall('HSET', K.items, unpack(pairs_)) end
+  end
+
+  -- Notes a delivery of each leased job in its item stats (an id pushed without stats gets an
+  -- entry with enqueued ms 0: unknown).
+  function M.delivered(reply, ids)
+    if not K.items or #ids == 0 then return end
+    local now = M.now_ms()
+    local old = rcall('HMGET', K.items, unpack(ids))
+    local writes = {}
+    for j = 1, #ids do
+      local _, _, n = M.parse_token(reply[2 + 2 * j])
+      local enqueued, rest = string.match(old[j] or '', '^(%d+):%d+:%d+:(.*)$')
+      writes[#writes + 1] = ids[j]
+      writes[#writes + 1] = (enqueued or '0') .. ':' .. (n or 0) .. ':' .. now .. ':' .. (rest or '')
+    end
+    rcall('HSET', K.items, unpack(writes))
+  end
+
+  -- Deletes the payloads (and item stats) of the jobs whose tokens were accepted as acked.
+  function M.forget(accepted)
+    local ids = M.token_ids(accepted)
+    rcall('HDEL', K.payloads, unpack(ids))
+    if K.items then rcall('HDEL', K.items, unpack(ids)) end
+  end
+
+  function M.pushi()
+    local n, now = M.push(function() M.read('HLEN', K.items) end)
+    if n > 0 then
+      local ids = {}
+      for i = 2, #A do ids[#ids + 1] = A[i] end
+      M.enqueued(ids, now)
+    end
+    return n
+  end
+
+  function M.nackp()
+    local message = A[3]
+    if type(message) ~= 'string' or #message > LIMIT.error_bytes then
+      M.refuse('ROTATOR_BADARG', 'ERROR must be at most ' .. LIMIT.error_bytes .. ' bytes')
+    end
+    local reply = M.give_back(4, function() M.read('HLEN', K.items) end)
+    local ids = {}
+    for i = 4, #A do
+      if reply[i - 3] == 1 then ids[#ids + 1] = M.token_ids({ A[i] })[1] end
+    end
+    if #ids > 0 then
+      local old = rcall('HMGET', K.items, unpack(ids))
+      local writes = {}
+      for j = 1, #ids do
+        local kept = string.match(old[j] or '', '^(%d+:%d+:%d+):') or '0:0:0'
+        writes[#writes + 1], writes[#writes + 2] = ids[j], kept .. ':' .. message
+      end
+      rcall('HSET', K.items, unpack(writes))
+    end
+    return reply
+  end
+
+  function M.items()
+    M.check_ids(2)
+    if #A < 2 then return {} end
+    return M.read('HMGET', K.items, unpack(A, 2))
+  end
+
+  function M.nextp()
+    local drop = M.int_arg(6, 'DROP', 0, 1)
+    M.read('HLEN', K.payloads)
+    if K.items then M.read('HLEN', K.items) end
+    -- Dropping payloads needs each acked job's id: batch acks only where they are kept.
+    local reply, accepted = M.lease(7, drop == 0)
+    local out = { reply[1], reply[2], reply[3] }
+    local ids = M.leased_ids(reply)
+    if #ids > 0 then
+      local bodies = rcall('HMGET', K.payloads, unpack(ids))
+      for j = 1, #ids do
+        out[#out + 1] = reply[2 + 2 * j]
+        out[#out + 1] = reply[3 + 2 * j]
+        out[#out + 1] = bodies[j]
+      end
+    end
+    M.delivered(reply, ids)
+    if drop == 1 and accepted and #accepted > 0 then M.forget(accepted) end
+    return out
+  end
+
+  function M.ackp()
+    M.check_tokens(2, true, false)
+    local length = M.read('LLEN', K.ring)
+    local sides = {
+      [K.done] = M.read('SCARD', K.done), [K.marks] = M.read('HLEN', K.marks),
+      revoked = M.read('ZCARD', K.revoked),
+    }
+    M.read('HLEN', K.payloads)
+    if K.items then M.read('HLEN', K.items) end
+    local n, accepted = M.ack_tokens(2, length, sides)
+    if n > 0 then M.forget(accepted) end
+    return n
+  end
+
+  -- -- topics (TOPIC KEYS, then 10 KEYS per group) ------------------------------------------
+
+  function M.group_arg(index)
+    local group = A[index]
+    if type(group) ~= 'string' or #group > LIMIT.group_bytes
+        or not string.find(group, '^[%w._@/-]+$') then
+      M.refuse('ROTATOR_BADARG', 'GROUP must be 1..' .. LIMIT.group_bytes ..
+        ' of A-Z a-z 0-9 . _ @ / -, got ' .. M.printable(group))
+    end
+    return group
+  end
+
+  function M.read_topic()
+    local m = M.read('HMGET', T.topic, 'seq', 'ms', 'bytes')
+    return { seq = tonumber(m[1]) or 0, ms = tonumber(m[2]) or 0, bytes = tonumber(m[3]) or 0 }
+  end
+
+  -- The registered groups (name -> ring key), checked against the groups whose KEYS this call
+  -- got: exactly the registered set, each once. Anything else means a group registered or left
+  -- since the caller read the set: nothing is written, and the caller reads it again.
+  function M.check_groups()
+    local n = M.read('HLEN', T.groups)
+    if n > LIMIT.groups then
+      M.refuse('ROTATOR_BADARG', 'topic has ' .. n .. ' groups, at most ' .. LIMIT.groups)
+    end
+    local flat = rcall('HGETALL', T.groups)
+    local name_of = {}
+    for i = 1, #flat, 2 do name_of[flat[i + 1]] = flat[i] end
+    local names = {}
+    for g = 1, NGROUPS do
+      local ring = KS[TOPIC_KEYS + 10 * (g - 1) + 1]
+      local name = name_of[ring]
+      if not name then
+        M.refuse('ROTATOR_STALE', 'key ' .. M.printable(ring) .. ' is not a registered group ring')
+      end
+      name_of[ring] = nil -- a group given twice is refused below (the counts differ)
+      names[g] = name
+    end
+    if NGROUPS ~= n then
+      M.refuse('ROTATOR_STALE', 'the topic has ' .. n .. ' groups, the call named ' .. NGROUPS)
+    end
+    return names
+  end
+
+  -- Reads (and so type-checks) group g's keys that a push writes; K is then that group's.
+  function M.read_group(g)
+    M.bind_queue(TOPIC_KEYS + 10 * (g - 1))
+    local length = M.read('LLEN', K.ring)
+    local meta = M.read_meta()
+    local head = M.read_push_keys()
+    return { keys = K, length = length, meta = meta, head = head }
+  end
+
+  -- Pushes ids onto a group's ring as `push` does (read_group read its keys first).
+  function M.push_group(group, ids, now)
+    K = group.keys
+    M.ensure_ring(group.length)
+    M.call_all('LPUSH', K.ring, ids)
+    M.record_push(group.meta, #ids, now, group.head)
+  end
+
+  -- Drops retained messages from the oldest: beyond MAXLEN, or older than MAXAGE_MS. Looks at
+  -- no more than `budget` messages. Returns how many were dropped.
+  function M.trim(topic, maxlen, maxage, now, budget)
+    local card = rcall('ZCARD', T.log)
+    local excess = maxlen > 0 and card - maxlen or 0
+    if excess <= 0 and maxage == 0 then return 0 end
+    local before = now - maxage
+    if excess <= 0 then
+      -- Only age can drop something: look further only when the oldest message is too old.
+      local first = rcall('ZRANGE', T.log, 0, 0)[1]
+      if not first or (tonumber(string.match(first, '^(%d+)%-')) or 0) >= before then return 0 end
+    end
+    local look = math.min(card, budget, maxage > 0 and budget or excess)
+    if look <= 0 then return 0 end
+    local oldest = rcall('ZRANGE', T.log, 0, look - 1)
+    local cut = 0
+    for i = 1, #oldest do
+      local ms = tonumber(string.match(oldest[i], '^(%d+)%-')) or 0
+      if i <= excess or (maxage > 0 and ms < before) then cut = i else break end
+    end
+    if cut == 0 then return 0 end
+    local gone = {}
+    for i = 1, cut do
+      topic.bytes = topic.bytes - rcall('HSTRLEN', T.bodies, oldest[i])
+      gone[i] = oldest[i]
+    end
+    rcall('HDEL', T.bodies, unpack(gone))
+    rcall('ZREMRANGEBYRANK', T.log, 0, cut - 1)
+    rcall('HSET', T.topic, 'bytes', math.max(topic.bytes, 0))
+    return cut
+  end
+
+  function M.retention_args()
+    return M.int_arg(2, 'MAXLEN', 0, 1e12), M.int_arg(3, 'MAXAGE_MS', 0, 1e12)
+  end
+
+  function M.tpublish()
+    local maxlen, maxage = M.retention_args()
+    local n = #A - 3
+    if n < 1 then M.refuse('ROTATOR_BADARG', 'no payload given') end
+    if n > LIMIT.count then
+      M.refuse('ROTATOR_TOOMANY', 'at most ' .. LIMIT.count .. ' payloads per call, got ' .. n)
+    end
+    M.check_groups()
+    local topic = M.read_topic()
+    M.read('ZCARD', T.log)
+    M.read('HLEN', T.bodies)
+    local groups = {}
+    for g = 1, NGROUPS do groups[g] = M.read_group(g) end
+    local now = M.now_ms()
+    local ms = math.max(now, topic.ms)
+    local ids, bodies, log = {}, {}, {}
+    for i = 1, n do
+      local payload = A[3 + i]
+      topic.seq = topic.seq + 1
+      local id = ms .. '-' .. topic.seq
+      ids[i] = id
+      bodies[#bodies + 1], bodies[#bodies + 2] = id, payload
+      log[#log + 1], log[#log + 2] = topic.seq, id
+      topic.bytes = topic.bytes + #payload
+    end
+    rcall('HSET', T.bodies, unpack(bodies))
+    rcall('ZADD', T.log, unpack(log))
+    rcall('HSET', T.topic, 'seq', topic.seq, 'ms', ms, 'bytes', topic.bytes)
+    for g = 1, NGROUPS do M.push_group(groups[g], ids, now) end
+    M.trim(topic, maxlen, maxage, now, n + LIMIT.trim_extra)
+    return ids
+  end
+
+  function M.ttrim()
+    local maxlen, maxage = M.retention_args()
+    local budget = M.int_arg(4, 'BUDGET', 1, LIMIT.budget)
+    local topic = M.read_topic()
+    M.read('ZCARD', T.log)
+    M.read('HLEN', T.bodies)
+    return M.trim(topic, maxlen, maxage, M.now_ms(), budget)
+  end
+
+  -- The one group this call names: its ring must be registered under GROUP.
+  function M.named_group(group)
+    local ring = M.read('HMGET', T.groups, group)[1]
+    local given = KS[TOPIC_KEYS + 1]
+    if ring and ring ~= given then
+      M.refuse('ROTATOR_BADARG', 'group ' .. M.printable(group) .. ' has another ring key')
+    end
+    return ring
+  end
+
+  function M.tsubscribe()
+    local group = M.group_arg(2)
+    if NGROUPS ~= 1 then M.refuse('ROTATOR_BADARG', 'give the keys of exactly one group') end
+    local known = M.named_group(group)
+    local topic = M.read_topic()
+    local count = M.read('HLEN', T.groups)
+    local g = M.read_group(1)
+    if known then return { 0, topic.seq } end
+    if count >= LIMIT.groups then
+      M.refuse('ROTATOR_TOOMANY', 'at most ' .. LIMIT.groups .. ' groups per topic')
+    end
+    rcall('HSET', T.groups, group, g.keys.ring)
+    return { 1, topic.seq }
+  end
+
+  function M.tunsubscribe()
+    local group = M.group_arg(2)
+    if NGROUPS ~= 1 then M.refuse('ROTATOR_BADARG', 'give the keys of exactly one group') end
+    if not M.named_group(group) then return 0 end
+    M.bind_queue(TOPIC_KEYS)
+    rcall('HDEL', T.groups, group)
+    rcall('DEL', K.ring, K.done, K.done_old, K.marks, K.marks_old, K.revoked, K.dead, K.wake,
+      K.meta, K.pushlog)
+    return 1
+  end
+
+  -- Pushes the retained messages with FROM_SEQ <= seq <= TO_SEQ (TO_SEQ 0: the latest) into one
+  -- group's ring, at most COUNT (1..5000) of them, oldest first.
+  function M.treplay()
+    local group = M.group_arg(2)
+    local from = M.int_arg(3, 'FROM_SEQ', 0, 1e15)
+    local to = M.int_arg(4, 'TO_SEQ', 0, 1e15)
+    local count = M.int_arg(5, 'COUNT', 1, LIMIT.batch)
+    if NGROUPS ~= 1 then M.refuse('ROTATOR_BADARG', 'give the keys of exactly one group') end
+    if not M.named_group(group) then
+      M.refuse('ROTATOR_NOGROUP', 'no group ' .. M.printable(group) .. ' on this topic')
+    end
+    local topic = M.read_topic()
+    if to == 0 then to = topic.seq end
+    local ids = M.read('ZRANGEBYSCORE', T.log, from, to, 'LIMIT', 0, count)
+    local g = M.read_group(1)
+    local after = to + 1
+    if #ids == count then after = tonumber(string.match(ids[#ids], '%-(%d+)$')) + 1 end
+    if #ids > 0 then M.push_group(g, ids, M.now_ms()) end
+    return { #ids, after, to }
+  end
+
+  -- The seq of the oldest retained message published at or after MS (a binary search over the
+  -- log: at most ~50 look-ups); the next seq to be given out when there is none.
+  function M.tseek()
+    local at = M.int_arg(2, 'MS', 0, 1e15)
+    local topic = M.read_topic()
+    local lo, hi = 0, M.read('ZCARD', T.log) - 1
+    local found = nil
+    while lo <= hi do
+      local mid = math.floor((lo + hi) / 2)
+      local id = rcall('ZRANGE', T.log, mid, mid)[1]
+      local ms, seq = string.match(id or '', '^(%d+)%-(%d+)$')
+      if ms and tonumber(ms) >= at then
+        found, hi = tonumber(seq), mid - 1
+      else
+        lo = mid + 1
+      end
+    end
+    return found or topic.seq + 1
+  end
+
+  function M.tstats()
+    local names = M.check_groups()
+    local topic = M.read_topic()
+    local reply = {
+      'retained', M.read('ZCARD', T.log), 'bytes', topic.bytes, 'last_seq', topic.seq,
+      'groups', NGROUPS,
+    }
+    for g = 1, NGROUPS do
+      M.bind_queue(TOPIC_KEYS + 10 * (g - 1))
+      local stats = M.stats()
+      reply[#reply + 1] = names[g]
+      for i = 2, #stats, 2 do reply[#reply + 1] = stats[i] end
+    end
+    return reply
+  end
+end
+
+local COMMANDS = {
+  push = M.push,
+  next = M.next,
+  next_packed = M.next_packed,
+  ack = M.ack,
+  nack = M.nack,
+  extend = M.extend,
+  sweep = M.sweep,
+  stats = M.stats,
+  peek = M.peek,
+  dead = M.dead,
+  requeue_dead = M.requeue_dead,
+  pushp = M.pushp,
+  nextp = M.nextp,
+  ackp = M.ackp,
+  pushi = M.pushi,
+  nackp = M.nackp,
+  items = M.items,
+  tpublish = M.tpublish,
+  tsubscribe = M.tsubscribe,
+  tunsubscribe = M.tunsubscribe,
+  treplay = M.treplay,
+  tseek = M.tseek,
+  ttrim = M.ttrim,
+  tstats = M.tstats,
+}
+
+-- Names the ten KEYS of a queue starting after KEYS[base], in the order of the header.
+function M.bind_queue(base)
+  local keys = KS
+  K = {
+    ring = keys[base + 1], done = keys[base + 2], done_old = keys[base + 3],
+    marks = keys[base + 4], marks_old = keys[base + 5], revoked = keys[base + 6],
+    dead = keys[base + 7], wake = keys[base + 8], meta = keys[base + 9],
+    pushlog = keys[base + 10],
+  }
+end
+
+-- One call, whichever way it came: EVAL/EVALSHA (KEYS, ARGV) or FCALL (keys, args).
+local function main(keys, args)
+  KS, A, T, NGROUPS = keys, args, nil, 0
+  rcall = redis.call
+  PAD = PAD or make_pad()
+  local handler = COMMANDS[args[1]]
+  local layout = nil
+  if not handler then
+    -- Not a core command: the extensions (defined on first use) may know it.
+    if not M.LAYOUT then define_extensions() end
+    layout = M.LAYOUT[args[1]]
+    handler = layout and M[args[1]]
+  end
+  if layout == 'topic' then
+    local groups = (#keys - TOPIC_KEYS) / 10
+    if #keys < TOPIC_KEYS or groups ~= math.floor(groups) or groups > LIMIT.groups then
+      return M.fail('ROTATOR_KEYS', 'expected ' .. TOPIC_KEYS ..
+        ' topic keys and 10 per group, got ' .. #keys)
+    end
+    T = { topic = keys[1], groups = keys[2], log = keys[3], bodies = keys[4] }
+    NGROUPS = groups
+  else
+    local low, high = 10, 10
+    if layout == 'payloads' then low, high = 11, 12 end
+    if layout == 'items' then low, high = 12, 12 end
+    if #keys < low or #keys > high then
+      return M.fail('ROTATOR_KEYS', 'expected ' .. (low == high and low or low .. ' or ' .. high)
+        .. ' keys, got ' .. #keys)
+    end
+    M.bind_queue(0)
+    K.payloads = keys[11]
+    K.items = keys[12]
+  end
+  if not handler then
+    return M.fail('ROTATOR_BADCMD', 'unknown command ' .. M.printable(args[1]))
+  end
+  local ok, result = pcall(handler)
+  if ok or (type(result) == 'table' and result.err) then return result end
+  -- An error from a command Redis refused (READONLY, OOM, NOPERM...) reaches pcall as a
+  -- string: reply with it as it is, so its code survives for the client to see.
+  if type(result) == 'string' and string.find(result, '^[A-Z]+ ') then
+    return { err = result }
+  end
+  error(result, 0) -- a bug: let Redis report it
+end
+
+if redis.register_function then
+  -- Loaded as a library: the loader's first lines name it (FUNCTION_NAME), see
+  -- rotator/script.py. Registered once; FCALL then runs only `main`.
+  redis.register_function(FUNCTION_NAME, main)
+  return
+end
+return main(KEYS, ARGV)
