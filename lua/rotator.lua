@@ -519,7 +519,8 @@ end
 -- `delete` keeps the seq, which makes that sure. `seeded`: the seq is not stored yet.
 function M.read_meta(K)
   local m = M.read('HMGET', K.meta, 'seq', 'lapnext', 'qstart', 'qmin', 'pushed', 'taken',
-    'lapguess', 'qlen', 'packed', 'origin', 'fence_ms', 'fence_max', 'dead_max', 'dead_age_ms')
+    'lapguess', 'qlen', 'packed', 'origin', 'fence_ms', 'fence_max', 'dead_max', 'dead_age_ms',
+    'marked_n', 'marked_a', 'marked_n_old', 'marked_a_old')
   local seq = tonumber(m[1]) or M.now_ms()
   return {
     -- origin: the first seq of the queue as it is now (see refused_among)
@@ -527,6 +528,8 @@ function M.read_meta(K)
     fence_ms = tonumber(m[11]) or LIMIT.fence_ms, fence_max = tonumber(m[12]) or LIMIT.fence_max,
     dead_max = tonumber(m[13]) or LIMIT.dead_max,
     dead_age_ms = tonumber(m[14]) or LIMIT.dead_age_ms,
+    marked = { tonumber(m[15]) or 0, tonumber(m[16]) or 0, tonumber(m[17]) or 0,
+      tonumber(m[18]) or 0 }, -- see read_marked
     lapnext = tonumber(m[2]), qstart = tonumber(m[3]),
     qmin = tonumber(m[4]), pushed = tonumber(m[5]) or 0, taken = tonumber(m[6]) or 0,
     lapguess = m[7] == '1' or not tonumber(m[2]), qlen = tonumber(m[8]),
@@ -550,10 +553,13 @@ end
 -- move with the hashes. Noted in sides.marked.
 local MARK_COUNTS = { 'marked_n', 'marked_a', 'marked_n_old', 'marked_a_old' }
 
-function M.read_marked(sides)
-  local m = M.read('HMGET', K.meta, unpack(MARK_COUNTS))
-  local c = {}
-  for i = 1, 4 do c[i] = tonumber(m[i]) or 0 end
+function M.read_marked(sides, counts)
+  local c = counts
+  if not c then
+    local m = M.read('HMGET', K.meta, unpack(MARK_COUNTS))
+    c = {}
+    for i = 1, 4 do c[i] = tonumber(m[i]) or 0 end
+  end
   sides.marked = { [K.marks] = { c[1], c[2] }, [K.marks_old] = { c[3], c[4] }, was = c }
   return sides
 end
@@ -577,8 +583,9 @@ function M.age_marked(sides)
   marked[K.marks] = { 0, 0 }
 end
 
-function M.write_marked(sides)
-  local marked, fields = sides.marked, {}
+-- The counts that changed, appended to `fields` (meta field, value, ...).
+function M.marked_fields(sides, fields)
+  local marked = sides.marked
   local now = { marked[K.marks][1], marked[K.marks][2], marked[K.marks_old][1],
     marked[K.marks_old][2] }
   for i = 1, 4 do
@@ -586,8 +593,13 @@ function M.write_marked(sides)
       fields[#fields + 1], fields[#fields + 2] = MARK_COUNTS[i], math.max(now[i], 0)
     end
   end
-  if #fields > 0 then rcall('HSET', K.meta, unpack(fields)) end
   marked.was = now
+  return fields
+end
+
+function M.write_marked(sides)
+  local fields = M.marked_fields(sides, {})
+  if #fields > 0 then rcall('HSET', K.meta, unpack(fields)) end
 end
 
 -- Writes marks (distinct fields -> values) into the current marks hash, counting what they
@@ -739,7 +751,7 @@ end
 function M.start_walk(lease, max_deliveries)
   local length = M.read('LLEN', K.ring)
   local meta = M.read_meta(K)
-  local sides = M.read_marked(M.read_sides())
+  local sides = M.read_marked(M.read_sides(), meta.marked)
   sides.origin, sides.seq = meta.origin, meta.seq
   local dead_length = M.read('LLEN', K.dead)
   M.read('LLEN', K.wake) -- an idle call deletes it
@@ -1151,7 +1163,7 @@ function M.finish_walk(s)
     end
     M.call_all('ZADD', K.revoked, args)
   end
-  M.trim_revoked(s.meta, s.now, #s.revoke)
+  M.trim_revoked(s.meta, s.now, #s.revoke, s.sides.revoked + #s.revoke)
   if #s.letters > 0 then M.call_all('RPUSH', K.dead, s.letters) end
   if s.dead_length + #s.letters > 0 then
     M.trim_dead(s.meta, s.now, s.dead_length + #s.letters, #s.letters)
@@ -1162,18 +1174,19 @@ function M.finish_walk(s)
   if young and (not s.soonest or young < s.soonest) then s.soonest = young end
   if s.soonest and (not s.qmin or s.soonest < s.qmin) then s.qmin = s.soonest end
   M.write_meta(s)
-  M.write_marked(s.sides)
 end
 
 -- Forgets refused tokens past the fencing window, oldest first, and beyond its count: at most
 -- what this call added plus LIMIT.trim_step, so the set shrinks steadily and no call does
 -- work in proportion to it. A token forgotten is no longer refused (README, "Guarantees").
-function M.trim_revoked(meta, now, added)
+-- `size`: at most how many the set holds now (its size before the call plus what it added).
+function M.trim_revoked(meta, now, added, size)
+  if size == 0 then return end -- the common case of a queue without failures: no command
   local step = added + LIMIT.trim_step
   local old = rcall('ZRANGEBYSCORE', K.revoked, '-inf', '(' .. (now - meta.fence_ms),
     'LIMIT', 0, step)
   local drop = #old
-  if drop < step then
+  if drop < step and size > meta.fence_max then
     drop = math.min(step, math.max(drop, rcall('ZCARD', K.revoked) - meta.fence_max))
   end
   if drop > 0 then rcall('ZREMRANGEBYRANK', K.revoked, 0, drop - 1) end
@@ -1218,6 +1231,7 @@ function M.write_meta(s)
   changed('lapnext', s.lapnext, was.lapnext)
   changed('lapguess', s.lapguess and '1' or '0', was.lapguess_field)
   changed('qmin', s.qmin or '', was.qmin or '')
+  M.marked_fields(s.sides, fields)
   rcall('HSET', K.meta, unpack(fields))
 end
 
@@ -1328,15 +1342,17 @@ function M.ack_sides()
     [K.done] = M.read('SCARD', K.done), [K.marks] = M.read('HLEN', K.marks),
     revoked = M.read('ZCARD', K.revoked),
   }
-  return M.read_marked(M.read_issued(sides))
+  return M.read_issued(sides)
 end
 
--- Notes in `sides` the call seqs this queue has issued tokens with: origin <= seq < seq.
+-- Notes in `sides` the call seqs this queue has issued tokens with (origin <= seq < seq)
+-- and the marks' counts (read_marked), in one read.
 function M.read_issued(sides)
-  local m = M.read('HMGET', K.meta, 'origin', 'seq')
+  local m = M.read('HMGET', K.meta, 'origin', 'seq', unpack(MARK_COUNTS))
   sides.seq = tonumber(m[2]) or 0
   sides.origin = tonumber(m[1]) or 0
-  return sides
+  return M.read_marked(sides, { tonumber(m[3]) or 0, tonumber(m[4]) or 0,
+    tonumber(m[5]) or 0, tonumber(m[6]) or 0 })
 end
 
 function M.nack()
@@ -1383,7 +1399,8 @@ function M.give_back(first, before_write)
       'seq', meta.seq, 'origin', meta.origin)
     rcall('LPUSH', K.wake, '1')
     rcall('LTRIM', K.wake, 0, LIMIT.wake_tokens - 1)
-    M.trim_revoked(meta, now, 2 * (#A - first + 1)) -- each token, and maybe its batch
+    local added = 2 * (#A - first + 1) -- each token, and maybe its batch
+    M.trim_revoked(meta, now, added, sides.revoked + added)
   end
   return reply
 end
@@ -1400,7 +1417,7 @@ end
 function M.live_tokens(first)
   local alive = {}
   local length = M.read('LLEN', K.ring)
-  local sides = M.read_marked(M.read_issued(M.read_sides()))
+  local sides = M.read_issued(M.read_sides())
   if length == 0 then return alive, sides end
   local refused = M.refused_among(first, sides)
   local tokens = {}
