@@ -973,10 +973,7 @@ function M.visit_lease(s, element, m, m_key)
   local kind = m and string.sub(m, 1, 1)
   local when = m and tonumber(string.match(m, '^[en](%d+)$'))
   if not id then
-    if m_key then
-      table.insert(s.hdel[m_key], element)
-      M.count_mark(s.sides, m_key, m, -1)
-    end
+    M.unmark(s, m_key, element, m)
     M.dead_letter(s, 'corrupt', 0, element)
     return
   end
@@ -999,10 +996,7 @@ function M.visit_packed(s, element, batch, m, m_key)
   -- Well formed: a batch name, then at least one id (a byte other than "*").
   if not deadline or #deadline > LIMIT.int_digits or #batch > LIMIT.stamp_bytes
       or not string.find(element, '[^*]', #batch + 2) then
-    if m_key then
-      table.insert(s.hdel[m_key], batch)
-      M.count_mark(s.sides, m_key, m, -1)
-    end
+    M.unmark(s, m_key, batch, m)
     M.dead_letter(s, 'corrupt', 0, element)
     return
   end
@@ -1018,16 +1012,12 @@ function M.visit_packed(s, element, batch, m, m_key)
   -- nothing, and counts as a touch.
   local acked = m and string.byte(m) == BYTE_A and tonumber(string.sub(m, 2)) == #ids
   if acked then
-    table.insert(s.hdel[m_key], batch)
-    M.count_mark(s.sides, m_key, m, -1)
+    M.unmark(s, m_key, batch, m)
     s.live = s.live - 1
     s.packed = s.packed - (#ids - 1)
     return
   end
-  if m_key then -- the touch (or a batch ack of another size) is used up
-    table.insert(s.hdel[m_key], batch)
-    M.count_mark(s.sides, m_key, m, -1)
-  end
+  M.unmark(s, m_key, batch, m) -- the touch (or a batch ack of another size) is used up
   s.revoke[#s.revoke + 1] = batch -- from now on its jobs are acked one by one
   local tokens = {}
   for k = 1, #ids do tokens[k] = ids[k] .. batch .. PAD[k] end
@@ -1046,6 +1036,14 @@ function M.visit_packed(s, element, batch, m, m_key)
   end
 end
 
+-- Drops the mark `m` of `field` from the marks hash `key` (nothing when the mark has no key
+-- left: its generation is gone), with its count.
+function M.unmark(s, key, field, m)
+  if not key then return end
+  table.insert(s.hdel[key], field)
+  M.count_mark(s.sides, key, m, -1)
+end
+
 -- An element that stays as it is for now; a mark it still needs moves to the current
 -- generation.
 function M.keep(s, element, at, m, m_key)
@@ -1055,20 +1053,14 @@ function M.keep(s, element, at, m, m_key)
     s.keep_marks[#s.keep_marks + 1] = element
     s.keep_marks[#s.keep_marks + 1] = m
     M.count_mark(s.sides, K.marks, m, 1)
-    if m_key then
-      table.insert(s.hdel[m_key], element)
-      M.count_mark(s.sides, m_key, m, -1)
-    end
+    M.unmark(s, m_key, element, m)
   end
 end
 
 -- Hands out a new delivery of `id` (delivered `n` times so far) in place of `old_token`,
 -- or dead-letters it when it has had its deliveries.
 function M.lease_again(s, id, n, old_token, reclaimed, mark, mark_key)
-  if mark_key then
-    table.insert(s.hdel[mark_key], old_token)
-    M.count_mark(s.sides, mark_key, mark, -1)
-  end
+  M.unmark(s, mark_key, old_token, mark)
   s.revoke[#s.revoke + 1] = old_token
   if n >= LIMIT.stamped_deliveries then
     -- No delivery reaches this count (MAX_DELIVERIES <= LIMIT.max_deliveries): someone wrote
