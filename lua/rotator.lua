@@ -1,21 +1,23 @@
 --[[
 rotator.lua: a reliable job queue on one Redis list (the ring). Redis >= 6.2 or Valkey >= 7.2.
 
-Load once and call by SHA; the first ARGV picks the command. The queue commands take the ten
-queue KEYS below; pushp/nextp/ackp take them plus KEYS[11] (and KEYS[12] to keep per-item
-stats); pushi/nackp/items take all twelve; the topic commands (t...) take the
-TOPIC KEYS, then ten queue KEYS per consumer group. All keys of one call must share one hash
+Load once and call by SHA; the first ARGV picks the command. The queue commands take the eleven
+queue KEYS below; pushp/nextp/ackp take them plus KEYS[12] (and KEYS[13] to keep per-item
+stats); pushi/nackp/items take all thirteen; the topic commands (t...) take the
+TOPIC KEYS, then eleven queue KEYS per consumer group. All keys of one call must share one hash
 tag so the module runs on Redis Cluster. Key names are never built here: they all arrive
-through KEYS, and their names are checked before anything is read or written: a queue's ten
-are "<base>:ring" ... "<base>:pushlog" in the order below, one base for all; KEYS[11] is
+through KEYS, and their names are checked before anything is read or written: a queue's eleven
+are "<base>:ring" ... "<base>:leases" in the order below, one base for all; KEYS[12] is
 "<base>:payloads" (a topic group: the topic's bodies) or push_chunk's marker under "<base>:",
-KEYS[12] "<base>:items". Anything else: ROTATOR_KEYS, nothing written.
+KEYS[13] "<base>:items". Anything else: ROTATOR_KEYS, nothing written.
 
 KEYS
-  KEYS[1]  ring       LIST  job ids and leases, plus one sentinel; consumers rotate tail -> head
-  KEYS[2]  done       SET   tokens acked since the last lap, awaiting removal from the ring
+  KEYS[1]  ring       LIST  pending job ids and deferred jobs, plus one sentinel; consumers
+                            rotate tail -> head
+  KEYS[2]  done       SET   tokens acked since the last lap, awaiting removal
   KEYS[3]  done_old   SET   tokens acked before the last lap (swept at the next lap)
-  KEYS[4]  marks      HASH  token -> "e<deadline ms>" (extended) or "n<due ms>" (nacked);
+  KEYS[4]  marks      HASH  token -> "e<deadline ms>" (extended), "n<due ms>" (deferred) or
+                            "x" (given back: its element goes at its next visit);
                             batch -> "a<jobs>" (acked whole) or "t" (touched, see below)
   KEYS[5]  marks_old  HASH  marks written before the last lap (swept at the next lap)
   KEYS[6]  revoked    ZSET  token -> ms it was revoked (re-leased, nacked or dead-lettered)
@@ -23,17 +25,20 @@ KEYS
   KEYS[8]  wake       LIST  wake-up tokens that idle consumers block on (BLPOP)
   KEYS[9]  meta       HASH  counters: seq origin lapnext lapguess qstart qlen qmin pushed taken
                             packed (jobs in packed batches beyond one per element),
-                            marked_n marked_a marked_n_old marked_a_old (the marks' counts),
+                            marked_n marked_a marked_x and their _old (the marks' counts),
+                            lmin lstop lpass rpasses lpasses (the leases' walk, see LEASES),
                             dead_dropped, expired (a topic group's); settings (configure)
   KEYS[10] pushlog    LIST  "<pushed>:<ms>" push checkpoints, newest first (pending age)
-  KEYS[11] payloads   HASH  id -> payload; pushp/nextp/ackp only (a topic group: its bodies);
+  KEYS[11] leases     LIST  the jobs in flight: leases and packed batches, newest at the head,
+                            walked from the tail in deadline order (see LEASES)
+  KEYS[12] payloads   HASH  id -> payload; pushp/nextp/ackp only (a topic group: its bodies);
                             push_chunk takes its marker hash here instead
-  KEYS[12] items      HASH  id -> "<enqueued ms>:<deliveries>:<last delivery ms>:<last error>"
+  KEYS[13] items      HASH  id -> "<enqueued ms>:<deliveries>:<last delivery ms>:<last error>"
                             per-item stats, kept only by calls given this key (0: unknown)
 
-TOPIC KEYS (then KEYS[5..14] are group 1's ten queue keys, KEYS[15..24] group 2's, ...)
+TOPIC KEYS (then KEYS[5..15] are group 1's eleven queue keys, KEYS[16..26] group 2's, ...)
   KEYS[1]  topic      HASH  seq (last message seq), ms (last message ms), bytes (retained)
-  KEYS[2]  groups     HASH  group name -> its ring key (KEYS[1] of its ten queue keys)
+  KEYS[2]  groups     HASH  group name -> its ring key (KEYS[1] of its eleven queue keys)
   KEYS[3]  log        ZSET  retained message ids, scored by seq
   KEYS[4]  bodies     HASH  message id -> payload, for the retained messages only
   A message id is "<ms>-<seq>": ms from TIME (never lower than the last id's), seq counts up
@@ -41,7 +46,7 @@ TOPIC KEYS (then KEYS[5..14] are group 1's ten queue keys, KEYS[15..24] group 2'
   `expired`, the ids its backlog bound dropped (tpublish).
   Key names follow one layout: KEYS[1..4] are "<base>:topic:meta", "<base>:topic:groups",
   "<base>:topic:log" and "<base>:topic:bodies" (base: "<prefix>:{<topic>}"), and group
-  GROUP's ten are "<base>:group:<GROUP>:<role>" with the roles in the order of KEYS above.
+  GROUP's eleven are "<base>:group:<GROUP>:<role>" with the roles in the order of KEYS above.
   Every topic command checks the names (not the contents) before writing anything and
   refuses other keys with ROTATOR_KEYS.
 
@@ -66,7 +71,7 @@ COMMANDS (ARGV[1]; numbers are decimal integers)
     Appends pending ids (at most 5000 per call); all or nothing. Wakes idle consumers.
     reply: number pushed
     errors: ROTATOR_BADID, ROTATOR_TOOMANY
-  push_chunk CHUNK TTL_MS ID [ID ...]                     (KEYS 1..10, KEYS[11] a marker hash)
+  push_chunk CHUNK TTL_MS ID [ID ...]                     (KEYS 1..11, KEYS[12] a marker hash)
     push, once per chunk of a bulk load: only when the marker's field `chunks` (0 when
     absent) equals CHUNK; then `chunks` becomes CHUNK + 1 and the marker expires in TTL_MS.
     A chunk the marker already counts pushes nothing, so a retried loader pushes no id twice.
@@ -113,7 +118,7 @@ COMMANDS (ARGV[1]; numbers are decimal integers)
     Moves each lease's deadline to now + LEASE_MS (1..86400000).
     reply: {deadline_ms, ok1, ok2, ...}  1 = extended, 0 = lease lost
     errors: ROTATOR_BADARG, ROTATOR_BADTOKEN, ROTATOR_TOOMANY
-  delete [FORGET]                                            (KEYS 1..10, 1..11 or 1..12)
+  delete [FORGET]                                            (KEYS 1..11, 1..12 or 1..13)
     Removes every key given (in the background: UNLINK), keeping only the seq of KEYS[9], so
     that a queue made again under the name never hands out a token of this one. FORGET 1
     removes that too (a name never used again).
@@ -166,32 +171,32 @@ COMMANDS (ARGV[1]; numbers are decimal integers)
   requeue_dead_from START COUNT [ID ...]
     requeue_dead from the dead letter at index START on (0: the oldest).
     reply: {requeued, next}  call again with START = next until next is -1
-  pushp ID PAYLOAD [ID PAYLOAD ...]                                (KEYS 1..11, or 1..12)
-    push, and stores each payload under its id in KEYS[11] (an id pushed again gets the new
-    payload). At most 2500 pairs; all or nothing. With KEYS[12]: starts each id's stats.
+  pushp ID PAYLOAD [ID PAYLOAD ...]                                (KEYS 1..12, or 1..13)
+    push, and stores each payload under its id in KEYS[12] (an id pushed again gets the new
+    payload). At most 2500 pairs; all or nothing. With KEYS[13]: starts each id's stats.
     reply: number pushed
     errors: ROTATOR_BADARG, ROTATOR_BADID, ROTATOR_TOOMANY
-  nextp COUNT LEASE_MS BUDGET MAX_DELIVERIES DROP [ACK_TOKEN ...]   (KEYS 1..11, or 1..12)
-    next, with each job's payload read from KEYS[11] in the same call. DROP 1 deletes the
+  nextp COUNT LEASE_MS BUDGET MAX_DELIVERIES DROP [ACK_TOKEN ...]   (KEYS 1..12, or 1..13)
+    next, with each job's payload read from KEYS[12] in the same call. DROP 1 deletes the
     payloads (and stats) of the ACK_TOKENs accepted (a plain queue: no batch acks, each
-    job's id is needed); 0 keeps them (a topic group). With KEYS[12]: notes each delivery (count and time) in the job's stats.
+    job's id is needed); 0 keeps them (a topic group). With KEYS[13]: notes each delivery (count and time) in the job's stats.
     reply: {idle, wait_ms, acked, token1, reclaimed1, payload1, ...}; payload nil if none
     errors: ROTATOR_BADARG, ROTATOR_BADTOKEN, ROTATOR_TOOMANY
-  ackp TOKEN [TOKEN ...]                                            (KEYS 1..11, or 1..12)
+  ackp TOKEN [TOKEN ...]                                            (KEYS 1..12, or 1..13)
     ack (no batch acks), and deletes the payloads (and stats) of the accepted tokens' ids.
     reply: number accepted
     errors: ROTATOR_BADTOKEN, ROTATOR_TOOMANY
-  pushi ID [ID ...]                                                 (KEYS 1..12)
+  pushi ID [ID ...]                                                 (KEYS 1..13)
     push, and starts each id's stats (enqueued now, no deliveries): a queue with stats but
     without payloads.
     reply: number pushed
     errors: ROTATOR_BADID, ROTATOR_TOOMANY
-  nackp DELAY_MS ERROR TOKEN [TOKEN ...]                            (KEYS 1..12)
+  nackp DELAY_MS ERROR TOKEN [TOKEN ...]                            (KEYS 1..13)
     nack, and records ERROR (at most 4096 bytes) as the last error of each job given back.
     reply: {ok1, ok2, ...} as nack
     errors: ROTATOR_BADARG, ROTATOR_BADTOKEN, ROTATOR_TOOMANY
-  items ID [ID ...]                                                 (KEYS 1..12)
-    reply: each id's stats string (see KEYS[12]), nil for an id without stats
+  items ID [ID ...]                                                 (KEYS 1..13)
+    reply: each id's stats string (see KEYS[13]), nil for an id without stats
     errors: ROTATOR_BADID, ROTATOR_TOOMANY
   tpublish MAXLEN MAXAGE_MS PAYLOAD [PAYLOAD ...]                 (TOPIC KEYS + every group)
     Stores 1..1000 payloads as new messages and pushes their ids onto every group's ring, in
@@ -212,7 +217,7 @@ COMMANDS (ARGV[1]; numbers are decimal integers)
     reply: {added (1 or 0), last_seq}  messages up to last_seq are not pushed to it
     errors: ROTATOR_BADARG, ROTATOR_TOOMANY
   tunsubscribe GROUP                                              (TOPIC KEYS + that group)
-    Forgets GROUP and deletes its ten queue keys (UNLINK: freed in the background).
+    Forgets GROUP and deletes its eleven queue keys (UNLINK: freed in the background).
     reply: 1, or 0 when it was not registered
     errors: ROTATOR_BADARG
   treplay GROUP FROM_SEQ TO_SEQ COUNT                             (TOPIC KEYS + that group)
@@ -241,24 +246,24 @@ ERRORS (replies start with the code)
 
 REDIS-CLI
   SHA=$(redis-cli SCRIPT LOAD "$(cat lua/rotator.lua)")
-  Q="rotator:{orders}:ring rotator:{orders}:done rotator:{orders}:done_old rotator:{orders}:marks rotator:{orders}:marks_old rotator:{orders}:revoked rotator:{orders}:dead rotator:{orders}:wake rotator:{orders}:meta rotator:{orders}:pushlog"
-  redis-cli EVALSHA $SHA 10 $Q push job-1 job-2
-  redis-cli EVALSHA $SHA 10 $Q next 10 30000 1000 5
-  redis-cli EVALSHA $SHA 10 $Q ack 'job-1*1732233600000.1.000001'
-  redis-cli EVALSHA $SHA 10 $Q ack '*1732233600000.1.0/2'     # job-1 and job-2 at once
-  redis-cli EVALSHA $SHA 10 $Q stats
+  Q="rotator:{orders}:ring rotator:{orders}:done rotator:{orders}:done_old rotator:{orders}:marks rotator:{orders}:marks_old rotator:{orders}:revoked rotator:{orders}:dead rotator:{orders}:wake rotator:{orders}:meta rotator:{orders}:pushlog rotator:{orders}:leases"
+  redis-cli EVALSHA $SHA 11 $Q push job-1 job-2
+  redis-cli EVALSHA $SHA 11 $Q next 10 30000 1000 5
+  redis-cli EVALSHA $SHA 11 $Q ack 'job-1*1732233600000.1.000001'
+  redis-cli EVALSHA $SHA 11 $Q ack '*1732233600000.1.0/2'     # job-1 and job-2 at once
+  redis-cli EVALSHA $SHA 11 $Q stats
   P="$Q rotator:{orders}:payloads"
-  redis-cli EVALSHA $SHA 11 $P pushp job-3 '{"n":3}'
-  redis-cli EVALSHA $SHA 11 $P nextp 10 30000 1000 5 1
+  redis-cli EVALSHA $SHA 12 $P pushp job-3 '{"n":3}'
+  redis-cli EVALSHA $SHA 12 $P nextp 10 30000 1000 5 1
   I="$P rotator:{orders}:items"
-  redis-cli EVALSHA $SHA 12 $I pushi job-4
-  redis-cli EVALSHA $SHA 12 $I items job-4
+  redis-cli EVALSHA $SHA 13 $I pushi job-4
+  redis-cli EVALSHA $SHA 13 $I items job-4
   T="rotator:{news}:topic:meta rotator:{news}:topic:groups"
   T="$T rotator:{news}:topic:log rotator:{news}:topic:bodies"
-  G=$(for r in ring done done_old marks marks_old revoked dead wake meta pushlog; do
+  G=$(for r in ring done done_old marks marks_old revoked dead wake meta pushlog leases; do
         printf 'rotator:{news}:group:mail:%s ' $r; done)
-  redis-cli EVALSHA $SHA 14 $T $G tsubscribe mail
-  redis-cli EVALSHA $SHA 14 $T $G tpublish 100000 0 'hello' 'world'
+  redis-cli EVALSHA $SHA 15 $T $G tsubscribe mail
+  redis-cli EVALSHA $SHA 15 $T $G tpublish 100000 0 'hello' 'world'
   redis-cli EVALSHA $SHA 4 $T tseek 1732233600000
 ]]
 
@@ -339,8 +344,14 @@ local LIMIT = {
 
 -- The KEYS of one queue (ring .. pushlog, the header's order), and a topic call's own KEYS,
 -- which its groups' queue KEYS follow.
-local QUEUE_KEYS = 10
+local QUEUE_KEYS = 11
 local TOPIC_KEYS = 4
+-- A queue's key names are "<base>:<role>", one base for all (rotator/keys.py builds them):
+-- the name of the ring, less ":ring", and these endings in KEYS order.
+local QUEUE_ROLES = {
+  ':ring', ':done', ':done_old', ':marks', ':marks_old', ':revoked', ':dead', ':wake', ':meta',
+  ':pushlog', ':leases',
+}
 
 -- The element grammar: the sentinel, and the bytes that tell elements and marks apart (locals:
 -- the walk reads them for every element it visits).
@@ -750,6 +761,7 @@ end
 -- ring's length and the side structures' sizes also checks every key the walk may write.
 function M.start_walk(lease, max_deliveries)
   local length = M.read('LLEN', K.ring)
+  local lease_length = M.read('LLEN', K.leases)
   local meta = M.read_meta(K)
   local sides = M.read_marked(M.read_sides(), meta.marked)
   sides.origin, sides.seq = meta.origin, meta.seq
@@ -1745,7 +1757,7 @@ end
 -- first use, so an EVAL call of a core command does not pay for creating their functions (a
 -- library defines them once).
 function M.define_extensions()
-  -- The KEYS layout of each command that does not take the ten queue KEYS.
+  -- The KEYS layout of each command that does not take the eleven queue KEYS.
   M.LAYOUT = {
     pushp = 'payloads', nextp = 'payloads', ackp = 'payloads',
     pushi = 'items', nackp = 'items', items = 'items',
@@ -1958,13 +1970,10 @@ function M.define_extensions()
   local BACKLOG = { cap = 1000000, look = LIMIT.count }
 
   -- The layout rotator/keys.py builds: the topic's KEYS are "<base>:topic:<role>" and group
-  -- GROUP's ten are "<base>:group:<GROUP>:<role>", in the header's KEYS order, where <base> is
+  -- GROUP's eleven are "<base>:group:<GROUP>:<role>", in the header's KEYS order, where <base> is
   -- "<prefix>:{<topic>}". Checked by name only (no reads) before any write: a call that got
   -- another key in a slot (another group's, a queue's, anything) would write or delete it.
   local TOPIC_SUFFIXES = { ':topic:meta', ':topic:groups', ':topic:log', ':topic:bodies' }
-  local GROUP_ROLES = { 'ring', 'done', 'done_old', 'marks', 'marks_old', 'revoked', 'dead',
-    'wake', 'meta', 'pushlog' }
-
   -- The base the topic's four KEYS share; refuses KEYS that do not follow the layout.
   function M.topic_base()
     local first, suffix = KS[1], TOPIC_SUFFIXES[1]
@@ -1981,12 +1990,12 @@ function M.define_extensions()
 
   -- Refuses the call unless the call's group g (1, 2, ...) has exactly group `group`'s keys.
   function M.check_group_keys(base, g, group)
-    local head = base .. ':group:' .. group .. ':'
+    local head = base .. ':group:' .. group
     local at = TOPIC_KEYS + QUEUE_KEYS * (g - 1)
     for r = 1, QUEUE_KEYS do
-      if KS[at + r] ~= head .. GROUP_ROLES[r] then
+      if KS[at + r] ~= head .. QUEUE_ROLES[r] then
         M.refuse('ROTATOR_KEYS', 'key ' .. (at + r) .. ' must be group ' .. M.printable(group) ..
-          "'s " .. GROUP_ROLES[r] .. ' key, got ' .. M.printable(KS[at + r]))
+          "'s " .. string.sub(QUEUE_ROLES[r], 2) .. ' key, got ' .. M.printable(KS[at + r]))
       end
     end
   end
@@ -2338,22 +2347,15 @@ local COMMANDS = {
   tstats = M.tstats,
 }
 
--- The ten KEYS of a queue after keys[base], by name, in the order of the header.
+-- The eleven KEYS of a queue after keys[base], by name, in the order of the header.
 function M.queue_keys(keys, base)
   return {
     ring = keys[base + 1], done = keys[base + 2], done_old = keys[base + 3],
     marks = keys[base + 4], marks_old = keys[base + 5], revoked = keys[base + 6],
     dead = keys[base + 7], wake = keys[base + 8], meta = keys[base + 9],
-    pushlog = keys[base + 10],
+    pushlog = keys[base + 10], leases = keys[base + 11],
   }
 end
-
--- A queue's key names are "<base>:<role>", one base for all (rotator/keys.py builds them):
--- the name of the ring, less ":ring", and these endings in KEYS order.
-local QUEUE_ROLES = {
-  ':ring', ':done', ':done_old', ':marks', ':marks_old', ':revoked', ':dead', ':wake', ':meta',
-  ':pushlog',
-}
 
 -- Refuses, before anything is read or written, queue keys that are not one queue's own in
 -- their slots (a key passed in the wrong slot, or a key of something else): names only, so
@@ -2368,12 +2370,12 @@ function M.check_queue_keys(keys, at)
   end
   if not ok then
     return nil, M.fail('ROTATOR_KEYS', 'keys ' .. (at + 1) .. '..' .. (at + QUEUE_KEYS) ..
-      ' must be one queue\'s <base>:ring <base>:done ... <base>:pushlog, in that order')
+      ' must be one queue\'s <base>:ring <base>:done ... <base>:leases, in that order')
   end
   return base
 end
 
--- The keys after a queue's ten: its payloads (or, for a topic group, the topic's bodies)
+-- The keys after a queue's eleven: its payloads (or, for a topic group, the topic's bodies)
 -- and its item stats; push_chunk's marker, any other key under the queue's base.
 function M.check_extra_keys(keys, base, marker)
   local eleventh, twelfth = keys[QUEUE_KEYS + 1], keys[QUEUE_KEYS + 2]
@@ -2389,7 +2391,7 @@ function M.check_extra_keys(keys, base, marker)
   end
   if ok and twelfth then ok = twelfth == base .. ':items' end
   if not ok then
-    return M.fail('ROTATOR_KEYS', 'keys after the queue\'s ten must be <base>:payloads (a ' ..
+    return M.fail('ROTATOR_KEYS', 'keys after the queue\'s eleven must be <base>:payloads (a ' ..
       'group: the topic\'s bodies) and <base>:items; push_chunk\'s marker a key under <base>:')
   end
 end
@@ -2433,8 +2435,8 @@ local function main(keys, args)
     if refused then return refused end
     T, NGROUPS = nil, 0
     K = M.queue_keys(keys, 0)
-    K.payloads = keys[11]
-    K.items = keys[12]
+    K.payloads = keys[12]
+    K.items = keys[13]
   end
   if not handler then
     return M.fail('ROTATOR_BADCMD', 'unknown command ' .. M.printable(args[1]))

@@ -249,7 +249,7 @@ def _decode_items(reply: Any) -> list[ItemStats | None]:
 def tpublish(
     keys: Keys, max_len: int, max_age_ms: int, payloads: Sequence[bytes]
 ) -> ModuleCall[list[str]]:
-    """``tpublish`` (TOPIC KEYS + every group's ten keys); decoded as the message ids."""
+    """``tpublish`` (TOPIC KEYS + every group's eleven keys); decoded as the message ids."""
     return ModuleCall(keys, [b"tpublish", max_len, max_age_ms, *payloads], _decode_texts)
 
 

@@ -549,5 +549,5 @@ class TopicView:
         return self._flows.retention
 
     def group_keys(self, group: str) -> QueueKeys:
-        """Group ``group``'s ten queue keys."""
+        """Group ``group``'s eleven queue keys."""
         return self.keys.group(group)

@@ -77,7 +77,7 @@ def test_the_library_survives_a_server_restart(tmp_path: Path) -> None:
         server.restart()
         client = server.client()
         # Functions are persisted with the data: FCALL works before any reload.
-        assert client.fcall(function_name(), 10, *q.keys.all, "stats")[1] == 1
+        assert client.fcall(function_name(), len(q.keys.all), *q.keys.all, "stats")[1] == 1
         assert [j.id for j in Rotator(client, "persisted", functions=True).next()] == ["kept"]
 
 

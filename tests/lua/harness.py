@@ -671,7 +671,7 @@ def _error_text(value: Any) -> str:
 
 
 class Harness:
-    """The real module on a RedisStub, with one queue's ten keys and a fake clock."""
+    """The real module on a RedisStub, with one queue's eleven keys and a fake clock."""
 
     def __init__(self, name: str = "q", now_ms: int = START_MS, path: Path = MODULE_PATH) -> None:
         self.stub = RedisStub(now_ms)
@@ -688,7 +688,7 @@ class Harness:
         self.stub.advance(ms)
 
     def call(self, *argv: bytes | str | int) -> Reply:
-        """Run one command of the module on this queue's ten keys."""
+        """Run one command of the module on this queue's eleven keys."""
         return self.script.run(self.keys, argv)
 
     def call_keys(self, keys: Sequence[bytes | str], *argv: bytes | str | int) -> Reply:

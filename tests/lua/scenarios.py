@@ -19,6 +19,8 @@ from rotator.keys import KEY_ROLES
 from rotator.protocol import unpack_element
 from tests.lua.backend import Backend, KeyState, ReplyError, Result
 
+N_QUEUE_KEYS = len(KEY_ROLES)
+
 LONG = 60_000  # a lease that cannot expire during a scenario
 SHORT = 100  # a lease a scenario waits out
 PAST_SHORT = 160  # sleep this long to see a SHORT lease expired
@@ -992,7 +994,7 @@ def oldest_pending_age_survives_many_push_checkpoints(b: Backend) -> None:
     assert s["oldest_pending_age_ms"] == want, f"{s} (want oldest {want})"
 
 
-# -- payloads (the eleventh key) -------------------------------------------------------------
+# -- payloads (the twelfth key) --------------------------------------------------------------
 
 
 def payload_keys(b: Backend) -> tuple[str, ...]:
@@ -1017,17 +1019,17 @@ def pushp_and_nextp_carry_payloads_and_ackp_drops_them(b: Backend) -> None:
     reply = nextp(b, 10, 1)
     assert [parse_token(str(t)).id for t in reply[3::3]] == ["a", "b", "bare"]
     assert reply[5::3] == ["pa", "", None]
-    assert b.key_state(keys[10]) == ("hash", {"a": "pa", "b": ""})
+    assert b.key_state(keys[N_QUEUE_KEYS]) == ("hash", {"a": "pa", "b": ""})
     assert b.call_keys(keys, "ackp", str(reply[3])) == 1
-    assert b.key_state(keys[10]) == ("hash", {"b": ""})
+    assert b.key_state(keys[N_QUEUE_KEYS]) == ("hash", {"b": ""})
     # Acks carried by nextp drop their payloads only with DROP 1.
     assert nextp(b, 1, 0, str(reply[6]))[2] == 1
-    assert b.key_state(keys[10]) == ("hash", {"b": ""})
+    assert b.key_state(keys[N_QUEUE_KEYS]) == ("hash", {"b": ""})
     assert b.call_keys(keys, "pushp", "c", "pc") == 1
     reply2 = nextp(b, 1, 1, str(reply[6]), str(reply[9]))
     assert reply2[2] == 2  # acking a token again is accepted again (idempotent)
     assert reply2[5] == "pc"
-    assert b.key_state(keys[10]) == ("hash", {"c": "pc"})
+    assert b.key_state(keys[N_QUEUE_KEYS]) == ("hash", {"c": "pc"})
 
 
 @scenario
@@ -1039,11 +1041,11 @@ def payload_commands_check_arguments_keys_and_types_before_writing(b: Backend) -
     expect_error(b, "ROTATOR_TOOMANY", "pushp", *(["i", "p"] * 2501), keys=keys)
     expect_error(b, "ROTATOR_BADARG", "nextp", 1, LONG, BUDGET, 0, 2, keys=keys)
     expect_error(b, "ROTATOR_BADTOKEN", "ackp", "nope", keys=keys)
-    expect_error(b, "ROTATOR_KEYS", "pushp", "a", "pa")  # ten keys only
-    expect_error(b, "ROTATOR_KEYS", "push", "a", keys=keys)  # eleven for a queue command
+    expect_error(b, "ROTATOR_KEYS", "pushp", "a", "pa")  # the queue's keys only
+    expect_error(b, "ROTATOR_KEYS", "push", "a", keys=keys)  # one too many for a queue command
     b.call_keys(keys, "pushp", "k", "v")
-    b.raw_del_key(keys[10])
-    b.raw_set_key(keys[10], "oops")
+    b.raw_del_key(keys[N_QUEUE_KEYS])
+    b.raw_set_key(keys[N_QUEUE_KEYS], "oops")
     before = b.snapshot()
     for argv in [("pushp", "z", "pz"), ("nextp", 1, LONG, BUDGET, 0, 1), ("ackp", "a*1.1.1")]:
         with pytest.raises(ReplyError) as caught:
@@ -1292,7 +1294,7 @@ def topic_keys_of_the_wrong_type_give_wrongtype_and_change_nothing(b: Backend) -
 @scenario
 def item_stats_count_deliveries_and_keep_the_last_error_until_acked(b: Backend) -> None:
     keys = (*payload_keys(b), f"rotator:{{{b.name}}}:items")
-    b.track(keys[11])
+    b.track(keys[N_QUEUE_KEYS + 1])
     pushed_at = b.now_ms()
     assert b.call_keys(keys, "pushi", "a", "b") == 2
     assert b.call_keys(keys, "pushp", "c", "pc") == 1
@@ -1316,8 +1318,8 @@ def item_stats_count_deliveries_and_keep_the_last_error_until_acked(b: Backend) 
     assert parts[1] == "2"
     assert parts[3] == "it: broke"
     assert b.call_keys(keys, "ackp", str(again[3]), tokens[1], tokens[2]) == 3
-    assert b.key_state(keys[11]) == ("none", None)
-    assert b.key_state(keys[10]) == ("none", None)
+    assert b.key_state(keys[N_QUEUE_KEYS + 1]) == ("none", None)
+    assert b.key_state(keys[N_QUEUE_KEYS]) == ("none", None)
     for argv, code in [
         (("nackp", 0, "x" * 4097, str(again[3])), "ROTATOR_BADARG"),
         (("pushi", "bad*"), "ROTATOR_BADID"),
