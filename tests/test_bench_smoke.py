@@ -72,3 +72,55 @@ def test_bench_smoke_writes_every_scenario(tmp_path: Path) -> None:
         (m, via, b) for m in ("old", "new") for via in ("evalsha", "fcall") for b in (1, 100)
     }
     assert all(row["us_per_call"] > 0 for row in rows if row["step"] == "hot_path")
+
+
+def test_bench_leases_smoke(tmp_path: Path) -> None:
+    """bench.leases (issue 21) end to end on tiny sizes: every state, module, via and phase."""
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench.leases",
+            "--smoke",
+            "--servers",
+            "redis",
+            "--out",
+            str(tmp_path),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=110,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    data = json.loads((tmp_path / "leases.json").read_text())
+    assert set(data) == {"machine", "modules", "sizes", "targets", "results"}
+    assert set(data["results"]) == {"redis"}
+    result = data["results"]["redis"]
+    assert set(result) >= {"version", "config", "claims", "ratios", "worst_calls", "reclaim"}
+    claims = {(r["state"], r["module"], r["via"]) for r in result["claims"]}
+    assert claims == {
+        (state, module, via)
+        for state in ("a", "b", "c")
+        for module in ("old", "new")
+        for via in ("evalsha", "fcall")
+    }
+    assert all(r["median_ms"] > 0 and r["calls_per_claim"] >= 1 for r in result["claims"])
+    ratios = {(r["module"], r["via"]) for r in result["ratios"]}
+    assert ratios == {(m, via) for m in ("old", "new") for via in ("evalsha", "fcall")}
+    assert all(r["b_over_a"] is not None and r["c_over_a"] is not None for r in result["ratios"])
+    setup = {(r["state"], r["module"]): r for r in result["setup"]}
+    assert set(setup) == {(s, m) for s in ("b", "c") for m in ("old", "new")}
+    assert all(r["in_flight_ok"] and r["shape_ok"] for r in setup.values()), result["setup"]
+    phases = {(r["module"], r["phase"]) for r in result["phases"]}
+    names = ["b_setup", "c_setup", "reclaim"]
+    names += [f"{s}_claims_{via}" for s in ("a", "b", "c") for via in ("evalsha", "fcall")]
+    assert phases == {(m, name) for m in ("old", "new") for name in names}
+    worst = {r["module"]: r for r in result["worst_calls"]}
+    assert set(worst) == {"old", "new"}
+    assert all(r["worst_ms"] > 0 and r["command"] for r in worst.values())
+    reclaim = {(r["module"], r["case"]): r for r in result["reclaim"]}
+    assert set(reclaim) == {(m, c) for m in ("old", "new") for c in ("idle_before", "idle_after")}
+    assert all(len(r["late_ms"]) == r["rounds"] for r in reclaim.values()), result["reclaim"]
+    assert "| worst call, every phase (ms) |" in done.stdout
