@@ -16,8 +16,7 @@ KEYS
                             rotate tail -> head
   KEYS[2]  done       SET   tokens acked since the last lap, awaiting removal
   KEYS[3]  done_old   SET   tokens acked before the last lap (swept at the next lap)
-  KEYS[4]  marks      HASH  token -> "e<deadline ms>" (extended), "n<due ms>" (deferred) or
-                            "x" (given back: its element goes at its next visit);
+  KEYS[4]  marks      HASH  token -> "e<deadline ms>" (extended) or "n<due ms>" (nacked);
                             batch -> "a<jobs>" (acked whole) or "t" (touched, see below)
   KEYS[5]  marks_old  HASH  marks written before the last lap (swept at the next lap)
   KEYS[6]  revoked    ZSET  token -> ms it was revoked (re-leased, nacked or dead-lettered)
@@ -25,7 +24,7 @@ KEYS
   KEYS[8]  wake       LIST  wake-up tokens that idle consumers block on (BLPOP)
   KEYS[9]  meta       HASH  counters: seq origin lapnext lapguess qstart qlen qmin pushed taken
                             packed (jobs in packed batches beyond one per element),
-                            marked_n marked_a marked_x and their _old (the marks' counts),
+                            marked_n marked_a marked_n_old marked_a_old (the marks' counts),
                             lmin lstop lpass rpasses lpasses (the leases' walk, see LEASES),
                             dead_dropped, expired (a topic group's); settings (configure)
   KEYS[10] pushlog    LIST  "<pushed>:<ms>" push checkpoints, newest first (pending age)
@@ -65,6 +64,29 @@ ELEMENTS OF THE RING
   expired batch is broken up at its next visit into its leases, which are then visited as
   usual, and the batch is revoked (a later batch ack is refused: ack each token).
   Anything else is corrupt: a visit moves it to the dead letters with reason "corrupt".
+  The ring holds the sentinel, pending ids and deferred jobs; leases and packed batches live
+  in the lease list (KEYS[11]), and one met in the ring (written there by hand, or by a module
+  from before the lease list) moves there at its visit.
+
+LEASES (how a claim avoids the jobs in flight)
+  Each lease, packed batch or re-lease is pushed at the lease list's head when it is made, so
+  the list runs in deadline order from its tail while every lease has the same length. A
+  call walks the list from its tail before it walks the ring, and only when something there
+  may be done with: when meta lmin (the earliest deadline the list may hold) has come, or
+  when acks or nacked jobs wait and the tail is not a young lease known to be live (meta
+  lstop: its deadline; an ack or nack with that deadline clears it). The walk removes acked
+  leases and batches, leases expired ones again (or dead-letters them), breaks up touched or
+  expired batches, moves a nacked job to the ring to wait (or leases it again when due),
+  moves an extended lease to the head, and stops at the first lease young by its own
+  deadline: young leases are never visited one by one, so a claim costs the same however
+  many are in flight. The price: a lease made shorter than one before it (a smaller
+  LEASE_MS, an extend that shortens), or a job nacked behind a younger lease, is reached
+  when the walk gets there, at the latest when the leases before it fall due. A sweep does
+  not stop at young leases: it puts them back at the tail in their places.
+  Acks and marks age (done -> done_old, marks -> marks_old, the old ones dropped) once both
+  lists have been walked whole since the last ageing: the ring from sentinel to sentinel
+  (meta rpasses), the lease list once every element it held has been visited (meta lpass,
+  lskip, lpasses); a list holding nothing needs no pass.
 
 COMMANDS (ARGV[1]; numbers are decimal integers)
   push ID [ID ...]
@@ -80,14 +102,18 @@ COMMANDS (ARGV[1]; numbers are decimal integers)
             ROTATOR_TOOMANY, ROTATOR_WRONGTYPE
   next COUNT LEASE_MS BUDGET MAX_DELIVERIES [ACK_TOKEN ...]
     First acks the tokens (and batch acks) given, as `ack`; then visits at most BUDGET
-    (1..1000) elements from the tail (a batch broken up counts its leases too: at most BUDGET
-    plus one batch of work) and leases at most COUNT jobs (1..1000) for LEASE_MS
-    (1..86400000). An acked lease is
-    removed; a young lease is skipped; an expired lease or a due nack is leased again with a
-    new token, or dead-lettered once it was delivered MAX_DELIVERIES times (0: no limit).
+    (1..1000) elements, of the lease list (see LEASES) and then of the ring, from their tails
+    (a batch broken up counts its leases too: at most BUDGET plus one batch of work), and
+    leases at most COUNT jobs (1..1000) for LEASE_MS (1..86400000). An acked lease is
+    removed; a young lease is left where it is; an expired lease or a due nack is leased again
+    with a new token, or dead-lettered once it was delivered MAX_DELIVERIES times (0: no
+    limit).
     reply: {idle, wait_ms, acked, token1, reclaimed1, token2, reclaimed2, ...}
-      idle     1 when a whole lap since the last push found nothing: block on KEYS[8]
+      idle     1 when a whole lap since the last push found nothing, and nothing in the lease
+               list is due: block on KEYS[8]
       wait_ms  ms until the earliest known lease deadline or nack due time, -1 if none
+    A call whose new leases fall due before anything known so far pushes one wake-up, so an
+    idle consumer blocked before they existed waits for them instead of its whole block.
       acked    how many ACK_TOKENs were accepted
       reclaimedN 1 when tokenN re-leases a job whose previous lease expired
     errors: ROTATOR_BADARG, ROTATOR_BADTOKEN, ROTATOR_TOOMANY
@@ -100,7 +126,7 @@ COMMANDS (ARGV[1]; numbers are decimal integers)
       tokenN   the later deliveries, as in next
     errors: as next
   ack TOKEN [TOKEN ...]
-    Completes leases; the element leaves the ring when a consumer next reaches it.
+    Completes leases; the element leaves the lease list when a walk next reaches it.
     A token whose lease was re-issued, nacked or dead-lettered is refused, and so is one
     this queue never issued (its call seq before the queue's origin: from another queue, or
     from this one before a delete; or beyond its seq). A TOKEN may be a
@@ -111,7 +137,8 @@ COMMANDS (ARGV[1]; numbers are decimal integers)
     errors: ROTATOR_BADTOKEN, ROTATOR_TOOMANY
   nack DELAY_MS TOKEN [TOKEN ...]
     Gives leases back; each job is delivered again (as a new delivery) once DELAY_MS has
-    passed (0..86400000). The old token is revoked.
+    passed (0..86400000) and the lease list's walk has reached it (see LEASES). The old token
+    is revoked.
     reply: {ok1, ok2, ...}  1 = requeued, 0 = lease lost (re-issued, acked or unknown queue)
     errors: ROTATOR_BADARG, ROTATOR_BADTOKEN, ROTATOR_TOOMANY
   extend LEASE_MS TOKEN [TOKEN ...]
@@ -140,23 +167,25 @@ COMMANDS (ARGV[1]; numbers are decimal integers)
             "oldest_pending_age_ms", n (-1 when nothing is pending)}
     O(1): counters kept in meta (marked_n, marked_a and their _old), never a whole read.
   peek COUNT
-    The COUNT (1..1000) elements nearest the tail, tail first, without changing anything; a
-    packed batch shows as the leases it stands for, first job first (at most COUNT rows).
+    The COUNT (1..1000) elements nearest the ring's tail, tail first, then the lease list's
+    from its tail, without changing anything; a packed batch shows as the leases it stands
+    for, first job first (at most COUNT rows).
     reply: {element1, state1, time1, ...}; state: "lap", "pending", "leased", "done",
            "deferred", "corrupt"; time: lease deadline or due ms (0 when none)
     errors: ROTATOR_BADARG
   scan START STOP COUNT
-    The elements START..STOP-1 counted from the tail (0: the next to be visited), as peek
-    shows them, at most COUNT (1..1000) rows' worth of elements (an element is never split:
+    The elements START..STOP-1 counted from the ring's tail and on into the lease list's
+    (LENGTH: both lists), as peek shows them, at most COUNT (1..1000) rows' worth of elements (an element is never split:
     a packed batch alone may give up to 1000 rows). Changes nothing. Continue from NEXT until
     it reaches STOP (or LENGTH); SEQ and PUSHED unchanged across pages means nothing moved.
     reply: {NEXT, LENGTH, SEQ, PUSHED, element1, state1, time1, ...}
     errors: ROTATOR_BADARG
   sweep BUDGET
-    Visits at most BUDGET elements (1..1000; broken-up batches count their leases)
-    without leasing anything: removes acked
-    elements, dead-letters corrupt ones, repairs the sentinel. Repeat until `visited` adds up
-    to the ring's length to clean a whole lap (an idle queue otherwise cleans up lazily).
+    Visits at most BUDGET elements (1..1000; broken-up batches count their leases) of the
+    lease list, then of the ring, without leasing anything: removes acked elements (young
+    leases stay in their places), dead-letters corrupt ones, repairs the sentinel. Repeat
+    until `visited` adds up to both lists' lengths to clean them whole (an idle queue
+    otherwise cleans up lazily).
     reply: {visited, removed, length} (removed and length in jobs)
     errors: ROTATOR_BADARG
   dead START COUNT
@@ -310,6 +339,9 @@ local LIMIT = {
   dead_max = 100000, dead_max_range = { 1, 1000000 },
   dead_age_ms = 7 * 86400000, dead_age_ms_range = { 0, 3650 * 86400000 }, -- 0: no age limit
   trim_step = 1000, -- refused tokens or dead letters one call drops beyond what it adds
+  -- The lease list's walk reads at most this many bytes of elements per call (a packed batch
+  -- of 1000 ids of 1 KB is 1 MB).
+  lease_bytes = 2 * 1024 * 1024,
   dead_scan = 1000, -- dead letters requeue_dead examines per call
   wake_tokens = 16, -- at most this many idle consumers woken by one push
   pushlog_bucket_ms = 1000, -- pushes within a second share one checkpoint
@@ -360,6 +392,7 @@ local BYTE_STAR = 42 -- '*': opens the sentinel, a packed batch and a batch ack;
 local BYTE_DOT = 46 -- '.': ends the deadline in a lease's stamp
 local BYTE_A = 97 -- 'a': opens the mark of a batch acked whole ("a<jobs>")
 local BYTE_N = 110 -- 'n': opens the mark of a nacked job ("n<due ms>")
+local BYTE_E = 101 -- 'e': opens the mark of an extended lease ("e<deadline ms>")
 
 -- 2. CALL STATE ---------------------------------------------------------------------------------
 
@@ -444,6 +477,16 @@ function M.call_all(command, key, items)
     total = total + rcall(command, key, unpack(items, i, math.min(i + LIMIT.batch - 1, #items)))
   end
   return total
+end
+
+-- HMGET of any number of fields, LIMIT.batch at a time.
+function M.hmget_all(key, fields)
+  local values = {}
+  for i = 1, #fields, LIMIT.batch do
+    local part = rcall('HMGET', key, unpack(fields, i, math.min(i + LIMIT.batch - 1, #fields)))
+    for j = 1, #part do values[i + j - 1] = part[j] end
+  end
+  return values
 end
 
 function M.valid_id(id)
@@ -531,7 +574,8 @@ end
 function M.read_meta(K)
   local m = M.read('HMGET', K.meta, 'seq', 'lapnext', 'qstart', 'qmin', 'pushed', 'taken',
     'lapguess', 'qlen', 'packed', 'origin', 'fence_ms', 'fence_max', 'dead_max', 'dead_age_ms',
-    'marked_n', 'marked_a', 'marked_n_old', 'marked_a_old')
+    'marked_n', 'marked_a', 'marked_n_old', 'marked_a_old',
+    'lmin', 'lstop', 'lpass', 'lskip', 'rpasses', 'lpasses')
   local seq = tonumber(m[1]) or M.now_ms()
   return {
     -- origin: the first seq of the queue as it is now (see refused_among)
@@ -541,6 +585,11 @@ function M.read_meta(K)
     dead_age_ms = tonumber(m[14]) or LIMIT.dead_age_ms,
     marked = { tonumber(m[15]) or 0, tonumber(m[16]) or 0, tonumber(m[17]) or 0,
       tonumber(m[18]) or 0 }, -- see read_marked
+    -- The lease list's walk (see M.walk_leases): the earliest deadline it may hold, the
+    -- deadline of the young lease its last walk stopped at, the elements left in its pass,
+    -- and the passes of both lists since the acks and marks last aged.
+    lmin = tonumber(m[19]), lstop = tonumber(m[20]), lpass = tonumber(m[21]),
+    lskip = tonumber(m[22]), rpasses = tonumber(m[23]) or 0, lpasses = tonumber(m[24]) or 0,
     lapnext = tonumber(m[2]), qstart = tonumber(m[3]),
     qmin = tonumber(m[4]), pushed = tonumber(m[5]) or 0, taken = tonumber(m[6]) or 0,
     lapguess = m[7] == '1' or not tonumber(m[2]), qlen = tonumber(m[8]),
@@ -560,8 +609,8 @@ end
 
 -- What the marks hashes hold, counted as stats counts it, kept in the meta hash so that stats
 -- reads no hash whole: per hash, its deferred jobs ("n" marks) and the jobs of its batch acks
--- ("a<jobs>" marks). Every write of a mark goes through count_mark; at a lap's end the counts
--- move with the hashes. Noted in sides.marked.
+-- ("a<jobs>" marks). Every write of a mark goes through count_mark; when the marks age the
+-- counts move with the hashes. Noted in sides.marked.
 local MARK_COUNTS = { 'marked_n', 'marked_a', 'marked_n_old', 'marked_a_old' }
 
 function M.read_marked(sides, counts)
@@ -597,8 +646,8 @@ end
 -- The counts that changed, appended to `fields` (meta field, value, ...).
 function M.marked_fields(sides, fields)
   local marked = sides.marked
-  local now = { marked[K.marks][1], marked[K.marks][2], marked[K.marks_old][1],
-    marked[K.marks_old][2] }
+  local new, old = marked[K.marks], marked[K.marks_old]
+  local now = { new[1], new[2], old[1], old[2] }
   for i = 1, 4 do
     if now[i] ~= marked.was[i] then
       fields[#fields + 1], fields[#fields + 2] = MARK_COUNTS[i], math.max(now[i], 0)
@@ -617,7 +666,7 @@ end
 -- replace; with `old_too`, also removes the fields from the old hash.
 function M.write_marks(sides, fields, values, old_too)
   if #fields == 0 then return end
-  local before = rcall('HMGET', K.marks, unpack(fields))
+  local before = M.hmget_all(K.marks, fields)
   local pairs_ = {}
   for i = 1, #fields do
     M.count_mark(sides, K.marks, before[i], -1)
@@ -626,7 +675,7 @@ function M.write_marks(sides, fields, values, old_too)
   end
   sides[K.marks] = sides[K.marks] + M.call_all('HSET', K.marks, pairs_)
   if old_too then
-    local older = rcall('HMGET', K.marks_old, unpack(fields))
+    local older = M.hmget_all(K.marks_old, fields)
     for i = 1, #fields do M.count_mark(sides, K.marks_old, older[i], -1) end
     sides[K.marks_old] = sides[K.marks_old] - M.call_all('HDEL', K.marks_old, fields)
   end
@@ -703,11 +752,27 @@ function M.ack_tokens(first, ring_length, sides)
   if #accepted > 0 then
     sides[K.done] = sides[K.done] + rcall('SADD', K.done, unpack(accepted))
   end
+  if M.frees_tail(accepted, sides.lstop) or M.frees_tail(batch_names, sides.lstop) then
+    sides.lstop = nil
+  end
   local values = {}
   for i = 1, #batch_names do values[i] = batch_marks[batch_names[i]] end
   M.write_marks(sides, batch_names, values, false)
   M.touch(touched, sides)
   return n, accepted
+end
+
+-- The lease list's walk stopped at a young lease that was live (meta lstop, its deadline), and
+-- waits for it before it looks for acked leases behind it. True when one of the tokens (or
+-- batch names) acked or given back has that deadline, and so may be that lease: the walk may
+-- go on at the next call.
+function M.frees_tail(tokens, lstop)
+  if not lstop then return false end
+  local deadline = tostring(lstop)
+  for i = 1, #tokens do
+    if string.match(tokens[i], '%*(%d+)%.') == deadline then return true end
+  end
+  return false
 end
 
 -- Tokens (or batch acks) in A[first..] that were revoked or never issued, as a set. A batch
@@ -752,10 +817,13 @@ function M.touch(batches, sides)
 end
 
 -- 6. THE WALK ENGINE ----------------------------------------------------------------------------
--- next and sweep walk the ring from its tail: start_walk reads the state, walk visits a
--- budget of elements (leasing pending ids into the call's batch, keeping young leases,
--- re-leasing expired ones, breaking up touched batches, ending laps at the sentinel) and
--- collects what to write, and finish_walk writes it all at once.
+-- next and sweep walk two lists from their tails: start_walk reads the state; walk_leases
+-- visits the lease list while what it finds there is due or done with (LEASES in the header);
+-- walk visits a budget of ring elements (leasing pending ids into the call's batch, leasing
+-- due deferred jobs again, ending laps at the sentinel); both collect what to write, and
+-- finish_walk writes it all at once. What a walk keeps goes where it waits: a lease to the
+-- lease list's head while it is young (to its tail when it is due but this call has no room
+-- to lease it), a deferred job to the ring's head.
 
 -- The state of one walk over the tail of the ring, shared by next and sweep. Reading the
 -- ring's length and the side structures' sizes also checks every key the walk may write.
@@ -764,7 +832,7 @@ function M.start_walk(lease, max_deliveries)
   local lease_length = M.read('LLEN', K.leases)
   local meta = M.read_meta(K)
   local sides = M.read_marked(M.read_sides(), meta.marked)
-  sides.origin, sides.seq = meta.origin, meta.seq
+  sides.origin, sides.seq, sides.lstop = meta.origin, meta.seq, meta.lstop
   local dead_length = M.read('LLEN', K.dead)
   M.read('LLEN', K.wake) -- an idle call deletes it
   local now = M.now_ms()
@@ -777,6 +845,12 @@ function M.start_walk(lease, max_deliveries)
     seq_base = seq_base, first = '*' .. (now + lease) .. '.1.' .. seq_base, meta = meta,
     young_low = nil, young_high = nil, -- see M.young_bounds
     length = length, live = length, -- ring length as it is at this point of the visits
+    -- The lease list: its length, the elements the walk took from its tail, those it puts
+    -- back there and those it pushes at its head, and the earliest deadline among those.
+    lease_length = lease_length, lease_visited = 0, back = {}, to_leases = {},
+    pushed_min = nil, lmin = meta.lmin, lstop = meta.lstop, lpass = meta.lpass,
+    lskip = meta.lskip,
+    rpasses = meta.rpasses, lpasses = meta.lpasses, lease_more = false,
     seq = meta.seq, lapnext = lapnext, qmin = meta.qmin,
     -- With the lap position unknown (new ring, lost meta), guess that the sentinel is within
     -- one ring length: a sentinel seen before then is accepted, none seen means it is gone.
@@ -807,7 +881,7 @@ function M.walk(s, count, limit, budget)
   local byte, id_bytes = string.byte, LIMIT.id_bytes
   -- A pending id's first delivery: its token is id .. first .. PAD[its place in the batch].
   local first, compact = s.first, s.compact
-  local rotated, reply, srem, batch = s.rotated, s.reply, s.srem, s.batch
+  local rotated, reply, batch = s.rotated, s.reply, s.batch
   local n_rotated, n_reply = #rotated, #reply
   s.count = count
   -- Slices start just larger than what is wanted (every element fetched costs a string
@@ -893,11 +967,7 @@ function M.walk(s, count, limit, budget)
             s.live = s.live - 1
           end
         elseif done_in[i] ~= nil then
-          if done_in[i] then
-            local list = srem[done_in[i]]
-            list[#list + 1] = element
-          end
-          s.live = s.live - 1
+          M.completed(s, done_in[i], element)
         else
           M.visit_lease(s, element, mark[i], mark_in[i])
           n_rotated, n_reply = #rotated, #reply
@@ -965,7 +1035,7 @@ end
 function M.visit_lease(s, element, m, m_key)
   local young_low = s.young_low
   if young_low == nil then young_low = M.young_bounds(s) end
-  if not m and young_low then
+  if not m and young_low and not s.leases_walk then
     -- The common case, a young lease with no mark, decided without parsing a number: a
     -- deadline written with as many digits as now and the longest lease is young when it
     -- sorts after now and no later than now + the longest lease (digit strings of one length
@@ -974,15 +1044,18 @@ function M.visit_lease(s, element, m, m_key)
     local width = #young_low
     local deadline = string.sub(element, star + 1, star + width)
     if deadline > young_low and deadline <= s.young_high and #element - star <= LIMIT.stamp_bytes
-        and string.byte(element, star + width + 1) == BYTE_DOT and star <= LIMIT.id_bytes + 1 then
-      local rotated = s.rotated
-      rotated[#rotated + 1] = element
+        and string.byte(element, star + width + 1) == BYTE_DOT and star <= LIMIT.id_bytes + 1
+        and string.find(element, '^%d+%.%d+$', star + width + 2) then
+      -- (a lease met in the ring, written there before leases had their own list)
+      local to_leases = s.to_leases
+      to_leases[#to_leases + 1] = element
+      s.live = s.live - 1
       if not s.young_min or deadline < s.young_min then s.young_min = deadline end
       return
     end
   end
-  local id, deadline, n = M.parse_token(element)
   local kind = m and string.sub(m, 1, 1)
+  local id, deadline, n = M.parse_token(element)
   local when = m and tonumber(string.match(m, '^[en](%d+)$'))
   if not id then
     M.unmark(s, m_key, element, m)
@@ -992,7 +1065,7 @@ function M.visit_lease(s, element, m, m_key)
   if when and kind == 'e' then deadline = when end
   local due = (when and kind == 'n') and when or deadline
   if due > s.now or s.sweeping or s.leased >= s.count then
-    M.keep(s, element, due, m, m_key)
+    M.keep(s, element, due, m, m_key, kind == 'n')
   else
     M.lease_again(s, id, n, element, (kind == 'n') and 0 or 1, m, m_key)
   end
@@ -1004,15 +1077,13 @@ end
 -- its jobs acked, nacked or extended on its own) or expired, it is broken up into the
 -- elements it stands for, which are visited in its place.
 function M.visit_packed(s, element, batch, m, m_key)
-  local deadline = string.match(batch, '^%*(%d+)%.1%.%d+$')
   -- Well formed: a batch name, then at least one id (a byte other than "*").
-  if not deadline or #deadline > LIMIT.int_digits or #batch > LIMIT.stamp_bytes
-      or not string.find(element, '[^*]', #batch + 2) then
+  local due = M.own_deadline(element, batch)
+  if not due then
     M.unmark(s, m_key, batch, m)
     M.dead_letter(s, 'corrupt', 0, element)
     return
   end
-  local due = tonumber(deadline)
   if not m and (due > s.now or s.sweeping) then
     -- Young and untouched, the common case: kept without reading its ids (O(1) per lap).
     M.keep(s, element, due)
@@ -1031,6 +1102,7 @@ function M.visit_packed(s, element, batch, m, m_key)
   end
   M.unmark(s, m_key, batch, m) -- the touch (or a batch ack of another size) is used up
   s.revoke[#s.revoke + 1] = batch -- from now on its jobs are acked one by one
+  s.in_place = s.in_place or (s.leases_walk and due > s.now)
   local tokens = {}
   for k = 1, #ids do tokens[k] = ids[k] .. batch .. PAD[k] end
   s.live = s.live + #ids - 1
@@ -1040,12 +1112,18 @@ function M.visit_packed(s, element, batch, m, m_key)
   M.look_up(tokens, s.sides, stamped, done_in, marks, marks_in, {})
   for k = 1, #tokens do
     if done_in[k] ~= nil then
-      if done_in[k] then table.insert(s.srem[done_in[k]], tokens[k]) end
-      s.live = s.live - 1
+      M.completed(s, done_in[k], tokens[k])
     else
       M.visit_lease(s, tokens[k], marks[k], marks_in[k])
     end
   end
+  s.in_place = s.sweeping
+end
+
+-- An acked lease leaves, and its token its done set (`key`; false: that generation is gone).
+function M.completed(s, key, token)
+  if key then table.insert(s.srem[key], token) end
+  s.live = s.live - 1
 end
 
 -- Drops the mark `m` of `field` from the marks hash `key` (nothing when the mark has no key
@@ -1056,11 +1134,31 @@ function M.unmark(s, key, field, m)
   M.count_mark(s.sides, key, m, -1)
 end
 
--- An element that stays as it is for now; a mark it still needs moves to the current
+-- An element that stays as it is for now, due at `at`. A deferred job waits at the ring's
+-- head. A lease or batch met in the lease list goes back to its tail, in its place, when it
+-- is due but the call has no room to lease it, or when its place is kept (a sweep, a young
+-- batch broken up); at its head when it waits longer than its place says (extended). One met
+-- in the ring (written there before leases had their own list) moves to the lease list's
+-- head while young, or stays in the ring. A mark it still needs moves to the current
 -- generation.
-function M.keep(s, element, at, m, m_key)
-  s.rotated[#s.rotated + 1] = element
-  if at and (not s.soonest or at < s.soonest) then s.soonest = at end
+function M.keep(s, element, at, m, m_key, deferred)
+  local list = s.rotated
+  if s.leases_walk and not deferred then
+    list = (at <= s.now or s.in_place) and s.back or s.to_leases
+  elseif not deferred and at > s.now then
+    list = s.to_leases
+  end
+  list[#list + 1] = element
+  if list == s.rotated then
+    if at and (not s.soonest or at < s.soonest) then s.soonest = at end
+    if s.leases_walk then s.moved = s.moved + 1 end -- a deferred job, to the ring
+  else
+    if list == s.back and at > s.now and (not s.back_young or at < s.back_young) then
+      s.back_young = at
+    end
+    if not s.pushed_min or at < s.pushed_min then s.pushed_min = at end
+    s.live = s.live - 1
+  end
   if m and m_key ~= K.marks then
     s.keep_marks[#s.keep_marks + 1] = element
     s.keep_marks[#s.keep_marks + 1] = m
@@ -1073,7 +1171,8 @@ end
 -- or dead-letters it when it has had its deliveries.
 function M.lease_again(s, id, n, old_token, reclaimed, mark, mark_key)
   M.unmark(s, mark_key, old_token, mark)
-  s.revoke[#s.revoke + 1] = old_token
+  -- (a deferred job's copy was never handed out: its token needs no fencing)
+  if reclaimed == 1 then s.revoke[#s.revoke + 1] = old_token end
   if n >= LIMIT.stamped_deliveries then
     -- No delivery reaches this count (MAX_DELIVERIES <= LIMIT.max_deliveries): someone wrote
     -- it by hand, and the next count would not fit the grammar.
@@ -1090,7 +1189,8 @@ function M.lease_again(s, id, n, old_token, reclaimed, mark, mark_key)
   s.released = s.released + 1
   local token = id .. '*' .. s.deadline .. '.' .. (math.max(n, 1) + 1) .. '.' .. s.seq_base
     .. PAD[s.released]
-  s.rotated[#s.rotated + 1] = token
+  s.to_leases[#s.to_leases + 1] = token
+  s.live = s.live - 1
   s.reply[#s.reply + 1] = token
   s.reply[#s.reply + 1] = reclaimed
   s.leased = s.leased + 1
@@ -1101,10 +1201,35 @@ function M.dead_letter(s, reason, n, element)
   s.live = s.live - 1
 end
 
--- The sentinel's visit ends a lap: whatever an old generation still holds was not claimed
--- by any element during a whole lap, so it is a leftover (late ack, stale mark) and goes.
--- Look-ups already made for slice[1..from] now live one generation older.
+-- The sentinel's visit ends a lap of the ring. Look-ups already made for slice[1..from] live
+-- one generation older if the acks and marks age here (see M.may_age).
 function M.end_lap(s, from, done_in, mark_in)
+  s.rpasses = s.rpasses + 1
+  if M.may_age(s) then
+    M.age(s)
+    s.rpasses, s.lpasses = 0, -1
+    local older = { [K.done] = K.done_old, [K.marks] = K.marks_old }
+    for i = from, 1, -1 do
+      if done_in[i] then done_in[i] = older[done_in[i]] or false end
+      if mark_in[i] then mark_in[i] = older[mark_in[i]] or false end
+    end
+  end
+  s.rotated[#s.rotated + 1] = SENTINEL
+  s.lapnext, s.lapguess = s.seq + s.visited + s.live, false
+end
+
+-- Whether the acks and marks may age (the current generation becoming the old one, the old
+-- one going). Whatever the old generation holds was written before the last ageing; once both
+-- lists have been walked whole since (a pass of each that began after it), every element it
+-- could concern has been visited and has taken what it needed: what is left is a leftover
+-- (late ack, stale mark). A list with nothing to walk needs no pass.
+function M.may_age(s)
+  local leases_left = s.lease_length - s.lease_visited + #s.back + #s.to_leases
+  local ring = s.leases_walk and s.ring_live or s.live -- (the lease walk borrows s.live)
+  return (s.rpasses >= 1 or ring <= 1) and (s.lpasses >= 1 or leases_left == 0)
+end
+
+function M.age(s)
   M.flush_side_writes(s)
   -- UNLINK frees a large leftover set in the background: the call stays short.
   rcall('UNLINK', K.done_old, K.marks_old)
@@ -1114,13 +1239,127 @@ function M.end_lap(s, from, done_in, mark_in)
   sides[K.done_old], sides[K.done] = sides[K.done], 0
   sides[K.marks_old], sides[K.marks] = sides[K.marks], 0
   M.age_marked(sides)
-  local older = { [K.done] = K.done_old, [K.marks] = K.marks_old }
-  for i = from, 1, -1 do
-    if done_in[i] then done_in[i] = older[done_in[i]] or false end
-    if mark_in[i] then mark_in[i] = older[mark_in[i]] or false end
+end
+
+-- The lease list's walk: from its tail, where the earliest deadlines are (leases are pushed at
+-- its head as they are made, so in deadline order while every lease has the same length),
+-- while what it finds is done with or due. An acked lease or batch, or one given back, goes;
+-- a due lease is leased again (while the call has room) or dead-lettered; a due or touched
+-- batch is broken up into its leases, visited in its place. It stops at the first element
+-- whose own deadline is still ahead (everything behind it is younger), at the first due one
+-- the call has no room for, at the budget, or past LIMIT.lease_bytes. It never moves a young
+-- lease, so a claim costs the same however many are in flight. A sweep does not stop at live
+-- elements: it puts them back at the tail, in their places, and goes on.
+-- A pass of the list (see M.may_age) ends once the elements it held when the pass began have
+-- all been visited: `lpass` counts those left, after the `lskip` at the tail that were
+-- visited and put back.
+function M.walk_leases(s, budget)
+  local live, expanded = s.live, s.expanded
+  s.leases_walk, s.in_place, s.ring_live, s.moved = true, s.sweeping, live, 0
+  local skip = s.meta.lskip or 0
+  if not s.lpass or s.lpass <= 0 then s.lpass, skip = s.lease_length, 0 end -- a pass begins
+  local byte, now, want, bytes = string.byte, s.now, 2, 0
+  local stop, pass_ended = nil, false -- stop: the deadline of the young lease it stopped at
+  while true do
+    local aged = false
+    local slice = rcall('LRANGE', K.leases, -(s.lease_visited + want), -(s.lease_visited + 1))
+    local stamped, done_in, mark, mark_in, packed = {}, {}, {}, {}, {}
+    M.look_up(slice, s.sides, stamped, done_in, mark, mark_in, packed)
+    for i = #slice, 1, -1 do
+      if s.lease_visited + s.expanded - expanded >= budget or bytes > LIMIT.lease_bytes
+          or (s.leased >= s.count and not s.sweeping) then
+        s.lease_more = true
+        break
+      end
+      local element, m = slice[i], mark[i]
+      -- Acked, given back (nacked: leased again when due, else off to wait in the ring),
+      -- extended (it waits at the head: out of its place, it must not hold up those behind
+      -- it), or a batch marked (acked whole, or touched: broken up now, its acked leases go
+      -- and its live ones wait at the tail in its place).
+      local gone = done_in[i] ~= nil
+        or (m and (byte(m) == BYTE_N or byte(m) == BYTE_E or packed[i]))
+      local deadline = not gone and M.own_deadline(element, packed[i])
+      if deadline and deadline > now and not s.sweeping then
+        stop = deadline
+        break
+      end
+      s.lease_visited = s.lease_visited + 1
+      bytes = bytes + #element
+      if deadline and deadline > now then
+        M.keep(s, element, deadline, m, mark_in[i]) -- a sweep: back in its place
+      elseif done_in[i] ~= nil then
+        M.completed(s, done_in[i], element)
+      elseif packed[i] then
+        M.visit_packed(s, element, packed[i], m, mark_in[i])
+      elseif stamped[i] then
+        M.visit_lease(s, element, m, mark_in[i])
+      elseif element ~= SENTINEL then
+        M.dead_letter(s, 'corrupt', 0, element) -- nothing the module writes here
+      end
+      if skip > 0 then
+        skip = skip - 1
+      elseif not pass_ended then
+        s.lpass = s.lpass - 1
+        if s.lpass <= 0 then
+          -- The look-ups of this slice may be a generation off now: read on afresh.
+          pass_ended, aged = M.end_lease_pass(s), true
+          break
+        end
+      end
+    end
+    if stop or s.lease_more or (#slice < want and not aged) then break end
+    if not aged then want = math.min(want * 2, LIMIT.budget) end
   end
-  s.rotated[#s.rotated + 1] = SENTINEL
-  s.lapnext, s.lapguess = s.seq + s.visited + s.live, false
+  if not pass_ended and s.lease_visited == s.lease_length then
+    pass_ended = M.end_lease_pass(s) -- the whole list was visited, whatever the count said
+  end
+  s.live, s.leases_walk, s.in_place = live + s.moved, nil, nil
+  if pass_ended then
+    -- The next pass counts everything the list holds after this call, put back or not
+    -- (visited or not: counting more than needed only makes a pass longer).
+    s.lpass, s.lskip = s.lease_length - s.lease_visited + #s.back + #s.to_leases, 0
+  else
+    s.lskip = #s.back + skip
+  end
+  -- What the list may hold that is due soonest: the element it stopped at (the list is in
+  -- deadline order), now when it stopped for want of room, nothing when it ran out; and the
+  -- young leases it put back at the tail, which the next walk meets first.
+  s.lmin = stop or (s.lease_more and now) or nil
+  s.lstop = stop
+  if s.back_young and (not s.lstop or s.back_young < s.lstop) then
+    s.lstop = s.back_young
+    if not s.lmin or s.back_young < s.lmin then s.lmin = s.back_young end
+  end
+  -- The visits count as the ring's do (they number this call's tokens): the ring's own
+  -- positions, counted in the same sequence, move along.
+  local n = s.lease_visited
+  s.seq, s.lapnext, s.qstart = s.seq + n, s.lapnext + n, s.qstart + n
+end
+
+-- The deadline a lease or packed batch was made with (its place in the lease list), nil for
+-- anything that is neither (a visit dead-letters it).
+function M.own_deadline(element, batch)
+  if batch then
+    local deadline = string.match(batch, '^%*(%d+)%.1%.%d+$')
+    if not deadline or #deadline > LIMIT.int_digits or #batch > LIMIT.stamp_bytes
+        or not string.find(element, '[^*]', #batch + 2) then
+      return nil
+    end
+    return tonumber(deadline)
+  end
+  local _, deadline = M.parse_token(element)
+  return deadline
+end
+
+-- Every element a pass of the lease list began with has been visited: the acks and marks may
+-- age. Returns true.
+function M.end_lease_pass(s)
+  s.lpasses = s.lpasses + 1
+  if M.may_age(s) then
+    M.age(s)
+    s.lpasses, s.rpasses = 0, -1
+  end
+  return true
 end
 
 -- Applies the side-structure writes collected so far by a walk, keeping the sizes in
@@ -1145,19 +1384,31 @@ function M.flush_side_writes(s)
   end
 end
 
--- Writes what a walk decided: the ring (visited tail dropped, what stays pushed back at the
--- head in visit order), side structures, revocations, dead letters and counters.
+-- Writes what a walk decided: the ring and the lease list (visited tails dropped, what stays
+-- pushed back at the heads in visit order, due leases the call had no room for back at the
+-- lease list's tail), side structures, revocations, dead letters and counters.
 function M.finish_walk(s)
-  local batch = s.batch
+  local batch, to_leases = s.batch, s.to_leases
   if #batch > 0 then
     -- The call's first deliveries, packed into one element: "<first>*<id>*<id>...".
     s.packed_element = s.first .. '*' .. table.concat(batch, '*')
-    s.rotated[#s.rotated + 1] = s.packed_element
-    s.live = s.live + 1
+    to_leases[#to_leases + 1] = s.packed_element
     s.packed = s.packed + #batch - 1
+  end
+  if s.length > 0 and s.live <= 0 and #s.rotated == 0 then
+    -- The ring had no sentinel (someone removed it) and is left empty: it gets one back.
+    s.rotated[1], s.lapnext, s.lapguess = SENTINEL, s.seq + s.visited + 1, false
   end
   rcall('LTRIM', K.ring, 0, -(s.visited + 1))
   M.call_all('LPUSH', K.ring, s.rotated)
+  if s.lease_visited > 0 then rcall('LTRIM', K.leases, 0, -(s.lease_visited + 1)) end
+  local back = s.back
+  if #back > 0 then
+    local reversed = {} -- the first put back is the next visited
+    for i = #back, 1, -1 do reversed[#reversed + 1] = back[i] end
+    M.call_all('RPUSH', K.leases, reversed)
+  end
+  M.call_all('LPUSH', K.leases, to_leases)
   M.flush_side_writes(s)
   if #s.revoke > 0 then
     local args = {}
@@ -1173,11 +1424,35 @@ function M.finish_walk(s)
     M.trim_dead(s.meta, s.now, s.dead_length + #s.letters, #s.letters)
   end
   s.seq = s.seq + s.visited
-  if s.leased > 0 and (not s.soonest or s.deadline < s.soonest) then s.soonest = s.deadline end
-  local young = s.young_min and tonumber(s.young_min)
-  if young and (not s.soonest or young < s.soonest) then s.soonest = young end
   if s.soonest and (not s.qmin or s.soonest < s.qmin) then s.qmin = s.soonest end
+  M.note_leases(s)
   M.write_meta(s)
+end
+
+-- The earliest deadline the lease list may hold now: what its walk left (see walk_leases),
+-- and what this call pushed. A call whose new leases fall due before anything known so far
+-- wakes an idle consumer, which then waits for them rather than for what it was told.
+function M.note_leases(s)
+  local lmin = s.lmin
+  if s.leased > 0 then
+    local before = s.meta.lmin
+    if s.qmin and (not before or s.qmin < before) then before = s.qmin end
+    if not before or s.deadline < before then
+      rcall('LPUSH', K.wake, '1')
+      rcall('LTRIM', K.wake, 0, LIMIT.wake_tokens - 1)
+    end
+    if not lmin or s.deadline < lmin then lmin = s.deadline end
+  end
+  local pushed = s.pushed_min
+  local young = s.young_min and tonumber(s.young_min)
+  if young and (not pushed or young < pushed) then pushed = young end
+  if pushed and (not lmin or pushed < lmin) then lmin = pushed end
+  local before = s.lease_length - s.lease_visited + #s.back
+  if before + #s.to_leases == 0 then lmin = nil end
+  -- Pushed onto an empty list, the young leases of this call are its tail: a walk for acks
+  -- need not read them before they may be due (see leases_due).
+  if before == 0 and #s.to_leases > 0 then s.lstop = lmin end
+  s.lmin = lmin
 end
 
 -- Forgets refused tokens past the fencing window, oldest first, and beyond its count: at most
@@ -1235,6 +1510,12 @@ function M.write_meta(s)
   changed('lapnext', s.lapnext, was.lapnext)
   changed('lapguess', s.lapguess and '1' or '0', was.lapguess_field)
   changed('qmin', s.qmin or '', was.qmin or '')
+  changed('lmin', s.lmin or '', was.lmin or '')
+  changed('lstop', s.lstop or '', was.lstop or '')
+  changed('lpass', s.lpass or '', was.lpass or '')
+  changed('lskip', s.lskip or '', was.lskip or '')
+  changed('rpasses', s.rpasses, was.rpasses)
+  changed('lpasses', s.lpasses, was.lpasses)
   M.marked_fields(s.sides, fields)
   rcall('HSET', K.meta, unpack(fields))
 end
@@ -1305,58 +1586,88 @@ function M.lease(first, batches, compact)
   local max_deliveries = M.int_arg(5, 'MAX_DELIVERIES', 0, LIMIT.max_deliveries)
   M.check_tokens(first, false, batches)
   local s = M.start_walk(lease, max_deliveries)
-  local acked, accepted = M.ack_tokens(first, s.length, s.sides)
+  local acked, accepted = M.ack_tokens(first, s.length + s.lease_length, s.sides)
+  s.lstop = s.sides.lstop
   local reply = compact and { 0, -1, acked, '' } or { 0, -1, acked }
-  if s.length == 0 then
+  if s.length == 0 and s.lease_length == 0 then
     reply[1] = 1
     return reply, accepted
   end
+  s.reply, s.compact, s.count = reply, compact, count
+  if M.leases_due(s) then M.walk_leases(s, budget) end
   if s.qmin and s.qmin <= s.now then
     -- Something has come due since the last idle lap: look at a whole lap again.
     s.qmin, s.qstart, s.qlen = nil, s.seq, s.length
   end
-  s.reply, s.compact = reply, compact
-  M.walk(s, count, math.min(budget, s.length), budget)
+  local left = budget - s.lease_visited
+  M.walk(s, count, math.min(left, s.length), left)
   M.finish_walk(s)
   if compact then reply[4] = s.packed_element or '' end
-  if s.leased == 0 and s.seq - s.qstart >= s.qlen then
+  if s.leased == 0 and s.seq - s.qstart >= s.qlen and not s.lease_more then
     -- Every element the ring held at the last push has been visited since, the pushed ones
     -- last, and nothing was found. Only such a call may clear the wake list, so a push
     -- between two partial laps cannot lose its wake-up.
     rcall('DEL', K.wake)
     reply[1] = 1
   end
-  if s.qmin then reply[2] = s.qmin - s.now end
+  local soonest = s.qmin
+  if s.lmin and (not soonest or s.lmin < soonest) then soonest = s.lmin end
+  if soonest then reply[2] = soonest - s.now end
   return reply, accepted
+end
+
+-- Whether this call walks the lease list: when its earliest deadline may have come, or when
+-- acks wait for their elements (or jobs given back for theirs) and the list's tail is not a
+-- young lease known to be live, whose deadline the walk would wait for (see ack_tokens).
+function M.leases_due(s)
+  if s.lease_length == 0 then return false end
+  if s.sweeping or not s.lmin or s.lmin <= s.now then return true end
+  if s.lstop then return false end
+  local sides, marked = s.sides, s.sides.marked
+  return sides[K.done] + sides[K.done_old] + marked[K.marks][1] + marked[K.marks][2]
+    + marked[K.marks_old][1] + marked[K.marks_old][2] > 0
 end
 
 function M.ack()
   M.check_tokens(2, true, true)
-  local length = M.read('LLEN', K.ring)
   local sides = M.ack_sides()
-  local n = M.ack_tokens(2, length, sides)
-  M.write_marked(sides)
+  local n = M.ack_tokens(2, sides.length, sides)
+  M.write_acked(sides)
   return n
 end
 
 -- What ack_tokens needs to know of the side structures (reading them checks their types),
--- and the range of call seqs this queue issued.
+-- the range of call seqs this queue issued, and the length of both lists.
 function M.ack_sides()
   local sides = {
+    length = M.read('LLEN', K.ring) + M.read('LLEN', K.leases),
     [K.done] = M.read('SCARD', K.done), [K.marks] = M.read('HLEN', K.marks),
     revoked = M.read('ZCARD', K.revoked),
   }
-  return M.read_issued(sides)
+  M.read_issued(sides)
+  sides.lstop_was = sides.lstop
+  return sides
+end
+
+-- Writes what acks changed in the meta hash: the marks' counts, and the lease walk's stop.
+function M.write_acked(sides)
+  local fields = M.marked_fields(sides, {})
+  if sides.lstop_was and not sides.lstop then
+    fields[#fields + 1], fields[#fields + 2] = 'lstop', ''
+  end
+  if #fields > 0 then rcall('HSET', K.meta, unpack(fields)) end
 end
 
 -- Notes in `sides` the call seqs this queue has issued tokens with (origin <= seq < seq)
 -- and the marks' counts (read_marked), in one read.
 function M.read_issued(sides)
-  local m = M.read('HMGET', K.meta, 'origin', 'seq', unpack(MARK_COUNTS))
+  local m = M.read('HMGET', K.meta, 'origin', 'seq', 'lstop', unpack(MARK_COUNTS))
   sides.seq = tonumber(m[2]) or 0
   sides.origin = tonumber(m[1]) or 0
-  return M.read_marked(sides, { tonumber(m[3]) or 0, tonumber(m[4]) or 0,
-    tonumber(m[5]) or 0, tonumber(m[6]) or 0 })
+  sides.lstop = tonumber(m[3])
+  local counts = {}
+  for i = 1, 4 do counts[i] = tonumber(m[i + 3]) or 0 end
+  return M.read_marked(sides, counts)
 end
 
 function M.nack()
@@ -1364,7 +1675,9 @@ function M.nack()
 end
 
 -- nack's work, with the tokens starting at A[first]; `before_write` reads what a caller
--- writes afterwards (checked before anything is written).
+-- writes afterwards (checked before anything is written). A job given back keeps its place:
+-- its lease is marked "n<due>" (deferred); the lease list's walk takes it on from there (it
+-- moves to the ring to wait, or is leased again when due).
 function M.give_back(first, before_write)
   local delay = M.int_arg(2, 'DELAY_MS', 0, LIMIT.lease_ms)
   M.check_tokens(first, true)
@@ -1398,9 +1711,13 @@ function M.give_back(first, before_write)
   end
   M.mark_leases(sides, given, marks, touched)
   if any then
+    -- Due work restarts the ring's lap and wakes idle consumers; the lease list's walk looks
+    -- for the jobs when they fall due (and at once if one is its tail, see frees_tail).
     local qmin = meta.qmin and math.min(meta.qmin, due) or due
-    rcall('HSET', K.meta, 'qmin', qmin, 'qstart', meta.seq, 'qlen', rcall('LLEN', K.ring),
-      'seq', meta.seq, 'origin', meta.origin)
+    local lmin = meta.lmin and math.min(meta.lmin, due) or due
+    local lstop = M.frees_tail(given, meta.lstop) and '' or (meta.lstop or '')
+    rcall('HSET', K.meta, 'qmin', qmin, 'lmin', lmin, 'lstop', lstop, 'qstart', meta.seq,
+      'qlen', rcall('LLEN', K.ring), 'seq', meta.seq, 'origin', meta.origin)
     rcall('LPUSH', K.wake, '1')
     rcall('LTRIM', K.wake, 0, LIMIT.wake_tokens - 1)
     local added = 2 * (#A - first + 1) -- each token, and maybe its batch
@@ -1417,12 +1734,13 @@ function M.mark_leases(sides, tokens, values, touched)
   M.touch(touched)
 end
 
--- Which tokens in A[first..] still hold a live lease: not revoked, not acked.
+-- Which tokens in A[first..] still hold a live lease: not revoked, not acked. Also returns the
+-- sides.
 function M.live_tokens(first)
   local alive = {}
   local length = M.read('LLEN', K.ring)
   local sides = M.read_issued(M.read_sides())
-  if length == 0 then return alive, sides end
+  if length + M.read('LLEN', K.leases) == 0 then return alive, sides end
   local refused = M.refused_among(first, sides)
   local tokens = {}
   for i = first, #A do tokens[#tokens + 1] = A[i] end
@@ -1480,9 +1798,9 @@ function M.extend()
     end
   end
   M.mark_leases(sides, extended, marks, touched)
-  -- A shortened lease may now be the first thing to fall due: idle consumers wake for it.
-  if any and (not meta.qmin or deadline < meta.qmin) then
-    rcall('HSET', K.meta, 'qmin', deadline)
+  -- A shortened lease may now be the first thing to fall due: idle consumers wait for it.
+  if any and (not meta.lmin or deadline < meta.lmin) then
+    rcall('HSET', K.meta, 'lmin', deadline)
   end
   return reply
 end
@@ -1490,17 +1808,22 @@ end
 function M.sweep()
   local budget = M.int_arg(2, 'BUDGET', 1, LIMIT.budget)
   local s = M.start_walk(0, 0)
-  if s.length == 0 then return { 0, 0, 0 } end
-  s.sweeping = true
+  if s.length == 0 and s.lease_length == 0 then return { 0, 0, 0 } end
+  s.sweeping, s.count = true, 1
   local packed = s.packed
-  M.walk(s, 1, math.min(budget, s.length), budget)
+  if M.leases_due(s) then M.walk_leases(s, budget) end
+  local left = budget - s.lease_visited
+  M.walk(s, 1, math.min(left, s.length), left)
   -- A sweep leases nothing, so what it passed may still be pending: consumers must look at
   -- a whole lap again before they idle.
   s.qstart, s.qlen = s.seq + s.visited, s.live
   M.finish_walk(s)
   -- In jobs, not elements (a packed batch holds several).
-  local removed = math.max(s.length + packed - s.live - s.packed, 0)
-  return { s.visited, removed, math.max(s.live - 1 + s.packed, 0) }
+  local leases = s.lease_length - s.lease_visited + #s.back + #s.to_leases
+  local before = s.length + s.lease_length + packed
+  local after = math.max(s.live, 0) + leases + s.packed
+  return { s.visited + s.lease_visited, math.max(before - after, 0),
+    math.max(after - (s.live > 0 and 1 or 0), 0) }
 end
 
 -- Removes the queue, in the background (UNLINK), but for its seq: a queue made again under
@@ -1565,16 +1888,17 @@ function M.queue_stats(K)
   local now = M.now_ms()
   local meta = M.read_meta(K)
   local ring_length = M.read('LLEN', K.ring)
-  -- Jobs, not elements: a packed batch holds several.
-  local length = ring_length > 0 and ring_length - 1 + meta.packed or 0
-  local pending = math.max(0, math.min(length, meta.pushed - meta.taken))
-  local acked = M.read('SCARD', K.done) + M.read('SCARD', K.done_old)
   -- The marks' counts (see read_marked), not the marks: O(1) however many are deferred.
   M.read('HLEN', K.marks)
   M.read('HLEN', K.marks_old)
-  local marked = M.read('HMGET', K.meta, unpack(MARK_COUNTS))
-  local deferred = (tonumber(marked[1]) or 0) + (tonumber(marked[3]) or 0)
-  acked = acked + (tonumber(marked[2]) or 0) + (tonumber(marked[4]) or 0)
+  local marked = meta.marked
+  -- Jobs, not elements: a packed batch holds several.
+  local elements = math.max(ring_length - 1, 0) + M.read('LLEN', K.leases)
+  local length = elements + meta.packed
+  local pending = math.max(0, math.min(length, meta.pushed - meta.taken))
+  local acked = M.read('SCARD', K.done) + M.read('SCARD', K.done_old)
+  local deferred = marked[1] + marked[3]
+  acked = acked + marked[2] + marked[4]
   local in_flight = math.max(0, length - pending - acked - deferred)
   -- The push log holds cumulative push counts, newest first: the oldest pending job was
   -- pushed in the oldest checkpoint whose count exceeds what was taken. Binary search.
@@ -1599,19 +1923,25 @@ end
 
 function M.peek()
   local count = M.int_arg(2, 'COUNT', 1, LIMIT.count)
-  local slice = M.read('LRANGE', K.ring, -count, -1)
-  local rows = M.ring_rows(slice, M.read_sides(), count)
+  local sides = M.read_sides()
+  local rows = M.ring_rows(M.read('LRANGE', K.ring, -count, -1), sides, count)
+  local room = count - #rows / 3
+  if room > 0 then
+    local leases = M.ring_rows(M.read('LRANGE', K.leases, -room, -1), sides, room)
+    for i = 1, #leases do rows[#rows + 1] = leases[i] end
+  end
   for i = #rows, count * 3 + 1, -1 do rows[i] = nil end
   return rows
 end
 
--- The ring's elements START..STOP-1 counted from the tail (0: the next to be visited), as
--- peek shows them: read page by page, a whole ring in bounded calls.
+-- The elements START..STOP-1 counted from the ring's tail on into the lease list's (0: the
+-- next to be visited), as peek shows them: read page by page, both lists in bounded calls.
 function M.scan()
   local start = M.int_arg(2, 'START', 0, LIMIT.no_bound)
   local stop = M.int_arg(3, 'STOP', 0, LIMIT.no_bound)
   local count = M.int_arg(4, 'COUNT', 1, LIMIT.count)
-  local length = M.read('LLEN', K.ring)
+  local ring_length = M.read('LLEN', K.ring)
+  local length = ring_length + M.read('LLEN', K.leases)
   local sides = M.read_sides()
   local meta = M.read_meta(K)
   stop = math.min(stop, length)
@@ -1619,8 +1949,10 @@ function M.scan()
   -- first element alone gives all its rows: a batch holds at most LIMIT.count jobs).
   local rows, at = {}, start
   while at < stop and #rows < count * 3 do
-    local want = math.min(stop - at, count - #rows / 3)
-    local slice = rcall('LRANGE', K.ring, -(at + want), -(at + 1))
+    local key, from, ends = K.ring, at, ring_length
+    if at >= ring_length then key, from, ends = K.leases, at - ring_length, length end
+    local want = math.min(math.min(stop, ends) - at, count - #rows / 3)
+    local slice = rcall('LRANGE', key, -(from + want), -(from + 1))
     local page = M.ring_rows(slice, sides, nil, count * 3 - #rows)
     for i = 1, #page do rows[#rows + 1] = page[i] end
     at = at + (page.elements or #slice)
@@ -1913,12 +2245,11 @@ function M.define_extensions()
 
   function M.ackp()
     M.check_tokens(2, true, false)
-    local length = M.read('LLEN', K.ring)
     local sides = M.ack_sides()
     M.read('HLEN', K.payloads)
     if K.items then M.read('HLEN', K.items) end
-    local n, accepted = M.ack_tokens(2, length, sides)
-    M.write_marked(sides)
+    local n, accepted = M.ack_tokens(2, sides.length, sides)
+    M.write_acked(sides)
     if n > 0 then M.forget(accepted) end
     return n
   end
@@ -2239,7 +2570,7 @@ function M.define_extensions()
     rcall('HDEL', T.groups, group)
     -- UNLINK frees the keys in the background: a million revoked tokens took 570 ms to DEL.
     rcall('UNLINK', keys.ring, keys.done, keys.done_old, keys.marks, keys.marks_old, keys.revoked,
-      keys.dead, keys.wake, keys.meta, keys.pushlog)
+      keys.dead, keys.wake, keys.meta, keys.pushlog, keys.leases)
     return 1
   end
 

@@ -267,7 +267,9 @@ class QueueFlows:
         return deleted
 
     def sweep(self) -> Flow[int]:
-        length = int((yield ClientCall("llen", (self.keys.ring,))))
+        ring = int((yield ClientCall("llen", (self.keys.ring,))))
+        leases = int((yield ClientCall("llen", (self.keys.leases,))))
+        length = ring + leases
         visited = removed = 0
         while visited < length:
             seen, gone, left = yield commands.sweep(self.plain_keys, self.budget)

@@ -59,6 +59,10 @@ class QueueKeys:
         return self.all[6]
 
     @property
+    def leases(self) -> str:
+        return self.all[10]
+
+    @property
     def wake(self) -> str:
         return self.all[7]
 

@@ -37,6 +37,8 @@ COUNT = 1000
 BUDGET = 1000
 LEASE_MS = 86_400_000
 REVOKED_KEEP_MS = 2 * 86_400_000
+LEASE_BYTES = 2 * 1024 * 1024  # bytes of elements one walk of the lease list reads at most
+STAMPED_DELIVERIES = 999_999_999  # a delivery count no real lease reaches (9 digits)
 WAKE_TOKENS = 16
 PUSHLOG_BUCKET_MS = 1000
 PUSH_CHUNK = 1000  # rotator.defaults.DEFAULT_PUSH_CHUNK: ids per push call of the Python API
@@ -57,6 +59,7 @@ _BATCH = re.compile(rb"\*(\d+)\.1\.\d+")
 _BATCH_ACK = re.compile(rb"\*\d+\.1\.\d+/(\d+)")
 _MARK = re.compile(rb"([en])(\d+)")
 _DEAD_LETTER = re.compile(rb"[^*]*\*\d+\*\d+\*(.*)", re.DOTALL)
+_TOKEN_DEADLINE = re.compile(rb"\*(\d+)\.")
 _PUSHLOG = re.compile(rb"(\d+):(\d+)")
 
 
@@ -135,6 +138,18 @@ def unpacked(ring: list[bytes]) -> list[bytes]:
     return out
 
 
+def own_deadline(element: bytes) -> int | None:
+    """The deadline a well-formed lease or packed batch was made with, else None."""
+    parts = packed_parts(element)
+    if parts is None:
+        lease = parse_lease(element)
+        return lease[1] if lease is not None else None
+    header = _BATCH.fullmatch(parts[0])
+    if header is None or len(header[1]) > 15 or len(parts[0]) > STAMP_BYTES or not parts[1]:
+        return None
+    return int(header[1])
+
+
 def check_ids(ids: list[bytes]) -> None:
     if len(ids) > BATCH:
         raise Refused("ROTATOR_TOOMANY")
@@ -170,12 +185,28 @@ class Walk:
     soonest: int | None = None
     batch: list[bytes] = field(default_factory=list)  # this call's first deliveries
     reply: list[Any] = field(default_factory=list)
+    # The lease list: its length when the call began, the elements taken from its tail, those
+    # put back there and those pushed at its head (in order), the earliest deadline pushed.
+    ring_length: int = 0
+    lease_length: int = 0
+    lease_visited: int = 0
+    back: list[bytes] = field(default_factory=list)
+    to_leases: list[bytes] = field(default_factory=list)
+    pushed_min: int | None = None
+    back_young: int | None = None
+    leases_walk: bool = False  # visiting the lease list (not the ring)
+    in_place: bool = False  # what the lease walk keeps goes back to the tail, in its place
+    lease_more: bool = False  # the lease walk stopped for want of room, budget or bytes
+    ring_live: int = 0  # the ring's length while the lease walk runs
+    lmin_before: int | None = None  # meta lmin when the call began
+    moved: int = 0  # deferred jobs the lease walk moved to the ring
 
 
 @dataclass
 class RotatorModel:
     now: int
     ring: list[bytes] = field(default_factory=list)  # head first, like LRANGE 0 -1
+    leases: list[bytes] = field(default_factory=list)  # the lease list, head first
     done: set[bytes] = field(default_factory=set)
     done_old: set[bytes] = field(default_factory=set)
     marks: dict[bytes, bytes] = field(default_factory=dict)
@@ -195,13 +226,21 @@ class RotatorModel:
     pushed: int = 0
     taken: int = 0
     packed: int = 0  # meta "packed": jobs in packed elements beyond one per element
+    # The lease list's walk (meta lmin lstop lpass lskip rpasses lpasses): see the module.
+    lmin: int | None = None
+    lstop: int | None = None
+    lpass: int | None = None
+    lskip: int | None = None
+    rpasses: int = 0
+    lpasses: int = 0
     issued: set[bytes] = field(default_factory=set)  # every token the server handed out
     # Bookkeeping for the test, not part of the queue.
     pushed_ids: Counter[bytes] = field(default_factory=Counter)  # valid ids that entered the ring
     completed: Counter[bytes] = field(default_factory=Counter)  # acked elements removed, by id
     delivered: Counter[bytes] = field(default_factory=Counter)  # deliveries handed out, by id
     laps: int = 0  # sentinel visits
-    acked_at: dict[bytes, int] = field(default_factory=dict)  # token -> laps when last acked
+    ages: int = 0  # times the acks and marks aged
+    acked_at: dict[bytes, int] = field(default_factory=dict)  # token -> ages when last acked
 
     # -- commands -------------------------------------------------------------------------
 
@@ -232,23 +271,26 @@ class RotatorModel:
         walk = self._start_walk(lease_ms, most)
         length = len(self.ring)
         acked = self._ack_tokens(acks)
-        if length == 0:
+        if length == 0 and walk.lease_length == 0:
             return [1, -1, acked]
-        if self.qlen is None:
-            self.qlen = length
+        walk.reply, walk.count = [0, -1, acked], n
+        if self._leases_due(walk):
+            self._walk_leases(walk, limit)
         if self.qmin is not None and self.qmin <= self.now:
             # Something came due since the last idle lap: look at a whole lap again.
             self.qmin, self.qstart, self.qlen = None, self.seq, length
-        walk.reply = [0, -1, acked]
-        self._walk(walk, n, min(limit, length), limit)
+        left = limit - walk.lease_visited
+        self._walk(walk, n, min(left, length), left)
         self._finish_walk(walk)
         reply = walk.reply
         assert self.qstart is not None
-        if walk.leased == 0 and self.seq - self.qstart >= self.qlen:
+        assert self.qlen is not None
+        if walk.leased == 0 and self.seq - self.qstart >= self.qlen and not walk.lease_more:
             self.wake = 0
             reply[0] = 1
-        if self.qmin is not None:
-            reply[1] = self.qmin - self.now
+        soonest = min((t for t in (self.qmin, self.lmin) if t is not None), default=None)
+        if soonest is not None:
+            reply[1] = soonest - self.now
         return reply
 
     def next_packed(
@@ -283,12 +325,14 @@ class RotatorModel:
         due = self.now + delay_ms
         reply = []
         touched: list[bytes] = []
+        given: list[bytes] = []
         for token in tokens:
             if token in alive:
                 alive.discard(token)  # a token given twice is requeued once
                 self.marks[token] = b"n%d" % due
                 self.marks_old.pop(token, None)
                 self.revoked[token] = self.now
+                given.append(token)
                 batch = batch_of(token)
                 if batch is not None:  # no more whole-batch acks; its element is broken up
                     self.revoked[batch] = self.now
@@ -297,8 +341,11 @@ class RotatorModel:
             else:
                 reply.append(0)
         self._touch(touched)
-        if any(reply):
+        if given:
             self.qmin = due if self.qmin is None else min(self.qmin, due)
+            self.lmin = due if self.lmin is None else min(self.lmin, due)
+            if self._frees_tail(given):
+                self.lstop = None
             self.qstart, self.qlen = self.seq, len(self.ring)
             self.wake = min(self.wake + 1, WAKE_TOKENS)
         return reply
@@ -319,38 +366,38 @@ class RotatorModel:
                     touched.append(batch)
             reply.append(1 if token in alive else 0)
         self._touch(touched)
-        if alive and (self.qmin is None or deadline < self.qmin):
-            self.qmin = deadline  # a shortened lease may be the next thing due
+        if alive and (self.lmin is None or deadline < self.lmin):
+            self.lmin = deadline  # a shortened lease may be the next thing due
         return reply
 
     def sweep(self, budget: object) -> list[int]:
         limit = int_arg(budget, 1, BUDGET)
         walk = self._start_walk(0, 0)
         length = len(self.ring)
-        if length == 0:
+        if length == 0 and walk.lease_length == 0:
             return [0, 0, 0]
-        if self.qlen is None:
-            self.qlen = length
-        walk.sweeping = True
+        walk.sweeping, walk.count = True, 1
         packed = walk.packed
-        self._walk(walk, 1, min(limit, length), limit)
-        self._finish_walk(walk)
+        if self._leases_due(walk):
+            self._walk_leases(walk, limit)
+        left = limit - walk.lease_visited
+        self._walk(walk, 1, min(left, length), left)
         # A sweep leases nothing: what it passed may still be pending, so the quiet lap
         # starts again.
-        self.qstart, self.qlen = self.seq, walk.live
-        removed = max(length + packed - walk.live - walk.packed, 0)
-        return [walk.visited, removed, max(walk.live - 1 + walk.packed, 0)]
+        self.qstart, self.qlen = self.seq + walk.visited, walk.live
+        self._finish_walk(walk)
+        before = length + walk.lease_length + packed
+        after = max(walk.live, 0) + len(self.leases) + walk.packed
+        return [
+            walk.visited + walk.lease_visited,
+            max(before - after, 0),
+            max(after - (1 if walk.live > 0 else 0), 0),
+        ]
 
     def stats(self) -> list[Any]:
-        length = len(self.ring) - 1 + self.packed if self.ring else 0
+        length = max(len(self.ring) - 1, 0) + len(self.leases) + self.packed
         pending = max(0, min(length, self.pushed - self.taken))
-        acked = len(self.done) + len(self.done_old)
-        acked += sum(
-            int(mark[1:] or b"0")
-            for marks in (self.marks, self.marks_old)
-            for mark in marks.values()
-            if mark.startswith(b"a")
-        )
+        acked = self._acked_waiting()
         deferred = sum(
             mark.startswith(b"n")
             for marks in (self.marks, self.marks_old)
@@ -373,19 +420,26 @@ class RotatorModel:
         n = int_arg(count, 1, COUNT)
         rows: list[bytes] = []
         batch_acked: set[int] = set()
-        for element in reversed(self.ring[-n:]):
-            parts = packed_parts(element)
-            if parts is not None and _BATCH.fullmatch(parts[0]):
-                batch, ids = parts
-                acked = (self._batch_mark(batch)[0] or b"").startswith(b"a")
-                for k, job_id in enumerate(ids, 1):
-                    if acked:
-                        batch_acked.add(len(rows))
-                    rows.append(job_id + batch + b"%05d" % k)
-            else:
-                rows.append(element)
-            if len(rows) >= n:
+        for elements, first in ((self.ring, True), (self.leases, False)):
+            room = n if first else n - len(rows)
+            if room <= 0:
                 break
+            found = 0
+            for element in reversed(elements[-room:]):
+                parts = packed_parts(element)
+                if parts is not None and _BATCH.fullmatch(parts[0]):
+                    batch, ids = parts
+                    acked = (self._batch_mark(batch)[0] or b"").startswith(b"a")
+                    for k, job_id in enumerate(ids, 1):
+                        if acked:
+                            batch_acked.add(len(rows))
+                        rows.append(job_id + batch + b"%05d" % k)
+                        found += 1
+                else:
+                    rows.append(element)
+                    found += 1
+                if found >= room:
+                    break
         reply: list[Any] = []
         for i, element in enumerate(rows[:n]):
             state, at = b"pending", 0
@@ -468,7 +522,7 @@ class RotatorModel:
     def _ack_tokens(self, args: list[bytes]) -> int:
         """Tokens go into the done set and touch their batch; a batch ack marks its batch
         `a<jobs>` (refused, like a token, once its batch was revoked)."""
-        if not args or not self.ring:
+        if not args or not (self.ring or self.leases):
             return 0
         accepted: list[bytes] = []
         for arg in dict.fromkeys(args):  # given twice, counted once
@@ -477,13 +531,28 @@ class RotatorModel:
                 accepted.append(arg)
         tokens = [a for a in accepted if not a.startswith(b"*")]
         self.done |= set(tokens)
-        self.acked_at.update(dict.fromkeys(tokens, self.laps))
+        self.acked_at.update(dict.fromkeys(tokens, self.ages))
+        batches = []
         for arg in accepted:
             if arg.startswith(b"*"):
                 batch, _, jobs = arg.partition(b"/")
                 self.marks[batch] = b"a" + jobs
+                batches.append(batch)
         self._touch([b for b in map(batch_of, tokens) if b is not None])
+        if self._frees_tail(tokens + batches):
+            self.lstop = None
         return len(accepted)
+
+    def _frees_tail(self, tokens: list[bytes]) -> bool:
+        """Whether one of these tokens (or batch names) may be the young lease the lease
+        list's walk stopped at (it has its deadline): the walk may go on."""
+        if self.lstop is None:
+            return False
+        for token in tokens:
+            found = _TOKEN_DEADLINE.search(token)
+            if found is not None and found[1] == b"%d" % self.lstop:
+                return True
+        return False
 
     def _issued(self, arg: bytes) -> bool:
         """Whether this queue could have issued the token (or batch ack): its call seq is in
@@ -502,7 +571,7 @@ class RotatorModel:
             self.marks.setdefault(batch, b"t")
 
     def _live_tokens(self, tokens: list[bytes]) -> set[bytes]:
-        if not self.ring:
+        if not self.ring and not self.leases:
             return set()
         alive = {
             t
@@ -542,8 +611,12 @@ class RotatorModel:
 
     def _start_walk(self, lease_ms: int, max_deliveries: int) -> Walk:
         length = len(self.ring)
-        if length:
-            self._seed()  # an empty ring's call writes nothing, so its seed is not kept
+        if length or self.leases:
+            self._seed()  # an empty queue's call writes nothing, so its seed is not kept
+        if self.qlen is None:
+            self.qlen = length
+        if self.qstart is None:
+            self.qstart = self.seq
         return Walk(
             now=self.now,
             deadline=self.now + lease_ms,
@@ -554,6 +627,9 @@ class RotatorModel:
             lapguess=self.lapguess or self.lapnext is None,
             seq_base=self.seq,
             packed=self.packed,
+            ring_length=length,
+            lease_length=len(self.leases),
+            lmin_before=self.lmin,
         )
 
     def _seed(self) -> None:
@@ -561,10 +637,125 @@ class RotatorModel:
             self.seq = self.origin = self.now
             self.seeded = True
 
+    def _leases_due(self, w: Walk) -> bool:
+        """Whether the call walks the lease list (the module's leases_due)."""
+        if w.lease_length == 0:
+            return False
+        if w.sweeping or self.lmin is None or self.lmin <= self.now:
+            return True
+        if self.lstop is not None:
+            return False
+        deferred = sum(
+            m.startswith(b"n") for marks in (self.marks, self.marks_old) for m in marks.values()
+        )
+        return self._acked_waiting() + deferred > 0
+
+    def _acked_waiting(self) -> int:
+        """Acks waiting for their element: tokens, and the jobs of batch acks."""
+        return (
+            len(self.done)
+            + len(self.done_old)
+            + sum(
+                int(m[1:] or b"0")
+                for marks in (self.marks, self.marks_old)
+                for m in marks.values()
+                if m.startswith(b"a")
+            )
+        )
+
+    def _walk_leases(self, w: Walk, budget: int) -> None:
+        """The lease list from its tail while what is there is done with or due (the module's
+        walk_leases), one element at a time."""
+        live, expanded = w.live, w.expanded
+        w.leases_walk, w.in_place, w.ring_live, w.moved = True, w.sweeping, live, 0
+        skip = self.lskip or 0
+        if self.lpass is None or self.lpass <= 0:
+            self.lpass, skip = w.lease_length, 0
+        stop: int | None = None
+        pass_ended = False
+        read = 0
+        while w.lease_visited < w.lease_length:
+            if (
+                w.lease_visited + w.expanded - expanded >= budget
+                or read > LEASE_BYTES
+                or (w.leased >= w.count and not w.sweeping)
+            ):
+                w.lease_more = True
+                break
+            element = self.leases[-(w.lease_visited + 1)]
+            parts = packed_parts(element)
+            stamped = parts is None and b"*" in element[1:]
+            done = stamped and (element in self.done or element in self.done_old)
+            if parts is not None:
+                mark, marks = self._batch_mark(parts[0])
+            elif stamped and not done:
+                mark, marks = self._mark_of(element)
+            else:
+                mark, marks = None, None
+            gone = done or (mark is not None and (mark[:1] in (b"n", b"e") or parts is not None))
+            deadline = None if gone else own_deadline(element)
+            if deadline is not None and deadline > w.now and not w.sweeping:
+                stop = deadline
+                break
+            w.lease_visited += 1
+            read += len(element)
+            if deadline is not None and deadline > w.now:
+                self._keep(w, element, deadline, mark, marks)  # a sweep: back in its place
+            elif done:
+                self._visit_stamped(w, element)
+            elif parts is not None:
+                self._visit_packed(w, element, *parts)
+            elif stamped:
+                self._visit_stamped(w, element)
+            elif element != SENTINEL:
+                self._dead_letter(w, b"corrupt", 0, element)
+            if skip > 0:
+                skip -= 1
+            elif not pass_ended:
+                self.lpass -= 1
+                if self.lpass <= 0:
+                    pass_ended = self._end_lease_pass(w)
+        if not pass_ended and w.lease_visited == w.lease_length:
+            pass_ended = self._end_lease_pass(w)
+        w.live, w.leases_walk, w.in_place = live + w.moved, False, False
+        if pass_ended:
+            left = w.lease_length - w.lease_visited + len(w.back) + len(w.to_leases)
+            self.lpass, self.lskip = left, 0
+        else:
+            self.lskip = len(w.back) + skip
+        self.lmin = stop if stop is not None else (w.now if w.lease_more else None)
+        self.lstop = stop
+        if w.back_young is not None and (self.lstop is None or w.back_young < self.lstop):
+            self.lstop = w.back_young
+            if self.lmin is None or w.back_young < self.lmin:
+                self.lmin = w.back_young
+        # The visits number this call's tokens like the ring's: the ring's positions move on.
+        n = w.lease_visited
+        self.seq += n
+        w.lapnext += n
+        assert self.qstart is not None
+        self.qstart += n
+
+    def _end_lease_pass(self, w: Walk) -> bool:
+        self.lpasses += 1
+        if self._may_age(w):
+            self._age()
+            self.lpasses, self.rpasses = 0, -1
+        return True
+
+    def _may_age(self, w: Walk) -> bool:
+        ring = w.ring_live if w.leases_walk else w.live
+        leases_left = w.lease_length - w.lease_visited + len(w.back) + len(w.to_leases)
+        return (self.rpasses >= 1 or ring <= 1) and (self.lpasses >= 1 or leases_left == 0)
+
+    def _age(self) -> None:
+        """The acks and marks age: whatever the old generation still holds is a leftover."""
+        self.done_old, self.done = self.done, set()
+        self.marks_old, self.marks = self.marks, {}
+        self.ages += 1
+
     def _walk(self, w: Walk, count: int, limit: int, budget: int) -> None:
         w.count = count
-        if self.qstart is None:
-            self.qstart = self.seq
         while w.visited < limit and w.visited + w.expanded < budget and w.leased < count:
             element = self.ring.pop()  # the tail
             w.visited += 1
@@ -616,26 +807,27 @@ class RotatorModel:
                 del marks[batch]
             self._dead_letter(w, b"corrupt", 0, element)
             return
-        if mark is not None and mark.startswith(b"a"):  # acked as a whole
-            assert marks is not None
+        due = int(header[1])
+        if mark is None and (due > w.now or w.sweeping):
+            self._keep(w, element, due, None, None)
+            return
+        if mark is not None and mark.startswith(b"a") and mark[1:] == b"%d" % len(ids):
+            assert marks is not None  # acked as a whole
             del marks[batch]
             w.live -= 1
             w.packed -= len(ids) - 1
             self.completed.update(ids)
             return
-        due = int(header[1])
-        if mark is None and (due > w.now or w.sweeping):
-            self.ring.insert(0, element)
-            w.soonest = due if w.soonest is None else min(w.soonest, due)
-            return
         if marks is not None:
-            del marks[batch]  # the touch is used up
+            del marks[batch]  # the touch (or a batch ack of another size) is used up
         self.revoked[batch] = w.now
+        w.in_place = w.in_place or (w.leases_walk and due > w.now)
         w.live += len(ids) - 1
         w.packed -= len(ids) - 1
         w.expanded += len(ids)
         for k, job_id in enumerate(ids, 1):
             self._visit_stamped(w, job_id + batch + b"%05d" % k)
+        w.in_place = w.sweeping
 
     def _visit_stamped(self, w: Walk, element: bytes) -> None:
         if element in self.done or element in self.done_old:
@@ -656,27 +848,62 @@ class RotatorModel:
         when = _MARK.fullmatch(mark) if mark else None
         if when and when[1] == b"e":
             deadline = int(when[2])
-        due = int(when[2]) if when and when[1] == b"n" else deadline
+        deferred = bool(when and when[1] == b"n")
+        due = int(when[2]) if deferred and when else deadline
         if due > w.now or w.sweeping or w.leased >= w.count:
-            self.ring.insert(0, element)
-            w.soonest = due if w.soonest is None else min(w.soonest, due)
-            if mark is not None and marks is self.marks_old:
-                self.marks[element] = self.marks_old.pop(element)
+            self._keep(w, element, due, mark, marks, deferred)
             return
         if marks is not None:
             del marks[element]
-        self.revoked[element] = w.now
+        if not deferred:  # a deferred job's copy was never handed out
+            self.revoked[element] = w.now
+        if n >= STAMPED_DELIVERIES:
+            self._dead_letter(w, b"corrupt", 0, element)
+            return
         if w.max_deliveries > 0 and n >= w.max_deliveries:
             self.dead.append(b"max_deliveries*%d*%d*" % (n, w.now) + job_id)
             w.live -= 1
             return
         # At least 2 (a hand-written lease may say 0): first deliveries are the batch's.
-        self._hand_out(w, job_id, max(n, 1) + 1, 0 if when and when[1] == b"n" else 1)
+        self._hand_out(w, job_id, max(n, 1) + 1, 0 if deferred else 1)
+
+    def _keep(  # noqa: PLR0917 (the module's keep, argument for argument)
+        self,
+        w: Walk,
+        element: bytes,
+        at: int,
+        mark: bytes | None,
+        marks: dict[bytes, bytes] | None,
+        deferred: bool = False,
+    ) -> None:
+        """The module's keep: a deferred job at the ring's head; a lease met in the lease list
+        back at its tail (due, or kept in place) or at its head (extended); one met in the
+        ring to the lease list's head while young, or staying in the ring."""
+        if w.leases_walk and not deferred:
+            where = "back" if at <= w.now or w.in_place else "head"
+        elif not deferred and at > w.now:
+            where = "head"
+        else:
+            where = "ring"
+        if where == "ring":
+            self.ring.insert(0, element)
+            w.soonest = at if w.soonest is None else min(w.soonest, at)
+            if w.leases_walk:
+                w.moved += 1  # a deferred job, to the ring
+        else:
+            (w.back if where == "back" else w.to_leases).append(element)
+            if where == "back" and at > w.now:
+                w.back_young = at if w.back_young is None else min(w.back_young, at)
+            w.pushed_min = at if w.pushed_min is None else min(w.pushed_min, at)
+            w.live -= 1
+        if mark is not None and marks is self.marks_old:
+            self.marks[element] = self.marks_old.pop(element)
 
     def _hand_out(self, w: Walk, job_id: bytes, deliveries: int, reclaimed: int) -> None:
         w.released += 1
         token = job_id + b"*%d.%d.%d%05d" % (w.deadline, deliveries, w.seq_base, w.released)
-        self.ring.insert(0, token)
+        w.to_leases.append(token)
+        w.live -= 1
         w.reply += [token, reclaimed]
         w.leased += 1
         self.delivered[job_id] += 1
@@ -686,9 +913,11 @@ class RotatorModel:
         w.live -= 1
 
     def _end_lap(self, w: Walk) -> None:
-        """A lap ends: whatever the old generations still hold was a leftover."""
-        self.done_old, self.done = self.done, set()
-        self.marks_old, self.marks = self.marks, {}
+        """A lap of the ring ends; the acks and marks age if the lease list allows."""
+        self.rpasses += 1
+        if self._may_age(w):
+            self._age()
+            self.rpasses, self.lpasses = 0, -1
         cutoff = w.now - REVOKED_KEEP_MS
         self.revoked = {t: ms for t, ms in self.revoked.items() if ms >= cutoff}
         self.ring.insert(0, SENTINEL)
@@ -697,37 +926,86 @@ class RotatorModel:
 
     def _finish_walk(self, w: Walk) -> None:
         if w.batch:
-            self.ring.insert(0, b"*%d.1.%d*" % (w.deadline, w.seq_base) + b"*".join(w.batch))
-            w.live += 1
+            w.to_leases.append(b"*%d.1.%d*" % (w.deadline, w.seq_base) + b"*".join(w.batch))
             w.packed += len(w.batch) - 1
+        if w.ring_length > 0 and w.live <= 0 and not self.ring:
+            # The ring had no sentinel and is left empty: it gets one back.
+            self.ring = [SENTINEL]
+            w.lapnext, w.lapguess = self.seq + w.visited + 1, False
+        kept = self.leases[: len(self.leases) - w.lease_visited]
+        self.leases = list(reversed(w.to_leases)) + kept + list(reversed(w.back))
         self.packed = max(w.packed, 0)
         self.seq += w.visited
-        if w.leased > 0 and (w.soonest is None or w.deadline < w.soonest):
-            w.soonest = w.deadline
         if w.soonest is not None and (self.qmin is None or w.soonest < self.qmin):
             self.qmin = w.soonest
+        self._note_leases(w)
         self.lapnext, self.lapguess = w.lapnext, w.lapguess
+
+    def _note_leases(self, w: Walk) -> None:
+        """The earliest deadline the lease list may hold; a wake-up for new leases that fall
+        due before anything known (the module's note_leases)."""
+        lmin = self.lmin
+        if w.leased > 0:
+            before = w.lmin_before
+            if self.qmin is not None and (before is None or self.qmin < before):
+                before = self.qmin
+            if before is None or w.deadline < before:
+                self.wake = min(self.wake + 1, WAKE_TOKENS)
+            if lmin is None or w.deadline < lmin:
+                lmin = w.deadline
+        if w.pushed_min is not None and (lmin is None or w.pushed_min < lmin):
+            lmin = w.pushed_min
+        before_count = w.lease_length - w.lease_visited + len(w.back)
+        if before_count + len(w.to_leases) == 0:
+            lmin = None
+        if before_count == 0 and w.to_leases:
+            self.lstop = lmin
+        self.lmin = lmin
 
     # -- what the invariants ask ----------------------------------------------------------
 
-    def leases(self) -> dict[bytes, tuple[bytes, int]]:
-        """Leased elements in the ring: token -> (id, when it falls due), acked ones left out."""
+    def held(self) -> dict[bytes, tuple[bytes, int]]:
+        """Leased or deferred elements in either list: token -> (id, when it falls due), the
+        acked and the given back left out."""
         found = {}
-        for element in unpacked(self.ring):
+        for element in unpacked(self.ring + self.leases):
             lease = parse_lease(element)
             if lease is None or element in self.done or element in self.done_old:
                 continue
             if self._batch_acked(element):
                 continue
-            mark = _MARK.fullmatch(self._mark_of(element)[0] or b"")
-            found[element] = (lease[0], int(mark[2]) if mark else lease[1])
+            when = _MARK.fullmatch(self._mark_of(element)[0] or b"")
+            found[element] = (lease[0], int(when[2]) if when else lease[1])
         return found
 
+    def reachable_dues(self) -> list[int]:
+        """When what a claim can reach falls due: the ring's stamped elements (deferred jobs),
+        and the lease list's from its tail up to the first live lease still young by its own
+        deadline, which stops the walk (the list is in deadline order; a lease behind a younger
+        one waits for it, see the README's "How it works"). Nacked and extended leases, and
+        marked batches, do not stop it."""
+        held = self.held()
+        dues = [held[e][1] for e in unpacked(self.ring) if e in held]
+        for element in reversed(self.leases):
+            parts = packed_parts(element)
+            if parts is not None:
+                marked = self._batch_mark(parts[0])[0] is not None
+            else:
+                marked = (self._mark_of(element)[0] or b"")[:1] in (b"n", b"e")
+            live = [job for job in unpacked([element]) if job in held]
+            own = own_deadline(element)
+            if live and own is not None and own > self.now and not marked:
+                dues.append(own)
+                break
+            dues += [held[job][1] for job in live]
+        return dues
+
     def takeable_now(self) -> bool:
-        """Would a `next` lease something at this instant (a pending id or a due lease)?"""
+        """Would a `next` lease something at this instant: a pending id, or a due job it can
+        reach (see reachable_dues)?"""
         if any(valid_id(e) for e in self.ring):
             return True
-        return any(due <= self.now for _, due in self.leases().values())
+        return any(due <= self.now for due in self.reachable_dues())
 
 
 def dead_letter_id(letter: bytes) -> bytes | None:

@@ -269,6 +269,7 @@ def test_every_call_after_script_flush_reloads_once_and_runs_once(
     assert flushed(lambda: queue.extend(c, 60.0)) > time.time() + 50
     assert flushed(queue.stats).in_flight == 1
     states = [entry.state for entry in flushed(lambda: queue.peek(5))]
+    # The ring (its sentinel), then the lease list (a acked, b deferred, c).
     assert states == ["lap", "done", "deferred", "leased"]
     assert flushed(queue.sweep) == 1  # a's element
     (again,) = flushed(queue.next)

@@ -172,10 +172,12 @@ def test_revoked_tokens_are_forgotten_after_the_fencing_window_a_little_per_call
     time.sleep(1.1)
     for _ in range(3):  # each call forgets at most 1000 beyond what it adds
         q.sweep()
-    # Left: only what the sweeps revoked themselves (the three nacked batches broken up).
+    # Left: only what the sweeps revoked themselves (nacked batches they broke up: at most the
+    # three, fewer when a claim's walk broke one up before the window ended).
     fresh = time.time() * 1000 - 1000
     scores = client.zrange(revoked, 0, -1, withscores=True)
-    assert [float(pair[1]) >= fresh for pair in scores] == [True] * 3
+    assert 1 <= len(scores) <= 3
+    assert all(float(pair[1]) >= fresh for pair in scores)
 
 
 def test_revoked_tokens_are_capped_by_count(client: redis.Redis, queue_name: str) -> None:

@@ -49,7 +49,8 @@ def test_the_redis_cli_example_runs_verbatim(
     assert stats["length"] == "2"
     assert stats["in_flight"] == "1"
     assert stats["done"] == "1"
-    assert client.llen("rotator:{orders}:ring") == 3
+    assert client.llen("rotator:{orders}:ring") == 1  # its sentinel: both jobs are leased
+    assert client.llen("rotator:{orders}:leases") == 2
 
 
 def test_the_topic_example_runs_as_written(server: ServerProcess, client: redis.Redis) -> None:

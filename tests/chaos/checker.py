@@ -74,14 +74,16 @@ def read_state(client: redis.Redis, rotator: Rotator) -> QueueState:
     key = dict(zip(KEY_ROLES, rotator.keys.all, strict=True))
     with client.pipeline(transaction=True) as pipe:
         pipe.lrange(key["ring"], 0, -1)
+        pipe.lrange(key["leases"], 0, -1)
         pipe.smembers(key["done"])
         pipe.smembers(key["done_old"])
         pipe.hlen(key["marks"])
         pipe.hlen(key["marks_old"])
         pipe.lrange(key["dead"], 0, -1)
-        ring, done, done_old, marks, marks_old, dead = pipe.execute()
+        ring, leases, done, done_old, marks, marks_old, dead = pipe.execute()
     return QueueState(
-        ring=[text(e) for e in unpacked(ring)],
+        # Every element of the queue: the ring's, then the lease list's.
+        ring=[text(e) for e in unpacked(ring + leases)],
         done={text(t) for t in done},
         done_old={text(t) for t in done_old},
         marks=int(marks),

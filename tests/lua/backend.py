@@ -151,6 +151,14 @@ class Backend(ABC):
         """The ring, head (newest) first; its tail is the last item."""
         return self.lrange("ring")
 
+    def leases(self) -> list[str]:
+        """The lease list, head (newest) first; its tail is the last item."""
+        return self.lrange("leases")
+
+    def elements(self) -> list[str]:
+        """Every element of the queue: the ring's, then the lease list's."""
+        return self.ring() + self.leases()
+
     def llen(self, role: str) -> int:
         return len(self.lrange(role))
 

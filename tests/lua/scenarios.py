@@ -213,8 +213,10 @@ def push_then_next_returns_jobs_fifo_with_tokens(b: Backend) -> None:
     if b.exact_clock:
         assert all(token.deadline == before + LONG for token, _ in got.jobs)
     assert len({token.seq for token, _ in got.jobs}) == 3
-    # The leases stay in the ring (nothing is lost if the consumer dies), and the sentinel too.
-    assert sorted(unpacked(b.ring())) == sorted([*got.tokens, SENTINEL])
+    # The leases wait in the lease list (nothing is lost if the consumer dies); the ring keeps
+    # its sentinel.
+    assert b.ring() == [SENTINEL]
+    assert sorted(unpacked(b.leases())) == sorted(got.tokens)
 
 
 @scenario
@@ -307,15 +309,19 @@ def ack_removes_the_element_lazily_and_done_sets_end_empty(b: Backend) -> None:
     ta = nxt(b, 1, LONG).tokens[0]
     assert ack(b, ta) == 1
     assert b.smembers("done") == {ta}
-    assert ta in unpacked(b.ring())  # lazy: the ack itself never scans the ring
+    assert ta in unpacked(b.leases())  # lazy: the ack itself never scans a list
+    assert b.call("nack", 0, ta) == [0]  # acked: no longer held
     got = nxt(b, 10, LONG)
     assert got.ids == ["b"]
-    assert ta not in unpacked(b.ring())
-    assert unpacked(b.ring()).count(SENTINEL) == 1
-    assert len(unpacked(b.ring())) == 2
+    # The next call's walk of the lease list took the acked lease from its tail.
+    assert ta not in unpacked(b.elements())
+    assert b.ring() == [SENTINEL]
+    assert unpacked(b.leases()) == got.tokens
+    assert stats(b)["done"] == 0
+    assert ack(b, got.tokens[0]) == 1
+    laps(b, 3)
     assert not b.exists("done")
     assert not b.exists("done_old")
-    assert stats(b)["done"] == 0
 
 
 @scenario
@@ -327,10 +333,9 @@ def ack_piggybacked_on_next_counts_in_the_reply(b: Backend) -> None:
     assert got.acked == 2
     assert got.ids == ["c"]
     laps(b, 1)
-    assert ta not in unpacked(b.ring())
-    assert tb not in unpacked(b.ring())
-    assert not b.exists("done")
-    assert not b.exists("done_old")
+    assert ta not in unpacked(b.elements())
+    assert tb not in unpacked(b.elements())
+    assert stats(b)["done"] == 0
     # A piggybacked ack of a lease that was lost is refused, not counted.
     tc = got.tokens[0]
     assert b.call("nack", 0, tc) == [1]
@@ -356,9 +361,27 @@ def late_ack_of_an_unknown_token_is_forgotten_after_two_laps(b: Backend) -> None
     # Within the seqs it used, an unknown token cannot be told apart without a ring scan.
     ghost = f"ghost*{real.deadline}.1.{real.seq}"
     assert ack(b, ghost) == 1
-    laps(b, 1)
-    assert ghost in b.smembers("done") | b.smembers("done_old")
-    laps(b, 1)
+    assert ack(b, real.text) == 1  # nothing left in flight: the ring's laps age the acks
+    assert ghost in b.smembers("done")
+    laps(b, 2)
+    assert not b.exists("done")
+    assert not b.exists("done_old")
+
+
+@scenario
+def a_leftover_ack_waits_for_a_pass_of_the_lease_list(b: Backend) -> None:
+    # With a lease in flight, an ack may concern it until the lease list's walk has passed
+    # it, which it does once the lease falls due: only then can the acks age.
+    real = lease_one(b, "a", SHORT)
+    ghost = f"ghost*{real.deadline}.1.{real.seq}"
+    assert ack(b, ghost) == 1
+    laps(b, 3)
+    assert ghost in b.smembers("done")
+    b.sleep_ms(PAST_SHORT)
+    again = nxt(b, 1, LONG)
+    assert again.ids == ["a"]
+    assert ack(b, again.tokens[0]) == 1
+    laps(b, 3)
     assert not b.exists("done")
     assert not b.exists("done_old")
 
@@ -372,8 +395,8 @@ def young_lease_is_skipped(b: Backend) -> None:
     for _ in range(3):
         got = nxt(b, 10, LONG)
         assert got.jobs == []
-    assert unpacked(b.ring()).count(token.text) == 1
-    assert sorted(peek(b)) == sorted([(SENTINEL, "lap", 0), (token.text, "leased", token.deadline)])
+    assert unpacked(b.leases()).count(token.text) == 1
+    assert peek(b) == [(SENTINEL, "lap", 0), (token.text, "leased", token.deadline)]
 
 
 @scenario
@@ -390,9 +413,10 @@ def breaking_up_batches_counts_against_the_budget(b: Backend) -> None:
     b.sleep_ms(PAST_SHORT)
     seq = meta_seq(b)
     got = nxt(b, 1000, LONG, budget=700)
-    # The sentinel, then three batches: the third starts below the budget (603 < 700) and
-    # then nothing more. Each yields its one unacked, expired lease.
-    assert meta_seq(b) - seq == 4
+    # Three batches from the lease list's tail: the third starts below the budget (602 < 700)
+    # and then nothing more (not even the ring's sentinel). Each yields its one unacked,
+    # expired lease.
+    assert meta_seq(b) - seq == 3
     assert len(got.jobs) == 3
     reclaimed = got.ids
     for _ in range(10):
@@ -415,8 +439,9 @@ def next_packed_sends_the_batch_as_its_element_and_later_deliveries_as_tokens(
     within(int(reply[1]), 1, LONG)  # type: ignore[arg-type]
     packed = reply[3]
     assert isinstance(packed, str), reply
-    # b and c leased for the first time: one element, the very one now at the ring's head.
-    assert packed == b.ring()[0], (packed, b.ring())
+    # b and c leased for the first time: one element, the very one now at the lease list's
+    # head.
+    assert packed == b.leases()[0], (packed, b.leases())
     batch, ids = packed.split("*", 2)[1], packed.split("*")[2:]
     assert ids == ["b", "c"], packed
     tokens = unpacked([packed])
@@ -433,6 +458,7 @@ def next_packed_sends_the_batch_as_its_element_and_later_deliveries_as_tokens(
     assert nothing[3] == "", nothing  # no batch
     laps(b, 2)
     assert b.ring() == [SENTINEL]
+    assert b.leases() == []
 
 
 @scenario
@@ -452,10 +478,10 @@ def expired_lease_is_reclaimed_once_and_the_old_token_refused(b: Backend) -> Non
     laps(b, 2)
     assert not b.exists("done")
     assert not b.exists("done_old")
-    assert [e for e in unpacked(b.ring()) if e != SENTINEL] == [new.text]
+    assert [e for e in unpacked(b.elements()) if e != SENTINEL] == [new.text]
     assert ack(b, new.text) == 1
     laps(b, 2)
-    assert b.ring() == [SENTINEL]
+    assert b.elements() == [SENTINEL]
     assert not b.exists("done")
     assert not b.exists("done_old")
 
@@ -577,8 +603,8 @@ def two_leases_in_the_same_millisecond_get_different_tokens(b: Backend) -> None:
     assert first != second
     assert ack(b, first) == 1
     laps(b, 1)
-    assert first not in unpacked(b.ring())
-    assert second in unpacked(b.ring())
+    assert first not in unpacked(b.elements())
+    assert second in unpacked(b.elements())
     rows = {element: state for element, state, _ in peek(b)}
     assert rows[second] == "leased"
     # A nack and an immediate re-lease: a new token again.
@@ -661,8 +687,21 @@ def corrupt_elements_are_dead_lettered_and_do_not_block_the_others(b: Backend) -
         reason, deliveries, at, rest = letter.split("*", 3)
         assert (reason, deliveries, rest) == ("corrupt", "0", element)
         within(int(at), before, after)
-    assert sorted(unpacked(b.ring())) == sorted([*got.tokens, SENTINEL])
+    assert b.ring() == [SENTINEL]
+    assert sorted(unpacked(b.leases())) == sorted(got.tokens)
     assert stats(b)["dead"] == len(corrupt)
+
+
+@scenario
+def what_the_module_never_writes_in_the_lease_list_is_dead_lettered(b: Backend) -> None:
+    token = lease_one(b, "a", SHORT)
+    b.raw_rpush("leases", "x*nan", "plain", SENTINEL)  # at the tail: visited first
+    b.sleep_ms(PAST_SHORT)
+    got = nxt(b, 10, LONG)
+    assert got.ids == ["a"]
+    assert [letter.split("*", 3)[3] for letter in b.lrange("dead")] == ["plain", "x*nan"]
+    assert unpacked(b.leases()) == got.tokens
+    assert ack(b, token.text) == 0
 
 
 # -- the sentinel ----------------------------------------------------------------------------
@@ -675,20 +714,23 @@ def a_second_sentinel_is_removed(b: Backend) -> None:
     b.raw_lpush("ring", SENTINEL)
     assert b.ring().count(SENTINEL) == 2
     laps(b, 2)
-    assert b.ring().count(SENTINEL) == 1
-    assert sorted(unpacked(b.ring())) == sorted([*leased, SENTINEL])
+    assert b.ring() == [SENTINEL]
+    assert sorted(unpacked(b.leases())) == sorted(leased)
 
 
 @scenario
 def a_missing_sentinel_is_put_back(b: Backend) -> None:
     push(b, "a", "b")
     leased = nxt(b, 10, LONG).tokens
-    kept = [e for e in unpacked(b.ring()) if e != SENTINEL]
+    assert b.call("nack", LONG, *leased) == [1, 1]
+    assert nxt(b, 10, LONG).jobs == []  # the lease list's walk moves them to the ring to wait
+    kept = [e for e in b.ring() if e != SENTINEL]
+    assert sorted(kept) == sorted(leased)
     b.raw_del("ring")
     b.raw_rpush("ring", *kept)
     laps(b, 2)
     assert b.ring().count(SENTINEL) == 1
-    assert sorted(unpacked(b.ring())) == sorted([*leased, SENTINEL])
+    assert sorted(b.ring()) == sorted([*kept, SENTINEL])
 
 
 @scenario
@@ -697,10 +739,11 @@ def a_sentinel_missing_before_the_first_lap_is_put_back(b: Backend) -> None:
     b.raw_del("ring")
     b.raw_rpush("ring", "b", "a")  # as pushed, without the sentinel: no lap has ended yet
     leased = nxt(b, 10, LONG).tokens
-    assert sorted(leased) == sorted(e for e in unpacked(b.ring()) if e != SENTINEL)
+    assert sorted(leased) == sorted(unpacked(b.leases()))
     laps(b, 3)
     assert b.ring().count(SENTINEL) == 1, b.ring()
     # Without a lap, acks of elements already gone would never be swept from `done`.
+    assert ack(b, *leased) == 2
     ghost = "ghost" + leased[0][leased[0].index("*") :]  # a seq this queue used
     assert ack(b, ghost) == 1
     laps(b, 3)
@@ -723,14 +766,15 @@ def budget_bounds_the_elements_visited_per_call(b: Backend) -> None:
     # One job per call: each call's batch is an element of its own.
     rest = [nxt(b, 1, LONG).ids[0] for _ in range(16)]
     assert rest == ids[4:]
-    ring_before = b.ring()
-    assert len(ring_before) == 18  # 1 batch of 4, 16 batches of 1, the sentinel
+    leases_before = b.leases()
+    assert len(leases_before) == 17  # 1 batch of 4, 16 batches of 1
+    assert b.ring() == [SENTINEL]
     seq = meta_seq(b)
-    # Only young leases now: a call may look at BUDGET of them, not more.
+    # Only young leases now: a call visits none of them, only the ring's sentinel.
     got = nxt(b, 10, LONG, budget=5)
     assert got.jobs == []
-    assert meta_seq(b) - seq == 5
-    assert b.ring() == ring_before[-5:] + ring_before[:-5]  # five moved from tail to head
+    assert meta_seq(b) - seq == 1
+    assert b.leases() == leases_before
 
 
 @scenario
@@ -913,14 +957,14 @@ def stats_follow_a_job_through_its_lifecycle(b: Backend) -> None:
     expect(young, length=3, pending=2, in_flight=1)
     assert ack(b, ta) == 1
     expect(young, length=3, pending=2, done=1)
-    tb = nxt(b, 1, LONG).tokens[0]
-    expect(young, length=3, pending=1, in_flight=1, done=1)
+    tb = nxt(b, 1, LONG).tokens[0]  # its walk of the lease list took a's acked lease
+    expect(young, length=2, pending=1, in_flight=1)
     assert b.call("nack", LONG, tb) == [1]
-    expect(young, length=3, pending=1, done=1, deferred=1)
+    expect(young, length=2, pending=1, deferred=1)
     tc = nxt(b, 1, LONG).tokens[0]
-    expect(None, length=3, in_flight=1, done=1, deferred=1)
+    expect(None, length=2, in_flight=1, deferred=1)
     assert ack(b, tc) == 1
-    expect(None, length=3, done=2, deferred=1)
+    expect(None, length=2, done=1, deferred=1)
     laps(b, 1)
     expect(None, length=1, deferred=1)
     b.raw_rpush("ring", "x*")
@@ -941,7 +985,8 @@ def peek_shows_states_without_changing_anything(b: Backend) -> None:
     before = b.snapshot()
     rows = peek(b)
     assert b.snapshot() == before
-    # Tail first: the raw element, then the order the ring will be visited in.
+    # Tail first: the raw element, then the order the ring will be visited in, then the lease
+    # list's from its tail.
     assert rows[0] == ("x*", "corrupt", 0)
     by_element = {element: (state, at) for element, state, at in rows}
     assert by_element == {
@@ -954,7 +999,8 @@ def peek_shows_states_without_changing_anything(b: Backend) -> None:
         td: ("leased", parse_token(td).deadline),
     }
     # A packed batch is visited (and shown) first job first.
-    assert [element for element, _, _ in rows] == unpacked(list(reversed(b.ring())))
+    in_order = unpacked(list(reversed(b.ring())) + list(reversed(b.leases())))
+    assert [element for element, _, _ in rows] == in_order
     assert [element for element, _, _ in peek(b, 2)] == [element for element, _, _ in rows[:2]]
 
 

@@ -12,7 +12,7 @@ HEADER_MATCH = re.match(r"--\[\[\n(.*?)\n\]\]\n", SOURCE, re.DOTALL)
 assert HEADER_MATCH, "lua/rotator.lua must open with a --[[ ... ]] header block"
 HEADER = HEADER_MATCH[1]
 BODY = SOURCE[HEADER_MATCH.end() :]
-SECTIONS = ("KEYS", "ELEMENTS OF THE RING", "COMMANDS", "ERRORS", "REDIS-CLI")
+SECTIONS = ("KEYS", "ELEMENTS OF THE RING", "LEASES", "COMMANDS", "ERRORS", "REDIS-CLI")
 CODE_RE = re.compile(r"ROTATOR_[A-Z]+")
 TYPES = {"LIST": "list", "SET": "set", "ZSET": "zset", "HASH": "hash", "STRING": "string"}
 
