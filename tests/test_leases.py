@@ -1,0 +1,141 @@
+"""Claims do not walk the jobs in flight (issue 21), counted, not timed.
+
+The module is run in a test-only variant whose every LRANGE adds the number of elements it
+returned to a field of the queue's meta hash: what a call read of either list, element by
+element. Everything else is lua/rotator.lua as it is. Real servers, real leases made by the
+module's own commands.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import redis
+
+from rotator import Job, Rotator
+from rotator.keys import queue_keys
+from rotator.script import module_source
+
+TOUCHED = "test_elements_read"
+_BIND = "  rcall = redis.call\n"
+_COUNTING = """  rcall = function(command, ...)
+    local reply = redis.call(command, ...)
+    if command == 'LRANGE' then redis.call('HINCRBY', K.meta, 'test_elements_read', #reply) end
+    return reply
+  end
+"""
+
+
+def counting_source() -> str:
+    source = module_source()
+    assert source.count(_BIND) == 1, "main binds rcall once"
+    return source.replace(_BIND, _COUNTING)
+
+
+class Counting:
+    """Raw calls of the counting variant on one queue's eleven keys."""
+
+    def __init__(self, client: redis.Redis, name: str) -> None:
+        self.client = client
+        self.keys = queue_keys(name).all
+        self.script = client.register_script(counting_source())
+
+    def __call__(self, *args: Any) -> Any:
+        return self.script(keys=list(self.keys), args=list(args))
+
+    def read_by(self, *args: Any) -> tuple[Any, int]:
+        """The reply of one call, and how many list elements it read."""
+        meta = self.keys[8]
+        before = int(self.client.hget(meta, TOUCHED) or 0)
+        reply = self(*args)
+        return reply, int(self.client.hget(meta, TOUCHED) or 0) - before
+
+
+def single_leases(q: Counting, n: int, lease_ms: int = 3_600_000) -> None:
+    """`n` jobs in flight, each its own lease element: claimed in batches with a short lease,
+    then, once it has ended, claimed again (each batch broken up into leases of their own)."""
+    for start in range(0, n, 5000):
+        q("push", *(f"job-{i:08d}" for i in range(start, min(start + 5000, n))))
+    taken = 0
+    while taken < n:  # a lease that outlasts these calls (a due one would be taken first)
+        taken += len(q("next_packed", 1000, 2000, 1000, 0)[3].split(b"*")) - 2
+    time.sleep(2.1)
+    leased = 0
+    while leased < n:
+        leased += (len(q("next_packed", 1000, lease_ms, 1000, 0)) - 4) // 2
+
+
+def test_a_fresh_job_is_claimed_without_reading_the_leases_in_flight(
+    client: redis.Redis, queue_name: str
+) -> None:
+    q = Counting(client, queue_name)
+    single_leases(q, 100_000)
+    assert client.llen(q.keys[10]) == 100_000  # a hundred thousand single leases, young
+    q("push", "fresh")
+    reply, read = q.read_by("next_packed", 1, 30_000, 1000, 0)
+    assert reply[3].endswith(b"*fresh")
+    assert read <= 2  # the ring's sentinel and the job; no lease
+    # And the leases are still all there, untouched, in their order.
+    assert client.llen(q.keys[10]) == 100_001
+
+
+def test_acked_leases_at_the_tail_go_reading_only_up_to_the_first_young_one(
+    client: redis.Redis, queue_name: str
+) -> None:
+    q = Counting(client, queue_name)
+    single_leases(q, 20_000)
+    oldest = client.lrange(q.keys[10], -3, -1)  # the tail: the three leased first
+    assert q("ack", *oldest) == 3
+    q("push", "fresh")
+    reply, read = q.read_by("next_packed", 1, 30_000, 1000, 0)
+    assert reply[3].endswith(b"*fresh")
+    # Lease list: slices of 2 and 4 from the tail (three acked, then the young one that stops
+    # the walk); ring: its sentinel and the job.
+    assert read <= 8
+    leases = client.lrange(q.keys[10], 0, -1)
+    assert len(leases) == 20_000 - 3 + 1
+    assert not set(oldest) & set(leases)
+
+
+def test_due_leases_are_reclaimed_reading_what_the_count_needs_not_what_is_in_flight(
+    client: redis.Redis, queue_name: str
+) -> None:
+    q = Counting(client, queue_name)
+    single_leases(q, 20_000, lease_ms=1000)
+    time.sleep(1.1)  # every lease is due now
+    reply, read = q.read_by("next_packed", 1, 30_000, 1000, 0)
+    assert reply[5] == 1  # a reclaimed lease
+    assert read <= 2  # the first slice of the lease list; the ring is not needed
+
+
+def test_a_consumer_idle_before_a_lease_was_taken_reclaims_it_soon_after_its_deadline(
+    client: redis.Redis, queue_name: str
+) -> None:
+    """The call that takes the lease wakes the idle consumer, which then waits for the lease's
+    deadline rather than for its whole block."""
+    worker = Rotator(client, queue_name, timeout=0.5)
+    consumer = Rotator(client, queue_name, timeout=30.0)
+    held: list[Job] = []
+    got: list[tuple[str, bool, float]] = []
+
+    def work() -> None:
+        held.extend(worker.next(1, block=8.0))  # and never acked: a crashed worker
+
+    def wait() -> None:
+        jobs = consumer.next(1, block=8.0)
+        got.extend((job.id, job.reclaimed, time.time()) for job in jobs)
+
+    threads = [threading.Thread(target=work), threading.Thread(target=wait)]
+    for thread in threads:
+        thread.start()
+        time.sleep(0.3)  # blocked on an empty queue: the worker first, then the consumer
+    Rotator(client, queue_name).push("job")  # one wake-up: the worker's, blocked first
+    for thread in threads:
+        thread.join(10)
+    deadline = held[0].deadline_ms / 1000
+    (job_id, reclaimed, at) = got[0]
+    assert (job_id, reclaimed) == ("job", True)
+    # Long before its 8 s block would have ended (bench/leases.py measures how soon).
+    assert at - deadline < 3.0, f"reclaimed {at - deadline:.3f} s after the deadline"
