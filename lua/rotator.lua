@@ -1224,12 +1224,14 @@ end
 -- could concern has been visited and has taken what it needed: what is left is a leftover
 -- (late ack, stale mark). A list with nothing to walk needs no pass.
 function M.may_age(s)
+  if s.aged then return false end -- once a call: a second would be work for nothing
   local leases_left = s.lease_length - s.lease_visited + #s.back + #s.to_leases
   local ring = s.leases_walk and s.ring_live or s.live -- (the lease walk borrows s.live)
   return (s.rpasses >= 1 or ring <= 1) and (s.lpasses >= 1 or leases_left == 0)
 end
 
 function M.age(s)
+  s.aged = true
   M.flush_side_writes(s)
   -- UNLINK frees a large leftover set in the background: the call stays short.
   rcall('UNLINK', K.done_old, K.marks_old)

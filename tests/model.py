@@ -200,6 +200,7 @@ class Walk:
     ring_live: int = 0  # the ring's length while the lease walk runs
     lmin_before: int | None = None  # meta lmin when the call began
     moved: int = 0  # deferred jobs the lease walk moved to the ring
+    aged: bool = False  # the acks and marks aged in this call (once a call at most)
 
 
 @dataclass
@@ -739,17 +740,20 @@ class RotatorModel:
     def _end_lease_pass(self, w: Walk) -> bool:
         self.lpasses += 1
         if self._may_age(w):
-            self._age()
+            self._age(w)
             self.lpasses, self.rpasses = 0, -1
         return True
 
     def _may_age(self, w: Walk) -> bool:
+        if w.aged:
+            return False  # once a call
         ring = w.ring_live if w.leases_walk else w.live
         leases_left = w.lease_length - w.lease_visited + len(w.back) + len(w.to_leases)
         return (self.rpasses >= 1 or ring <= 1) and (self.lpasses >= 1 or leases_left == 0)
 
-    def _age(self) -> None:
+    def _age(self, w: Walk) -> None:
         """The acks and marks age: whatever the old generation still holds is a leftover."""
+        w.aged = True
         self.done_old, self.done = self.done, set()
         self.marks_old, self.marks = self.marks, {}
         self.ages += 1
@@ -916,7 +920,7 @@ class RotatorModel:
         """A lap of the ring ends; the acks and marks age if the lease list allows."""
         self.rpasses += 1
         if self._may_age(w):
-            self._age()
+            self._age(w)
             self.rpasses, self.lpasses = 0, -1
         cutoff = w.now - REVOKED_KEEP_MS
         self.revoked = {t: ms for t, ms in self.revoked.items() if ms >= cutoff}
