@@ -27,7 +27,16 @@ T = TypeVar("T")
 
 def socket_timeout(client: Any) -> float | None:
     pool = getattr(client, "connection_pool", None)
-    limit = pool.connection_kwargs.get("socket_timeout") if pool is not None else None
+    if pool is None:
+        return None
+    limit = pool.connection_kwargs.get("socket_timeout")
+    if limit is None:
+        # redis-py 8 leaves a URL client's default out of the pool's kwargs: its connections
+        # have it (made as the pool makes them; nothing connects here).
+        try:
+            limit = pool.connection_class(**pool.connection_kwargs).socket_timeout
+        except (AttributeError, TypeError):
+            limit = None
     return float(limit) if limit else None
 
 

@@ -12,6 +12,7 @@ import redis
 
 from rotator import Job, LeaseLost, Rotator, Stats, WrongKeyType
 from rotator.aio import AsyncRotator
+from rotator.sending import socket_timeout
 from tests.helpers import drain, snapshot
 from tests.servers import ServerProcess
 from tests.twins import Blocking
@@ -356,3 +357,15 @@ def test_peek_shows_states_and_changes_nothing(client: redis.Redis, q: Rotator) 
     states = {entry.element.partition("*")[0]: entry.state for entry in q.peek(10)}
     assert states == {"a": "done", "b": "deferred", "c": "pending", "": "lap"}
     assert snapshot(client, q) == before
+
+
+def test_a_client_made_from_a_url_blocks_past_its_socket_timeout(
+    server: ServerProcess, queue_name: str
+) -> None:
+    """redis-py 8 keeps a URL client's socket timeout (5 s) out of the pool's kwargs: the
+    wait on the wake list must still stay within it, or a long block fails with TimeoutError."""
+    q = Rotator.from_url(server.url, queue_name, timeout=30.0)
+    assert socket_timeout(q.client) == 5.0
+    started = time.monotonic()
+    assert q.next(1, block=5.5) == []
+    assert time.monotonic() - started >= 5.5
