@@ -25,7 +25,7 @@ KEYS
   KEYS[9]  meta       HASH  counters: seq origin lapnext lapguess qstart qlen qmin pushed taken
                             packed (jobs in packed batches beyond one per element),
                             marked_n marked_a marked_n_old marked_a_old (the marks' counts),
-                            lmin lstop lpass rpasses lpasses (the leases' walk, see LEASES),
+                            lmin lstop lpass lskip rpasses lpasses (see LEASES),
                             dead_dropped, expired (a topic group's); settings (configure)
   KEYS[10] pushlog    LIST  "<pushed>:<ms>" push checkpoints, newest first (pending age)
   KEYS[11] leases     LIST  the jobs in flight: leases and packed batches, newest at the head,
