@@ -104,7 +104,8 @@ COMMANDS (ARGV[1]; numbers are decimal integers)
     First acks the tokens (and batch acks) given, as `ack`; then visits at most BUDGET
     (1..1000) elements, of the lease list (see LEASES) and then of the ring, from their tails
     (a batch broken up counts its leases too: at most BUDGET plus one batch of work), and
-    leases at most COUNT jobs (1..1000) for LEASE_MS (1..86400000). An acked lease is
+    leases at most COUNT jobs (1..1000) for LEASE_MS (1..86400000), fewer once the ids of
+    its first deliveries reach 256 KB (one batch stays a small copy). An acked lease is
     removed; a young lease is left where it is; an expired lease or a due nack is leased again
     with a new token, or dead-lettered once it was delivered MAX_DELIVERIES times (0: no
     limit).
@@ -339,6 +340,9 @@ local LIMIT = {
   dead_max = 100000, dead_max_range = { 1, 1000000 },
   dead_age_ms = 7 * 86400000, dead_age_ms_range = { 0, 3650 * 86400000 }, -- 0: no age limit
   trim_step = 1000, -- refused tokens or dead letters one call drops beyond what it adds
+  -- The ids of one call's batch of first deliveries, in bytes: once they reach this, the call
+  -- leases no more (a batch of 1000 ids of 1 KB would be a megabyte to make, move and break).
+  batch_bytes = 256 * 1024,
   -- The lease list's walk reads at most this many bytes of elements per call (a packed batch
   -- of 1000 ids of 1 KB is 1 MB).
   lease_bytes = 2 * 1024 * 1024,
@@ -858,7 +862,7 @@ function M.start_walk(lease, max_deliveries)
     qstart = meta.qstart or meta.seq, qlen = meta.qlen or length, taken = meta.taken,
     reply = {}, rotated = {}, revoke = {}, letters = {}, keep_marks = {}, batch = {},
     dead_length = dead_length,
-    packed = meta.packed, released = 0, count = 0, expanded = 0,
+    packed = meta.packed, released = 0, count = 0, expanded = 0, batch_bytes = 0,
     srem = { [K.done] = {}, [K.done_old] = {} }, hdel = { [K.marks] = {}, [K.marks_old] = {} },
     visited = 0, leased = 0, soonest = nil, young_min = nil, sweeping = false,
   }
@@ -902,7 +906,7 @@ function M.walk(s, count, limit, budget)
         -- visited below.
         local visited, leased, live, taken = s.visited, s.leased, s.live, s.taken
         local last = math.min(budget - s.expanded, s.lapnext - s.seq - 1) -- visits allowed
-        local place = #batch
+        local place, bytes, most = #batch, s.batch_bytes, LIMIT.batch_bytes
         while i >= 1 and leased < count and visited < last do
           local element = slice[i]
           if stamped[i] or packed[i] or element == '' or #element > id_bytes
@@ -916,9 +920,12 @@ function M.walk(s, count, limit, budget)
             reply[n_reply + 1], reply[n_reply + 2] = element .. first .. PAD[place], 0
             n_reply = n_reply + 2
           end
+          bytes = bytes + #element
+          if bytes >= most then count = leased end -- the batch is big enough: no more
           i = i - 1
         end
         s.visited, s.leased, s.live, s.taken = visited, leased, live, taken
+        s.batch_bytes, s.count = bytes, count
       end
       if i < 1 or s.leased >= count or s.visited + s.expanded >= budget then break end
       local element = slice[i]
@@ -965,6 +972,8 @@ function M.walk(s, count, limit, budget)
             end
             s.leased = s.leased + 1
             s.live = s.live - 1
+            s.batch_bytes = s.batch_bytes + #element
+            if s.batch_bytes >= LIMIT.batch_bytes then count, s.count = s.leased, s.leased end
           end
         elseif done_in[i] ~= nil then
           M.completed(s, done_in[i], element)

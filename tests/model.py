@@ -39,6 +39,7 @@ LEASE_MS = 86_400_000
 REVOKED_KEEP_MS = 2 * 86_400_000
 LEASE_BYTES = 2 * 1024 * 1024  # bytes of elements one walk of the lease list reads at most
 STAMPED_DELIVERIES = 999_999_999  # a delivery count no real lease reaches (9 digits)
+BATCH_BYTES = 256 * 1024  # a call leases no more once its batch's ids reach this
 WAKE_TOKENS = 16
 PUSHLOG_BUCKET_MS = 1000
 PUSH_CHUNK = 1000  # rotator.defaults.DEFAULT_PUSH_CHUNK: ids per push call of the Python API
@@ -184,6 +185,7 @@ class Walk:
     expanded: int = 0  # leases of broken-up batches: they count against the budget too
     soonest: int | None = None
     batch: list[bytes] = field(default_factory=list)  # this call's first deliveries
+    batch_bytes: int = 0  # the bytes of their ids
     reply: list[Any] = field(default_factory=list)
     # The lease list: its length when the call began, the elements taken from its tail, those
     # put back there and those pushed at its head (in order), the earliest deadline pushed.
@@ -760,7 +762,7 @@ class RotatorModel:
 
     def _walk(self, w: Walk, count: int, limit: int, budget: int) -> None:
         w.count = count
-        while w.visited < limit and w.visited + w.expanded < budget and w.leased < count:
+        while w.visited < limit and w.visited + w.expanded < budget and w.leased < w.count:
             element = self.ring.pop()  # the tail
             w.visited += 1
             index = self.seq + w.visited
@@ -796,6 +798,9 @@ class RotatorModel:
                 w.leased += 1
                 w.live -= 1
                 self.delivered[element] += 1
+                w.batch_bytes += len(element)
+                if w.batch_bytes >= BATCH_BYTES:
+                    w.count = w.leased  # the batch is big enough: no more this call
             return
         parts = packed_parts(element)
         if parts is not None:

@@ -220,6 +220,15 @@ def push_then_next_returns_jobs_fifo_with_tokens(b: Backend) -> None:
 
 
 @scenario
+def a_call_stops_its_batch_once_the_ids_reach_256_kb(b: Backend) -> None:
+    ids = [f"{i:04d}" + "x" * 996 for i in range(300)]  # 1000 bytes each
+    push(b, *ids)
+    first = nxt(b, 1000, LONG)
+    assert first.ids == ids[:263]  # 263 * 1000 >= 256 * 1024: the 263rd is the last
+    assert nxt(b, 1000, LONG).ids == ids[263:]
+
+
+@scenario
 def push_keeps_exactly_one_sentinel(b: Backend) -> None:
     push(b, "a")
     push(b, "b", "c")
