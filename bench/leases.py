@@ -30,7 +30,8 @@ is the EVALSHA or FCALL entry: the server time of one module call.
 
    Before the claims are measured, ``stats`` must say ``in_flight`` is the number made, and
    the ring and NEW's leases list (LLEN) must hold them as one element each (b) or in
-   batches of 1,000 (c): ``in_flight_ok`` and ``shape_ok``, with a warning if not.
+   batches of 1,000 (c; 263 for the new module, which stops a batch at 256 KB of ids):
+   ``in_flight_ok`` and ``shape_ok``, with a warning if not.
    Ratios b/a and c/a are of the medians (the issue's target for NEW: within 2x).
 2. The worst single module call of every phase, set-ups included (target for NEW: 10 ms).
 3. Reclaim latency: a worker that crashed holding a 500 ms lease, and a consumer blocked in
@@ -98,6 +99,7 @@ from rotator.sending import socket_timeout, wake_wait
 RESULTS = Path(__file__).resolve().parent / "results"
 HOUR_MS = 3_600_000
 BIG_ID_BYTES = 1000  # state c's ids
+BATCH_BYTES = 256 * 1024  # the new module's bound on one call's batch of first deliveries
 RECLAIM_LEASE_MS = 500  # the crashed worker's lease
 PIPELINE = 20  # module calls per pipeline in set-up loops
 DRAIN_EVERY = 50  # module calls between SLOWLOG reads in claim loops
@@ -612,10 +614,12 @@ def run_module(
             f"({phases[-1]['worst_command']})"
         )
         # The state is what it says: every job in flight, and (b) each its own element or
-        # (c) in batches of 1,000: the ring's and the leases list's elements.
+        # (c) in batches of 1,000 (the new module stops a batch once its ids reach 256 KB):
+        # the ring's and the leases list's elements.
         made["in_flight_ok"] = made["in_flight"] == size
         elements = made["ring_elements"] + made.get("leases_elements", 0)
-        wanted = size if state == "b" else -(-size // COUNT)
+        per_batch = COUNT if m.label == "old" else min(COUNT, -(-BATCH_BYTES // BIG_ID_BYTES))
+        wanted = size if state == "b" else -(-size // per_batch)
         made["shape_ok"] = wanted <= elements <= wanted + 2  # the sentinel, maybe a fresh id
         if not (made["in_flight_ok"] and made["shape_ok"]):
             log(
