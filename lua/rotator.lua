@@ -393,7 +393,6 @@ local QUEUE_ROLES = {
 -- the walk reads them for every element it visits).
 local SENTINEL = '*lap'
 local BYTE_STAR = 42 -- '*': opens the sentinel, a packed batch and a batch ack; ends an id
-local BYTE_DOT = 46 -- '.': ends the deadline in a lease's stamp
 local BYTE_A = 97 -- 'a': opens the mark of a batch acked whole ("a<jobs>")
 local BYTE_N = 110 -- 'n': opens the mark of a nacked job ("n<due ms>")
 local BYTE_E = 101 -- 'e': opens the mark of an extended lease ("e<deadline ms>")
@@ -847,7 +846,6 @@ function M.start_walk(lease, max_deliveries)
   local s = {
     now = now, deadline = now + lease, max_deliveries = max_deliveries, sides = sides,
     seq_base = seq_base, first = '*' .. (now + lease) .. '.1.' .. seq_base, meta = meta,
-    young_low = nil, young_high = nil, -- see M.young_bounds
     length = length, live = length, -- ring length as it is at this point of the visits
     -- The lease list: its length, the elements the walk took from its tail, those it puts
     -- back there and those it pushes at its head, and the earliest deadline among those.
@@ -864,18 +862,9 @@ function M.start_walk(lease, max_deliveries)
     dead_length = dead_length,
     packed = meta.packed, released = 0, count = 0, expanded = 0, batch_bytes = 0,
     srem = { [K.done] = {}, [K.done_old] = {} }, hdel = { [K.marks] = {}, [K.marks_old] = {} },
-    visited = 0, leased = 0, soonest = nil, young_min = nil, sweeping = false,
+    visited = 0, leased = 0, soonest = nil, sweeping = false,
   }
   return s
-end
-
--- The bounds of visit_lease's shortcut for young leases, made when a walk first meets a
--- lease: deadlines after now and no later than now + the longest lease, as digit strings.
--- Returns the lower bound, or false when there is no shortcut (the bounds differ in length).
-function M.young_bounds(s)
-  local low, high = tostring(s.now), tostring(s.now + LIMIT.lease_ms)
-  s.young_low, s.young_high = #low == #high and low, high
-  return s.young_low
 end
 
 -- Visits at most `limit` elements from the tail (never more than the ring holds), leasing up
@@ -1042,27 +1031,6 @@ end
 
 -- A leased element that is not acked: keep it, or lease it again once it is due.
 function M.visit_lease(s, element, m, m_key)
-  local young_low = s.young_low
-  if young_low == nil then young_low = M.young_bounds(s) end
-  if not m and young_low and not s.leases_walk then
-    -- The common case, a young lease with no mark, decided without parsing a number: a
-    -- deadline written with as many digits as now and the longest lease is young when it
-    -- sorts after now and no later than now + the longest lease (digit strings of one length
-    -- sort like their numbers, and anything else fails these checks and is parsed below).
-    local star = string.find(element, '*', 2, true)
-    local width = #young_low
-    local deadline = string.sub(element, star + 1, star + width)
-    if deadline > young_low and deadline <= s.young_high and #element - star <= LIMIT.stamp_bytes
-        and string.byte(element, star + width + 1) == BYTE_DOT and star <= LIMIT.id_bytes + 1
-        and string.find(element, '^%d+%.%d+$', star + width + 2) then
-      -- (a lease met in the ring, written there before leases had their own list)
-      local to_leases = s.to_leases
-      to_leases[#to_leases + 1] = element
-      s.live = s.live - 1
-      if not s.young_min or deadline < s.young_min then s.young_min = deadline end
-      return
-    end
-  end
   local kind = m and string.sub(m, 1, 1)
   local id, deadline, n = M.parse_token(element)
   local when = m and tonumber(string.match(m, '^[en](%d+)$'))
@@ -1455,8 +1423,6 @@ function M.note_leases(s)
     if not lmin or s.deadline < lmin then lmin = s.deadline end
   end
   local pushed = s.pushed_min
-  local young = s.young_min and tonumber(s.young_min)
-  if young and (not pushed or young < pushed) then pushed = young end
   if pushed and (not lmin or pushed < lmin) then lmin = pushed end
   local before = s.lease_length - s.lease_visited + #s.back
   if before + #s.to_leases == 0 then lmin = nil end
@@ -1604,14 +1570,12 @@ function M.lease(first, batches, compact)
     reply[1] = 1
     return reply, accepted
   end
-  s.reply, s.compact, s.count = reply, compact, count
-  if M.leases_due(s) then M.walk_leases(s, budget) end
+  s.reply, s.compact = reply, compact
   if s.qmin and s.qmin <= s.now then
     -- Something has come due since the last idle lap: look at a whole lap again.
     s.qmin, s.qstart, s.qlen = nil, s.seq, s.length
   end
-  local left = budget - s.lease_visited
-  M.walk(s, count, math.min(left, s.length), left)
+  M.walk_lists(s, count, budget)
   M.finish_walk(s)
   if compact then reply[4] = s.packed_element or '' end
   if s.leased == 0 and s.seq - s.qstart >= s.qlen and not s.lease_more then
@@ -1625,6 +1589,14 @@ function M.lease(first, batches, compact)
   if s.lmin and (not soonest or s.lmin < soonest) then soonest = s.lmin end
   if soonest then reply[2] = soonest - s.now end
   return reply, accepted
+end
+
+-- A call's walks: the lease list's when it is due, then the ring's, within one budget.
+function M.walk_lists(s, count, budget)
+  s.count = count
+  if M.leases_due(s) then M.walk_leases(s, budget) end
+  local left = budget - s.lease_visited
+  M.walk(s, count, math.min(left, s.length), left)
 end
 
 -- Whether this call walks the lease list: when its earliest deadline may have come, or when
@@ -1820,11 +1792,9 @@ function M.sweep()
   local budget = M.int_arg(2, 'BUDGET', 1, LIMIT.budget)
   local s = M.start_walk(0, 0)
   if s.length == 0 and s.lease_length == 0 then return { 0, 0, 0 } end
-  s.sweeping, s.count = true, 1
+  s.sweeping = true
   local packed = s.packed
-  if M.leases_due(s) then M.walk_leases(s, budget) end
-  local left = budget - s.lease_visited
-  M.walk(s, 1, math.min(left, s.length), left)
+  M.walk_lists(s, 1, budget)
   -- A sweep leases nothing, so what it passed may still be pending: consumers must look at
   -- a whole lap again before they idle.
   s.qstart, s.qlen = s.seq + s.visited, s.live

@@ -276,14 +276,11 @@ class RotatorModel:
         acked = self._ack_tokens(acks)
         if length == 0 and walk.lease_length == 0:
             return [1, -1, acked]
-        walk.reply, walk.count = [0, -1, acked], n
-        if self._leases_due(walk):
-            self._walk_leases(walk, limit)
+        walk.reply = [0, -1, acked]
         if self.qmin is not None and self.qmin <= self.now:
             # Something came due since the last idle lap: look at a whole lap again.
             self.qmin, self.qstart, self.qlen = None, self.seq, length
-        left = limit - walk.lease_visited
-        self._walk(walk, n, min(left, length), left)
+        self._walk_lists(walk, n, limit)
         self._finish_walk(walk)
         reply = walk.reply
         assert self.qstart is not None
@@ -379,12 +376,9 @@ class RotatorModel:
         length = len(self.ring)
         if length == 0 and walk.lease_length == 0:
             return [0, 0, 0]
-        walk.sweeping, walk.count = True, 1
+        walk.sweeping = True
         packed = walk.packed
-        if self._leases_due(walk):
-            self._walk_leases(walk, limit)
-        left = limit - walk.lease_visited
-        self._walk(walk, 1, min(left, length), left)
+        self._walk_lists(walk, 1, limit)
         # A sweep leases nothing: what it passed may still be pending, so the quiet lap
         # starts again.
         self.qstart, self.qlen = self.seq + walk.visited, walk.live
@@ -639,6 +633,14 @@ class RotatorModel:
         if not self.seeded:
             self.seq = self.origin = self.now
             self.seeded = True
+
+    def _walk_lists(self, w: Walk, count: int, budget: int) -> None:
+        """The lease list's walk when it is due, then the ring's, within one budget."""
+        w.count = count
+        if self._leases_due(w):
+            self._walk_leases(w, budget)
+        left = budget - w.lease_visited
+        self._walk(w, count, min(left, w.ring_length), left)
 
     def _leases_due(self, w: Walk) -> bool:
         """Whether the call walks the lease list (the module's leases_due)."""
