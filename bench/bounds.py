@@ -25,7 +25,6 @@ commandstats), to show what the new checks cost. Results: ``bench/results/bounds
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
@@ -41,7 +40,7 @@ from typing import Any
 
 import redis
 
-from bench.harness import started
+from bench.harness import size_mode, sized_parser, started
 from rotator import Rotator
 from rotator.keys import queue_keys, topic_keys
 from rotator.script import module_source
@@ -688,20 +687,11 @@ def run(kinds: Sequence[str], mode: str, workdir: Path, out: Path, log: Any) -> 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    size = parser.add_mutually_exclusive_group()
-    size.add_argument("--quick", action="store_true", help="smaller sizes")
-    size.add_argument("--smoke", action="store_true", help="tiny sizes, to check it runs")
-    parser.add_argument("--servers", default="redis,valkey", help="comma-separated")
-    parser.add_argument("--out", type=Path, default=RESULTS, help="where bounds.json goes")
-    parser.add_argument(
-        "--table", action="store_true", help="print the table of --out's bounds.json, run nothing"
-    )
-    args = parser.parse_args(argv)
+    args = sized_parser(__doc__, RESULTS, "bounds.json").parse_args(argv)
     if args.table:
         print(markdown(json.loads((args.out / "bounds.json").read_text())))
         return 0
-    mode = "smoke" if args.smoke else "quick" if args.quick else "full"
+    mode = size_mode(args)
 
     def log(line: str) -> None:
         print(line, flush=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import multiprocessing
 import statistics
 import time
@@ -14,6 +15,26 @@ from typing import Any
 import redis
 
 from tests.servers import ServerProcess
+
+
+def sized_parser(doc: str | None, out: Path, results: str) -> argparse.ArgumentParser:
+    """The options of a benchmark with full, --quick and --smoke sizes: which servers, where
+    its `results` file goes (default `out`), and --table to print that file's table."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0] if doc else None)
+    size = parser.add_mutually_exclusive_group()
+    size.add_argument("--quick", action="store_true", help="smaller sizes")
+    size.add_argument("--smoke", action="store_true", help="tiny sizes, to check it runs")
+    parser.add_argument("--servers", default="redis,valkey", help="comma-separated")
+    parser.add_argument("--out", type=Path, default=out, help=f"where {results} goes")
+    parser.add_argument(
+        "--table", action="store_true", help=f"print the table of --out's {results}, run nothing"
+    )
+    return parser
+
+
+def size_mode(args: argparse.Namespace) -> str:
+    return "smoke" if args.smoke else "quick" if args.quick else "full"
+
 
 # One no-op job is claimed once and acked once; every pattern is measured the same way.
 Loop = Callable[[str, str, int, "Any"], list[float]]

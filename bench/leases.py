@@ -60,7 +60,6 @@ Results: ``bench/results/leases.json`` (``--out``); ``--table`` prints its table
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
@@ -90,7 +89,7 @@ from bench.bounds import (
     modules,
     server_ms,
 )
-from bench.harness import started
+from bench.harness import size_mode, sized_parser, started
 from rotator import Rotator
 from rotator.defaults import DEFAULT_PUSH_CHUNK
 from rotator.keys import queue_keys
@@ -814,23 +813,15 @@ def run(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    size = parser.add_mutually_exclusive_group()
-    size.add_argument("--quick", action="store_true", help="smaller sizes")
-    size.add_argument("--smoke", action="store_true", help="tiny sizes, to check it runs")
-    parser.add_argument("--servers", default="redis,valkey", help="comma-separated")
+    parser = sized_parser(__doc__, RESULTS, "leases.json")
     parser.add_argument("--modules", default="old,new", help="comma-separated: old, new")
     parser.add_argument("--leases", type=int, help="state b's leases (default: the mode's)")
     parser.add_argument("--big-leases", type=int, help="state c's leases (default: the mode's)")
-    parser.add_argument("--out", type=Path, default=RESULTS, help="where leases.json goes")
-    parser.add_argument(
-        "--table", action="store_true", help="print the table of --out's leases.json, run nothing"
-    )
     args = parser.parse_args(argv)
     if args.table:
         print(markdown(json.loads((args.out / "leases.json").read_text())))
         return 0
-    mode = "smoke" if args.smoke else "quick" if args.quick else "full"
+    mode = size_mode(args)
 
     def log(line: str) -> None:
         print(line, flush=True)

@@ -10,16 +10,23 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_bench_smoke_writes_every_scenario(tmp_path: Path) -> None:
+def run_smoke(module: str, out: Path, timeout: float) -> str:
+    """`python -m <module> --smoke` on Redis, its results written to `out`: it must succeed.
+    Returns what it printed."""
     done = subprocess.run(
-        [sys.executable, "-m", "bench", "--smoke", "--servers", "redis", "--out", str(tmp_path)],
+        [sys.executable, "-m", module, "--smoke", "--servers", "redis", "--out", str(out)],
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=timeout,
         check=False,
     )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    return done.stdout
+
+
+def test_bench_smoke_writes_every_scenario(tmp_path: Path) -> None:
+    run_smoke("bench", tmp_path, timeout=300)
     data = json.loads((tmp_path / "redis.json").read_text())
     patterns = {row["pattern"] for row in data["patterns"]}
     assert patterns == {
@@ -76,24 +83,7 @@ def test_bench_smoke_writes_every_scenario(tmp_path: Path) -> None:
 
 def test_bench_leases_smoke(tmp_path: Path) -> None:
     """bench.leases (issue 21) end to end on tiny sizes: every state, module, via and phase."""
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "bench.leases",
-            "--smoke",
-            "--servers",
-            "redis",
-            "--out",
-            str(tmp_path),
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=110,
-        check=False,
-    )
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    printed = run_smoke("bench.leases", tmp_path, timeout=110)
     data = json.loads((tmp_path / "leases.json").read_text())
     assert set(data) == {"machine", "modules", "sizes", "targets", "results"}
     assert set(data["results"]) == {"redis"}
@@ -123,4 +113,4 @@ def test_bench_leases_smoke(tmp_path: Path) -> None:
     reclaim = {(r["module"], r["case"]): r for r in result["reclaim"]}
     assert set(reclaim) == {(m, c) for m in ("old", "new") for c in ("idle_before", "idle_after")}
     assert all(len(r["late_ms"]) == r["rounds"] for r in reclaim.values()), result["reclaim"]
-    assert "| worst call, every phase (ms) |" in done.stdout
+    assert "| worst call, every phase (ms) |" in printed
