@@ -1202,9 +1202,13 @@ end
 -- (late ack, stale mark). A list with nothing to walk needs no pass.
 function M.may_age(s)
   if s.aged then return false end -- once a call: a second would be work for nothing
-  local leases_left = s.lease_length - s.lease_visited + #s.back + #s.to_leases
   local ring = s.leases_walk and s.ring_live or s.live -- (the lease walk borrows s.live)
-  return (s.rpasses >= 1 or ring <= 1) and (s.lpasses >= 1 or leases_left == 0)
+  return (s.rpasses >= 1 or ring <= 1) and (s.lpasses >= 1 or M.leases_left(s) == 0)
+end
+
+-- The lease list's length as this call leaves it, with what it has pushed there so far.
+function M.leases_left(s)
+  return s.lease_length - s.lease_visited + #s.back + #s.to_leases
 end
 
 function M.age(s)
@@ -1296,7 +1300,7 @@ function M.walk_leases(s, budget)
   if pass_ended then
     -- The next pass counts everything the list holds after this call, put back or not
     -- (visited or not: counting more than needed only makes a pass longer).
-    s.lpass, s.lskip = s.lease_length - s.lease_visited + #s.back + #s.to_leases, 0
+    s.lpass, s.lskip = M.leases_left(s), 0
   else
     s.lskip = #s.back + skip
   end
@@ -1424,11 +1428,11 @@ function M.note_leases(s)
   end
   local pushed = s.pushed_min
   if pushed and (not lmin or pushed < lmin) then lmin = pushed end
-  local before = s.lease_length - s.lease_visited + #s.back
-  if before + #s.to_leases == 0 then lmin = nil end
+  local left = M.leases_left(s)
+  if left == 0 then lmin = nil end
   -- Pushed onto an empty list, the young leases of this call are its tail: a walk for acks
   -- need not read them before they may be due (see leases_due).
-  if before == 0 and #s.to_leases > 0 then s.lstop = lmin end
+  if left == #s.to_leases and left > 0 then s.lstop = lmin end
   s.lmin = lmin
 end
 
@@ -1800,7 +1804,7 @@ function M.sweep()
   s.qstart, s.qlen = s.seq + s.visited, s.live
   M.finish_walk(s)
   -- In jobs, not elements (a packed batch holds several).
-  local leases = s.lease_length - s.lease_visited + #s.back + #s.to_leases
+  local leases = M.leases_left(s)
   local before = s.length + s.lease_length + packed
   local after = math.max(s.live, 0) + leases + s.packed
   return { s.visited + s.lease_visited, math.max(before - after, 0),
