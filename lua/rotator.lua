@@ -19,7 +19,8 @@ KEYS
   KEYS[4]  marks      HASH  token -> "e<deadline ms>" (extended) or "n<due ms>" (nacked);
                             batch -> "a<jobs>" (acked whole) or "t" (touched, see below)
   KEYS[5]  marks_old  HASH  marks written before the last lap (swept at the next lap)
-  KEYS[6]  revoked    ZSET  token -> ms it was revoked (re-leased, nacked or dead-lettered)
+  KEYS[6]  revoked    ZSET  token -> ms it was revoked (re-leased, nacked or dead-lettered);
+                            "<batch>*": every token of that batch (its expiry re-leased them)
   KEYS[7]  dead       LIST  dead letters "<reason>*<deliveries>*<ms>*<element>", oldest first
   KEYS[8]  wake       LIST  wake-up tokens that idle consumers block on (BLPOP)
   KEYS[9]  meta       HASH  counters: seq origin lapnext lapguess qstart qlen qmin pushed taken
@@ -62,7 +63,9 @@ ELEMENTS OF THE RING
   batch while it is young, and one write when it is acked whole. When one of its jobs is
   acked, nacked or extended on its own, the batch is marked "t" (touched); a touched or
   expired batch is broken up at its next visit into its leases, which are then visited as
-  usual, and the batch is revoked (a later batch ack is refused: ack each token).
+  usual, and the batch is revoked (a later batch ack is refused: ack each token). An expired
+  batch that was never touched has all its jobs leased again at once (a crashed worker's
+  batch): one revoked member "<batch>*" then fences every token of it.
   Anything else is corrupt: a visit moves it to the dead letters with reason "corrupt".
   The ring holds the sentinel, pending ids and deferred jobs; leases and packed batches live
   in the lease list (KEYS[11]), and one met in the ring (written there by hand, or by a module
@@ -340,6 +343,10 @@ local LIMIT = {
   dead_max = 100000, dead_max_range = { 1, 1000000 },
   dead_age_ms = 7 * 86400000, dead_age_ms_range = { 0, 3650 * 86400000 }, -- 0: no age limit
   trim_step = 1000, -- refused tokens or dead letters one call drops beyond what it adds
+  -- Expired leases one call re-leases one by one at most: each is a revocation (a ZADD into
+  -- a set of up to fence_max tokens, and its trim), about 5 us on a full set. A batch that
+  -- expired whole is one revocation for all its jobs (visit_packed).
+  revokes = 250,
   -- The ids of one call's batch of first deliveries, in bytes: once they reach this, the call
   -- leases no more (a batch of 1000 ids of 1 KB would be a megabyte to make, move and break).
   batch_bytes = 256 * 1024,
@@ -798,14 +805,24 @@ function M.refused_among(first, sides)
     if not call or call < origin or call >= seq then refused[arg] = true end
   end
   if #A >= first and sides.revoked > 0 then
-    local names = {}
+    -- Each arg's own name, and for a first delivery or batch ack its batch's expiry, which
+    -- fences the whole batch ("<batch>*", see visit_packed).
+    local names, of = {}, {}
     for i = first, #A do
       local arg = A[i]
-      names[#names + 1] = string.byte(arg) == BYTE_STAR and M.split_batch_ack(arg) or arg
+      local batch
+      if string.byte(arg) == BYTE_STAR then
+        batch = M.split_batch_ack(arg)
+        names[#names + 1], of[#names + 1] = batch, arg
+      else
+        batch = M.batch_of(arg)
+        names[#names + 1], of[#names + 1] = arg, arg
+      end
+      if batch then names[#names + 1], of[#names + 1] = batch .. '*', arg end
     end
     local scores = rcall('ZMSCORE', K.revoked, unpack(names))
     for i = 1, #scores do
-      if scores[i] then refused[A[first + i - 1]] = true end
+      if scores[i] then refused[of[i]] = true end
     end
   end
   return refused
@@ -1041,9 +1058,12 @@ function M.visit_lease(s, element, m, m_key)
   end
   if when and kind == 'e' then deadline = when end
   local due = (when and kind == 'n') and when or deadline
-  if due > s.now or s.sweeping or s.leased >= s.count then
+  if due > s.now or s.sweeping or s.leased >= s.count
+      or (kind ~= 'n' and #s.revoke >= LIMIT.revokes) then
     M.keep(s, element, due, m, m_key, kind == 'n')
   else
+    -- (a deferred job's copy was never handed out: its token needs no fencing)
+    if kind ~= 'n' then s.revoke[#s.revoke + 1] = element end
     M.lease_again(s, id, n, element, (kind == 'n') and 0 or 1, m, m_key)
   end
 end
@@ -1075,6 +1095,17 @@ function M.visit_packed(s, element, batch, m, m_key)
     M.unmark(s, m_key, batch, m)
     s.live = s.live - 1
     s.packed = s.packed - (#ids - 1)
+    return
+  end
+  if not m and not s.sweeping and s.count - s.leased >= #ids then
+    -- Expired and never touched: none of its jobs was acked, given back or extended on its
+    -- own (each would have touched it), so every one is leased again, and one revocation
+    -- fences all their tokens (refused_among), as a crashed worker's batch needs.
+    s.revoke[#s.revoke + 1] = batch .. '*'
+    s.live = s.live + #ids - 1
+    s.packed = s.packed - (#ids - 1)
+    s.expanded = s.expanded + #ids
+    for k = 1, #ids do M.lease_again(s, ids[k], 1, nil, 1) end
     return
   end
   M.unmark(s, m_key, batch, m) -- the touch (or a batch ack of another size) is used up
@@ -1145,11 +1176,10 @@ function M.keep(s, element, at, m, m_key, deferred)
 end
 
 -- Hands out a new delivery of `id` (delivered `n` times so far) in place of `old_token`,
--- or dead-letters it when it has had its deliveries.
+-- or dead-letters it when it has had its deliveries. The caller fences `old_token` (nil for a
+-- job of a batch that expired whole: it has no mark, and a count of 1 is never corrupt).
 function M.lease_again(s, id, n, old_token, reclaimed, mark, mark_key)
   M.unmark(s, mark_key, old_token, mark)
-  -- (a deferred job's copy was never handed out: its token needs no fencing)
-  if reclaimed == 1 then s.revoke[#s.revoke + 1] = old_token end
   if n >= LIMIT.stamped_deliveries then
     -- No delivery reaches this count (MAX_DELIVERIES <= LIMIT.max_deliveries): someone wrote
     -- it by hand, and the next count would not fit the grammar.
@@ -1250,7 +1280,7 @@ function M.walk_leases(s, budget)
     M.look_up(slice, s.sides, stamped, done_in, mark, mark_in, packed)
     for i = #slice, 1, -1 do
       if s.lease_visited + s.expanded - expanded >= budget or bytes > LIMIT.lease_bytes
-          or (s.leased >= s.count and not s.sweeping) then
+          or (s.leased >= s.count and not s.sweeping) or #s.revoke >= LIMIT.revokes then
         s.lease_more = true
         break
       end

@@ -38,6 +38,7 @@ BUDGET = 1000
 LEASE_MS = 86_400_000
 REVOKED_KEEP_MS = 2 * 86_400_000
 LEASE_BYTES = 2 * 1024 * 1024  # bytes of elements one walk of the lease list reads at most
+REVOKES = 250  # expired leases one call re-leases one by one (each revoked) at most
 STAMPED_DELIVERIES = 999_999_999  # a delivery count no real lease reaches (9 digits)
 BATCH_BYTES = 256 * 1024  # a call leases no more once its batch's ids reach this
 WAKE_TOKENS = 16
@@ -183,6 +184,7 @@ class Walk:
     leased: int = 0
     released: int = 0  # later deliveries handed out by this call
     expanded: int = 0  # leases of broken-up batches: they count against the budget too
+    revokes: int = 0  # tokens (and batches) this call revoked
     soonest: int | None = None
     batch: list[bytes] = field(default_factory=list)  # this call's first deliveries
     batch_bytes: int = 0  # the bytes of their ids
@@ -523,8 +525,7 @@ class RotatorModel:
             return 0
         accepted: list[bytes] = []
         for arg in dict.fromkeys(args):  # given twice, counted once
-            name = arg.split(b"/")[0] if arg.startswith(b"*") else arg
-            if name not in self.revoked and self._issued(arg):
+            if not self._fenced(arg) and self._issued(arg):
                 accepted.append(arg)
         tokens = [a for a in accepted if not a.startswith(b"*")]
         self.done |= set(tokens)
@@ -551,6 +552,13 @@ class RotatorModel:
                 return True
         return False
 
+    def _fenced(self, arg: bytes) -> bool:
+        """Whether a token (or batch ack) was revoked: by its own name, or (a first delivery,
+        a batch ack) by its batch's expiry, `<batch>*` (the module's refused_among)."""
+        batch = arg.split(b"/")[0] if arg.startswith(b"*") else batch_of(arg)
+        name = batch if arg.startswith(b"*") else arg
+        return name in self.revoked or (batch is not None and batch + b"*" in self.revoked)
+
     def _issued(self, arg: bytes) -> bool:
         """Whether this queue could have issued the token (or batch ack): its call seq is in
         origin <= seq < seq (the module's refused_among)."""
@@ -573,7 +581,7 @@ class RotatorModel:
         alive = {
             t
             for t in tokens
-            if t not in self.revoked
+            if not self._fenced(t)
             and self._issued(t)
             and t not in self.done
             and t not in self.done_old
@@ -684,6 +692,7 @@ class RotatorModel:
                 w.lease_visited + w.expanded - expanded >= budget
                 or read > LEASE_BYTES
                 or (w.leased >= w.count and not w.sweeping)
+                or w.revokes >= REVOKES
             ):
                 w.lease_more = True
                 break
@@ -829,9 +838,20 @@ class RotatorModel:
             w.packed -= len(ids) - 1
             self.completed.update(ids)
             return
+        if mark is None and not w.sweeping and w.count - w.leased >= len(ids):
+            # Expired, never touched: every job leased again, one revocation for the batch.
+            self.revoked[batch + b"*"] = w.now
+            w.revokes += 1
+            w.live += len(ids) - 1
+            w.packed -= len(ids) - 1
+            w.expanded += len(ids)
+            for job_id in ids:
+                self._lease_again(w, job_id, 1, 1)
+            return
         if marks is not None:
             del marks[batch]  # the touch (or a batch ack of another size) is used up
         self.revoked[batch] = w.now
+        w.revokes += 1
         w.in_place = w.in_place or (w.leases_walk and due > w.now)
         w.live += len(ids) - 1
         w.packed -= len(ids) - 1
@@ -861,22 +881,31 @@ class RotatorModel:
             deadline = int(when[2])
         deferred = bool(when and when[1] == b"n")
         due = int(when[2]) if deferred and when else deadline
-        if due > w.now or w.sweeping or w.leased >= w.count:
+        if (
+            due > w.now
+            or w.sweeping
+            or w.leased >= w.count
+            or (not deferred and w.revokes >= REVOKES)
+        ):
             self._keep(w, element, due, mark, marks, deferred)
             return
         if marks is not None:
             del marks[element]
         if not deferred:  # a deferred job's copy was never handed out
             self.revoked[element] = w.now
+            w.revokes += 1
         if n >= STAMPED_DELIVERIES:
             self._dead_letter(w, b"corrupt", 0, element)
             return
+        self._lease_again(w, job_id, n, 0 if deferred else 1)
+
+    def _lease_again(self, w: Walk, job_id: bytes, n: int, reclaimed: int) -> None:
         if w.max_deliveries > 0 and n >= w.max_deliveries:
             self.dead.append(b"max_deliveries*%d*%d*" % (n, w.now) + job_id)
             w.live -= 1
             return
         # At least 2 (a hand-written lease may say 0): first deliveries are the batch's.
-        self._hand_out(w, job_id, max(n, 1) + 1, 0 if deferred else 1)
+        self._hand_out(w, job_id, max(n, 1) + 1, reclaimed)
 
     def _keep(  # noqa: PLR0917 (the module's keep, argument for argument)
         self,

@@ -132,6 +132,20 @@ def ack(b: Backend, *tokens: str) -> int:
     return reply
 
 
+def batch_of(token: str) -> str | None:
+    """The batch `*<deadline>.1.<call seq>` of a first delivery's token (None for a later one)."""
+    found = re.fullmatch(r"[^*]+\*(\d+\.1\.\d+)\d{5}", token)
+    return "*" + found[1] if found else None
+
+
+def revoked(b: Backend, token: str) -> bool:
+    """Whether the module fences `token`: revoked by name, or its batch revoked whole when it
+    expired untouched (member `<batch>*`)."""
+    members = b.zscores("revoked")
+    batch = batch_of(token)
+    return token in members or (batch is not None and batch + "*" in members)
+
+
 def stats(b: Backend) -> dict[str, int]:
     reply = b.call("stats")
     assert isinstance(reply, list), reply
@@ -435,6 +449,69 @@ def breaking_up_batches_counts_against_the_budget(b: Backend) -> None:
 
 
 @scenario
+def an_expired_untouched_batch_is_released_whole_under_one_revocation(b: Backend) -> None:
+    push(b, "a", "b", "c")
+    first = nxt(b, 3, SHORT)
+    batch = batch_of(first.tokens[0])
+    assert batch is not None
+    assert {batch_of(t) for t in first.tokens} == {batch}
+    b.sleep_ms(PAST_SHORT)
+    again = nxt(b, 10, LONG)
+    assert sorted(again.ids) == ["a", "b", "c"]
+    assert all(token.n == 2 and reclaimed == 1 for token, reclaimed in again.jobs)
+    # One member fences the batch: each old token, and the batch ack, is refused.
+    assert set(b.zscores("revoked")) == {batch + "*"}
+    assert ack(b, *first.tokens) == 0
+    assert ack(b, f"{batch}/3") == 0
+    assert b.call("nack", 0, first.tokens[0]) == [0]
+    assert b.call("extend", LONG, first.tokens[1]) == [b.now_ms() + LONG, 0]
+    assert nxt(b, 10, LONG).jobs == []  # each job re-issued to exactly one consumer
+    assert ack(b, *again.tokens) == 3
+    laps(b, 2)
+    assert b.elements() == [SENTINEL]
+
+
+@scenario
+def an_expired_touched_batch_revokes_its_leases_one_by_one(b: Backend) -> None:
+    push(b, "a", "b", "c")
+    first = nxt(b, 3, SHORT)
+    assert ack(b, first.tokens[0]) == 1  # touches the batch
+    b.sleep_ms(PAST_SHORT)
+    again = nxt(b, 10, LONG)
+    assert sorted(again.ids) == ["b", "c"]
+    batch = batch_of(first.tokens[0])
+    assert batch is not None
+    assert set(b.zscores("revoked")) == {batch, *first.tokens[1:]}
+    assert ack(b, *first.tokens[1:]) == 0
+    assert ack(b, *again.tokens) == 2
+    laps(b, 2)
+    assert b.elements() == [SENTINEL]
+
+
+@scenario
+def a_call_re_leases_at_most_250_expired_leases_one_by_one(b: Backend) -> None:
+    ids = [f"j{i:03d}" for i in range(300)]
+    push(b, *ids)
+    assert len(nxt(b, 300, SHORT).jobs) == 300
+    b.sleep_ms(PAST_SHORT)
+    # The expired batch comes back whole (one revocation), as 300 leases of their own.
+    singles = nxt(b, 1000, SHORT)
+    assert len(singles.jobs) == 300
+    b.sleep_ms(PAST_SHORT)
+    # Each of those is revoked on its own when it expires: 250 a call, then the rest.
+    got = nxt(b, 1000, LONG)
+    assert len(got.jobs) == 250
+    assert got.wait_ms == 0  # more is due now: the lease list's walk goes on at once
+    rest = nxt(b, 1000, LONG)
+    assert len(rest.jobs) == 50
+    assert sorted(got.ids + rest.ids) == ids
+    assert all(revoked(b, token) for token in singles.tokens)
+    assert ack(b, *got.tokens, *rest.tokens) == 300
+    laps(b, 2)
+    assert b.elements() == [SENTINEL]
+
+
+@scenario
 def next_packed_sends_the_batch_as_its_element_and_later_deliveries_as_tokens(
     b: Backend,
 ) -> None:
@@ -481,7 +558,7 @@ def expired_lease_is_reclaimed_once_and_the_old_token_refused(b: Backend) -> Non
     assert new.text != old.text
     assert new.seq != old.seq
     assert nxt(b, 10, LONG).jobs == []  # re-issued to exactly one consumer
-    assert old.text in b.zscores("revoked")
+    assert revoked(b, old.text)
     assert ack(b, old.text) == 0
     assert nxt(b, 1, LONG, acks=(old.text,)).acked == 0
     laps(b, 2)
@@ -651,7 +728,7 @@ def max_deliveries_dead_letters_the_job_and_requeue_dead_brings_it_back(b: Backe
     assert b.call("dead", 1, 1) == letters[1:]
     assert stats(b)["dead"] == 2
     for token, _ in second.jobs:
-        assert token.text in b.zscores("revoked")
+        assert revoked(b, token.text)
         assert ack(b, token.text) == 0
     # Only the letters of the ids asked for; the requeued job is a fresh, pending one.
     assert b.call("requeue_dead", 10, "b") == 1
@@ -1022,10 +1099,10 @@ def revoked_tokens_are_forgotten_after_two_days(b: Backend) -> None:
     old = lease_one(b, "a", SHORT)
     b.sleep_ms(PAST_SHORT)
     new = nxt(b, 10, LONG).tokens[0]
-    assert old.text in b.zscores("revoked")
+    assert revoked(b, old.text)
     assert ack(b, new) == 1
     laps(b, 2)
-    assert old.text in b.zscores("revoked")  # still refused after laps...
+    assert revoked(b, old.text)  # still refused after laps...
     assert ack(b, old.text) == 0
     b.sleep_ms(REVOKED_KEEP_MS + 1)
     laps(b, 1)
