@@ -67,6 +67,12 @@ class QueueKeys:
         return self.all[7]
 
     @property
+    def workers(self) -> str:
+        """The worker registry hash (``<base>:workers``, rotator.registry): written by the
+        Python worker loops, never passed to the Lua module, so not in KEY_ROLES."""
+        return f"{self.all[0].rsplit(':', 1)[0]}:workers"
+
+    @property
     def acl_pattern(self) -> str:
         """The ACL key pattern (``~...``) that covers exactly this queue's keys."""
         return f"{self.all[0].rsplit(':', 1)[0]}:*"
