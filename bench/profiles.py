@@ -80,7 +80,8 @@ def memory_per_job(client: redis.Redis, jobs: int) -> dict[str, float]:
     batches: list[list[Job]] = []
     while sum(map(len, batches)) < jobs:
         batches.append(q.next(1000))
-    in_flight = usage(q.keys.ring)  # packed: one element per call's batch of up to 1000
+    # Leased jobs live in the lease list, packed: one element per call's batch of up to 1000.
+    in_flight = usage(q.keys.ring) + usage(q.keys.leases)
     # Each batch acked as next returned it (what Rotator sends as one batch ack): one mark
     # per batch.
     for batch in batches:
