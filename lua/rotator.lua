@@ -16,12 +16,14 @@ KEYS
                             rotate tail -> head
   KEYS[2]  done       SET   tokens acked since the last lap, awaiting removal
   KEYS[3]  done_old   SET   tokens acked before the last lap (swept at the next lap)
-  KEYS[4]  marks      HASH  token -> "e<deadline ms>" (extended) or "n<due ms>" (nacked);
-                            batch -> "a<jobs>" (acked whole) or "t" (touched, see below)
+  KEYS[4]  marks      HASH  token -> "e<deadline ms>" (extended), "n<due ms>" (nacked) or
+                            "f<error>" (buried); batch -> "a<jobs>" (acked whole) or "t"
+                            (touched, see below)
   KEYS[5]  marks_old  HASH  marks written before the last lap (swept at the next lap)
   KEYS[6]  revoked    ZSET  token -> ms it was revoked (re-leased, nacked or dead-lettered);
                             "<batch>*": every token of that batch (its expiry re-leased them)
-  KEYS[7]  dead       LIST  dead letters "<reason>*<deliveries>*<ms>*<element>", oldest first
+  KEYS[7]  dead       LIST  dead letters "<reason>*<deliveries>*<ms>*<element>", oldest first;
+                            reason "failed" (bury): element "<id>*<error>"
   KEYS[8]  wake       LIST  wake-up tokens that idle consumers block on (BLPOP)
   KEYS[9]  meta       HASH  counters: seq origin lapnext lapguess qstart qlen qmin pushed taken
                             packed (jobs in packed batches beyond one per element),
@@ -145,6 +147,15 @@ COMMANDS (ARGV[1]; numbers are decimal integers)
     is revoked.
     reply: {ok1, ok2, ...}  1 = requeued, 0 = lease lost (re-issued, acked or unknown queue)
     errors: ROTATOR_BADARG, ROTATOR_BADTOKEN, ROTATOR_TOOMANY
+  bury ERROR TOKEN [TOKEN ...]                                   (KEYS 1..11, or 1..13)
+    Sends live leases to the dead letters with ERROR (at most 4096 bytes; may be empty):
+    each is marked "f<ERROR>" and revoked (with its batch), as by nack, and the walk that
+    reaches its element writes the letter "failed*<deliveries>*<ms>*<id>*<ERROR>" (a
+    sweep reaches it at once; stats counts it as done meanwhile). For a worker's last
+    failure, instead of a nack that the next visit would dead-letter without the error.
+    With KEYS[13]: also records ERROR as each job's last error, as nackp does.
+    reply: {ok1, ok2, ...}  1 = buried, 0 = lease lost (as nack)
+    errors: ROTATOR_BADARG, ROTATOR_BADTOKEN, ROTATOR_TOOMANY
   extend LEASE_MS TOKEN [TOKEN ...]
     Moves each lease's deadline to now + LEASE_MS (1..86400000).
     reply: {deadline_ms, ok1, ok2, ...}  1 = extended, 0 = lease lost
@@ -168,14 +179,21 @@ COMMANDS (ARGV[1]; numbers are decimal integers)
     errors: ROTATOR_BADARG
   stats
     reply: {"length", n, "pending", n, "in_flight", n, "done", n, "deferred", n, "dead", n,
-            "oldest_pending_age_ms", n (-1 when nothing is pending)}
-    O(1): counters kept in meta (marked_n, marked_a and their _old), never a whole read.
+            "oldest_pending_age_ms", n (-1 when nothing is pending),
+            "overdue", n, "overdue_capped", 0|1}
+    Jobs: length = pending + in_flight + done + deferred + overdue. pending: pushed, never
+    leased; in_flight: leased, deadline not passed; done: acked, element not yet removed;
+    deferred: given back, waiting for its delay (or for the walk, once due); overdue: lease
+    past its deadline, not yet reclaimed, counted from the lease list's tail (at most 100
+    elements and 1000 jobs: overdue_capped 1 says the count is a lower bound).
+    O(1) but for that bounded tail: counters kept in meta (marked_n, marked_a and their
+    _old), never a whole read.
   peek COUNT
     The COUNT (1..1000) elements nearest the ring's tail, tail first, then the lease list's
     from its tail, without changing anything; a packed batch shows as the leases it stands
     for, first job first (at most COUNT rows).
     reply: {element1, state1, time1, ...}; state: "lap", "pending", "leased", "done",
-           "deferred", "corrupt"; time: lease deadline or due ms (0 when none)
+           "deferred", "buried", "corrupt"; time: lease deadline or due ms (0 when none)
     errors: ROTATOR_BADARG
   scan START STOP COUNT
     The elements START..STOP-1 counted from the ring's tail and on into the lease list's
@@ -278,7 +296,7 @@ ERRORS (replies start with the code)
   write, so a failing call changes nothing.
 
 REDIS-CLI
-  SHA=$(redis-cli SCRIPT LOAD "$(cat lua/rotator.lua)")
+  SHA=$(redis-cli -x SCRIPT LOAD < lua/rotator.lua)
   Q="rotator:{orders}:ring rotator:{orders}:done rotator:{orders}:done_old rotator:{orders}:marks rotator:{orders}:marks_old rotator:{orders}:revoked rotator:{orders}:dead rotator:{orders}:wake rotator:{orders}:meta rotator:{orders}:pushlog rotator:{orders}:leases"
   redis-cli EVALSHA $SHA 11 $Q push job-1 job-2
   redis-cli EVALSHA $SHA 11 $Q next 10 30000 1000 5
@@ -347,6 +365,9 @@ local LIMIT = {
   -- a set of up to fence_max tokens, and its trim), about 5 us on a full set. A batch that
   -- expired whole is one revocation for all its jobs (visit_packed).
   revokes = 250,
+  -- stats counts overdue leases from the lease list's tail: at most this many elements, and
+  -- batch_bytes of them, and LIMIT.count tokens looked up (then its count is a lower bound).
+  overdue_look = 100,
   -- The ids of one call's batch of first deliveries, in bytes: once they reach this, the call
   -- leases no more (a batch of 1000 ids of 1 KB would be a megabyte to make, move and break).
   batch_bytes = 256 * 1024,
@@ -361,7 +382,7 @@ local LIMIT = {
   group_bytes = 64,
   trim_extra = 16, -- retained messages a publish may drop by age beyond what it adds
   retention = 1e12, -- MAXLEN (messages) and MAXAGE_MS (about 31 years)
-  error_bytes = 4096, -- the last error kept in a job's item stats
+  error_bytes = 4096, -- the last error kept in a job's item stats, or in a buried job's letter
   echo_bytes = 64, -- of an argument echoed in an error: enough to recognise it
   -- A number read back from text (an argument, a deadline) has at most 15 digits, so it is a
   -- whole number a double holds exactly (2^53 has 16 digits); unix ms have 13 until 2286.
@@ -403,6 +424,7 @@ local BYTE_STAR = 42 -- '*': opens the sentinel, a packed batch and a batch ack;
 local BYTE_A = 97 -- 'a': opens the mark of a batch acked whole ("a<jobs>")
 local BYTE_N = 110 -- 'n': opens the mark of a nacked job ("n<due ms>")
 local BYTE_E = 101 -- 'e': opens the mark of an extended lease ("e<deadline ms>")
+local BYTE_F = 102 -- 'f': opens the mark of a buried job ("f<error>")
 
 -- 2. CALL STATE ---------------------------------------------------------------------------------
 
@@ -643,6 +665,8 @@ function M.count_mark(sides, key, m, sign)
     counts[1] = counts[1] + sign
   elseif kind == BYTE_A then
     counts[2] = counts[2] + sign * (tonumber(string.sub(m, 2)) or 0)
+  elseif kind == BYTE_F then
+    counts[2] = counts[2] + sign -- a buried job: done with, like an acked one
   end
 end
 
@@ -820,9 +844,13 @@ function M.refused_among(first, sides)
       end
       if batch then names[#names + 1], of[#names + 1] = batch .. '*', arg end
     end
-    local scores = rcall('ZMSCORE', K.revoked, unpack(names))
-    for i = 1, #scores do
-      if scores[i] then refused[of[i]] = true end
+    -- (up to two names a token: sliced, as unpack takes at most LIMIT.batch values)
+    for from = 1, #names, LIMIT.batch do
+      local scores = rcall('ZMSCORE', K.revoked,
+        unpack(names, from, math.min(from + LIMIT.batch - 1, #names)))
+      for i = 1, #scores do
+        if scores[i] then refused[of[from + i - 1]] = true end
+      end
     end
   end
   return refused
@@ -1054,6 +1082,11 @@ function M.visit_lease(s, element, m, m_key)
   if not id then
     M.unmark(s, m_key, element, m)
     M.dead_letter(s, 'corrupt', 0, element)
+    return
+  end
+  if kind == 'f' then -- buried: to the dead letters now, with its error (revoked by bury)
+    M.unmark(s, m_key, element, m)
+    M.dead_letter(s, 'failed', n, id .. '*' .. string.sub(m, 2))
     return
   end
   if when and kind == 'e' then deadline = when end
@@ -1290,7 +1323,7 @@ function M.walk_leases(s, budget)
       -- it), or a batch marked (acked whole, or touched: broken up now, its acked leases go
       -- and its live ones wait at the tail in its place).
       local gone = done_in[i] ~= nil
-        or (m and (byte(m) == BYTE_N or byte(m) == BYTE_E or packed[i]))
+        or (m and (byte(m) == BYTE_N or byte(m) == BYTE_E or byte(m) == BYTE_F or packed[i]))
       local deadline = not gone and M.own_deadline(element, packed[i])
       if deadline and deadline > now and not s.sweeping then
         stop = deadline
@@ -1743,6 +1776,71 @@ function M.give_back(first, before_write)
   return reply
 end
 
+function M.bury()
+  local message = M.error_arg(2)
+  M.check_tokens(3, true)
+  local alive, sides = M.live_tokens(3)
+  local meta = M.read_meta(K)
+  if K.items then M.read('HLEN', K.items) end
+  local now = M.now_ms()
+  local reply, buried, marks, revoke, touched = {}, {}, {}, {}, {}
+  for i = 3, #A do
+    local token = A[i]
+    if alive[token] then
+      alive[token] = nil -- a token given twice is buried once
+      buried[#buried + 1], marks[#marks + 1] = token, 'f' .. message
+      revoke[#revoke + 1], revoke[#revoke + 2] = now, token
+      local batch = M.batch_of(token)
+      if batch and not touched[batch] then
+        touched[batch] = true
+        revoke[#revoke + 1], revoke[#revoke + 2] = now, batch
+      end
+      reply[#reply + 1] = 1
+    else
+      reply[#reply + 1] = 0
+    end
+  end
+  if #buried == 0 then return reply end
+  -- Marked, fenced as a nack is; the walk that reaches its element writes the letter (a
+  -- token whose element is gone, acked and removed, writes none: its mark is a leftover).
+  M.mark_leases(sides, buried, marks, touched)
+  M.call_all('ZADD', K.revoked, revoke)
+  M.trim_revoked(meta, now, #revoke / 2, sides.revoked + #revoke / 2)
+  local lmin = meta.lmin and math.min(meta.lmin, now) or now
+  local lstop = M.frees_tail(buried, meta.lstop) and '' or (meta.lstop or '')
+  rcall('HSET', K.meta, 'lmin', lmin, 'lstop', lstop)
+  if K.items then M.note_errors(3, reply, message) end
+  return reply
+end
+
+-- Records `message` as the last error in the item stats (K.items) of the jobs whose tokens,
+-- A[first..], have a 1 in `reply` (nackp; bury given the item-stats KEYS).
+function M.note_errors(first, reply, message)
+  local ids = {}
+  for i = first, #A do
+    if reply[i - first + 1] == 1 then
+      ids[#ids + 1] = string.sub(A[i], 1, string.find(A[i], '*', 2, true) - 1)
+    end
+  end
+  if #ids == 0 then return end
+  local old = rcall('HMGET', K.items, unpack(ids))
+  local writes = {}
+  for j = 1, #ids do
+    local kept = string.match(old[j] or '', '^(%d+:%d+:%d+):') or '0:0:0'
+    writes[#writes + 1], writes[#writes + 2] = ids[j], kept .. ':' .. message
+  end
+  M.call_all('HSET', K.items, writes)
+end
+
+-- A job's error text at A[index]: at most LIMIT.error_bytes (checked before anything is read).
+function M.error_arg(index)
+  local message = A[index]
+  if type(message) ~= 'string' or #message > LIMIT.error_bytes then
+    M.refuse('ROTATOR_BADARG', 'ERROR must be at most ' .. LIMIT.error_bytes .. ' bytes')
+  end
+  return message
+end
+
 -- nack's and extend's marks on live leases (replacing any in the old generation), their
 -- counts, and a touch for the batch of each first delivery among them.
 function M.mark_leases(sides, tokens, values, touched)
@@ -1908,13 +2006,19 @@ function M.queue_stats(K)
   M.read('HLEN', K.marks_old)
   local marked = meta.marked
   -- Jobs, not elements: a packed batch holds several.
-  local elements = math.max(ring_length - 1, 0) + M.read('LLEN', K.leases)
+  local lease_length = M.read('LLEN', K.leases)
+  local elements = math.max(ring_length - 1, 0) + lease_length
   local length = elements + meta.packed
   local pending = math.max(0, math.min(length, meta.pushed - meta.taken))
-  local acked = M.read('SCARD', K.done) + M.read('SCARD', K.done_old)
+  local done = M.read('SCARD', K.done)
+  local done_old = M.read('SCARD', K.done_old)
+  local acked = done + done_old + marked[2] + marked[4]
   local deferred = marked[1] + marked[3]
-  acked = acked + marked[2] + marked[4]
-  local in_flight = math.max(0, length - pending - acked - deferred)
+  local overdue, capped = 0, false
+  if lease_length > 0 then
+    overdue, capped = M.overdue(K, now, lease_length, done + done_old > 0)
+  end
+  local in_flight = math.max(0, length - pending - acked - deferred - overdue)
   -- The push log holds cumulative push counts, newest first: the oldest pending job was
   -- pushed in the oldest checkpoint whose count exceeds what was taken. Binary search.
   local oldest = -1
@@ -1933,7 +2037,85 @@ function M.queue_stats(K)
   return {
     'length', length, 'pending', pending, 'in_flight', in_flight, 'done', acked,
     'deferred', deferred, 'dead', M.read('LLEN', K.dead), 'oldest_pending_age_ms', oldest,
+    'overdue', overdue, 'overdue_capped', capped and 1 or 0,
   }
+end
+
+-- Leased jobs whose deadline has passed and that no consumer has reclaimed yet (nor acked,
+-- given back or extended), counted from the lease list's tail, where the earliest deadlines
+-- are, up to its first young lease: an expired lease waits there for the next claim. Reads at
+-- most LIMIT.overdue_look elements (a few at first: the tail is young in a healthy queue),
+-- LIMIT.batch_bytes of them and LIMIT.count tokens; `capped` when it stopped for these bounds
+-- (the count is then a lower bound). A lease behind a young one (a shorter LEASE_MS after a
+-- longer) is not counted, as the walk does not reach it yet either.
+function M.overdue(K, now, length, any_done)
+  local names, owner, batches = {}, {}, {} -- tokens to look up, then batch names
+  local seen, bytes, want, young, capped = 0, 0, 1, false, false
+  while not young and not capped and seen < math.min(length, LIMIT.overdue_look) do
+    want = math.min(want, LIMIT.overdue_look - seen)
+    local slice = rcall('LRANGE', K.leases, -(seen + want), -(seen + 1))
+    for i = #slice, 1, -1 do
+      local element = slice[i]
+      local star = string.find(element, '*', 2, true)
+      local batch = star and string.byte(element) == BYTE_STAR and string.sub(element, 1, star - 1)
+      local deadline = star and M.own_deadline(element, batch or nil)
+      if deadline and deadline > now then
+        young = true
+        break
+      end
+      local ids = {}
+      if deadline and batch then
+        for id in string.gmatch(string.sub(element, #batch + 2), '[^*]+') do ids[#ids + 1] = id end
+      end
+      if bytes + #element > LIMIT.batch_bytes or #names + #ids + 1 > LIMIT.count then
+        capped = true
+        break
+      end
+      seen, bytes = seen + 1, bytes + #element
+      if deadline and batch then
+        batches[#batches + 1] = batch
+        for k = 1, #ids do
+          names[#names + 1], owner[#names + 1] = ids[k] .. batch .. PAD[k], batch
+        end
+      elseif deadline then
+        names[#names + 1] = element
+      end
+    end
+    want = want * 4
+  end
+  if not young and not capped and seen < length then capped = true end
+  local n = #names
+  if n == 0 then return 0, capped end
+  local gone = {} -- acked, given back, or extended past now
+  if any_done then
+    for _, key in ipairs({ K.done, K.done_old }) do
+      local flags = rcall('SMISMEMBER', key, unpack(names))
+      for j = 1, n do
+        if flags[j] == 1 then gone[j] = true end
+      end
+    end
+  end
+  for j = 1, #batches do names[n + j] = batches[j] end
+  local acked_whole = {}
+  for _, key in ipairs({ K.marks, K.marks_old }) do
+    local marks = rcall('HMGET', key, unpack(names))
+    for j = 1, n do
+      local m = marks[j]
+      if m and (string.byte(m) == BYTE_N or string.byte(m) == BYTE_F
+          or (string.byte(m) == BYTE_E and (tonumber(string.sub(m, 2)) or 0) > now)) then
+        gone[j] = true
+      end
+    end
+    for j = 1, #batches do
+      local m = marks[n + j]
+      if m and string.byte(m) == BYTE_A then acked_whole[batches[j]] = true end
+    end
+  end
+  local overdue = 0
+  for j = 1, n do
+    if not gone[j] and not (owner[j] and acked_whole[owner[j]]) then overdue = overdue + 1 end
+  end
+  return overdue, capped
 end
 
 function M.peek()
@@ -2025,6 +2207,8 @@ function M.ring_rows(slice, sides, count, room)
         state = 'done'
       elseif when and string.sub(mark[i], 1, 1) == 'n' then
         state, at = 'deferred', when
+      elseif mark[i] and string.byte(mark[i]) == BYTE_F then
+        state = 'buried'
       else
         state, at = 'leased', when or deadline
       end
@@ -2280,24 +2464,9 @@ function M.define_extensions()
   end
 
   function M.nackp()
-    local message = A[3]
-    if type(message) ~= 'string' or #message > LIMIT.error_bytes then
-      M.refuse('ROTATOR_BADARG', 'ERROR must be at most ' .. LIMIT.error_bytes .. ' bytes')
-    end
+    local message = M.error_arg(3)
     local reply = M.give_back(4, function() M.read('HLEN', K.items) end)
-    local ids = {}
-    for i = 4, #A do
-      if reply[i - 3] == 1 then ids[#ids + 1] = M.token_ids({ A[i] })[1] end
-    end
-    if #ids > 0 then
-      local old = rcall('HMGET', K.items, unpack(ids))
-      local writes = {}
-      for j = 1, #ids do
-        local kept = string.match(old[j] or '', '^(%d+:%d+:%d+):') or '0:0:0'
-        writes[#writes + 1], writes[#writes + 2] = ids[j], kept .. ':' .. message
-      end
-      M.call_all('HSET', K.items, writes)
-    end
+    M.note_errors(4, reply, message)
     return reply
   end
 
@@ -2668,6 +2837,7 @@ local COMMANDS = {
   next_packed = M.next_packed,
   ack = M.ack,
   nack = M.nack,
+  bury = M.bury,
   extend = M.extend,
   sweep = M.sweep,
   delete = M.delete,
@@ -2771,6 +2941,7 @@ local function main(keys, args)
     if layout == 'items' then low, high = QUEUE_KEYS + 2, QUEUE_KEYS + 2 end
     if handler == M.push_chunk then low, high = QUEUE_KEYS + 1, QUEUE_KEYS + 1 end
     if handler == M.delete then low, high = QUEUE_KEYS, QUEUE_KEYS + 2 end
+    if handler == M.bury then low, high = QUEUE_KEYS, QUEUE_KEYS + 2 end
     if #keys < low or #keys > high then
       return M.fail('ROTATOR_KEYS', 'expected ' .. (low == high and low or low .. ' or ' .. high)
         .. ' keys, got ' .. #keys)

@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 import redis.asyncio as aredis
 from redis.asyncio.cluster import RedisCluster
 
-from rotator import commands
+from rotator import commands, registry
 from rotator.commands import AfterWake, Ask, ClientCall, Flow, ModuleCall, Request
 from rotator.defaults import (
     DEFAULT_BUDGET,
@@ -45,6 +45,7 @@ from rotator.models import (
     WorkSummary,
 )
 from rotator.protocol import JobRef
+from rotator.registry import WorkerInfo
 from rotator.script import (
     async_module_caller,
     module_command,
@@ -199,6 +200,9 @@ class AsyncRotator(QueueView):
     async def fail(self, *jobs: JobRef, error: str, delay: float = 0.0) -> int:
         return await self._run(self._flows.fail(jobs, error, delay))
 
+    async def bury(self, *jobs: JobRef, error: str = "") -> int:
+        return await self._run(self._flows.bury(jobs, error))
+
     async def extend(self, job: JobRef, seconds: float | None = None) -> float:
         return await self._run(self._flows.extend(job, seconds))
 
@@ -276,6 +280,15 @@ class AsyncRotator(QueueView):
 
     async def requeue_dead(self, *ids: str | int, count: int = MAX_BATCH) -> int:
         return await self._run(self._flows.requeue_dead(ids, count))
+
+    async def workers(self, *, include_stale: bool = False) -> list[WorkerInfo]:
+        return await self._run(registry.read(self.keys.workers, include_stale))
+
+    async def report_worker(self, info: WorkerInfo) -> None:
+        await self._run(registry.report(self.keys.workers, info))
+
+    async def forget_worker(self, worker_id: str) -> bool:
+        return await self._run(registry.forget(self.keys.workers, worker_id))
 
 
 class AsyncTopicGroup(GroupView, AsyncRotator):

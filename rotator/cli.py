@@ -47,7 +47,8 @@ from rotator.demo import run_demo
 from rotator.discovery import find
 from rotator.errors import RotatorError
 from rotator.keys import queue_keys, topic_keys, validate_group_name
-from rotator.models import Job, Stats, WorkSummary
+from rotator.models import DeadLetter, Job, Stats, WorkSummary
+from rotator.registry import HELD_SHOWN, PRUNE_AFTER, STALE_AFTER, WorkerInfo
 from rotator.script import module_path, module_sha
 from rotator.server import EmbeddedServer
 from rotator.shell import CommandHandler, Stopper, missing_program
@@ -461,6 +462,22 @@ def nack(ctx: click.Context, queue: str, tokens: tuple[str, ...], delay: float, 
     settle(ctx, open_queue(ctx, queue).nack(*tokens, delay=delay), tokens, "nacked")
 
 
+@main.command()
+@click.argument("queue")
+@click.argument("tokens", nargs=-1, required=True)
+@click.option("--error", default="", help="Why, kept in the dead letter (at most 4096 bytes).")
+@json_option
+@click.pass_context
+def bury(ctx: click.Context, queue: str, tokens: tuple[str, ...], error: str, json: bool) -> None:
+    """Send deliveries of QUEUE to the dead letters now, keeping --error in each letter.
+
+    \b
+    Example:
+      rotator bury orders 'order-2*1732233600000.1.3' --error 'card declined'
+    """
+    settle(ctx, open_queue(ctx, queue).bury(*tokens, error=error), tokens, "buried")
+
+
 def stats_table(title: str, values: dict[str, Any]) -> str:
     rows = [title]
     for key, value in values.items():
@@ -482,7 +499,17 @@ def stats_table(title: str, values: dict[str, Any]) -> str:
 @json_option
 @click.pass_context
 def stats(ctx: click.Context, queue: str, watch: bool, interval: float, json: bool) -> None:
-    """Counts of QUEUE: length, pending, in flight, done, deferred, dead, oldest pending age.
+    """Counts of QUEUE, in jobs (length = pending + in_flight + done + deferred + overdue).
+
+    \b
+    pending     pushed, never leased
+    in_flight   leased, its lease not run out
+    done        acked; its element goes at the next walk that reaches it
+    deferred    given back (nacked), waiting for its delay
+    dead        in the dead letters (see `rotator dead`)
+    overdue     lease run out, not yet reclaimed by a consumer (counted from
+                the oldest leases, at most 1000: "1000+" when there may be more)
+    oldest_pending_age  seconds since the oldest pending job was pushed
 
     \b
     Examples:
@@ -494,7 +521,10 @@ def stats(ctx: click.Context, queue: str, watch: bool, interval: float, json: bo
         values = q.stats().as_dict()
         if watch and not json:
             click.clear()
-        emit(ctx, values, stats_table(f"queue {queue}", values))
+        shown = dict(values)
+        if shown.pop("overdue_capped"):
+            shown["overdue"] = f"{values['overdue']}+"
+        emit(ctx, values, stats_table(f"queue {queue}", shown))
         if not watch:
             return
         try:
@@ -546,10 +576,22 @@ def dead_letters(
         fail("IDS are only used with --requeue")
     letters = q.dead(0, limit)
     data = [
-        {"id": d.id, "reason": d.reason, "deliveries": d.deliveries, "died_ms": d.died_ms}
+        {
+            "id": d.id,
+            "reason": d.reason,
+            "deliveries": d.deliveries,
+            "died_ms": d.died_ms,
+            "error": d.error,
+        }
         for d in letters
     ]
-    emit(ctx, data, lines(f"{d.id}\t{d.reason}\t{d.deliveries}" for d in letters))
+    emit(ctx, data, lines(dead_letter_line(d) for d in letters))
+
+
+def dead_letter_line(letter: DeadLetter) -> str:
+    """`ID<TAB>REASON<TAB>DELIVERIES`, then the error of a failed job on the same line."""
+    line = f"{letter.id}\t{letter.reason}\t{letter.deliveries}"
+    return line if letter.error is None else f"{line}\t{' '.join(letter.error.split())}"
 
 
 @main.command()
@@ -568,7 +610,10 @@ def dead_letters(
 def dead(
     ctx: click.Context, queue: str, ids: tuple[str, ...], requeue: bool, limit: int, json: bool
 ) -> None:
-    """List the dead letters of QUEUE (`ID<TAB>REASON<TAB>DELIVERIES`), or requeue them.
+    """List the dead letters of QUEUE (`ID<TAB>REASON<TAB>DELIVERIES[<TAB>ERROR]`), or requeue them.
+
+    REASON is max_deliveries (its lease ran out, or it was nacked, once too often), failed
+    (a worker's last delivery failed: ERROR is what it said) or corrupt.
 
     \b
     Examples:
@@ -582,7 +627,7 @@ def counts_line(values: dict[str, Any]) -> str:
     """``name value`` pairs of a stats dict on one line (what is set)."""
     shown = []
     for key, value in values.items():
-        if value is None:
+        if value is None or value is False:
             continue
         shown.append(f"{key} {value:.3f}s" if isinstance(value, float) else f"{key} {value}")
     return "  ".join(shown)
@@ -836,6 +881,88 @@ def work(
     )
 
 
+# -- rotator workers: who holds what (rotator.registry) -----------------------------------------
+
+
+def span(seconds: float) -> str:
+    """A duration as a person reads it: 42 s, 3 min 5 s, 2 h 10 min, 3 d 4 h."""
+    whole = max(int(seconds), 0)  # another machine's clock may be ahead of ours
+    if whole < 60:
+        return f"{whole} s"
+    minutes, rest = divmod(whole, 60)
+    if minutes < 60:
+        return f"{minutes} min {rest} s"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 48:
+        return f"{hours} h {minutes} min"
+    return f"{hours // 24} d {hours % 24} h"
+
+
+WORKER_COLUMNS = (
+    "WORKER", "HOST", "PID", "UP", "SEEN", "HOLDING", "COMPLETED", "RETRIED", "DEAD", "JOBS",
+)  # fmt: skip
+
+
+def one_line(job_id: str) -> str:
+    """An id as it is, unless it would break the line (escaped as in Python's repr)."""
+    return job_id if job_id.isprintable() else job_id.encode("unicode_escape").decode("ascii")
+
+
+def worker_row(info: WorkerInfo, now: float) -> tuple[str, ...]:
+    seen = f"{span(now - info.seen)} ago" + (" (stale)" if info.stale else "")
+    jobs = " ".join(one_line(job.id) for job in info.held)
+    if info.holding > len(info.held):
+        jobs = f"{jobs} +{info.holding - len(info.held)} more".lstrip()
+    return (
+        info.id, info.host, str(info.pid), span(now - info.started), seen, str(info.holding),
+        str(info.completed), str(info.retried), str(info.dead), jobs,
+    )  # fmt: skip
+
+
+def workers_table(found: list[WorkerInfo], now: float) -> str:
+    """Aligned columns; the last one (the job ids) is left ragged."""
+    rows = [WORKER_COLUMNS, *(worker_row(info, now) for info in found)]
+    widths = [max(len(cell) for cell in column) for column in zip(*rows, strict=True)]
+    widths[-1] = 0
+    return lines(
+        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    )
+
+
+def show_workers(ctx: click.Context, q: Rotator, what: str, show_all: bool) -> None:
+    everyone = q.workers(include_stale=True)
+    found = everyone if show_all else [info for info in everyone if not info.stale]
+    if found:
+        text = workers_table(found, time.time())
+    else:
+        hidden = len(everyone) - len(found)
+        text = f"no workers on {what}" + (f" ({hidden} stale: --all shows them)" if hidden else "")
+    emit(ctx, [info.as_dict() for info in found], text)
+
+
+WORKERS_HELP = f"""Each worker loop (`rotator work`, `Rotator.work`, ...) reports on its
+heartbeat, every 1 to 5 s: the jobs it holds (the first {HELD_SHOWN} named) and the jobs it
+completed, retried and sent to the dead letters. Times are the workers' clocks. A worker not
+seen for {STALE_AFTER:g} s has most likely died: it is left out (--all shows it, marked stale),
+and this command deletes its entry once it is {PRUNE_AFTER / 3600:g} h old. A worker that stops
+cleanly removes its entry."""
+
+
+@main.command()
+@click.argument("queue")
+@click.option("--all", "show_all", is_flag=True, help="Include stale workers (likely gone).")
+@json_option
+@click.pass_context
+@doc(
+    "List the workers working on QUEUE: who holds which jobs.",
+    WORKERS_HELP,
+    "\b\nExamples:\n  rotator workers orders\n  rotator workers orders --all --json",
+)
+def workers(ctx: click.Context, queue: str, show_all: bool, json: bool) -> None:
+    show_workers(ctx, open_queue(ctx, queue, must_exist=False), f"queue {queue}", show_all)
+
+
 # -- scripts, demo, the embedded server ----------------------------------------------------------
 
 
@@ -850,7 +977,8 @@ def scripts(ctx: click.Context, json: bool) -> None:
       rotator scripts --json
     """
     path = str(module_path())
-    load = f'redis-cli SCRIPT LOAD "$(cat {shlex.quote(path)})"'
+    # -x: the script from stdin (it is longer than one argv string may be, 128 KB on Linux)
+    load = f"redis-cli -x SCRIPT LOAD < {shlex.quote(path)}"
     data = {"sha": module_sha(), "path": path, "load": load}
     emit(ctx, data, f"sha   {data['sha']}\npath  {path}\nload  {load}")
 
@@ -1502,3 +1630,18 @@ def topic_work(
         dead_hint=f"rotator topic stats {topic}",
         payload_stdin=True,
     )
+
+
+@topic_group.command("workers")
+@click.argument("topic")
+@click.argument("group")
+@click.option("--all", "show_all", is_flag=True, help="Include stale workers (likely gone).")
+@json_option
+@click.pass_context
+@doc(
+    "List the workers working for GROUP of TOPIC: who holds which messages.",
+    WORKERS_HELP,
+    "\b\nExample:\n  rotator topic workers news mail",
+)
+def topic_workers(ctx: click.Context, topic: str, group: str, show_all: bool, json: bool) -> None:
+    show_workers(ctx, open_group(ctx, topic, group), f"topic {topic}, group {group}", show_all)

@@ -128,6 +128,11 @@ def nack(keys: Keys, delay_ms: int, tokens: Sequence[bytes]) -> ModuleCall[int]:
     return ModuleCall(keys, [b"nack", delay_ms, *tokens], _flags, True)
 
 
+def bury(keys: Keys, error: bytes, tokens: Sequence[bytes]) -> ModuleCall[int]:
+    """``bury``; decoded as how many leases went to the dead letters."""
+    return ModuleCall(keys, [b"bury", error, *tokens], _flags, True)
+
+
 def extend(
     keys: Keys, lease_ms: int, tokens: Sequence[bytes]
 ) -> ModuleCall[tuple[int, list[bool]]]:
@@ -365,6 +370,8 @@ STATS_FIELDS = (
     "deferred",
     "dead",
     "oldest_pending_age_ms",
+    "overdue",
+    "overdue_capped",
 )
 
 
@@ -378,6 +385,8 @@ def _stats_from(fields: dict[str, int]) -> Stats:
         deferred=fields["deferred"],
         dead=fields["dead"],
         oldest_pending_age=None if age_ms < 0 else age_ms / 1000,
+        overdue=fields["overdue"],
+        overdue_capped=bool(fields["overdue_capped"]),
     )
 
 
@@ -412,8 +421,12 @@ def decode_ring_page(reply: Sequence[Any]) -> RingPage:
 
 def decode_dead_letter(raw: Any) -> DeadLetter:
     reason, deliveries, died, element = text(raw).split("*", 3)
-    job_id = element.partition("*")[0] if reason != "corrupt" else element
-    return DeadLetter(job_id, reason, int(deliveries), int(died), element)
+    if reason == "corrupt":
+        return DeadLetter(element, reason, int(deliveries), int(died), element)
+    job_id, _, rest = element.partition("*")
+    # A buried job's element is "<id>*<error>"; others name the id (or a lease of it).
+    error = rest if reason == "failed" else None
+    return DeadLetter(job_id, reason, int(deliveries), int(died), element, error)
 
 
 def _decode_dead_letters(reply: Any) -> list[DeadLetter]:

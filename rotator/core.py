@@ -14,7 +14,7 @@ from typing import Any
 import redis
 from redis.cluster import RedisCluster
 
-from rotator import commands
+from rotator import commands, registry
 from rotator.defaults import (
     DEFAULT_BUDGET,
     DEFAULT_LEASE_TIMEOUT,
@@ -37,6 +37,7 @@ from rotator.models import (
     WorkSummary,
 )
 from rotator.protocol import JobRef
+from rotator.registry import WorkerInfo
 from rotator.sending import Sender
 
 Client = redis.Redis | RedisCluster
@@ -176,6 +177,18 @@ class Rotator(QueueView):
         when item stats are on (without them it is just ``nack``)."""
         return self._run(self._flows.fail(jobs, error, delay))
 
+    def bury(self, *jobs: JobRef, error: str = "") -> int:
+        """Sends held jobs to the dead letters, keeping ``error`` (at most 4096 bytes) in each
+        letter (``DeadLetter.error``): for a failure that retrying will not mend, or a job's
+        last delivery. The tokens are revoked at once, as by ``nack``; the letter is written
+        when a claim or sweep next reaches the job's element (``stats`` counts it as done
+        until then), so a job acked and removed before is never dead-lettered as well. With
+        ``item_stats``, ``error`` is also the job's last error.
+
+        Returns how many were buried; a lease that was already lost is not counted.
+        """
+        return self._run(self._flows.bury(jobs, error))
+
     def extend(self, job: JobRef, seconds: float | None = None) -> float:
         """Keeps a lease for ``seconds`` more (default: the queue's timeout).
 
@@ -266,7 +279,8 @@ class Rotator(QueueView):
 
         What stays is where its seq got to (one hash field), so that a queue made again
         under the name never issues a token of this one and refuses the old ones;
-        ``forget=True`` removes that too, for a name that is never used again.
+        ``forget=True`` removes that too, for a name that is never used again. The worker
+        registry (:meth:`workers`) goes too, in a second call.
         """
         return self._run(self._flows.delete(forget))
 
@@ -302,3 +316,26 @@ class Rotator(QueueView):
     def requeue_dead(self, *ids: str | int, count: int = MAX_BATCH) -> int:
         """Moves dead letters (all, or those of ``ids``) back to the queue as new jobs."""
         return self._run(self._flows.requeue_dead(ids, count))
+
+    # -- workers (rotator.registry) ----------------------------------------------------------
+
+    def workers(self, *, include_stale: bool = False) -> list[WorkerInfo]:
+        """The worker loops working on this queue, by host and pid: what each holds now and
+        what it has done, as it last reported (with its heartbeat: every lease/4 seconds,
+        1 s at the most often and 5 s at the least).
+
+        An entry not rewritten for 15 s (``registry.STALE_AFTER``) is a worker that is most
+        likely gone: left out, unless ``include_stale`` (then ``stale`` is True). Entries an
+        hour old are deleted on the way. [] when no worker reports here. Times are the
+        workers' clocks. One HGETALL, plus one HDEL when there is something to prune.
+        """
+        return self._run(registry.read(self.keys.workers, include_stale))
+
+    def report_worker(self, info: WorkerInfo) -> None:
+        """Writes a worker's registry entry (one HSET): what the worker loops send on their
+        heartbeat; a loop of your own can report itself the same way."""
+        self._run(registry.report(self.keys.workers, info))
+
+    def forget_worker(self, worker_id: str) -> bool:
+        """Removes a worker's registry entry (one HDEL); True when there was one."""
+        return self._run(registry.forget(self.keys.workers, worker_id))

@@ -65,7 +65,7 @@ def _worker_main(url: str, queue: str) -> None:
         finished = []
         if not jobs:
             stats = q.stats()
-            if stats.pending == stats.in_flight == stats.deferred == 0:
+            if stats.pending == stats.in_flight == stats.deferred == stats.overdue == 0:
                 return
             continue
         for job in jobs:

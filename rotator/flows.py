@@ -209,6 +209,15 @@ class QueueFlows:
             given_back += yield commands.nackp(self.extended_keys, delay_ms, message, part)
         return given_back
 
+    def bury(self, refs: Sequence[JobRef], error: str) -> Flow[int]:
+        message = protocol.encode_error(error)
+        # With item stats, the module also records the error as each job's last error.
+        keys = self.extended_keys if self.item_stats else self.plain_keys
+        buried = 0
+        for part in chunks(protocol.encode_tokens(refs), MAX_BATCH):
+            buried += yield commands.bury(keys, message, part)
+        return buried
+
     def extend(self, job: JobRef, seconds: float | None) -> Flow[float]:
         (kept,), deadline = yield from self._extend([job], seconds)
         if not kept:
@@ -264,6 +273,9 @@ class QueueFlows:
         # A topic group's payloads are the topic's: deleting the group leaves them.
         keys = self.keys.with_items if self.drop_payloads else self.keys.all
         deleted: bool = yield commands.delete(keys, forget)
+        # The worker registry is no key of the module's: a second call. A worker still
+        # running writes its entry again at its next heartbeat, as it should.
+        yield ClientCall("unlink", (self.keys.workers,))
         return deleted
 
     def sweep(self) -> Flow[int]:
@@ -298,7 +310,7 @@ class QueueFlows:
     def drained(self) -> Flow[bool]:
         """True when nothing is pending, in flight or deferred."""
         now: Stats = yield commands.stats(self.plain_keys)
-        return now.pending == 0 and now.in_flight == 0 and now.deferred == 0
+        return now.pending == now.in_flight == now.deferred == now.overdue == 0
 
     def peek(self, limit: int) -> Flow[list[RingEntry]]:
         reply: list[RingEntry] = yield commands.peek(self.plain_keys, protocol.check_count(limit))
@@ -470,6 +482,7 @@ class TopicFlows:
     def unsubscribe(self, group: str) -> Flow[bool]:
         validate_group_name(group)
         reply: bool = yield commands.tunsubscribe(self._group_keys(group), group)
+        yield ClientCall("unlink", (self.keys.group(group).workers,))  # as QueueFlows.delete
         return reply
 
     def publish_many(self, payloads: Iterable[bytes | str], chunk: int) -> Flow[list[str]]:

@@ -39,15 +39,20 @@ AsyncHandler = Callable[[Job], Awaitable[Any]]
 
 @dataclass(frozen=True, slots=True)
 class Stats:
-    """A queue's counts. ``done`` counts acked jobs whose element is not yet removed."""
+    """A queue's counts, in jobs: ``length`` is the sum of the five that follow it
+    (``overdue`` included), the dead letters apart."""
 
     length: int
-    pending: int
-    in_flight: int
-    done: int
-    deferred: int
-    dead: int
+    pending: int  # pushed, never leased
+    in_flight: int  # leased, its deadline not passed
+    done: int  # acked, its element not yet removed (by the next walk that reaches it)
+    deferred: int  # given back (nacked), waiting for its delay or for the walk to reach it
+    dead: int  # dead letters
     oldest_pending_age: float | None  # seconds, None when nothing is pending
+    # Leased past its deadline and not yet reclaimed, counted from the lease list's tail (at
+    # most 100 leases, 1000 jobs: ``overdue_capped`` then says it is a lower bound).
+    overdue: int = 0
+    overdue_capped: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -87,10 +92,11 @@ class DeadLetter:
     """A job that left the ring without being acked, and why."""
 
     id: str  # the job id, or the raw element for a corrupt one
-    reason: str  # max_deliveries or corrupt
+    reason: str  # max_deliveries, failed (bury) or corrupt
     deliveries: int
     died_ms: int
     element: str
+    error: str | None = None  # what the last delivery failed with (reason failed)
 
 
 @dataclass(frozen=True, slots=True)

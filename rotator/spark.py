@@ -414,6 +414,10 @@ class _JournalingRotator(Rotator):
         self._write_rows(jobs)
         return super().fail(*jobs, error=error, delay=delay)
 
+    def bury(self, *jobs: JobRef, error: str = "") -> int:
+        self._write_rows(jobs)
+        return super().bury(*jobs, error=error)
+
     def recording(self, handler: Handler, idempotency: Idempotency | None) -> Handler:
         """``handler`` with its outcome recorded; reclaimed jobs go to ``idempotency`` first."""
 

@@ -5,8 +5,10 @@ next batch, so a busy worker pays one round trip per batch. A claim takes about
 WORK_CLAIM_SECONDS of work at the handler's recent pace, at most ``batch`` jobs (the first
 claim takes one): fast jobs go many per round trip, slow ones one at a time, so that idle
 workers elsewhere can take the rest. A heartbeat extends the lease of any job held (waiting
-its turn or running) once it has used half its lease. SIGINT/SIGTERM stop claiming; jobs
-already started are finished and acked, jobs claimed but not started are given back at once.
+its turn or running) once it has used half its lease; it also keeps the worker's entry in
+the queue's worker registry (:mod:`rotator.registry`), removed on a clean stop.
+SIGINT/SIGTERM stop claiming; jobs already started are finished and acked, jobs claimed but
+not started are given back at once.
 
 :class:`Worker` runs loops in threads over a :class:`rotator.Rotator`; :class:`AsyncWorker`
 runs them as tasks over a :class:`rotator.aio.AsyncRotator`. What they decide alike (which
@@ -22,6 +24,7 @@ import random
 import signal
 import threading
 import time
+from itertools import islice
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
@@ -33,6 +36,7 @@ from rotator.defaults import (
     CLAIM_RETRY_FIRST,
     DEFAULT_POLL,
     DEFAULT_WORK_BATCH,
+    MAX_ERROR_BYTES,
     RETRIED_MEMORY,
     RETRY_BACKOFF_BASE,
     RETRY_BACKOFF_CAP,
@@ -40,6 +44,7 @@ from rotator.defaults import (
 )
 from rotator.errors import ServerBusy
 from rotator.models import AsyncHandler, Handler, Job, WorkSummary
+from rotator.registry import HELD_SHOWN, Presence
 
 if TYPE_CHECKING:
     from rotator.aio import AsyncRotator
@@ -67,7 +72,10 @@ def claim_pause(failures: int) -> float:
 
 
 def failure_reason(error: BaseException) -> str:
-    return f"{type(error).__name__}: {error}"
+    """The error text kept with a failed job: its first MAX_ERROR_BYTES bytes (a longer one
+    would be refused)."""
+    text = f"{type(error).__name__}: {error}".encode("utf-8", "replace")[:MAX_ERROR_BYTES]
+    return text.decode("utf-8", "ignore")
 
 
 def last_delivery(job: Job, max_deliveries: int | None) -> bool:
@@ -204,6 +212,31 @@ class Ledger:
             self._processed, self._failed, self._lost_count, self._retried, self._dead
         )
 
+    def presence(self, limit: int) -> tuple[list[tuple[str, float]], int, tuple[int, int, int]]:
+        """What the worker registry shows: ``(id, monotonic lease expiry)`` of the first
+        ``limit`` jobs held (earliest claimed first), how many are held (a lost lease is not
+        held any more), and the jobs completed, retried and dead so far."""
+        with self._lock:
+            live = (
+                (job.id, expiry)
+                for token, (job, expiry) in self._held.items()
+                if token not in self._lost
+            )
+            held = list(islice(live, limit))
+            holding = len(self._held) - len(self._lost)
+            return held, holding, (self._processed, self._retried, self._dead)
+
+
+def report_failed(presence: Presence, error: Exception) -> None:
+    """A worker registry write failed: the jobs go on all the same. Said once, not on every
+    heartbeat; a server that refuses it for good (ACL) is not asked again."""
+    if not transient(error):
+        presence.enabled = False
+        log.warning("not reporting to the worker registry: %s", error)
+    elif not presence.failing:
+        log.warning("could not report to the worker registry (%s); will retry", error)
+    presence.failing = True
+
 
 class Worker:
     def __init__(
@@ -222,6 +255,12 @@ class Worker:
         self.poll = poll
         self._stop = threading.Event()
         self._ledger = Ledger(rotator.timeout, self.batch)
+        self._presence = Presence(rotator.keys.name)
+
+    @property
+    def worker_id(self) -> str:
+        """This worker's field in the queue's worker registry (``Rotator.workers``)."""
+        return self._presence.id
 
     def stop(self) -> None:
         """Asks every loop to finish its current job and return."""
@@ -233,6 +272,7 @@ class Worker:
         for warning in self.rotator.server_warnings():
             log.warning("%s", warning)
         restore = self._install_signals() if install_signal_handlers else {}
+        self._presence.start()
         heartbeat = threading.Thread(target=self._heartbeat, name="rotator-heartbeat", daemon=True)
         heartbeat.start()
         try:
@@ -255,6 +295,7 @@ class Worker:
             heartbeat.join()
             for signum, previous in restore.items():
                 signal.signal(signum, previous)
+            self._forget()
         return self._ledger.summary()
 
     def _install_signals(self) -> dict[int, Any]:
@@ -316,11 +357,17 @@ class Worker:
                     )
                 ledger.release(finished)
 
-    def _give_back(self, jobs: list[Job], delay: float = 0.0, reason: str | None = None) -> None:
+    def _give_back(
+        self, jobs: list[Job], delay: float = 0.0, reason: str | None = None, dead: bool = False
+    ) -> None:
         """Nacks jobs (recording ``reason`` as their last error when the queue keeps item
-        stats); when the server cannot take that now, their leases run out instead."""
+        stats), or, ``dead`` (their last delivery failed), buries them with ``reason`` in
+        their dead letters; when the server cannot take that now, their leases run out
+        instead (and the next claim dead-letters them without the reason)."""
         try:
-            if reason is None:
+            if dead:
+                self.rotator.bury(*jobs, error=reason or "")
+            elif reason is None:
                 self.rotator.nack(*jobs, delay=delay)
             else:
                 self.rotator.fail(*jobs, error=reason, delay=delay)
@@ -347,18 +394,22 @@ class Worker:
             self.handler(job)
         except Exception as error:
             limit = self.rotator.max_deliveries
+            dead = last_delivery(job, limit)
             delay = failure_delay(job, limit)
             log_failure(job, error, delay, limit)
-            self._give_back([job], delay=delay, reason=failure_reason(error))
-            self._ledger.failed(job, last_delivery(job, limit))
+            self._give_back([job], delay=delay, reason=failure_reason(error), dead=dead)
+            self._ledger.failed(job, dead)
             return False
         self._ledger.handled(job)
         return True
 
     def _heartbeat(self) -> None:
-        """Extends every held lease that is half used, so slow batches keep their jobs."""
+        """Extends every held lease that is half used, so slow batches keep their jobs, and
+        keeps this worker's registry entry."""
         ledger = self._ledger
+        self._report()
         while not self._stop.wait(ledger.heartbeat_interval()):
+            self._report()
             now, due = ledger.due()
             if not due:
                 continue
@@ -368,6 +419,28 @@ class Worker:
                 log.exception("could not extend %d leases; will retry", len(due))
                 continue
             ledger.extended(now, due, kept)
+
+    def _report(self) -> None:
+        """Writes this worker's registry entry when one is due (rotator.registry): on the
+        heartbeat, at most every REPORT_EVERY seconds, never per job."""
+        presence = self._presence
+        if not presence.due():
+            return
+        try:
+            self.rotator.report_worker(presence.entry(*self._ledger.presence(HELD_SHOWN)))
+        except Exception as error:
+            report_failed(presence, error)
+        else:
+            presence.failing = False
+
+    def _forget(self) -> None:
+        """Removes this worker's registry entry on a clean stop."""
+        if not self._presence.enabled:
+            return
+        try:
+            self.rotator.forget_worker(self._presence.id)
+        except Exception as error:
+            log.warning("could not remove this worker's registry entry (%s): it goes stale", error)
 
 
 class AsyncWorker:
@@ -391,6 +464,12 @@ class AsyncWorker:
         self.poll = poll
         self._stop = asyncio.Event()
         self._ledger = Ledger(rotator.timeout, self.batch)
+        self._presence = Presence(rotator.keys.name)
+
+    @property
+    def worker_id(self) -> str:
+        """This worker's field in the queue's worker registry (``AsyncRotator.workers``)."""
+        return self._presence.id
 
     def stop(self) -> None:
         """Asks every loop to finish its current job and return."""
@@ -402,6 +481,7 @@ class AsyncWorker:
         for warning in await self.rotator.server_warnings():
             log.warning("%s", warning)
         restore = self._install_signals() if install_signal_handlers else []
+        self._presence.start()
         heartbeat = asyncio.ensure_future(self._heartbeat())
         try:
             await asyncio.gather(*(self._loop(stop_when_empty) for _ in range(self.concurrency)))
@@ -411,6 +491,9 @@ class AsyncWorker:
             loop = asyncio.get_running_loop()
             for signum in restore:
                 loop.remove_signal_handler(signum)
+            # Let a report in flight end first, so that it cannot land after the HDEL.
+            await asyncio.gather(heartbeat, return_exceptions=True)
+            await self._forget()
         return self._ledger.summary()
 
     def _install_signals(self) -> list[int]:
@@ -484,10 +567,12 @@ class AsyncWorker:
                 ledger.release(finished)
 
     async def _give_back(
-        self, jobs: list[Job], delay: float = 0.0, reason: str | None = None
+        self, jobs: list[Job], delay: float = 0.0, reason: str | None = None, dead: bool = False
     ) -> None:
         try:
-            if reason is None:
+            if dead:
+                await self.rotator.bury(*jobs, error=reason or "")
+            elif reason is None:
                 await self.rotator.nack(*jobs, delay=delay)
             else:
                 await self.rotator.fail(*jobs, error=reason, delay=delay)
@@ -513,18 +598,21 @@ class AsyncWorker:
             await self.handler(job)
         except Exception as error:
             limit = self.rotator.max_deliveries
+            dead = last_delivery(job, limit)
             delay = failure_delay(job, limit)
             log_failure(job, error, delay, limit)
-            await self._give_back([job], delay=delay, reason=failure_reason(error))
-            self._ledger.failed(job, last_delivery(job, limit))
+            await self._give_back([job], delay=delay, reason=failure_reason(error), dead=dead)
+            self._ledger.failed(job, dead)
             return False
         self._ledger.handled(job)
         return True
 
     async def _heartbeat(self) -> None:
         ledger = self._ledger
+        await self._report()
         while not self._stop.is_set():
             await asyncio.sleep(ledger.heartbeat_interval())
+            await self._report()
             now, due = ledger.due()
             if not due:
                 continue
@@ -534,3 +622,22 @@ class AsyncWorker:
                 log.exception("could not extend %d leases; will retry", len(due))
                 continue
             ledger.extended(now, due, kept)
+
+    async def _report(self) -> None:
+        presence = self._presence
+        if not presence.due():
+            return
+        try:
+            await self.rotator.report_worker(presence.entry(*self._ledger.presence(HELD_SHOWN)))
+        except Exception as error:
+            report_failed(presence, error)
+        else:
+            presence.failing = False
+
+    async def _forget(self) -> None:
+        if not self._presence.enabled:
+            return
+        try:
+            await self.rotator.forget_worker(self._presence.id)
+        except Exception as error:
+            log.warning("could not remove this worker's registry entry (%s): it goes stale", error)

@@ -27,7 +27,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from rotator.defaults import MAX_STAMP_BYTES
+from rotator.defaults import MAX_ERROR_BYTES, MAX_STAMP_BYTES
 
 SENTINEL = b"*lap"
 ID_BYTES = 1024
@@ -39,6 +39,7 @@ LEASE_MS = 86_400_000
 REVOKED_KEEP_MS = 2 * 86_400_000
 LEASE_BYTES = 2 * 1024 * 1024  # bytes of elements one walk of the lease list reads at most
 REVOKES = 250  # expired leases one call re-leases one by one (each revoked) at most
+OVERDUE_LOOK = 100  # lease list elements stats reads at most, from the tail
 STAMPED_DELIVERIES = 999_999_999  # a delivery count no real lease reaches (9 digits)
 BATCH_BYTES = 256 * 1024  # a call leases no more once its batch's ids reach this
 WAKE_TOKENS = 16
@@ -352,6 +353,37 @@ class RotatorModel:
             self.wake = min(self.wake + 1, WAKE_TOKENS)
         return reply
 
+    def bury(self, error: bytes, tokens: list[bytes]) -> list[int]:
+        """Marks live leases `f<error>` and revokes them (with their batch), as nack does;
+        the walk that reaches one dead-letters it (_visit_stamped)."""
+        if len(error) > MAX_ERROR_BYTES:
+            raise Refused("ROTATOR_BADARG")
+        check_tokens(tokens, required=True)
+        alive = self._live_tokens(tokens)
+        reply = []
+        buried: list[bytes] = []
+        touched: list[bytes] = []
+        for token in tokens:
+            if token not in alive:
+                reply.append(0)
+                continue
+            alive.discard(token)  # a token given twice is buried once
+            self.marks[token] = b"f" + error
+            self.marks_old.pop(token, None)
+            self.revoked[token] = self.now
+            batch = batch_of(token)
+            if batch is not None and batch not in touched:
+                self.revoked[batch] = self.now
+                touched.append(batch)
+            buried.append(token)
+            reply.append(1)
+        self._touch(touched)
+        if buried:
+            self.lmin = self.now if self.lmin is None else min(self.lmin, self.now)
+            if self._frees_tail(buried):
+                self.lstop = None
+        return reply
+
     def extend(self, lease: object, tokens: list[bytes]) -> list[int]:
         lease_ms = int_arg(lease, 1, LEASE_MS)
         check_tokens(tokens, required=True)
@@ -402,7 +434,8 @@ class RotatorModel:
             for marks in (self.marks, self.marks_old)
             for mark in marks.values()
         )
-        in_flight = max(0, length - pending - acked - deferred)
+        overdue, capped = self._overdue()
+        in_flight = max(0, length - pending - acked - deferred - overdue)
         oldest = -1
         if pending > 0:
             # The oldest checkpoint whose cumulative push count exceeds what was taken.
@@ -413,7 +446,47 @@ class RotatorModel:
             *(b"length", length, b"pending", pending, b"in_flight", in_flight),
             *(b"done", acked, b"deferred", deferred, b"dead", len(self.dead)),
             *(b"oldest_pending_age_ms", oldest),
+            *(b"overdue", overdue, b"overdue_capped", int(capped)),
         ]
+
+    def _overdue(self) -> tuple[int, bool]:
+        """The module's overdue: expired leases from the lease list's tail up to its first
+        young one, at most OVERDUE_LOOK elements, BATCH_BYTES bytes and COUNT tokens."""
+        names: list[tuple[bytes, bytes | None]] = []  # (token, its batch)
+        batches: list[bytes] = []
+        seen = read = 0
+        young = capped = False
+        for element in reversed(self.leases[-OVERDUE_LOOK:]):
+            parts = packed_parts(element)
+            deadline = own_deadline(element)
+            if deadline is not None and deadline > self.now:
+                young = True
+                break
+            ids = parts[1] if deadline is not None and parts is not None else []
+            if read + len(element) > BATCH_BYTES or len(names) + len(ids) + 1 > COUNT:
+                capped = True
+                break
+            seen, read = seen + 1, read + len(element)
+            if deadline is not None and parts is not None:
+                batches.append(parts[0])
+                names += [(i + parts[0] + b"%05d" % k, parts[0]) for k, i in enumerate(ids, 1)]
+            elif deadline is not None:
+                names.append((element, None))
+        if not young and not capped and seen < len(self.leases):
+            capped = True
+        acked_whole = {b for b in batches if (self._batch_mark(b)[0] or b"").startswith(b"a")}
+        overdue = 0
+        for token, batch in names:
+            marks = [m[token] for m in (self.marks, self.marks_old) if token in m]
+            gone = (
+                token in self.done
+                or token in self.done_old
+                or any(m.startswith((b"n", b"f")) for m in marks)
+                or any(m.startswith(b"e") and int(m[1:]) > self.now for m in marks)
+            )
+            if not gone and batch not in acked_whole:
+                overdue += 1
+        return overdue, capped
 
     def peek(self, count: object) -> list[Any]:
         n = int_arg(count, 1, COUNT)
@@ -454,6 +527,8 @@ class RotatorModel:
                     state = b"done"
                 elif when and when[1] == b"n":
                     state, at = b"deferred", int(when[2])
+                elif mark is not None and mark.startswith(b"f"):
+                    state = b"buried"
                 else:
                     state, at = b"leased", int(when[2]) if when else lease[1]
             reply += [element, state, at]
@@ -674,6 +749,9 @@ class RotatorModel:
                 for m in marks.values()
                 if m.startswith(b"a")
             )
+            + sum(  # buried jobs: done with, their letter written when the walk reaches them
+                m.startswith(b"f") for marks in (self.marks, self.marks_old) for m in marks.values()
+            )
         )
 
     def _walk_leases(self, w: Walk, budget: int) -> None:
@@ -706,7 +784,9 @@ class RotatorModel:
                 mark, marks = self._mark_of(element)
             else:
                 mark, marks = None, None
-            gone = done or (mark is not None and (mark[:1] in (b"n", b"e") or parts is not None))
+            gone = done or (
+                mark is not None and (mark[:1] in (b"n", b"e", b"f") or parts is not None)
+            )
             deadline = None if gone else own_deadline(element)
             if deadline is not None and deadline > w.now and not w.sweeping:
                 stop = deadline
@@ -876,6 +956,11 @@ class RotatorModel:
             self._dead_letter(w, b"corrupt", 0, element)
             return
         job_id, deadline, n = lease
+        if mark is not None and mark.startswith(b"f"):  # buried: its letter, with its error
+            assert marks is not None
+            del marks[element]
+            self._dead_letter(w, b"failed", n, job_id + b"*" + mark[1:])
+            return
         when = _MARK.fullmatch(mark) if mark else None
         if when and when[1] == b"e":
             deadline = int(when[2])

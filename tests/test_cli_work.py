@@ -184,7 +184,13 @@ def test_a_job_that_keeps_failing_goes_to_the_dead_letters_and_the_worker_exits_
     assert lines[-1] == (
         f"rotator: error: 1 job(s) went to the dead letters: rotator dead {queue_name}"
     )
-    assert [(d.id, d.deliveries) for d in queue.dead()] == [("bad", 2)]
+    [letter] = queue.dead()
+    assert (letter.id, letter.reason, letter.deliveries) == ("bad", "failed", 2)
+    assert letter.error is not None
+    assert letter.error.endswith("exited with 1")  # why it died, kept in its dead letter
+    shown = ok(cli(server, "dead", queue_name))
+    assert shown.startswith("bad\tfailed\t2\t")
+    assert shown.rstrip().endswith("exited with 1")
 
 
 def test_work_json_counts_jobs_and_deliveries(

@@ -360,6 +360,16 @@ class RotatorMachine(RuleBasedStateMachine):
         )
 
     @precondition(has_tokens)
+    @rule(picks=PICKS, error=st.sampled_from(["", "boom", "a*b"]), foreign=st.booleans())
+    @checked
+    def bury(self, picks: list[int], error: str, foreign: bool) -> None:
+        tokens = self.pick(picks) + ([FOREIGN] if foreign else [])
+        same_outcome(
+            lambda: self.q.bury(*map(as_text, tokens), error=error),
+            lambda: sum(self.m.bury(error.encode(), tokens)),
+        )
+
+    @precondition(has_tokens)
     @rule(pick=st.integers(0, 2**16), seconds=st.sampled_from([None, 0.5, 3.0]))
     @checked
     def extend(self, pick: int, seconds: float | None) -> None:
@@ -407,7 +417,7 @@ class RotatorMachine(RuleBasedStateMachine):
     def stats(self) -> None:
         reply = self.m.stats()
         values = [int(v) for v in reply[1::2]]
-        length, pending, in_flight, done, deferred, dead, age = values
+        length, pending, in_flight, done, deferred, dead, age, overdue, capped = values
         expected = Stats(
             length=length,
             pending=pending,
@@ -416,6 +426,8 @@ class RotatorMachine(RuleBasedStateMachine):
             deferred=deferred,
             dead=dead,
             oldest_pending_age=None if age < 0 else age / 1000,
+            overdue=overdue,
+            overdue_capped=bool(capped),
         )
         assert self.q.stats() == expected
 
@@ -511,19 +523,16 @@ class RotatorMachine(RuleBasedStateMachine):
             ages = self.m.ages - self.m.acked_at[token]
             assert ages <= 2, f"the leftover ack {token!r} survived {ages} agings"
 
-        # No id lost: each valid id pushed is in a list (pending, deferred or leased, acked or
-        # not), was acked and removed, or is a dead letter with a reason.
+        # No id lost: each valid id pushed is in a list (pending, deferred or leased, acked,
+        # buried or not), was acked and removed, or is a dead letter with a reason.
         found: Counter[bytes] = Counter()
         for element in elements:
             lease = parse_lease(element)
             if lease is not None:
                 found[lease[0]] += 1
-            elif valid_id(element):
+            elif lease is None and valid_id(element):
                 found[element] += 1
-        for letter in real["dead"]:
-            reason, _, _, element = letter.split(b"*", 3)
-            if reason == b"max_deliveries":
-                found[element] += 1
+        found.update(letter_ids(real["dead"]))
         assert found + self.m.completed == self.m.pushed_ids, (elements, real, self.m.completed)
 
     # -- liveness --------------------------------------------------------------------------
@@ -556,13 +565,19 @@ class RotatorMachine(RuleBasedStateMachine):
         assert real["leases"] == []
         for key in ("done", "done_old", "marks", "marks_old"):
             assert not real[key], key
-        dead = Counter(
-            letter.split(b"*", 3)[3]
-            for letter in real["dead"]
-            if letter.startswith(b"max_deliveries*")
-        )
-        assert self.m.completed + dead == self.m.pushed_ids
+        assert self.m.completed + letter_ids(real["dead"]) == self.m.pushed_ids
         assert all(self.m.delivered[job_id] >= 1 for job_id in self.m.pushed_ids)
+
+
+def letter_ids(letters: list[bytes]) -> Counter[bytes]:
+    """The jobs the dead letters hold, by id: those of max_deliveries (`<id>`) and failed
+    (`<id>*<error>`) letters; a corrupt element was never a job pushed."""
+    ids: Counter[bytes] = Counter()
+    for letter in letters:
+        reason, _, _, element = letter.split(b"*", 3)
+        if reason in (b"max_deliveries", b"failed"):
+            ids[element.split(b"*", 1)[0]] += 1
+    return ids
 
 
 def test_the_clocked_variant_differs_from_the_module_only_in_its_clock() -> None:

@@ -350,8 +350,8 @@ def test_drain_records_failures_retries_them_and_dead_letters_a_poison_job(
         ("poison", 1, "failed", "ValueError: cannot do poison"),
         ("poison", 2, "failed", "ValueError: cannot do poison"),
     ]
-    assert [(d.id, d.reason, d.deliveries) for d in queue.dead()] == [
-        ("poison", "max_deliveries", 2)
+    assert [(d.id, d.reason, d.deliveries, d.error) for d in queue.dead()] == [
+        ("poison", "failed", 2, "ValueError: cannot do poison")
     ]
     assert queue.stats().length == 0
 

@@ -183,7 +183,10 @@ def test_a_job_that_always_fails_is_dead_lettered_after_max_deliveries(
     assert summary == WorkSummary(processed=0, failed=2, leases_lost=0, retried=1, dead=1)
     assert deliveries == [1, 2]
     (letter,) = queue.dead()
-    assert (letter.id, letter.reason, letter.deliveries) == ("doomed", "max_deliveries", 2)
+    # Buried on its last delivery, with the error (a nack would have left it to the next
+    # claim, which dead-letters it as max_deliveries, without the error).
+    assert (letter.id, letter.reason, letter.deliveries) == ("doomed", "failed", 2)
+    assert letter.error == "ValueError: always"
     stats = queue.stats()
     assert (stats.length, stats.dead) == (0, 1)
 

@@ -149,10 +149,13 @@ def revoked(b: Backend, token: str) -> bool:
 def stats(b: Backend) -> dict[str, int]:
     reply = b.call("stats")
     assert isinstance(reply, list), reply
-    assert len(reply) == 14, reply
+    assert len(reply) == 18, reply
     names, values = reply[0::2], reply[1::2]
     assert all(isinstance(v, int) for v in values), reply
-    return {str(k): int(v) for k, v in zip(names, values, strict=True) if isinstance(v, int)}
+    got = {str(k): int(v) for k, v in zip(names, values, strict=True) if isinstance(v, int)}
+    parts = ("pending", "in_flight", "done", "deferred", "overdue")
+    assert got["length"] == sum(got[name] for name in parts), got
+    return got
 
 
 def peek(b: Backend, count: int = 100) -> list[tuple[str, str, int]]:
@@ -489,6 +492,22 @@ def an_expired_touched_batch_revokes_its_leases_one_by_one(b: Backend) -> None:
 
 
 @scenario
+def an_ack_of_5000_first_deliveries_checks_each_and_its_batch_for_revocation(
+    b: Backend,
+) -> None:
+    # Two names a token (its own, its batch's expiry): more than one unpack may take.
+    ids = [f"j{i:04d}" for i in range(5000)]
+    push(b, *ids[:2500])
+    push(b, *ids[2500:])
+    tokens: list[str] = []
+    for _ in range(6):
+        tokens += nxt(b, 1000, LONG).tokens
+    assert len(tokens) == 5000
+    assert b.call("nack", LONG, tokens[0]) == [1]  # the revoked set is not empty
+    assert ack(b, *tokens) == 4999
+
+
+@scenario
 def a_call_re_leases_at_most_250_expired_leases_one_by_one(b: Backend) -> None:
     ids = [f"j{i:03d}" for i in range(300)]
     push(b, *ids)
@@ -509,6 +528,74 @@ def a_call_re_leases_at_most_250_expired_leases_one_by_one(b: Backend) -> None:
     assert ack(b, *got.tokens, *rest.tokens) == 300
     laps(b, 2)
     assert b.elements() == [SENTINEL]
+
+
+@scenario
+def bury_dead_letters_a_live_lease_with_its_error_and_fences_it(b: Backend) -> None:
+    token = lease_one(b, "a")
+    assert b.call("bury", "exit 2: no * such file", token.text) == [1]
+    assert revoked(b, token.text)
+    assert b.hgetall("marks")[token.text] == "fexit 2: no * such file"
+    assert (stats(b)["done"], stats(b)["in_flight"], stats(b)["dead"]) == (1, 0, 0)
+    assert peek(b)[-1] == (token.text, "buried", 0)
+    assert ack(b, token.text) == 0
+    assert b.call("nack", 0, token.text) == [0]
+    assert b.call("bury", "again", token.text) == [0]  # buried once
+    before = b.now_ms()
+    assert nxt(b, 10, LONG).jobs == []  # the walk reaches it: the letter is written
+    after = b.now_ms()
+    [letter] = b.lrange("dead")
+    reason, deliveries, at, element = letter.split("*", 3)
+    assert (reason, deliveries, element) == ("failed", "1", "a*exit 2: no * such file")
+    within(int(at), before, after)
+    assert (stats(b)["dead"], stats(b)["done"], stats(b)["length"]) == (1, 0, 0)
+    assert not b.exists("marks")
+    laps(b, 2)
+    assert b.elements() == [SENTINEL]
+    # Requeued by its id, it is a fresh pending job.
+    assert b.call("requeue_dead", 10, "a") == 1
+    assert nxt(b, 10, LONG).ids == ["a"]
+
+
+@scenario
+def bury_of_one_job_of_a_batch_leaves_the_others_held(b: Backend) -> None:
+    push(b, "a", "b", "c")
+    got = nxt(b, 3, LONG)
+    assert b.call("bury", "", got.tokens[1], got.tokens[1]) == [1, 0]
+    batch = batch_of(got.tokens[0])
+    assert batch is not None
+    assert ack(b, f"{batch}/3") == 0  # no more whole-batch acks
+    assert ack(b, got.tokens[0], got.tokens[2]) == 2
+    b.call("sweep", BUDGET)  # a sweep reaches the buried job too
+    assert b.lrange("dead") == [b.lrange("dead")[0]]
+    assert b.lrange("dead")[0].endswith("*b*")  # an empty error
+    laps(b, 2)
+    assert b.elements() == [SENTINEL]
+    assert stats(b)["dead"] == 1
+
+
+@scenario
+def bury_of_a_lost_or_finished_lease_or_bad_input_changes_no_job(b: Backend) -> None:
+    old = lease_one(b, "a", SHORT)
+    b.sleep_ms(PAST_SHORT)
+    new = nxt(b, 10, LONG).tokens[0]
+    assert b.call("bury", "late", old.text) == [0]  # re-leased since: not this worker's
+    expect_error(b, "ROTATOR_BADARG", "bury", "x" * 4097, new)
+    expect_error(b, "ROTATOR_BADTOKEN", "bury", "boom")
+    expect_error(b, "ROTATOR_BADTOKEN", "bury", "boom", "not-a-token")
+    assert ack(b, new) == 1
+    laps(b, 1)  # its element is gone: the token is no longer known as acked
+    assert b.call("bury", "too late", new) == [1]  # a leftover mark, like a late nack's
+    laps(b, 3)
+    assert b.lrange("dead") == []  # a job done is never dead-lettered too
+    assert b.elements() == [SENTINEL]
+    assert not b.exists("marks")
+    assert not b.exists("marks_old")
+    push(b, "c")
+    token = nxt(b, 1, LONG).tokens[0]
+    assert b.call("bury", "x" * 4096, token) == [1]
+    b.call("sweep", BUDGET)
+    assert b.lrange("dead")[0].endswith("*c*" + "x" * 4096)
 
 
 @scenario
@@ -950,11 +1037,11 @@ def a_partial_lap_does_not_clear_the_wake_list(b: Backend) -> None:
 def wrong_key_types_give_wrongtype_and_change_nothing(b: Backend) -> None:
     # Each command checks the keys it reads or writes (and only those), before any write.
     touched_by: dict[str, set[str]] = {
-        "ring": {"push", "next", "ack", "nack", "extend", "stats", "peek", "requeue_dead"},
-        "done": {"next", "ack", "nack", "extend", "stats", "peek"},
-        "meta": {"push", "next", "nack", "stats", "requeue_dead"},
-        "revoked": {"next", "ack", "nack", "extend", "peek"},
-        "marks_old": {"next", "nack", "extend", "stats", "peek"},
+        "ring": {"push", "next", "ack", "nack", "bury", "extend", "stats", "peek", "requeue_dead"},
+        "done": {"next", "ack", "nack", "bury", "extend", "stats", "peek"},
+        "meta": {"push", "next", "nack", "bury", "stats", "requeue_dead"},
+        "revoked": {"next", "ack", "nack", "bury", "extend", "peek"},
+        "marks_old": {"next", "nack", "bury", "extend", "stats", "peek"},
         "pushlog": {"push", "stats", "requeue_dead"},
     }
     corruptions: list[tuple[str, str]] = [
@@ -980,6 +1067,7 @@ def wrong_key_types_give_wrongtype_and_change_nothing(b: Backend) -> None:
             ("next", 1, LONG, BUDGET, 0, token),
             ("ack", token),
             ("nack", 0, token),
+            ("bury", "boom", token),
             ("extend", 1000, token),
             ("stats",),
             ("peek", 10),
@@ -1021,6 +1109,8 @@ def stats_follow_a_job_through_its_lifecycle(b: Backend) -> None:
         "deferred": 0,
         "dead": 0,
         "oldest_pending_age_ms": -1,
+        "overdue": 0,
+        "overdue_capped": 0,
     }
     assert stats(b) == zero
 
@@ -1391,7 +1481,7 @@ def tstats_report_retention_and_each_group(b: Backend) -> None:
     assert isinstance(reply, list), reply
     assert reply[:8] == ["retained", 2, "bytes", 5, "last_seq", 2, "groups", 2]
     assert reply[8:13] == ["a", 2, 1, 1, 0]
-    assert reply[16:21] == ["b", 2, 2, 0, 0]
+    assert reply[18:23] == ["b", 2, 2, 0, 0]  # each group: its name and 9 counts
     with pytest.raises(ReplyError) as caught:
         b.call_keys(with_groups(b, "a"), "tstats")
     assert caught.value.code == "ROTATOR_STALE"
