@@ -147,12 +147,12 @@ def test_cli_bury_and_dead_show_the_error_on_the_letters_line(
 def test_stats_tell_overdue_leases_from_held_ones(
     server: ServerProcess, client: redis.Redis, queue_name: str
 ) -> None:
-    queue = Rotator(client, queue_name, timeout=0.2)
+    queue = Rotator(client, queue_name, timeout=1.0)
     queue.push("a", "b", "c")
     held = Rotator(client, queue_name, timeout=60)
     queue.next(2)  # a and b: their leases run out, and nobody claims them again
     held.next(1)  # c: held
-    time.sleep(0.35)
+    time.sleep(1.15)
     stats = queue.stats()
     assert (stats.overdue, stats.overdue_capped, stats.in_flight, stats.length) == (2, False, 1, 3)
     assert not queue.drained()
@@ -168,11 +168,11 @@ def test_stats_tell_overdue_leases_from_held_ones(
 def test_stats_say_when_the_overdue_count_is_a_lower_bound(
     server: ServerProcess, client: redis.Redis, queue_name: str
 ) -> None:
-    queue = Rotator(client, queue_name, timeout=0.2)
+    queue = Rotator(client, queue_name, timeout=1.0)
     queue.push(*[f"j{i}" for i in range(150)])
     for _ in range(150):
         assert len(queue.next(1)) == 1  # 150 leases of their own
-    time.sleep(0.35)
+    time.sleep(1.15)
     stats = queue.stats()
     assert (stats.overdue, stats.overdue_capped) == (100, True)
     assert "overdue              100+" in ok(cli(server, "stats", queue_name))
