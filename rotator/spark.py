@@ -36,12 +36,13 @@ import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, Generic, TypeVar, cast
 
 import redis
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.exceptions import WatchError
 from redis.retry import Retry
 
 try:
@@ -77,6 +78,7 @@ from rotator.errors import InvalidArgument, InvalidJobId, RotatorError
 from rotator.keys import QueueKeys, queue_keys
 from rotator.models import Handler, Job, RingEntry
 from rotator.protocol import JobRef
+from rotator.script import module_caller, module_command, module_source, not_loaded, pipeline_reply
 from rotator.sending import Sender
 from rotator.worker import Worker
 
@@ -84,13 +86,17 @@ __all__ = [
     "RESULT_COLUMNS",
     "SNAPSHOT_COLUMNS",
     "SparkFailure",
+    "TransactionPusher",
     "describe_failure",
     "drain",
     "invalid_ids",
     "load_callable",
     "output_exists",
+    "push_chunks",
     "push_dataframe",
+    "push_partition",
     "read_dataset",
+    "register",
     "session",
     "snapshot",
 ]
@@ -98,6 +104,9 @@ __all__ = [
 log = logging.getLogger("rotator.spark")
 
 Idempotency = Callable[[str], bool]
+Item = TypeVar("Item")
+# Sends chunk i of a write at most once for its marker; returns how many items it holds.
+ChunkPush = Callable[[int, list[Item]], int]
 # What a Spark job failure surfaces as in the driver: analysis errors, task failures.
 SparkFailure = (PySparkException, Py4JJavaError)
 
@@ -184,14 +193,17 @@ class _ChunkPusher:
     the chunk, and of two attempts running at once the second finds it counted.
     """
 
-    def __init__(self, client: redis.Redis, keys: QueueKeys, marker: str) -> None:
+    def __init__(
+        self, client: redis.Redis, keys: QueueKeys, marker: str, ttl: int = SPARK_KEY_TTL
+    ) -> None:
         self.sender = Sender(client, False, None)
         self.keys = (*keys.all, marker)
         self.marker = marker
+        self.ttl_ms = ttl * 1000
 
     def push(self, index: int, chunk: list[bytes]) -> int:
         """Returns len(chunk) once the chunk is in the ring, pushed now or by an earlier run."""
-        call = commands.push_chunk(self.keys, index, SPARK_KEY_TTL * 1000, chunk)
+        call = commands.push_chunk(self.keys, index, self.ttl_ms, chunk)
         for attempt in range(_PUSH_ATTEMPTS):
             try:
                 self.sender.perform(call)
@@ -217,17 +229,108 @@ def push_partition(
     earlier run with the same marker). The ids must come in the same order on every run.
     """
     pusher = _ChunkPusher(client, keys, marker)
+    return push_chunks(pusher.push, (protocol.encode_id(job_id) for job_id in ids), batch_size)
+
+
+def push_chunks(push: ChunkPush[Item], items: Iterable[Item], size: int) -> int:
+    """Cuts ``items`` into chunks of ``size`` and hands chunk ``i`` to ``push(i, chunk)``,
+    which sends it at most once for its marker (:class:`_ChunkPusher`,
+    :class:`TransactionPusher`); returns how many items are in, now or from earlier runs.
+
+    This is what makes a Spark write exactly once per marker: a re-run with the same items in
+    the same order cuts the same chunks, and the marker skips those already in.
+    """
     total = index = 0
-    chunk: list[bytes] = []
-    for job_id in ids:
-        chunk.append(protocol.encode_id(job_id))
-        if len(chunk) == batch_size:
-            total += pusher.push(index, chunk)
+    chunk: list[Item] = []
+    for item in items:
+        chunk.append(item)
+        if len(chunk) == size:
+            total += push(index, chunk)
             index += 1
             chunk = []
     if chunk:
-        total += pusher.push(index, chunk)
+        total += push(index, chunk)
     return total
+
+
+class TransactionPusher(Generic[Item]):
+    """Sends each chunk's module call (``build(pipe, chunk)``) and moves the marker past it in
+    one MULTI/EXEC, under WATCH of the marker and of ``watched`` (keys the call was built
+    from, read through ``pipe``): for the calls that take no marker of their own (``pushp``,
+    ``tpublish``). A chunk the marker counts already is skipped; a transaction whose watched
+    keys changed is tried again; one whose module call failed has its marker moved back
+    (the module writes nothing when it refuses a call) before the error is raised.
+    """
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        marker: str,
+        build: Callable[[Any, list[Item]], commands.ModuleCall[Any]],
+        watched: tuple[str, ...] = (),
+        ttl: int = SPARK_KEY_TTL,
+    ) -> None:
+        self.client = client
+        self.script: Any = module_caller(client, False)
+        self.marker = marker
+        self.build = build
+        self.watched = watched
+        self.ttl_ms = ttl * 1000
+
+    def push(self, index: int, chunk: list[Item]) -> int:
+        """Returns len(chunk) once the chunk is in, sent now or by an earlier run."""
+        for attempt in range(_PUSH_ATTEMPTS * 4):
+            try:
+                reply = self._attempt(index, chunk)
+            except WatchError:
+                continue  # another attempt of the chunk moved the marker: look again
+            except (RedisConnectionError, RedisTimeoutError):
+                if attempt >= _PUSH_ATTEMPTS:
+                    raise
+                time.sleep(0.1 * 2 ** min(attempt, 4))  # the marker says whether it landed
+                continue
+            if not isinstance(reply, Exception):
+                return len(chunk)
+            self._move_back(index)
+            if not_loaded(reply):
+                continue  # flushed scripts: the next attempt loads the module again
+            pipeline_reply(reply)  # raises the module's error as its typed exception
+        raise RotatorError(f"chunk {index} of {self.marker} was not sent in {attempt + 1} tries")
+
+    def _attempt(self, index: int, chunk: list[Item]) -> Any:
+        """One WATCH/MULTI/EXEC; the module call's reply (an exception if it failed), or True
+        for a chunk the marker counts already."""
+        with self.client.pipeline(transaction=True) as started:
+            pipe: Any = started  # redis-py's pipeline methods are untyped
+            pipe.watch(self.marker, *self.watched)
+            done = int(pipe.hget(self.marker, "chunks") or 0)
+            if done > index:
+                return True
+            if done < index:
+                raise RotatorError(
+                    f"{self.marker} counts {done} chunks, not {index}: it expired or was"
+                    " deleted during the run; nothing was sent"
+                )
+            call = self.build(pipe, chunk)
+            self.client.script_load(module_source())  # so EXEC cannot meet NOSCRIPT
+            pipe.multi()
+            pipe.execute_command(*module_command(self.script, call.keys, call.args))
+            pipe.hset(self.marker, "chunks", index + 1)
+            pipe.pexpire(self.marker, self.ttl_ms)
+            return pipe.execute(raise_on_error=False)[0]
+
+    def _move_back(self, index: int) -> None:
+        """Undoes the marker of a chunk whose call failed inside the transaction."""
+        with self.client.pipeline(transaction=True) as started:
+            pipe: Any = started
+            try:
+                pipe.watch(self.marker)
+                if int(pipe.hget(self.marker, "chunks") or 0) == index + 1:
+                    pipe.multi()
+                    pipe.hset(self.marker, "chunks", index)
+                    pipe.execute()
+            except WatchError:
+                pass  # moved by another attempt since: it is that attempt's to account for
 
 
 @dataclass(frozen=True)
@@ -600,20 +703,25 @@ class _RingReader:
     now_ms: int
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        pages = (page for batch in batches for page in batch.column(0).to_pylist())
+        yield from self.pages(pages)
+
+    def pages(self, pages: Iterable[int]) -> Iterator[pa.RecordBatch]:
+        """The rows of pages ``pages`` (SPARK_READ_PAGE elements each), on a connection of
+        its own."""
         client = redis.Redis.from_url(self.url)
         sender = Sender(client, False, None)
         try:
-            for batch in batches:
-                for page in batch.column(0).to_pylist():
-                    start, stop = page * SPARK_READ_PAGE, (page + 1) * SPARK_READ_PAGE
-                    while start < stop:
-                        found = sender.perform(
-                            commands.scan(self.keys.all, start, stop, SPARK_READ_PAGE)
-                        )
-                        yield self.decode(found.entries)
-                        if found.next <= start or found.next >= found.length:
-                            break
-                        start = found.next
+            for page in pages:
+                start, stop = page * SPARK_READ_PAGE, (page + 1) * SPARK_READ_PAGE
+                while start < stop:
+                    found = sender.perform(
+                        commands.scan(self.keys.all, start, stop, SPARK_READ_PAGE)
+                    )
+                    yield self.decode(found.entries)
+                    if found.next <= start or found.next >= found.length:
+                        break
+                    start = found.next
         finally:
             client.close()
 
@@ -650,20 +758,30 @@ def snapshot(spark: SparkSession, queue: str, *, url: str) -> DataFrame:
     are materialized (a local checkpoint) before this returns.
     """
     keys = queue_keys(queue)
-    with redis.Redis.from_url(url) as client:
-        seconds, micros = client.time()
-        first = Sender(client, False, None).perform(commands.scan(keys.all, 0, 0, 1))
-        length = first.length
-    reader = _RingReader(url, keys, seconds * 1000 + micros // 1000)
-    pages = math.ceil(length / SPARK_READ_PAGE)
+    reader, pages, version = ring_reader(url, keys)
     slices = max(1, min(pages, spark.sparkContext.defaultParallelism * 4))
     page_ids = spark.range(0, pages, numPartitions=slices)
     rows = page_ids.mapInArrow(reader, SNAPSHOT_COLUMNS).localCheckpoint(eager=True)
+    warn_if_moved(url, keys, version)
+    return rows
+
+
+def ring_reader(url: str, keys: QueueKeys) -> tuple[_RingReader, int, tuple[int, int]]:
+    """What reads the ring of ``keys`` page by page, how many pages it has now, and its
+    version (the ring's seq and pushed count: unchanged means nothing moved)."""
+    with redis.Redis.from_url(url) as client:
+        seconds, micros = client.time()
+        first = Sender(client, False, None).perform(commands.scan(keys.all, 0, 0, 1))
+    reader = _RingReader(url, keys, seconds * 1000 + micros // 1000)
+    return reader, math.ceil(first.length / SPARK_READ_PAGE), first.version
+
+
+def warn_if_moved(url: str, keys: QueueKeys, version: tuple[int, int]) -> None:
+    """Logs a warning when the ring moved since ``version``: a read's rows may be off."""
     with redis.Redis.from_url(url) as client:
         last = Sender(client, False, None).perform(commands.scan(keys.all, 0, 0, 1))
-        if last.version != first.version:
-            log.warning("queue %s changed while its snapshot was read: rows may be off", queue)
-    return rows
+    if last.version != version:
+        log.warning("queue %s changed while its snapshot was read: rows may be off", keys.name)
 
 
 # -- the CLI's helpers ------------------------------------------------------------------------
@@ -685,11 +803,21 @@ def session(
     for key, value in (conf or {}).items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
+    register(spark)
     try:
         yield spark
     finally:
         if running is None:
             spark.stop()
+
+
+def register(spark: SparkSession) -> None:
+    """Registers the ``rotator`` data source with ``spark``: ``spark.read.format("rotator")``,
+    ``df.write.format("rotator")`` and their streaming twins (see
+    :mod:`rotator.spark_source`). :func:`session` does it for you."""
+    from rotator.spark_source import RotatorDataSource  # noqa: PLC0415 (it imports this module)
+
+    spark.dataSource.register(RotatorDataSource)
 
 
 def read_dataset(spark: SparkSession, path: str, fmt: str) -> DataFrame:
