@@ -1,12 +1,16 @@
 """Spark against one process: push ids from a Parquet file, and drain a no-op handler.
 
-    python -m bench.spark_bench [--ids 1000000] [--drain-jobs 200000] [--server redis]
+    python -m bench.spark_bench [--ids 1000000] [--drain-jobs 200000] [--source-rows 200000]
+                                [--server redis]
 
 Push: the same ids go in (a) through ``rotator push QUEUE -`` reading them from a file (one
 process, the CLI everybody has), (b) through ``Rotator.push_many`` in chunks of 5000 (one
 process, the API at its best), (c) through ``push_dataframe`` on a warm ``local[2]`` session,
 and (d) through ``rotator spark push`` (a cold JVM included). Drain: a no-op handler with
 ``drain(parallelism=1)`` and ``drain(parallelism=2)``, against one plain ``Worker`` process.
+Format: the ``rotator`` data source against the function-based path, in rows/s: a batch write
+against ``push_dataframe``, a streaming read of a topic (to Spark's ``noop`` sink) against a
+batch read of it, a streaming read of a queue (claim, sink, ack on commit) against ``drain``.
 Every run starts its own server (persistence off) and checks that every id arrived or was
 processed. Writes ``bench/results/spark.json`` and ``bench/results/spark.md``.
 """
@@ -33,8 +37,9 @@ import pyspark
 import redis
 
 from bench.harness import started
-from rotator import Job, Rotator
+from rotator import Job, Rotator, Topic
 from rotator import spark as rspark
+from rotator.defaults import DEFAULT_TOPIC_RETENTION
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ROTATOR = str(Path(sys.executable).parent / "rotator")
@@ -169,6 +174,60 @@ def drain_runs(spark: Any, client: redis.Redis, url: str, jobs: int) -> list[dic
     return runs
 
 
+def source_runs(spark: Any, client: redis.Redis, url: str, rows: int) -> list[dict[str, Any]]:
+    """Rows/s of the data source (format rotator) beside the function-based path."""
+    rspark.register(spark)
+    ids = [f"job-{n:07d}" for n in range(rows)]
+    df = spark.createDataFrame([(i,) for i in ids], "id string").repartition(2).cache()
+    df.count()
+    runs: list[dict[str, Any]] = []
+
+    def run(what: str, how: str, go: Callable[[], object]) -> None:
+        row: dict[str, Any] = {"what": what, "how": how, "rows": rows}
+        with timed(row):
+            go()
+        row["rows_per_s"] = round(rows / row["seconds"])
+        print(f"  {what:<12} {how:<40} {row['seconds']:>8.2f} s {row['rows_per_s']:>9} rows/s")
+        runs.append(row)
+
+    def write(name: str) -> None:
+        fresh(client, name)
+        df.write.format("rotator").option("url", url).option("queue", name).mode("append").save()
+        check_pushed(client, name, rows)
+
+    def stream(checkpoint: str, **options: str) -> None:
+        reader = spark.readStream.format("rotator").option("url", url).options(**options)
+        query = reader.load().writeStream.format("noop")
+        started = query.option("checkpointLocation", checkpoint).start()
+        started.processAllAvailable()
+        started.stop()
+
+    with tempfile.TemporaryDirectory(prefix="rotator-source-bench-") as tmp:
+        write("bench-src-warmup")
+        run("batch write", "format rotator, save()", lambda: write("bench-src-write"))
+        run("batch write", "push_dataframe", lambda: rspark.push_dataframe(
+            df, fresh(client, "bench-src-push").name, url=url))  # fmt: skip
+        Topic(client, "bench-src-topic").delete()
+        Topic(client, "bench-src-topic").publish_many(ids)  # the default retention keeps 100k
+        kept = min(rows, DEFAULT_TOPIC_RETENTION)
+        runs_before = len(runs)
+        run("topic read", "readStream, startingOffsets earliest", lambda: stream(
+            f"{tmp}/topic", topic="bench-src-topic", startingOffsets="earliest"))  # fmt: skip
+        run("topic read", "read (batch)", lambda: spark.read.format("rotator").option(
+            "url", url).option("topic", "bench-src-topic").load().count())  # fmt: skip
+        for row in runs[runs_before:]:
+            row["rows"], row["rows_per_s"] = kept, round(kept / row["seconds"])
+        fresh(client, "bench-src-stream").push_many(ids, chunk=5000)
+        run("queue read", "readStream (claim, ack on commit)", lambda: stream(
+            f"{tmp}/queue", queue="bench-src-stream"))  # fmt: skip
+        assert Rotator(client, "bench-src-stream").stats().in_flight == 0
+        fresh(client, "bench-src-drain").push_many(ids, chunk=5000)
+        run("queue read", "drain, parallelism 2", lambda: rspark.drain(
+            spark, "bench-src-drain", noop, url=url, parallelism=2).count())  # fmt: skip
+    df.unpersist()
+    return runs
+
+
 def markdown(data: dict[str, Any]) -> str:
     machine = data["machine"]
     lines = [
@@ -199,14 +258,33 @@ def markdown(data: dict[str, Any]) -> str:
             for r in data["drain"]
         ),
         "",
+        *source_markdown(data.get("source", [])),
     ]
     return "\n".join(lines)
+
+
+def source_markdown(runs: list[dict[str, Any]]) -> list[str]:
+    if not runs:
+        return []
+    return [
+        "## The data source (format rotator) against the functions",
+        "",
+        "| what | how | rows | seconds | rows/s |",
+        "|---|---|---:|---:|---:|",
+        *(
+            f"| {r['what']} | {r['how']} | {r['rows']:,} | {r['seconds']:.2f} |"
+            f" {r['rows_per_s']:,} |"
+            for r in runs
+        ),
+        "",
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.spark_bench", description=__doc__)
     parser.add_argument("--ids", type=int, default=1_000_000, help="ids to push")
     parser.add_argument("--drain-jobs", type=int, default=200_000, help="jobs per drain")
+    parser.add_argument("--source-rows", type=int, default=200_000, help="rows per format run")
     parser.add_argument("--server", default="redis", choices=["redis", "valkey"])
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
@@ -227,10 +305,11 @@ def main(argv: list[str] | None = None) -> int:
                 spark.sparkContext.setLogLevel("ERROR")
                 pushes = push_runs(spark, client, server.url, ids, work)
                 drains = drain_runs(spark, client, server.url, args.drain_jobs)
+                sources = source_runs(spark, client, server.url, args.source_rows)
             version = server.version
     machine["load_average_after"] = round(os.getloadavg()[0], 2)
     data = {"machine": machine, "server": args.server, "version": version,
-            "push": pushes, "drain": drains}  # fmt: skip
+            "push": pushes, "drain": drains, "source": sources}  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "spark.json").write_text(json.dumps(data, indent=2) + "\n")
     (args.out / "spark.md").write_text(markdown(data))
