@@ -568,3 +568,29 @@ def test_a_queue_stream_killed_mid_batch_has_its_jobs_reclaimed_and_delivered_ag
     assert again == lost_batch  # the killed batch's jobs came back, reclaimed
     assert all(row[1] == 2 for row in second if row[2])
     assert all(row[1] == 1 for row in second if not row[2])
+
+
+# -- the README ---------------------------------------------------------------------------------
+
+
+def test_the_readme_streaming_example_runs_as_written(
+    registered: SparkSession,
+    url: str,
+    conn: redis.Redis,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    found = re.search(r"<!-- spark-stream-example -->\s*```python\n(.*?)```", readme, re.DOTALL)
+    assert found, "README has no python block after <!-- spark-stream-example -->"
+    headlines = Topic(conn, "headlines")
+    headlines.delete()  # the README's name
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("ROTATOR_URL", url)
+    try:
+        exec(compile(found.group(1), "README.md", "exec"), {"__name__": "__main__"})
+        table = pq.read_table(tmp_path / "headlines.parquet")
+        assert sorted(table.column("seq").to_pylist()) == list(range(1, 151))
+        assert (tmp_path / "headlines.checkpoint" / "offsets").is_dir()
+    finally:
+        headlines.delete()
