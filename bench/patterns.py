@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import redis
@@ -106,6 +107,39 @@ def raw_limit_loop(url: str, name: str, batch: int, _: Any) -> list[float]:
             return latencies
 
 
+# -- the pattern's floor: the circular rotate in its least script ---------------------------
+
+FLOOR_SCRIPT = (Path(__file__).parent / "floor.lua").read_text(encoding="utf-8")
+
+
+def preload_floor(client: redis.Redis, name: str, n: int) -> None:
+    """The ring as the floor's steady state has it: from the tail, an acked lease (removed
+    when it comes round), then a pending id, n times; so each one-job call does every move
+    of the pattern once."""
+    ids = job_ids(n)
+    for start in range(0, n, PRELOAD_CHUNK):
+        part = ids[start : start + PRELOAD_CHUNK]
+        leases = [f"{job_id}*1" for job_id in part]
+        client.lpush(name, *[e for pair in zip(leases, part, strict=True) for e in pair])
+        client.sadd(f"{name}:done", *leases)
+
+
+def floor_loop(url: str, name: str, batch: int, _: Any) -> list[float]:
+    """The floor script (bench/floor.lua) by EVALSHA, acking the previous batch."""
+    client = redis.Redis.from_url(url)
+    script = client.register_script(FLOOR_SCRIPT)
+    keys = [name, f"{name}:done"]
+    latencies: list[float] = []
+    finished: list[bytes] = []
+    while True:
+        began = time.perf_counter()
+        tokens = script(keys=keys, args=[300_000, batch, *finished])
+        latencies.append((time.perf_counter() - began) * 1000)
+        if not tokens:
+            return latencies
+        finished = tokens
+
+
 # -- Redis Streams consumer groups ------------------------------------------------------------
 
 
@@ -166,6 +200,7 @@ PATTERNS: dict[str, tuple[Preload, Any]] = {
     "rotator-asyncio": (preload_rotator, rotator_async_loop),
     "rotator-work": (preload_rotator, rotator_work_loop),
     "raw-limit": (preload_list, raw_limit_loop),
+    "floor": (preload_floor, floor_loop),
     "streams": (preload_stream, streams_loop),
     "processing-list": (preload_list, processing_list_loop),
 }

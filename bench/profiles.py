@@ -123,7 +123,7 @@ def memory_per_job(client: redis.Redis, jobs: int) -> dict[str, float]:
 
 # Where one consumer's time goes, per job: the client (redis-py and rotator's Python, and
 # the loopback round trip), the script's own Lua time, and the commands it issues.
-CALL_PROFILE_PATTERNS = ("rotator", "rotator-fcall", "streams")
+CALL_PROFILE_PATTERNS = ("floor", "rotator", "rotator-fcall", "streams")
 SCRIPT_COMMANDS = ("evalsha", "fcall")
 NOT_THE_LOOP = ("cmdstat_config", "cmdstat_function", "cmdstat_script")  # setup, loading
 

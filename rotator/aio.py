@@ -63,7 +63,7 @@ T = TypeVar("T")
 class AsyncSender:
     """The asyncio twin of :class:`rotator.sending.Sender`."""
 
-    def __init__(self, client: Any, functions: bool, durability: Durability | None) -> None:
+    def __init__(self, client: Any, functions: bool | None, durability: Durability | None) -> None:
         self.client = client
         self.script: Any = async_module_caller(client, functions)
         self.durability = durability
@@ -134,7 +134,7 @@ class AsyncRotator(QueueView):
         budget: int = DEFAULT_BUDGET,
         prefix: str = DEFAULT_PREFIX,
         durability: Durability | None = None,
-        functions: bool = False,
+        functions: bool | None = None,
         payloads: bool = False,
         item_stats: bool = False,
     ) -> None:
@@ -310,7 +310,7 @@ class AsyncTopic(TopicView):
         *,
         retention: Retention | None = None,
         prefix: str = DEFAULT_PREFIX,
-        functions: bool = False,
+        functions: bool | None = None,
     ) -> None:
         self.client = client
         self._flows = TopicFlows(name, retention=retention, prefix=prefix)

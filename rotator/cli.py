@@ -49,7 +49,7 @@ from rotator.errors import RotatorError
 from rotator.keys import queue_keys, topic_keys, validate_group_name
 from rotator.models import DeadLetter, Job, Stats, WorkSummary
 from rotator.registry import HELD_SHOWN, PRUNE_AFTER, STALE_AFTER, WorkerInfo
-from rotator.script import module_path, module_sha
+from rotator.script import function_name, module_path, module_sha, probe_mode
 from rotator.server import EmbeddedServer
 from rotator.shell import CommandHandler, Stopper, missing_program
 from rotator.topic import Retention, Topic, TopicGroup
@@ -970,17 +970,29 @@ def workers(ctx: click.Context, queue: str, show_all: bool, json: bool) -> None:
 @json_option
 @click.pass_context
 def scripts(ctx: click.Context, json: bool) -> None:
-    """The Lua module's SHA and path, and how to load it with redis-cli.
+    """The Lua module's SHA and path, how to load it with redis-cli, and its function library.
+
+    With --url (or ROTATOR_URL) it also says how clients call the module on that server
+    (mode): FCALL of the library where the server has functions and the ACL allows FCALL
+    (and FUNCTION LOAD while the library is missing), EVALSHA otherwise. Without a URL it
+    connects to nothing.
 
     \b
-    Example:
+    Examples:
       rotator scripts --json
+      rotator --url redis://localhost:6379 scripts
     """
     path = str(module_path())
     # -x: the script from stdin (it is longer than one argv string may be, 128 KB on Linux)
     load = f"redis-cli -x SCRIPT LOAD < {shlex.quote(path)}"
-    data = {"sha": module_sha(), "path": path, "load": load}
-    emit(ctx, data, f"sha   {data['sha']}\npath  {path}\nload  {load}")
+    data = {"sha": module_sha(), "path": path, "load": load, "library": function_name()}
+    lines = [f"sha      {data['sha']}", f"path     {path}", f"load     {load}"]
+    lines.append(f"library  {data['library']}")
+    url = server_url(ctx)
+    if url:
+        data["mode"] = probe_mode(redis.Redis.from_url(url))
+        lines.append(f"mode     {data['mode']}")
+    emit(ctx, data, "\n".join(lines))
 
 
 @main.command()

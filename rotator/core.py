@@ -53,9 +53,11 @@ class Rotator(QueueView):
     and not returned). ``max_deliveries`` moves a job that was delivered that many times to
     the dead letters instead of leasing it again. With ``durability``, push, ack, nack and
     requeue_dead return only once their writes are persisted/replicated as it asks (raising
-    NotDurable, after the write, when that is not confirmed in time). ``functions=True``
-    calls the module with FCALL instead of EVALSHA (Redis 7+ / Valkey): cheaper per call, and
-    a worker's ACL can then allow FCALL of this library without allowing arbitrary scripts.
+    NotDurable, after the write, when that is not confirmed in time). The module is
+    called with FCALL where the server and the ACL allow it (Redis 7+ / Valkey), else with
+    EVALSHA, chosen at the client's first call; ``functions=True`` forces FCALL (a worker's
+    ACL can then allow FCALL of this library without allowing arbitrary scripts),
+    ``functions=False`` forces EVALSHA.
     ``payloads=True`` keeps a payload per job id (see :meth:`push_payloads`): ``next``
     returns it with each job in the same call, and an accepted ack deletes it. Off by
     default, so the bare ring costs nothing extra. ``item_stats=True`` keeps per-job stats
@@ -74,7 +76,7 @@ class Rotator(QueueView):
         budget: int = DEFAULT_BUDGET,
         prefix: str = DEFAULT_PREFIX,
         durability: Durability | None = None,
-        functions: bool = False,
+        functions: bool | None = None,
         payloads: bool = False,
         item_stats: bool = False,
     ) -> None:

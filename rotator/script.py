@@ -1,22 +1,30 @@
 """The Lua module: its source, its SHA, and calling it with typed errors.
 
-Two ways to call the same module. EVALSHA (the default): redis-py's Script reloads the
-source and retries once when the server answers NOSCRIPT (after SCRIPT FLUSH, a restart or a
-failover). FCALL (``functions=True``): the module is loaded once as a function library, which
-the server persists and replicates, and each call skips re-defining the module's functions.
-Either way a "not loaded" reply means nothing ran, so the one retry cannot apply a command
-twice.
+Two ways to call the same module. FCALL (``functions=True``): the module is loaded once as a
+function library, which the server persists and replicates, and each call skips re-defining
+the module's functions. EVALSHA (``functions=False``): redis-py's Script reloads the source
+and retries once when the server answers NOSCRIPT (after SCRIPT FLUSH, a restart or a
+failover). Either way a "not loaded" reply means nothing ran, so the one retry cannot apply a
+command twice.
+
+The default (``functions=None``) is the faster mode the server allows: FCALL, unless the
+server has no functions (Redis before 7) or the ACL refuses ``FCALL`` or, when the library is
+missing, ``FUNCTION LOAD``; then EVALSHA. It is chosen at the first call on a client and
+remembered for that client (:func:`chosen_mode`). A refusal of FCALL itself means nothing
+ran, so falling back cannot apply a command twice.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import weakref
 from functools import cache
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from redis.exceptions import NoScriptError, ResponseError
+from redis.exceptions import NoPermissionError, NoScriptError, ReadOnlyError, ResponseError
 
 from rotator.errors import error_from_reply
 
@@ -93,12 +101,113 @@ class AsyncFunctionCall(FunctionCall):
         return await self.client.eval(module_source(), len(keys), *keys, *args)
 
 
-def module_caller(client: Any, functions: bool) -> Any:
-    """What calls the module for ``client``: FCALL of the library, or redis-py's Script."""
+# The mode the default caller chose per client: "fcall" or "evalsha" (absent: not yet known).
+_CHOSEN: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+
+
+def chosen_mode(client: Any) -> str | None:
+    """How the default caller calls the module on ``client``: "fcall", "evalsha", or None
+    before its first call."""
+    return _CHOSEN.get(client)
+
+
+def _fcall_refused(error: ResponseError) -> bool:
+    """The server cannot run the library for this client: it has no functions, or the ACL
+    refuses FCALL or FUNCTION LOAD (a refusal of a command the module calls is not this)."""
+    text = str(error).lower()
+    if isinstance(error, NoPermissionError):
+        return "'fcall'" in text or "'function|load'" in text or "'function'" in text
+    return "unknown command 'fcall'" in text or "unknown command 'function'" in text
+
+
+class AutoCall:
+    """``functions=None``: FCALL where the server and the ACL allow it, EVALSHA otherwise;
+    chosen at the first call on the client, and kept for it."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+        self.function = FunctionCall(client)
+        self.script = client.register_script(module_source())
+
+    @property
+    def mode(self) -> str | None:
+        return _CHOSEN.get(self.client)
+
+    def current(self) -> Any:
+        """The caller a pipeline uses: FCALL once chosen, EVALSHA until then (it always runs;
+        a wrong guess only costs speed)."""
+        return self.function if self.mode == "fcall" else self.script
+
+    def __call__(self, keys: tuple[str, ...], args: list[Any]) -> Any:
+        if self.mode != "evalsha":
+            try:
+                reply = self.function(keys, args)
+            except ReadOnlyError:
+                # A read-only replica refuses FCALL of a library that may write before it runs;
+                # a script runs, and a command that reads only succeeds there.
+                pass
+            except ResponseError as error:
+                if not _fcall_refused(error):
+                    _CHOSEN[self.client] = "fcall"  # it ran: the error is the command's
+                    raise
+                _CHOSEN[self.client] = "evalsha"
+            else:
+                _CHOSEN[self.client] = "fcall"
+                return reply
+        try:
+            return self.script(keys=keys, args=args)
+        except NoScriptError:
+            return self.client.eval(module_source(), len(keys), *keys, *args)
+
+
+class AsyncAutoCall(AutoCall):
+    def __init__(self, client: Any) -> None:
+        self.client = client
+        self.function = AsyncFunctionCall(client)
+        self.script = client.register_script(module_source())
+
+    async def __call__(self, keys: tuple[str, ...], args: list[Any]) -> Any:
+        if self.mode != "evalsha":
+            try:
+                reply = await self.function(keys, args)
+            except ReadOnlyError:
+                # A read-only replica refuses FCALL of a library that may write before it runs;
+                # a script runs, and a command that reads only succeeds there.
+                pass
+            except ResponseError as error:
+                if not _fcall_refused(error):
+                    _CHOSEN[self.client] = "fcall"  # it ran: the error is the command's
+                    raise
+                _CHOSEN[self.client] = "evalsha"
+            else:
+                _CHOSEN[self.client] = "fcall"
+                return reply
+        try:
+            return await self.script(keys=keys, args=args)
+        except NoScriptError:
+            return await self.client.eval(module_source(), len(keys), *keys, *args)
+
+
+def probe_mode(client: Any) -> str:
+    """The mode the default caller chooses on ``client``, found (once per client) with a call
+    the module refuses before it reads or writes anything: one without keys."""
+    if client not in _CHOSEN:
+        with contextlib.suppress(ResponseError):
+            AutoCall(client)((), ["stats"])
+    return _CHOSEN.get(client, "evalsha")
+
+
+def module_caller(client: Any, functions: bool | None) -> Any:
+    """What calls the module for ``client``: FCALL of the library (True), redis-py's Script
+    (False), or the faster of the two that the server allows (None)."""
+    if functions is None:
+        return AutoCall(client)
     return FunctionCall(client) if functions else client.register_script(module_source())
 
 
-def async_module_caller(client: Any, functions: bool) -> Any:
+def async_module_caller(client: Any, functions: bool | None) -> Any:
+    if functions is None:
+        return AsyncAutoCall(client)
     return AsyncFunctionCall(client) if functions else client.register_script(module_source())
 
 
@@ -108,6 +217,8 @@ def _function_missing(error: ResponseError) -> bool:
 
 def module_command(caller: Any, keys: tuple[str, ...], args: list[Any]) -> list[Any]:
     """The command that calls the module as ``caller`` does, to send in a pipeline."""
+    if isinstance(caller, AutoCall):
+        caller = caller.current()
     if isinstance(caller, FunctionCall):
         return ["FCALL", caller.name, len(keys), *keys, *args]
     return ["EVALSHA", caller.sha, len(keys), *keys, *args]

@@ -50,10 +50,11 @@ def wake_wait(seconds: float, socket_timeout: float | None) -> float:
 
 class Sender:
     """Runs flows on a synchronous client. ``functions``: call the module with FCALL of the
-    library instead of EVALSHA. ``durability``: after each module call whose writes the
-    caller relies on, wait until they are persisted or replicated as it asks."""
+    library (True), EVALSHA (False), or the faster one the server allows (None).
+    ``durability``: after each module call whose writes the caller relies on, wait until they
+    are persisted or replicated as it asks."""
 
-    def __init__(self, client: Any, functions: bool, durability: Durability | None) -> None:
+    def __init__(self, client: Any, functions: bool | None, durability: Durability | None) -> None:
         self.client = client
         self.script: Any = module_caller(client, functions)
         self.durability = durability

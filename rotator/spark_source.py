@@ -314,7 +314,7 @@ class RotatorDataSource(DataSource):
 
 @dataclass(frozen=True)
 class _WritePlan:
-    """What every write task needs; pickled to the executors (no connection inside)."""
+    """What every write task needs; sent to the executors by Spark (no connection inside)."""
 
     url: str
     keys: QueueKeys | TopicKeys

@@ -63,7 +63,7 @@ class Topic(TopicView):
         *,
         retention: Retention | None = None,
         prefix: str = DEFAULT_PREFIX,
-        functions: bool = False,
+        functions: bool | None = None,
     ) -> None:
         self.client = client
         self._flows = TopicFlows(name, retention=retention, prefix=prefix)

@@ -22,7 +22,7 @@ from click.testing import CliRunner, Result
 from rotator import Rotator
 from rotator.cli import main
 from rotator.keys import queue_keys
-from rotator.script import module_sha
+from rotator.script import function_name, module_sha
 from rotator.server import EmbeddedServer
 from tests.helpers import drain, snapshot
 from tests.servers import ServerProcess
@@ -463,6 +463,18 @@ def test_scripts_shows_the_module_sha_path_and_a_load_line() -> None:
     assert data["path"] in data["load"]
     assert data["load"].startswith("redis-cli -x SCRIPT LOAD < ")
     assert text.splitlines()[0].split() == ["sha", module_sha()]
+
+
+def test_scripts_with_a_url_says_how_clients_call_the_module_there(
+    server: ServerProcess, client: redis.Redis
+) -> None:
+    data = ok_json(cli(server, "scripts", "--json"))
+    text = ok(cli(server, "scripts"))
+
+    assert data["library"] == function_name()
+    assert data["mode"] == "fcall"  # Redis 7 and Valkey 8 have functions; the default user may
+    assert ["mode", "fcall"] in [line.split() for line in text.splitlines()]
+    assert "mode" not in ok_json(run("scripts", "--json", env={"ROTATOR_URL": None}))
 
 
 def test_demo_on_a_real_server_loses_nothing(server: ServerProcess, client: redis.Redis) -> None:

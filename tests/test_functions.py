@@ -14,7 +14,7 @@ from redis.cluster import RedisCluster
 
 from rotator import Rotator
 from rotator.aio import AsyncRotator
-from rotator.script import function_name
+from rotator.script import chosen_mode, function_name
 from tests.helpers import drain
 from tests.servers import ServerProcess
 
@@ -107,3 +107,82 @@ def test_async_fcall(server: ServerProcess, queue_name: str) -> None:
         return got
 
     assert asyncio.run(main()) == ["x", "y", "z"]
+
+
+# -- the default: the faster mode the server allows ------------------------------------------
+
+
+def test_by_default_a_client_calls_the_module_with_fcall(
+    server: ServerProcess, queue_name: str
+) -> None:
+    client = server.client()
+    client.function_flush()
+    q = Rotator(client, queue_name)
+    assert chosen_mode(client) is None  # nothing is asked before the first call
+    before = client.info("commandstats")
+    q.push("a")
+    (job,) = q.next(block=1.0)  # a blocking call pipelines BLPOP with the module call
+    assert q.ack(job) == 1
+    after = client.info("commandstats")
+    assert chosen_mode(client) == "fcall"
+    assert "cmdstat_evalsha" not in after
+    calls = after["cmdstat_fcall"]["calls"] - before.get("cmdstat_fcall", {}).get("calls", 0)
+    assert calls == 4  # the push twice (the library was missing: loaded in between), next, ack
+    # A second Rotator on the same client asks nothing again.
+    assert Rotator(client, f"{queue_name}-2").push("b") == 1
+    assert client.info("commandstats")["cmdstat_function|load"]["calls"] == 1
+
+
+def test_by_default_a_call_survives_function_flush_between_calls(
+    client: redis.Redis, queue_name: str
+) -> None:
+    q = Rotator(client, queue_name)
+    q.push("x", "y")
+    client.function_flush()
+    (x,) = q.next()
+    client.function_flush()
+    assert q.ack(x) == 1
+    assert [job.id for job in q.next(block=1.0)] == ["y"]
+    assert q.stats().length == 1
+
+
+def test_functions_false_forces_evalsha_and_true_forces_fcall(
+    server: ServerProcess, queue_name: str
+) -> None:
+    for functions, used, unused in ((False, "evalsha", "fcall"), (True, "fcall", "evalsha")):
+        client = server.client()
+        client.config_resetstat()
+        assert Rotator(client, f"{queue_name}-{used}", functions=functions).push("a") == 1
+        stats = client.info("commandstats")
+        assert f"cmdstat_{used}" in stats
+        assert f"cmdstat_{unused}" not in stats
+        assert chosen_mode(client) is None  # a forced mode is not the default's choice
+
+
+def test_a_read_only_replica_serves_reads_in_the_default_mode(tmp_path: Path) -> None:
+    """A replica refuses FCALL of a library that may write before running it (the module's
+    functions write), so the default runs that call as a script: reads work on a replica."""
+    with (
+        ServerProcess("redis", tmp_path / "primary", {}) as primary,
+        ServerProcess(
+            "redis", tmp_path / "replica", {"replicaof": f"127.0.0.1 {primary.port}"}
+        ) as replica,
+    ):
+        Rotator(primary.client(), "seen").push("a", "b")
+        reader = Rotator(replica.client(), "seen")
+        give_up = time.monotonic() + 10
+        while replica.client().llen(reader.keys.ring) < 3:
+            assert time.monotonic() < give_up, "the replica never caught up"
+            time.sleep(0.05)
+        assert reader.stats().pending == 2
+        assert reader.exists()
+
+
+@pytest.mark.cluster
+def test_the_default_mode_on_redis_cluster_is_fcall(cluster_client: RedisCluster) -> None:
+    q = Rotator(cluster_client, "default-mode")
+    q.delete()
+    q.push("j")
+    (job,) = q.next()
+    assert q.ack(job) == 1
+    assert chosen_mode(cluster_client) == "fcall"

@@ -35,7 +35,7 @@ from redis.retry import Retry
 
 from rotator import InvalidQueueName, Job, Rotator, WrongKeyType
 from rotator.keys import queue_keys
-from rotator.script import FunctionCall
+from rotator.script import FunctionCall, chosen_mode
 from tests.helpers import drain
 from tests.lua.harness import called_commands
 from tests.servers import HOST, ServerProcess, find_server_binary, free_ports
@@ -219,7 +219,9 @@ def test_a_worker_with_the_rule_runs_the_whole_api_and_uses_every_command_it_gra
         with pytest.raises(WrongKeyType):
             use(lambda: q.push("g"))
         assert use(q.delete)
-        assert denials(client, worker.user) == []
+        # The default mode tried FCALL once, was refused, and has called EVALSHA since.
+        assert denials(client, worker.user) == [("command", "fcall", "toplevel")]
+        assert chosen_mode(worker.client) == "evalsha"
         rule = {w[1:] for w in rule_for(queue_name, "w") if w.startswith("+")}
         if server_knows_client_setinfo(client):
             rule.add("client|setinfo")
@@ -316,12 +318,30 @@ def test_without_script_load_the_module_must_be_loaded_by_an_admin(
 ) -> None:
     rule = rule_for(queue_name, "w", drop=frozenset({"script|load"}))
     with acl_user(server, client, rule) as worker:
-        q = Rotator(worker.client, queue_name)
+        q = Rotator(worker.client, queue_name, functions=False)
         client.script_flush()
         with pytest.raises(redis.exceptions.NoPermissionError):
             q.push("a")
         client.script_load(q._sender.script.script)
         assert q.push("a") == 1
+
+
+def test_by_default_a_worker_allowed_fcall_and_function_load_uses_fcall(
+    server: ServerProcess, client: redis.Redis, queue_name: str
+) -> None:
+    rule = rule_for(queue_name, "w", drop=frozenset({"evalsha", "script|load"}))
+    client.function_flush()  # so the first call loads the library: FUNCTION LOAD
+    with acl_user(server, client, rule, extra=("+fcall", "+function|load")) as worker:
+        q = Rotator(worker.client, queue_name)
+        before = command_calls(client)
+        assert q.push("a", "b") == 2
+        jobs = q.next(2)
+        assert q.ack(*jobs) == 2
+        after = command_calls(client)
+        assert chosen_mode(worker.client) == "fcall"
+        assert after.get("fcall", 0) - before.get("fcall", 0) >= 4  # one refused: not loaded
+        assert after.get("evalsha", 0) == before.get("evalsha", 0)
+        assert denials(client, worker.user) == []
 
 
 def test_in_fcall_mode_a_worker_needs_no_script_commands_at_all(
