@@ -123,6 +123,9 @@ COMMANDS (ARGV[1]; numbers are decimal integers)
       acked    how many ACK_TOKENs were accepted
       reclaimedN 1 when tokenN re-leases a job whose previous lease expired
     errors: ROTATOR_BADARG, ROTATOR_BADTOKEN, ROTATOR_TOOMANY
+    The call a busy queue makes most (batch acks of the oldest batches in flight, nothing
+    else to repair, pending ids at the ring's tail) takes a short way, M.fast_lease, that
+    writes exactly what the walk writes without building its state.
   next_packed COUNT LEASE_MS BUDGET MAX_DELIVERIES [ACK_TOKEN ...]
     next, with this call's first deliveries sent as their packed element instead of a
     token each (what the Python client calls: less work on both sides of the wire).
@@ -365,6 +368,7 @@ local LIMIT = {
   -- a set of up to fence_max tokens, and its trim), about 5 us on a full set. A batch that
   -- expired whole is one revocation for all its jobs (visit_packed).
   revokes = 250,
+  fast_acks = 8, -- batch acks the short way of next takes at most (M.fast_lease)
   -- stats counts overdue leases from the lease list's tail: at most this many elements, and
   -- batch_bytes of them, and LIMIT.count tokens looked up (then its count is a lower bound).
   overdue_look = 100,
@@ -426,6 +430,10 @@ local BYTE_N = 110 -- 'n': opens the mark of a nacked job ("n<due ms>")
 local BYTE_E = 101 -- 'e': opens the mark of an extended lease ("e<deadline ms>")
 local BYTE_F = 102 -- 'f': opens the mark of a buried job ("f<error>")
 
+-- next takes the short way (M.fast_lease) where it applies. A test flips this to compare the
+-- two ways key by key (tests/lua/test_fast_lease.py).
+local FAST_LEASE = true
+
 -- 2. CALL STATE ---------------------------------------------------------------------------------
 
 -- Bound by main at the start of every call, and never rebound during it: this call's
@@ -442,6 +450,8 @@ local T, NGROUPS
 -- Made by main on its first call (a library may not call setmetatable while it loads), so
 -- loaded as a library it lives across calls.
 local PAD
+-- The queue keys whose names the last call checked (see M.checked_before).
+local CHECKED
 function M.make_pad()
   local format = LIMIT.place_format
   return setmetatable({}, {
@@ -875,7 +885,7 @@ end
 
 -- The state of one walk over the tail of the ring, shared by next and sweep. Reading the
 -- ring's length and the side structures' sizes also checks every key the walk may write.
-function M.start_walk(lease, max_deliveries)
+function M.read_walk_state()
   local length = M.read('LLEN', K.ring)
   local lease_length = M.read('LLEN', K.leases)
   local meta = M.read_meta(K)
@@ -883,7 +893,14 @@ function M.start_walk(lease, max_deliveries)
   sides.origin, sides.seq, sides.lstop = meta.origin, meta.seq, meta.lstop
   local dead_length = M.read('LLEN', K.dead)
   M.read('LLEN', K.wake) -- an idle call deletes it
-  local now = M.now_ms()
+  return { length = length, lease_length = lease_length, meta = meta, sides = sides,
+    dead_length = dead_length, now = M.now_ms() }
+end
+
+function M.start_walk(lease, max_deliveries, state)
+  state = state or M.read_walk_state()
+  local length, lease_length, meta = state.length, state.lease_length, state.meta
+  local sides, dead_length, now = state.sides, state.dead_length, state.now
   local lapnext = meta.lapnext or (meta.seq + length + 1)
   -- Tokens end in this call's first visit number and the visit's place in the call (PAD):
   -- unique, because the next call that leases starts at a higher visit number.
@@ -1629,7 +1646,12 @@ function M.lease(first, batches, compact)
   local budget = M.int_arg(4, 'BUDGET', 1, LIMIT.budget)
   local max_deliveries = M.int_arg(5, 'MAX_DELIVERIES', 0, LIMIT.max_deliveries)
   M.check_tokens(first, false, batches)
-  local s = M.start_walk(lease, max_deliveries)
+  local state = M.read_walk_state()
+  if FAST_LEASE then
+    local reply = M.fast_lease(first, count, lease, budget, compact, state)
+    if reply then return reply, {} end
+  end
+  local s = M.start_walk(lease, max_deliveries, state)
   local acked, accepted = M.ack_tokens(first, s.length + s.lease_length, s.sides)
   s.lstop = s.sides.lstop
   local reply = compact and { 0, -1, acked, '' } or { 0, -1, acked }
@@ -1676,6 +1698,169 @@ function M.leases_due(s)
   local sides, marked = s.sides, s.sides.marked
   return sides[K.done] + sides[K.done_old] + marked[K.marks][1] + marked[K.marks][2]
     + marked[K.marks_old][1] + marked[K.marks_old][2] > 0
+end
+
+-- THE SHORT WAY of next, for the call a busy queue makes most: its acks (if any) are batch
+-- acks of the packed elements at the lease list's tail, nothing waits to be repaired (no
+-- acks or marks, no revoked tokens), the element behind the acked ones is a young lease,
+-- and `count` pending ids lie at the ring's tail within the lap. In that state the walk
+-- (ack_tokens, walk_leases, walk, finish_walk) would write the acks as marks, meet them at
+-- the tail and drop them, stop at the young lease, and lease the pending ids; this does the
+-- same writes without building the walk's state. Returns the reply, or nil (nothing
+-- written) when the state is any other, for the walk to handle.
+function M.fast_lease(first, count, lease, budget, compact, state)
+  local length, lease_length, meta, sides = state.length, state.lease_length, state.meta,
+    state.sides
+  local k = #A - first + 1
+  if length == 0 or k > LIMIT.fast_acks or k >= budget
+      or sides[K.done] + sides[K.done_old] + sides[K.marks] + sides[K.marks_old] > 0 then
+    return nil
+  end
+  local marked = meta.marked
+  if marked[1] + marked[2] + marked[3] + marked[4] ~= 0 then return nil end
+  local now, seq = state.now, meta.seq
+  -- The acks: batch acks, each of a distinct batch this queue issued (refused_among).
+  local jobs_of, names = {}, {}
+  for i = first, #A do
+    local arg = A[i]
+    if string.byte(arg) ~= BYTE_STAR then return nil end
+    local batch, jobs = M.split_batch_ack(arg)
+    local call = tonumber(string.match(arg, '^%*%d+%.1%.(%d+)/'))
+    if not call or call < meta.origin or call >= seq or jobs_of[batch] then return nil end
+    jobs_of[batch], names[#names + 1] = tonumber(jobs), batch
+  end
+  if k > 0 and sides.revoked > 0 then
+    local fenced = {}
+    for j = 1, k do fenced[2 * j - 1], fenced[2 * j] = names[j], names[j] .. '*' end
+    local scores = rcall('ZMSCORE', K.revoked, unpack(fenced))
+    for j = 1, #scores do
+      if scores[j] then return nil end
+    end
+  end
+  -- Whether the walk visits the lease list (leases_due, after ack_tokens freed lstop).
+  local lstop = meta.lstop
+  if M.frees_tail(names, lstop) then lstop = nil end
+  -- (A lease that may be due, or an unknown earliest deadline, is the walk's work.)
+  if meta.lmin and meta.lmin <= now then return nil end
+  local walks = lease_length > 0 and (not meta.lmin or (not lstop and k > 0))
+  if walks ~= (k > 0) or (walks and not meta.lmin) then return nil end
+  local lmin, lpass, lskip = meta.lmin, meta.lpass, meta.lskip
+  local rpasses, lpasses = meta.rpasses, meta.lpasses
+  local packed = meta.packed
+  if walks then
+    -- The acked batches are the tail's k elements, whole and well formed, within the walk's
+    -- byte budget; the element before them, if any, a lease still young by its own deadline.
+    local tail = rcall('LRANGE', K.leases, -(k + 1), -1)
+    if #tail < k then return nil end
+    local bytes = 0
+    for j = #tail - k + 1, #tail do
+      local element = tail[j]
+      local star = string.find(element, '*', 2, true)
+      if not star or string.byte(element) ~= BYTE_STAR then return nil end
+      local batch = string.sub(element, 1, star - 1)
+      local jobs = jobs_of[batch]
+      if not jobs or not M.own_deadline(element, batch) then return nil end
+      local ids = 0
+      for _ in string.gmatch(string.sub(element, #batch + 2), '[^*]+') do ids = ids + 1 end
+      if ids ~= jobs then return nil end
+      jobs_of[batch] = nil -- (each batch once)
+      bytes = bytes + #element
+      packed = packed - (ids - 1)
+    end
+    if bytes > LIMIT.lease_bytes then return nil end
+    local stop = nil
+    local young = tail[#tail - k]
+    if young then
+      local star = string.find(young, '*', 2, true)
+      if not star then return nil end
+      stop = M.own_deadline(young, string.byte(young) == BYTE_STAR and
+        string.sub(young, 1, star - 1) or nil)
+      if not stop or stop <= now then return nil end
+    end
+    -- The pass counting of walk_leases for k visits (end_lease_pass, may_age: ageing with
+    -- every side structure empty renames nothing).
+    local skip = lskip or 0
+    if not lpass or lpass <= 0 then lpass, skip = lease_length, 0 end
+    local pass_ended, aged = false, false
+    local function end_pass(visited)
+      pass_ended, lpasses = true, lpasses + 1
+      if not aged and (rpasses >= 1 or length <= 1)
+          and (lpasses >= 1 or lease_length - visited == 0) then
+        aged, lpasses, rpasses = true, 0, -1
+      end
+    end
+    for visited = 1, k do
+      if skip > 0 then
+        skip = skip - 1
+      elseif not pass_ended then
+        lpass = lpass - 1
+        if lpass <= 0 then end_pass(visited) end
+      end
+    end
+    if not pass_ended and k == lease_length then end_pass(k) end
+    if pass_ended then
+      lpass, lskip = lease_length - k, 0
+    else
+      lskip = skip
+    end
+    lmin, lstop = stop, stop
+  end
+  -- The ring: `count` pending ids at its tail, within the lap and the budget, the sentinel
+  -- behind them; the batch stops early once its ids reach LIMIT.batch_bytes.
+  local lapnext = meta.lapnext or (seq + length + 1)
+  if count >= length or count > lapnext - seq - 1 or count > budget - (walks and k or 0) then
+    return nil
+  end
+  local ids = rcall('LRANGE', K.ring, -count, -1)
+  local batch, bytes, most, id_bytes = {}, 0, LIMIT.batch_bytes, LIMIT.id_bytes
+  for i = #ids, 1, -1 do
+    local id = ids[i]
+    if id == '' or #id > id_bytes or string.find(id, '*', 1, true) then return nil end
+    batch[#batch + 1] = id
+    bytes = bytes + #id
+    if bytes >= most then break end
+  end
+  local visits = walks and k or 0
+  -- Writes (the walk's finish_walk, note_leases and write_meta, in that order).
+  local leased = #batch
+  local deadline = now + lease
+  local first_stamp = '*' .. deadline .. '.1.' .. seq
+  local element = first_stamp .. '*' .. table.concat(batch, '*')
+  rcall('LTRIM', K.ring, 0, -(leased + 1))
+  if visits > 0 then rcall('LTRIM', K.leases, 0, -(visits + 1)) end
+  rcall('LPUSH', K.leases, element)
+  M.trim_revoked(meta, now, 0, sides.revoked)
+  if state.dead_length > 0 then M.trim_dead(meta, now, state.dead_length, 0) end
+  local qmin, qstart, qlen = meta.qmin, meta.qstart or seq, meta.qlen or length
+  if qmin and qmin <= now then qmin, qstart, qlen = nil, seq, length end
+  local before = meta.lmin
+  if qmin and (not before or qmin < before) then before = qmin end
+  if not before or deadline < before then
+    rcall('LPUSH', K.wake, '1')
+    rcall('LTRIM', K.wake, 0, LIMIT.wake_tokens - 1)
+  end
+  if not lmin or deadline < lmin then lmin = deadline end
+  if lease_length - visits == 0 then lstop = lmin end -- the list holds this call's batch only
+  M.write_meta({
+    meta = meta, seq = seq + visits + leased, taken = meta.taken + leased,
+    packed = packed + leased - 1, qstart = qstart + visits, qlen = qlen,
+    lapnext = lapnext + visits, lapguess = meta.lapguess, qmin = qmin, lmin = lmin,
+    lstop = lstop, lpass = lpass, lskip = lskip, rpasses = rpasses, lpasses = lpasses,
+    sides = sides,
+  })
+  local reply = { 0, -1, k }
+  if compact then
+    reply[4] = element
+  else
+    for place = 1, leased do
+      reply[#reply + 1] = batch[place] .. first_stamp .. PAD[place]
+      reply[#reply + 1] = 0
+    end
+  end
+  local soonest = qmin
+  if lmin and (not soonest or lmin < soonest) then soonest = lmin end
+  if soonest then reply[2] = soonest - now end
+  return reply
 end
 
 function M.ack()
@@ -2912,6 +3097,19 @@ function M.check_extra_keys(keys, base, marker)
   end
 end
 
+-- Whether the previous call's queue keys passed the name checks and these are the same
+-- (a library lives across calls, so a worker's calls check their names once; a script
+-- starts afresh every call). Strings are interned: each comparison is one pointer's.
+function M.checked_before(keys, marker)
+  local last = CHECKED
+  if not last or last.marker ~= marker or #last.keys ~= #keys then return false end
+  local names = last.keys
+  for i = 1, #keys do
+    if names[i] ~= keys[i] then return false end
+  end
+  return true
+end
+
 -- One call, whichever way it came: EVAL/EVALSHA (KEYS, ARGV) or FCALL (keys, args).
 local function main(keys, args)
   -- The call state of section 2: bound here, once per call, and nowhere else.
@@ -2946,10 +3144,14 @@ local function main(keys, args)
       return M.fail('ROTATOR_KEYS', 'expected ' .. (low == high and low or low .. ' or ' .. high)
         .. ' keys, got ' .. #keys)
     end
-    local base, refused = M.check_queue_keys(keys, 0)
-    if not base then return refused end
-    refused = M.check_extra_keys(keys, base, handler == M.push_chunk)
-    if refused then return refused end
+    local marker = handler == M.push_chunk
+    if not M.checked_before(keys, marker) then
+      local base, refused = M.check_queue_keys(keys, 0)
+      if not base then return refused end
+      refused = M.check_extra_keys(keys, base, marker)
+      if refused then return refused end
+      CHECKED = { keys = { unpack(keys) }, marker = marker }
+    end
     T, NGROUPS = nil, 0
     K = M.queue_keys(keys, 0)
     K.payloads = keys[12]

@@ -1,0 +1,145 @@
+"""The short way of `next` (M.fast_lease) against the walk it stands in for.
+
+Two harnesses run the same random programs: one with the module as it ships, one with the
+short way switched off (FAST_LEASE = false), so every `next` takes the walk. After every
+step the replies and every key (the meta hash's counters included) must be equal. The
+programs lean towards what the short way handles (one job or a batch per call, batch acks
+of the previous calls) and mix in what sends a call the long way (tokens acked one by one,
+nacks, extensions, expiry, sweeps, pushes into a ring that is running dry), so both the
+taking and the declining of the short way are compared.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.lua.harness import MODULE_PATH, Harness, ScriptError
+
+SWITCH = "local FAST_LEASE = true"
+LEASE_MS = 1000
+
+
+def walk_only_module(directory: Path) -> Path:
+    source = MODULE_PATH.read_text(encoding="utf-8")
+    assert source.count(SWITCH) == 1
+    path = directory / "rotator-walk-only.lua"
+    path.write_text(source.replace(SWITCH, "local FAST_LEASE = false"), encoding="utf-8")
+    return path
+
+
+def text(value: object) -> object:
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "surrogateescape")
+    if isinstance(value, list):
+        return [text(v) for v in value]
+    return value
+
+
+def batch_ack(tokens: list[str]) -> str:
+    """The batch ack of a call's first deliveries: "*<deadline>.1.<call seq>/<jobs>"."""
+    star = tokens[0].index("*")
+    return tokens[0][star:-5] + f"/{len(tokens)}"
+
+
+class Twins:
+    def __init__(self, walk_only: Path) -> None:
+        self.fast = Harness("fast-twin")
+        self.walk = Harness("fast-twin", path=walk_only)
+        self.batches: list[list[str]] = []  # first deliveries of each call, newest last
+        self.tokens: list[str] = []  # every token handed out, newest last
+        self.shortcuts = 0
+
+    def both(self, *argv: str | int) -> object:
+        replies = []
+        for harness in (self.fast, self.walk):
+            try:
+                replies.append(("ok", text(harness.call(*argv))))
+            except ScriptError as error:
+                replies.append(("error", str(error)))
+        assert replies[0] == replies[1], (argv, replies)
+        assert self.fast.stub.data == self.walk.stub.data, argv
+        return replies[0][1]
+
+    def advance(self, ms: int) -> None:
+        self.fast.advance(ms)
+        self.walk.advance(ms)
+
+    def next(self, count: int, acks: list[str], compact: bool) -> None:
+        reply = self.both("next_packed" if compact else "next", count, LEASE_MS, 1000, 0, *acks)
+        assert isinstance(reply, list)
+        if compact:
+            element = reply[3]
+            assert isinstance(element, str)
+            if element:
+                star = element.index("*", 1)
+                stamp, ids = element[:star], element[star + 1 :].split("*")
+                firsts = [f"{i}{stamp}{place:05d}" for place, i in enumerate(ids, 1)]
+                self.batches.append(firsts)
+                self.tokens += firsts
+        else:
+            tokens = [str(t) for t in reply[3::2]]
+            firsts = [t for t in tokens if t.split("*", 1)[1].split(".")[1] == "1"]
+            if firsts:
+                self.batches.append(firsts)
+            self.tokens += tokens
+
+
+Step = tuple[str, int, int, bool]
+KINDS = ["push", "next", "next", "next", "next", "ack_one", "nack", "extend", "advance", "sweep"]
+step = st.tuples(st.sampled_from(KINDS), st.integers(0, 50), st.integers(0, 3), st.booleans())
+ADVANCES = [1, 200, 900, 1500, 5000]
+
+
+def run(twins: Twins, program: list[Step]) -> None:
+    pushed = 0
+    for kind, a, b, flag in program:
+        if kind == "push":
+            n = a % 6 + 1
+            twins.both("push", *[f"job-{pushed + i}" for i in range(n)])
+            pushed += n
+        elif kind == "next":
+            # Batch acks of the oldest calls not yet acked: what a worker sends most.
+            chosen, twins.batches = twins.batches[:b], twins.batches[b:]
+            twins.next(a % 4 + 1, [batch_ack(batch) for batch in chosen], flag)
+        elif kind == "advance":
+            twins.advance(ADVANCES[a % len(ADVANCES)])
+        elif kind == "sweep":
+            twins.both("sweep", 1000)
+        elif twins.tokens:
+            token = twins.tokens[a % len(twins.tokens)]
+            if kind == "ack_one":
+                twins.both("ack", token)
+            elif kind == "nack":
+                twins.both("nack", 300 if flag else 0, token)
+            else:
+                twins.both("extend", 2 * LEASE_MS, token)
+
+
+@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(program=st.lists(step, min_size=1, max_size=120))
+def test_the_short_way_writes_what_the_walk_writes(
+    tmp_path_factory: pytest.TempPathFactory, program: list[Step]
+) -> None:
+    run(Twins(walk_only_module(tmp_path_factory.mktemp("fast"))), program)
+
+
+def test_a_busy_queue_takes_the_short_way(tmp_path: Path) -> None:
+    """The one-job loop and the batch loop of a steady queue do take it (and still agree)."""
+    twins = Twins(walk_only_module(tmp_path))
+    twins.both("push", *[f"job-{i}" for i in range(300)])
+    for count in (1, 1, 1, 100, 1, 50):
+        acks = [batch_ack(b) for b in twins.batches]
+        twins.batches = []
+        before = len(twins.fast.stub.calls)
+        twins.next(count, acks, compact=True)
+        made = [c[0] for c in twins.fast.stub.calls[before:]]
+        # The short way reads no side structure beyond their sizes and writes no mark.
+        assert made.count(b"HSET") == 1, made  # the meta hash only
+        assert made.count(b"HMGET") == 1, made  # the meta hash only
+        assert b"HDEL" not in made, made
+        assert b"SMISMEMBER" not in made, made
+        twins.advance(10)
