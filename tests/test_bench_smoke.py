@@ -35,6 +35,7 @@ def test_bench_smoke_writes_every_scenario(tmp_path: Path) -> None:
         "rotator-asyncio",
         "rotator-work",
         "raw-limit",
+        "floor",
         "streams",
         "processing-list",
     }
@@ -52,7 +53,9 @@ def test_bench_smoke_writes_every_scenario(tmp_path: Path) -> None:
     assert all(wake["p50_ms"] is not None for wake in data["wake_latency"].values())
     profiled = {(row["pattern"], row["batch"]) for row in data["call_profile"]}
     assert profiled == {("ping", 1)} | {
-        (pattern, batch) for pattern in ("rotator", "rotator-fcall", "streams") for batch in (1, 10)
+        (pattern, batch)
+        for pattern in ("floor", "rotator", "rotator-fcall", "streams")
+        for batch in (1, 10)
     }
     script_rows = [row for row in data["call_profile"] if row["pattern"].startswith("rotator")]
     assert all(row["script_own_us"] > 0 and row["subcommand_us"] > 0 for row in script_rows)
