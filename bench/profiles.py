@@ -33,7 +33,7 @@ def _steady_state_usec(client: redis.Redis, q: Rotator, jobs: int) -> dict[str, 
         done += len(finished)
     wall = time.perf_counter() - began
     return {
-        "server_us_per_job": round(server_usec(client, ("evalsha",)) / done, 3),
+        "server_us_per_job": round(server_usec(client, ("evalsha", "fcall")) / done, 3),
         "wall_us_per_job": round(wall * 1e6 / done, 3),
     }
 

@@ -28,7 +28,7 @@ from rotator import Job, Retention, Topic
 BATCH = 100
 PAYLOAD = b"x" * 64
 GROUP_COUNTS = (1, 3, 10)
-TOP_LEVEL = ("evalsha", "hkeys", "xadd", "xreadgroup", "xack", "xgroup|create", "xgroup")
+TOP_LEVEL = ("evalsha", "fcall", "hkeys", "xadd", "xreadgroup", "xack", "xgroup|create", "xgroup")
 
 
 def server_usec(client: redis.Redis) -> int:

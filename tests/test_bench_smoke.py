@@ -48,6 +48,8 @@ def test_bench_smoke_writes_every_scenario(tmp_path: Path) -> None:
     assert {row["pattern"] for row in data["peers"]} >= {"dramatiq", "rq", "bullmq"}
     assert [row["queue_length"] for row in data["queue_length_scaling"]] == [1_000]
     assert [row["in_flight"] for row in data["in_flight_scaling"]] == [0, 100]
+    scaling = data["queue_length_scaling"] + data["in_flight_scaling"]
+    assert all(row["server_us_per_job"] > 0 for row in scaling)  # whichever way it calls
     assert data["memory_bytes_per_job"]["rotator_pending"] > 0
     assert set(data["wake_latency"]) == {"rotator", "rotator-fcall", "blpop", "streams"}
     assert all(wake["p50_ms"] is not None for wake in data["wake_latency"].values())
