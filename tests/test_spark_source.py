@@ -431,6 +431,33 @@ def test_a_queue_stream_that_dies_mid_batch_delivers_that_batch_again_and_acks_i
     assert not list(conn.scan_iter(match=f"rotator:{{{queue_name}}}:spark:consume:*"))
 
 
+def test_a_queue_stream_reads_payloads_and_dead_letters_past_max_deliveries(
+    registered: SparkSession, url: str, conn: redis.Redis, queue_name: str, tmp_path: Path
+) -> None:
+    queue = Rotator(conn, queue_name, payloads=True, timeout=0.2)
+    queue.push_payloads({"a": b"alpha", "b": b"beta"})
+    (held,) = queue.next(1)  # a crashed worker's delivery: its lease runs out
+    time.sleep(0.3)
+    stream = reader(registered, url, stream=True, queue=queue_name, payloads="true",
+                    maxDeliveries="1", leaseSeconds="60").load()  # fmt: skip
+    name = f"q{abs(hash(queue_name))}"
+    query = (
+        stream.writeStream.format("memory")
+        .queryName(name)
+        .option("checkpointLocation", str(tmp_path / "checkpoint"))
+        .start()
+    )
+    run_to_end(query)
+    rows = registered.sql(f"select id, payload, deliveries from {name}").collect()
+    got = {row["id"]: (bytes(row["payload"]), row["deliveries"]) for row in rows}
+    other = "b" if held.id == "a" else "a"
+    assert got == {other: ({"a": b"alpha", "b": b"beta"}[other], 1)}
+    # The job delivered once before had its one delivery: a dead letter, not a row.
+    assert [(letter.id, letter.reason) for letter in queue.dead()] == [
+        (held.id, "max_deliveries")
+    ]
+
+
 # -- streaming writes ---------------------------------------------------------------------------
 
 
