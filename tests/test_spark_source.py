@@ -453,9 +453,7 @@ def test_a_queue_stream_reads_payloads_and_dead_letters_past_max_deliveries(
     other = "b" if held.id == "a" else "a"
     assert got == {other: ({"a": b"alpha", "b": b"beta"}[other], 1)}
     # The job delivered once before had its one delivery: a dead letter, not a row.
-    assert [(letter.id, letter.reason) for letter in queue.dead()] == [
-        (held.id, "max_deliveries")
-    ]
+    assert [(letter.id, letter.reason) for letter in queue.dead()] == [(held.id, "max_deliveries")]
 
 
 # -- streaming writes ---------------------------------------------------------------------------
