@@ -1283,7 +1283,13 @@ end
 function M.may_age(s)
   if s.aged then return false end -- once a call: a second would be work for nothing
   local ring = s.leases_walk and s.ring_live or s.live -- (the lease walk borrows s.live)
-  return (s.rpasses >= 1 or ring <= 1) and (s.lpasses >= 1 or M.leases_left(s) == 0)
+  return M.walked_whole(s.rpasses, s.lpasses, ring, M.leases_left(s))
+end
+
+-- Both lists walked whole since the last ageing: the ring (or it holds at most its sentinel)
+-- and the lease list (or it is left empty).
+function M.walked_whole(rpasses, lpasses, ring_live, leases_left)
+  return (rpasses >= 1 or ring_live <= 1) and (lpasses >= 1 or leases_left == 0)
 end
 
 -- The lease list's length as this call leaves it, with what it has pushed there so far.
@@ -1492,6 +1498,12 @@ function M.finish_walk(s)
   M.write_meta(s)
 end
 
+-- One more wake-up token (the list kept short).
+function M.wake_one()
+  rcall('LPUSH', K.wake, '1')
+  rcall('LTRIM', K.wake, 0, LIMIT.wake_tokens - 1)
+end
+
 -- The earliest deadline the lease list may hold now: what its walk left (see walk_leases),
 -- and what this call pushed. A call whose new leases fall due before anything known so far
 -- wakes an idle consumer, which then waits for them rather than for what it was told.
@@ -1501,8 +1513,7 @@ function M.note_leases(s)
     local before = s.meta.lmin
     if s.qmin and (not before or s.qmin < before) then before = s.qmin end
     if not before or s.deadline < before then
-      rcall('LPUSH', K.wake, '1')
-      rcall('LTRIM', K.wake, 0, LIMIT.wake_tokens - 1)
+      M.wake_one()
     end
     if not lmin or s.deadline < lmin then lmin = s.deadline end
   end
@@ -1719,35 +1730,28 @@ function M.fast_lease(first, count, lease, budget, compact, state)
   local marked = meta.marked
   if marked[1] + marked[2] + marked[3] + marked[4] ~= 0 then return nil end
   local now, seq = state.now, meta.seq
-  -- The acks: batch acks, each of a distinct batch this queue issued (refused_among).
+  -- The acks: batch acks of distinct batches, every one accepted.
   local jobs_of, names = {}, {}
   for i = first, #A do
     local arg = A[i]
     if string.byte(arg) ~= BYTE_STAR then return nil end
     local batch, jobs = M.split_batch_ack(arg)
-    local call = tonumber(string.match(arg, '^%*%d+%.1%.(%d+)/'))
-    if not call or call < meta.origin or call >= seq or jobs_of[batch] then return nil end
+    if jobs_of[batch] then return nil end
     jobs_of[batch], names[#names + 1] = tonumber(jobs), batch
   end
-  if k > 0 and sides.revoked > 0 then
-    local fenced = {}
-    for j = 1, k do fenced[2 * j - 1], fenced[2 * j] = names[j], names[j] .. '*' end
-    local scores = rcall('ZMSCORE', K.revoked, unpack(fenced))
-    for j = 1, #scores do
-      if scores[j] then return nil end
-    end
-  end
-  -- Whether the walk visits the lease list (leases_due, after ack_tokens freed lstop).
+  if next(M.refused_among(first, sides)) then return nil end
+  -- The walk's work: a lease that may be due, or an unknown earliest deadline. With acks,
+  -- the walk must visit the lease list (leases_due): its tail is not held by lstop.
   local lstop = meta.lstop
   if M.frees_tail(names, lstop) then lstop = nil end
-  -- (A lease that may be due, or an unknown earliest deadline, is the walk's work.)
-  if meta.lmin and meta.lmin <= now then return nil end
-  local walks = lease_length > 0 and (not meta.lmin or (not lstop and k > 0))
-  if walks ~= (k > 0) or (walks and not meta.lmin) then return nil end
+  if meta.lmin and meta.lmin <= now or lease_length > 0 and not meta.lmin
+      or k > 0 and (lstop or lease_length == 0) then
+    return nil
+  end
   local lmin, lpass, lskip = meta.lmin, meta.lpass, meta.lskip
   local rpasses, lpasses = meta.rpasses, meta.lpasses
   local packed = meta.packed
-  if walks then
+  if k > 0 then
     -- The acked batches are the tail's k elements, whole and well formed, within the walk's
     -- byte budget; the element before them, if any, a lease still young by its own deadline.
     local tail = rcall('LRANGE', K.leases, -(k + 1), -1)
@@ -1777,15 +1781,14 @@ function M.fast_lease(first, count, lease, budget, compact, state)
         string.sub(young, 1, star - 1) or nil)
       if not stop or stop <= now then return nil end
     end
-    -- The pass counting of walk_leases for k visits (end_lease_pass, may_age: ageing with
+    -- The pass counting of walk_leases for its k visits (end_lease_pass, may_age: ageing with
     -- every side structure empty renames nothing).
     local skip = lskip or 0
     if not lpass or lpass <= 0 then lpass, skip = lease_length, 0 end
     local pass_ended, aged = false, false
-    local function end_pass(visited)
+    local function end_pass(visited) -- end_lease_pass
       pass_ended, lpasses = true, lpasses + 1
-      if not aged and (rpasses >= 1 or length <= 1)
-          and (lpasses >= 1 or lease_length - visited == 0) then
+      if not aged and M.walked_whole(rpasses, lpasses, length, lease_length - visited) then
         aged, lpasses, rpasses = true, 0, -1
       end
     end
@@ -1808,7 +1811,7 @@ function M.fast_lease(first, count, lease, budget, compact, state)
   -- The ring: `count` pending ids at its tail, within the lap and the budget, the sentinel
   -- behind them; the batch stops early once its ids reach LIMIT.batch_bytes.
   local lapnext = meta.lapnext or (seq + length + 1)
-  if count >= length or count > lapnext - seq - 1 or count > budget - (walks and k or 0) then
+  if count >= length or count > lapnext - seq - 1 or count > budget - k then
     return nil
   end
   local ids = rcall('LRANGE', K.ring, -count, -1)
@@ -1820,14 +1823,13 @@ function M.fast_lease(first, count, lease, budget, compact, state)
     bytes = bytes + #id
     if bytes >= most then break end
   end
-  local visits = walks and k or 0
   -- Writes (the walk's finish_walk, note_leases and write_meta, in that order).
   local leased = #batch
   local deadline = now + lease
   local first_stamp = '*' .. deadline .. '.1.' .. seq
   local element = first_stamp .. '*' .. table.concat(batch, '*')
   rcall('LTRIM', K.ring, 0, -(leased + 1))
-  if visits > 0 then rcall('LTRIM', K.leases, 0, -(visits + 1)) end
+  if k > 0 then rcall('LTRIM', K.leases, 0, -(k + 1)) end
   rcall('LPUSH', K.leases, element)
   M.trim_revoked(meta, now, 0, sides.revoked)
   if state.dead_length > 0 then M.trim_dead(meta, now, state.dead_length, 0) end
@@ -1836,15 +1838,14 @@ function M.fast_lease(first, count, lease, budget, compact, state)
   local before = meta.lmin
   if qmin and (not before or qmin < before) then before = qmin end
   if not before or deadline < before then
-    rcall('LPUSH', K.wake, '1')
-    rcall('LTRIM', K.wake, 0, LIMIT.wake_tokens - 1)
+    M.wake_one()
   end
   if not lmin or deadline < lmin then lmin = deadline end
-  if lease_length - visits == 0 then lstop = lmin end -- the list holds this call's batch only
+  if lease_length - k == 0 then lstop = lmin end -- the list holds this call's batch only
   M.write_meta({
-    meta = meta, seq = seq + visits + leased, taken = meta.taken + leased,
-    packed = packed + leased - 1, qstart = qstart + visits, qlen = qlen,
-    lapnext = lapnext + visits, lapguess = meta.lapguess, qmin = qmin, lmin = lmin,
+    meta = meta, seq = seq + k + leased, taken = meta.taken + leased,
+    packed = packed + leased - 1, qstart = qstart + k, qlen = qlen,
+    lapnext = lapnext + k, lapguess = meta.lapguess, qmin = qmin, lmin = lmin,
     lstop = lstop, lpass = lpass, lskip = lskip, rpasses = rpasses, lpasses = lpasses,
     sides = sides,
   })
@@ -1953,8 +1954,7 @@ function M.give_back(first, before_write)
     local lstop = M.frees_tail(given, meta.lstop) and '' or (meta.lstop or '')
     rcall('HSET', K.meta, 'qmin', qmin, 'lmin', lmin, 'lstop', lstop, 'qstart', meta.seq,
       'qlen', rcall('LLEN', K.ring), 'seq', meta.seq, 'origin', meta.origin)
-    rcall('LPUSH', K.wake, '1')
-    rcall('LTRIM', K.wake, 0, LIMIT.wake_tokens - 1)
+    M.wake_one()
     local added = 2 * (#A - first + 1) -- each token, and maybe its batch
     M.trim_revoked(meta, now, added, sides.revoked + added)
   end

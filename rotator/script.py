@@ -124,9 +124,11 @@ class AutoCall:
     """``functions=None``: FCALL where the server and the ACL allow it, EVALSHA otherwise;
     chosen at the first call on the client, and kept for it."""
 
+    FUNCTION_CALL: type[FunctionCall] = FunctionCall
+
     def __init__(self, client: Any) -> None:
         self.client = client
-        self.function = FunctionCall(client)
+        self.function = self.FUNCTION_CALL(client)
         self.script = client.register_script(module_source())
 
     @property
@@ -138,19 +140,24 @@ class AutoCall:
         a wrong guess only costs speed)."""
         return self.function if self.mode == "fcall" else self.script
 
+    def _as_script(self, error: ResponseError) -> bool:
+        """After FCALL raised ``error``: True when nothing ran and the call goes as a script
+        (noting the choice), False when the error is the command's own."""
+        if isinstance(error, ReadOnlyError):
+            # A read-only replica refuses FCALL of a library that may write before it runs;
+            # a script runs there, and a command that only reads succeeds (this call only).
+            return True
+        refused = _fcall_refused(error)
+        _CHOSEN[self.client] = "evalsha" if refused else "fcall"
+        return refused
+
     def __call__(self, keys: tuple[str, ...], args: list[Any]) -> Any:
         if self.mode != "evalsha":
             try:
                 reply = self.function(keys, args)
-            except ReadOnlyError:
-                # A read-only replica refuses FCALL of a library that may write before it runs;
-                # a script runs, and a command that reads only succeeds there.
-                pass
             except ResponseError as error:
-                if not _fcall_refused(error):
-                    _CHOSEN[self.client] = "fcall"  # it ran: the error is the command's
+                if not self._as_script(error):
                     raise
-                _CHOSEN[self.client] = "evalsha"
             else:
                 _CHOSEN[self.client] = "fcall"
                 return reply
@@ -161,24 +168,15 @@ class AutoCall:
 
 
 class AsyncAutoCall(AutoCall):
-    def __init__(self, client: Any) -> None:
-        self.client = client
-        self.function = AsyncFunctionCall(client)
-        self.script = client.register_script(module_source())
+    FUNCTION_CALL = AsyncFunctionCall
 
     async def __call__(self, keys: tuple[str, ...], args: list[Any]) -> Any:
         if self.mode != "evalsha":
             try:
                 reply = await self.function(keys, args)
-            except ReadOnlyError:
-                # A read-only replica refuses FCALL of a library that may write before it runs;
-                # a script runs, and a command that reads only succeeds there.
-                pass
             except ResponseError as error:
-                if not _fcall_refused(error):
-                    _CHOSEN[self.client] = "fcall"  # it ran: the error is the command's
+                if not self._as_script(error):
                     raise
-                _CHOSEN[self.client] = "evalsha"
             else:
                 _CHOSEN[self.client] = "fcall"
                 return reply

@@ -481,6 +481,19 @@ def test_an_id_that_is_not_utf8_is_drained_and_shown_with_a_replacement_characte
     assert queue.stats().length == 0
 
 
+def run_readme_block(
+    marker: str, url: str, directory: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Runs the README's python block after ``<!-- marker -->`` as a script, in
+    ``directory``, with ROTATOR_URL set to ``url``."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    found = re.search(rf"<!-- {marker} -->\s*```python\n(.*?)```", readme, re.DOTALL)
+    assert found, f"README has no python block after <!-- {marker} -->"
+    monkeypatch.chdir(directory)
+    monkeypatch.setenv("ROTATOR_URL", url)
+    exec(compile(found.group(1), "README.md", "exec"), {"__name__": "__main__"})
+
+
 def test_the_readme_spark_example_runs_as_written(
     spark: SparkSession,
     url: str,
@@ -488,15 +501,10 @@ def test_the_readme_spark_example_runs_as_written(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    found = re.search(r"<!-- spark-example -->\s*```python\n(.*?)```", readme, re.DOTALL)
-    assert found, "README has no python block after <!-- spark-example -->"
     orders = Rotator(conn, "orders")
     orders.delete()  # the name is the README's; the redis-cli example uses it too
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("ROTATOR_URL", url)
     try:
-        exec(compile(found.group(1), "README.md", "exec"), {"__name__": "__main__"})
+        run_readme_block("spark-example", url, tmp_path, monkeypatch)
         table = pq.read_table(tmp_path / "results.parquet")
         statuses = Counter(table.column("status").to_pylist())
         assert statuses == {"completed": 10_000, "failed": 1000}

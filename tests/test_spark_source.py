@@ -605,15 +605,10 @@ def test_the_readme_streaming_example_runs_as_written(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    found = re.search(r"<!-- spark-stream-example -->\s*```python\n(.*?)```", readme, re.DOTALL)
-    assert found, "README has no python block after <!-- spark-stream-example -->"
     headlines = Topic(conn, "headlines")
     headlines.delete()  # the README's name
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("ROTATOR_URL", url)
     try:
-        exec(compile(found.group(1), "README.md", "exec"), {"__name__": "__main__"})
+        test_spark.run_readme_block("spark-stream-example", url, tmp_path, monkeypatch)
         table = pq.read_table(tmp_path / "headlines.parquet")
         assert sorted(table.column("seq").to_pylist()) == list(range(1, 151))
         assert (tmp_path / "headlines.checkpoint" / "offsets").is_dir()
