@@ -1,15 +1,15 @@
 --[[
 rotator.lua: a reliable job queue on one Redis list (the ring). Redis >= 6.2 or Valkey >= 7.2.
 
-Load once and call by SHA; the first ARGV picks the command. The queue commands take the eleven
-queue KEYS below; pushp/nextp/ackp take them plus KEYS[12] (and KEYS[13] to keep per-item
-stats); pushi/nackp/items take all thirteen; the topic commands (t...) take the
-TOPIC KEYS, then eleven queue KEYS per consumer group. All keys of one call must share one hash
+Load once and call by SHA; the first ARGV picks the command. The queue commands take the twelve
+queue KEYS below; pushp/nextp/ackp take them plus KEYS[13] (and KEYS[14] to keep per-item
+stats); pushi/nackp/items take all fourteen; the topic commands (t...) take the
+TOPIC KEYS, then twelve queue KEYS per consumer group. All keys of one call must share one hash
 tag so the module runs on Redis Cluster. Key names are never built here: they all arrive
-through KEYS, and their names are checked before anything is read or written: a queue's eleven
-are "<base>:ring" ... "<base>:leases" in the order below, one base for all; KEYS[12] is
+through KEYS, and their names are checked before anything is read or written: a queue's twelve
+are "<base>:ring" ... "<base>:scheduled" in the order below, one base for all; KEYS[13] is
 "<base>:payloads" (a topic group: the topic's bodies) or push_chunk's marker under "<base>:",
-KEYS[13] "<base>:items". Anything else: ROTATOR_KEYS, nothing written.
+KEYS[14] "<base>:items". Anything else: ROTATOR_KEYS, nothing written.
 
 KEYS
   KEYS[1]  ring       LIST  pending job ids and deferred jobs, plus one sentinel; consumers
@@ -33,14 +33,15 @@ KEYS
   KEYS[10] pushlog    LIST  "<pushed>:<ms>" push checkpoints, newest first (pending age)
   KEYS[11] leases     LIST  the jobs in flight: leases and packed batches, newest at the head,
                             walked from the tail in deadline order (see LEASES)
-  KEYS[12] payloads   HASH  id -> payload; pushp/nextp/ackp only (a topic group: its bodies);
+  KEYS[12] scheduled  ZSET  id -> due ms: jobs pushed for later (see SCHEDULED)
+  KEYS[13] payloads   HASH  id -> payload; pushp/nextp/ackp only (a topic group: its bodies);
                             push_chunk takes its marker hash here instead
-  KEYS[13] items      HASH  id -> "<enqueued ms>:<deliveries>:<last delivery ms>:<last error>"
+  KEYS[14] items      HASH  id -> "<enqueued ms>:<deliveries>:<last delivery ms>:<last error>"
                             per-item stats, kept only by calls given this key (0: unknown)
 
-TOPIC KEYS (then KEYS[5..15] are group 1's eleven queue keys, KEYS[16..26] group 2's, ...)
+TOPIC KEYS (then KEYS[5..16] are group 1's twelve queue keys, KEYS[17..28] group 2's, ...)
   KEYS[1]  topic      HASH  seq (last message seq), ms (last message ms), bytes (retained)
-  KEYS[2]  groups     HASH  group name -> its ring key (KEYS[1] of its eleven queue keys)
+  KEYS[2]  groups     HASH  group name -> its ring key (KEYS[1] of its twelve queue keys)
   KEYS[3]  log        ZSET  retained message ids, scored by seq
   KEYS[4]  bodies     HASH  message id -> payload, for the retained messages only
   A message id is "<ms>-<seq>": ms from TIME (never lower than the last id's), seq counts up
@@ -48,7 +49,7 @@ TOPIC KEYS (then KEYS[5..15] are group 1's eleven queue keys, KEYS[16..26] group
   `expired`, the ids its backlog bound dropped (tpublish).
   Key names follow one layout: KEYS[1..4] are "<base>:topic:meta", "<base>:topic:groups",
   "<base>:topic:log" and "<base>:topic:bodies" (base: "<prefix>:{<topic>}"), and group
-  GROUP's eleven are "<base>:group:<GROUP>:<role>" with the roles in the order of KEYS above.
+  GROUP's twelve are "<base>:group:<GROUP>:<role>" with the roles in the order of KEYS above.
   Every topic command checks the names (not the contents) before writing anything and
   refuses other keys with ROTATOR_KEYS.
 
@@ -93,12 +94,36 @@ LEASES (how a claim avoids the jobs in flight)
   (meta rpasses), the lease list once every element it held has been visited (meta lpass,
   lskip, lpasses); a list holding nothing needs no pass.
 
+SCHEDULED (jobs pushed for later)
+  push_later keeps its ids out of the ring, in KEYS[12] scored by due ms (server TIME); meta
+  smin holds a time no later than the earliest. The first next (next_packed, nextp) called
+  once smin has come moves the due ids (at most 1000 per call, earliest first) to the ring
+  as a push does, so they queue behind what is pending, then leases as usual: O(log n) per
+  job, and scheduled jobs cost a claim of ready ones nothing. An idle reply's wait_ms counts
+  down to smin too, so a consumer blocked on KEYS[8] wakes when the earliest scheduled job
+  falls due; a push_later that brings smin forward pushes a wake-up.
+
 COMMANDS (ARGV[1]; numbers are decimal integers)
   push ID [ID ...]
     Appends pending ids (at most 5000 per call); all or nothing. Wakes idle consumers.
     reply: number pushed
     errors: ROTATOR_BADID, ROTATOR_TOOMANY
-  push_chunk CHUNK TTL_MS ID [ID ...]                     (KEYS 1..11, KEYS[12] a marker hash)
+  push_later IN|AT TIME ID [ID ...]
+    Schedules ids to be pushed TIME ms from now (IN), or at the unix ms TIME (AT; server TIME),
+    at most ten years ahead (315360000000 ms); a time passed is due at once (see SCHEDULED).
+    An id already scheduled moves to the new time: one scheduled job per id. At most 5000
+    ids; all or nothing.
+    reply: number scheduled
+    errors: ROTATOR_BADARG, ROTATOR_BADID, ROTATOR_TOOMANY
+  pause
+    next, next_packed and nextp lease nothing (nor reclaim expired leases) until resume: they
+    take their acks and reply idle with wait_ms -1. Pushes, acks, nacks, extends and leases
+    already out go on as before.
+    reply: 1, or 0 when the queue was paused already
+  resume
+    Ends a pause and wakes idle consumers.
+    reply: 1, or 0 when the queue was not paused
+  push_chunk CHUNK TTL_MS ID [ID ...]                     (KEYS 1..12, KEYS[13] a marker hash)
     push, once per chunk of a bulk load: only when the marker's field `chunks` (0 when
     absent) equals CHUNK; then `chunks` becomes CHUNK + 1 and the marker expires in TTL_MS.
     A chunk the marker already counts pushes nothing, so a retried loader pushes no id twice.
@@ -150,20 +175,20 @@ COMMANDS (ARGV[1]; numbers are decimal integers)
     is revoked.
     reply: {ok1, ok2, ...}  1 = requeued, 0 = lease lost (re-issued, acked or unknown queue)
     errors: ROTATOR_BADARG, ROTATOR_BADTOKEN, ROTATOR_TOOMANY
-  bury ERROR TOKEN [TOKEN ...]                                   (KEYS 1..11, or 1..13)
+  bury ERROR TOKEN [TOKEN ...]                                   (KEYS 1..12, or 1..14)
     Sends live leases to the dead letters with ERROR (at most 4096 bytes; may be empty):
     each is marked "f<ERROR>" and revoked (with its batch), as by nack, and the walk that
     reaches its element writes the letter "failed*<deliveries>*<ms>*<id>*<ERROR>" (a
     sweep reaches it at once; stats counts it as done meanwhile). For a worker's last
     failure, instead of a nack that the next visit would dead-letter without the error.
-    With KEYS[13]: also records ERROR as each job's last error, as nackp does.
+    With KEYS[14]: also records ERROR as each job's last error, as nackp does.
     reply: {ok1, ok2, ...}  1 = buried, 0 = lease lost (as nack)
     errors: ROTATOR_BADARG, ROTATOR_BADTOKEN, ROTATOR_TOOMANY
   extend LEASE_MS TOKEN [TOKEN ...]
     Moves each lease's deadline to now + LEASE_MS (1..86400000).
     reply: {deadline_ms, ok1, ok2, ...}  1 = extended, 0 = lease lost
     errors: ROTATOR_BADARG, ROTATOR_BADTOKEN, ROTATOR_TOOMANY
-  delete [FORGET]                                            (KEYS 1..11, 1..12 or 1..13)
+  delete [FORGET]                                            (KEYS 1..12, 1..13 or 1..14)
     Removes every key given (in the background: UNLINK), keeping only the seq of KEYS[9], so
     that a queue made again under the name never hands out a token of this one. FORGET 1
     removes that too (a name never used again).
@@ -183,14 +208,15 @@ COMMANDS (ARGV[1]; numbers are decimal integers)
   stats
     reply: {"length", n, "pending", n, "in_flight", n, "done", n, "deferred", n, "dead", n,
             "oldest_pending_age_ms", n (-1 when nothing is pending),
-            "overdue", n, "overdue_capped", 0|1}
+            "overdue", n, "overdue_capped", 0|1, "scheduled", n, "paused", 0|1}
     Jobs: length = pending + in_flight + done + deferred + overdue. pending: pushed, never
     leased; in_flight: leased, deadline not passed; done: acked, element not yet removed;
     deferred: given back, waiting for its delay (or for the walk, once due); overdue: lease
     past its deadline, not yet reclaimed, counted from the lease list's tail (at most 100
     elements and 1000 jobs: overdue_capped 1 says the count is a lower bound).
     O(1) but for that bounded tail: counters kept in meta (marked_n, marked_a and their
-    _old), never a whole read.
+    _old), never a whole read. scheduled: jobs waiting in KEYS[12] (push_later), not counted
+    in length.
   peek COUNT
     The COUNT (1..1000) elements nearest the ring's tail, tail first, then the lease list's
     from its tail, without changing anything; a packed batch shows as the leases it stands
@@ -225,32 +251,37 @@ COMMANDS (ARGV[1]; numbers are decimal integers)
   requeue_dead_from START COUNT [ID ...]
     requeue_dead from the dead letter at index START on (0: the oldest).
     reply: {requeued, next}  call again with START = next until next is -1
-  pushp ID PAYLOAD [ID PAYLOAD ...]                                (KEYS 1..12, or 1..13)
-    push, and stores each payload under its id in KEYS[12] (an id pushed again gets the new
-    payload). At most 2500 pairs; all or nothing. With KEYS[13]: starts each id's stats.
+  pushp ID PAYLOAD [ID PAYLOAD ...]                                (KEYS 1..13, or 1..14)
+    push, and stores each payload under its id in KEYS[13] (an id pushed again gets the new
+    payload). At most 2500 pairs; all or nothing. With KEYS[14]: starts each id's stats.
     reply: number pushed
     errors: ROTATOR_BADARG, ROTATOR_BADID, ROTATOR_TOOMANY
-  nextp COUNT LEASE_MS BUDGET MAX_DELIVERIES DROP [ACK_TOKEN ...]   (KEYS 1..12, or 1..13)
-    next, with each job's payload read from KEYS[12] in the same call. DROP 1 deletes the
+  nextp COUNT LEASE_MS BUDGET MAX_DELIVERIES DROP [ACK_TOKEN ...]   (KEYS 1..13, or 1..14)
+    next, with each job's payload read from KEYS[13] in the same call. DROP 1 deletes the
     payloads (and stats) of the ACK_TOKENs accepted (a plain queue: no batch acks, each
-    job's id is needed); 0 keeps them (a topic group). With KEYS[13]: notes each delivery (count and time) in the job's stats.
+    job's id is needed); 0 keeps them (a topic group). With KEYS[14]: notes each delivery (count and time) in the job's stats.
     reply: {idle, wait_ms, acked, token1, reclaimed1, payload1, ...}; payload nil if none
     errors: ROTATOR_BADARG, ROTATOR_BADTOKEN, ROTATOR_TOOMANY
-  ackp TOKEN [TOKEN ...]                                            (KEYS 1..12, or 1..13)
+  ackp TOKEN [TOKEN ...]                                            (KEYS 1..13, or 1..14)
     ack (no batch acks), and deletes the payloads (and stats) of the accepted tokens' ids.
     reply: number accepted
     errors: ROTATOR_BADTOKEN, ROTATOR_TOOMANY
-  pushi ID [ID ...]                                                 (KEYS 1..13)
+  pushi ID [ID ...]                                                 (KEYS 1..14)
     push, and starts each id's stats (enqueued now, no deliveries): a queue with stats but
     without payloads.
     reply: number pushed
     errors: ROTATOR_BADID, ROTATOR_TOOMANY
-  nackp DELAY_MS ERROR TOKEN [TOKEN ...]                            (KEYS 1..13)
+  nackp DELAY_MS ERROR TOKEN [TOKEN ...]                            (KEYS 1..14)
     nack, and records ERROR (at most 4096 bytes) as the last error of each job given back.
     reply: {ok1, ok2, ...} as nack
     errors: ROTATOR_BADARG, ROTATOR_BADTOKEN, ROTATOR_TOOMANY
-  items ID [ID ...]                                                 (KEYS 1..13)
-    reply: each id's stats string (see KEYS[13]), nil for an id without stats
+  pushp_later IN|AT TIME ID PAYLOAD [ID PAYLOAD ...]                (KEYS 1..13, or 1..14)
+    push_later, storing each payload now as pushp does (an id scheduled again gets the new
+    payload). At most 2500 pairs; all or nothing.
+    reply: number scheduled
+    errors: ROTATOR_BADARG, ROTATOR_BADID, ROTATOR_TOOMANY
+  items ID [ID ...]                                                 (KEYS 1..14)
+    reply: each id's stats string (see KEYS[14]), nil for an id without stats
     errors: ROTATOR_BADID, ROTATOR_TOOMANY
   tpublish MAXLEN MAXAGE_MS PAYLOAD [PAYLOAD ...]                 (TOPIC KEYS + every group)
     Stores 1..1000 payloads as new messages and pushes their ids onto every group's ring, in
@@ -271,7 +302,7 @@ COMMANDS (ARGV[1]; numbers are decimal integers)
     reply: {added (1 or 0), last_seq}  messages up to last_seq are not pushed to it
     errors: ROTATOR_BADARG, ROTATOR_TOOMANY
   tunsubscribe GROUP                                              (TOPIC KEYS + that group)
-    Forgets GROUP and deletes its eleven queue keys (UNLINK: freed in the background).
+    Forgets GROUP and deletes its twelve queue keys (UNLINK: freed in the background).
     reply: 1, or 0 when it was not registered
     errors: ROTATOR_BADARG
   treplay GROUP FROM_SEQ TO_SEQ COUNT                             (TOPIC KEYS + that group)
@@ -300,24 +331,28 @@ ERRORS (replies start with the code)
 
 REDIS-CLI
   SHA=$(redis-cli -x SCRIPT LOAD < lua/rotator.lua)
-  Q="rotator:{orders}:ring rotator:{orders}:done rotator:{orders}:done_old rotator:{orders}:marks rotator:{orders}:marks_old rotator:{orders}:revoked rotator:{orders}:dead rotator:{orders}:wake rotator:{orders}:meta rotator:{orders}:pushlog rotator:{orders}:leases"
-  redis-cli EVALSHA $SHA 11 $Q push job-1 job-2
-  redis-cli EVALSHA $SHA 11 $Q next 10 30000 1000 5
-  redis-cli EVALSHA $SHA 11 $Q ack 'job-1*1732233600000.1.000001'
-  redis-cli EVALSHA $SHA 11 $Q ack '*1732233600000.1.0/2'     # job-1 and job-2 at once
-  redis-cli EVALSHA $SHA 11 $Q stats
+  Q="rotator:{orders}:ring rotator:{orders}:done rotator:{orders}:done_old rotator:{orders}:marks rotator:{orders}:marks_old rotator:{orders}:revoked rotator:{orders}:dead rotator:{orders}:wake rotator:{orders}:meta rotator:{orders}:pushlog rotator:{orders}:leases rotator:{orders}:scheduled"
+  redis-cli EVALSHA $SHA 12 $Q push job-1 job-2
+  redis-cli EVALSHA $SHA 12 $Q next 10 30000 1000 5
+  redis-cli EVALSHA $SHA 12 $Q ack 'job-1*1732233600000.1.000001'
+  redis-cli EVALSHA $SHA 12 $Q ack '*1732233600000.1.0/2'     # job-1 and job-2 at once
+  redis-cli EVALSHA $SHA 12 $Q stats
+  redis-cli EVALSHA $SHA 12 $Q push_later IN 30000 job-5     # delivered in 30 s
+  redis-cli EVALSHA $SHA 12 $Q push_later AT 1764579600000 job-6
+  redis-cli EVALSHA $SHA 12 $Q pause
+  redis-cli EVALSHA $SHA 12 $Q resume
   P="$Q rotator:{orders}:payloads"
-  redis-cli EVALSHA $SHA 12 $P pushp job-3 '{"n":3}'
-  redis-cli EVALSHA $SHA 12 $P nextp 10 30000 1000 5 1
+  redis-cli EVALSHA $SHA 13 $P pushp job-3 '{"n":3}'
+  redis-cli EVALSHA $SHA 13 $P nextp 10 30000 1000 5 1
   I="$P rotator:{orders}:items"
-  redis-cli EVALSHA $SHA 13 $I pushi job-4
-  redis-cli EVALSHA $SHA 13 $I items job-4
+  redis-cli EVALSHA $SHA 14 $I pushi job-4
+  redis-cli EVALSHA $SHA 14 $I items job-4
   T="rotator:{news}:topic:meta rotator:{news}:topic:groups"
   T="$T rotator:{news}:topic:log rotator:{news}:topic:bodies"
-  G=$(for r in ring done done_old marks marks_old revoked dead wake meta pushlog leases; do
+  G=$(for r in ring done done_old marks marks_old revoked dead wake meta pushlog leases scheduled; do
         printf 'rotator:{news}:group:mail:%s ' $r; done)
-  redis-cli EVALSHA $SHA 15 $T $G tsubscribe mail
-  redis-cli EVALSHA $SHA 15 $T $G tpublish 100000 0 'hello' 'world'
+  redis-cli EVALSHA $SHA 16 $T $G tsubscribe mail
+  redis-cli EVALSHA $SHA 16 $T $G tpublish 100000 0 'hello' 'world'
   redis-cli EVALSHA $SHA 4 $T tseek 1732233600000
 ]]
 
@@ -328,9 +363,10 @@ REDIS-CLI
 --    4. Queue state       counters, side-structure sizes and pushes, on any queue's keys
 --    5. Acks              acking tokens and batch acks, for ack, next and ackp
 --    6. The walk engine   one walk over the ring's tail, for next, next_packed and sweep
---    7. Queue commands    push push_chunk next next_packed ack nack extend sweep delete
+--    7. Queue commands    push push_chunk push_later pause resume next next_packed ack nack
+--                         extend sweep delete
 --                         configure stats peek scan dead requeue_dead requeue_dead_from
---    8. Payloads          pushp nextp ackp, and item stats: pushi nackp items
+--    8. Payloads          pushp pushp_later nextp ackp, and item stats: pushi nackp items
 --    9. Topics            tpublish tsubscribe tunsubscribe treplay tseek ttrim tstats
 --                         (8 and 9 are defined on first use, by M.define_extensions)
 --   10. Dispatch          the command table, the KEYS by name, main
@@ -369,6 +405,10 @@ local LIMIT = {
   -- expired whole is one revocation for all its jobs (visit_packed).
   revokes = 250,
   fast_acks = 8, -- batch acks the short way of next takes at most (M.fast_lease)
+  -- Scheduled jobs one next moves to the ring at most once due (about 1 us each), and how
+  -- far ahead a job may be scheduled (ten years).
+  promote = 1000,
+  schedule_ms = 3650 * 86400000,
   -- stats counts overdue leases from the lease list's tail: at most this many elements, and
   -- batch_bytes of them, and LIMIT.count tokens looked up (then its count is a lower bound).
   overdue_look = 100,
@@ -412,13 +452,13 @@ local LIMIT = {
 
 -- The KEYS of one queue (ring .. pushlog, the header's order), and a topic call's own KEYS,
 -- which its groups' queue KEYS follow.
-local QUEUE_KEYS = 11
+local QUEUE_KEYS = 12
 local TOPIC_KEYS = 4
 -- A queue's key names are "<base>:<role>", one base for all (rotator/keys.py builds them):
 -- the name of the ring, less ":ring", and these endings in KEYS order.
 local QUEUE_ROLES = {
   ':ring', ':done', ':done_old', ':marks', ':marks_old', ':revoked', ':dead', ':wake', ':meta',
-  ':pushlog', ':leases',
+  ':pushlog', ':leases', ':scheduled',
 }
 
 -- The element grammar: the sentinel, and the bytes that tell elements and marks apart (locals:
@@ -617,7 +657,7 @@ function M.read_meta(K)
   local m = M.read('HMGET', K.meta, 'seq', 'lapnext', 'qstart', 'qmin', 'pushed', 'taken',
     'lapguess', 'qlen', 'packed', 'origin', 'fence_ms', 'fence_max', 'dead_max', 'dead_age_ms',
     'marked_n', 'marked_a', 'marked_n_old', 'marked_a_old',
-    'lmin', 'lstop', 'lpass', 'lskip', 'rpasses', 'lpasses')
+    'lmin', 'lstop', 'lpass', 'lskip', 'rpasses', 'lpasses', 'smin', 'paused')
   local seq = tonumber(m[1]) or M.now_ms()
   return {
     -- origin: the first seq of the queue as it is now (see refused_among)
@@ -632,6 +672,9 @@ function M.read_meta(K)
     -- and the passes of both lists since the acks and marks last aged.
     lmin = tonumber(m[19]), lstop = tonumber(m[20]), lpass = tonumber(m[21]),
     lskip = tonumber(m[22]), rpasses = tonumber(m[23]) or 0, lpasses = tonumber(m[24]) or 0,
+    -- No later than the earliest due time of the scheduled jobs (see SCHEDULED); paused: see
+    -- pause.
+    smin = tonumber(m[25]), paused = m[26] == '1',
     lapnext = tonumber(m[2]), qstart = tonumber(m[3]),
     qmin = tonumber(m[4]), pushed = tonumber(m[5]) or 0, taken = tonumber(m[6]) or 0,
     lapguess = m[7] == '1' or not tonumber(m[2]), qlen = tonumber(m[8]),
@@ -1618,13 +1661,13 @@ function M.push_ids(first, before_write)
   return n, now
 end
 
--- push, once per chunk of a bulk load whose progress the marker hash (the eleventh key) records in
+-- push, once per chunk of a bulk load whose progress the marker hash (the thirteenth key) records in
 -- its field `chunks`: a retried or duplicated loader (a Spark task run twice) pushes nothing
 -- twice, however its attempts interleave.
 function M.push_chunk()
   local chunk = M.int_arg(2, 'CHUNK', 0, LIMIT.no_bound)
   local ttl = M.int_arg(3, 'TTL_MS', 1, LIMIT.no_bound)
-  local marker = K.payloads -- the eleventh key: push_chunk takes its marker hash there
+  local marker = K.payloads -- the thirteenth key: push_chunk takes its marker hash there
   local chunks = tonumber(M.read('HMGET', marker, 'chunks')[1]) or 0
   if chunks > chunk then
     M.check_ids(4)
@@ -1638,6 +1681,75 @@ function M.push_chunk()
   rcall('HSET', marker, 'chunks', chunk + 1)
   rcall('PEXPIRE', marker, ttl)
   return { pushed, chunk + 1 }
+end
+
+-- push_later's arguments: the due time (ms, server TIME) of IN DELAY_MS or AT AT_MS at
+-- A[2..3], checked, and the time now.
+function M.due_arg()
+  local mode = A[2]
+  if mode ~= 'IN' and mode ~= 'AT' then
+    M.refuse('ROTATOR_BADARG', 'expected IN DELAY_MS or AT AT_MS, got ' .. M.printable(mode))
+  end
+  local most = LIMIT.schedule_ms
+  local time = M.int_arg(3, mode == 'IN' and 'DELAY_MS' or 'AT_MS', 0,
+    mode == 'IN' and most or LIMIT.no_bound)
+  local now = M.now_ms()
+  local due = mode == 'IN' and now + time or time
+  if due > now + most then
+    M.refuse('ROTATOR_BADARG', 'AT_MS ' .. time .. ' is more than ' .. most ..
+      ' ms after the server\'s time ' .. now)
+  end
+  return due, now
+end
+
+function M.push_later()
+  local due = M.due_arg()
+  M.check_ids(4)
+  local ids = { unpack(A, 4) }
+  if #ids == 0 then return 0 end
+  M.schedule_ids(ids, due, M.read_schedule_keys())
+  return #ids
+end
+
+-- Reads (and so checks) what schedule_ids writes.
+function M.read_schedule_keys()
+  M.read('ZCARD', K.scheduled)
+  M.read('LLEN', K.wake)
+  return tonumber(M.read('HMGET', K.meta, 'smin')[1])
+end
+
+-- Schedules `ids` (checked) for `due`: an id scheduled already moves to `due`. A due time
+-- sooner than any before (`smin`, from read_schedule_keys) wakes an idle consumer, which
+-- then waits for it.
+function M.schedule_ids(ids, due, smin)
+  local args = {}
+  for i = 1, #ids do
+    args[#args + 1] = due
+    args[#args + 1] = ids[i]
+  end
+  M.call_all('ZADD', K.scheduled, args)
+  if not smin or due < smin then
+    rcall('HSET', K.meta, 'smin', due)
+    M.wake_one()
+  end
+end
+
+function M.pause()
+  local was = M.read('HMGET', K.meta, 'paused')[1]
+  rcall('HSET', K.meta, 'paused', '1')
+  return was == '1' and 0 or 1
+end
+
+function M.resume()
+  local was = M.read('HMGET', K.meta, 'paused')[1]
+  M.read('LLEN', K.wake)
+  if was ~= '1' then return 0 end
+  rcall('HDEL', K.meta, 'paused')
+  local tokens = {}
+  for i = 1, LIMIT.wake_tokens do tokens[i] = '1' end
+  rcall('LPUSH', K.wake, unpack(tokens))
+  rcall('LTRIM', K.wake, 0, LIMIT.wake_tokens - 1)
+  return 1
 end
 
 function M.next()
@@ -1658,6 +1770,11 @@ function M.lease(first, batches, compact)
   local max_deliveries = M.int_arg(5, 'MAX_DELIVERIES', 0, LIMIT.max_deliveries)
   M.check_tokens(first, false, batches)
   local state = M.read_walk_state()
+  if state.meta.paused then return M.lease_paused(first, compact, state) end
+  if state.meta.smin and state.meta.smin <= state.now then
+    M.promote(state.meta, state.length, state.now)
+    state = M.read_walk_state()
+  end
   if FAST_LEASE then
     local reply = M.fast_lease(first, count, lease, budget, compact, state)
     if reply then return reply, {} end
@@ -1668,6 +1785,7 @@ function M.lease(first, batches, compact)
   local reply = compact and { 0, -1, acked, '' } or { 0, -1, acked }
   if s.length == 0 and s.lease_length == 0 then
     reply[1] = 1
+    if s.meta.smin then reply[2] = math.max(s.meta.smin - s.now, 1) end
     return reply, accepted
   end
   s.reply, s.compact = reply, compact
@@ -1685,10 +1803,52 @@ function M.lease(first, batches, compact)
     rcall('DEL', K.wake)
     reply[1] = 1
   end
-  local soonest = s.qmin
-  if s.lmin and (not soonest or s.lmin < soonest) then soonest = s.lmin end
+  local soonest = M.soonest(s.qmin, s.lmin, s.meta.smin)
   if soonest then reply[2] = soonest - s.now end
   return reply, accepted
+end
+
+-- The earliest of the times given (nil ones skipped): when something next falls due.
+function M.soonest(a, b, c)
+  local soonest = a
+  if b and (not soonest or b < soonest) then soonest = b end
+  if c and (not soonest or c < soonest) then soonest = c end
+  return soonest
+end
+
+-- next on a paused queue: takes the acks, leases nothing, and idles (pause).
+function M.lease_paused(first, compact, state)
+  local sides = state.sides
+  sides.lstop_was = sides.lstop
+  local acked, accepted = M.ack_tokens(first, state.length + state.lease_length, sides)
+  M.write_acked(sides)
+  -- Wake-ups pushed meanwhile would only spin the idle consumers: resume wakes them.
+  rcall('DEL', K.wake)
+  return compact and { 1, -1, acked, '' } or { 1, -1, acked }, accepted
+end
+
+-- Moves the scheduled jobs that are due (at most LIMIT.promote, earliest first) to the ring,
+-- as push does, and notes the next due time. `length`: the ring's length.
+function M.promote(meta, length, now)
+  local due = M.read('ZRANGEBYSCORE', K.scheduled, '-inf', now, 'LIMIT', 0, LIMIT.promote)
+  local head = M.read_push_keys(K)
+  if #due > 0 then
+    rcall('ZREM', K.scheduled, unpack(due))
+    M.ensure_ring(K, length)
+    rcall('LPUSH', K.ring, unpack(due))
+    M.record_push(K, meta, #due, now, head)
+  end
+  M.note_scheduled()
+end
+
+-- Notes in meta smin the earliest due time of the scheduled jobs (none: no field).
+function M.note_scheduled()
+  local first = rcall('ZRANGE', K.scheduled, 0, 0, 'WITHSCORES')
+  if first[2] then
+    rcall('HSET', K.meta, 'smin', first[2])
+  else
+    rcall('HDEL', K.meta, 'smin')
+  end
 end
 
 -- A call's walks: the lease list's when it is due, then the ring's, within one budget.
@@ -1858,8 +2018,7 @@ function M.fast_lease(first, count, lease, budget, compact, state)
       reply[#reply + 1] = 0
     end
   end
-  local soonest = qmin
-  if lmin and (not soonest or lmin < soonest) then soonest = lmin end
+  local soonest = M.soonest(qmin, lmin, meta.smin)
   if soonest then reply[2] = soonest - now end
   return reply
 end
@@ -2178,7 +2337,11 @@ function M.configure()
 end
 
 function M.stats()
-  return M.queue_stats(K)
+  local reply = M.queue_stats(K)
+  reply[#reply + 1], reply[#reply + 2] = 'scheduled', M.read('ZCARD', K.scheduled)
+  reply[#reply + 1] = 'paused'
+  reply[#reply + 1] = M.read('HMGET', K.meta, 'paused')[1] == '1' and 1 or 0
+  return reply
 end
 
 -- stats of the queue whose keys are K (this call's, or a topic group's for tstats).
@@ -2473,16 +2636,16 @@ end
 -- first use, so an EVAL call of a core command does not pay for creating their functions (a
 -- library defines them once).
 function M.define_extensions()
-  -- The KEYS layout of each command that does not take the eleven queue KEYS.
+  -- The KEYS layout of each command that does not take the twelve queue KEYS.
   M.LAYOUT = {
-    pushp = 'payloads', nextp = 'payloads', ackp = 'payloads',
+    pushp = 'payloads', nextp = 'payloads', ackp = 'payloads', pushp_later = 'payloads',
     pushi = 'items', nackp = 'items', items = 'items',
     tpublish = 'topic', tsubscribe = 'topic', tunsubscribe = 'topic', treplay = 'topic',
     tseek = 'topic', ttrim = 'topic', tstats = 'topic',
   }
 
-  -- pushp nextp ackp keep payloads in the eleventh key; pushi nackp items keep per-item stats
-  -- in the twelfth, which pushp nextp ackp also keep when given it.
+  -- pushp nextp ackp keep payloads in the thirteenth key; pushi nackp items keep per-item stats
+  -- in the fourteenth, which pushp nextp ackp also keep when given it.
 
   -- Ids of accepted tokens (checked tokens: each has a "*" after its id).
   function M.token_ids(tokens)
@@ -2534,7 +2697,7 @@ function M.define_extensions()
     end
   end
 
-  -- Starts the per-item stats (the twelfth key) of ids just pushed: enqueued now, no delivery.
+  -- Starts the per-item stats (the fourteenth key) of ids just pushed: enqueued now, no delivery.
   function M.enqueued(ids, now)
     if not K.items then return end
     local fresh = now .. ':0:0:'
@@ -2576,6 +2739,37 @@ function M.define_extensions()
     rcall('HSET', K.payloads, unpack(A, 2))
     M.call_all('LPUSH', K.ring, ids)
     M.record_push(K, meta, #ids, now, head)
+    M.enqueued(ids, now)
+    return #ids
+  end
+
+  -- pushp, for later (push_later): each payload is stored now. An id scheduled again moves
+  -- (one scheduled job), so only ids not scheduled yet may count as copies (copies_field).
+  function M.pushp_later()
+    local due, now = M.due_arg()
+    if (#A - 3) % 2 == 1 then
+      M.refuse('ROTATOR_BADARG', 'pushp_later takes ID PAYLOAD pairs after the time, got ' ..
+        (#A - 3) .. ' arguments')
+    end
+    M.check_count(4, 'ids and payloads')
+    local ids = {}
+    for i = 4, #A, 2 do
+      if not M.valid_id(A[i]) then M.refuse_id(A[i]) end
+      ids[#ids + 1] = A[i]
+    end
+    if #ids == 0 then return 0 end
+    local smin = M.read_schedule_keys()
+    M.read('HLEN', K.payloads)
+    if K.items then M.read('HLEN', K.items) end
+    local scheduled = rcall('ZMSCORE', K.scheduled, unpack(ids))
+    local fresh, seen = {}, {}
+    for i = 1, #ids do
+      if not scheduled[i] and not seen[ids[i]] then fresh[#fresh + 1] = ids[i] end
+      seen[ids[i]] = true
+    end
+    if #fresh > 0 then M.count_copies(fresh) end
+    rcall('HSET', K.payloads, unpack(A, 4))
+    M.schedule_ids(ids, due, smin)
     M.enqueued(ids, now)
     return #ids
   end
@@ -2670,7 +2864,7 @@ function M.define_extensions()
   local BACKLOG = { cap = 1000000, look = LIMIT.count }
 
   -- The layout rotator/keys.py builds: the topic's KEYS are "<base>:topic:<role>" and group
-  -- GROUP's eleven are "<base>:group:<GROUP>:<role>", in the header's KEYS order, where <base> is
+  -- GROUP's twelve are "<base>:group:<GROUP>:<role>", in the header's KEYS order, where <base> is
   -- "<prefix>:{<topic>}". Checked by name only (no reads) before any write: a call that got
   -- another key in a slot (another group's, a queue's, anything) would write or delete it.
   local TOPIC_SUFFIXES = { ':topic:meta', ':topic:groups', ':topic:log', ':topic:bodies' }
@@ -3018,6 +3212,9 @@ end
 local COMMANDS = {
   push = M.push,
   push_chunk = M.push_chunk,
+  push_later = M.push_later,
+  pause = M.pause,
+  resume = M.resume,
   next = M.next,
   next_packed = M.next_packed,
   ack = M.ack,
@@ -3034,6 +3231,7 @@ local COMMANDS = {
   requeue_dead = M.requeue_dead,
   requeue_dead_from = M.requeue_dead_from,
   pushp = M.pushp,
+  pushp_later = M.pushp_later,
   nextp = M.nextp,
   ackp = M.ackp,
   pushi = M.pushi,
@@ -3048,13 +3246,13 @@ local COMMANDS = {
   tstats = M.tstats,
 }
 
--- The eleven KEYS of a queue after keys[base], by name, in the order of the header.
+-- The twelve KEYS of a queue after keys[base], by name, in the order of the header.
 function M.queue_keys(keys, base)
   return {
     ring = keys[base + 1], done = keys[base + 2], done_old = keys[base + 3],
     marks = keys[base + 4], marks_old = keys[base + 5], revoked = keys[base + 6],
     dead = keys[base + 7], wake = keys[base + 8], meta = keys[base + 9],
-    pushlog = keys[base + 10], leases = keys[base + 11],
+    pushlog = keys[base + 10], leases = keys[base + 11], scheduled = keys[base + 12],
   }
 end
 
@@ -3071,28 +3269,28 @@ function M.check_queue_keys(keys, at)
   end
   if not ok then
     return nil, M.fail('ROTATOR_KEYS', 'keys ' .. (at + 1) .. '..' .. (at + QUEUE_KEYS) ..
-      ' must be one queue\'s <base>:ring <base>:done ... <base>:leases, in that order')
+      ' must be one queue\'s <base>:ring <base>:done ... <base>:scheduled, in that order')
   end
   return base
 end
 
--- The keys after a queue's eleven: its payloads (or, for a topic group, the topic's bodies)
+-- The keys after a queue's twelve: its payloads (or, for a topic group, the topic's bodies)
 -- and its item stats; push_chunk's marker, any other key under the queue's base.
 function M.check_extra_keys(keys, base, marker)
-  local eleventh, twelfth = keys[QUEUE_KEYS + 1], keys[QUEUE_KEYS + 2]
+  local payloads, items = keys[QUEUE_KEYS + 1], keys[QUEUE_KEYS + 2]
   local ok = true
   if marker then
     local known = {}
     for i = 1, QUEUE_KEYS do known[keys[i]] = true end
-    ok = string.sub(eleventh, 1, #base + 1) == base .. ':' and not known[eleventh]
-      and eleventh ~= base .. ':payloads' and eleventh ~= base .. ':items'
-  elseif eleventh then
+    ok = string.sub(payloads, 1, #base + 1) == base .. ':' and not known[payloads]
+      and payloads ~= base .. ':payloads' and payloads ~= base .. ':items'
+  elseif payloads then
     local topic = string.match(base, '^(.*):group:[^:]+$')
-    ok = eleventh == base .. ':payloads' or (topic ~= nil and eleventh == topic .. ':topic:bodies')
+    ok = payloads == base .. ':payloads' or (topic ~= nil and payloads == topic .. ':topic:bodies')
   end
-  if ok and twelfth then ok = twelfth == base .. ':items' end
+  if ok and items then ok = items == base .. ':items' end
   if not ok then
-    return M.fail('ROTATOR_KEYS', 'keys after the queue\'s eleven must be <base>:payloads (a ' ..
+    return M.fail('ROTATOR_KEYS', 'keys after the queue\'s twelve must be <base>:payloads (a ' ..
       'group: the topic\'s bodies) and <base>:items; push_chunk\'s marker a key under <base>:')
   end
 end
@@ -3134,7 +3332,7 @@ local function main(keys, args)
     T = { topic = keys[1], groups = keys[2], log = keys[3], bodies = keys[4] }
   else
     local low, high = QUEUE_KEYS, QUEUE_KEYS
-    -- With payloads, the eleventh key; with item stats, the twelfth too.
+    -- With payloads, the thirteenth key; with item stats, the fourteenth too.
     if layout == 'payloads' then low, high = QUEUE_KEYS + 1, QUEUE_KEYS + 2 end
     if layout == 'items' then low, high = QUEUE_KEYS + 2, QUEUE_KEYS + 2 end
     if handler == M.push_chunk then low, high = QUEUE_KEYS + 1, QUEUE_KEYS + 1 end
@@ -3154,8 +3352,8 @@ local function main(keys, args)
     end
     T, NGROUPS = nil, 0
     K = M.queue_keys(keys, 0)
-    K.payloads = keys[12]
-    K.items = keys[13]
+    K.payloads = keys[13]
+    K.items = keys[14]
   end
   if not handler then
     return M.fail('ROTATOR_BADCMD', 'unknown command ' .. M.printable(args[1]))

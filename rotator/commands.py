@@ -104,7 +104,7 @@ def _flags(reply: Any) -> int:
 
 
 def push(keys: Keys, ids: Sequence[bytes], *, item_stats: bool = False) -> ModuleCall[int]:
-    """``push`` (or ``pushi``, which also starts each id's item stats: KEYS 1..12)."""
+    """``push`` (or ``pushi``, which also starts each id's item stats: KEYS 1..14)."""
     return ModuleCall(keys, [b"pushi" if item_stats else b"push", *ids], _int, True)
 
 
@@ -119,7 +119,7 @@ def next_packed(
 
 
 def ack(keys: Keys, tokens: Sequence[bytes], *, drop_payloads: bool = False) -> ModuleCall[int]:
-    """``ack`` (or ``ackp``, which also deletes the payloads and item stats: KEYS 1..11/12)."""
+    """``ack`` (or ``ackp``, which also deletes the payloads and item stats: KEYS 1..13/14)."""
     return ModuleCall(keys, [b"ackp" if drop_payloads else b"ack", *tokens], _int, True)
 
 
@@ -145,7 +145,7 @@ def _decode_extend(reply: Any) -> tuple[int, list[bool]]:
 
 
 def delete(keys: Keys, forget: bool) -> ModuleCall[bool]:
-    """``delete`` (KEYS 1..10, or with the payloads and item stats, 1..12)."""
+    """``delete`` (KEYS 1..12, or with the payloads and item stats, 1..14)."""
     return ModuleCall(keys, [b"delete", int(forget)], _is_one, True)
 
 
@@ -196,7 +196,7 @@ def requeue_dead_from(
 def push_chunk(
     keys: Keys, chunk: int, ttl_ms: int, ids: Sequence[bytes]
 ) -> ModuleCall[tuple[int, int]]:
-    """``push_chunk`` (KEYS 1..10 and the run's marker hash as KEYS[11]); decoded as
+    """``push_chunk`` (KEYS 1..12 and the run's marker hash as KEYS[13]); decoded as
     ``(pushed, chunks)``: chunk ``chunk`` was pushed now, or by an earlier attempt when
     ``chunks`` is past it and ``pushed`` is 0."""
     return ModuleCall(keys, [b"push_chunk", chunk, ttl_ms, *ids], _decode_pair, True)
@@ -215,7 +215,7 @@ def scan(keys: Keys, start: int, stop: int, count: int) -> ModuleCall[RingPage]:
 
 
 def pushp(keys: Keys, pairs: Sequence[bytes]) -> ModuleCall[int]:
-    """``pushp ID PAYLOAD [ID PAYLOAD ...]`` (KEYS 1..11, or 1..12)."""
+    """``pushp ID PAYLOAD [ID PAYLOAD ...]`` (KEYS 1..13, or 1..14)."""
     return ModuleCall(keys, [b"pushp", *pairs], _int, True)
 
 
@@ -236,7 +236,7 @@ def nextp(
 
 
 def nackp(keys: Keys, delay_ms: int, error: bytes, tokens: Sequence[bytes]) -> ModuleCall[int]:
-    """``nackp`` (KEYS 1..12): nack, recording ``error`` as each job's last error."""
+    """``nackp`` (KEYS 1..14): nack, recording ``error`` as each job's last error."""
     return ModuleCall(keys, [b"nackp", delay_ms, error, *tokens], _flags, True)
 
 
@@ -254,7 +254,7 @@ def _decode_items(reply: Any) -> list[ItemStats | None]:
 def tpublish(
     keys: Keys, max_len: int, max_age_ms: int, payloads: Sequence[bytes]
 ) -> ModuleCall[list[str]]:
-    """``tpublish`` (TOPIC KEYS + every group's eleven keys); decoded as the message ids."""
+    """``tpublish`` (TOPIC KEYS + every group's twelve keys); decoded as the message ids."""
     return ModuleCall(keys, [b"tpublish", max_len, max_age_ms, *payloads], _decode_texts)
 
 

@@ -115,7 +115,7 @@ class Rotator(QueueView):
         return cls(server.client(), name, **options)
 
     def _call(self, *args: Any) -> Any:
-        """One raw module call with the queue's eleven keys (for tests and debugging)."""
+        """One raw module call with the queue's twelve keys (for tests and debugging)."""
         return self._sender.perform(commands.raw(self.keys.all, args))
 
     def server_warnings(self) -> list[str]:

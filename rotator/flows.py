@@ -564,5 +564,5 @@ class TopicView:
         return self._flows.retention
 
     def group_keys(self, group: str) -> QueueKeys:
-        """Group ``group``'s eleven queue keys."""
+        """Group ``group``'s twelve queue keys."""
         return self.keys.group(group)

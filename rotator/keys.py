@@ -25,6 +25,7 @@ KEY_ROLES = (
     "meta",
     "pushlog",
     "leases",
+    "scheduled",
 )
 
 # No braces (they would break the hash tag), no glob characters (they would widen ACL key
@@ -34,13 +35,13 @@ _NAME = re.compile(r"[A-Za-z0-9._:@/-]{1,128}")
 
 @dataclass(frozen=True, slots=True)
 class QueueKeys:
-    """The eleven keys of one queue, in KEYS order, and where its payloads live (KEYS[12] of
+    """The twelve keys of one queue, in KEYS order, and where its payloads live (KEYS[13] of
     pushp/nextp/ackp): the queue's own hash, or for a topic group the topic's bodies."""
 
     name: str
     all: tuple[str, ...]
     payloads: str = ""
-    items: str = ""  # per-item stats (KEYS[13]); "" where there are none (a topic group)
+    items: str = ""  # per-item stats (KEYS[14]); "" where there are none (a topic group)
 
     @property
     def with_payloads(self) -> tuple[str, ...]:
@@ -61,6 +62,10 @@ class QueueKeys:
     @property
     def leases(self) -> str:
         return self.all[10]
+
+    @property
+    def scheduled(self) -> str:
+        return self.all[11]
 
     @property
     def wake(self) -> str:
@@ -125,7 +130,7 @@ class TopicKeys:
         return self.all[3]
 
     def group(self, group: str) -> QueueKeys:
-        """Group ``group``'s eleven queue keys (``<prefix>:{<topic>}:group:<group>:<role>``);
+        """Group ``group``'s twelve queue keys (``<prefix>:{<topic>}:group:<group>:<role>``);
         its payloads are the topic's bodies."""
         validate_group_name(group)
         base = f"{self.prefix}:{{{self.name}}}:group:{group}"

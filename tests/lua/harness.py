@@ -175,7 +175,8 @@ class RedisStub:
             b"ZMSCORE": (-3, self._zmscore),
             b"HGETALL": (2, self._hgetall),
             b"HSTRLEN": (3, self._hstrlen),
-            b"ZRANGE": (4, self._zrange),
+            b"ZRANGE": (-4, self._zrange),
+            b"ZREM": (-3, self._zrem),
             b"ZRANGEBYSCORE": (-4, self._zrangebyscore),
             b"ZREMRANGEBYRANK": (4, self._zremrangebyrank),
             b"PEXPIRE": (3, self._pexpire),
@@ -444,10 +445,29 @@ class RedisStub:
         return [m for m, _ in sorted(members.items(), key=lambda item: (item[1], item[0]))]
 
     def _zrange(self, args: list[bytes]) -> Reply:
+        options = [option.upper() for option in args[3:]]
+        if options not in ([], [b"WITHSCORES"]):
+            raise StubError("ZRANGE supports only WITHSCORES in the stub")
         start, stop = parse_int(args[1]), parse_int(args[2])
         ordered = self._zsorted(args[0])
         span = _clamp_range(len(ordered), start, stop)
-        return [] if span is None else list[Reply](ordered[span[0] : span[1] + 1])
+        chosen = [] if span is None else ordered[span[0] : span[1] + 1]
+        if not options:
+            return list[Reply](chosen)
+        members = self._zset(args[0]) or ZSet()
+        return [item for m in chosen for item in (m, format_double(members[m]))]
+
+    def _zrem(self, args: list[bytes]) -> Reply:
+        members = self._zset(args[0])
+        if members is None:
+            return 0
+        removed = 0
+        for member in args[1:]:
+            if member in members:
+                del members[member]
+                removed += 1
+        self._vacuum(args[0])
+        return removed
 
     def _zrangebyscore(self, args: list[bytes]) -> Reply:
         key, low_raw, high_raw, *rest = args
@@ -671,7 +691,7 @@ def _error_text(value: Any) -> str:
 
 
 class Harness:
-    """The real module on a RedisStub, with one queue's eleven keys and a fake clock."""
+    """The real module on a RedisStub, with one queue's twelve keys and a fake clock."""
 
     def __init__(self, name: str = "q", now_ms: int = START_MS, path: Path = MODULE_PATH) -> None:
         self.stub = RedisStub(now_ms)
@@ -688,7 +708,7 @@ class Harness:
         self.stub.advance(ms)
 
     def call(self, *argv: bytes | str | int) -> Reply:
-        """Run one command of the module on this queue's eleven keys."""
+        """Run one command of the module on this queue's twelve keys."""
         return self.script.run(self.keys, argv)
 
     def call_keys(self, keys: Sequence[bytes | str], *argv: bytes | str | int) -> Reply:

@@ -149,7 +149,7 @@ def revoked(b: Backend, token: str) -> bool:
 def stats(b: Backend) -> dict[str, int]:
     reply = b.call("stats")
     assert isinstance(reply, list), reply
-    assert len(reply) == 18, reply
+    assert len(reply) == 22, reply
     names, values = reply[0::2], reply[1::2]
     assert all(isinstance(v, int) for v in values), reply
     got = {str(k): int(v) for k, v in zip(names, values, strict=True) if isinstance(v, int)}
@@ -1114,6 +1114,8 @@ def stats_follow_a_job_through_its_lifecycle(b: Backend) -> None:
         "oldest_pending_age_ms": -1,
         "overdue": 0,
         "overdue_capped": 0,
+        "scheduled": 0,
+        "paused": 0,
     }
     assert stats(b) == zero
 
@@ -1219,7 +1221,140 @@ def oldest_pending_age_survives_many_push_checkpoints(b: Backend) -> None:
     assert s["oldest_pending_age_ms"] == want, f"{s} (want oldest {want})"
 
 
-# -- payloads (the twelfth key) --------------------------------------------------------------
+# -- scheduled jobs (push_later) and pause ----------------------------------------------------
+
+
+def later(b: Backend, mode: str, ms: int, *ids: str) -> None:
+    assert b.call("push_later", mode, ms, *ids) == len(ids)
+
+
+@scenario
+def push_later_is_not_delivered_before_its_time(b: Backend) -> None:
+    before = b.now_ms()
+    later(b, "IN", DELAY, "x")
+    after = b.now_ms()
+    assert stats(b)["scheduled"] == 1
+    assert stats(b)["length"] == 0  # not in the ring yet
+    within(int(b.zscores("scheduled")["x"]), before + DELAY, after + DELAY)
+    got = nxt(b)
+    assert (got.jobs, got.idle) == ([], 1)
+    within(got.wait_ms, 1, DELAY)  # an idle consumer blocks until it falls due
+    b.sleep_ms(DELAY + 60)
+    got = nxt(b)
+    assert [(t.id, t.n, r) for t, r in got.jobs] == [("x", 1, 0)]
+    assert stats(b)["scheduled"] == 0
+    assert b.key_state(b.keys[N_QUEUE_KEYS - 1]) == ("none", None)
+    assert "smin" not in b.hgetall("meta")
+
+
+@scenario
+def a_due_scheduled_job_queues_behind_the_pending_ones(b: Backend) -> None:
+    push(b, "a", "b")
+    later(b, "AT", 0, "c")  # a time passed: due at once
+    later(b, "AT", b.now_ms() + 60_000, "d")
+    assert nxt(b, 10).ids == ["a", "b", "c"]
+    assert stats(b)["scheduled"] == 1
+    assert b.hgetall("meta")["smin"] == str(int(b.zscores("scheduled")["d"]))
+
+
+@scenario
+def an_id_scheduled_again_moves_to_its_new_time(b: Backend) -> None:
+    later(b, "IN", 60_000, "m", "n")
+    later(b, "IN", 0, "m", "m")  # one scheduled job per id
+    assert stats(b)["scheduled"] == 2
+    got = nxt(b, 10)
+    assert got.ids == ["m"]
+    assert stats(b)["scheduled"] == 1
+
+
+@scenario
+def push_later_wakes_an_idle_consumer_only_when_it_brings_the_time_forward(b: Backend) -> None:
+    push(b, "p")
+    nxt(b)
+    assert nxt(b).idle == 1  # a lap found nothing: the wake-ups are cleared
+    assert b.llen("wake") == 0
+    later(b, "IN", 60_000, "x")
+    assert b.llen("wake") == 1
+    got = nxt(b)
+    assert got.idle == 1
+    within(got.wait_ms, 1, 60_000)  # the consumer blocks until x falls due
+    assert b.llen("wake") == 0
+    later(b, "IN", 120_000, "y")  # later than what the consumer waits for: no wake-up
+    assert b.llen("wake") == 0
+    later(b, "IN", 30_000, "z")
+    assert b.llen("wake") == 1
+
+
+@scenario
+def push_later_checks_its_arguments_before_writing(b: Backend) -> None:
+    later(b, "IN", 60_000, "kept")
+    push(b, "p")
+    ten_years = 3650 * 86_400_000
+    for argv, code in [
+        (("push_later", "SOON", 10, "a"), "ROTATOR_BADARG"),
+        (("push_later", "in", 10, "a"), "ROTATOR_BADARG"),
+        (("push_later", "IN", -1, "a"), "ROTATOR_BADARG"),
+        (("push_later", "IN", ten_years + 1, "a"), "ROTATOR_BADARG"),
+        (("push_later", "AT", b.now_ms() + ten_years + 60_000, "a"), "ROTATOR_BADARG"),
+        (("push_later", "AT", "soon", "a"), "ROTATOR_BADARG"),
+        (("push_later", "IN", 10, "a", "b*"), "ROTATOR_BADID"),
+        (("push_later", "IN", 10, ""), "ROTATOR_BADID"),
+        (("push_later", "IN", 10, *(["i"] * 5001)), "ROTATOR_TOOMANY"),
+        (("push_later",), "ROTATOR_BADARG"),
+    ]:
+        expect_error(b, code, *argv)
+    assert b.call("push_later", "IN", 10) == 0  # no ids: nothing to do
+    b.raw_set_key(b.keys[N_QUEUE_KEYS - 1], "oops")
+    with pytest.raises(ReplyError) as caught:
+        b.call("push_later", "IN", 10, "a")
+    assert "WRONGTYPE" in str(caught.value)
+
+
+@scenario
+def a_paused_queue_takes_pushes_and_acks_and_leases_nothing(b: Backend) -> None:
+    out = lease_one(b, "a", SHORT)
+    push(b, "b")
+    assert b.call("pause") == 1
+    assert b.call("pause") == 0
+    assert stats(b)["paused"] == 1
+    push(b, "c")
+    b.sleep_ms(PAST_SHORT)  # a's lease expires: not reclaimed while paused
+    got = nxt(b, 10, acks=(out.text,))
+    assert (got.idle, got.wait_ms, got.acked, got.jobs) == (1, -1, 1, [])
+    assert b.llen("wake") == 0  # no spin on the wake-ups of pushes made while paused
+    assert b.call("resume") == 1
+    assert b.call("resume") == 0
+    assert b.llen("wake") == 16  # the idle consumers wake
+    assert stats(b)["paused"] == 0
+    assert sorted(nxt(b, 10).ids) == ["b", "c"]  # a was acked
+
+
+@scenario
+def a_paused_queue_holds_its_due_scheduled_jobs(b: Backend) -> None:
+    later(b, "AT", 0, "s")
+    assert b.call("pause") == 1
+    assert nxt(b).jobs == []
+    assert stats(b)["scheduled"] == 1
+    assert b.call("resume") == 1
+    assert nxt(b).ids == ["s"]
+
+
+@scenario
+def pushp_later_keeps_the_payload_and_a_move_counts_no_copy(b: Backend) -> None:
+    keys = payload_keys(b)
+    assert b.call_keys(keys, "pushp_later", "IN", 60_000, "a", "p1", "b", "pb") == 2
+    assert b.call_keys(keys, "pushp_later", "AT", 0, "a", "p2") == 1  # a moves; new payload
+    reply = nextp(b, 10, 1)
+    assert [parse_token(str(t)).id for t in reply[3::3]] == ["a"]
+    assert reply[5::3] == ["p2"]
+    assert b.call_keys(keys, "ackp", str(reply[3])) == 1
+    assert b.key_state(keys[N_QUEUE_KEYS]) == ("hash", {"b": "pb"})  # a's payload gone
+    expect_error(b, "ROTATOR_BADARG", "pushp_later", "IN", 10, "a", keys=keys)
+    expect_error(b, "ROTATOR_BADARG", "pushp_later", "IN", -5, "a", "p", keys=keys)
+    expect_error(b, "ROTATOR_BADID", "pushp_later", "IN", 10, "a*", "p", keys=keys)
+
+
+# -- payloads (the thirteenth key) -----------------------------------------------------------
 
 
 def payload_keys(b: Backend) -> tuple[str, ...]:
@@ -1551,7 +1686,7 @@ def item_stats_count_deliveries_and_keep_the_last_error_until_acked(b: Backend) 
         (("items", "bad*"), "ROTATOR_BADID"),
     ]:
         expect_error(b, code, *argv, keys=keys)
-    expect_error(b, "ROTATOR_KEYS", "pushi", "a", keys=keys[:11])
+    expect_error(b, "ROTATOR_KEYS", "pushi", "a", keys=keys[:N_QUEUE_KEYS])
     expect_error(b, "ROTATOR_KEYS", "pushp", "a", "p", keys=(*keys, "extra"))
 
 
