@@ -108,11 +108,11 @@ COMMANDS (ARGV[1]; numbers are decimal integers)
     Appends pending ids (at most 5000 per call); all or nothing. Wakes idle consumers.
     reply: number pushed
     errors: ROTATOR_BADID, ROTATOR_TOOMANY
-  push_later IN|AT TIME ID [ID ...]
+  push_later IN|AT TIME ID [ID ...]                               (KEYS 1..12, or 1..14)
     Schedules ids to be pushed TIME ms from now (IN), or at the unix ms TIME (AT; server TIME),
     at most ten years ahead (315360000000 ms); a time passed is due at once (see SCHEDULED).
     An id already scheduled moves to the new time: one scheduled job per id. At most 5000
-    ids; all or nothing.
+    ids; all or nothing. With KEYS 1..14: also starts each id's stats, as pushi does.
     reply: number scheduled
     errors: ROTATOR_BADARG, ROTATOR_BADID, ROTATOR_TOOMANY
   pause
@@ -1703,12 +1703,31 @@ function M.due_arg()
 end
 
 function M.push_later()
-  local due = M.due_arg()
+  local due, now = M.due_arg()
   M.check_ids(4)
   local ids = { unpack(A, 4) }
   if #ids == 0 then return 0 end
-  M.schedule_ids(ids, due, M.read_schedule_keys())
+  local smin = M.read_schedule_keys()
+  if K.items then M.read('HLEN', K.items) end
+  M.schedule_ids(ids, due, smin)
+  M.enqueued(ids, now)
   return #ids
+end
+
+-- Starts the per-item stats (the fourteenth key) of ids just pushed
+-- (or scheduled): enqueued now, no delivery.
+function M.enqueued(ids, now)
+  if not K.items then return end
+  local fresh = now .. ':0:0:'
+  local pairs_ = {}
+  for i = 1, #ids do
+    pairs_[#pairs_ + 1], pairs_[#pairs_ + 2] = ids[i], fresh
+    if #pairs_ >= LIMIT.batch then
+      rcall('HSET', K.items, unpack(pairs_))
+      pairs_ = {}
+    end
+  end
+  if #pairs_ > 0 then rcall('HSET', K.items, unpack(pairs_)) end
 end
 
 -- Reads (and so checks) what schedule_ids writes.
@@ -2697,21 +2716,6 @@ function M.define_extensions()
     end
   end
 
-  -- Starts the per-item stats (the fourteenth key) of ids just pushed: enqueued now, no delivery.
-  function M.enqueued(ids, now)
-    if not K.items then return end
-    local fresh = now .. ':0:0:'
-    local pairs_ = {}
-    for i = 1, #ids do
-      pairs_[#pairs_ + 1], pairs_[#pairs_ + 2] = ids[i], fresh
-      if #pairs_ >= LIMIT.batch then
-        rcall('HSET', K.items, unpack(pairs_))
-        pairs_ = {}
-      end
-    end
-    if #pairs_ > 0 then rcall('HSET', K.items, unpack(pairs_)) end
-  end
-
   function M.refuse_id(value)
     M.refuse('ROTATOR_BADID', 'job id must be 1..' .. LIMIT.id_bytes ..
       ' bytes without "*", got ' .. M.printable(value))
@@ -3337,7 +3341,9 @@ local function main(keys, args)
     if layout == 'items' then low, high = QUEUE_KEYS + 2, QUEUE_KEYS + 2 end
     if handler == M.push_chunk then low, high = QUEUE_KEYS + 1, QUEUE_KEYS + 1 end
     if handler == M.delete then low, high = QUEUE_KEYS, QUEUE_KEYS + 2 end
-    if handler == M.bury then low, high = QUEUE_KEYS, QUEUE_KEYS + 2 end
+    if handler == M.bury or handler == M.push_later then
+      low, high = QUEUE_KEYS, QUEUE_KEYS + 2
+    end
     if #keys < low or #keys > high then
       return M.fail('ROTATOR_KEYS', 'expected ' .. (low == high and low or low .. ' or ' .. high)
         .. ' keys, got ' .. #keys)

@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 import redis.asyncio as aredis
 from redis.asyncio.cluster import RedisCluster
 
-from rotator import commands, registry
+from rotator import commands, protocol, registry
 from rotator.commands import AfterWake, Ask, ClientCall, Flow, ModuleCall, Request
 from rotator.defaults import (
     DEFAULT_BUDGET,
@@ -44,7 +44,7 @@ from rotator.models import (
     TopicStats,
     WorkSummary,
 )
-from rotator.protocol import JobRef
+from rotator.protocol import JobRef, When
 from rotator.registry import WorkerInfo
 from rotator.script import (
     async_module_caller,
@@ -175,16 +175,39 @@ class AsyncRotator(QueueView):
     async def server_warnings(self) -> list[str]:
         return await self._run(self._flows.server_warnings())
 
-    async def push(self, *ids: str | int) -> int:
-        return await self._run(self._flows.push_many(ids, DEFAULT_PUSH_CHUNK))
+    async def push(
+        self, *ids: str | int, delay: float | None = None, at: When | None = None
+    ) -> int:
+        due = protocol.check_due(delay, at)
+        return await self._run(self._flows.push_many(ids, DEFAULT_PUSH_CHUNK, due))
 
-    async def push_many(self, ids: Iterable[str | int], chunk: int = DEFAULT_PUSH_CHUNK) -> int:
-        return await self._run(self._flows.push_many(ids, chunk))
+    async def push_many(
+        self,
+        ids: Iterable[str | int],
+        chunk: int = DEFAULT_PUSH_CHUNK,
+        *,
+        delay: float | None = None,
+        at: When | None = None,
+    ) -> int:
+        due = protocol.check_due(delay, at)
+        return await self._run(self._flows.push_many(ids, chunk, due))
 
     async def push_payloads(
-        self, items: Mapping[Any, bytes | str], chunk: int = DEFAULT_PUSH_CHUNK
+        self,
+        items: Mapping[Any, bytes | str],
+        chunk: int = DEFAULT_PUSH_CHUNK,
+        *,
+        delay: float | None = None,
+        at: When | None = None,
     ) -> int:
-        return await self._run(self._flows.push_payloads(items, chunk))
+        due = protocol.check_due(delay, at)
+        return await self._run(self._flows.push_payloads(items, chunk, due))
+
+    async def pause(self) -> bool:
+        return await self._run(self._flows.pause())
+
+    async def resume(self) -> bool:
+        return await self._run(self._flows.resume())
 
     async def next(
         self, count: int = 1, block: float | None = None, *, ack: Iterable[JobRef] = ()

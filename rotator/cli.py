@@ -17,6 +17,7 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
+from datetime import datetime
 from typing import Any, NoReturn
 
 import click
@@ -42,6 +43,7 @@ from rotator.defaults import (
     MAX_LEASE_SECONDS,
     MAX_RETENTION_COUNT,
     MAX_RETENTION_SECONDS,
+    MAX_SCHEDULE_SECONDS,
 )
 from rotator.demo import run_demo
 from rotator.discovery import find
@@ -184,6 +186,27 @@ class Seconds(click.ParamType[float, Any]):
             span = "from 0 to" if self.zero else "above 0 and at most"
             self.fail(f"{value!r} is not {span} {self.high:g} seconds", param, ctx)
         return seconds
+
+
+class Moment(click.ParamType[datetime, Any]):
+    """A moment: ISO 8601 with a time zone (``2026-12-01T09:00:00Z``) or unix seconds."""
+
+    name = "TIME"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, datetime):
+            return value
+        try:
+            return datetime.fromtimestamp(float(value)).astimezone()
+        except (TypeError, ValueError, OverflowError, OSError):
+            pass
+        try:
+            moment = datetime.fromisoformat(str(value))
+        except ValueError:
+            self.fail(f"{value!r} is not an ISO 8601 time or unix seconds", param, ctx)
+        if moment.tzinfo is None:
+            self.fail(f"{value!r} has no time zone (end it in Z or +hh:mm)", param, ctx)
+        return moment
 
 
 def emit(ctx: click.Context, data: Any, text: str) -> None:
@@ -336,18 +359,37 @@ class PushMeter:
 @main.command()
 @click.argument("queue")
 @click.argument("ids", nargs=-1, required=True)
+@click.option(
+    "--delay",
+    type=Seconds(MAX_SCHEDULE_SECONDS, zero=True),
+    help="Deliver no sooner than this many seconds from now (server clock).",
+)
+@click.option("--at", "at", type=Moment(), help="Deliver no sooner than this time.")
 @json_option
 @click.pass_context
-def push(ctx: click.Context, queue: str, ids: tuple[str, ...], json: bool) -> None:
+def push(
+    ctx: click.Context,
+    queue: str,
+    ids: tuple[str, ...],
+    delay: float | None,
+    at: datetime | None,
+    json: bool,
+) -> None:
     """Push job IDS to QUEUE; prints how many. `-` reads one id per line from stdin.
 
     Every 1000 ids go in one atomic call; a bad id stops the push before its batch is sent.
+    With --delay or --at the jobs are scheduled: kept apart until due, then queued (an id
+    scheduled again moves to its new time).
 
     \b
     Examples:
       rotator push orders order-1 order-2
       seq 1 100000 | rotator push orders -
+      rotator push orders report-7 --delay 30
+      rotator push orders newsletter --at 2026-12-01T09:00:00Z
     """
+    if delay is not None and at is not None:
+        raise click.UsageError("give --delay or --at, not both")
     q = open_queue(ctx, queue, must_exist=False)
     meter = PushMeter(ids)
     total = 0
@@ -357,13 +399,45 @@ def push(ctx: click.Context, queue: str, ids: tuple[str, ...], json: bool) -> No
         batch.append(job_id)
         meter.line(job_id)
         if len(batch) == DEFAULT_PUSH_CHUNK:
-            total += q.push_many(batch)
+            total += q.push_many(batch, delay=delay, at=at)
             batch = []
             meter.pushed(total)
     if batch:
-        total += q.push_many(batch)
+        total += q.push_many(batch, delay=delay, at=at)
     meter.finish(total)
     emit(ctx, {"pushed": total}, str(total))
+
+
+@main.command()
+@click.argument("queue")
+@json_option
+@click.pass_context
+def pause(ctx: click.Context, queue: str, json: bool) -> None:
+    """Stop QUEUE handing out jobs until `rotator resume`, for every consumer.
+
+    Pushes, acks and leases already out go on; blocked consumers stay blocked.
+
+    \b
+    Example:
+      rotator pause orders
+    """
+    changed = open_queue(ctx, queue, must_exist=False).pause()
+    emit(ctx, {"paused": True, "changed": changed}, "paused" if changed else "already paused")
+
+
+@main.command()
+@click.argument("queue")
+@json_option
+@click.pass_context
+def resume(ctx: click.Context, queue: str, json: bool) -> None:
+    """Let a paused QUEUE hand out jobs again, waking blocked consumers.
+
+    \b
+    Example:
+      rotator resume orders
+    """
+    changed = open_queue(ctx, queue, must_exist=False).resume()
+    emit(ctx, {"paused": False, "changed": changed}, "resumed" if changed else "not paused")
 
 
 def payload_text(payload: bytes | None) -> str | None:
@@ -510,6 +584,9 @@ def stats(ctx: click.Context, queue: str, watch: bool, interval: float, json: bo
     overdue     lease run out, not yet reclaimed by a consumer (counted from
                 the oldest leases, at most 1000: "1000+" when there may be more)
     oldest_pending_age  seconds since the oldest pending job was pushed
+    scheduled   pushed for later (--delay/--at), not yet queued (a due one
+                is, at the next claim); not in length
+    paused      handing out nothing until `rotator resume`
 
     \b
     Examples:

@@ -30,6 +30,7 @@ from rotator.protocol import (
     BYTES_ERRORS,
     PACKED_STAMP,
     PLACES,
+    Due,
     job_from_token,
     text,
 )
@@ -106,6 +107,19 @@ def _flags(reply: Any) -> int:
 def push(keys: Keys, ids: Sequence[bytes], *, item_stats: bool = False) -> ModuleCall[int]:
     """``push`` (or ``pushi``, which also starts each id's item stats: KEYS 1..14)."""
     return ModuleCall(keys, [b"pushi" if item_stats else b"push", *ids], _int, True)
+
+
+def push_later(keys: Keys, due: Due, ids: Sequence[bytes]) -> ModuleCall[int]:
+    """``push_later IN|AT TIME ID...`` (KEYS 1..12, or 1..14 to start item stats)."""
+    return ModuleCall(keys, [b"push_later", due.mode, due.ms, *ids], _int, True)
+
+
+def pause(keys: Keys) -> ModuleCall[bool]:
+    return ModuleCall(keys, [b"pause"], _is_one, True)
+
+
+def resume(keys: Keys) -> ModuleCall[bool]:
+    return ModuleCall(keys, [b"resume"], _is_one, True)
 
 
 def next_packed(
@@ -214,9 +228,12 @@ def scan(keys: Keys, start: int, stop: int, count: int) -> ModuleCall[RingPage]:
 # -- payloads and item stats ------------------------------------------------------------------
 
 
-def pushp(keys: Keys, pairs: Sequence[bytes]) -> ModuleCall[int]:
-    """``pushp ID PAYLOAD [ID PAYLOAD ...]`` (KEYS 1..13, or 1..14)."""
-    return ModuleCall(keys, [b"pushp", *pairs], _int, True)
+def pushp(keys: Keys, pairs: Sequence[bytes], due: Due | None = None) -> ModuleCall[int]:
+    """``pushp ID PAYLOAD [ID PAYLOAD ...]`` (KEYS 1..13, or 1..14), or with ``due``
+    ``pushp_later IN|AT TIME ID PAYLOAD ...``."""
+    if due is None:
+        return ModuleCall(keys, [b"pushp", *pairs], _int, True)
+    return ModuleCall(keys, [b"pushp_later", due.mode, due.ms, *pairs], _int, True)
 
 
 def nextp(
@@ -387,6 +404,9 @@ def _stats_from(fields: dict[str, int]) -> Stats:
         oldest_pending_age=None if age_ms < 0 else age_ms / 1000,
         overdue=fields["overdue"],
         overdue_capped=bool(fields["overdue_capped"]),
+        # (a topic group's stats have neither: tstats leaves them out)
+        scheduled=fields.get("scheduled", 0),
+        paused=bool(fields.get("paused", 0)),
     )
 
 

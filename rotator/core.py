@@ -14,7 +14,7 @@ from typing import Any
 import redis
 from redis.cluster import RedisCluster
 
-from rotator import commands, registry
+from rotator import commands, protocol, registry
 from rotator.defaults import (
     DEFAULT_BUDGET,
     DEFAULT_LEASE_TIMEOUT,
@@ -36,7 +36,7 @@ from rotator.models import (
     Stats,
     WorkSummary,
 )
-from rotator.protocol import JobRef
+from rotator.protocol import JobRef, When
 from rotator.registry import WorkerInfo
 from rotator.sending import Sender
 
@@ -124,27 +124,60 @@ class Rotator(QueueView):
 
     # -- producing -------------------------------------------------------------------------
 
-    def push(self, *ids: str | int) -> int:
+    def push(self, *ids: str | int, delay: float | None = None, at: When | None = None) -> int:
         """Adds job ids at the back of the queue; returns how many were pushed.
 
         Every id is checked before anything is sent. Up to 1000 ids go in one atomic call;
         longer lists are sent in such calls, in order. Idle consumers are woken.
-        """
-        return self._run(self._flows.push_many(ids, DEFAULT_PUSH_CHUNK))
 
-    def push_many(self, ids: Iterable[str | int], chunk: int = DEFAULT_PUSH_CHUNK) -> int:
+        With ``delay`` (seconds) or ``at`` (unix seconds, or an aware datetime) the jobs are
+        scheduled instead: kept apart from the queue, by the server's clock, until they are
+        due, then queued behind what is pending (``Stats.scheduled`` counts them meanwhile).
+        An id already scheduled moves to the new time: one scheduled job per id.
+        """
+        due = protocol.check_due(delay, at)
+        return self._run(self._flows.push_many(ids, DEFAULT_PUSH_CHUNK, due))
+
+    def push_many(
+        self,
+        ids: Iterable[str | int],
+        chunk: int = DEFAULT_PUSH_CHUNK,
+        *,
+        delay: float | None = None,
+        at: When | None = None,
+    ) -> int:
         """``push`` of any number of ids, in atomic calls of ``chunk`` (at most 5000)."""
-        return self._run(self._flows.push_many(ids, chunk))
+        due = protocol.check_due(delay, at)
+        return self._run(self._flows.push_many(ids, chunk, due))
 
     def push_payloads(
-        self, items: Mapping[Any, bytes | str], chunk: int = DEFAULT_PUSH_CHUNK
+        self,
+        items: Mapping[Any, bytes | str],
+        chunk: int = DEFAULT_PUSH_CHUNK,
+        *,
+        delay: float | None = None,
+        at: When | None = None,
     ) -> int:
         """Adds jobs with payloads (``{id: payload}``); needs ``payloads=True``.
 
         Each call of up to ``chunk`` (at most 2500) jobs is atomic: ids, payloads and the
         wake-up together. Pushing an id again replaces its payload (one payload per id).
+        ``delay`` and ``at`` schedule them, as for :meth:`push` (the payloads are stored
+        at once).
         """
-        return self._run(self._flows.push_payloads(items, chunk))
+        due = protocol.check_due(delay, at)
+        return self._run(self._flows.push_payloads(items, chunk, due))
+
+    def pause(self) -> bool:
+        """Stops the queue handing out jobs, for every consumer, until :meth:`resume`:
+        pushes, acks, nacks and extends go on, and leases already out are unaffected
+        (expired ones are not reclaimed meanwhile). Blocked consumers stay blocked.
+        False when it was paused already."""
+        return self._run(self._flows.pause())
+
+    def resume(self) -> bool:
+        """Ends a :meth:`pause` and wakes blocked consumers; False when it was not paused."""
+        return self._run(self._flows.resume())
 
     # -- consuming -------------------------------------------------------------------------
 
@@ -272,7 +305,8 @@ class Rotator(QueueView):
         return self._run(self._flows.configure(fence_window, fence_max, dead_max, dead_max_age))
 
     def exists(self) -> bool:
-        """True once anything was pushed (or dead-lettered) and the queue was not deleted."""
+        """True once anything was pushed (or scheduled, or dead-lettered) and the queue was
+        not deleted."""
         return self._run(self._flows.exists())
 
     def delete(self, *, forget: bool = False) -> bool:

@@ -92,16 +92,31 @@ class QueueFlows:
 
     # -- producing -------------------------------------------------------------------------
 
-    def push_many(self, ids: Iterable[str | int], chunk: int) -> Flow[int]:
+    def push_many(
+        self, ids: Iterable[str | int], chunk: int, due: protocol.Due | None = None
+    ) -> Flow[int]:
         raw = protocol.encode_ids(ids)
         size = protocol.whole(chunk, "chunk", 1, MAX_BATCH)
         keys = self.extended_keys if self.item_stats else self.plain_keys
         pushed = 0
         for part in chunks(raw, size):
-            pushed += yield commands.push(keys, part, item_stats=self.item_stats)
+            if due is None:
+                pushed += yield commands.push(keys, part, item_stats=self.item_stats)
+            else:
+                pushed += yield commands.push_later(keys, due, part)
         return pushed
 
-    def push_payloads(self, items: Mapping[Any, bytes | str], chunk: int) -> Flow[int]:
+    def pause(self) -> Flow[bool]:
+        paused: bool = yield commands.pause(self.plain_keys)
+        return paused
+
+    def resume(self) -> Flow[bool]:
+        resumed: bool = yield commands.resume(self.plain_keys)
+        return resumed
+
+    def push_payloads(
+        self, items: Mapping[Any, bytes | str], chunk: int, due: protocol.Due | None = None
+    ) -> Flow[int]:
         if not self.payloads:
             raise InvalidArgument("push_payloads needs a queue made with payloads=True")
         if not self.drop_payloads:
@@ -111,7 +126,7 @@ class QueueFlows:
         pushed = 0
         for part in chunks(pairs, size):
             flat = [half for pair in part for half in pair]
-            pushed += yield commands.pushp(self.extended_keys, flat)
+            pushed += yield commands.pushp(self.extended_keys, flat, due)
         return pushed
 
     # -- consuming -------------------------------------------------------------------------
@@ -245,7 +260,7 @@ class QueueFlows:
         return server_warnings()
 
     def exists(self) -> Flow[bool]:
-        found = yield ClientCall("exists", (self.keys.ring, self.keys.dead))
+        found = yield ClientCall("exists", (self.keys.ring, self.keys.dead, self.keys.scheduled))
         return bool(found)
 
     def configure(
@@ -308,9 +323,9 @@ class QueueFlows:
         return reply
 
     def drained(self) -> Flow[bool]:
-        """True when nothing is pending, in flight or deferred."""
+        """True when nothing is pending, in flight, deferred or scheduled."""
         now: Stats = yield commands.stats(self.plain_keys)
-        return now.pending == now.in_flight == now.deferred == now.overdue == 0
+        return now.pending == now.in_flight == now.deferred == now.overdue == now.scheduled == 0
 
     def peek(self, limit: int) -> Flow[list[RingEntry]]:
         reply: list[RingEntry] = yield commands.peek(self.plain_keys, protocol.check_count(limit))

@@ -53,6 +53,10 @@ class Stats:
     # most 100 leases, 1000 jobs: ``overdue_capped`` then says it is a lower bound).
     overdue: int = 0
     overdue_capped: bool = False
+    # Pushed for later (``push(..., delay=)``/``at=``), not yet queued (a due one is, at the
+    # next claim): apart from ``length``.
+    scheduled: int = 0
+    paused: bool = False  # leases nothing until resumed (``pause``)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -11,6 +11,7 @@ import math
 import re
 import threading
 from collections.abc import Iterable, Iterator, Sequence
+from datetime import datetime
 from operator import is_
 from typing import Any, NamedTuple, TypeVar
 
@@ -21,6 +22,7 @@ from rotator.defaults import (
     MAX_ERROR_BYTES,
     MAX_ID_BYTES,
     MAX_LEASE_SECONDS,
+    MAX_SCHEDULE_SECONDS,
     MAX_STAMP_BYTES,
 )
 from rotator.errors import InvalidArgument, InvalidJobId, InvalidToken
@@ -237,6 +239,41 @@ def seconds_to_ms(
     if ms == 0 and not allow_zero:
         raise InvalidArgument(f"{name} must be positive, got {seconds!r}")
     return ms
+
+
+# When a scheduled job is due: unix seconds, or a timezone-aware datetime.
+When = float | int | datetime
+
+
+class Due(NamedTuple):
+    """When a scheduled push is due, as push_later takes it: ``IN`` ms from the server's
+    time, or ``AT`` a unix ms."""
+
+    mode: bytes
+    ms: int
+
+
+def check_due(delay: object, at: object) -> Due | None:
+    """The due time of a push given ``delay`` (seconds from now) or ``at`` (unix seconds, or
+    a timezone-aware datetime); None for neither (push at once)."""
+    if delay is not None and at is not None:
+        raise InvalidArgument("give delay or at, not both")
+    if delay is not None:
+        ms = seconds_to_ms(delay, "delay", allow_zero=True, limit=MAX_SCHEDULE_SECONDS)
+        return Due(b"IN", ms)
+    if at is None:
+        return None
+    if isinstance(at, datetime):
+        if at.tzinfo is None:
+            raise InvalidArgument(f"at must be a timezone-aware datetime, got {at!r}")
+        at = at.timestamp()
+    if isinstance(at, bool) or not isinstance(at, int | float) or not math.isfinite(at):
+        raise InvalidArgument(f"at must be unix seconds or an aware datetime, got {at!r}")
+    # The module refuses a time more than MAX_SCHEDULE_SECONDS after its own clock; this
+    # bound only keeps the number within what it parses.
+    if not 0 <= at < 10**12:
+        raise InvalidArgument(f"at must be unix seconds in 0..10^12, got {at!r}")
+    return Due(b"AT", math.ceil(at * 1000))
 
 
 def whole(value: object, name: str, low: int, high: int) -> int:

@@ -38,6 +38,8 @@ STATS_KEYS = {
     "dead",
     "oldest_pending_age",
     "overdue",
+    "scheduled",
+    "paused",
 }
 
 
