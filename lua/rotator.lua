@@ -29,7 +29,9 @@ KEYS
                             packed (jobs in packed batches beyond one per element),
                             marked_n marked_a marked_n_old marked_a_old (the marks' counts),
                             lmin lstop lpass lskip rpasses lpasses (see LEASES),
-                            dead_dropped, expired (a topic group's); settings (configure)
+                            dead_dropped, expired (a topic group's), smin paused (see
+                            SCHEDULED), schedules ticking and "schedule:<name>" (see
+                            SCHEDULES); settings (configure)
   KEYS[10] pushlog    LIST  "<pushed>:<ms>" push checkpoints, newest first (pending age)
   KEYS[11] leases     LIST  the jobs in flight: leases and packed batches, newest at the head,
                             walked from the tail in deadline order (see LEASES)
@@ -103,6 +105,17 @@ SCHEDULED (jobs pushed for later)
   down to smin too, so a consumer blocked on KEYS[8] wakes when the earliest scheduled job
   falls due; a push_later that brings smin forward pushes a wake-up.
 
+SCHEDULES (recurring jobs)
+  A schedule NAME is the meta field "schedule:<NAME>" and, while it has a next tick, the
+  member "*<NAME>" of KEYS[12] scored by it (no id holds "*"). When promote finds that member
+  due, it pushes one job "<JOB_ID>@<tick ms>" and moves the member to the schedule's first
+  tick after now: the tick is decided inside one call, so however many consumers run, each
+  tick makes one job, and ticks missed while nothing claimed (or the queue was paused) make
+  one catch-up job, not one each. An interval schedule (EVERY_MS) computes its ticks here;
+  a cron schedule is given its due times by the caller (the module does not read cron: the
+  Python client computes them with a cron library) and idles once they run out, until a
+  schedule FILL gives more (the Python worker loops refill them).
+
 COMMANDS (ARGV[1]; numbers are decimal integers)
   push ID [ID ...]
     Appends pending ids (at most 5000 per call); all or nothing. Wakes idle consumers.
@@ -115,6 +128,24 @@ COMMANDS (ARGV[1]; numbers are decimal integers)
     ids; all or nothing. With KEYS 1..14: also starts each id's stats, as pushi does.
     reply: number scheduled
     errors: ROTATOR_BADARG, ROTATOR_BADID, ROTATOR_TOOMANY
+  schedule SET|FILL NAME JOB_ID EVERY_MS SPEC [DUE ...]
+    Defines the recurring schedule NAME (1..128 of A-Z a-z 0-9 . _ : @ / -; at most 1000
+    per queue), whose ticks push "<JOB_ID>@<tick ms>" (JOB_ID: an id of at most 1008
+    bytes). EVERY_MS 1..315360000000: a tick every EVERY_MS, the first EVERY_MS from now,
+    and no DUE. EVERY_MS 0: a tick at each DUE (1..1000 ascending unix ms, at most ten years
+    ahead) that is after the last tick. SPEC (at most 256 bytes) is kept for the caller (a
+    cron expression, a label). SET adds or replaces NAME; a NAME with the same JOB_ID,
+    EVERY_MS and SPEC keeps its next tick and last tick (declaring a schedule again at every
+    start changes nothing) but takes the DUEs given. FILL only gives DUEs to such a
+    schedule, and does nothing to any other.
+    reply: 1 when NAME was added or changed, 0 when it was the same (or FILL did nothing)
+    errors: ROTATOR_BADARG, ROTATOR_BADID, ROTATOR_TOOMANY
+  unschedule NAME
+    Forgets the schedule NAME (jobs it pushed stay).
+    reply: 1, or 0 when there was no such schedule
+  schedules
+    reply: per schedule, by name: {name, job_id, every_ms, spec, next_tick_ms (-1: none, due
+           times ran out), last_tick_ms (0: none yet), dues_left, last_due_ms (-1: none), ...}
   pause
     next, next_packed and nextp lease nothing (nor reclaim expired leases) until resume: they
     take their acks and reply idle with wait_ms -1. Pushes, acks, nacks, extends and leases
@@ -208,7 +239,8 @@ COMMANDS (ARGV[1]; numbers are decimal integers)
   stats
     reply: {"length", n, "pending", n, "in_flight", n, "done", n, "deferred", n, "dead", n,
             "oldest_pending_age_ms", n (-1 when nothing is pending),
-            "overdue", n, "overdue_capped", 0|1, "scheduled", n, "paused", 0|1}
+            "overdue", n, "overdue_capped", 0|1, "scheduled", n, "paused", 0|1,
+            "schedules", n}
     Jobs: length = pending + in_flight + done + deferred + overdue. pending: pushed, never
     leased; in_flight: leased, deadline not passed; done: acked, element not yet removed;
     deferred: given back, waiting for its delay (or for the walk, once due); overdue: lease
@@ -216,7 +248,7 @@ COMMANDS (ARGV[1]; numbers are decimal integers)
     elements and 1000 jobs: overdue_capped 1 says the count is a lower bound).
     O(1) but for that bounded tail: counters kept in meta (marked_n, marked_a and their
     _old), never a whole read. scheduled: jobs waiting in KEYS[12] (push_later), not counted
-    in length.
+    in length; schedules: the recurring schedules.
   peek COUNT
     The COUNT (1..1000) elements nearest the ring's tail, tail first, then the lease list's
     from its tail, without changing anything; a packed batch shows as the leases it stands
@@ -339,6 +371,8 @@ REDIS-CLI
   redis-cli EVALSHA $SHA 12 $Q stats
   redis-cli EVALSHA $SHA 12 $Q push_later IN 30000 job-5     # delivered in 30 s
   redis-cli EVALSHA $SHA 12 $Q push_later AT 1764579600000 job-6
+  redis-cli EVALSHA $SHA 12 $Q schedule SET nightly report 86400000 'every day'
+  redis-cli EVALSHA $SHA 12 $Q schedules
   redis-cli EVALSHA $SHA 12 $Q pause
   redis-cli EVALSHA $SHA 12 $Q resume
   P="$Q rotator:{orders}:payloads"
@@ -367,7 +401,8 @@ REDIS-CLI
 --                         extend sweep delete
 --                         configure stats peek scan dead requeue_dead requeue_dead_from
 --    8. Payloads          pushp pushp_later nextp ackp, and item stats: pushi nackp items
---    9. Topics            tpublish tsubscribe tunsubscribe treplay tseek ttrim tstats
+--    9. Topics            tpublish tsubscribe tunsubscribe treplay tseek ttrim tstats,
+--                         and recurring schedules: schedule unschedule schedules
 --                         (8 and 9 are defined on first use, by M.define_extensions)
 --   10. Dispatch          the command table, the KEYS by name, main
 --
@@ -409,6 +444,9 @@ local LIMIT = {
   -- far ahead a job may be scheduled (ten years).
   promote = 1000,
   schedule_ms = 3650 * 86400000,
+  -- Recurring schedules: per queue, the bytes of a name and of a spec, and the due times one
+  -- schedule is given at once.
+  schedules = 1000, schedule_name = 128, spec_bytes = 256, schedule_dues = 1000,
   -- stats counts overdue leases from the lease list's tail: at most this many elements, and
   -- batch_bytes of them, and LIMIT.count tokens looked up (then its count is a lower bound).
   overdue_look = 100,
@@ -1849,10 +1887,27 @@ end
 -- Moves the scheduled jobs that are due (at most LIMIT.promote, earliest first) to the ring,
 -- as push does, and notes the next due time. `length`: the ring's length.
 function M.promote(meta, length, now)
-  local due = M.read('ZRANGEBYSCORE', K.scheduled, '-inf', now, 'LIMIT', 0, LIMIT.promote)
+  local found = M.read('ZRANGEBYSCORE', K.scheduled, '-inf', now, 'WITHSCORES', 'LIMIT', 0,
+    LIMIT.promote)
   local head = M.read_push_keys(K)
+  local due, members, ticks = {}, {}, {}
+  for i = 1, #found, 2 do
+    local member = found[i]
+    members[#members + 1] = member
+    if string.byte(member) == BYTE_STAR then
+      ticks[#ticks + 1] = string.sub(member, 2)
+      ticks[#ticks + 1] = string.format('%.0f', tonumber(found[i + 1]))
+    else
+      due[#due + 1] = member
+    end
+  end
+  if #members > 0 then rcall('ZREM', K.scheduled, unpack(members)) end
+  if #ticks > 0 then
+    if not M.LAYOUT then M.define_extensions() end
+    local ids = M.tick(ticks, now)
+    for i = 1, #ids do due[#due + 1] = ids[i] end
+  end
   if #due > 0 then
-    rcall('ZREM', K.scheduled, unpack(due))
     M.ensure_ring(K, length)
     rcall('LPUSH', K.ring, unpack(due))
     M.record_push(K, meta, #due, now, head)
@@ -2357,9 +2412,12 @@ end
 
 function M.stats()
   local reply = M.queue_stats(K)
-  reply[#reply + 1], reply[#reply + 2] = 'scheduled', M.read('ZCARD', K.scheduled)
-  reply[#reply + 1] = 'paused'
-  reply[#reply + 1] = M.read('HMGET', K.meta, 'paused')[1] == '1' and 1 or 0
+  local m = M.read('HMGET', K.meta, 'paused', 'ticking', 'schedules')
+  -- (the members of ticking schedules are no jobs)
+  local scheduled = M.read('ZCARD', K.scheduled) - (tonumber(m[2]) or 0)
+  reply[#reply + 1], reply[#reply + 2] = 'scheduled', math.max(scheduled, 0)
+  reply[#reply + 1], reply[#reply + 2] = 'paused', m[1] == '1' and 1 or 0
+  reply[#reply + 1], reply[#reply + 2] = 'schedules', tonumber(m[3]) or 0
   return reply
 end
 
@@ -2661,6 +2719,7 @@ function M.define_extensions()
     pushi = 'items', nackp = 'items', items = 'items',
     tpublish = 'topic', tsubscribe = 'topic', tunsubscribe = 'topic', treplay = 'topic',
     tseek = 'topic', ttrim = 'topic', tstats = 'topic',
+    schedule = 'queue', unschedule = 'queue', schedules = 'queue',
   }
 
   -- pushp nextp ackp keep payloads in the thirteenth key; pushi nackp items keep per-item stats
@@ -3209,6 +3268,179 @@ function M.define_extensions()
     end
     return reply
   end
+
+  -- SCHEDULES: recurring jobs (see the header's SCHEDULES). A schedule is the meta field
+  -- "schedule:<name>" = "<job_id>*<last tick ms>*<every ms>*<due,due,...>*<spec>" (neither a
+  -- name nor a job id holds "*"; the spec, last, may), and while it has a next tick, the
+  -- member "*<name>" of K.scheduled scored by it. meta `schedules` counts the schedules,
+  -- `ticking` the members.
+  function M.schedule_field(name)
+    return 'schedule:' .. name
+  end
+
+  function M.parse_schedule(text)
+    local job_id, last, every, dues, spec =
+      string.match(text or '', '^([^*]+)%*(%d+)%*(%d+)%*([%d,]*)%*(.*)$')
+    if not job_id then return nil end
+    local list = {}
+    for due in string.gmatch(dues, '%d+') do list[#list + 1] = tonumber(due) end
+    return { job_id = job_id, last = tonumber(last), every = tonumber(every), dues = list,
+      spec = spec }
+  end
+
+  function M.format_schedule(d)
+    return d.job_id .. '*' .. d.last .. '*' .. d.every .. '*' .. table.concat(d.dues, ',') ..
+      '*' .. d.spec
+  end
+
+  -- The schedule NAME's next tick after `after` (ms): for an interval, the first of
+  -- due + k * every beyond it; for due times, the first given beyond it (dropping those
+  -- passed), nil when none is left.
+  function M.next_tick(d, due, after)
+    if d.every > 0 then
+      return due + d.every * (math.floor((after - due) / d.every) + 1)
+    end
+    local left = {}
+    for i = 1, #d.dues do
+      if d.dues[i] > after then left[#left + 1] = d.dues[i] end
+    end
+    d.dues = left
+    return left[1]
+  end
+
+  -- Ticks of the schedules whose members promote found due ({name, due} pairs, names without
+  -- their "*"): each pushes one job "<job_id>@<due ms>" (its id names the schedule's job and
+  -- the tick) and moves the member to the next tick after now, so ticks missed while nothing
+  -- ran make one job (a catch-up), not one each. Returns the ids to push.
+  function M.tick(due_schedules, now)
+    local ids, ticking = {}, 0
+    for i = 1, #due_schedules, 2 do
+      local name, due = due_schedules[i], due_schedules[i + 1]
+      local field = M.schedule_field(name)
+      local d = M.parse_schedule(rcall('HGET', K.meta, field))
+      if d then
+        ids[#ids + 1] = d.job_id .. '@' .. due
+        d.last = due
+        local next_due = M.next_tick(d, due, now)
+        rcall('HSET', K.meta, field, M.format_schedule(d))
+        if next_due then
+          rcall('ZADD', K.scheduled, next_due, '*' .. name)
+        else
+          ticking = ticking - 1 -- due times ran out: idle until given more
+        end
+      else
+        ticking = ticking - 1 -- (a member left without its schedule: written by hand)
+      end
+    end
+    if ticking ~= 0 then rcall('HINCRBY', K.meta, 'ticking', ticking) end
+    return ids
+  end
+
+  function M.schedule()
+    local mode = A[2]
+    if mode ~= 'SET' and mode ~= 'FILL' then
+      M.refuse('ROTATOR_BADARG', 'expected SET or FILL, got ' .. M.printable(mode))
+    end
+    local name, job_id, spec = A[3] or '', A[4] or '', A[6] or ''
+    if #name > LIMIT.schedule_name or not string.find(name, '^[%w%._:@/%-]+$') then
+      M.refuse('ROTATOR_BADARG', 'schedule name must be 1..' .. LIMIT.schedule_name ..
+        ' of A-Z a-z 0-9 . _ : @ / -, got ' .. M.printable(name))
+    end
+    if not M.valid_id(job_id) or #job_id > LIMIT.id_bytes - LIMIT.int_digits - 1 then
+      M.refuse('ROTATOR_BADID', 'a schedule\'s job id must be 1..' ..
+        (LIMIT.id_bytes - LIMIT.int_digits - 1) .. ' bytes without "*", got ' ..
+        M.printable(job_id))
+    end
+    local every = M.int_arg(5, 'EVERY_MS', 0, LIMIT.schedule_ms)
+    if #spec > LIMIT.spec_bytes then
+      M.refuse('ROTATOR_BADARG', 'SPEC must be at most ' .. LIMIT.spec_bytes .. ' bytes')
+    end
+    local count = #A - 6
+    if (every > 0) ~= (count == 0) or count > LIMIT.schedule_dues then
+      M.refuse('ROTATOR_BADARG', 'EVERY_MS > 0 takes no DUE; EVERY_MS 0 takes 1..' ..
+        LIMIT.schedule_dues .. ' DUEs, got ' .. count)
+    end
+    local now = M.now_ms()
+    local dues = {}
+    for i = 7, #A do
+      dues[#dues + 1] = M.int_arg(i, 'DUE', 0, now + LIMIT.schedule_ms)
+      if #dues > 1 and dues[#dues] <= dues[#dues - 1] then
+        M.refuse('ROTATOR_BADARG', 'DUEs must be ascending')
+      end
+    end
+    local field = M.schedule_field(name)
+    local m = M.read('HMGET', K.meta, field, 'schedules', 'smin')
+    M.read('ZCARD', K.scheduled)
+    M.read('LLEN', K.wake)
+    local old = M.parse_schedule(m[1])
+    local same = old and old.job_id == job_id and old.every == every and old.spec == spec
+    if mode == 'FILL' and not same then return 0 end
+    if not old and tonumber(m[2] or 0) >= LIMIT.schedules then
+      M.refuse('ROTATOR_TOOMANY', 'at most ' .. LIMIT.schedules .. ' schedules per queue')
+    end
+    local member = '*' .. name
+    local current = tonumber(rcall('ZSCORE', K.scheduled, member))
+    local d = { job_id = job_id, last = old and old.last or 0, every = every, dues = dues,
+      spec = spec }
+    local next_due = current
+    if not same or not current then
+      next_due = every > 0 and now + every or nil
+    end
+    if every == 0 then next_due = M.next_tick(d, 0, d.last) end
+    rcall('HSET', K.meta, field, M.format_schedule(d))
+    if not old then rcall('HINCRBY', K.meta, 'schedules', 1) end
+    if next_due then
+      rcall('ZADD', K.scheduled, next_due, member)
+      local smin = tonumber(m[3])
+      if not smin or next_due < smin then
+        rcall('HSET', K.meta, 'smin', next_due)
+        M.wake_one()
+      end
+    elseif current then
+      rcall('ZREM', K.scheduled, member)
+    end
+    local ticking = (next_due and 1 or 0) - (current and 1 or 0)
+    if ticking ~= 0 then rcall('HINCRBY', K.meta, 'ticking', ticking) end
+    return same and 0 or 1
+  end
+
+  function M.unschedule()
+    local name = A[2] or ''
+    local field = M.schedule_field(name)
+    local m = M.read('HMGET', K.meta, field)
+    M.read('ZCARD', K.scheduled)
+    if not m[1] then return 0 end
+    rcall('HDEL', K.meta, field)
+    rcall('HINCRBY', K.meta, 'schedules', -1)
+    if rcall('ZREM', K.scheduled, '*' .. name) == 1 then
+      rcall('HINCRBY', K.meta, 'ticking', -1)
+    end
+    return 1
+  end
+
+  function M.schedules()
+    local all = M.read('HGETALL', K.meta)
+    M.read('ZCARD', K.scheduled)
+    local names, defs = {}, {}
+    for i = 1, #all, 2 do
+      local name = string.match(all[i], '^schedule:(.+)$')
+      if name then
+        names[#names + 1], defs[name] = name, M.parse_schedule(all[i + 1])
+      end
+    end
+    table.sort(names)
+    local reply = {}
+    for _, name in ipairs(names) do
+      local d = defs[name]
+      if d then
+        local next_due = rcall('ZSCORE', K.scheduled, '*' .. name)
+        local row = { name, d.job_id, d.every, d.spec, tonumber(next_due) or -1, d.last, #d.dues,
+          d.dues[#d.dues] or -1 }
+        for k = 1, #row do reply[#reply + 1] = row[k] end
+      end
+    end
+    return reply
+  end
 end
 
 -- 10. DISPATCH ----------------------------------------------------------------------------------
@@ -3217,6 +3449,9 @@ local COMMANDS = {
   push = M.push,
   push_chunk = M.push_chunk,
   push_later = M.push_later,
+  schedule = M.schedule,
+  unschedule = M.unschedule,
+  schedules = M.schedules,
   pause = M.pause,
   resume = M.resume,
   next = M.next,

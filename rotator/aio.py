@@ -40,6 +40,7 @@ from rotator.models import (
     QueueSettings,
     Retention,
     RingEntry,
+    Schedule,
     Stats,
     TopicStats,
     WorkSummary,
@@ -202,6 +203,26 @@ class AsyncRotator(QueueView):
     ) -> int:
         due = protocol.check_due(delay, at)
         return await self._run(self._flows.push_payloads(items, chunk, due))
+
+    async def schedule(
+        self,
+        name: str,
+        *,
+        every: float | None = None,
+        cron: str | None = None,
+        job_id: str | int | None = None,
+        tz: str | None = None,
+    ) -> bool:
+        return await self._run(self._flows.schedule(name, every, cron, job_id, tz))
+
+    async def schedules(self) -> list[Schedule]:
+        return await self._run(self._flows.schedules())
+
+    async def unschedule(self, name: str) -> bool:
+        return await self._run(self._flows.unschedule(name))
+
+    async def keep_schedules(self) -> int:
+        return await self._run(self._flows.keep_schedules())
 
     async def pause(self) -> bool:
         return await self._run(self._flows.pause())

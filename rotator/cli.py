@@ -1447,6 +1447,91 @@ def open_group(ctx: click.Context, topic: str, group: str, **options: Any) -> To
     return t.group(group, **options)
 
 
+@main.group(name="schedule")
+def schedule_group() -> None:
+    """Recurring jobs: each tick of a schedule pushes one job `<JOB_ID>@<tick ms>`.
+
+    \b
+    Examples:
+      rotator schedule add reports nightly --cron '0 2 * * *' --tz Europe/Paris
+      rotator schedule add reports heartbeat --every 60
+      rotator schedule list reports
+      rotator schedule rm reports nightly
+    """
+
+
+@schedule_group.command("add")
+@click.argument("queue")
+@click.argument("name")
+@click.option("--every", type=Seconds(MAX_SCHEDULE_SECONDS), help="A tick every SECONDS.")
+@click.option("--cron", help="A tick at each time of this cron expression (5 or 6 fields).")
+@click.option("--tz", help="The cron expression's time zone.  [default: UTC]")
+@click.option("--job-id", help="The id the ticks' jobs start with.  [default: NAME]")
+@json_option
+@click.pass_context
+def schedule_add(
+    ctx: click.Context,
+    queue: str,
+    name: str,
+    every: float | None,
+    cron: str | None,
+    tz: str | None,
+    job_id: str | None,
+    json: bool,
+) -> None:
+    """Add (or replace) the schedule NAME on QUEUE; adding it again as it is changes nothing.
+
+    Each tick makes one job, however many workers run; ticks missed while nothing ran make
+    one catch-up job. Worker loops keep a cron schedule's due times topped up.
+    """
+    if (every is None) == (cron is None):
+        raise click.UsageError("give --every or --cron, one of them")
+    changed = open_queue(ctx, queue, must_exist=False).schedule(
+        name, every=every, cron=cron, tz=tz, job_id=job_id
+    )
+    emit(ctx, {"changed": changed}, f"{'scheduled' if changed else 'unchanged'} {name}")
+
+
+def moment_text(unix: float | None) -> str:
+    if unix is None:
+        return "-"
+    return datetime.fromtimestamp(unix).astimezone().isoformat(timespec="seconds")
+
+
+@schedule_group.command("list")
+@click.argument("queue")
+@json_option
+@click.pass_context
+def schedule_list(ctx: click.Context, queue: str, json: bool) -> None:
+    """The schedules of QUEUE: NAME  SPEC  NEXT  LAST  JOB_ID (times in local time)."""
+    found = open_queue(ctx, queue, must_exist=False).schedules()
+    rows = [
+        "  ".join(
+            (
+                item.name,
+                item.spec + (f" ({item.tz})" if item.tz else ""),
+                moment_text(item.next_due) if item.next_due else "ran out (run a worker)",
+                moment_text(item.last_run),
+                item.job_id,
+            )
+        )
+        for item in found
+    ]
+    emit(ctx, [item.as_dict() for item in found], lines(rows))
+
+
+@schedule_group.command("rm")
+@click.argument("queue")
+@click.argument("name")
+@json_option
+@click.pass_context
+def schedule_rm(ctx: click.Context, queue: str, name: str, json: bool) -> None:
+    """Remove the schedule NAME from QUEUE (jobs it pushed stay)."""
+    if not open_queue(ctx, queue, must_exist=False).unschedule(name):
+        fail(f"no schedule {name!r} on queue {queue!r}")
+    emit(ctx, {"removed": True}, f"removed {name}")
+
+
 @main.group(name="topic")
 def topic_group() -> None:
     """Topics: every message reaches every subscribed group (see rotator.topic).

@@ -23,6 +23,7 @@ from rotator.models import (
     QueueSettings,
     RingEntry,
     RingPage,
+    Schedule,
     Stats,
     TopicStats,
 )
@@ -34,6 +35,8 @@ from rotator.protocol import (
     job_from_token,
     text,
 )
+from rotator.schedules import ScheduleCall
+from rotator.schedules import decode as decode_schedules
 
 T = TypeVar("T")
 Keys = tuple[str, ...]
@@ -112,6 +115,20 @@ def push(keys: Keys, ids: Sequence[bytes], *, item_stats: bool = False) -> Modul
 def push_later(keys: Keys, due: Due, ids: Sequence[bytes]) -> ModuleCall[int]:
     """``push_later IN|AT TIME ID...`` (KEYS 1..12, or 1..14 to start item stats)."""
     return ModuleCall(keys, [b"push_later", due.mode, due.ms, *ids], _int, True)
+
+
+def schedule(keys: Keys, mode: bytes, call: ScheduleCall) -> ModuleCall[bool]:
+    """``schedule SET|FILL NAME JOB_ID EVERY_MS SPEC [DUE ...]``: True when added or changed."""
+    args = [b"schedule", mode, call.name, call.job_id, call.every_ms, call.spec, *call.dues]
+    return ModuleCall(keys, args, _is_one, True)
+
+
+def unschedule(keys: Keys, name: str) -> ModuleCall[bool]:
+    return ModuleCall(keys, [b"unschedule", name], _is_one, True)
+
+
+def schedules(keys: Keys) -> ModuleCall[list[Schedule]]:
+    return ModuleCall(keys, [b"schedules"], decode_schedules)
 
 
 def pause(keys: Keys) -> ModuleCall[bool]:
@@ -407,6 +424,7 @@ def _stats_from(fields: dict[str, int]) -> Stats:
         # (a topic group's stats have neither: tstats leaves them out)
         scheduled=fields.get("scheduled", 0),
         paused=bool(fields.get("paused", 0)),
+        schedules=fields.get("schedules", 0),
     )
 
 

@@ -33,6 +33,7 @@ from rotator.models import (
     Job,
     QueueSettings,
     RingEntry,
+    Schedule,
     Stats,
     WorkSummary,
 )
@@ -167,6 +168,44 @@ class Rotator(QueueView):
         """
         due = protocol.check_due(delay, at)
         return self._run(self._flows.push_payloads(items, chunk, due))
+
+    def schedule(
+        self,
+        name: str,
+        *,
+        every: float | None = None,
+        cron: str | None = None,
+        job_id: str | int | None = None,
+        tz: str | None = None,
+    ) -> bool:
+        """Pushes one job ``"<job_id>@<tick ms>"`` (``job_id`` defaults to ``name``) at each
+        tick of the schedule ``name``: ``every`` seconds (the first a period from now), or at
+        the times of the cron expression ``cron`` (5 or 6 fields, read by cronsim, the
+        ``cron`` extra) in time zone ``tz`` (default UTC). Each tick makes exactly one job
+        whatever the number of consumers: the server decides it, in the claim that finds
+        it due. Ticks missed while nothing claimed (or the queue was paused) make one
+        catch-up job, then the schedule goes on from now.
+
+        Declaring a schedule again as it is changes nothing (so an application may declare
+        its schedules at every start); anything else replaces it. True when it was added or
+        changed. A cron schedule is given its next 256 due times; the worker loops
+        (:meth:`work`) give it more, and so does :meth:`keep_schedules`.
+        """
+        return self._run(self._flows.schedule(name, every, cron, job_id, tz))
+
+    def schedules(self) -> list[Schedule]:
+        """The queue's recurring schedules, by name."""
+        return self._run(self._flows.schedules())
+
+    def unschedule(self, name: str) -> bool:
+        """Forgets the schedule ``name`` (jobs it pushed stay); False when there was none."""
+        return self._run(self._flows.unschedule(name))
+
+    def keep_schedules(self) -> int:
+        """Gives each cron schedule that runs low on due times a fresh window (the worker
+        loops do this every minute); returns how many were topped up. For consumers that
+        run a loop of their own: call it now and then (hourly is plenty)."""
+        return self._run(self._flows.keep_schedules())
 
     def pause(self) -> bool:
         """Stops the queue handing out jobs, for every consumer, until :meth:`resume`:

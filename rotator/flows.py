@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
-from rotator import commands, protocol
+from rotator import commands, protocol, schedules
 from rotator.commands import AfterWake, Ask, ClientCall, Flow, Keys, ModuleCall
 from rotator.defaults import (
     DEFAULT_BUDGET,
@@ -43,6 +43,7 @@ from rotator.models import (
     QueueSettings,
     Retention,
     RingEntry,
+    Schedule,
     Stats,
     TopicStats,
 )
@@ -105,6 +106,31 @@ class QueueFlows:
             else:
                 pushed += yield commands.push_later(keys, due, part)
         return pushed
+
+    def schedule(
+        self, name: str, every: object, cron: object, job_id: object, tz: object
+    ) -> Flow[bool]:
+        call = schedules.check(name, every=every, cron=cron, job_id=job_id, tz=tz, now=time.time())
+        changed: bool = yield commands.schedule(self.plain_keys, b"SET", call)
+        return changed
+
+    def schedules(self) -> Flow[list[Schedule]]:
+        found: list[Schedule] = yield commands.schedules(self.plain_keys)
+        return found
+
+    def unschedule(self, name: str) -> Flow[bool]:
+        gone: bool = yield commands.unschedule(self.plain_keys, schedules.check_name(name))
+        return gone
+
+    def keep_schedules(self) -> Flow[int]:
+        """Gives the cron schedules that run low a fresh window of due times."""
+        refilled = 0
+        for schedule in (yield from self.schedules()):
+            call = schedules.refill(schedule, time.time())
+            if call is not None:
+                yield commands.schedule(self.plain_keys, b"FILL", call)
+                refilled += 1
+        return refilled
 
     def pause(self) -> Flow[bool]:
         paused: bool = yield commands.pause(self.plain_keys)

@@ -57,6 +57,27 @@ class Stats:
     # next claim): apart from ``length``.
     scheduled: int = 0
     paused: bool = False  # leases nothing until resumed (``pause``)
+    schedules: int = 0  # recurring schedules (``schedule``)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True, slots=True)
+class Schedule:
+    """A recurring schedule (``Rotator.schedule``): each tick pushes one job
+    ``"<job_id>@<tick ms>"``."""
+
+    name: str
+    spec: str  # the cron expression, or "every <seconds>s"
+    next_due: float | None  # unix seconds of the next tick; None: a cron schedule ran out
+    last_run: float | None  # unix seconds of the last tick (its job's time), None before one
+    job_id: str
+    every: float | None = None  # seconds, for an interval schedule
+    cron: str | None = None
+    tz: str | None = None  # the cron expression's time zone; None: UTC
+    dues_left: int | None = None  # due times a cron schedule holds (worker loops add more)
+    dues_until: float | None = None  # unix seconds of the last of them
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -45,6 +45,7 @@ from rotator.defaults import (
 from rotator.errors import ServerBusy
 from rotator.models import AsyncHandler, Handler, Job, WorkSummary
 from rotator.registry import HELD_SHOWN, Presence
+from rotator.schedules import Keeper
 
 if TYPE_CHECKING:
     from rotator.aio import AsyncRotator
@@ -256,6 +257,7 @@ class Worker:
         self._stop = threading.Event()
         self._ledger = Ledger(rotator.timeout, self.batch)
         self._presence = Presence(rotator.keys.name)
+        self._schedules_kept = Keeper()
 
     @property
     def worker_id(self) -> str:
@@ -405,11 +407,12 @@ class Worker:
 
     def _heartbeat(self) -> None:
         """Extends every held lease that is half used, so slow batches keep their jobs, and
-        keeps this worker's registry entry."""
+        keeps this worker's registry entry and the cron schedules' due times."""
         ledger = self._ledger
         self._report()
         while not self._stop.wait(ledger.heartbeat_interval()):
             self._report()
+            self._keep_schedules()
             now, due = ledger.due()
             if not due:
                 continue
@@ -432,6 +435,15 @@ class Worker:
             report_failed(presence, error)
         else:
             presence.failing = False
+
+    def _keep_schedules(self) -> None:
+        """Tops up the cron schedules' due times, every KEEP_EVERY seconds."""
+        if not self._schedules_kept.due():
+            return
+        try:
+            self.rotator.keep_schedules()
+        except Exception as error:
+            log.warning("could not top up the schedules' due times (%s); will retry", error)
 
     def _forget(self) -> None:
         """Removes this worker's registry entry on a clean stop."""
@@ -465,6 +477,7 @@ class AsyncWorker:
         self._stop = asyncio.Event()
         self._ledger = Ledger(rotator.timeout, self.batch)
         self._presence = Presence(rotator.keys.name)
+        self._schedules_kept = Keeper()
 
     @property
     def worker_id(self) -> str:
@@ -613,6 +626,7 @@ class AsyncWorker:
         while not self._stop.is_set():
             await asyncio.sleep(ledger.heartbeat_interval())
             await self._report()
+            await self._keep_schedules()
             now, due = ledger.due()
             if not due:
                 continue
@@ -633,6 +647,14 @@ class AsyncWorker:
             report_failed(presence, error)
         else:
             presence.failing = False
+
+    async def _keep_schedules(self) -> None:
+        if not self._schedules_kept.due():
+            return
+        try:
+            await self.rotator.keep_schedules()
+        except Exception as error:
+            log.warning("could not top up the schedules' due times (%s); will retry", error)
 
     async def _forget(self) -> None:
         if not self._presence.enabled:

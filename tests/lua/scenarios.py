@@ -149,7 +149,7 @@ def revoked(b: Backend, token: str) -> bool:
 def stats(b: Backend) -> dict[str, int]:
     reply = b.call("stats")
     assert isinstance(reply, list), reply
-    assert len(reply) == 22, reply
+    assert len(reply) == 24, reply
     names, values = reply[0::2], reply[1::2]
     assert all(isinstance(v, int) for v in values), reply
     got = {str(k): int(v) for k, v in zip(names, values, strict=True) if isinstance(v, int)}
@@ -1116,6 +1116,7 @@ def stats_follow_a_job_through_its_lifecycle(b: Backend) -> None:
         "overdue_capped": 0,
         "scheduled": 0,
         "paused": 0,
+        "schedules": 0,
     }
     assert stats(b) == zero
 
@@ -1290,7 +1291,7 @@ def push_later_checks_its_arguments_before_writing(b: Backend) -> None:
     later(b, "IN", 60_000, "kept")
     push(b, "p")
     ten_years = 3650 * 86_400_000
-    for argv, code in [
+    cases: list[tuple[tuple[str | int, ...], str]] = [
         (("push_later", "SOON", 10, "a"), "ROTATOR_BADARG"),
         (("push_later", "in", 10, "a"), "ROTATOR_BADARG"),
         (("push_later", "IN", -1, "a"), "ROTATOR_BADARG"),
@@ -1301,7 +1302,8 @@ def push_later_checks_its_arguments_before_writing(b: Backend) -> None:
         (("push_later", "IN", 10, ""), "ROTATOR_BADID"),
         (("push_later", "IN", 10, *(["i"] * 5001)), "ROTATOR_TOOMANY"),
         (("push_later",), "ROTATOR_BADARG"),
-    ]:
+    ]
+    for argv, code in cases:
         expect_error(b, code, *argv)
     assert b.call("push_later", "IN", 10) == 0  # no ids: nothing to do
     b.raw_set_key(b.keys[N_QUEUE_KEYS - 1], "oops")
@@ -1352,6 +1354,138 @@ def pushp_later_keeps_the_payload_and_a_move_counts_no_copy(b: Backend) -> None:
     expect_error(b, "ROTATOR_BADARG", "pushp_later", "IN", 10, "a", keys=keys)
     expect_error(b, "ROTATOR_BADARG", "pushp_later", "IN", -5, "a", "p", keys=keys)
     expect_error(b, "ROTATOR_BADID", "pushp_later", "IN", 10, "a*", "p", keys=keys)
+
+
+# -- recurring schedules -----------------------------------------------------------------------
+
+
+def schedules(b: Backend) -> dict[str, tuple[str, int, str, int, int, int]]:
+    """name -> (job_id, every_ms, spec, next_tick_ms, last_tick_ms, dues_left)."""
+    reply = b.call("schedules")
+    assert isinstance(reply, list), reply
+    assert len(reply) % 8 == 0, reply
+    rows = {}
+    for i in range(0, len(reply), 8):
+        name, job, every, spec, next_tick, last, left, last_due = reply[i : i + 8]
+        numbers = [every, next_tick, last, left, last_due]
+        assert all(isinstance(number, int) for number in numbers), reply
+        every_ms, next_ms, last_ms, dues_left, last_due_ms = (int(str(n)) for n in numbers)
+        assert (last_due_ms == -1) == (dues_left == 0), reply
+        rows[str(name)] = (str(job), every_ms, str(spec), next_ms, last_ms, dues_left)
+    return rows
+
+
+@scenario
+def an_interval_schedule_pushes_one_job_per_tick(b: Backend) -> None:
+    before = b.now_ms()
+    assert b.call("schedule", "SET", "often", "report", DELAY, "every 0.3 s") == 1
+    assert b.call("schedule", "SET", "often", "report", DELAY, "every 0.3 s") == 0  # the same
+    [(job, every, spec, first, last, left)] = schedules(b).values()
+    assert (job, every, spec, last, left) == ("report", DELAY, "every 0.3 s", 0, 0)
+    within(first, before + DELAY, b.now_ms() + DELAY)
+    assert (stats(b)["schedules"], stats(b)["scheduled"]) == (1, 0)  # a schedule is no job
+    got = nxt(b)
+    assert (got.jobs, got.idle) == ([], 1)
+    within(got.wait_ms, 1, DELAY)  # idle consumers wake for the tick
+    b.sleep_ms(DELAY + 60)
+    assert nxt(b).ids == [f"report@{first}"]
+    assert nxt(b).ids == []  # one job per tick, however many consumers call
+    (_, _, _, second, last, _) = schedules(b)["often"]
+    assert last == first
+    assert second > b.now_ms() - 60 or second == first + DELAY
+    assert (second - first) % DELAY == 0
+
+
+@scenario
+def ticks_missed_make_one_catch_up_job(b: Backend) -> None:
+    assert b.call("schedule", "SET", "s", "job", SHORT, "every 0.1 s") == 1
+    (_, _, _, first, _, _) = schedules(b)["s"]
+    b.sleep_ms(5 * SHORT + 30)  # five ticks pass with no consumer
+    assert nxt(b, 100).ids == [f"job@{first}"]
+    (_, _, _, following, last, _) = schedules(b)["s"]
+    assert last == first
+    assert following > b.now_ms() - SHORT  # the next tick after now, not the ones missed
+    assert (following - first) % SHORT == 0
+
+
+@scenario
+def a_schedule_with_due_times_idles_when_they_run_out_and_fill_gives_more(b: Backend) -> None:
+    now = b.now_ms()
+    dues = [now + 100, now + 200, now + 300]
+    assert b.call("schedule", "SET", "c", "j", 0, "*/5 * * * *", *dues) == 1
+    assert schedules(b)["c"] == ("j", 0, "*/5 * * * *", dues[0], 0, 3)
+    b.sleep_ms(400)
+    assert nxt(b, 10).ids == [f"j@{dues[0]}"]  # all three passed: one catch-up job
+    assert schedules(b)["c"] == ("j", 0, "*/5 * * * *", -1, dues[0], 0)
+    assert stats(b)["schedules"] == 1
+    # FILL only for the same schedule; due times up to the last tick are dropped.
+    later_dues = [dues[0], b.now_ms() + 60_000]
+    assert b.call("schedule", "FILL", "c", "j", 0, "0 * * * *", *later_dues) == 0
+    assert schedules(b)["c"][3] == -1
+    assert b.call("schedule", "FILL", "c", "j", 0, "*/5 * * * *", *later_dues) == 0
+    assert schedules(b)["c"] == ("j", 0, "*/5 * * * *", later_dues[1], dues[0], 1)
+    assert b.call("schedule", "FILL", "nope", "j", 0, "x", later_dues[1]) == 0
+    assert "schedule:nope" not in b.hgetall("meta")
+
+
+@scenario
+def unschedule_forgets_the_schedule_and_its_tick(b: Backend) -> None:
+    assert b.call("schedule", "SET", "a", "ja", 60_000, "") == 1
+    assert b.call("schedule", "SET", "b", "jb", 60_000, "") == 1
+    later(b, "IN", 60_000, "plain")
+    assert (stats(b)["schedules"], stats(b)["scheduled"]) == (2, 1)
+    assert b.call("unschedule", "a") == 1
+    assert b.call("unschedule", "a") == 0
+    assert list(schedules(b)) == ["b"]
+    assert set(b.zscores("scheduled")) == {"*b", "plain"}
+    assert (stats(b)["schedules"], stats(b)["scheduled"]) == (1, 1)
+    # SET with another interval replaces the schedule (and its next tick).
+    assert b.call("schedule", "SET", "b", "jb", 120_000, "") == 1
+    within(schedules(b)["b"][3], b.now_ms() + 119_000, b.now_ms() + 120_000)
+
+
+@scenario
+def a_paused_queue_makes_one_catch_up_tick_on_resume(b: Backend) -> None:
+    assert b.call("schedule", "SET", "p", "job", SHORT, "") == 1
+    assert b.call("pause") == 1
+    b.sleep_ms(3 * SHORT + 30)
+    assert nxt(b).jobs == []
+    assert b.call("resume") == 1
+    assert len(nxt(b, 100).ids) == 1
+
+
+@scenario
+def schedule_checks_its_arguments_before_writing(b: Backend) -> None:
+    assert b.call("schedule", "SET", "kept", "job", 60_000, "") == 1
+    now = b.now_ms()
+    cases: list[tuple[tuple[str | int, ...], str]] = [
+        (("schedule", "PUT", "n", "j", 1000, ""), "ROTATOR_BADARG"),
+        (("schedule", "SET", "", "j", 1000, ""), "ROTATOR_BADARG"),
+        (("schedule", "SET", "a b", "j", 1000, ""), "ROTATOR_BADARG"),
+        (("schedule", "SET", "n" * 129, "j", 1000, ""), "ROTATOR_BADARG"),
+        (("schedule", "SET", "n", "j*k", 1000, ""), "ROTATOR_BADID"),
+        (("schedule", "SET", "n", "j" * 1009, 1000, ""), "ROTATOR_BADID"),
+        (("schedule", "SET", "n", "j", -1, ""), "ROTATOR_BADARG"),
+        (("schedule", "SET", "n", "j", 1000, "", now + 5), "ROTATOR_BADARG"),
+        (("schedule", "SET", "n", "j", 0, ""), "ROTATOR_BADARG"),
+        (("schedule", "SET", "n", "j", 0, "", now + 5, now + 5), "ROTATOR_BADARG"),
+        (("schedule", "SET", "n", "j", 0, "", *range(now, now + 1001)), "ROTATOR_BADARG"),
+        (("schedule", "SET", "n", "j", 0, "", now + 3651 * 86_400_000), "ROTATOR_BADARG"),
+        (("schedule", "SET", "n", "j", 1000, "s" * 257), "ROTATOR_BADARG"),
+        (("schedule", "SET", "n", "j"), "ROTATOR_BADARG"),
+    ]
+    for argv, code in cases:
+        expect_error(b, code, *argv)
+
+
+@fake_clock_only
+@scenario
+def a_queue_holds_at_most_1000_schedules(b: Backend) -> None:
+    for i in range(1000):
+        assert b.call("schedule", "SET", f"s{i}", "j", 60_000, "") == 1
+    expect_error(b, "ROTATOR_TOOMANY", "schedule", "SET", "one-more", "j", 60_000, "")
+    assert b.call("schedule", "SET", "s0", "j", 30_000, "") == 1  # changing one is fine
+    assert stats(b)["schedules"] == 1000
 
 
 # -- payloads (the thirteenth key) -----------------------------------------------------------
