@@ -31,7 +31,8 @@ KEYS
                             lmin lstop lpass lskip rpasses lpasses (see LEASES),
                             dead_dropped, expired (a topic group's), smin paused (see
                             SCHEDULED), schedules ticking and "schedule:<name>" (see
-                            SCHEDULES); settings (configure)
+                            SCHEDULES), rate_n rate_ms rate_tat (see rate_limit); settings
+                            (configure)
   KEYS[10] pushlog    LIST  "<pushed>:<ms>" push checkpoints, newest first (pending age)
   KEYS[11] leases     LIST  the jobs in flight: leases and packed batches, newest at the head,
                             walked from the tail in deadline order (see LEASES)
@@ -154,6 +155,14 @@ COMMANDS (ARGV[1]; numbers are decimal integers)
   resume
     Ends a pause and wakes idle consumers.
     reply: 1, or 0 when the queue was not paused
+  rate_limit JOBS PER_MS
+    Limits what next, next_packed and nextp lease, across every consumer, to JOBS (1..1e9)
+    per PER_MS (1..86400000) ms: at most JOBS in a burst, then one every PER_MS / JOBS ms
+    (a generic cell rate kept in meta: rate_n rate_ms rate_tat). A call may lease fewer than
+    its COUNT; one that may lease none takes its acks and replies idle with wait_ms until
+    one more may go. JOBS 0 lifts the limit.
+    reply: 1
+    errors: ROTATOR_BADARG
   push_chunk CHUNK TTL_MS ID [ID ...]                     (KEYS 1..12, KEYS[13] a marker hash)
     push, once per chunk of a bulk load: only when the marker's field `chunks` (0 when
     absent) equals CHUNK; then `chunks` becomes CHUNK + 1 and the marker expires in TTL_MS.
@@ -240,7 +249,7 @@ COMMANDS (ARGV[1]; numbers are decimal integers)
     reply: {"length", n, "pending", n, "in_flight", n, "done", n, "deferred", n, "dead", n,
             "oldest_pending_age_ms", n (-1 when nothing is pending),
             "overdue", n, "overdue_capped", 0|1, "scheduled", n, "paused", 0|1,
-            "schedules", n}
+            "schedules", n, "rate_limit_jobs", n, "rate_limit_ms", n (0 0: no limit)}
     Jobs: length = pending + in_flight + done + deferred + overdue. pending: pushed, never
     leased; in_flight: leased, deadline not passed; done: acked, element not yet removed;
     deferred: given back, waiting for its delay (or for the walk, once due); overdue: lease
@@ -397,7 +406,8 @@ REDIS-CLI
 --    4. Queue state       counters, side-structure sizes and pushes, on any queue's keys
 --    5. Acks              acking tokens and batch acks, for ack, next and ackp
 --    6. The walk engine   one walk over the ring's tail, for next, next_packed and sweep
---    7. Queue commands    push push_chunk push_later pause resume next next_packed ack nack
+--    7. Queue commands    push push_chunk push_later pause resume rate_limit next
+--                         next_packed ack nack
 --                         extend sweep delete
 --                         configure stats peek scan dead requeue_dead requeue_dead_from
 --    8. Payloads          pushp pushp_later nextp ackp, and item stats: pushi nackp items
@@ -447,6 +457,7 @@ local LIMIT = {
   -- Recurring schedules: per queue, the bytes of a name and of a spec, and the due times one
   -- schedule is given at once.
   schedules = 1000, schedule_name = 128, spec_bytes = 256, schedule_dues = 1000,
+  rate_jobs = 1e9, -- rate_limit's JOBS (per PER_MS, at most a day)
   -- stats counts overdue leases from the lease list's tail: at most this many elements, and
   -- batch_bytes of them, and LIMIT.count tokens looked up (then its count is a lower bound).
   overdue_look = 100,
@@ -695,7 +706,8 @@ function M.read_meta(K)
   local m = M.read('HMGET', K.meta, 'seq', 'lapnext', 'qstart', 'qmin', 'pushed', 'taken',
     'lapguess', 'qlen', 'packed', 'origin', 'fence_ms', 'fence_max', 'dead_max', 'dead_age_ms',
     'marked_n', 'marked_a', 'marked_n_old', 'marked_a_old',
-    'lmin', 'lstop', 'lpass', 'lskip', 'rpasses', 'lpasses', 'smin', 'paused')
+    'lmin', 'lstop', 'lpass', 'lskip', 'rpasses', 'lpasses', 'smin', 'paused', 'rate_n',
+    'rate_ms', 'rate_tat')
   local seq = tonumber(m[1]) or M.now_ms()
   return {
     -- origin: the first seq of the queue as it is now (see refused_among)
@@ -713,6 +725,8 @@ function M.read_meta(K)
     -- No later than the earliest due time of the scheduled jobs (see SCHEDULED); paused: see
     -- pause.
     smin = tonumber(m[25]), paused = m[26] == '1',
+    -- The rate limit (see rate_limit): jobs per ms, and where its cell rate has got to.
+    rate_n = tonumber(m[27]), rate_ms = tonumber(m[28]), rate_tat = tonumber(m[29]),
     lapnext = tonumber(m[2]), qstart = tonumber(m[3]),
     qmin = tonumber(m[4]), pushed = tonumber(m[5]) or 0, taken = tonumber(m[6]) or 0,
     lapguess = m[7] == '1' or not tonumber(m[2]), qlen = tonumber(m[8]),
@@ -1827,11 +1841,24 @@ function M.lease(first, batches, compact)
   local max_deliveries = M.int_arg(5, 'MAX_DELIVERIES', 0, LIMIT.max_deliveries)
   M.check_tokens(first, false, batches)
   local state = M.read_walk_state()
-  if state.meta.paused then return M.lease_paused(first, compact, state) end
+  if state.meta.paused then return M.lease_held(first, compact, state, -1) end
   if state.meta.smin and state.meta.smin <= state.now then
     M.promote(state.meta, state.length, state.now)
     state = M.read_walk_state()
   end
+  if not state.meta.rate_n then
+    return M.lease_now(first, count, lease, budget, max_deliveries, compact, state)
+  end
+  local rate = M.rate_allowance(state.meta, state.now)
+  if rate.allowed < 1 then return M.lease_held(first, compact, state, rate.wait) end
+  local reply, accepted = M.lease_now(first, math.min(count, rate.allowed), lease, budget,
+    max_deliveries, compact, state)
+  M.note_rate(rate, M.leased_count(reply, compact))
+  return reply, accepted
+end
+
+-- lease's work once the queue may lease: the short way, or the walk.
+function M.lease_now(first, count, lease, budget, max_deliveries, compact, state)
   if FAST_LEASE then
     local reply = M.fast_lease(first, count, lease, budget, compact, state)
     if reply then return reply, {} end
@@ -1873,15 +1900,51 @@ function M.soonest(a, b, c)
   return soonest
 end
 
--- next on a paused queue: takes the acks, leases nothing, and idles (pause).
-function M.lease_paused(first, compact, state)
+-- next on a queue that may lease nothing now (paused, or at its rate limit): takes the acks
+-- and idles for `wait_ms` (-1: until woken). Wake-ups pushed meanwhile would only spin the
+-- idle consumers: resume wakes them, and the rate limit's wait ends by itself.
+function M.lease_held(first, compact, state, wait_ms)
   local sides = state.sides
   sides.lstop_was = sides.lstop
   local acked, accepted = M.ack_tokens(first, state.length + state.lease_length, sides)
   M.write_acked(sides)
-  -- Wake-ups pushed meanwhile would only spin the idle consumers: resume wakes them.
   rcall('DEL', K.wake)
-  return compact and { 1, -1, acked, '' } or { 1, -1, acked }, accepted
+  return compact and { 1, wait_ms, acked, '' } or { 1, wait_ms, acked }, accepted
+end
+
+-- The rate limit (rate_limit) as a generic cell rate: each job leased moves the theoretical
+-- arrival time `tat` on by per / jobs ms, and a call may lease while tat stays within `per`
+-- ahead of now, so at most `jobs` go in any burst and `jobs` per `per` on average, across
+-- every consumer. Returns {allowed, wait (ms until one more may go), tat, step}.
+function M.rate_allowance(meta, now)
+  local step = meta.rate_ms / meta.rate_n
+  local tat = math.max(meta.rate_tat or now, now)
+  local allowed = math.floor((now + meta.rate_ms - tat) / step + 1e-9)
+  local wait = math.max(math.ceil(tat + step - meta.rate_ms - now), 1)
+  return { allowed = math.max(allowed, 0), wait = wait, tat = tat, step = step }
+end
+
+function M.note_rate(rate, leased)
+  if leased > 0 then rcall('HSET', K.meta, 'rate_tat', rate.tat + leased * rate.step) end
+end
+
+-- How many jobs a next reply leased (next_packed's packed element holds its first ones).
+function M.leased_count(reply, compact)
+  if not compact then return (#reply - 3) / 2 end
+  local packed = reply[4] ~= '' and select(2, string.gsub(reply[4], '%*', '')) - 1 or 0
+  return packed + (#reply - 4) / 2
+end
+
+function M.rate_limit()
+  local jobs = M.int_arg(2, 'JOBS', 0, LIMIT.rate_jobs)
+  local per = M.int_arg(3, 'PER_MS', 1, LIMIT.lease_ms)
+  M.read('HLEN', K.meta)
+  if jobs == 0 then
+    rcall('HDEL', K.meta, 'rate_n', 'rate_ms', 'rate_tat')
+  else
+    rcall('HSET', K.meta, 'rate_n', jobs, 'rate_ms', per)
+  end
+  return 1
 end
 
 -- Moves the scheduled jobs that are due (at most LIMIT.promote, earliest first) to the ring,
@@ -2412,12 +2475,14 @@ end
 
 function M.stats()
   local reply = M.queue_stats(K)
-  local m = M.read('HMGET', K.meta, 'paused', 'ticking', 'schedules')
+  local m = M.read('HMGET', K.meta, 'paused', 'ticking', 'schedules', 'rate_n', 'rate_ms')
   -- (the members of ticking schedules are no jobs)
   local scheduled = M.read('ZCARD', K.scheduled) - (tonumber(m[2]) or 0)
   reply[#reply + 1], reply[#reply + 2] = 'scheduled', math.max(scheduled, 0)
   reply[#reply + 1], reply[#reply + 2] = 'paused', m[1] == '1' and 1 or 0
   reply[#reply + 1], reply[#reply + 2] = 'schedules', tonumber(m[3]) or 0
+  reply[#reply + 1], reply[#reply + 2] = 'rate_limit_jobs', tonumber(m[4]) or 0
+  reply[#reply + 1], reply[#reply + 2] = 'rate_limit_ms', tonumber(m[5]) or 0
   return reply
 end
 
@@ -3452,6 +3517,7 @@ local COMMANDS = {
   schedule = M.schedule,
   unschedule = M.unschedule,
   schedules = M.schedules,
+  rate_limit = M.rate_limit,
   pause = M.pause,
   resume = M.resume,
   next = M.next,

@@ -224,6 +224,9 @@ class AsyncRotator(QueueView):
     async def keep_schedules(self) -> int:
         return await self._run(self._flows.keep_schedules())
 
+    async def set_rate_limit(self, jobs: int | None, per: float = 1.0) -> None:
+        await self._run(self._flows.set_rate_limit(jobs, per))
+
     async def pause(self) -> bool:
         return await self._run(self._flows.pause())
 

@@ -11,6 +11,7 @@ import importlib
 import json
 import logging
 import os
+import re
 import shlex
 import stat
 import sys
@@ -18,7 +19,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime
-from typing import Any, NoReturn
+from typing import Any, ClassVar, NoReturn
 
 import click
 import redis
@@ -408,6 +409,51 @@ def push(
     emit(ctx, {"pushed": total}, str(total))
 
 
+class Rate(click.ParamType[tuple[int, float] | None, Any]):
+    """A rate limit: ``JOBS/PERIOD`` with PERIOD ``s``, ``m``, ``h`` or seconds (``5s``), or
+    ``off``."""
+
+    name = "RATE"
+    _FORM = re.compile(r"(\d+)/(\d*\.?\d*)(s|m|h)")
+    _UNIT: ClassVar[dict[str, float]] = {"s": 1.0, "m": 60.0, "h": 3600.0}
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if value == "off":
+            return None
+        found = self._FORM.fullmatch(str(value))
+        if not found:
+            self.fail(f"{value!r} is not JOBS/PERIOD (100/s, 5/m, 10/30s) or off", param, ctx)
+        jobs, count, unit = found.groups()
+        per = float(count or 1) * self._UNIT[unit]
+        if int(jobs) < 1 or not 0 < per <= MAX_LEASE_SECONDS:
+            self.fail(f"{value!r}: at least 1 job per a period of at most a day", param, ctx)
+        return int(jobs), per
+
+
+@main.command()
+@click.argument("queue")
+@click.argument("rate", type=Rate())
+@json_option
+@click.pass_context
+def limit(ctx: click.Context, queue: str, rate: tuple[int, float] | None, json: bool) -> None:
+    """Hand out at most RATE jobs of QUEUE (100/s, 5/m, 10/30s), across every consumer, or
+    lift the limit (off).
+
+    \b
+    Examples:
+      rotator limit orders 100/s
+      rotator limit orders off
+    """
+    q = open_queue(ctx, queue, must_exist=False)
+    if rate is None:
+        q.set_rate_limit(None)
+        emit(ctx, {"rate_limit": None}, "no limit")
+        return
+    jobs, per = rate
+    q.set_rate_limit(jobs, per)
+    emit(ctx, {"rate_limit": {"jobs": jobs, "per": per}}, f"at most {jobs} per {per:g} s")
+
+
 @main.command()
 @click.argument("queue")
 @json_option
@@ -587,6 +633,8 @@ def stats(ctx: click.Context, queue: str, watch: bool, interval: float, json: bo
     scheduled   pushed for later (--delay/--at), not yet queued (a due one
                 is, at the next claim); not in length
     paused      handing out nothing until `rotator resume`
+    schedules   recurring schedules (`rotator schedule list`)
+    rate_limit  jobs per period handed out at most (`rotator limit`)
 
     \b
     Examples:
@@ -601,6 +649,8 @@ def stats(ctx: click.Context, queue: str, watch: bool, interval: float, json: bo
         shown = dict(values)
         if shown.pop("overdue_capped"):
             shown["overdue"] = f"{values['overdue']}+"
+        limit = shown["rate_limit"]
+        shown["rate_limit"] = "-" if limit is None else f"{limit['jobs']}/{limit['per']:g}s"
         emit(ctx, values, stats_table(f"queue {queue}", shown))
         if not watch:
             return

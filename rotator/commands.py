@@ -21,6 +21,7 @@ from rotator.models import (
     Job,
     NextReply,
     QueueSettings,
+    RateLimit,
     RingEntry,
     RingPage,
     Schedule,
@@ -129,6 +130,11 @@ def unschedule(keys: Keys, name: str) -> ModuleCall[bool]:
 
 def schedules(keys: Keys) -> ModuleCall[list[Schedule]]:
     return ModuleCall(keys, [b"schedules"], decode_schedules)
+
+
+def rate_limit(keys: Keys, jobs: int, per_ms: int) -> ModuleCall[bool]:
+    """``rate_limit JOBS PER_MS`` (JOBS 0: no limit)."""
+    return ModuleCall(keys, [b"rate_limit", jobs, per_ms], _is_one, True)
 
 
 def pause(keys: Keys) -> ModuleCall[bool]:
@@ -425,6 +431,11 @@ def _stats_from(fields: dict[str, int]) -> Stats:
         scheduled=fields.get("scheduled", 0),
         paused=bool(fields.get("paused", 0)),
         schedules=fields.get("schedules", 0),
+        rate_limit=(
+            RateLimit(fields["rate_limit_jobs"], fields["rate_limit_ms"] / 1000)
+            if fields.get("rate_limit_jobs")
+            else None
+        ),
     )
 
 

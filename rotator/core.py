@@ -207,6 +207,14 @@ class Rotator(QueueView):
         run a loop of their own: call it now and then (hourly is plenty)."""
         return self._run(self._flows.keep_schedules())
 
+    def set_rate_limit(self, jobs: int | None, per: float = 1.0) -> None:
+        """Leases at most ``jobs`` per ``per`` seconds (at most a day) across every consumer
+        of the queue, enforced inside the claim: a burst of ``jobs``, then one every
+        ``per / jobs`` seconds. A claim at the limit gets fewer jobs or none, and a blocked
+        consumer waits (without polling) until one more may go. ``None`` lifts the limit.
+        ``Stats.rate_limit`` shows it."""
+        self._run(self._flows.set_rate_limit(jobs, per))
+
     def pause(self) -> bool:
         """Stops the queue handing out jobs, for every consumer, until :meth:`resume`:
         pushes, acks, nacks and extends go on, and leases already out are unaffected

@@ -20,6 +20,7 @@ from rotator.defaults import (
     MAX_BATCH,
     MAX_COUNT,
     MAX_PUBLISH,
+    MAX_RATE_JOBS,
     MAX_RETENTION_COUNT,
     MAX_RETENTION_SECONDS,
     MAX_TRIM_BUDGET,
@@ -131,6 +132,14 @@ class QueueFlows:
                 yield commands.schedule(self.plain_keys, b"FILL", call)
                 refilled += 1
         return refilled
+
+    def set_rate_limit(self, jobs: int | None, per: float) -> Flow[None]:
+        if jobs is None:
+            yield commands.rate_limit(self.plain_keys, 0, 1)
+            return
+        jobs = protocol.whole(jobs, "jobs", 1, MAX_RATE_JOBS)
+        per_ms = protocol.seconds_to_ms(per, "per")
+        yield commands.rate_limit(self.plain_keys, jobs, per_ms)
 
     def pause(self) -> Flow[bool]:
         paused: bool = yield commands.pause(self.plain_keys)

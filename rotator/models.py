@@ -58,9 +58,19 @@ class Stats:
     scheduled: int = 0
     paused: bool = False  # leases nothing until resumed (``pause``)
     schedules: int = 0  # recurring schedules (``schedule``)
+    rate_limit: RateLimit | None = None  # ``set_rate_limit``; None: no limit
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+@dataclass(frozen=True, slots=True)
+class RateLimit:
+    """At most ``jobs`` leased per ``per`` seconds across every consumer of a queue (a burst
+    of ``jobs``, then one every ``per / jobs`` seconds)."""
+
+    jobs: int
+    per: float
 
 
 @dataclass(frozen=True, slots=True)

@@ -40,6 +40,8 @@ STATS_KEYS = {
     "overdue",
     "scheduled",
     "paused",
+    "schedules",
+    "rate_limit",
 }
 
 

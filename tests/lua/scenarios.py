@@ -149,7 +149,7 @@ def revoked(b: Backend, token: str) -> bool:
 def stats(b: Backend) -> dict[str, int]:
     reply = b.call("stats")
     assert isinstance(reply, list), reply
-    assert len(reply) == 24, reply
+    assert len(reply) == 28, reply
     names, values = reply[0::2], reply[1::2]
     assert all(isinstance(v, int) for v in values), reply
     got = {str(k): int(v) for k, v in zip(names, values, strict=True) if isinstance(v, int)}
@@ -1117,6 +1117,8 @@ def stats_follow_a_job_through_its_lifecycle(b: Backend) -> None:
         "scheduled": 0,
         "paused": 0,
         "schedules": 0,
+        "rate_limit_jobs": 0,
+        "rate_limit_ms": 0,
     }
     assert stats(b) == zero
 
@@ -1354,6 +1356,44 @@ def pushp_later_keeps_the_payload_and_a_move_counts_no_copy(b: Backend) -> None:
     expect_error(b, "ROTATOR_BADARG", "pushp_later", "IN", 10, "a", keys=keys)
     expect_error(b, "ROTATOR_BADARG", "pushp_later", "IN", -5, "a", "p", keys=keys)
     expect_error(b, "ROTATOR_BADID", "pushp_later", "IN", 10, "a*", "p", keys=keys)
+
+
+@scenario
+def a_rate_limit_holds_every_consumer_to_its_jobs_per_period(b: Backend) -> None:
+    assert b.call("rate_limit", 3, 1000) == 1
+    push(b, *(f"j{i}" for i in range(10)))
+    first = nxt(b, 10)
+    assert len(first.jobs) == 3  # the burst: JOBS at once
+    held = nxt(b, 10, acks=(first.tokens[0],))
+    assert (held.jobs, held.idle, held.acked) == ([], 1, 1)  # acks go on
+    within(held.wait_ms, 1, 334)  # one more may go a third of a second on
+    assert (stats(b)["rate_limit_jobs"], stats(b)["rate_limit_ms"]) == (3, 1000)
+    b.sleep_ms(held.wait_ms + 40)
+    assert len(nxt(b, 10).jobs) == 1
+    assert b.call("rate_limit", 0, 1) == 1  # lifted
+    assert len(nxt(b, 10).jobs) == 6
+    assert (stats(b)["rate_limit_jobs"], stats(b)["rate_limit_ms"]) == (0, 0)
+    for argv in [
+        ("rate_limit", -1, 1000),
+        ("rate_limit", 5, 0),
+        ("rate_limit", "x", 1000),
+        ("rate_limit", 5, 86_400_001),
+        ("rate_limit", 5),
+    ]:
+        expect_error(b, "ROTATOR_BADARG", *argv)
+
+
+@scenario
+def a_rate_limit_counts_the_jobs_of_a_packed_call(b: Backend) -> None:
+    assert b.call("rate_limit", 5, 60_000) == 1
+    push(b, *(f"j{i}" for i in range(8)))
+    reply = b.call("next_packed", 4, LONG, BUDGET, 0)
+    assert isinstance(reply, list)
+    assert str(reply[3]).count("*") - 1 == 4
+    reply = b.call("next_packed", 4, LONG, BUDGET, 0)
+    assert isinstance(reply, list)
+    assert str(reply[3]).count("*") - 1 == 1  # five in the period
+    assert b.call("next_packed", 4, LONG, BUDGET, 0)[0] == 1  # type: ignore[index]
 
 
 # -- recurring schedules -----------------------------------------------------------------------
