@@ -119,3 +119,58 @@ def test_bench_leases_smoke(tmp_path: Path) -> None:
     assert set(reclaim) == {(m, c) for m in ("old", "new") for c in ("idle_before", "idle_after")}
     assert all(len(r["late_ms"]) == r["rounds"] for r in reclaim.values()), result["reclaim"]
     assert "| worst call, every phase (ms) |" in printed
+
+
+def test_bench_scheduled_smoke(tmp_path: Path) -> None:
+    """bench.scheduled (issue 15) end to end on tiny sizes: every section, and the ratio."""
+    printed = run_smoke("bench.scheduled", tmp_path, timeout=120)
+    data = json.loads((tmp_path / "scheduled.json").read_text())
+    assert set(data) == {"machine", "module", "sizes", "targets", "results"}
+    assert data["machine"]["mode"] == "smoke"
+    assert data["targets"]["claim_ratio_max"] == 1.25
+    assert set(data["results"]) == {"redis"}
+    result = data["results"]["redis"]
+    assert set(result) == {
+        "version", "config", "load", "claims", "ratios", "push", "promotion", "ticks",
+    }  # fmt: skip
+    far = data["sizes"]["far"]
+    assert result["load"]["scheduled_ok"]
+    assert result["load"]["scheduled"] == far
+    assert result["load"]["zset_bytes_per_job"] > 0
+    batches = data["sizes"]["batches"]
+    claims = {(row["batch"], row["scheduled"]) for row in result["claims"]}
+    assert claims == {(batch, held) for batch in batches for held in (0, far)}
+    assert all(row["median_jobs_per_s"] > 0 for row in result["claims"])
+    assert all(row["median_server_us_per_job"] > 0 for row in result["claims"])
+    assert [row["batch"] for row in result["ratios"]] == batches
+    for row in result["ratios"]:  # present and positive; never a timing bound here
+        assert row["wall_ratio"] > 0
+        assert row["server_ratio"] > 0
+        assert isinstance(row["within_target"], bool)
+    pushes = {(row["command"], row["chunk"], row["onto_scheduled"]) for row in result["push"]}
+    assert pushes == {
+        (command, chunk, onto)
+        for chunk in (1, 1000)
+        for command, onto in (("push", 0), ("push_later", 0), ("push_later", far))
+    }
+    assert all(row["server_us_per_job"] > 0 for row in result["push"])
+    assert all(row["wall_us_per_job"] > 0 for row in result["push"])
+    promoted = {row["scheduled_later"] for row in result["promotion"]}
+    assert promoted == {0, far}
+    for row in result["promotion"]:
+        assert row["promoting_calls"] == -(-data["sizes"]["promote"] // 1000)
+        assert row["promotion_us_per_job"] is not None
+        assert row["worst_call_ms"] > 0
+    ticks = {row["case"]: row for row in result["ticks"]}
+    assert set(ticks) == {"load", "idle", "idle_hz100"}
+    assert ticks["load"]["received"] == ticks["load"]["scheduled"] == data["sizes"]["tick_jobs"]
+    assert ticks["load"]["background_claimed"] > 0
+    for row in ticks.values():
+        assert row["p50_ms"] is not None
+        assert row["max_ms"] is not None
+        assert len(row["delays_ms"]) == row["received"] > 0
+    assert ticks["idle_hz100"]["hz"] == 100
+    report = (tmp_path / "scheduled.md").read_text()
+    assert "| ratio 5,000 / 0 scheduled, batch 1 (wall / server) |" in report
+    assert "| ratio " in printed
+    assert "delay after due" in printed
