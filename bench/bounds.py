@@ -113,10 +113,11 @@ class Module:
         return client.fcall(self.function, len(keys), *keys, *args)
 
     def own_keys(self, keys: Sequence[str]) -> Sequence[str]:
-        """The old module predates the lease list: it takes a queue's keys less that one."""
+        """The old module predates the lease list and the schedule: it takes a queue's keys
+        less those two."""
         if self.label != "old":
             return keys
-        return [key for key in keys if not key.endswith(":leases")]
+        return [key for key in keys if not key.endswith((":leases", ":scheduled"))]
 
 
 def old_source() -> str:

@@ -249,7 +249,9 @@ COMMANDS (ARGV[1]; numbers are decimal integers)
     reply: {"length", n, "pending", n, "in_flight", n, "done", n, "deferred", n, "dead", n,
             "oldest_pending_age_ms", n (-1 when nothing is pending),
             "overdue", n, "overdue_capped", 0|1, "scheduled", n, "paused", 0|1,
-            "schedules", n, "rate_limit_jobs", n, "rate_limit_ms", n (0 0: no limit)}
+            "schedules", n, "rate_limit_jobs", n, "rate_limit_ms", n (0 0: no limit),
+            "pushed", n, "delivered", n, "completed", n, "retried", n, "reclaimed", n,
+            "dead_lettered", n}
     Jobs: length = pending + in_flight + done + deferred + overdue. pending: pushed, never
     leased; in_flight: leased, deadline not passed; done: acked, element not yet removed;
     deferred: given back, waiting for its delay (or for the walk, once due); overdue: lease
@@ -257,7 +259,11 @@ COMMANDS (ARGV[1]; numbers are decimal integers)
     elements and 1000 jobs: overdue_capped 1 says the count is a lower bound).
     O(1) but for that bounded tail: counters kept in meta (marked_n, marked_a and their
     _old), never a whole read. scheduled: jobs waiting in KEYS[12] (push_later), not counted
-    in length; schedules: the recurring schedules.
+    in length; schedules: the recurring schedules. The last six count since the queue was
+    made (delete starts them again), each in the call that does it: ids pushed (and moved
+    from the schedule or the dead letters), deliveries (first ones and later), jobs acked
+    and removed, jobs given back by nack, expired leases leased again, dead letters
+    written.
   peek COUNT
     The COUNT (1..1000) elements nearest the ring's tail, tail first, then the lease list's
     from its tail, without changing anything; a packed batch shows as the leases it stands
@@ -707,7 +713,7 @@ function M.read_meta(K)
     'lapguess', 'qlen', 'packed', 'origin', 'fence_ms', 'fence_max', 'dead_max', 'dead_age_ms',
     'marked_n', 'marked_a', 'marked_n_old', 'marked_a_old',
     'lmin', 'lstop', 'lpass', 'lskip', 'rpasses', 'lpasses', 'smin', 'paused', 'rate_n',
-    'rate_ms', 'rate_tat')
+    'rate_ms', 'rate_tat', 'completed', 'redelivered', 'reclaimed', 'lettered')
   local seq = tonumber(m[1]) or M.now_ms()
   return {
     -- origin: the first seq of the queue as it is now (see refused_among)
@@ -727,6 +733,10 @@ function M.read_meta(K)
     smin = tonumber(m[25]), paused = m[26] == '1',
     -- The rate limit (see rate_limit): jobs per ms, and where its cell rate has got to.
     rate_n = tonumber(m[27]), rate_ms = tonumber(m[28]), rate_tat = tonumber(m[29]),
+    -- What has happened to the queue's jobs, counted where it happens (stats): jobs acked
+    -- and removed, deliveries after the first, of them those of expired leases, letters.
+    completed = tonumber(m[30]) or 0, redelivered = tonumber(m[31]) or 0,
+    reclaimed = tonumber(m[32]) or 0, lettered = tonumber(m[33]) or 0,
     lapnext = tonumber(m[2]), qstart = tonumber(m[3]),
     qmin = tonumber(m[4]), pushed = tonumber(m[5]) or 0, taken = tonumber(m[6]) or 0,
     lapguess = m[7] == '1' or not tonumber(m[2]), qlen = tonumber(m[8]),
@@ -1020,6 +1030,8 @@ function M.start_walk(lease, max_deliveries, state)
     packed = meta.packed, released = 0, count = 0, expanded = 0, batch_bytes = 0,
     srem = { [K.done] = {}, [K.done_old] = {} }, hdel = { [K.marks] = {}, [K.marks_old] = {} },
     visited = 0, leased = 0, soonest = nil, sweeping = false,
+    completed = meta.completed, redelivered = meta.redelivered, reclaimed = meta.reclaimed,
+    lettered = meta.lettered,
   }
   return s
 end
@@ -1240,6 +1252,7 @@ function M.visit_packed(s, element, batch, m, m_key)
     M.unmark(s, m_key, batch, m)
     s.live = s.live - 1
     s.packed = s.packed - (#ids - 1)
+    s.completed = s.completed + #ids
     return
   end
   if not m and not s.sweeping and s.count - s.leased >= #ids then
@@ -1277,6 +1290,7 @@ end
 function M.completed(s, key, token)
   if key then table.insert(s.srem[key], token) end
   s.live = s.live - 1
+  s.completed = s.completed + 1
 end
 
 -- Drops the mark `m` of `field` from the marks hash `key` (nothing when the mark has no key
@@ -1346,6 +1360,8 @@ function M.lease_again(s, id, n, old_token, reclaimed, mark, mark_key)
   s.reply[#s.reply + 1] = token
   s.reply[#s.reply + 1] = reclaimed
   s.leased = s.leased + 1
+  s.redelivered = s.redelivered + 1
+  s.reclaimed = s.reclaimed + reclaimed
 end
 
 function M.dead_letter(s, reason, n, element)
@@ -1584,6 +1600,7 @@ function M.finish_walk(s)
   end
   M.trim_revoked(s.meta, s.now, #s.revoke, s.sides.revoked + #s.revoke)
   if #s.letters > 0 then M.call_all('RPUSH', K.dead, s.letters) end
+  s.lettered = s.lettered + #s.letters
   if s.dead_length + #s.letters > 0 then
     M.trim_dead(s.meta, s.now, s.dead_length + #s.letters, #s.letters)
   end
@@ -1683,6 +1700,10 @@ function M.write_meta(s)
   changed('lskip', s.lskip or '', was.lskip or '')
   changed('rpasses', s.rpasses, was.rpasses)
   changed('lpasses', s.lpasses, was.lpasses)
+  changed('completed', s.completed, was.completed)
+  changed('redelivered', s.redelivered, was.redelivered)
+  changed('reclaimed', s.reclaimed, was.reclaimed)
+  changed('lettered', s.lettered, was.lettered)
   M.marked_fields(s.sides, fields)
   rcall('HSET', K.meta, unpack(fields))
 end
@@ -2047,7 +2068,7 @@ function M.fast_lease(first, count, lease, budget, compact, state)
   end
   local lmin, lpass, lskip = meta.lmin, meta.lpass, meta.lskip
   local rpasses, lpasses = meta.rpasses, meta.lpasses
-  local packed = meta.packed
+  local packed, completed = meta.packed, meta.completed
   if k > 0 then
     -- The acked batches are the tail's k elements, whole and well formed, within the walk's
     -- byte budget; the element before them, if any, a lease still young by its own deadline.
@@ -2067,6 +2088,7 @@ function M.fast_lease(first, count, lease, budget, compact, state)
       jobs_of[batch] = nil -- (each batch once)
       bytes = bytes + #element
       packed = packed - (ids - 1)
+      completed = completed + ids
     end
     if bytes > LIMIT.lease_bytes then return nil end
     local stop = nil
@@ -2144,7 +2166,8 @@ function M.fast_lease(first, count, lease, budget, compact, state)
     packed = packed + leased - 1, qstart = qstart + k, qlen = qlen,
     lapnext = lapnext + k, lapguess = meta.lapguess, qmin = qmin, lmin = lmin,
     lstop = lstop, lpass = lpass, lskip = lskip, rpasses = rpasses, lpasses = lpasses,
-    sides = sides,
+    sides = sides, completed = completed, redelivered = meta.redelivered,
+    reclaimed = meta.reclaimed, lettered = meta.lettered,
   })
   local reply = { 0, -1, k }
   if compact then
@@ -2250,6 +2273,7 @@ function M.give_back(first, before_write)
     local lstop = M.frees_tail(given, meta.lstop) and '' or (meta.lstop or '')
     rcall('HSET', K.meta, 'qmin', qmin, 'lmin', lmin, 'lstop', lstop, 'qstart', meta.seq,
       'qlen', rcall('LLEN', K.ring), 'seq', meta.seq, 'origin', meta.origin)
+    rcall('HINCRBY', K.meta, 'retried', #given)
     M.wake_one()
     local added = 2 * (#A - first + 1) -- each token, and maybe its batch
     M.trim_revoked(meta, now, added, sides.revoked + added)
@@ -2475,7 +2499,8 @@ end
 
 function M.stats()
   local reply = M.queue_stats(K)
-  local m = M.read('HMGET', K.meta, 'paused', 'ticking', 'schedules', 'rate_n', 'rate_ms')
+  local m = M.read('HMGET', K.meta, 'paused', 'ticking', 'schedules', 'rate_n', 'rate_ms',
+    'pushed', 'taken', 'redelivered', 'completed', 'retried', 'reclaimed', 'lettered')
   -- (the members of ticking schedules are no jobs)
   local scheduled = M.read('ZCARD', K.scheduled) - (tonumber(m[2]) or 0)
   reply[#reply + 1], reply[#reply + 2] = 'scheduled', math.max(scheduled, 0)
@@ -2483,6 +2508,13 @@ function M.stats()
   reply[#reply + 1], reply[#reply + 2] = 'schedules', tonumber(m[3]) or 0
   reply[#reply + 1], reply[#reply + 2] = 'rate_limit_jobs', tonumber(m[4]) or 0
   reply[#reply + 1], reply[#reply + 2] = 'rate_limit_ms', tonumber(m[5]) or 0
+  -- Counts since the queue was made (see read_meta): every delivery, first or not.
+  local counts = {}
+  for i = 6, 12 do counts[i] = tonumber(m[i]) or 0 end
+  local totals = { 'pushed', counts[6], 'delivered', counts[7] + counts[8],
+    'completed', counts[9], 'retried', counts[10], 'reclaimed', counts[11],
+    'dead_lettered', counts[12] }
+  for i = 1, #totals do reply[#reply + 1] = totals[i] end
   return reply
 end
 

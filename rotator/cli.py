@@ -635,6 +635,8 @@ def stats(ctx: click.Context, queue: str, watch: bool, interval: float, json: bo
     paused      handing out nothing until `rotator resume`
     schedules   recurring schedules (`rotator schedule list`)
     rate_limit  jobs per period handed out at most (`rotator limit`)
+    pushed, delivered, completed, retried, reclaimed, dead_lettered
+                counts since the queue was made
 
     \b
     Examples:

@@ -436,6 +436,12 @@ def _stats_from(fields: dict[str, int]) -> Stats:
             if fields.get("rate_limit_jobs")
             else None
         ),
+        pushed=fields.get("pushed"),
+        delivered=fields.get("delivered"),
+        completed=fields.get("completed"),
+        retried=fields.get("retried"),
+        reclaimed=fields.get("reclaimed"),
+        dead_lettered=fields.get("dead_lettered"),
     )
 
 

@@ -59,6 +59,15 @@ class Stats:
     paused: bool = False  # leases nothing until resumed (``pause``)
     schedules: int = 0  # recurring schedules (``schedule``)
     rate_limit: RateLimit | None = None  # ``set_rate_limit``; None: no limit
+    # Counts since the queue was made (``delete`` starts them again), kept by the module in
+    # the call that does each thing, so they never disagree with the queue; None where not
+    # reported (a topic group's stats).
+    pushed: int | None = None  # ids pushed (and moved from the schedule or the dead letters)
+    delivered: int | None = None  # deliveries, first ones and later ones
+    completed: int | None = None  # jobs acked and removed
+    retried: int | None = None  # jobs given back (nack)
+    reclaimed: int | None = None  # expired leases leased again
+    dead_lettered: int | None = None  # dead letters written
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

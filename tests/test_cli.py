@@ -42,6 +42,12 @@ STATS_KEYS = {
     "paused",
     "schedules",
     "rate_limit",
+    "pushed",
+    "delivered",
+    "completed",
+    "retried",
+    "reclaimed",
+    "dead_lettered",
 }
 
 

@@ -61,7 +61,21 @@ def test_an_empty_or_missing_queue_returns_nothing(q: Rotator) -> None:
     q.push("x")
     drain(q)
     assert q.next(5) == []
-    assert q.stats() == Stats(0, 0, 0, 0, 0, 0, None)
+    assert q.stats() == Stats(
+        0,
+        0,
+        0,
+        0,
+        0,
+        0,
+        None,
+        pushed=1,
+        delivered=1,
+        completed=1,
+        retried=0,
+        reclaimed=0,
+        dead_lettered=0,
+    )
 
 
 def test_acked_elements_leave_the_ring_on_the_next_lap(client: redis.Redis, q: Rotator) -> None:
@@ -71,7 +85,21 @@ def test_acked_elements_leave_the_ring_on_the_next_lap(client: redis.Redis, q: R
     assert q.stats().done == 2
     assert q.next(1) == []  # this lap removes them
     assert client.lrange(q.keys.ring, 0, -1) == [b"*lap"]
-    assert q.stats() == Stats(0, 0, 0, 0, 0, 0, None)
+    assert q.stats() == Stats(
+        0,
+        0,
+        0,
+        0,
+        0,
+        0,
+        None,
+        pushed=2,
+        delivered=2,
+        completed=2,
+        retried=0,
+        reclaimed=0,
+        dead_lettered=0,
+    )
 
 
 def test_acks_carried_by_next_complete_the_previous_batch(q: Rotator) -> None:

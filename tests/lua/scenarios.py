@@ -146,16 +146,33 @@ def revoked(b: Backend, token: str) -> bool:
     return token in members or (batch is not None and batch + "*" in members)
 
 
-def stats(b: Backend) -> dict[str, int]:
+COUNTERS = ("pushed", "delivered", "completed", "retried", "reclaimed", "dead_lettered")
+
+
+def all_stats(b: Backend) -> dict[str, int]:
     reply = b.call("stats")
     assert isinstance(reply, list), reply
-    assert len(reply) == 28, reply
+    assert len(reply) == 40, reply
     names, values = reply[0::2], reply[1::2]
     assert all(isinstance(v, int) for v in values), reply
     got = {str(k): int(v) for k, v in zip(names, values, strict=True) if isinstance(v, int)}
     parts = ("pending", "in_flight", "done", "deferred", "overdue")
     assert got["length"] == sum(got[name] for name in parts), got
     return got
+
+
+def stats(b: Backend) -> dict[str, int]:
+    """The queue's state now (stats less its counts since the queue was made)."""
+    got = all_stats(b)
+    for name in COUNTERS:
+        got.pop(name)
+    return got
+
+
+def counters(b: Backend) -> dict[str, int]:
+    """stats' counts since the queue was made."""
+    got = all_stats(b)
+    return {name: got[name] for name in COUNTERS}
 
 
 def peek(b: Backend, count: int = 100) -> list[tuple[str, str, int]]:
@@ -1222,6 +1239,36 @@ def oldest_pending_age_survives_many_push_checkpoints(b: Backend) -> None:
     # j65 was pushed 65 * 1001 ms after the start.
     want = b.now_ms() - (start + 65 * 1001)
     assert s["oldest_pending_age_ms"] == want, f"{s} (want oldest {want})"
+
+
+@scenario
+def the_counters_count_what_happened(b: Backend) -> None:
+    assert counters(b) == dict.fromkeys(COUNTERS, 0)
+    push(b, "a", "b", "c", "d", "e")
+    first = nxt(b, 3, SHORT)  # a b c, in one packed batch
+    assert b.call("nack", SHORT, first.tokens[1]) == [1]  # b given back for SHORT ms
+    assert ack(b, first.tokens[0]) == 1  # a acked (c's lease runs out)
+    got = nxt(b, 2, LONG)  # d e
+    b.sleep_ms(PAST_SHORT)
+    again = nxt(b, 10, LONG, max_deliveries=0)  # b (due) and c (expired)
+    assert sorted(again.ids) == ["b", "c"]
+    assert sorted(r for _, r in again.jobs) == [0, 1]
+    assert ack(b, *got.tokens, *again.tokens) == 4
+    b.call("sweep", BUDGET)
+    push(b, "f")
+    [(f, _)] = nxt(b, 1, SHORT).jobs
+    b.sleep_ms(PAST_SHORT)
+    assert nxt(b, 10, LONG, max_deliveries=1).jobs == []  # f had its one delivery
+    b.call("sweep", BUDGET)
+    assert counters(b) == {
+        "pushed": 6,
+        "delivered": 8,  # six first deliveries, b and c again
+        "completed": 5,
+        "retried": 1,
+        "reclaimed": 1,  # c
+        "dead_lettered": 1,  # f
+    }
+    assert stats(b)["length"] == 0
 
 
 # -- scheduled jobs (push_later) and pause ----------------------------------------------------
