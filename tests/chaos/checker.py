@@ -22,14 +22,38 @@ redis-py's own replays): an upper bound, since a refused connection is counted a
   ack after a lost reply) stays as a leftover for up to two laps, so runs with network or
   server faults allow leftovers mid-run and count them.
 * quiescence, after the final drain: the ring holds only the sentinel, done/done_old and the
-  marks hashes are empty, and the dead letters hold what the test expects.
+  marks hashes are empty, no job waits in the scheduled set, and the dead letters hold what
+  the test expects.
+
+Scheduled pushes and recurring schedules (issue 15). A scheduled push logs the earliest time
+it can be due as a third PUSH_INVOKE field (unix ms: ``at``, or the client's clock before the
+call plus ``delay``; the server's clock is the same machine's). Ticks of a recurring schedule
+have no PUSH_INVOKE: the server pushes ``<job id>@<tick ms>`` itself. The checker is told the
+schedules (job id -> interval ms) and each source's lease (ms), from which a token's deadline
+gives the server's time of the claim (deadline - lease).
+
+* early       = deliveries of a scheduled job or a tick leased, by the server's clock, before
+  it was due: must be empty.
+* enqueues    = an id's distinct first-delivery tokens (deliveries 1, from FETCH and CLAIM
+  lines and from every state read) plus its untaken copies at the end: a redelivery after a
+  crash (deliveries > 1) is the same enqueue, not a second one. ``doubled`` = scheduled ids
+  enqueued more often than pushed, and ticks enqueued more than once: must be empty. The one
+  exception: with a server whose restarts may lose acknowledged writes (``lossy_restarts``:
+  appendfsync everysec or no), a tick fired again after a restart carries the same id as the
+  firing the server lost; two first deliveries of a tick with such a restart between them
+  count as a refire (``tick_refires``), not as a doubled tick, and explain one duplicate each.
+* ticks       = distinct tick ids; consecutive ticks of one schedule must be a whole multiple
+  of its interval apart (``tick_spacing`` lists violations); ``tick_gaps`` counts the ticks
+  collapsed into catch-ups. A tick seen (delivered or queued) and never done is lost.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
-from collections import Counter
+from collections import Counter, defaultdict
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -56,10 +80,17 @@ class QueueState:
     marks: int
     marks_old: int
     dead: list[str]
+    # The scheduled set: member -> due ms (jobs pushed for later, and "*<name>" per schedule).
+    scheduled: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def scheduled_jobs(self) -> dict[str, int]:
+        """The scheduled set less the schedules' own members (which are no jobs)."""
+        return {m: due for m, due in self.scheduled.items() if not m.startswith("*")}
 
     @property
     def quiet(self) -> bool:
-        """Only the sentinel (or nothing) left, and no acks or marks waiting."""
+        """Only the sentinel (or nothing) left, and no acks, marks or scheduled jobs waiting."""
         return (
             all(element == SENTINEL for element in self.ring)
             and len(self.ring) <= 1
@@ -67,6 +98,7 @@ class QueueState:
             and not self.done_old
             and self.marks == 0
             and self.marks_old == 0
+            and not self.scheduled_jobs
         )
 
 
@@ -80,7 +112,8 @@ def read_state(client: redis.Redis, rotator: Rotator) -> QueueState:
         pipe.hlen(key["marks"])
         pipe.hlen(key["marks_old"])
         pipe.lrange(key["dead"], 0, -1)
-        ring, leases, done, done_old, marks, marks_old, dead = pipe.execute()
+        pipe.zrange(key["scheduled"], 0, -1, withscores=True)
+        ring, leases, done, done_old, marks, marks_old, dead, scheduled = pipe.execute()
     return QueueState(
         # Every element of the queue: the ring's, then the lease list's.
         ring=[text(e) for e in unpacked(ring + leases)],
@@ -89,6 +122,7 @@ def read_state(client: redis.Redis, rotator: Rotator) -> QueueState:
         marks=int(marks),
         marks_old=int(marks_old),
         dead=[text(d) for d in dead],
+        scheduled={text(member): int(due) for member, due in scheduled},
     )
 
 
@@ -108,6 +142,20 @@ def element_id(element: str) -> str:
 def deliveries_of(token: str) -> int:
     match = TOKEN.match(token)
     return int(match.group(2)) if match else 0
+
+
+def deadline_of(token: str) -> int:
+    """The lease deadline (unix ms, server clock) a token carries; 0 if malformed."""
+    match = TOKEN.match(token)
+    return int(match.group(1)) if match else 0
+
+
+def tick_of(job_id: str, schedules: Mapping[str, int]) -> tuple[str, int] | None:
+    """``(schedule job id, tick ms)`` of a tick's job id ``<job id>@<ms>``, else None."""
+    head, at, ms = job_id.rpartition("@")
+    if not at or head not in schedules or not ms.isdigit():
+        return None
+    return head, int(ms)
 
 
 def structure_errors(
@@ -131,6 +179,10 @@ def structure_errors(
         elif not 0 < len(element.encode("utf-8", "surrogateescape")) <= 1024:
             errors.append(f"invalid id {element[:80]!r}")
         ids[element_id(element)] += 1
+    for member in state.scheduled_jobs:
+        if not 0 < len(member.encode("utf-8", "surrogateescape")) <= 1024:
+            errors.append(f"invalid scheduled id {member[:80]!r}")
+        ids[member] += 1  # an id waiting there and queued as well is two copies of it
     for job_id, count in ids.items():
         if count > max(1, copies[job_id]):
             errors.append(f"id {job_id!r} is {count} times in the ring, pushed {copies[job_id]}")
@@ -173,6 +225,14 @@ class Report:
     snapshots: int = 0
     leftovers_max: int = 0
     structure: list[str] = field(default_factory=list)
+    scheduled: int = 0  # confirmed ids among the scheduled pushes
+    early: list[str] = field(default_factory=list)
+    doubled: dict[str, list[str]] = field(default_factory=dict)
+    ticks: int = 0  # distinct ticks seen
+    tick_enqueues: int = 0
+    tick_refires: int = 0
+    tick_gaps: int = 0
+    tick_spacing: list[str] = field(default_factory=list)
     quiescent: bool = False
     final: dict[str, int] = field(default_factory=dict)
     faults: dict[str, Any] = field(default_factory=dict)
@@ -186,12 +246,15 @@ class Report:
             or self.unexplained
             or self.false_reclaims
             or self.structure
+            or self.early
+            or self.doubled
+            or self.tick_spacing
             or not self.quiescent
         )
 
     def figures(self) -> dict[str, Any]:
         """The headline numbers: what the issue asks every run to report."""
-        return {
+        figures: dict[str, Any] = {
             "server": f"{self.kind} {self.version}",
             "pushed": self.pushed,
             "worker_kills": int(self.faults.get("worker_kills", 0)),
@@ -201,6 +264,15 @@ class Report:
             "duplicates": self.duplicates,
             "unexplained": len(self.unexplained),
         }
+        if self.scheduled or self.ticks:
+            figures.update(
+                scheduled=self.scheduled,
+                early=len(self.early),
+                ticks=self.ticks,
+                doubled=len(self.doubled),
+                tick_refires=self.tick_refires,
+            )
+        return figures
 
     def summary(self) -> str:
         def some(items: Any) -> str:
@@ -226,6 +298,13 @@ class Report:
             f"snapshots={self.snapshots} quiescent={self.quiescent} final={self.final}",
             f"  faults={self.faults}",
         ]
+        if self.scheduled or self.ticks:
+            lines.append(
+                f"  scheduled={self.scheduled} early={some(self.early)} ticks={self.ticks} "
+                f"tick_enqueues={self.tick_enqueues} doubled={some(self.doubled.items())} "
+                f"tick_refires={self.tick_refires} tick_gaps={self.tick_gaps} "
+                f"tick_spacing={some(self.tick_spacing)}"
+            )
         if self.notes:
             lines.append(f"  notes={self.notes}")
         return "\n".join(lines)
@@ -249,7 +328,13 @@ def check(
     faults: dict[str, Any] | None = None,
     expect_dead: int = 0,
     allow_leftovers: bool = False,
+    schedules: Mapping[str, int] | None = None,
+    leases: Mapping[str, int] | None = None,
+    lossy_restarts: Sequence[float] = (),
 ) -> Report:
+    """The report on one run. ``schedules``: the recurring schedules' job id -> interval ms;
+    ``leases``: each log source's lease ms (to read the server's claim time off a token);
+    ``lossy_restarts``: unix times of server kills that may have lost acknowledged writes."""
     read = read_logs(logs_dir)
     report = Report(test=test, kind=kind, version=version, seed=seed, torn_lines=read.torn)
     report.faults = dict(faults or {})
@@ -264,6 +349,8 @@ def check(
     accepted: set[tuple[str, int]] = set()
     errors: Counter[str] = Counter()
     crashes: Counter[str] = Counter()
+    due_min: dict[str, int] = {}  # scheduled id -> the earliest it can be due (unix ms)
+    fetches: list[Fetch] = []
 
     for event in read.events:
         kind_, fields = event.kind, event.fields
@@ -271,6 +358,9 @@ def check(
             key = (event.source, fields[0])
             batches[key] = fields[1].split(",")
             invokes[key] += 1
+            if len(fields) > 2:  # a scheduled push: due no earlier than this
+                for job_id in batches[key]:
+                    due_min[job_id] = min(due_min.get(job_id, int(fields[2])), int(fields[2]))
         elif kind_ == "PUSH_OK":
             confirmed_batches.add((event.source, fields[0]))
         elif kind_ == "PUSH_FAIL":
@@ -279,7 +369,10 @@ def check(
         elif kind_ == "PUSH_RETRY":
             retried[(event.source, fields[0])] += 1
             report.push_retries += 1
+        elif kind_ == "CLAIM":  # a delivery seen by the claim itself (work mode)
+            fetches.append(Fetch(event.source, fields[0], fields[1], event.at))
         elif kind_ == "FETCH":
+            fetches.append(Fetch(event.source, fields[0], fields[1], event.at))
             if fields[2] == "1":
                 reclaims[fields[0]] += 1
                 reclaim_deliveries.append((fields[0], int(fields[3])))
@@ -317,15 +410,29 @@ def check(
         for job_id in ids:
             copies[job_id] += invokes[key] + retried[key]
 
-    ring_ids = {element_id(e) for e in final.ring if e != SENTINEL}
+    states = [*(snapshots or []), final]
+    ticks = judge_scheduled(
+        report,
+        fetches,
+        states,
+        processed=set(processed),
+        copies=copies,
+        due_min=due_min,
+        confirmed=confirmed,
+        schedules=schedules or {},
+        leases=leases or {},
+        lossy_restarts=lossy_restarts,
+    )
+
+    ring_ids = {element_id(e) for e in final.ring if e != SENTINEL} | set(final.scheduled_jobs)
     uncertain = attempted - confirmed
     report.attempted = len(attempted)
     report.pushed = len(confirmed)
     report.uncertain = len(uncertain)
     report.recovered = len(uncertain & set(processed))
     report.processed = len(processed)
-    report.lost = sorted(confirmed - set(processed) - ring_ids)
-    report.unexpected = sorted(set(processed) - attempted)
+    report.lost = sorted((confirmed | ticks) - set(processed) - ring_ids)
+    report.unexpected = sorted(set(processed) - attempted - ticks)
     report.stuck = sorted(ring_ids)
     report.reclaims = sum(reclaims.values())
     report.errors = dict(sorted(errors.items()))
@@ -344,7 +451,6 @@ def check(
         if copies[job_id] <= 1 and (job_id, deliveries - 1) in accepted:
             report.false_reclaims.append(f"{job_id} delivery {deliveries}")
 
-    states = [*(snapshots or []), final]
     report.snapshots = len(states) - 1
     for number, state in enumerate(states):
         found, leftovers = structure_errors(state, copies, allow_leftovers=allow_leftovers)
@@ -359,5 +465,99 @@ def check(
         "done_old": len(final.done_old),
         "marks": final.marks + final.marks_old,
         "dead": len(final.dead),
+        "scheduled": len(final.scheduled_jobs),
     }
     return report
+
+
+@dataclass(frozen=True, slots=True)
+class Fetch:
+    source: str
+    job_id: str
+    token: str
+    at: float  # the client's clock when the claim's reply was in
+
+
+def judge_scheduled(
+    report: Report,
+    fetches: list[Fetch],
+    states: list[QueueState],
+    *,
+    processed: set[str],
+    copies: Counter[str],
+    due_min: Mapping[str, int],
+    confirmed: set[str],
+    schedules: Mapping[str, int],
+    leases: Mapping[str, int],
+    lossy_restarts: Sequence[float],
+) -> set[str]:
+    """Early deliveries, doubled enqueues and tick spacing (see the module docstring); sets
+    each tick's ``copies`` to its enqueues, refires included. Returns every tick id seen."""
+    report.scheduled = len(confirmed & set(due_min))
+    seen = processed | {f.job_id for f in fetches}
+    for state in states:
+        seen.update(element_id(e) for e in state.ring if e != SENTINEL)
+    tick_at = {job_id: at for job_id in seen if (at := tick_of(job_id, schedules))}
+    ticks = set(tick_at)
+    due = dict(due_min)
+    due.update((job_id, ms) for job_id, (_, ms) in tick_at.items())
+
+    # Every first delivery (deliveries 1) of a scheduled id or a tick, with the server's time
+    # of its claim: exact from a FETCH (deadline - that worker's lease), a lower bound from a
+    # token only read from the queue (a claim whose reply was lost).
+    longest = max(leases.values(), default=0)
+    firsts: dict[str, dict[str, int]] = defaultdict(dict)
+    for fetch in fetches:
+        if fetch.job_id not in due:
+            continue
+        lease = leases.get(fetch.source)
+        claimed = deadline_of(fetch.token) - lease if lease is not None else None
+        if (claimed is not None and claimed < due[fetch.job_id]) or (
+            fetch.at * 1000 < due[fetch.job_id]
+        ):
+            report.early.append(
+                f"{fetch.token} claimed at {claimed} (client {fetch.at * 1000:.0f}), "
+                f"due {due[fetch.job_id]}"
+            )
+        if deliveries_of(fetch.token) == 1:
+            firsts[fetch.job_id][fetch.token] = (
+                claimed if claimed is not None else deadline_of(fetch.token) - longest
+            )
+    for state in states:
+        for element in state.ring:
+            job_id = element_id(element)
+            if job_id in due and "*" in element and deliveries_of(element) == 1:
+                firsts[job_id].setdefault(element, deadline_of(element) - longest)
+    untaken = Counter(e for e in states[-1].ring if e in due)  # queued, never claimed
+
+    for job_id in sorted(due):
+        tokens = sorted(firsts[job_id].items(), key=lambda item: item[1])
+        enqueues = len(tokens) + untaken[job_id]
+        if job_id not in ticks:
+            if enqueues > max(1, copies[job_id]):
+                report.doubled[job_id] = [token for token, _ in tokens]
+            continue
+        report.tick_enqueues += enqueues
+        refires = 0
+        for (_, claimed), (_, again) in itertools.pairwise(tokens):
+            # The first firing was lost with a restart between the two claims: the same tick.
+            if any(claimed < kill * 1000 < again for kill in lossy_restarts):
+                refires += 1
+        report.tick_refires += refires
+        copies[job_id] = 1 + refires
+        if enqueues > 1 + refires:
+            report.doubled[job_id] = [token for token, _ in tokens]
+
+    by_schedule: dict[str, list[int]] = defaultdict(list)
+    for head, ms in tick_at.values():
+        by_schedule[head].append(ms)
+    report.ticks = len(ticks)
+    for head, times in sorted(by_schedule.items()):
+        every = schedules[head]
+        times.sort()
+        for before, after in itertools.pairwise(times):
+            if (after - before) % every:
+                report.tick_spacing.append(f"{head}@{before} -> @{after}: not k * {every} ms")
+            else:
+                report.tick_gaps += (after - before) // every - 1
+    return ticks

@@ -7,10 +7,12 @@ which readers skip). A line is ``<unix time> <EVENT> <field> ...``; fields never
 Worker events: ``BOOT mode``, ``FETCH id token reclaimed deliveries``, ``START id token``,
 ``DONE id token`` (the job's side effect, written before the ack), ``ACK_OK id token
 accepted`` (accepted 0 = the lease was fenced), ``ACK_SENT id token`` (acked in the same call
-as the next claim, count unknown), ``ACK_ERR id token kind``, ``IDEM id verdict``, ``LAP``,
-``RETRY kind`` (redis-py retried a command internally), ``ERR op kind``, ``CRASH point``,
-``WORK_DIED kind``, ``EXIT reason``.
-Producer events: ``PUSH_INVOKE batch id,id,...``, ``PUSH_OK batch``, ``PUSH_FAIL batch kind``,
+as the next claim, count unknown), ``CLAIM id token reclaimed deliveries`` (``work`` mode:
+each job the library's loop claimed, run or not), ``ACK_ERR id token kind``, ``IDEM id
+verdict``, ``LAP``, ``RETRY kind`` (redis-py retried a command internally), ``ERR op kind``,
+``CRASH point``, ``WORK_DIED kind``, ``EXIT reason``.
+Producer events: ``PUSH_INVOKE batch id,id,... [due]`` (due: for a scheduled push, the
+earliest unix ms it can be due), ``PUSH_OK batch``, ``PUSH_FAIL batch kind``,
 ``PUSH_RETRY batch kind``.
 """
 

@@ -26,6 +26,7 @@ from redis.exceptions import RedisError
 from redis.retry import Retry
 
 from rotator import Rotator, RotatorError
+from rotator.protocol import seconds_to_ms
 from tests.chaos.checker import QueueState, Report, check, read_state
 from tests.chaos.eventlog import (
     DoneIndex,
@@ -99,6 +100,9 @@ class ChaosRun:
         self.notes: dict[str, Any] = {}
         self.procs: list[Proc] = []
         self.snapshots: list[QueueState] = []
+        self.kills: list[float] = []  # unix times of the server's SIGKILLs
+        self.schedules: dict[str, str] = {}  # recurring schedules made: name -> job id
+        self.intervals: dict[str, int] = {}  # their job ids -> interval ms, for the checker
         self._names: Counter[str] = Counter()
         self._admin: redis.Redis | None = None
         self._admin_port = 0
@@ -144,6 +148,7 @@ class ChaosRun:
 
     def kill9_server(self, gap: float) -> None:
         """SIGKILL the server, wait ``gap`` seconds, start it again on the same port."""
+        self.kills.append(time.time())
         self.server.kill9()
         self._close_admin()
         time.sleep(gap)
@@ -157,6 +162,13 @@ class ChaosRun:
         time.sleep(seconds)
         self.server.start()
         self.faults["server_downs"] += 1
+
+    @property
+    def lossy(self) -> bool:
+        """Whether a SIGKILL of this server may lose writes it acknowledged (AOF fsynced
+        every second or never, or no AOF at all)."""
+        config = self.server.config
+        return config.get("appendonly") != "yes" or config.get("appendfsync") != "always"
 
     def aof_loads(self) -> int:
         """How many launches of the server said they loaded the append-only file."""
@@ -257,7 +269,12 @@ class ChaosRun:
         socket_timeout: float = 2.0,
         url: str | None = None,
         functions: bool = False,
+        later: float = 0.0,
+        soon: float = 0.0,
+        spread: float = 0.0,
     ) -> Proc:
+        """A producer process; ``later``, ``soon`` and ``spread``: scheduled pushes (see
+        ``producer.py``)."""
         argv = [
             "--url",
             url or self.url,
@@ -278,6 +295,11 @@ class ChaosRun:
             "--socket-timeout",
             str(socket_timeout),
             *(["--functions"] if functions else []),
+            *(
+                ["--later", str(later), "--soon", str(soon), "--spread", str(spread)]
+                if later
+                else []
+            ),
         ]
         return self._spawn("producer", "tests.chaos.producer", argv, {}, None)
 
@@ -369,6 +391,28 @@ class ChaosRun:
             found[proc.name] = f"exit {code}: {self.stderr(proc)}"
         return found
 
+    # -- recurring schedules -----------------------------------------------------------------
+
+    def schedule(self, name: str, every: float, job_id: str | None = None) -> None:
+        """Declares an interval schedule; ``check`` tells the checker and removes it before
+        the final drain (a schedule never lets a queue fall quiet)."""
+        assert self.rotator().schedule(name, every=every, job_id=job_id)
+        self.schedules[name] = job_id or name
+        self.intervals[job_id or name] = seconds_to_ms(every, "every")
+
+    def unschedule_all(self, timeout: float = 10.0) -> None:
+        give_up = time.monotonic() + timeout
+        for name in self.schedules:
+            while True:
+                try:
+                    self.rotator().unschedule(name)
+                    break
+                except RedisError:
+                    self._close_admin()
+                    if time.monotonic() > give_up:
+                        raise
+                    time.sleep(0.1)
+
     # -- observing -------------------------------------------------------------------------
 
     def snapshot(self) -> None:
@@ -379,7 +423,7 @@ class ChaosRun:
             self._close_admin()  # down or restarted: the next call connects afresh
 
     def settle(self, timeout: float) -> bool:
-        """Waits until nothing is pending, in flight or deferred (workers finished)."""
+        """Waits until nothing is pending, in flight, deferred or scheduled (workers finished)."""
         give_up = time.monotonic() + timeout
         while time.monotonic() < give_up:
             try:
@@ -387,7 +431,12 @@ class ChaosRun:
             except RedisError:
                 self._close_admin()
             else:
-                if stats.pending == 0 and stats.in_flight == 0 and stats.deferred == 0:
+                if (
+                    stats.pending == 0
+                    and stats.in_flight == 0
+                    and stats.deferred == 0
+                    and stats.scheduled == 0
+                ):
                     return True
             time.sleep(0.1)
         return False
@@ -440,6 +489,8 @@ class ChaosRun:
     def check(self, **options: Any) -> Report:
         """Stops every process, drains, runs the checker and writes report.json."""
         self.stop_processes()
+        # Nothing claims now, so no tick fires between the stop and this.
+        self.unschedule_all()
         lease = float(options.pop("drain_lease", 1.5))
         drained = self.drain(lease=lease, timeout=float(options.pop("drain_timeout", 25.0)))
         self._close_admin()  # the server may have been restarted since the last admin call
@@ -453,6 +504,16 @@ class ChaosRun:
             seed=self.seed,
             snapshots=self.snapshots,
             faults=dict(self.faults),
+            schedules=self.intervals,
+            leases={
+                "drain": seconds_to_ms(lease, "lease"),
+                **{
+                    p.name: seconds_to_ms(p.options["lease"], "lease")
+                    for p in self.procs
+                    if p.role == "worker"
+                },
+            },
+            lossy_restarts=self.kills if self.lossy else (),
             **options,
         )
         report.notes.update(self.notes)

@@ -7,11 +7,19 @@ checker counts every attempt). redis-py's own retries of a push (a reply lost, a
 logged as ``PUSH_RETRY batch kind``: each may also have enqueued the batch once more. rotator
 offers no push dedup, so such copies are duplicates the checker explains by these lines.
 SIGTERM/SIGINT stop it after the batch in hand.
+
+Scheduled pushes (``--later F``): a fraction F of the batches is pushed for later instead,
+half of them with ``delay``, half with ``at``; ``--soon G`` of those are due at once (delay 0,
+or ``at`` a moment ago), the rest at a time spread uniformly over the next ``--spread``
+seconds. Their PUSH_INVOKE carries a third field, the earliest time (unix ms) the batch can be
+due: ``at`` as sent, or the client's clock before the call plus ``delay``. The server takes
+its own clock (the same machine's) a moment later, so its due time is never earlier.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import random
 import signal
 import sys
@@ -23,6 +31,7 @@ from types import FrameType
 from redis.exceptions import RedisError
 
 from rotator import Rotator, RotatorError
+from rotator.protocol import check_due
 from tests.chaos.eventlog import EventLog, chaos_client, error_kind, stop_with_parent
 
 BACKOFF_FIRST = 0.05
@@ -54,28 +63,64 @@ class Producer:
     def _on_failure(self, error: Exception) -> None:
         self.log.write("PUSH_RETRY", self._current, error_kind(error))
 
-    def push(self, ids: list[str], *, give_up_after: float = 30.0) -> bool:
-        """Pushes one batch, trying again on errors; True once a push of it was confirmed."""
+    def push(
+        self,
+        ids: list[str],
+        *,
+        give_up_after: float = 30.0,
+        delay: float | None = None,
+        at: float | None = None,
+    ) -> bool:
+        """Pushes one batch (for later with ``delay`` or ``at``, as ``Rotator.push``), trying
+        again on errors; True once a push of it was confirmed."""
         self.batch_no += 1
         self._current = self.batch_no
         give_up = time.monotonic() + give_up_after
-        delay = 0.0
+        backoff = 0.0
+        due = check_due(delay, at)
         while True:
-            self.log.write("PUSH_INVOKE", self.batch_no, ",".join(ids))
+            fields = [self.batch_no, ",".join(ids)]
+            if due is not None:  # the earliest this attempt can be due, by the same clock
+                fields.append(
+                    due.ms if due.mode == b"AT" else math.floor(time.time() * 1000) + due.ms
+                )
+            self.log.write("PUSH_INVOKE", *fields)
             try:
-                self.rotator.push(*ids)
+                self.rotator.push(*ids, delay=delay, at=at)
             except (RedisError, RotatorError) as error:
                 self.log.write("PUSH_FAIL", self.batch_no, error_kind(error))
                 if self.stop.is_set() or time.monotonic() > give_up:
                     return False
-                delay = min(BACKOFF_CAP, max(BACKOFF_FIRST, delay * 2))
-                time.sleep(delay * self.rng.uniform(0.5, 1.0))
+                backoff = min(BACKOFF_CAP, max(BACKOFF_FIRST, backoff * 2))
+                time.sleep(backoff * self.rng.uniform(0.5, 1.0))
                 continue
             self.log.write("PUSH_OK", self.batch_no)
             return True
 
-    def run(self, ids: list[str], *, batch: int, rate: float) -> int:
-        """Pushes ``ids`` at about ``rate`` ids per second; returns how many were confirmed."""
+    def when(self, later: float, soon: float, spread: float) -> dict[str, float]:
+        """``push``'s keywords for one batch: none (at once), or a delay or a time."""
+        if self.rng.random() >= later:
+            return {}
+        # Whole milliseconds, so the ms the client sends is exactly the one logged.
+        wait = 0.0 if self.rng.random() < soon else round(self.rng.uniform(0.05, spread), 3)
+        if self.rng.random() < 0.5:
+            return {"delay": wait}
+        if wait == 0.0:
+            wait = -round(self.rng.uniform(0.0, 1.0), 3)  # a time already passed: due at once
+        return {"at": (math.floor(time.time() * 1000) + round(wait * 1000)) / 1000}
+
+    def run(
+        self,
+        ids: list[str],
+        *,
+        batch: int,
+        rate: float,
+        later: float = 0.0,
+        soon: float = 0.0,
+        spread: float = 0.0,
+    ) -> int:
+        """Pushes ``ids`` at about ``rate`` ids per second, a fraction ``later`` of the batches
+        for later (see the module docstring); returns how many were confirmed."""
         started = time.monotonic()
         confirmed = 0
         for index in range(0, len(ids), batch):
@@ -86,7 +131,7 @@ class Producer:
             if wait > 0 and self.stop.wait(wait):
                 break
             part = ids[index : index + batch]
-            if self.push(part):
+            if self.push(part, **self.when(later, soon, spread)):
                 confirmed += len(part)
         return confirmed
 
@@ -104,6 +149,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--socket-timeout", type=float, default=2.0)
     parser.add_argument("--functions", action="store_true", help="FCALL instead of EVALSHA")
+    parser.add_argument("--later", type=float, default=0.0, help="fraction pushed for later")
+    parser.add_argument("--soon", type=float, default=0.0, help="of those, fraction due at once")
+    parser.add_argument("--spread", type=float, default=0.0, help="seconds the rest spread over")
     args = parser.parse_args(argv)
 
     log = EventLog(args.log)
@@ -126,7 +174,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     ids = [f"{args.prefix}{n:06d}" for n in range(args.start, args.start + args.count)]
     log.write("BOOT", "producer", len(ids))
-    confirmed = producer.run(ids, batch=args.batch, rate=args.rate)
+    confirmed = producer.run(
+        ids,
+        batch=args.batch,
+        rate=args.rate,
+        later=args.later,
+        soon=args.soon,
+        spread=args.spread,
+    )
     log.write("EXIT", "stopped" if stop.is_set() else "done", confirmed)
     log.close()
     return 0

@@ -86,6 +86,10 @@ class LoggedRotator(Rotator):
             for ref in acks:
                 if isinstance(ref, Job):
                     self.events.write("ACK_SENT", ref.id, ref.token)
+            # Every delivery, also those the loop gives back unrun when it stops (its FETCH
+            # is logged by the handler, which a job given back never reaches).
+            for job in jobs:
+                self.events.write("CLAIM", job.id, job.token, int(job.reclaimed), job.deliveries)
         return jobs
 
     def ack(self, *jobs: JobRef) -> int:
