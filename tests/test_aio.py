@@ -46,7 +46,21 @@ def test_push_next_and_ack_round_trip(server: ServerProcess, queue_name: str) ->
         assert (await queue.stats()).in_flight == 1
         assert await queue.ack(last) == 1
         assert await queue.next(5) == []
-        assert await queue.stats() == Stats(0, 0, 0, 0, 0, 0, None)
+        assert await queue.stats() == Stats(
+            0,
+            0,
+            0,
+            0,
+            0,
+            0,
+            None,
+            pushed=3,
+            delivered=3,
+            completed=3,
+            retried=0,
+            reclaimed=0,
+            dead_lettered=0,
+        )
 
     run_on(server, scenario)
 
