@@ -1535,6 +1535,11 @@ def schedule_add(
 
     Each tick makes one job, however many workers run; ticks missed while nothing ran make
     one catch-up job. Worker loops keep a cron schedule's due times topped up.
+
+    \b
+    Examples:
+      rotator schedule add reports nightly --cron '0 2 * * *' --tz Europe/Paris
+      rotator schedule add reports heartbeat --every 60 --job-id hb
     """
     if (every is None) == (cron is None):
         raise click.UsageError("give --every or --cron, one of them")
@@ -1555,7 +1560,12 @@ def moment_text(unix: float | None) -> str:
 @json_option
 @click.pass_context
 def schedule_list(ctx: click.Context, queue: str, json: bool) -> None:
-    """The schedules of QUEUE: NAME  SPEC  NEXT  LAST  JOB_ID (times in local time)."""
+    """The schedules of QUEUE: NAME  SPEC  NEXT  LAST  JOB_ID (times in local time).
+
+    \b
+    Example:
+      rotator schedule list reports
+    """
     found = open_queue(ctx, queue, must_exist=False).schedules()
     rows = [
         "  ".join(
@@ -1578,7 +1588,12 @@ def schedule_list(ctx: click.Context, queue: str, json: bool) -> None:
 @json_option
 @click.pass_context
 def schedule_rm(ctx: click.Context, queue: str, name: str, json: bool) -> None:
-    """Remove the schedule NAME from QUEUE (jobs it pushed stay)."""
+    """Remove the schedule NAME from QUEUE (jobs it pushed stay).
+
+    \b
+    Example:
+      rotator schedule rm reports nightly
+    """
     if not open_queue(ctx, queue, must_exist=False).unschedule(name):
         fail(f"no schedule {name!r} on queue {queue!r}")
     emit(ctx, {"removed": True}, f"removed {name}")
