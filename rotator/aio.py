@@ -11,7 +11,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import redis.asyncio as aredis
 from redis.asyncio.cluster import RedisCluster
@@ -55,6 +55,9 @@ from rotator.script import (
     run_async,
 )
 from rotator.sending import socket_timeout, wake_wait
+
+if TYPE_CHECKING:
+    from rotator.buffering import AsyncConsumer, AsyncProducer
 
 AsyncClient = aredis.Redis | RedisCluster
 AsyncIdempotency = Callable[[str], bool | Awaitable[bool]]
@@ -336,6 +339,22 @@ class AsyncRotator(QueueView):
 
     async def forget_worker(self, worker_id: str) -> bool:
         return await self._run(registry.forget(self.keys.workers, worker_id))
+
+    def producer(self, *, max_batch: int = 500, max_delay: float = 0.05) -> AsyncProducer:
+        """``async with aq.producer() as p: await p.push(job_id)``; the background flush is a
+        task. See :class:`rotator.buffering.AsyncProducer`."""
+        from rotator.buffering import AsyncProducer  # noqa: PLC0415 (built on this API)
+
+        return AsyncProducer(self, max_batch=max_batch, max_delay=max_delay)
+
+    def consumer(
+        self, *, prefetch: int = 100, block: float = 1.0, stop_when_empty: bool = False
+    ) -> AsyncConsumer:
+        """``async with aq.consumer() as c: async for job in c: ...; await c.ack(job)``. See
+        :class:`rotator.buffering.AsyncConsumer`."""
+        from rotator.buffering import AsyncConsumer  # noqa: PLC0415 (built on this API)
+
+        return AsyncConsumer(self, prefetch=prefetch, block=block, stop_when_empty=stop_when_empty)
 
 
 class AsyncTopicGroup(GroupView, AsyncRotator):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import redis
 from redis.cluster import RedisCluster
@@ -40,6 +40,9 @@ from rotator.models import (
 from rotator.protocol import JobRef, When
 from rotator.registry import WorkerInfo
 from rotator.sending import Sender
+
+if TYPE_CHECKING:
+    from rotator.buffering import Consumer, Producer
 
 Client = redis.Redis | RedisCluster
 Idempotency = Callable[[str], bool]
@@ -422,3 +425,25 @@ class Rotator(QueueView):
     def forget_worker(self, worker_id: str) -> bool:
         """Removes a worker's registry entry (one HDEL); True when there was one."""
         return self._run(registry.forget(self.keys.workers, worker_id))
+
+    # -- buffering (rotator.buffering) -------------------------------------------------------
+
+    def producer(self, *, max_batch: int = 500, max_delay: float = 0.05) -> Producer:
+        """Gathers pushes into calls of up to ``max_batch`` jobs, sent when full, after
+        ``max_delay`` s in the background, on ``flush()`` and on exit; thread-safe:
+        ``with q.producer() as p: p.push(job_id)``. A failed flush keeps its jobs for the
+        next one and raises on the next call. See :class:`rotator.buffering.Producer`."""
+        from rotator.buffering import Producer  # noqa: PLC0415 (built on this API)
+
+        return Producer(self, max_batch=max_batch, max_delay=max_delay)
+
+    def consumer(
+        self, *, prefetch: int = 100, block: float = 1.0, stop_when_empty: bool = False
+    ) -> Consumer:
+        """Hands out jobs one at a time from claims of ``prefetch``, acks riding on the next
+        claim, the leases of every job held kept: ``with q.consumer() as c: for job in c:
+        ...; c.ack(job)``. Exit gives back what was not acked. See
+        :class:`rotator.buffering.Consumer`."""
+        from rotator.buffering import Consumer  # noqa: PLC0415 (built on this API)
+
+        return Consumer(self, prefetch=prefetch, block=block, stop_when_empty=stop_when_empty)
