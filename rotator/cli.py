@@ -636,7 +636,8 @@ def stats(ctx: click.Context, queue: str, watch: bool, interval: float, json: bo
     schedules   recurring schedules (`rotator schedule list`)
     rate_limit  jobs per period handed out at most (`rotator limit`)
     pushed, delivered, completed, retried, reclaimed, dead_lettered
-                counts since the queue was made
+                counts since the queue was made; --watch shows each one's rate
+                beside it (per second, over the last interval)
 
     \b
     Examples:
@@ -644,8 +645,10 @@ def stats(ctx: click.Context, queue: str, watch: bool, interval: float, json: bo
       rotator stats orders --watch --interval 5
     """
     q = open_queue(ctx, queue)
+    before: tuple[float, dict[str, Any]] | None = None
     while True:
         values = q.stats().as_dict()
+        now = time.monotonic()
         if watch and not json:
             click.clear()
         shown = dict(values)
@@ -653,13 +656,34 @@ def stats(ctx: click.Context, queue: str, watch: bool, interval: float, json: bo
             shown["overdue"] = f"{values['overdue']}+"
         limit = shown["rate_limit"]
         shown["rate_limit"] = "-" if limit is None else f"{limit['jobs']}/{limit['per']:g}s"
-        emit(ctx, values, stats_table(f"queue {queue}", shown))
+        if before is not None:
+            data = {**values, "rates": rates(before[1], values, now - before[0])}
+            for name, rate in data["rates"].items():
+                shown[name] = f"{values[name]}  ({rate:,.1f}/s)"
+        else:
+            data = values
+        emit(ctx, data, stats_table(f"queue {queue}", shown))
         if not watch:
             return
+        before = (now, values)
         try:
             time.sleep(interval)
         except KeyboardInterrupt:
             return
+
+
+COUNTS = ("pushed", "delivered", "completed", "retried", "reclaimed", "dead_lettered")
+
+
+def rates(before: dict[str, Any], after: dict[str, Any], seconds: float) -> dict[str, float]:
+    """Per second, each count since the queue was made, between two reads ``seconds`` apart
+    (a queue deleted and made again in between counts from 0: its rate is not shown)."""
+    found = {}
+    for name in COUNTS:
+        old, new = before.get(name), after.get(name)
+        if old is not None and new is not None and new >= old and seconds > 0:
+            found[name] = (new - old) / seconds
+    return found
 
 
 limit_option = click.option(

@@ -20,7 +20,7 @@ import redis
 from click.testing import CliRunner, Result
 
 from rotator import Rotator
-from rotator.cli import main
+from rotator.cli import main, rates
 from rotator.keys import queue_keys
 from rotator.script import function_name, module_sha
 from rotator.server import EmbeddedServer
@@ -628,3 +628,27 @@ def test_a_bad_queue_name_is_refused_before_connecting(name: str) -> None:
     result = run("--url", UNREACHABLE, *command(name, "a{b"))
 
     assert_error(result, "queue name", "'a{b'")
+
+
+def test_stats_watch_shows_rates_beside_the_counts(
+    server: ServerProcess, queue: Rotator, queue_name: str
+) -> None:
+    queue.push("a")
+    watch = subprocess.Popen(
+        [ROTATOR, "--url", server.url, "stats", queue_name, "--json", "--watch"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert watch.stdout is not None
+        first = json.loads(watch.stdout.readline())
+        queue.push(*[f"j{i}" for i in range(30)])
+        second = json.loads(watch.stdout.readline())
+    finally:
+        watch.terminate()
+        watch.wait(10)
+    assert "rates" not in first  # nothing to compare with yet
+    assert second["pushed"] == 31
+    assert second["rates"]["pushed"] > 0
+    assert second["rates"]["completed"] == 0
+    assert rates({"pushed": 5}, {"pushed": 3}, 1.0) == {}  # made again in between: no rate
