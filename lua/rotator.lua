@@ -31,8 +31,8 @@ KEYS
                             lmin lstop lpass lskip rpasses lpasses (see LEASES),
                             dead_dropped, expired (a topic group's), smin paused (see
                             SCHEDULED), schedules ticking and "schedule:<name>" (see
-                            SCHEDULES), rate_n rate_ms rate_tat (see rate_limit); settings
-                            (configure)
+                            SCHEDULES), rate_n rate_ms rate_tat (see rate_limit), d0..d25
+                            (see durations); settings (configure)
   KEYS[10] pushlog    LIST  "<pushed>:<ms>" push checkpoints, newest first (pending age)
   KEYS[11] leases     LIST  the jobs in flight: leases and packed batches, newest at the head,
                             walked from the tail in deadline order (see LEASES)
@@ -155,6 +155,13 @@ COMMANDS (ARGV[1]; numbers are decimal integers)
   resume
     Ends a pause and wakes idle consumers.
     reply: 1, or 0 when the queue was not paused
+  durations [BUCKET COUNT ...]
+    The queue's histogram of processing times, which workers add to (the Python worker loops
+    send theirs with their heartbeat): COUNT (1..1e9) more jobs took a time in BUCKET
+    (0..25): bucket 0 under 1 ms, bucket b from 2^(b-1) to 2^b ms, bucket 25 from 2^24 ms
+    (4.7 hours) on. Every pair is checked before any is added (meta fields d0..d25).
+    reply: the 26 buckets' counts, bucket 0 first
+    errors: ROTATOR_BADARG
   rate_limit JOBS PER_MS
     Limits what next, next_packed and nextp lease, across every consumer, to JOBS (1..1e9)
     per PER_MS (1..86400000) ms: at most JOBS in a burst, then one every PER_MS / JOBS ms
@@ -412,7 +419,7 @@ REDIS-CLI
 --    4. Queue state       counters, side-structure sizes and pushes, on any queue's keys
 --    5. Acks              acking tokens and batch acks, for ack, next and ackp
 --    6. The walk engine   one walk over the ring's tail, for next, next_packed and sweep
---    7. Queue commands    push push_chunk push_later pause resume rate_limit next
+--    7. Queue commands    push push_chunk push_later pause resume rate_limit durations next
 --                         next_packed ack nack
 --                         extend sweep delete
 --                         configure stats peek scan dead requeue_dead requeue_dead_from
@@ -463,7 +470,8 @@ local LIMIT = {
   -- Recurring schedules: per queue, the bytes of a name and of a spec, and the due times one
   -- schedule is given at once.
   schedules = 1000, schedule_name = 128, spec_bytes = 256, schedule_dues = 1000,
-  rate_jobs = 1e9, -- rate_limit's JOBS (per PER_MS, at most a day)
+  rate_jobs = 1e9, -- rate_limit's JOBS (per PER_MS, at most a day); durations' COUNT
+  duration_buckets = 26, -- durations: under 1 ms, then doubling up to 2^24 ms and beyond
   -- stats counts overdue leases from the lease list's tail: at most this many elements, and
   -- batch_bytes of them, and LIMIT.count tokens looked up (then its count is a lower bound).
   overdue_look = 100,
@@ -1954,6 +1962,22 @@ function M.leased_count(reply, compact)
   if not compact then return (#reply - 3) / 2 end
   local packed = reply[4] ~= '' and select(2, string.gsub(reply[4], '%*', '')) - 1 or 0
   return packed + (#reply - 4) / 2
+end
+
+function M.durations()
+  if #A % 2 == 0 then M.refuse('ROTATOR_BADARG', 'durations takes BUCKET COUNT pairs') end
+  local adds = {}
+  for i = 2, #A, 2 do
+    local bucket = M.int_arg(i, 'BUCKET', 0, LIMIT.duration_buckets - 1)
+    adds[#adds + 1] = { 'd' .. bucket, M.int_arg(i + 1, 'COUNT', 1, LIMIT.rate_jobs) }
+  end
+  local fields = {}
+  for b = 0, LIMIT.duration_buckets - 1 do fields[#fields + 1] = 'd' .. b end
+  M.read('HLEN', K.meta)
+  for i = 1, #adds do rcall('HINCRBY', K.meta, adds[i][1], adds[i][2]) end
+  local counts = rcall('HMGET', K.meta, unpack(fields))
+  for i = 1, #counts do counts[i] = tonumber(counts[i]) or 0 end
+  return counts
 end
 
 function M.rate_limit()
@@ -3550,6 +3574,7 @@ local COMMANDS = {
   unschedule = M.unschedule,
   schedules = M.schedules,
   rate_limit = M.rate_limit,
+  durations = M.durations,
   pause = M.pause,
   resume = M.resume,
   next = M.next,

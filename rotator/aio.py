@@ -35,6 +35,7 @@ from rotator.models import (
     AsyncHandler,
     DeadLetter,
     Durability,
+    Durations,
     ItemStats,
     Job,
     QueueSettings,
@@ -229,6 +230,9 @@ class AsyncRotator(QueueView):
 
     async def set_rate_limit(self, jobs: int | None, per: float = 1.0) -> None:
         await self._run(self._flows.set_rate_limit(jobs, per))
+
+    async def durations(self, *seconds: float) -> Durations:
+        return await self._run(self._flows.durations(seconds))
 
     async def pause(self) -> bool:
         return await self._run(self._flows.pause())

@@ -17,6 +17,7 @@ from rotator.defaults import MAX_COUNT
 from rotator.errors import InvalidToken
 from rotator.models import (
     DeadLetter,
+    Durations,
     ItemStats,
     Job,
     NextReply,
@@ -135,6 +136,15 @@ def schedules(keys: Keys) -> ModuleCall[list[Schedule]]:
 def rate_limit(keys: Keys, jobs: int, per_ms: int) -> ModuleCall[bool]:
     """``rate_limit JOBS PER_MS`` (JOBS 0: no limit)."""
     return ModuleCall(keys, [b"rate_limit", jobs, per_ms], _is_one, True)
+
+
+def durations(keys: Keys, pairs: Sequence[int]) -> ModuleCall[Durations]:
+    """``durations [BUCKET COUNT ...]``: adds to the histogram, answers all of it."""
+    return ModuleCall(keys, [b"durations", *pairs], _decode_durations)
+
+
+def _decode_durations(reply: Any) -> Durations:
+    return Durations(tuple(int(count) for count in reply))
 
 
 def pause(keys: Keys) -> ModuleCall[bool]:

@@ -28,6 +28,7 @@ from rotator.flows import QueueView
 from rotator.models import (
     DeadLetter,
     Durability,
+    Durations,
     Handler,
     ItemStats,
     Job,
@@ -217,6 +218,12 @@ class Rotator(QueueView):
         consumer waits (without polling) until one more may go. ``None`` lifts the limit.
         ``Stats.rate_limit`` shows it."""
         self._run(self._flows.set_rate_limit(jobs, per))
+
+    def durations(self, *seconds: float) -> Durations:
+        """The queue's histogram of processing times, after adding ``seconds`` (one per job)
+        to it. The worker loops add every job they run (with their heartbeat, every 1-5 s),
+        so p50/p95/p99 cover every worker process: ``q.durations().p95``."""
+        return self._run(self._flows.durations(seconds))
 
     def pause(self) -> bool:
         """Stops the queue handing out jobs, for every consumer, until :meth:`resume`:

@@ -38,6 +38,7 @@ MAX_TRIM_BUDGET = 2000  # messages one Topic.trim call drops (about 3 ms)
 MAX_LEASE_SECONDS = 86_400.0
 MAX_SCHEDULE_SECONDS = 3650 * 86_400.0  # how far ahead a job may be scheduled (push_later)
 MAX_RATE_JOBS = 10**9  # a rate limit's jobs per period (its period: at most a day)
+DURATION_BUCKETS = 26  # processing-time histogram: under 1 ms, doubling to 2^24 ms, beyond
 MAX_DELIVERIES_LIMIT = 1_000_000
 MAX_ERROR_BYTES = 4096  # the last error kept in a job's item stats or a buried job's letter
 MAX_GROUPS = 100  # consumer groups per topic

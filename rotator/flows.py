@@ -38,6 +38,7 @@ from rotator.keys import (
 )
 from rotator.models import (
     DeadLetter,
+    Durations,
     ItemStats,
     Job,
     NextReply,
@@ -47,6 +48,7 @@ from rotator.models import (
     Schedule,
     Stats,
     TopicStats,
+    duration_bucket,
 )
 from rotator.protocol import JobRef, chunks
 
@@ -140,6 +142,17 @@ class QueueFlows:
         jobs = protocol.whole(jobs, "jobs", 1, MAX_RATE_JOBS)
         per_ms = protocol.seconds_to_ms(per, "per")
         yield commands.rate_limit(self.plain_keys, jobs, per_ms)
+
+    def durations(self, seconds: Iterable[float]) -> Flow[Durations]:
+        counts: dict[int, int] = {}
+        for one in seconds:
+            if isinstance(one, bool) or not isinstance(one, int | float) or not one >= 0:
+                raise InvalidArgument(f"a duration is a number of seconds >= 0, got {one!r}")
+            bucket = duration_bucket(one)
+            counts[bucket] = counts.get(bucket, 0) + 1
+        pairs = [half for bucket in sorted(counts) for half in (bucket, counts[bucket])]
+        found: Durations = yield commands.durations(self.plain_keys, pairs)
+        return found
 
     def pause(self) -> Flow[bool]:
         paused: bool = yield commands.pause(self.plain_keys)

@@ -8,7 +8,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any, NamedTuple
 
-from rotator.defaults import DEFAULT_TOPIC_RETENTION
+from rotator.defaults import DEFAULT_TOPIC_RETENTION, DURATION_BUCKETS
 from rotator.errors import InvalidArgument
 
 
@@ -71,6 +71,56 @@ class Stats:
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+@dataclass(frozen=True, slots=True)
+class Durations:
+    """A queue's histogram of processing times, across every worker that reports to it:
+    ``counts[0]`` jobs took under 1 ms, ``counts[b]`` from 2^(b-1) to 2^b ms, the last
+    from 2^24 ms (4.7 hours) on. Quantiles are the upper bound of their bucket (within a
+    factor of 2), in seconds; None before any job was reported."""
+
+    counts: tuple[int, ...]
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts)
+
+    @staticmethod
+    def upper_bound(bucket: int) -> float:
+        """Seconds: the most a job counted in ``bucket`` took (inf for the last)."""
+        return math.inf if bucket >= DURATION_BUCKETS - 1 else 2.0**bucket / 1000
+
+    def quantile(self, q: float) -> float | None:
+        total = self.total
+        if total == 0:
+            return None
+        seen = 0
+        for bucket, count in enumerate(self.counts):
+            seen += count
+            if seen >= q * total:
+                return self.upper_bound(bucket)
+        return math.inf
+
+    @property
+    def p50(self) -> float | None:
+        return self.quantile(0.5)
+
+    @property
+    def p95(self) -> float | None:
+        return self.quantile(0.95)
+
+    @property
+    def p99(self) -> float | None:
+        return self.quantile(0.99)
+
+
+def duration_bucket(seconds: float) -> int:
+    """The bucket of :class:`Durations` a job of ``seconds`` falls in."""
+    ms = seconds * 1000
+    if not ms >= 1:  # (NaN and negatives too: under 1 ms)
+        return 0
+    return min(int(math.log2(ms)) + 1, DURATION_BUCKETS - 1)
 
 
 @dataclass(frozen=True, slots=True)

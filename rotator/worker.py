@@ -128,6 +128,8 @@ class Ledger:
         self._retrying: set[str] = set()
         # Seconds per job over the recent batches (None until one was run): sizes claims.
         self._pace: float | None = None
+        # How long each job completed since the last report took (Rotator.durations).
+        self._durations: list[float] = []
 
     def hold(self, jobs: list[Job]) -> None:
         expiry = time.monotonic() + self.timeout
@@ -147,12 +149,21 @@ class Ledger:
         with self._lock:
             return job.token in self._lost
 
-    def handled(self, job: Job) -> None:
+    def handled(self, job: Job, seconds: float | None = None) -> None:
+        """Counts a job completed here; ``seconds``: how long its handler ran."""
         with self._lock:
             self._handled.add(job.token)
             self._processed += 1
+            if seconds is not None:
+                self._durations.append(seconds)
             if self._retrying:
                 self._retrying.discard(job.id)
+
+    def take_durations(self) -> list[float]:
+        """The processing times noted since the last call (for the queue's histogram)."""
+        with self._lock:
+            taken, self._durations = self._durations, []
+        return taken
 
     def failed(self, job: Job, dead: bool) -> None:
         """Counts a failed delivery: the job is dead (its last delivery) or given back."""
@@ -297,6 +308,7 @@ class Worker:
             heartbeat.join()
             for signum, previous in restore.items():
                 signal.signal(signum, previous)
+            self._send_durations()
             self._forget()
         return self._ledger.summary()
 
@@ -392,6 +404,7 @@ class Worker:
         if self._ledger.lost(job):
             self._ledger.release([job])
             return False
+        started = time.monotonic()
         try:
             self.handler(job)
         except Exception as error:
@@ -402,7 +415,7 @@ class Worker:
             self._give_back([job], delay=delay, reason=failure_reason(error), dead=dead)
             self._ledger.failed(job, dead)
             return False
-        self._ledger.handled(job)
+        self._ledger.handled(job, time.monotonic() - started)
         return True
 
     def _heartbeat(self) -> None:
@@ -413,6 +426,7 @@ class Worker:
         while not self._stop.wait(ledger.heartbeat_interval()):
             self._report()
             self._keep_schedules()
+            self._send_durations()
             now, due = ledger.due()
             if not due:
                 continue
@@ -435,6 +449,17 @@ class Worker:
             report_failed(presence, error)
         else:
             presence.failing = False
+
+    def _send_durations(self) -> None:
+        """Adds the processing times of the jobs completed since the last heartbeat to the
+        queue's histogram: one call a heartbeat, none per job."""
+        taken = self._ledger.take_durations()
+        if not taken:
+            return
+        try:
+            self.rotator.durations(*taken)
+        except Exception as error:
+            log.warning("could not report %d processing times (%s)", len(taken), error)
 
     def _keep_schedules(self) -> None:
         """Tops up the cron schedules' due times, every KEEP_EVERY seconds."""
@@ -506,6 +531,7 @@ class AsyncWorker:
                 loop.remove_signal_handler(signum)
             # Let a report in flight end first, so that it cannot land after the HDEL.
             await asyncio.gather(heartbeat, return_exceptions=True)
+            await self._send_durations()
             await self._forget()
         return self._ledger.summary()
 
@@ -607,6 +633,7 @@ class AsyncWorker:
         if self._ledger.lost(job):
             self._ledger.release([job])
             return False
+        started = time.monotonic()
         try:
             await self.handler(job)
         except Exception as error:
@@ -617,7 +644,7 @@ class AsyncWorker:
             await self._give_back([job], delay=delay, reason=failure_reason(error), dead=dead)
             self._ledger.failed(job, dead)
             return False
-        self._ledger.handled(job)
+        self._ledger.handled(job, time.monotonic() - started)
         return True
 
     async def _heartbeat(self) -> None:
@@ -627,6 +654,7 @@ class AsyncWorker:
             await asyncio.sleep(ledger.heartbeat_interval())
             await self._report()
             await self._keep_schedules()
+            await self._send_durations()
             now, due = ledger.due()
             if not due:
                 continue
@@ -647,6 +675,15 @@ class AsyncWorker:
             report_failed(presence, error)
         else:
             presence.failing = False
+
+    async def _send_durations(self) -> None:
+        taken = self._ledger.take_durations()
+        if not taken:
+            return
+        try:
+            await self.rotator.durations(*taken)
+        except Exception as error:
+            log.warning("could not report %d processing times (%s)", len(taken), error)
 
     async def _keep_schedules(self) -> None:
         if not self._schedules_kept.due():

@@ -52,7 +52,9 @@ def test_the_redis_cli_example_runs_verbatim(
     assert (stats["scheduled"], stats["paused"], stats["schedules"]) == ("0", "0", "0")
     assert (stats["rate_limit_jobs"], stats["rate_limit_ms"]) == ("0", "0")
     assert (stats["pushed"], stats["delivered"], stats["completed"]) == ("2", "2", "0")
-    assert out[47:53] == ["1", "1", "1", "1", "1", ""]  # push_later ... rate_limit
+    assert out[47:52] == ["1", "1", "1", "1", "1"]  # push_later ... rate_limit
+    assert out[52:78] == ["0"] * 6 + ["2"] + ["0"] * 19  # durations
+    assert out[78:] == [""]
     assert client.zcard("rotator:{orders}:scheduled") == 2  # job-3 and the schedule's tick
     assert client.llen("rotator:{orders}:ring") == 1  # its sentinel: both jobs are leased
     assert client.llen("rotator:{orders}:leases") == 2

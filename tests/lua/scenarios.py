@@ -1271,6 +1271,23 @@ def the_counters_count_what_happened(b: Backend) -> None:
     assert stats(b)["length"] == 0
 
 
+@scenario
+def durations_add_to_the_histogram_and_check_every_pair_first(b: Backend) -> None:
+    assert ints(b.call("durations")) == [0] * 26
+    got = ints(b.call("durations", 0, 3, 5, 2, 25, 1, 5, 1))
+    assert got == [3, 0, 0, 0, 0, 3] + [0] * 19 + [1]
+    cases: list[tuple[str | int, ...]] = [
+        ("durations", 26, 1),
+        ("durations", -1, 1),
+        ("durations", 3, 0),
+        ("durations", 3),
+        ("durations", 3, 1, 4, "x"),
+    ]
+    for argv in cases:
+        expect_error(b, "ROTATOR_BADARG", *argv)
+    assert ints(b.call("durations"))[5] == 3
+
+
 # -- scheduled jobs (push_later) and pause ----------------------------------------------------
 
 

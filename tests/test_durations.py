@@ -1,0 +1,90 @@
+"""The processing-time histogram (``Rotator.durations``): workers add to it with their
+heartbeat, and every process reading it sees the same quantiles. On real servers."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import threading
+import time
+
+import pytest
+import redis
+import redis.asyncio as aredis
+
+from rotator import Durations, Rotator
+from rotator.aio import AsyncRotator
+from rotator.errors import InvalidArgument
+from rotator.models import Job, duration_bucket
+from rotator.worker import Worker
+from tests.servers import ServerProcess
+from tests.test_bury_and_overdue import state
+
+
+def test_buckets_double_from_one_millisecond() -> None:
+    assert [duration_bucket(s) for s in (0, 0.0009, 0.001, 0.0019, 0.002, 0.5, 1e9)] == [
+        0,
+        0,
+        1,
+        1,
+        2,
+        9,  # 0.5 s = 500 ms, in [256, 512)
+        25,
+    ]
+    counts = Durations((0,) * 26)
+    assert counts.p50 is None
+    histogram = Durations((90,) + (0,) * 9 + (10,) + (0,) * 15)  # 90 under 1 ms, 10 near 1 s
+    assert histogram.p50 == 0.001
+    assert histogram.p95 == histogram.p99 == 2.0**10 / 1000
+    assert Durations.upper_bound(25) == math.inf
+
+
+def test_durations_add_up_across_clients(client: redis.Redis, queue_name: str) -> None:
+    q = Rotator(client, queue_name)
+    assert q.durations().total == 0
+    q.durations(0.0005, 0.003, 0.003)
+    other = Rotator(client, queue_name)
+    found = other.durations(0.2)
+    assert found.total == 4
+    assert found.counts[0] == 1
+    assert found.counts[2] == 2  # 3 ms, in [2, 4)
+    assert found.p50 == 0.004
+    before = state(client, q)
+    for bad in (-1.0, float("nan"), "1", True):
+        with pytest.raises(InvalidArgument):
+            q.durations(0.1, bad)  # type: ignore[arg-type]
+    assert state(client, q) == before
+
+
+def test_a_worker_loop_reports_how_long_its_jobs_took(client: redis.Redis, queue_name: str) -> None:
+    q = Rotator(client, queue_name, timeout=1)  # a heartbeat every 0.25 s
+    q.push("fast", "slow")
+
+    def handler(job: Job) -> None:
+        time.sleep(0.05 if job.id == "slow" else 0)
+
+    worker = Worker(q, handler)
+    runner = threading.Thread(target=worker.run, kwargs={"install_signal_handlers": False})
+    runner.start()
+    deadline = time.monotonic() + 5
+    while q.drained() is False and time.monotonic() < deadline:
+        time.sleep(0.05)
+    worker.stop()
+    runner.join(10)
+    found = q.durations()
+    assert found.total == 2
+    assert sum(found.counts[6:8]) == 1  # the slow one: 50 ms and a little, in [32, 128)
+    assert found.p99 is not None
+    assert found.p99 >= 0.05
+
+
+def test_the_async_client_reads_and_adds(server: ServerProcess, queue_name: str) -> None:
+    async def run() -> Durations:
+        client = aredis.Redis.from_url(server.url)
+        q = AsyncRotator(client, queue_name)
+        await q.durations(0.01)
+        found = await q.durations()
+        await client.aclose()
+        return found
+
+    assert asyncio.run(run()).counts[4] == 1  # 10 ms, in [8, 16)
