@@ -213,7 +213,8 @@ COMMANDS (ARGV[1]; numbers are decimal integers)
     from this one before a delete; or beyond its seq). A TOKEN may be a
     batch ack "*<deadline>.1.<seq>/<jobs>" (<deadline>.1.<seq> = a first delivery's stamp
     less its last 5 digits): it completes every job of that call's batch, and is refused
-    once the batch was revoked (then ack the tokens one by one).
+    once the batch was revoked or one of its jobs was acked, given back or extended on its
+    own (then ack the tokens one by one).
     reply: number accepted (a batch ack counts once)
     errors: ROTATOR_BADTOKEN, ROTATOR_TOOMANY
   nack DELAY_MS TOKEN [TOKEN ...]
@@ -951,6 +952,7 @@ function M.refused_among(first, sides)
     end
     if not call or call < origin or call >= seq then refused[arg] = true end
   end
+  M.refuse_touched(first, sides, refused)
   if #A >= first and sides.revoked > 0 then
     -- Each arg's own name, and for a first delivery or batch ack its batch's expiry, which
     -- fences the whole batch ("<batch>*", see visit_packed).
@@ -977,6 +979,29 @@ function M.refused_among(first, sides)
     end
   end
   return refused
+end
+
+-- A batch ack of a batch marked touched: one of its jobs was acked, given back or extended
+-- on its own, so acking the batch whole could count that job twice (or complete one given
+-- back). Refused: the client acks token by token. Only read while marks exist.
+function M.refuse_touched(first, sides, refused)
+  if (sides[K.marks] or 0) + (sides[K.marks_old] or 0) == 0 then return end
+  local names, of = {}, {}
+  for i = first, #A do
+    local arg = A[i]
+    if string.byte(arg) == BYTE_STAR and not refused[arg] then
+      names[#names + 1], of[#names + 1] = M.split_batch_ack(arg), arg
+    end
+  end
+  if #names == 0 then return end
+  for _, key in ipairs({ K.marks, K.marks_old }) do
+    if (sides[key] or 0) > 0 then
+      local marks = M.hmget_all(key, names)
+      for i = 1, #names do
+        if marks[i] == 't' then refused[of[i]] = true end
+      end
+    end
+  end
 end
 
 -- Marks batches (a set of names) touched, without overwriting a batch ack.
@@ -2221,7 +2246,7 @@ function M.ack_sides()
   local sides = {
     length = M.read('LLEN', K.ring) + M.read('LLEN', K.leases),
     [K.done] = M.read('SCARD', K.done), [K.marks] = M.read('HLEN', K.marks),
-    revoked = M.read('ZCARD', K.revoked),
+    [K.marks_old] = M.read('HLEN', K.marks_old), revoked = M.read('ZCARD', K.revoked),
   }
   M.read_issued(sides)
   sides.lstop_was = sides.lstop

@@ -169,7 +169,9 @@ class Batches:
             # The batch's very Job objects, first and in order: nothing to check per job.
             # Taken: a batch is acked whole once (threads may share this client).
             if size and len(refs) >= size and all(map(is_, jobs, refs)) and self._take(stamp):
-                rest = encode_tokens(refs[size:])
+                # (a job of the batch named again is acked by the batch ack alone)
+                own = set(encode_tokens(jobs))
+                rest = [token for token in encode_tokens(refs[size:]) if token not in own]
                 named = size if not rest else len(set(encode_tokens(jobs)).union(rest))
                 return PackedAcks([*self.pack(rest), b"*%s/%d" % (stamp, size)], True, named)
         tokens = encode_tokens(refs)

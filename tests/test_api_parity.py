@@ -17,7 +17,7 @@ TWINS = [(Rotator, AsyncRotator), (Topic, AsyncTopic), (TopicGroup, AsyncTopicGr
 # Parameters whose types differ only by the client or callback being async.
 ASYNC_TYPES = {"client", "idempotency", "handler"}
 # Methods that are not awaited on either side: they build an object, they do no I/O.
-NOT_AWAITED = {"from_url", "embedded", "group", "group_keys", "claim"}
+NOT_AWAITED = {"from_url", "embedded", "group", "group_keys", "claim", "producer", "consumer"}
 
 
 def public_methods(cls: type) -> dict[str, Any]:

@@ -397,3 +397,19 @@ def test_a_client_made_from_a_url_blocks_past_its_socket_timeout(
     started = time.monotonic()
     assert q.next(1, block=5.5) == []
     assert time.monotonic() - started >= 5.5
+
+
+def test_a_job_acked_twice_or_alone_then_with_its_batch_counts_once(q: Rotator) -> None:
+    q.push("solo")
+    [solo] = q.next(1)
+    assert q.ack(solo, solo) == 1  # the batch ack alone: solo is named once
+    assert q.stats().done == 1
+    q.push("a", "b", "c")
+    jobs = q.next(3)
+    assert q.ack(jobs[0]) == 1
+    assert q.ack(*jobs) == 3  # the batch ack is refused (a was acked alone): token by token
+    stats = q.stats()
+    assert (stats.done, stats.completed) == (3, 1)  # a, b, c; solo left at the last claim
+    q.sweep()
+    assert q.stats().length == 0
+    assert q.stats().completed == 4

@@ -1974,3 +1974,16 @@ def scan_pages_through_the_ring_as_peek_shows_it_and_changes_nothing(b: Backend)
     assert b.snapshot() == before
     expect_error(b, "ROTATOR_BADARG", "scan", 0, 10, 0)
     expect_error(b, "ROTATOR_BADARG", "scan", -1, 10, 5)
+
+
+@scenario
+def a_batch_ack_after_one_of_its_jobs_was_acked_alone_is_refused(b: Backend) -> None:
+    push(b, "a", "b", "c")
+    got = nxt(b, 3)
+    assert ack(b, got.tokens[0]) == 1  # alone: its batch is touched
+    stamp = got.tokens[0][got.tokens[0].index("*") : -5]
+    assert ack(b, f"{stamp}/3") == 0  # the whole batch would count a twice
+    assert ack(b, *got.tokens) == 3  # token by token: a again (idempotent), b, c
+    assert stats(b)["done"] == 3
+    laps(b)
+    assert stats(b)["length"] == 0
