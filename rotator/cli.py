@@ -1910,3 +1910,78 @@ def topic_work(
 )
 def topic_workers(ctx: click.Context, topic: str, group: str, show_all: bool, json: bool) -> None:
     show_workers(ctx, open_group(ctx, topic, group), f"topic {topic}, group {group}", show_all)
+
+
+# -- dashboard --------------------------------------------------------------------------------
+
+# The package's __init__ only (its defaults): the app and its extra load when the command runs.
+from rotator.dashboard import DEFAULT_HOST, DEFAULT_PORT  # noqa: E402
+
+DASHBOARD_HELP = """Pages only read, and so does /metrics. Requeueing or deleting dead letters,
+pausing and resuming need a token: set ROTATOR_DASHBOARD_TOKEN to a secret before starting
+(without it, actions are off), and type it into the page. Actions are POSTs that must come
+from the dashboard's own page.
+
+Queues and topics are found with SCAN (never KEYS), every 10 s; counts are read every second
+by one poll shared by every open page, and pushed to the pages as server-sent events. Scripts
+and styles ship inside the package (no CDN)."""
+
+
+@main.command()
+@click.option(
+    "--host",
+    default=DEFAULT_HOST,
+    show_default=True,
+    help="Address to listen on; anything but loopback lets other machines read the pages.",
+)
+@click.option(
+    "--port", type=click.IntRange(1, 65535), default=DEFAULT_PORT, show_default=True, help="Port."
+)
+@click.option("--prefix", default="rotator", show_default=True, help="Key prefix of the queues.")
+@click.pass_context
+@doc(
+    "Serve a web dashboard of every queue and topic on the server, live, with Prometheus "
+    "metrics at /metrics and a health check at /healthz.",
+    DASHBOARD_HELP,
+    "\b\nExample:\n  ROTATOR_DASHBOARD_TOKEN=$(openssl rand -hex 16) rotator dashboard --port 8765",
+)
+def dashboard(ctx: click.Context, host: str, port: int, prefix: str) -> None:
+    try:
+        from rotator.dashboard.app import serve  # noqa: PLC0415 (the dashboard extra)
+        from rotator.dashboard.security import (  # noqa: PLC0415
+            SHORT_TOKEN,
+            TOKEN_ENV,
+            is_loopback,
+            token_from_env,
+        )
+    except ImportError as error:
+        fail(
+            f"the dashboard needs its extra ({error.name} is missing): "
+            f"pip install '{DISTRIBUTION}[dashboard]'"
+        )
+    url = server_url(ctx) or EmbeddedServer().start().url
+    redis.Redis.from_url(url).ping()  # an unreachable server fails here, in one line
+    token = token_from_env(os.environ)
+    if token is None:
+        actions = f"actions off (set {TOKEN_ENV} to allow requeue, delete, pause and resume)"
+    else:
+        actions = f"actions on, with the token in {TOKEN_ENV}"
+        if len(token) < SHORT_TOKEN:
+            click.echo(
+                f"rotator: warning: {TOKEN_ENV} is short: use 16 characters or more", err=True
+            )
+    if not is_loopback(host):
+        click.echo(
+            f"rotator: warning: listening on {host}: whoever reaches the port can read every "
+            "queue's pages and /metrics",
+            err=True,
+        )
+
+    def ready(address: str) -> None:
+        click.echo(
+            f"rotator: dashboard of {where(ctx)} at {address} ({actions}); metrics at "
+            f"{address}metrics. Ctrl-C stops it",
+            err=True,
+        )
+
+    serve(url, host=host, port=port, token=token, prefix=prefix, on_ready=ready)

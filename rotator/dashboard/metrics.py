@@ -1,0 +1,179 @@
+"""Prometheus metrics for every queue and topic on a server, read at scrape time.
+
+:class:`QueueCollector` is a prometheus_client collector: each scrape finds the queues and
+topics (SCAN, never KEYS: :func:`rotator.discovery.find`) and reads each one's ``stats`` (one
+O(1) call per queue), so the numbers are the server's at that moment, with nothing cached and
+no loop running between scrapes. The dashboard serves it at ``/metrics``; any process can
+serve it too::
+
+    from prometheus_client import REGISTRY, start_http_server
+    REGISTRY.register(QueueCollector(redis.Redis.from_url("redis://localhost:6379/0")))
+    start_http_server(9120)
+
+Every queue metric has a ``queue`` label. The ``rotator_jobs_*_total`` counters are the
+module's own (kept in the call that does each thing, so they never disagree with the queue);
+a queue whose module does not report one is left out of that metric rather than shown as 0.
+``rotator_job_duration_seconds`` appears once the module keeps processing times (see
+:func:`rotator.dashboard.snapshot.durations_of`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import redis
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+
+from rotator.core import Rotator
+from rotator.dashboard.snapshot import backlog, durations_of
+from rotator.defaults import DEFAULT_PREFIX
+from rotator.discovery import find
+from rotator.errors import RotatorError
+from rotator.models import Stats, TopicStats
+from rotator.topic import Topic
+
+# (metric, Stats field, help) of the gauges each queue has.
+QUEUE_GAUGES = (
+    ("rotator_queue_pending", "pending", "Jobs pushed and never leased."),
+    ("rotator_queue_in_flight", "in_flight", "Jobs leased, their lease not run out."),
+    ("rotator_queue_deferred", "deferred", "Jobs given back (nacked), waiting for their delay."),
+    ("rotator_queue_overdue", "overdue", "Leases run out, not yet reclaimed (a lower bound)."),
+    ("rotator_queue_scheduled", "scheduled", "Jobs pushed for later, not yet queued."),
+    ("rotator_queue_dead", "dead", "Dead letters."),
+)
+# (metric without _total, Stats field, help) of the module's counters.
+QUEUE_COUNTERS = (
+    ("rotator_jobs_pushed", "pushed", "Job ids pushed since the queue was made."),
+    ("rotator_jobs_delivered", "delivered", "Deliveries (leases), first ones and later ones."),
+    ("rotator_jobs_completed", "completed", "Jobs acked."),
+    ("rotator_jobs_retried", "retried", "Jobs given back (nacked)."),
+    ("rotator_jobs_reclaimed", "reclaimed", "Expired leases leased again."),
+    ("rotator_jobs_dead", "dead_lettered", "Dead letters written."),
+)
+DURATION_METRIC = "rotator_job_duration_seconds"
+
+
+class QueueCollector(Collector):
+    """Every queue's and topic's metrics on the server of ``client`` (a ``redis.Redis``: one
+    server, or one node of a cluster), read when collected."""
+
+    def __init__(self, client: redis.Redis, *, prefix: str = DEFAULT_PREFIX) -> None:
+        self.client = client
+        self.prefix = prefix
+
+    def describe(self) -> Iterable[Metric]:
+        # Registering must not read the server: the names are known only at scrape time.
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        up = GaugeMetricFamily("rotator_up", "1 when the last scrape read the server, else 0.")
+        try:
+            queues, topics = self.read()
+        except (redis.RedisError, OSError):
+            up.add_metric([], 0)
+            yield up
+            return
+        up.add_metric([], 1)
+        yield up
+        yield from queue_metrics(queues)
+        yield from topic_metrics(topics)
+
+    def read(self) -> tuple[dict[str, Stats], dict[str, TopicStats]]:
+        """Each queue's and topic's stats now (one whose keys are broken is left out)."""
+        found = find(self.client, prefix=self.prefix)
+        queues: dict[str, Stats] = {}
+        for name in found.queues:
+            try:
+                queues[name] = Rotator(self.client, name, prefix=self.prefix).stats()
+            except RotatorError:
+                continue
+        topics: dict[str, TopicStats] = {}
+        for name in found.topics:
+            try:
+                topics[name] = Topic(self.client, name, prefix=self.prefix).stats()
+            except RotatorError:
+                continue
+        return queues, topics
+
+
+def queue_metrics(queues: dict[str, Stats]) -> Iterator[Metric]:
+    """The queue metrics of these stats (what QueueCollector yields for its queues)."""
+    for metric, field, text in QUEUE_GAUGES:
+        gauge = GaugeMetricFamily(metric, text, labels=["queue"])
+        for name, stats in queues.items():
+            gauge.add_metric([name], getattr(stats, field))
+        yield gauge
+    age = GaugeMetricFamily(
+        "rotator_queue_oldest_pending_age_seconds",
+        "Seconds since the oldest pending job was pushed; 0 when nothing is pending.",
+        labels=["queue"],
+    )
+    paused = GaugeMetricFamily(
+        "rotator_queue_paused", "1 while the queue hands out nothing.", labels=["queue"]
+    )
+    for name, stats in queues.items():
+        age.add_metric([name], stats.oldest_pending_age or 0.0)
+        paused.add_metric([name], int(stats.paused))
+    yield age
+    yield paused
+    for metric, field, text in QUEUE_COUNTERS:
+        counter = CounterMetricFamily(metric, text, labels=["queue"])
+        for name, stats in queues.items():
+            value = getattr(stats, field, None)
+            if value is not None:
+                counter.add_metric([name], value)
+        if counter.samples:
+            yield counter
+    histogram = HistogramMetricFamily(
+        DURATION_METRIC, "Processing time of the jobs acked, in seconds.", labels=["queue"]
+    )
+    for name, stats in queues.items():
+        durations = durations_of(stats)
+        if durations is not None:
+            histogram.add_metric(
+                [name],
+                [(bucket_bound(bound), count) for bound, count in durations.buckets],
+                sum_value=durations.total,
+            )
+    if histogram.samples:
+        yield histogram
+
+
+def bucket_bound(bound: float) -> str:
+    return "+Inf" if math.isinf(bound) else repr(float(bound))
+
+
+def topic_metrics(topics: dict[str, TopicStats]) -> Iterator[Metric]:
+    retained = GaugeMetricFamily(
+        "rotator_topic_retained_messages", "Messages the topic keeps.", labels=["topic"]
+    )
+    size = GaugeMetricFamily(
+        "rotator_topic_retained_bytes", "Payload bytes the topic keeps.", labels=["topic"]
+    )
+    groups: dict[str, tuple[str, Any]] = {
+        "rotator_topic_group_backlog": ("backlog", "Messages waiting for the group."),
+        "rotator_topic_group_in_flight": ("in_flight", "Messages the group has leased."),
+        "rotator_topic_group_dead": ("dead", "The group's dead letters."),
+    }
+    families = {
+        metric: GaugeMetricFamily(metric, text, labels=["topic", "group"])
+        for metric, (_, text) in groups.items()
+    }
+    for name, stats in topics.items():
+        retained.add_metric([name], stats.retained)
+        size.add_metric([name], stats.bytes)
+        for group, group_stats in stats.groups.items():
+            for metric, (field, _) in groups.items():
+                value = backlog(group_stats) if field == "backlog" else getattr(group_stats, field)
+                families[metric].add_metric([name, group], value)
+    yield retained
+    yield size
+    yield from families.values()

@@ -1,0 +1,320 @@
+"""What the dashboard shows, read from the server and shaped as JSON.
+
+Reads go through the async API (:class:`rotator.aio.AsyncRotator`, :class:`AsyncTopic`)
+and :func:`rotator.discovery.find_async`: one SCAN over the keyspace in bounded steps, never
+KEYS. Every queue's counts are one ``stats`` call (O(1) on the server); a queue's page adds
+``peek``, ``dead`` and ``schedules``. Rates are not read: they are the change of the module's
+counters between two readings, divided by the seconds between them. A counter the module
+does not report (``None`` in :class:`Stats`) has no rate and is shown as absent, never as 0.
+No web framework here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from rotator.aio import AsyncRotator, AsyncTopic
+from rotator.defaults import DEFAULT_PREFIX
+from rotator.discovery import find_async
+from rotator.errors import RotatorError
+from rotator.models import DeadLetter, Discovered, RingEntry, Schedule, Stats, TopicStats
+
+T = TypeVar("T")
+
+# The module's counters (Stats fields): each has a rate, jobs per second.
+COUNTERS = ("pushed", "delivered", "completed", "retried", "reclaimed", "dead_lettered")
+# Queues (or topics) read at once during one poll.
+READ_CONCURRENCY = 16
+# Ring elements and dead letters a queue's page shows.
+PEEK_LIMIT = 10
+DEAD_LIMIT = 50
+# Queue and topic objects kept between polls (each remembers how it calls the module);
+# beyond this many the cache starts again, so names asked for in URLs cannot grow it.
+CACHE_LIMIT = 4096
+# Quantiles of the processing time shown and exported.
+QUANTILES = (0.5, 0.95, 0.99)
+
+
+def backlog(stats: Stats) -> int:
+    """Jobs waiting for a worker: pending, deferred (nacked) and overdue (lease run out)."""
+    return stats.pending + stats.deferred + stats.overdue
+
+
+# -- processing time (the histogram the module does not keep yet) -------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Durations:
+    """A queue's processing-time histogram: ``buckets`` are (upper bound in seconds, jobs that
+    took at most that long), cumulative and ascending, the last bound ``math.inf``; ``total``
+    is the sum of the durations, in seconds."""
+
+    buckets: tuple[tuple[float, int], ...]
+    total: float
+
+    @property
+    def count(self) -> int:
+        return self.buckets[-1][1] if self.buckets else 0
+
+    def quantile(self, q: float) -> float | None:
+        """The ``q`` quantile, interpolated within its bucket as Prometheus's
+        ``histogram_quantile`` does; None with no jobs. In the +Inf bucket: the highest
+        finite bound."""
+        if self.count == 0:
+            return None
+        rank = q * self.count
+        lower, below = 0.0, 0
+        for bound, cumulative in self.buckets:
+            if cumulative >= rank:
+                if math.isinf(bound):
+                    return lower
+                if cumulative == below:
+                    return bound
+                return lower + (bound - lower) * (rank - below) / (cumulative - below)
+            lower, below = bound, cumulative
+        return lower
+
+
+def durations_of(stats: Stats) -> Durations | None:
+    """The queue's processing-time histogram, or None where the module keeps none.
+
+    The hook for issue 17's next step (workers report each job's duration with its ack into
+    a histogram kept on the server): build :class:`Durations` here from what ``stats`` (or
+    a call of its own) answers, and the queue page's p50/p95/p99 and ``/metrics``'
+    ``rotator_job_duration_seconds`` appear. Until then the pages say processing time is not
+    measured, and ``/metrics`` leaves the histogram out (absent, never zeros).
+    """
+    found = getattr(stats, "durations", None)
+    return found if isinstance(found, Durations) else None
+
+
+# -- readings and rates ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Reading:
+    """One queue's stats and when they were read (unix seconds, this machine's clock)."""
+
+    at: float
+    stats: Stats
+
+
+def rates(before: Reading | None, after: Reading) -> dict[str, float | None]:
+    """Jobs per second of each counter between two readings, and ``backlog``: how fast the
+    backlog grew (negative: shrank). None for a counter the module does not report, for the
+    first reading, and for a counter that went down (the queue was deleted and made again)."""
+    found: dict[str, float | None] = dict.fromkeys((*COUNTERS, "backlog"))
+    if before is None or after.at <= before.at:
+        return found
+    seconds = after.at - before.at
+    for name in COUNTERS:
+        old, new = getattr(before.stats, name), getattr(after.stats, name)
+        if old is not None and new is not None and new >= old:
+            found[name] = (new - old) / seconds
+    found["backlog"] = (backlog(after.stats) - backlog(before.stats)) / seconds
+    return found
+
+
+def add_rates(into: dict[str, float | None], more: dict[str, float | None]) -> None:
+    """Sums rates; a total stays None only while every queue's is."""
+    for name, value in more.items():
+        if value is not None:
+            into[name] = (into.get(name) or 0.0) + value
+
+
+def stats_json(stats: Stats) -> dict[str, Any]:
+    found = stats.as_dict()
+    found.pop("durations", None)  # shown as percentiles instead (see durations_json)
+    found["backlog"] = backlog(stats)
+    return found
+
+
+def durations_json(stats: Stats) -> dict[str, Any] | None:
+    durations = durations_of(stats)
+    if durations is None:
+        return None
+    found: dict[str, Any] = {f"p{round(q * 100)}": durations.quantile(q) for q in QUANTILES}
+    found["count"] = durations.count
+    found["mean"] = durations.total / durations.count if durations.count else None
+    return found
+
+
+def element_id(element: str) -> str:
+    """The job id an element of the ring names ("" for the lap sentinel)."""
+    return "" if element.startswith("*") else element.partition("*")[0]
+
+
+def raw_letter(letter: DeadLetter) -> str:
+    """The dead letter as the list holds it (``<reason>*<deliveries>*<ms>*<element>``): what
+    names one letter exactly, for deleting it."""
+    return f"{letter.reason}*{letter.deliveries}*{letter.died_ms}*{letter.element}"
+
+
+def entry_json(entry: RingEntry) -> dict[str, Any]:
+    return {
+        "id": element_id(entry.element),
+        "element": entry.element,
+        "state": entry.state,
+        "time_ms": entry.time_ms or None,
+    }
+
+
+def letter_json(letter: DeadLetter) -> dict[str, Any]:
+    return {
+        "id": letter.id,
+        "reason": letter.reason,
+        "deliveries": letter.deliveries,
+        "died_ms": letter.died_ms,
+        "error": letter.error,
+        "letter": raw_letter(letter),
+    }
+
+
+def schedule_json(schedule: Schedule) -> dict[str, Any]:
+    return schedule.as_dict()
+
+
+def topic_json(name: str, stats: TopicStats | RotatorError) -> dict[str, Any]:
+    if isinstance(stats, RotatorError):
+        return {"name": name, "error": str(stats)}
+    groups = [
+        {"name": group, "backlog": backlog(s), **stats_json(s)}
+        for group, s in sorted(stats.groups.items())
+    ]
+    return {
+        "name": name,
+        "error": None,
+        "retained": stats.retained,
+        "bytes": stats.bytes,
+        "last_seq": stats.last_seq,
+        "backlog": sum(g["backlog"] for g in groups),
+        "groups": groups,
+    }
+
+
+# -- reading the server ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Overview:
+    """Every queue's and topic's counts, read at ``at`` (a queue or topic whose keys are
+    broken is there with its error)."""
+
+    at: float
+    queues: dict[str, Stats | RotatorError]
+    topics: dict[str, TopicStats | RotatorError]
+
+
+@dataclass(frozen=True, slots=True)
+class QueueDetail:
+    """What a queue's page shows beyond its counts."""
+
+    at: float
+    name: str
+    exists: bool
+    stats: Stats
+    peek: list[RingEntry]
+    dead: list[DeadLetter]
+    schedules: list[Schedule]
+
+
+class Reader:
+    """Reads queues and topics on one ``redis.asyncio`` client (never a cluster client:
+    discovery asks one server)."""
+
+    def __init__(self, client: Any, *, prefix: str = DEFAULT_PREFIX) -> None:
+        self.client = client
+        self.prefix = prefix
+        self._queues: dict[str, AsyncRotator] = {}
+        self._topics: dict[str, AsyncTopic] = {}
+
+    def queue(self, name: str) -> AsyncRotator:
+        """The queue ``name`` (InvalidQueueName for a name rotator never makes)."""
+        found = self._queues.get(name)
+        if found is None:
+            found = AsyncRotator(self.client, name, prefix=self.prefix)
+            if len(self._queues) >= CACHE_LIMIT:
+                self._queues.clear()
+            self._queues[name] = found
+        return found
+
+    def topic(self, name: str) -> AsyncTopic:
+        found = self._topics.get(name)
+        if found is None:
+            found = AsyncTopic(self.client, name, prefix=self.prefix)
+            if len(self._topics) >= CACHE_LIMIT:
+                self._topics.clear()
+            self._topics[name] = found
+        return found
+
+    async def discover(self) -> Discovered:
+        """Every queue and topic on the server: SCAN, never KEYS (see rotator.discovery)."""
+        return await find_async(self.client, prefix=self.prefix)
+
+    async def overview(self, found: Discovered) -> Overview:
+        """The counts of every queue and topic in ``found``, read concurrently."""
+        at = time.time()
+        queues = await gather_errors(lambda name: self.queue(name).stats(), found.queues)
+        topics = await gather_errors(lambda name: self.topic(name).stats(), found.topics)
+        return Overview(
+            at,
+            dict(zip(found.queues, queues, strict=True)),
+            dict(zip(found.topics, topics, strict=True)),
+        )
+
+    async def detail(self, name: str) -> QueueDetail:
+        """One queue's counts, next elements, dead letters and schedules (read one after
+        another: they may disagree by what happened between the reads)."""
+        q = self.queue(name)
+        at = time.time()
+        stats = await q.stats()
+        exists = await q.exists()
+        peek = await q.peek(PEEK_LIMIT) if exists else []
+        dead = await q.dead(0, DEAD_LIMIT) if stats.dead else []
+        schedules = await q.schedules() if stats.schedules else []
+        return QueueDetail(at, name, exists, stats, peek, dead, schedules)
+
+
+async def gather_errors(
+    read: Callable[[str], Awaitable[T]], names: Sequence[str]
+) -> list[T | RotatorError]:
+    """``read(name)`` for each name, at most READ_CONCURRENCY at once; a RotatorError (a key
+    of the wrong type, say) is that name's result instead of failing the rest."""
+    limit = asyncio.Semaphore(READ_CONCURRENCY)
+
+    async def one(name: str) -> T | RotatorError:
+        async with limit:
+            try:
+                return await read(name)
+            except RotatorError as error:
+                return error
+
+    return list(await asyncio.gather(*(one(name) for name in names)))
+
+
+def detail_json(detail: QueueDetail, queue_rates: dict[str, float | None]) -> dict[str, Any]:
+    return {
+        "at": detail.at,
+        "name": detail.name,
+        "exists": detail.exists,
+        "stats": stats_json(detail.stats),
+        "rates": queue_rates,
+        "durations": durations_json(detail.stats),
+        "peek": [entry_json(e) for e in detail.peek],
+        "dead": [letter_json(d) for d in detail.dead],
+        "dead_shown": len(detail.dead),
+        "schedules": [schedule_json(s) for s in detail.schedules],
+    }
+
+
+def queue_row_json(
+    name: str, stats: Stats | RotatorError, queue_rates: dict[str, float | None]
+) -> dict[str, Any]:
+    if isinstance(stats, RotatorError):
+        return {"name": name, "error": str(stats)}
+    return {"name": name, "error": None, "stats": stats_json(stats), "rates": queue_rates}
