@@ -32,7 +32,7 @@ KEYS
                             dead_dropped, expired (a topic group's), smin paused (see
                             SCHEDULED), schedules ticking and "schedule:<name>" (see
                             SCHEDULES), rate_n rate_ms rate_tat (see rate_limit), d0..d25
-                            (see durations); settings (configure)
+                            dsum (see durations); settings (configure)
   KEYS[10] pushlog    LIST  "<pushed>:<ms>" push checkpoints, newest first (pending age)
   KEYS[11] leases     LIST  the jobs in flight: leases and packed batches, newest at the head,
                             walked from the tail in deadline order (see LEASES)
@@ -155,12 +155,13 @@ COMMANDS (ARGV[1]; numbers are decimal integers)
   resume
     Ends a pause and wakes idle consumers.
     reply: 1, or 0 when the queue was not paused
-  durations [BUCKET COUNT ...]
+  durations [TOTAL_MS BUCKET COUNT ...]
     The queue's histogram of processing times, which workers add to (the Python worker loops
     send theirs with their heartbeat): COUNT (1..1e9) more jobs took a time in BUCKET
     (0..25): bucket 0 under 1 ms, bucket b from 2^(b-1) to 2^b ms, bucket 25 from 2^24 ms
-    (4.7 hours) on. Every pair is checked before any is added (meta fields d0..d25).
-    reply: the 26 buckets' counts, bucket 0 first
+    (4.7 hours) on; TOTAL_MS (0..1e15) is what they took together. Every argument is checked
+    before any is added (meta fields d0..d25 and dsum).
+    reply: the 26 buckets' counts, bucket 0 first, then the total ms
     errors: ROTATOR_BADARG
   rate_limit JOBS PER_MS
     Limits what next, next_packed and nextp lease, across every consumer, to JOBS (1..1e9)
@@ -259,7 +260,7 @@ COMMANDS (ARGV[1]; numbers are decimal integers)
             "overdue", n, "overdue_capped", 0|1, "scheduled", n, "paused", 0|1,
             "schedules", n, "rate_limit_jobs", n, "rate_limit_ms", n (0 0: no limit),
             "pushed", n, "delivered", n, "completed", n, "retried", n, "reclaimed", n,
-            "dead_lettered", n}
+            "dead_lettered", n, "d0", n, ... "d25", n, "dsum", ms}
     Jobs: length = pending + in_flight + done + deferred + overdue. pending: pushed, never
     leased; in_flight: leased, deadline not passed; done: acked, element not yet removed;
     deferred: given back, waiting for its delay (or for the walk, once due); overdue: lease
@@ -271,7 +272,7 @@ COMMANDS (ARGV[1]; numbers are decimal integers)
     made (delete starts them again), each in the call that does it: ids pushed (and moved
     from the schedule or the dead letters), deliveries (first ones and later), jobs acked
     and removed, jobs given back by nack, expired leases leased again, dead letters
-    written.
+    written. d0..d25 and dsum: the processing-time histogram (see durations).
   peek COUNT
     The COUNT (1..1000) elements nearest the ring's tail, tail first, then the lease list's
     from its tail, without changing anything; a packed batch shows as the leases it stands
@@ -1990,14 +1991,18 @@ function M.leased_count(reply, compact)
 end
 
 function M.durations()
-  if #A % 2 == 0 then M.refuse('ROTATOR_BADARG', 'durations takes BUCKET COUNT pairs') end
+  if #A == 2 or (#A > 1 and #A % 2 == 1) then
+    M.refuse('ROTATOR_BADARG', 'durations takes TOTAL_MS and BUCKET COUNT pairs, or nothing')
+  end
   local adds = {}
-  for i = 2, #A, 2 do
+  if #A > 1 then adds[1] = { 'dsum', M.int_arg(2, 'TOTAL_MS', 0, LIMIT.no_bound) } end
+  for i = 3, #A, 2 do
     local bucket = M.int_arg(i, 'BUCKET', 0, LIMIT.duration_buckets - 1)
     adds[#adds + 1] = { 'd' .. bucket, M.int_arg(i + 1, 'COUNT', 1, LIMIT.rate_jobs) }
   end
   local fields = {}
   for b = 0, LIMIT.duration_buckets - 1 do fields[#fields + 1] = 'd' .. b end
+  fields[#fields + 1] = 'dsum'
   M.read('HLEN', K.meta)
   for i = 1, #adds do rcall('HINCRBY', K.meta, adds[i][1], adds[i][2]) end
   local counts = rcall('HMGET', K.meta, unpack(fields))
@@ -2564,6 +2569,14 @@ function M.stats()
     'completed', counts[9], 'retried', counts[10], 'reclaimed', counts[11],
     'dead_lettered', counts[12] }
   for i = 1, #totals do reply[#reply + 1] = totals[i] end
+  -- The processing-time histogram (see durations): d0..d25, then dsum.
+  local buckets = {}
+  for b = 0, LIMIT.duration_buckets - 1 do buckets[#buckets + 1] = 'd' .. b end
+  buckets[#buckets + 1] = 'dsum'
+  local counts_of = rcall('HMGET', K.meta, unpack(buckets))
+  for i = 1, #buckets do
+    reply[#reply + 1], reply[#reply + 2] = buckets[i], tonumber(counts_of[i]) or 0
+  end
   return reply
 end
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 import json
 import logging
+import math
 import os
 import re
 import shlex
@@ -50,7 +51,7 @@ from rotator.demo import run_demo
 from rotator.discovery import find
 from rotator.errors import RotatorError
 from rotator.keys import queue_keys, topic_keys, validate_group_name
-from rotator.models import DeadLetter, Job, Stats, WorkSummary
+from rotator.models import DeadLetter, Durations, Job, Stats, WorkSummary
 from rotator.registry import HELD_SHOWN, PRUNE_AFTER, STALE_AFTER, WorkerInfo
 from rotator.script import function_name, module_path, module_sha, probe_mode
 from rotator.server import EmbeddedServer
@@ -638,6 +639,7 @@ def stats(ctx: click.Context, queue: str, watch: bool, interval: float, json: bo
     pushed, delivered, completed, retried, reclaimed, dead_lettered
                 counts since the queue was made; --watch shows each one's rate
                 beside it (per second, over the last interval)
+    durations   processing times the worker loops reported: p50/p95/p99
 
     \b
     Examples:
@@ -647,7 +649,8 @@ def stats(ctx: click.Context, queue: str, watch: bool, interval: float, json: bo
     q = open_queue(ctx, queue)
     before: tuple[float, dict[str, Any]] | None = None
     while True:
-        values = q.stats().as_dict()
+        q_stats = q.stats()
+        values = q_stats.as_dict()
         now = time.monotonic()
         if watch and not json:
             click.clear()
@@ -656,6 +659,7 @@ def stats(ctx: click.Context, queue: str, watch: bool, interval: float, json: bo
             shown["overdue"] = f"{values['overdue']}+"
         limit = shown["rate_limit"]
         shown["rate_limit"] = "-" if limit is None else f"{limit['jobs']}/{limit['per']:g}s"
+        shown["durations"] = durations_text(q_stats.durations)
         if before is not None:
             data = {**values, "rates": rates(before[1], values, now - before[0])}
             for name, rate in data["rates"].items():
@@ -673,6 +677,17 @@ def stats(ctx: click.Context, queue: str, watch: bool, interval: float, json: bo
 
 
 COUNTS = ("pushed", "delivered", "completed", "retried", "reclaimed", "dead_lettered")
+
+
+def durations_text(durations: Durations | None) -> str:
+    """``p50 <= 4 ms  p95 <= 64 ms  p99 <= 128 ms  (1,024 jobs)``, or ``-`` with none."""
+    if durations is None or not durations.total:
+        return "-"
+    parts = []
+    for name in ("p50", "p95", "p99"):
+        bound = getattr(durations, name)
+        parts.append(f"{name} <= {bound * 1000:g} ms" if bound != math.inf else f"{name} > 4.7 h")
+    return "  ".join(parts) + f"  ({durations.total:,} jobs)"
 
 
 def rates(before: dict[str, Any], after: dict[str, Any], seconds: float) -> dict[str, float]:

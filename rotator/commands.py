@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Generator, Sequence
 from typing import Any, Generic, NamedTuple, TypeVar
 
-from rotator.defaults import MAX_COUNT
+from rotator.defaults import DURATION_BUCKETS, MAX_COUNT
 from rotator.errors import InvalidToken
 from rotator.models import (
     DeadLetter,
@@ -144,7 +144,8 @@ def durations(keys: Keys, pairs: Sequence[int]) -> ModuleCall[Durations]:
 
 
 def _decode_durations(reply: Any) -> Durations:
-    return Durations(tuple(int(count) for count in reply))
+    *counts, total_ms = (int(value) for value in reply)
+    return Durations(tuple(counts), total_ms / 1000)
 
 
 def pause(keys: Keys) -> ModuleCall[bool]:
@@ -452,6 +453,14 @@ def _stats_from(fields: dict[str, int]) -> Stats:
         retried=fields.get("retried"),
         reclaimed=fields.get("reclaimed"),
         dead_lettered=fields.get("dead_lettered"),
+        durations=(
+            Durations(
+                tuple(fields[f"d{bucket}"] for bucket in range(DURATION_BUCKETS)),
+                fields["dsum"] / 1000,
+            )
+            if "dsum" in fields
+            else None
+        ),
     )
 
 

@@ -145,12 +145,16 @@ class QueueFlows:
 
     def durations(self, seconds: Iterable[float]) -> Flow[Durations]:
         counts: dict[int, int] = {}
+        total = 0.0
         for one in seconds:
-            if isinstance(one, bool) or not isinstance(one, int | float) or not one >= 0:
+            if isinstance(one, bool) or not isinstance(one, int | float) or not 0 <= one < 1e9:
                 raise InvalidArgument(f"a duration is a number of seconds >= 0, got {one!r}")
             bucket = duration_bucket(one)
             counts[bucket] = counts.get(bucket, 0) + 1
+            total += one
         pairs = [half for bucket in sorted(counts) for half in (bucket, counts[bucket])]
+        if pairs:
+            pairs.insert(0, round(total * 1000))
         found: Durations = yield commands.durations(self.plain_keys, pairs)
         return found
 

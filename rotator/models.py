@@ -68,6 +68,7 @@ class Stats:
     retried: int | None = None  # jobs given back (nack)
     reclaimed: int | None = None  # expired leases leased again
     dead_lettered: int | None = None  # dead letters written
+    durations: Durations | None = None  # the processing-time histogram (``Rotator.durations``)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -81,6 +82,7 @@ class Durations:
     factor of 2), in seconds; None before any job was reported."""
 
     counts: tuple[int, ...]
+    seconds: float = 0.0  # what the jobs took together
 
     @property
     def total(self) -> int:

@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable
 import pytest
 import redis.asyncio as aredis
 
-from rotator import Job, Stats
+from rotator import Durations, Job, Stats
 from rotator.aio import AsyncRotator
 from tests.servers import ServerProcess
 
@@ -60,6 +60,7 @@ def test_push_next_and_ack_round_trip(server: ServerProcess, queue_name: str) ->
             retried=0,
             reclaimed=0,
             dead_lettered=0,
+            durations=Durations((0,) * 26),
         )
 
     run_on(server, scenario)

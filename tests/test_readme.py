@@ -45,16 +45,17 @@ def test_the_redis_cli_example_runs_verbatim(
     assert out[4].startswith("job-1*")
     assert out[5] == "0"  # not reclaimed
     assert out[6] == "1"  # ack of job-2's token
-    stats = dict(zip(out[7:47:2], out[8:47:2], strict=True))
+    stats = dict(zip(out[7:101:2], out[8:101:2], strict=True))
     assert stats["length"] == "2"
     assert stats["in_flight"] == "1"
     assert stats["done"] == "1"
     assert (stats["scheduled"], stats["paused"], stats["schedules"]) == ("0", "0", "0")
     assert (stats["rate_limit_jobs"], stats["rate_limit_ms"]) == ("0", "0")
     assert (stats["pushed"], stats["delivered"], stats["completed"]) == ("2", "2", "0")
-    assert out[47:52] == ["1", "1", "1", "1", "1"]  # push_later ... rate_limit
-    assert out[52:78] == ["0"] * 6 + ["2"] + ["0"] * 19  # durations
-    assert out[78:] == [""]
+    assert stats["dsum"] == "0"
+    assert out[101:106] == ["1", "1", "1", "1", "1"]  # push_later ... rate_limit
+    assert out[106:133] == ["0"] * 6 + ["2"] + ["0"] * 19 + ["90"]  # durations
+    assert out[133:] == [""]
     assert client.zcard("rotator:{orders}:scheduled") == 2  # job-3 and the schedule's tick
     assert client.llen("rotator:{orders}:ring") == 1  # its sentinel: both jobs are leased
     assert client.llen("rotator:{orders}:leases") == 2

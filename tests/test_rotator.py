@@ -10,7 +10,7 @@ from typing import cast
 import pytest
 import redis
 
-from rotator import Job, LeaseLost, Rotator, Stats, WrongKeyType
+from rotator import Durations, Job, LeaseLost, Rotator, Stats, WrongKeyType
 from rotator.aio import AsyncRotator
 from rotator.sending import socket_timeout
 from tests.helpers import drain, snapshot
@@ -75,6 +75,7 @@ def test_an_empty_or_missing_queue_returns_nothing(q: Rotator) -> None:
         retried=0,
         reclaimed=0,
         dead_lettered=0,
+        durations=Durations((0,) * 26),
     )
 
 
@@ -99,6 +100,7 @@ def test_acked_elements_leave_the_ring_on_the_next_lap(client: redis.Redis, q: R
         retried=0,
         reclaimed=0,
         dead_lettered=0,
+        durations=Durations((0,) * 26),
     )
 
 

@@ -81,16 +81,17 @@ class Durations:
 
 
 def durations_of(stats: Stats) -> Durations | None:
-    """The queue's processing-time histogram, or None where the module keeps none.
-
-    The hook for issue 17's next step (workers report each job's duration with its ack into
-    a histogram kept on the server): build :class:`Durations` here from what ``stats`` (or
-    a call of its own) answers, and the queue page's p50/p95/p99 and ``/metrics``'
-    ``rotator_job_duration_seconds`` appear. Until then the pages say processing time is not
-    measured, and ``/metrics`` leaves the histogram out (absent, never zeros).
-    """
-    found = getattr(stats, "durations", None)
-    return found if isinstance(found, Durations) else None
+    """The queue's processing-time histogram (``Stats.durations``: the module's buckets,
+    which the worker loops add to), cumulative as Prometheus has it; None where the module
+    reports none (a topic group) or no job was reported yet (absent, never zeros)."""
+    found = stats.durations
+    if found is None or not found.total:
+        return None
+    buckets, seen = [], 0
+    for bucket, count in enumerate(found.counts):
+        seen += count
+        buckets.append((found.upper_bound(bucket), seen))
+    return Durations(tuple(buckets), found.seconds)
 
 
 # -- readings and rates ----------------------------------------------------------------------

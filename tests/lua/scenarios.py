@@ -147,12 +147,13 @@ def revoked(b: Backend, token: str) -> bool:
 
 
 COUNTERS = ("pushed", "delivered", "completed", "retried", "reclaimed", "dead_lettered")
+DURATIONS = (*(f"d{bucket}" for bucket in range(26)), "dsum")
 
 
 def all_stats(b: Backend) -> dict[str, int]:
     reply = b.call("stats")
     assert isinstance(reply, list), reply
-    assert len(reply) == 40, reply
+    assert len(reply) == 94, reply
     names, values = reply[0::2], reply[1::2]
     assert all(isinstance(v, int) for v in values), reply
     got = {str(k): int(v) for k, v in zip(names, values, strict=True) if isinstance(v, int)}
@@ -162,9 +163,10 @@ def all_stats(b: Backend) -> dict[str, int]:
 
 
 def stats(b: Backend) -> dict[str, int]:
-    """The queue's state now (stats less its counts since the queue was made)."""
+    """The queue's state now (stats less its counts since the queue was made and its
+    processing-time histogram)."""
     got = all_stats(b)
-    for name in COUNTERS:
+    for name in [*COUNTERS, *DURATIONS]:
         got.pop(name)
     return got
 
@@ -1273,19 +1275,23 @@ def the_counters_count_what_happened(b: Backend) -> None:
 
 @scenario
 def durations_add_to_the_histogram_and_check_every_pair_first(b: Backend) -> None:
-    assert ints(b.call("durations")) == [0] * 26
-    got = ints(b.call("durations", 0, 3, 5, 2, 25, 1, 5, 1))
-    assert got == [3, 0, 0, 0, 0, 3] + [0] * 19 + [1]
+    assert ints(b.call("durations")) == [0] * 27
+    got = ints(b.call("durations", 20_000_060, 0, 3, 5, 2, 25, 1, 5, 1))
+    assert got == [3, 0, 0, 0, 0, 3] + [0] * 19 + [1, 20_000_060]
     cases: list[tuple[str | int, ...]] = [
-        ("durations", 26, 1),
-        ("durations", -1, 1),
-        ("durations", 3, 0),
-        ("durations", 3),
-        ("durations", 3, 1, 4, "x"),
+        ("durations", 5, 26, 1),
+        ("durations", 5, -1, 1),
+        ("durations", 5, 3, 0),
+        ("durations", 5, 3),
+        ("durations", 5),
+        ("durations", -5, 3, 1),
+        ("durations", 5, 3, 1, 4, "x"),
     ]
     for argv in cases:
         expect_error(b, "ROTATOR_BADARG", *argv)
     assert ints(b.call("durations"))[5] == 3
+    got_stats = all_stats(b)
+    assert (got_stats["d5"], got_stats["d25"], got_stats["dsum"]) == (3, 1, 20_000_060)
 
 
 # -- scheduled jobs (push_later) and pause ----------------------------------------------------
