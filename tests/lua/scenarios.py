@@ -1443,13 +1443,14 @@ def a_rate_limit_holds_every_consumer_to_its_jobs_per_period(b: Backend) -> None
     assert b.call("rate_limit", 0, 1) == 1  # lifted
     assert len(nxt(b, 10).jobs) == 6
     assert (stats(b)["rate_limit_jobs"], stats(b)["rate_limit_ms"]) == (0, 0)
-    for argv in [
+    cases: list[tuple[str | int, ...]] = [
         ("rate_limit", -1, 1000),
         ("rate_limit", 5, 0),
         ("rate_limit", "x", 1000),
         ("rate_limit", 5, 86_400_001),
         ("rate_limit", 5),
-    ]:
+    ]
+    for argv in cases:
         expect_error(b, "ROTATOR_BADARG", *argv)
 
 
