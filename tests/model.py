@@ -2,9 +2,10 @@
 
 Pure Python, no server. It keeps the queue as the module's header and the README describe it:
 the ring (a list, head first, like LRANGE), the two generations of acks and marks, revoked
-tokens, dead letters, the wake list's length, the counters, and a clock that only moves when
-the test says so. Everything is bytes, so ids with NUL, CRLF or invalid UTF-8 are modelled
-exactly.
+tokens, dead letters, the wake list's length, the counters, the scheduled jobs (id -> due ms)
+with meta smin (a lower bound of the earliest due time), the pause flag, and a clock that only
+moves when the test says so. Everything is bytes, so ids with NUL, CRLF or invalid UTF-8 are
+modelled exactly.
 
 Where the module works on slices of the ring (one LRANGE, one SMISMEMBER, one LTRIM and one
 LPUSH per call), the model visits one element at a time, as a sequence of RPOPLPUSHes would:
@@ -17,7 +18,7 @@ call's first visit number, then a five-digit place (in the batch, or among the c
 deliveries). The test `adopt`s each token the server hands out: it must be the model's, and
 never issued before.
 Besides the spec, the model keeps bookkeeping for the test's invariants (`pushed_ids`,
-`completed`, `delivered`, `laps`, `acked_at`).
+`promoted`, `completed`, `delivered`, `laps`, `acked_at`).
 """
 
 from __future__ import annotations
@@ -45,6 +46,9 @@ BATCH_BYTES = 256 * 1024  # a call leases no more once its batch's ids reach thi
 WAKE_TOKENS = 16
 PUSHLOG_BUCKET_MS = 1000
 PUSH_CHUNK = 1000  # rotator.defaults.DEFAULT_PUSH_CHUNK: ids per push call of the Python API
+PROMOTE = 1000  # scheduled jobs one next moves to the ring at most
+SCHEDULE_MS = 3650 * 86_400_000  # push_later: at most ten years ahead
+NO_BOUND = 10**15  # an argument with no range of its own (15 digits bound it)
 
 # The spec for nack and extend: only a lease that is still in the ring, not acked and not
 # revoked can be given back or extended ("0 = lease lost (re-issued, acked or unknown queue)";
@@ -240,8 +244,14 @@ class RotatorModel:
     rpasses: int = 0
     lpasses: int = 0
     issued: set[bytes] = field(default_factory=set)  # every token the server handed out
+    # push_later's jobs (KEYS[12]: id -> due ms), meta smin (no later than the earliest due
+    # time, None when nothing is scheduled) and meta paused.
+    scheduled: dict[bytes, int] = field(default_factory=dict)
+    smin: int | None = None
+    paused: bool = False
     # Bookkeeping for the test, not part of the queue.
     pushed_ids: Counter[bytes] = field(default_factory=Counter)  # valid ids that entered the ring
+    promoted: Counter[bytes] = field(default_factory=Counter)  # of them, from the schedule
     completed: Counter[bytes] = field(default_factory=Counter)  # acked elements removed, by id
     delivered: Counter[bytes] = field(default_factory=Counter)  # deliveries handed out, by id
     laps: int = 0  # sentinel visits
@@ -274,11 +284,18 @@ class RotatorModel:
         limit = int_arg(budget, 1, BUDGET)
         most = int_arg(max_deliveries, 0, 1_000_000)
         check_tokens(acks, required=False, batches=True)
+        if self.paused:
+            # Takes its acks and nothing else; wake-ups would only spin idle consumers.
+            acked = self._ack_tokens(acks)
+            self.wake = 0
+            return [1, -1, acked]
+        if self.smin is not None and self.smin <= self.now:
+            self._promote()
         walk = self._start_walk(lease_ms, most)
         length = len(self.ring)
         acked = self._ack_tokens(acks)
         if length == 0 and walk.lease_length == 0:
-            return [1, -1, acked]
+            return [1, -1 if self.smin is None else max(self.smin - self.now, 1), acked]
         walk.reply = [0, -1, acked]
         if self.qmin is not None and self.qmin <= self.now:
             # Something came due since the last idle lap: look at a whole lap again.
@@ -291,10 +308,42 @@ class RotatorModel:
         if walk.leased == 0 and self.seq - self.qstart >= self.qlen and not walk.lease_more:
             self.wake = 0
             reply[0] = 1
-        soonest = min((t for t in (self.qmin, self.lmin) if t is not None), default=None)
+        dues = (self.qmin, self.lmin, self.smin)
+        soonest = min((t for t in dues if t is not None), default=None)
         if soonest is not None:
             reply[1] = soonest - self.now
         return reply
+
+    def push_later(self, mode: bytes, time: object, ids: list[bytes]) -> int:
+        """Schedules ids for `IN` ms from now or `AT` a unix ms (a time passed: due at once);
+        an id scheduled already moves. A due time before smin brings smin forward and wakes
+        an idle consumer."""
+        if mode not in (b"IN", b"AT"):
+            raise Refused("ROTATOR_BADARG")
+        ms = int_arg(time, 0, SCHEDULE_MS if mode == b"IN" else NO_BOUND)
+        due = self.now + ms if mode == b"IN" else ms
+        if due > self.now + SCHEDULE_MS:
+            raise Refused("ROTATOR_BADARG")
+        check_ids(ids)
+        if not ids:
+            return 0
+        self.scheduled.update(dict.fromkeys(ids, due))
+        if self.smin is None or due < self.smin:
+            self.smin = due
+            self.wake = min(self.wake + 1, WAKE_TOKENS)
+        return len(ids)
+
+    def pause(self) -> int:
+        was = self.paused
+        self.paused = True
+        return 0 if was else 1
+
+    def resume(self) -> int:
+        if not self.paused:
+            return 0
+        self.paused = False
+        self.wake = WAKE_TOKENS
+        return 1
 
     def next_packed(
         self,
@@ -447,6 +496,8 @@ class RotatorModel:
             *(b"done", acked, b"deferred", deferred, b"dead", len(self.dead)),
             *(b"oldest_pending_age_ms", oldest),
             *(b"overdue", overdue, b"overdue_capped", int(capped)),
+            *(b"scheduled", len(self.scheduled), b"paused", int(self.paused)),
+            *(b"schedules", 0, b"rate_limit_jobs", 0, b"rate_limit_ms", 0),  # none are set
         ]
 
     def _overdue(self) -> tuple[int, bool]:
@@ -574,6 +625,22 @@ class RotatorModel:
 
     # -- helpers --------------------------------------------------------------------------
 
+    def _promote(self) -> None:
+        """The due scheduled jobs (at most PROMOTE, earliest first, ties by id bytes) go to
+        the ring as a push of them does; smin becomes the earliest due time left."""
+        due = sorted((at, job_id) for job_id, at in self.scheduled.items() if at <= self.now)
+        ids = [job_id for _, job_id in due[:PROMOTE]]
+        for job_id in ids:
+            del self.scheduled[job_id]
+        if ids:
+            self._seed()
+            self._ensure_ring()
+            self.ring[:0] = reversed(ids)
+            self.pushed_ids.update(ids)
+            self.promoted.update(ids)
+            self._record_push(len(ids))
+        self.smin = min(self.scheduled.values(), default=None)
+
     def _ensure_ring(self) -> None:
         if not self.ring:
             self.ring = [SENTINEL]
@@ -595,12 +662,13 @@ class RotatorModel:
 
     def _ack_tokens(self, args: list[bytes]) -> int:
         """Tokens go into the done set and touch their batch; a batch ack marks its batch
-        `a<jobs>` (refused, like a token, once its batch was revoked)."""
+        `a<jobs>` (refused, like a token, once its batch was revoked, and once the batch was
+        touched before the call: a job of it acked, given back or extended alone)."""
         if not args or not (self.ring or self.leases):
             return 0
         accepted: list[bytes] = []
         for arg in dict.fromkeys(args):  # given twice, counted once
-            if not self._fenced(arg) and self._issued(arg):
+            if not self._fenced(arg) and self._issued(arg) and not self._touched(arg):
                 accepted.append(arg)
         tokens = [a for a in accepted if not a.startswith(b"*")]
         self.done |= set(tokens)
@@ -633,6 +701,12 @@ class RotatorModel:
         batch = arg.split(b"/")[0] if arg.startswith(b"*") else batch_of(arg)
         name = batch if arg.startswith(b"*") else arg
         return name in self.revoked or (batch is not None and batch + b"*" in self.revoked)
+
+    def _touched(self, arg: bytes) -> bool:
+        """Whether `arg` is a batch ack of a batch marked touched (`t`) in either generation
+        (the module's refuse_touched): acking it whole could count a job twice."""
+        batch = arg.split(b"/")[0]
+        return arg.startswith(b"*") and b"t" in (self.marks.get(batch), self.marks_old.get(batch))
 
     def _issued(self, arg: bytes) -> bool:
         """Whether this queue could have issued the token (or batch ack): its call seq is in
@@ -1104,11 +1178,11 @@ class RotatorModel:
         return found
 
     def reachable_dues(self) -> list[int]:
-        """When what a claim can reach falls due: the ring's stamped elements (deferred jobs),
-        and the lease list's from its tail up to the first live lease still young by its own
-        deadline, which stops the walk (the list is in deadline order; a lease behind a younger
-        one waits for it, see the README's "How it works"). Nacked and extended leases, and
-        marked batches, do not stop it."""
+        """When what a claim can reach falls due: the scheduled jobs (promoted once due), the
+        ring's stamped elements (deferred jobs), and the lease list's from its tail up to the
+        first live lease still young by its own deadline, which stops the walk (the list is in
+        deadline order; a lease behind a younger one waits for it, see the README's "How it
+        works"). Nacked and extended leases, and marked batches, do not stop it."""
         held = self.held()
         dues = [held[e][1] for e in unpacked(self.ring) if e in held]
         for element in reversed(self.leases):
@@ -1123,11 +1197,13 @@ class RotatorModel:
                 dues.append(own)
                 break
             dues += [held[job][1] for job in live]
-        return dues
+        return dues + list(self.scheduled.values())
 
     def takeable_now(self) -> bool:
         """Would a `next` lease something at this instant: a pending id, or a due job it can
-        reach (see reachable_dues)?"""
+        reach (see reachable_dues), a due scheduled job among them? Not while paused."""
+        if self.paused:
+            return False
         if any(valid_id(e) for e in self.ring):
             return True
         return any(due <= self.now for due in self.reachable_dues())

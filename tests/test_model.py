@@ -1,9 +1,13 @@
 """The real module against the executable model (tests/model.py), on Redis 7 and Valkey 8.
 
-A Hypothesis state machine pushes, claims, acks, nacks, extends, crashes workers, moves the
-clock (also backwards), flushes the script cache and corrupts the ring, and after every step
-compares every reply and every key of the queue with the model. Time is the test's: the module
-is loaded in a test-only variant whose `M.now_ms()` reads the clock from a field of the queue's
+A Hypothesis state machine pushes, schedules pushes for later (push_later IN and AT, times
+passed included, an id scheduled again moving), pauses and resumes, claims, acks, nacks,
+extends, crashes workers, moves the clock (also backwards, and to the edges of due times),
+flushes the script cache and corrupts the ring, and after every step compares every reply and
+every key of the queue (meta smin and paused among them) with the model. Apart from the model
+it checks that a scheduled job leaves the schedule only once due, that a claim leaves nothing
+due scheduled, and that a paused queue leases nothing. Time is the test's: the module is
+loaded in a test-only variant whose `M.now_ms()` reads the clock from a field of the queue's
 own meta hash (KEYS[9]), so both sides see the same instant. The variant differs from
 lua/rotator.lua in that one function only, and is called the way rotator calls the real one:
 a redis-py Script (SCRIPT LOAD, then EVALSHA, reloaded after SCRIPT FLUSH).
@@ -32,13 +36,14 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
+    initialize,
     invariant,
     precondition,
     rule,
     run_state_machine_as_test,
 )
 
-from rotator import InvalidArgument, InvalidJobId, InvalidToken, Job, LeaseLost, Rotator, Stats
+from rotator import InvalidArgument, InvalidJobId, InvalidToken, Job, LeaseLost, Rotator
 from rotator.protocol import Batches
 from rotator.script import module_source, run
 from tests import model as spec
@@ -68,7 +73,7 @@ end
 settings.register_profile(
     "model",
     max_examples=200,
-    stateful_step_count=40,
+    stateful_step_count=50,  # 22 rules: each of the first 16 fires about as often as at 40
     deadline=None,
     # One bug at a time: shrinking several distinct failures would take minutes.
     report_multiple_bugs=False,
@@ -76,6 +81,8 @@ settings.register_profile(
 )
 settings.register_profile("model-nightly", parent=settings.get_profile("model"), max_examples=2000)
 PROFILE = settings.get_profile(os.environ.get("ROTATOR_MODEL_PROFILE", "model"))
+# pytest's timeout (120 s) for the state machine at 200 examples, more for more (nightly).
+MACHINE_TIMEOUT_S = max(120, PROFILE.max_examples * 120 // 200)
 
 
 @functools.cache
@@ -181,6 +188,11 @@ RAW_IDS = st.one_of(
     st.binary(min_size=1, max_size=3),
 )
 PICKS = st.lists(st.integers(0, 2**16), min_size=1, max_size=3)
+# A few ids scheduled again and again (so they move), some shared with the pushes.
+LATER_IDS = st.lists(st.one_of(st.sampled_from([b"a", b"s", b"t"]), RAW_IDS), max_size=3)
+# push_later's TIME: IN that many ms, AT now plus that many ms (a negative IN is refused);
+# None: not a number. One ms beyond ten years ahead is refused.
+LATER_MS = st.sampled_from([-2500, -1, 0, 1, 999, 2500, spec.SCHEDULE_MS + 1, None])
 FOREIGN = b"ghost*1700000000999.1.7"  # well formed, never issued by any queue here
 CORRUPT = [b"x*nan", b"*1", b"y*inf"]
 
@@ -200,6 +212,11 @@ class RotatorMachine(RuleBasedStateMachine):
         self.keys = self.q.keys.all
         set_clock(client, self.q, START_MS)
         self.tokens: list[bytes] = []  # deliveries the test's workers still remember
+        # What the test scheduled (id -> due ms), apart from the model: an id leaves when the
+        # server's schedule no longer holds it, which it may only do once due.
+        self.due_of: dict[bytes, int] = {}
+        self.left_schedule: Counter[bytes] = Counter()
+        self.ever_scheduled: set[bytes] = set()
         # What self.q knows of the batches it leased: the model is sent the acks it sends.
         self.batches = Batches()
 
@@ -229,6 +246,20 @@ class RotatorMachine(RuleBasedStateMachine):
 
     # -- producing -------------------------------------------------------------------------
 
+    @initialize(
+        backlog=st.lists(st.sampled_from([b"a", b"b", b"c", b"d"]), max_size=4),
+        later=st.sampled_from([None, 1, 999]),
+    )
+    @checked
+    def start(self, backlog: list[bytes], later: int | None) -> None:
+        """Some queues start with a backlog and a job due soon, so that the short way of next
+        (pending ids at the ring's tail, nothing to repair) also meets a schedule: its reply
+        must count down to smin as the walk's does."""
+        if backlog:
+            self.push_raw(backlog)
+        if later is not None:
+            self.push_later_raw(b"IN", later, [b"s"])
+
     @rule(ids=st.lists(API_IDS, max_size=3))
     @checked
     def push(self, ids: list[str | int]) -> None:
@@ -242,6 +273,64 @@ class RotatorMachine(RuleBasedStateMachine):
     def push_raw(self, ids: list[bytes]) -> None:
         """Straight to the module: it re-checks what the client would have refused."""
         same_outcome(lambda: self.raw(b"push", *ids), lambda: self.m.push(ids))
+
+    @rule(mode=st.sampled_from([b"IN", b"AT", b"AT", b"in"]), ms=LATER_MS, ids=LATER_IDS)
+    @checked
+    def push_later_raw(self, mode: bytes, ms: int | None, ids: list[bytes]) -> None:
+        time: object = b"1e3"
+        if ms is not None:
+            time = self.m.now + ms if mode == b"AT" else ms
+        scheduled = same_outcome(
+            lambda: self.raw(b"push_later", mode, time, *ids),
+            lambda: self.m.push_later(mode, time, ids),
+        )
+        if scheduled and isinstance(time, int):
+            self.note_scheduled(ids, self.m.now + time if mode == b"IN" else time)
+
+    @precondition(lambda self: bool(self.due_of))
+    @rule(pick=st.integers(0, 2**16), ms=st.sampled_from([-1500, 0, 1, 2500, 5000]))
+    @checked
+    def push_later_again(self, pick: int, ms: int) -> None:
+        """An id still scheduled, scheduled again: it moves, earlier (AT a time passed, or IN
+        0 or 1 ms) or later (then smin, a lower bound, may stay before every due time)."""
+        ids = sorted(self.due_of)
+        self.push_later_raw(b"AT" if ms < 0 else b"IN", ms, [ids[pick % len(ids)]])
+
+    @rule(
+        ids=st.lists(API_IDS, max_size=3),
+        delay=st.sampled_from([None, 0.0, 0.25, 1.5, 3.0]),
+        at=st.integers(-3, 3),
+    )
+    @checked
+    def push_later_api(self, ids: list[str | int], delay: float | None, at: int) -> None:
+        """push(..., delay=) or push(..., at=): `at` whole seconds from now's second (0: a
+        time passed or now), so both sides see the same ms."""
+        if delay is not None:
+            mode, ms, due = b"IN", int(delay * 1000), self.m.now + int(delay * 1000)
+            real = functools.partial(self.q.push, *ids, delay=delay)
+        else:
+            at_s = self.m.now // 1000 + at
+            mode, ms, due = b"AT", at_s * 1000, at_s * 1000
+            real = functools.partial(self.q.push, *ids, at=at_s)
+
+        def model() -> int:
+            return self.m.push_later(mode, ms, [api_id(i) for i in ids])
+
+        if same_outcome(real, model):
+            self.note_scheduled([api_id(i) for i in ids], due)
+
+    def note_scheduled(self, ids: list[bytes], due: int) -> None:
+        self.due_of.update(dict.fromkeys(ids, due))
+        self.ever_scheduled.update(ids)
+
+    @rule(resume=st.booleans())
+    @checked
+    def pause(self, resume: bool) -> None:
+        """Pauses (also a paused queue) or resumes (also one that is not paused)."""
+        if resume:
+            same_outcome(self.q.resume, lambda: self.m.resume() == 1)
+        else:
+            same_outcome(self.q.pause, lambda: self.m.pause() == 1)
 
     # -- consuming -------------------------------------------------------------------------
 
@@ -282,7 +371,13 @@ class RotatorMachine(RuleBasedStateMachine):
         except Refused as refused:
             expect_refusal(refused.code, lambda: self.raw(command, *args, *acks))
             return
+        due = self.due_now()
         got = self.raw(command, *args, *acks)
+        if self.m.paused:
+            assert got[:2] == [1, -1], f"paused, yet not told to wait for resume: {got}"
+            assert got[3:] == ([b""] if packed else []), f"paused, yet leased: {got}"
+        else:
+            self.check_due_jobs_left_the_schedule(due)
         if packed:
             assert got[:4] == want[:4]  # the batch, as one packed element
             batch_tokens = unpacked([got[3]]) if got[3] else []
@@ -297,6 +392,23 @@ class RotatorMachine(RuleBasedStateMachine):
         self.check_idle_reply(got)
         self.remember(got[3::2])
 
+    @precondition(lambda self: self.m.paused and self.has_tokens())
+    @rule(newest=st.integers(1, 3), packed=st.booleans())
+    @checked
+    def next_while_paused(self, newest: int, packed: bool) -> None:
+        """Workers finish what they hold while the queue is paused: next takes their acks (of
+        the newest deliveries, most likely live) and leases nothing."""
+        n = len(self.tokens)
+        self.next_raw(
+            count=3,
+            lease=1000,
+            budget=6,
+            max_deliveries=0,
+            ack_picks=[n - k for k in range(1, min(newest, n) + 1)],
+            bad=None,
+            packed=packed,
+        )
+
     @rule(count=st.integers(1, 3), ack_picks=st.lists(st.integers(0, 2**16), max_size=2))
     @checked
     def next_api(self, count: int, ack_picks: list[int]) -> None:
@@ -306,6 +418,7 @@ class RotatorMachine(RuleBasedStateMachine):
     def next_api_call(self, count: int, acks: list[bytes]) -> list[Job]:
         """Rotator.next against what it does without `block`: the module is called again
         until it hands out jobs or says a whole lap was idle."""
+        due = self.due_now()
         jobs = self.q.next(count, ack=[as_text(t) for t in acks])
         packed = self.batches.pack(acks)
         for _ in range(10_000):
@@ -319,6 +432,10 @@ class RotatorMachine(RuleBasedStateMachine):
                 break
         else:
             raise AssertionError("the client's next loop never ended")
+        if self.m.paused:
+            assert jobs == [], f"paused, yet leased {jobs}"
+        else:
+            self.check_due_jobs_left_the_schedule(due)
         assert len(jobs) == len(pairs), (jobs, pairs)
         for job, (placeholder, reclaimed) in zip(jobs, pairs, strict=True):
             token = job.token.encode("utf-8", "surrogateescape")
@@ -328,9 +445,23 @@ class RotatorMachine(RuleBasedStateMachine):
         self.remember([job.token.encode("utf-8", "surrogateescape") for job in jobs])
         return jobs
 
+    def due_now(self) -> int:
+        """How many jobs the test scheduled are due (the invariant keeps `due_of` equal to
+        the server's schedule between steps)."""
+        return sum(due <= self.m.now for due in self.due_of.values())
+
+    def check_due_jobs_left_the_schedule(self, due: int) -> None:
+        """A claim on a running queue moves the jobs due (`due` of them before it) to the
+        ring, at most PROMOTE a call: none is left unless there were more."""
+        left = self.admin.zrangebyscore(self.q.keys.scheduled, "-inf", self.m.now)
+        assert len(left) <= max(due - spec.PROMOTE, 0), f"{left} stay scheduled at {self.m.now}"
+
     def check_idle_reply(self, reply: list[Any]) -> None:
         """A consumer told to block (idle = 1) for wait_ms must not sleep through work."""
         if reply[0] != 1 or not CHECK_IDLE_REPLIES:
+            return
+        if self.m.paused:
+            assert reply[1] == -1, f"paused, yet told to wait {reply[1]} ms"
             return
         assert not self.m.takeable_now(), "idle reply while a job could be leased now"
         dues = self.m.reachable_dues()
@@ -397,6 +528,16 @@ class RotatorMachine(RuleBasedStateMachine):
         self.m.now += dt
         set_clock(self.admin, self.q, self.m.now)
 
+    @precondition(lambda self: self.m.smin is not None)
+    @rule(pick=st.integers(0, 2**16), early=st.booleans())
+    @checked
+    def tick_to_due(self, pick: int, early: bool) -> None:
+        """The clock to smin or to a scheduled job's due time, or 1 ms before: the edge of
+        "never before its due time" (and of a stale smin, when the earliest job moved)."""
+        assert self.m.smin is not None
+        instants = sorted({self.m.smin, *self.due_of.values()})
+        self.tick(instants[pick % len(instants)] - early - self.m.now)
+
     @rule()
     @checked
     def script_flush(self) -> None:
@@ -415,21 +556,24 @@ class RotatorMachine(RuleBasedStateMachine):
     @rule()
     @checked
     def stats(self) -> None:
-        reply = self.m.stats()
-        values = [int(v) for v in reply[1::2]]
-        length, pending, in_flight, done, deferred, dead, age, overdue, capped = values
-        expected = Stats(
-            length=length,
-            pending=pending,
-            in_flight=in_flight,
-            done=done,
-            deferred=deferred,
-            dead=dead,
-            oldest_pending_age=None if age < 0 else age / 1000,
-            overdue=overdue,
-            overdue_capped=bool(capped),
-        )
-        assert self.q.stats() == expected
+        """The fields the model knows, in the module's reply and in the API's Stats (fields
+        the model does not know, such as counters added later, are not compared)."""
+        model = self.m.stats()
+        want = dict(zip(model[::2], model[1::2], strict=True))
+        reply = self.raw(b"stats")
+        got = dict(zip(reply[::2], reply[1::2], strict=True))
+        assert {name: got.get(name) for name in want} == want
+        age = want[b"oldest_pending_age_ms"]
+        expected: dict[str, object] = {
+            **{name.decode(): want[name] for name in want if not name.startswith(b"rate")},
+            "oldest_pending_age": None if age < 0 else age / 1000,
+            "overdue_capped": bool(want[b"overdue_capped"]),
+            "paused": bool(want[b"paused"]),
+            "rate_limit": None,
+        }
+        del expected["oldest_pending_age_ms"]
+        stats = self.q.stats()
+        assert {name: getattr(stats, name) for name in expected} == expected
 
     @rule(count=st.integers(1, 6))
     @checked
@@ -476,7 +620,10 @@ class RotatorMachine(RuleBasedStateMachine):
         pipe.zrange(revoked, 0, -1, withscores=True)
         pipe.lrange(dead, 0, -1)
         pipe.llen(wake)
+        pipe.zrange(self.q.keys.scheduled, 0, -1, withscores=True)
+        pipe.hmget(self.keys[8], "smin", "paused")
         leases, *got = pipe.execute()
+        smin, paused = got[9]
         return {
             "ring": got[0],
             "leases": leases,
@@ -487,6 +634,9 @@ class RotatorMachine(RuleBasedStateMachine):
             "revoked": {member: int(score) for member, score in got[5]},
             "dead": got[6],
             "wake": got[7],
+            "scheduled": {member: int(score) for member, score in got[8]},
+            "smin": None if smin is None else int(smin),
+            "paused": paused == b"1",
         }
 
     def model_state(self) -> dict[str, Any]:
@@ -501,6 +651,9 @@ class RotatorMachine(RuleBasedStateMachine):
             "revoked": m.revoked,
             "dead": m.dead,
             "wake": m.wake,
+            "scheduled": m.scheduled,
+            "smin": m.smin,
+            "paused": m.paused,
         }
 
     @invariant()
@@ -535,6 +688,23 @@ class RotatorMachine(RuleBasedStateMachine):
         found.update(letter_ids(real["dead"]))
         assert found + self.m.completed == self.m.pushed_ids, (elements, real, self.m.completed)
 
+        # smin: set while something is scheduled, and no later than its earliest due time.
+        scheduled = real["scheduled"]
+        assert (real["smin"] is None) == (not scheduled), (real["smin"], scheduled)
+        assert not scheduled or real["smin"] <= min(scheduled.values())
+
+        # A scheduled job stays scheduled, at the time the test gave it, until it is due; one
+        # that left was pushed (the model counts each id it promoted, and the ring agrees).
+        for job_id, due in list(self.due_of.items()):
+            if job_id in scheduled:
+                assert scheduled[job_id] == due, (job_id, scheduled[job_id], due)
+            else:
+                assert due <= self.m.now, f"{job_id!r} left the schedule before {due}"
+                self.left_schedule[job_id] += 1
+                del self.due_of[job_id]
+        assert set(scheduled) == set(self.due_of)
+        assert self.left_schedule == self.m.promoted
+
     # -- liveness --------------------------------------------------------------------------
 
     def teardown(self) -> None:
@@ -545,8 +715,11 @@ class RotatorMachine(RuleBasedStateMachine):
             self.admin.delete(*self.keys)
 
     def drain_everything(self) -> None:
-        """Once time moves past every lease and delay, every valid job comes out, is acked
-        and leaves the ring, and two laps later nothing is left over."""
+        """Once the queue runs and time moves past every lease, delay and scheduled time,
+        every valid job comes out, is acked and leaves the ring, and two laps later nothing
+        is left over."""
+        if self.m.paused:
+            assert self.q.resume() is (self.m.resume() == 1)
         self.tick(LIVENESS_JUMP_MS)
         for _ in range(1000):
             jobs = self.next_api_call(50, [])
@@ -567,6 +740,8 @@ class RotatorMachine(RuleBasedStateMachine):
             assert not real[key], key
         assert self.m.completed + letter_ids(real["dead"]) == self.m.pushed_ids
         assert all(self.m.delivered[job_id] >= 1 for job_id in self.m.pushed_ids)
+        assert real["scheduled"] == {}
+        assert all(self.m.delivered[job_id] >= 1 for job_id in self.ever_scheduled)
 
 
 def letter_ids(letters: list[bytes]) -> Counter[bytes]:
@@ -590,6 +765,7 @@ def machine_on(client: redis.Redis) -> type[RotatorMachine]:
     return type("RotatorMachineOnServer", (RotatorMachine,), {"client": client})
 
 
+@pytest.mark.timeout(MACHINE_TIMEOUT_S)
 def test_the_module_behaves_like_the_model(server: ServerProcess) -> None:
     with server.client() as client:
         run_state_machine_as_test(machine_on(client), settings=PROFILE)
@@ -680,6 +856,40 @@ def test_any_bytes_in_the_ring_end_delivered_dead_lettered_or_valid(server: Serv
                 assert all(reason == b"corrupt" for reason, _, _, _ in letters)
 
         check()
+
+
+def test_a_claim_moves_at_most_1000_due_jobs_earliest_first_as_the_model_does(
+    server: ServerProcess,
+) -> None:
+    """More jobs due than one claim moves (PROMOTE): the earliest go, ties by id bytes, smin
+    stays at the earliest left (due already), and the next claim moves the rest; every reply
+    and key as the model has them, and the queue then drains."""
+    with server.client() as client:
+        machine = machine_on(client)()
+        try:
+            bulk = [b"x%04d" % i for i in range(spec.PROMOTE + 1)]
+            machine.push_later_raw(b"AT", 0, bulk[::-1])  # due now
+            machine.push_later_raw(b"AT", -1, [b"z1", b"z0"])  # due before: first
+            machine.push_later_raw(b"IN", 1, [bulk[0]])  # moves: not due
+            for left in (2, 0):
+                machine.next_raw(
+                    count=2,
+                    lease=1000,
+                    budget=3,
+                    max_deliveries=0,
+                    ack_picks=[],
+                    bad=None,
+                    packed=False,
+                )
+                machine.the_keys_hold_what_the_model_holds()
+                due = client.zrangebyscore(machine.q.keys.scheduled, "-inf", machine.m.now)
+                assert due == bulk[len(bulk) - left :]
+            assert set(machine.m.delivered) == {b"z0", b"z1", b"x0001", b"x0002"}
+        except BaseException:
+            machine.failed = True
+            raise
+        finally:
+            machine.teardown()
 
 
 def test_the_models_strict_checks_are_on() -> None:
