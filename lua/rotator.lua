@@ -196,6 +196,9 @@ COMMANDS (ARGV[1]; numbers are decimal integers)
       acked    how many ACK_TOKENs were accepted
       reclaimedN 1 when tokenN re-leases a job whose previous lease expired
     errors: ROTATOR_BADARG, ROTATOR_BADTOKEN, ROTATOR_TOOMANY
+    The last ACK_TOKEN may instead be processing times, "#<total ms>,<bucket>:<count>,..."
+    (one or more buckets, as durations takes them): the acked jobs' times, added to the
+    queue's histogram in the same call (nextp, ack and ackp take them too).
     The call a busy queue makes most (batch acks of the oldest batches in flight, nothing
     else to repair, pending ids at the ring's tail) takes a short way, M.fast_lease, that
     writes exactly what the walk writes without building its state.
@@ -534,6 +537,7 @@ local BYTE_A = 97 -- 'a': opens the mark of a batch acked whole ("a<jobs>")
 local BYTE_N = 110 -- 'n': opens the mark of a nacked job ("n<due ms>")
 local BYTE_E = 101 -- 'e': opens the mark of an extended lease ("e<deadline ms>")
 local BYTE_F = 102 -- 'f': opens the mark of a buried job ("f<error>")
+local BYTE_HASH = 35 -- '#': opens the processing times a next or an ack may carry
 
 -- next takes the short way (M.fast_lease) where it applies. A test flips this to compare the
 -- two ways key by key (tests/lua/test_fast_lease.py).
@@ -1879,11 +1883,47 @@ function M.resume()
 end
 
 function M.next()
-  return (M.lease(6, true))
+  local times = M.durations_arg(6)
+  local reply = M.lease(6, true)
+  M.add_durations(times)
+  return reply
 end
 
 function M.next_packed()
-  return (M.lease(6, true, true))
+  local times = M.durations_arg(6)
+  local reply = M.lease(6, true, true)
+  M.add_durations(times)
+  return reply
+end
+
+-- The processing times a call of next, next_packed, nextp, ack or ackp may carry as its last
+-- argument, "#<total ms>,<bucket>:<count>,..." (every token holds a "*"; this never does):
+-- checked and taken off A, so the command sees its tokens only. Returns {field, count, ...}
+-- for add_durations.
+function M.durations_arg(first)
+  if #A < first then return nil end
+  local last = A[#A]
+  if string.byte(last) ~= BYTE_HASH or string.find(last, '*', 1, true) then return nil end
+  local total = string.match(last, '^#(%d+)')
+  local adds, size = { 'dsum', tonumber(total) }, #(total or '') + 1
+  for bucket, count in string.gmatch(last, ',(%d+):(%d+)') do
+    local b, n = tonumber(bucket), tonumber(count)
+    if #bucket > 2 or #count > 10 or b >= LIMIT.duration_buckets or n < 1 then break end
+    adds[#adds + 1], adds[#adds + 2] = 'd' .. b, n
+    size = size + #bucket + #count + 2
+  end
+  if not total or #total > LIMIT.int_digits or size ~= #last or #adds < 4 then
+    M.refuse('ROTATOR_BADARG', 'processing times must be #<total ms>,<bucket 0..' ..
+      (LIMIT.duration_buckets - 1) .. '>:<count>,..., got ' .. M.printable(last))
+  end
+  A[#A] = nil
+  return adds
+end
+
+-- Adds processing times (durations_arg) to the queue's histogram (see durations).
+function M.add_durations(adds)
+  if not adds then return end
+  for i = 1, #adds, 2 do rcall('HINCRBY', K.meta, adds[i], adds[i + 1]) end
 end
 
 -- next's work, with the ack tokens starting at A[first] (batch acks among them when
@@ -2238,10 +2278,12 @@ function M.fast_lease(first, count, lease, budget, compact, state)
 end
 
 function M.ack()
+  local times = M.durations_arg(2)
   M.check_tokens(2, true, true)
   local sides = M.ack_sides()
   local n = M.ack_tokens(2, sides.length, sides)
   M.write_acked(sides)
+  M.add_durations(times)
   return n
 end
 
@@ -3024,6 +3066,7 @@ function M.define_extensions()
 
   function M.nextp()
     local drop = M.int_arg(6, 'DROP', 0, 1)
+    local times = M.durations_arg(7)
     M.read('HLEN', K.payloads)
     if K.items then M.read('HLEN', K.items) end
     -- Dropping payloads needs each acked job's id: batch acks only where they are kept.
@@ -3040,10 +3083,12 @@ function M.define_extensions()
     end
     M.delivered(reply, ids)
     if drop == 1 and accepted and #accepted > 0 then M.forget(accepted) end
+    M.add_durations(times)
     return out
   end
 
   function M.ackp()
+    local times = M.durations_arg(2)
     M.check_tokens(2, true, false)
     local sides = M.ack_sides()
     M.read('HLEN', K.payloads)
@@ -3051,6 +3096,7 @@ function M.define_extensions()
     local n, accepted = M.ack_tokens(2, sides.length, sides)
     M.write_acked(sides)
     if n > 0 then M.forget(accepted) end
+    M.add_durations(times)
     return n
   end
 

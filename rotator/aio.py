@@ -241,9 +241,14 @@ class AsyncRotator(QueueView):
         return await self._run(self._flows.resume())
 
     async def next(
-        self, count: int = 1, block: float | None = None, *, ack: Iterable[JobRef] = ()
+        self,
+        count: int = 1,
+        block: float | None = None,
+        *,
+        ack: Iterable[JobRef] = (),
+        durations: Iterable[float] = (),
     ) -> list[Job]:
-        return await self._run(self._flows.next(count, block, ack))
+        return await self._run(self._flows.next(count, block, ack, durations))
 
     async def ack(self, *jobs: JobRef) -> int:
         return await self._run(self._flows.ack_refs(jobs, pack=True))

@@ -239,15 +239,22 @@ class Rotator(QueueView):
     # -- consuming -------------------------------------------------------------------------
 
     def next(
-        self, count: int = 1, block: float | None = None, *, ack: Iterable[JobRef] = ()
+        self,
+        count: int = 1,
+        block: float | None = None,
+        *,
+        ack: Iterable[JobRef] = (),
+        durations: Iterable[float] = (),
     ) -> list[Job]:
         """Leases up to ``count`` jobs; returns them oldest first, or [] when there is none.
 
-        ``ack`` completes earlier jobs in the same round trip. With ``block`` (seconds), an
-        empty queue is waited on without polling: pushes wake the consumer at once, and the
-        wait also ends when a lease or a delayed retry falls due.
+        ``ack`` completes earlier jobs in the same round trip, and ``durations`` (seconds)
+        adds their processing times to the queue's histogram in it too (:meth:`durations`).
+        With ``block`` (seconds), an empty queue is waited on without polling: pushes wake
+        the consumer at once, and the wait also ends when a lease or a delayed retry falls
+        due.
         """
-        return self._run(self._flows.next(count, block, ack))
+        return self._run(self._flows.next(count, block, ack, durations))
 
     def ack(self, *jobs: JobRef) -> int:
         """Completes deliveries; returns how many were accepted.

@@ -48,7 +48,6 @@ from rotator.models import (
     Schedule,
     Stats,
     TopicStats,
-    duration_bucket,
 )
 from rotator.protocol import JobRef, chunks
 
@@ -144,17 +143,10 @@ class QueueFlows:
         yield commands.rate_limit(self.plain_keys, jobs, per_ms)
 
     def durations(self, seconds: Iterable[float]) -> Flow[Durations]:
-        counts: dict[int, int] = {}
-        total = 0.0
-        for one in seconds:
-            if isinstance(one, bool) or not isinstance(one, int | float) or not 0 <= one < 1e9:
-                raise InvalidArgument(f"a duration is a number of seconds >= 0, got {one!r}")
-            bucket = duration_bucket(one)
-            counts[bucket] = counts.get(bucket, 0) + 1
-            total += one
+        total_ms, counts = protocol.duration_counts(seconds)
         pairs = [half for bucket in sorted(counts) for half in (bucket, counts[bucket])]
         if pairs:
-            pairs.insert(0, round(total * 1000))
+            pairs.insert(0, total_ms)
         found: Durations = yield commands.durations(self.plain_keys, pairs)
         return found
 
@@ -183,15 +175,23 @@ class QueueFlows:
 
     # -- consuming -------------------------------------------------------------------------
 
-    def next(self, count: int, block: float | None, ack: Iterable[JobRef]) -> Flow[list[Job]]:
+    def next(
+        self,
+        count: int,
+        block: float | None,
+        ack: Iterable[JobRef],
+        durations: Iterable[float] = (),
+    ) -> Flow[list[Job]]:
         count = protocol.check_count(count)
         refs = list(ack)
+        times = protocol.encode_durations(durations)  # rides on the first call only
         acks, packed, _ = self.pack(refs)
         waited = protocol.check_block(block)
         give_up = None if waited is None else time.monotonic() + waited
         wake_wait: float | None = None
         while True:
-            call = self._next_call(count, acks)
+            call = self._next_call(count, acks if times is None else [*acks, times])
+            times = None
             reply: NextReply = yield (
                 call if wake_wait is None else AfterWake(self.keys.wake, wake_wait, call)
             )

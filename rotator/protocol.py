@@ -26,7 +26,7 @@ from rotator.defaults import (
     MAX_STAMP_BYTES,
 )
 from rotator.errors import InvalidArgument, InvalidJobId, InvalidToken
-from rotator.models import Job, NextReply
+from rotator.models import Job, NextReply, duration_bucket
 
 JobRef = Job | str | bytes
 T = TypeVar("T")
@@ -276,6 +276,29 @@ def check_due(delay: object, at: object) -> Due | None:
     if not 0 <= at < 10**12:
         raise InvalidArgument(f"at must be unix seconds in 0..10^12, got {at!r}")
     return Due(b"AT", math.ceil(at * 1000))
+
+
+def duration_counts(seconds: Iterable[object]) -> tuple[int, dict[int, int]]:
+    """Processing times as the module's histogram takes them: their total in ms and how many
+    fall in each bucket (:func:`rotator.models.duration_bucket`)."""
+    counts: dict[int, int] = {}
+    total = 0.0
+    for one in seconds:
+        if isinstance(one, bool) or not isinstance(one, int | float) or not 0 <= one < 1e9:
+            raise InvalidArgument(f"a duration is a number of seconds >= 0, got {one!r}")
+        bucket = duration_bucket(one)
+        counts[bucket] = counts.get(bucket, 0) + 1
+        total += one
+    return round(total * 1000), counts
+
+
+def encode_durations(seconds: Iterable[object]) -> bytes | None:
+    """The last argument of a next or an ack that adds ``seconds`` to the histogram,
+    ``#<total ms>,<bucket>:<count>,...``; None for no times."""
+    total_ms, counts = duration_counts(seconds)
+    if not counts:
+        return None
+    return b"#%d" % total_ms + b"".join(b",%d:%d" % (b, counts[b]) for b in sorted(counts))
 
 
 def whole(value: object, name: str, low: int, high: int) -> int:

@@ -499,11 +499,16 @@ class _JournalingRotator(Rotator):
         self._expiring.update(shards)
 
     def next(
-        self, count: int = 1, block: float | None = None, *, ack: Iterable[JobRef] = ()
+        self,
+        count: int = 1,
+        block: float | None = None,
+        *,
+        ack: Iterable[JobRef] = (),
+        durations: Iterable[float] = (),
     ) -> list[Job]:
         acks = list(ack)
         self._write_rows(acks)
-        return super().next(count, block, ack=acks)
+        return super().next(count, block, ack=acks, durations=durations)
 
     def ack(self, *jobs: JobRef) -> int:
         self._write_rows(jobs)

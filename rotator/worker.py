@@ -165,6 +165,11 @@ class Ledger:
             taken, self._durations = self._durations, []
         return taken
 
+    def note_durations(self, times: list[float]) -> None:
+        """Processing times taken but not sent: they go with the next claim."""
+        with self._lock:
+            self._durations.extend(times)
+
     def failed(self, job: Job, dead: bool) -> None:
         """Counts a failed delivery: the job is dead (its last delivery) or given back."""
         with self._lock:
@@ -328,9 +333,14 @@ class Worker:
         failures = 0
         try:
             while not self._stop.is_set():
+                # The processing times of the jobs done here ride on the claim with the acks.
+                times = ledger.take_durations()
                 try:
-                    jobs = self.rotator.next(ledger.claim_size(), block=self.poll, ack=finished)
+                    jobs = self.rotator.next(
+                        ledger.claim_size(), block=self.poll, ack=finished, durations=times
+                    )
                 except Exception as error:
+                    ledger.note_durations(times)  # for the next claim
                     if not transient(error):
                         raise
                     # Wait it out instead of dying: the leases held stay held (the heartbeat
@@ -426,7 +436,6 @@ class Worker:
         while not self._stop.wait(ledger.heartbeat_interval()):
             self._report()
             self._keep_schedules()
-            self._send_durations()
             now, due = ledger.due()
             if not due:
                 continue
@@ -451,8 +460,8 @@ class Worker:
             presence.failing = False
 
     def _send_durations(self) -> None:
-        """Adds the processing times of the jobs completed since the last heartbeat to the
-        queue's histogram: one call a heartbeat, none per job."""
+        """Adds the processing times not sent with a claim yet to the queue's histogram (at
+        the end of a run: claims carry them while it runs)."""
         taken = self._ledger.take_durations()
         if not taken:
             return
@@ -560,11 +569,13 @@ class AsyncWorker:
         failures = 0
         try:
             while not self._stop.is_set():
+                times = ledger.take_durations()
                 try:
                     jobs = await self.rotator.next(
-                        ledger.claim_size(), block=self.poll, ack=finished
+                        ledger.claim_size(), block=self.poll, ack=finished, durations=times
                     )
                 except Exception as error:
+                    ledger.note_durations(times)
                     if not transient(error):
                         raise
                     failures += 1
@@ -654,7 +665,6 @@ class AsyncWorker:
             await asyncio.sleep(ledger.heartbeat_interval())
             await self._report()
             await self._keep_schedules()
-            await self._send_durations()
             now, due = ledger.due()
             if not due:
                 continue

@@ -118,3 +118,25 @@ def test_metrics_export_the_histogram_once_jobs_are_reported(
     assert got[("rotator_job_duration_seconds_sum", "")] == pytest.approx(0.506)
     assert got[("rotator_job_duration_seconds_bucket", "0.004")] == 2
     assert got[("rotator_job_duration_seconds_bucket", "+Inf")] == 3
+
+
+def test_processing_times_ride_on_the_claim_with_the_acks(
+    client: redis.Redis, queue_name: str
+) -> None:
+    q = Rotator(client, queue_name)
+    q.push("a", "b")
+    [a] = q.next(1)
+    calls = client.info("commandstats")
+    [b] = q.next(1, ack=[a], durations=[0.05])  # one round trip: ack, times and claim
+    after = client.info("commandstats")
+    sent = sum(
+        after[name]["calls"] - calls.get(name, {"calls": 0})["calls"]
+        for name in after
+        if name in ("cmdstat_fcall", "cmdstat_evalsha")
+    )
+    assert sent == 1
+    assert q.durations().counts[6] == 1  # 50 ms, in [32, 64)
+    before = state(client, q)
+    with pytest.raises(InvalidArgument):
+        q.next(1, ack=[b], durations=[-1.0])
+    assert state(client, q) == before  # refused before anything was sent

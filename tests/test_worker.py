@@ -13,6 +13,7 @@ import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
@@ -294,9 +295,16 @@ class ClaimCounting(Rotator):
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
         self.claims: list[int] = []
 
-    def next(self, count: int = 1, block: float | None = None, *, ack: object = ()) -> list[Job]:
+    def next(
+        self,
+        count: int = 1,
+        block: float | None = None,
+        *,
+        ack: object = (),
+        durations: Iterable[float] = (),
+    ) -> list[Job]:
         self.claims.append(count)
-        return super().next(count, block, ack=ack)  # type: ignore[arg-type]
+        return super().next(count, block, ack=ack, durations=durations)  # type: ignore[arg-type]
 
 
 def test_claims_grow_to_the_batch_for_fast_jobs_and_stay_single_for_slow_ones(

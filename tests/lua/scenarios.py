@@ -1294,6 +1294,24 @@ def durations_add_to_the_histogram_and_check_every_pair_first(b: Backend) -> Non
     assert (got_stats["d5"], got_stats["d25"], got_stats["dsum"]) == (3, 1, 20_000_060)
 
 
+@scenario
+def processing_times_ride_on_a_next_or_an_ack(b: Backend) -> None:
+    push(b, "a", "b", "c")
+    got = nxt(b, 2)
+    reply = b.call("next", 1, LONG, BUDGET, 0, *got.tokens, "#70,5:1,6:1")
+    assert isinstance(reply, list)
+    assert reply[2] == 2  # both acked; the times were not taken for a token
+    [token] = [str(reply[3])]
+    assert b.call("ack", token, "#3,2:1") == 1
+    assert ints(b.call("durations"))[2:7] == [1, 0, 0, 1, 1]
+    assert all_stats(b)["dsum"] == 73
+    assert b.call("next", 1, LONG, BUDGET, 0, "#1,0:1") == [1, -1, 0]  # with no token too
+    for bad in ["#", "#5", "#5,", "#5,26:1", "#5,3:0", "#5,3:1,", "#x,1:1", "#5;1:1"]:
+        expect_error(b, "ROTATOR_BADARG", "ack", token, bad)
+        expect_error(b, "ROTATOR_BADARG", "next", 1, LONG, BUDGET, 0, bad)
+    assert b.call("ack", "#5*1.1.1") == 0  # a token that starts with "#": an id may
+
+
 # -- scheduled jobs (push_later) and pause ----------------------------------------------------
 
 
