@@ -156,8 +156,8 @@ COMMANDS (ARGV[1]; numbers are decimal integers)
     Ends a pause and wakes idle consumers.
     reply: 1, or 0 when the queue was not paused
   durations [TOTAL_MS BUCKET COUNT ...]
-    The queue's histogram of processing times, which workers add to (the Python worker loops
-    send theirs with their heartbeat): COUNT (1..1e9) more jobs took a time in BUCKET
+    The queue's histogram of processing times, which workers add to (here, or with the acks
+    of a next or an ack, see next): COUNT (1..1e9) more jobs took a time in BUCKET
     (0..25): bucket 0 under 1 ms, bucket b from 2^(b-1) to 2^b ms, bucket 25 from 2^24 ms
     (4.7 hours) on; TOTAL_MS (0..1e15) is what they took together. Every argument is checked
     before any is added (meta fields d0..d25 and dsum).

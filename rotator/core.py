@@ -221,8 +221,8 @@ class Rotator(QueueView):
 
     def durations(self, *seconds: float) -> Durations:
         """The queue's histogram of processing times, after adding ``seconds`` (one per job)
-        to it. The worker loops add every job they run (with their heartbeat, every 1-5 s),
-        so p50/p95/p99 cover every worker process: ``q.durations().p95``."""
+        to it. The worker loops add every job they complete (with the acks of their next
+        claim), so p50/p95/p99 cover every worker process: ``q.durations().p95``."""
         return self._run(self._flows.durations(seconds))
 
     def pause(self) -> bool:
