@@ -2,8 +2,8 @@
 
 One SCAN over the keyspace, each call bounded (``COUNT`` keyspace slots, 1000 by default),
 asking only for hashes whose names match ``<prefix>:{*}:*``: a queue is found by its meta
-hash (``rotator:{orders}:meta``, written by its first push) and kept while its ring or dead
-letters exist (a deleted queue keeps only its seq there), a topic
+hash (``rotator:{orders}:meta``, written by its first push) and kept while its ring, its
+scheduled jobs or its dead letters exist (a deleted queue keeps only its seq there), a topic
 by its meta or groups hash (its first publish or subscribe). The whole scan is O(keys on the
 server), like any SCAN, and sees every key that exists from its start to its end; one created
 or deleted meanwhile may or may not be seen.
@@ -46,11 +46,11 @@ def discover(prefix: str = DEFAULT_PREFIX, count: int = DEFAULT_SCAN_COUNT) -> F
         if int(cursor) == 0:
             break
     # A deleted queue keeps its meta hash (its seq: see the module's delete): it is a queue
-    # only while its ring or its dead letters exist.
+    # only while its ring, its scheduled jobs or its dead letters exist.
     live = []
     for name in sorted(queues):
         keys = queue_keys(name, prefix)
-        if (yield ClientCall("exists", (keys.ring, keys.dead))):
+        if (yield ClientCall("exists", (keys.ring, keys.scheduled, keys.dead))):
             live.append(name)
     return Discovered(tuple(live), tuple(sorted(topics)))
 

@@ -123,7 +123,9 @@ def test_the_flow_asks_for_hash_keys_matching_the_pattern_in_count_sized_steps()
     assert isinstance(second, ClientCall)
     assert (first.method, first.args) == ("scan", (0, "rotator:{*}:*", 50, "hash"))
     assert second.args == (b"7", "rotator:{*}:*", 50, "hash")
-    assert third == ClientCall("exists", ("rotator:{a}:ring", "rotator:{a}:dead"))
+    assert third == ClientCall(
+        "exists", ("rotator:{a}:ring", "rotator:{a}:scheduled", "rotator:{a}:dead")
+    )
     assert (result.queues, result.topics) == (("a",), ("t",))
 
 
@@ -150,3 +152,10 @@ def test_a_cluster_client_is_refused_with_what_to_do_instead() -> None:
 
     with pytest.raises(InvalidArgument, match="each primary"):
         find(cluster)
+
+
+def test_a_queue_with_only_scheduled_jobs_is_found(client: redis.Redis, queue_name: str) -> None:
+    q = Rotator(client, queue_name)
+    q.push("later", delay=3600)
+    assert queue_name in find(client).queues
+    assert q.exists()
