@@ -174,3 +174,42 @@ def test_bench_scheduled_smoke(tmp_path: Path) -> None:
     assert "| ratio 5,000 / 0 scheduled, batch 1 (wall / server) |" in report
     assert "| ratio " in printed
     assert "delay after due" in printed
+
+
+def test_bench_counters_smoke(tmp_path: Path) -> None:
+    """bench.counters (issue 17) end to end on tiny sizes: the JSON's structure only (every
+    phase by both vias, both sides, the differences), never a timing bound."""
+    printed = run_smoke("bench.counters", tmp_path, timeout=120)
+    data = json.loads((tmp_path / "counters.json").read_text())
+    assert set(data) == {"machine", "modules", "sizes", "times", "target", "results"}
+    assert data["machine"]["mode"] == "smoke"
+    assert set(data["modules"]) == {"before", "after"}
+    assert "8b6ec41" in data["modules"]["before"]
+    assert set(data["results"]) == {"redis"}
+    rows = data["results"]["redis"]["rows"]
+    phases = ("0", "a", "b", "c", "d", "e1", "e100")
+    assert {(r["phase"], r["via"]) for r in rows} == {
+        (phase, via) for phase in phases for via in ("fcall", "evalsha")
+    }
+    rounds = data["sizes"]["rounds"]
+    for r in rows:
+        for side in (r["base"], r["test"]):
+            assert set(side) >= {"label", "us_per_call", "us_per_call_by_round", "spread_us"}
+            assert len(side["us_per_call_by_round"]) == rounds
+            assert side["calls"] > 0
+            assert side["leased"] > 0
+            assert isinstance(side["issued_per_call"], dict)
+        assert isinstance(r["diff_ns_per_call"], int)
+        assert len(r["diff_ns_by_round"]) == rounds
+        low, high = r["diff_ns_range"]
+        assert low <= r["diff_ns_per_call"] <= high
+        assert r["verdict"] in ("within noise", "higher every round", "lower every round")
+    labels = {r["phase"]: (r["base"]["label"], r["test"]["label"]) for r in rows}
+    assert labels["0"] == ("before", "before")  # the control
+    assert labels["a"] == ("before", "after")
+    assert labels["e1"] == ("without times", "with times")
+    counted = next(r for r in rows if r["phase"] == "a")["test"]["counted"]
+    assert set(counted) >= {"completed", "retried", "reclaimed", "dead_lettered"}
+    report = (tmp_path / "counters.md").read_text()
+    assert "| a. `next_packed 1` + batch ack | before " in report
+    assert "FCALL: server µs per call" in printed

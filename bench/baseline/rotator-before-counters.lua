@@ -1,0 +1,3685 @@
+-- lua/rotator.lua at 8b6ec41, just before the counters (01252f8, issue 17): kept for python -m bench.counters, which loads it beside the current module (no git history needed).
+--[[
+rotator.lua: a reliable job queue on one Redis list (the ring). Redis >= 6.2 or Valkey >= 7.2.
+
+Load once and call by SHA; the first ARGV picks the command. The queue commands take the twelve
+queue KEYS below; pushp/nextp/ackp take them plus KEYS[13] (and KEYS[14] to keep per-item
+stats); pushi/nackp/items take all fourteen; the topic commands (t...) take the
+TOPIC KEYS, then twelve queue KEYS per consumer group. All keys of one call must share one hash
+tag so the module runs on Redis Cluster. Key names are never built here: they all arrive
+through KEYS, and their names are checked before anything is read or written: a queue's twelve
+are "<base>:ring" ... "<base>:scheduled" in the order below, one base for all; KEYS[13] is
+"<base>:payloads" (a topic group: the topic's bodies) or push_chunk's marker under "<base>:",
+KEYS[14] "<base>:items". Anything else: ROTATOR_KEYS, nothing written.
+
+KEYS
+  KEYS[1]  ring       LIST  pending job ids and deferred jobs, plus one sentinel; consumers
+                            rotate tail -> head
+  KEYS[2]  done       SET   tokens acked since the last lap, awaiting removal
+  KEYS[3]  done_old   SET   tokens acked before the last lap (swept at the next lap)
+  KEYS[4]  marks      HASH  token -> "e<deadline ms>" (extended), "n<due ms>" (nacked) or
+                            "f<error>" (buried); batch -> "a<jobs>" (acked whole) or "t"
+                            (touched, see below)
+  KEYS[5]  marks_old  HASH  marks written before the last lap (swept at the next lap)
+  KEYS[6]  revoked    ZSET  token -> ms it was revoked (re-leased, nacked or dead-lettered);
+                            "<batch>*": every token of that batch (its expiry re-leased them)
+  KEYS[7]  dead       LIST  dead letters "<reason>*<deliveries>*<ms>*<element>", oldest first;
+                            reason "failed" (bury): element "<id>*<error>"
+  KEYS[8]  wake       LIST  wake-up tokens that idle consumers block on (BLPOP)
+  KEYS[9]  meta       HASH  counters: seq origin lapnext lapguess qstart qlen qmin pushed taken
+                            packed (jobs in packed batches beyond one per element),
+                            marked_n marked_a marked_n_old marked_a_old (the marks' counts),
+                            lmin lstop lpass lskip rpasses lpasses (see LEASES),
+                            dead_dropped, expired (a topic group's), smin paused (see
+                            SCHEDULED), schedules ticking and "schedule:<name>" (see
+                            SCHEDULES), rate_n rate_ms rate_tat (see rate_limit); settings
+                            (configure)
+  KEYS[10] pushlog    LIST  "<pushed>:<ms>" push checkpoints, newest first (pending age)
+  KEYS[11] leases     LIST  the jobs in flight: leases and packed batches, newest at the head,
+                            walked from the tail in deadline order (see LEASES)
+  KEYS[12] scheduled  ZSET  id -> due ms: jobs pushed for later (see SCHEDULED)
+  KEYS[13] payloads   HASH  id -> payload; pushp/nextp/ackp only (a topic group: its bodies);
+                            push_chunk takes its marker hash here instead
+  KEYS[14] items      HASH  id -> "<enqueued ms>:<deliveries>:<last delivery ms>:<last error>"
+                            per-item stats, kept only by calls given this key (0: unknown)
+
+TOPIC KEYS (then KEYS[5..16] are group 1's twelve queue keys, KEYS[17..28] group 2's, ...)
+  KEYS[1]  topic      HASH  seq (last message seq), ms (last message ms), bytes (retained)
+  KEYS[2]  groups     HASH  group name -> its ring key (KEYS[1] of its twelve queue keys)
+  KEYS[3]  log        ZSET  retained message ids, scored by seq
+  KEYS[4]  bodies     HASH  message id -> payload, for the retained messages only
+  A message id is "<ms>-<seq>": ms from TIME (never lower than the last id's), seq counts up
+  from 1 per topic. A group's ring holds message ids like any job ids; its meta also counts
+  `expired`, the ids its backlog bound dropped (tpublish).
+  Key names follow one layout: KEYS[1..4] are "<base>:topic:meta", "<base>:topic:groups",
+  "<base>:topic:log" and "<base>:topic:bodies" (base: "<prefix>:{<topic>}"), and group
+  GROUP's twelve are "<base>:group:<GROUP>:<role>" with the roles in the order of KEYS above.
+  Every topic command checks the names (not the contents) before writing anything and
+  refuses other keys with ROTATOR_KEYS.
+
+ELEMENTS OF THE RING
+  sentinel   "*lap"                          exactly one; marks a full lap
+  pending    "<id>"                          id: 1..1024 bytes, no "*"
+  leased     "<id>*<deadline>.<n>.<seq>"     the delivery token: lease deadline in unix ms
+                                             (server TIME), n = deliveries so far, seq = the
+                                             call's first visit number and a 5-digit place,
+                                             so every token is unique
+  packed     "<batch>*<id>*<id>..."          the first deliveries (n = 1) of one next call:
+             batch = "*<deadline>.1.<seq>"   job k's token is <id> .. batch .. k as 5 digits
+  A packed batch is the leases it stands for, kept as one element: one visit for the whole
+  batch while it is young, and one write when it is acked whole. When one of its jobs is
+  acked, nacked or extended on its own, the batch is marked "t" (touched); a touched or
+  expired batch is broken up at its next visit into its leases, which are then visited as
+  usual, and the batch is revoked (a later batch ack is refused: ack each token). An expired
+  batch that was never touched has all its jobs leased again at once (a crashed worker's
+  batch): one revoked member "<batch>*" then fences every token of it.
+  Anything else is corrupt: a visit moves it to the dead letters with reason "corrupt".
+  The ring holds the sentinel, pending ids and deferred jobs; leases and packed batches live
+  in the lease list (KEYS[11]), and one met in the ring (written there by hand, or by a module
+  from before the lease list) moves there at its visit.
+
+LEASES (how a claim avoids the jobs in flight)
+  Each lease, packed batch or re-lease is pushed at the lease list's head when it is made, so
+  the list runs in deadline order from its tail while every lease has the same length. A
+  call walks the list from its tail before it walks the ring, and only when something there
+  may be done with: when meta lmin (the earliest deadline the list may hold) has come, or
+  when acks or nacked jobs wait and the tail is not a young lease known to be live (meta
+  lstop: its deadline; an ack or nack with that deadline clears it). The walk removes acked
+  leases and batches, leases expired ones again (or dead-letters them), breaks up touched or
+  expired batches, moves a nacked job to the ring to wait (or leases it again when due),
+  moves an extended lease to the head, and stops at the first lease young by its own
+  deadline: young leases are never visited one by one, so a claim costs the same however
+  many are in flight. The price: a lease made shorter than one before it (a smaller
+  LEASE_MS, an extend that shortens), or a job nacked behind a younger lease, is reached
+  when the walk gets there, at the latest when the leases before it fall due. A sweep does
+  not stop at young leases: it puts them back at the tail in their places.
+  Acks and marks age (done -> done_old, marks -> marks_old, the old ones dropped) once both
+  lists have been walked whole since the last ageing: the ring from sentinel to sentinel
+  (meta rpasses), the lease list once every element it held has been visited (meta lpass,
+  lskip, lpasses); a list holding nothing needs no pass.
+
+SCHEDULED (jobs pushed for later)
+  push_later keeps its ids out of the ring, in KEYS[12] scored by due ms (server TIME); meta
+  smin holds a time no later than the earliest. The first next (next_packed, nextp) called
+  once smin has come moves the due ids (at most 1000 per call, earliest first) to the ring
+  as a push does, so they queue behind what is pending, then leases as usual: O(log n) per
+  job, and scheduled jobs cost a claim of ready ones nothing. An idle reply's wait_ms counts
+  down to smin too, so a consumer blocked on KEYS[8] wakes when the earliest scheduled job
+  falls due; a push_later that brings smin forward pushes a wake-up.
+
+SCHEDULES (recurring jobs)
+  A schedule NAME is the meta field "schedule:<NAME>" and, while it has a next tick, the
+  member "*<NAME>" of KEYS[12] scored by it (no id holds "*"). When promote finds that member
+  due, it pushes one job "<JOB_ID>@<tick ms>" and moves the member to the schedule's first
+  tick after now: the tick is decided inside one call, so however many consumers run, each
+  tick makes one job, and ticks missed while nothing claimed (or the queue was paused) make
+  one catch-up job, not one each. An interval schedule (EVERY_MS) computes its ticks here;
+  a cron schedule is given its due times by the caller (the module does not read cron: the
+  Python client computes them with a cron library) and idles once they run out, until a
+  schedule FILL gives more (the Python worker loops refill them).
+
+COMMANDS (ARGV[1]; numbers are decimal integers)
+  push ID [ID ...]
+    Appends pending ids (at most 5000 per call); all or nothing. Wakes idle consumers.
+    reply: number pushed
+    errors: ROTATOR_BADID, ROTATOR_TOOMANY
+  push_later IN|AT TIME ID [ID ...]                               (KEYS 1..12, or 1..14)
+    Schedules ids to be pushed TIME ms from now (IN), or at the unix ms TIME (AT; server TIME),
+    at most ten years ahead (315360000000 ms); a time passed is due at once (see SCHEDULED).
+    An id already scheduled moves to the new time: one scheduled job per id. At most 5000
+    ids; all or nothing. With KEYS 1..14: also starts each id's stats, as pushi does.
+    reply: number scheduled
+    errors: ROTATOR_BADARG, ROTATOR_BADID, ROTATOR_TOOMANY
+  schedule SET|FILL NAME JOB_ID EVERY_MS SPEC [DUE ...]
+    Defines the recurring schedule NAME (1..128 of A-Z a-z 0-9 . _ : @ / -; at most 1000
+    per queue), whose ticks push "<JOB_ID>@<tick ms>" (JOB_ID: an id of at most 1008
+    bytes). EVERY_MS 1..315360000000: a tick every EVERY_MS, the first EVERY_MS from now,
+    and no DUE. EVERY_MS 0: a tick at each DUE (1..1000 ascending unix ms, at most ten years
+    ahead) that is after the last tick. SPEC (at most 256 bytes) is kept for the caller (a
+    cron expression, a label). SET adds or replaces NAME; a NAME with the same JOB_ID,
+    EVERY_MS and SPEC keeps its next tick and last tick (declaring a schedule again at every
+    start changes nothing) but takes the DUEs given. FILL only gives DUEs to such a
+    schedule, and does nothing to any other.
+    reply: 1 when NAME was added or changed, 0 when it was the same (or FILL did nothing)
+    errors: ROTATOR_BADARG, ROTATOR_BADID, ROTATOR_TOOMANY
+  unschedule NAME
+    Forgets the schedule NAME (jobs it pushed stay).
+    reply: 1, or 0 when there was no such schedule
+  schedules
+    reply: per schedule, by name: {name, job_id, every_ms, spec, next_tick_ms (-1: none, due
+           times ran out), last_tick_ms (0: none yet), dues_left, last_due_ms (-1: none), ...}
+  pause
+    next, next_packed and nextp lease nothing (nor reclaim expired leases) until resume: they
+    take their acks and reply idle with wait_ms -1. Pushes, acks, nacks, extends and leases
+    already out go on as before.
+    reply: 1, or 0 when the queue was paused already
+  resume
+    Ends a pause and wakes idle consumers.
+    reply: 1, or 0 when the queue was not paused
+  rate_limit JOBS PER_MS
+    Limits what next, next_packed and nextp lease, across every consumer, to JOBS (1..1e9)
+    per PER_MS (1..86400000) ms: at most JOBS in a burst, then one every PER_MS / JOBS ms
+    (a generic cell rate kept in meta: rate_n rate_ms rate_tat). A call may lease fewer than
+    its COUNT; one that may lease none takes its acks and replies idle with wait_ms until
+    one more may go. JOBS 0 lifts the limit.
+    reply: 1
+    errors: ROTATOR_BADARG
+  push_chunk CHUNK TTL_MS ID [ID ...]                     (KEYS 1..12, KEYS[13] a marker hash)
+    push, once per chunk of a bulk load: only when the marker's field `chunks` (0 when
+    absent) equals CHUNK; then `chunks` becomes CHUNK + 1 and the marker expires in TTL_MS.
+    A chunk the marker already counts pushes nothing, so a retried loader pushes no id twice.
+    reply: {pushed, chunks}  pushed is 0 when the chunk was already in
+    errors: ROTATOR_BADARG (CHUNK beyond what the marker records), ROTATOR_BADID,
+            ROTATOR_TOOMANY, ROTATOR_WRONGTYPE
+  next COUNT LEASE_MS BUDGET MAX_DELIVERIES [ACK_TOKEN ...]
+    First acks the tokens (and batch acks) given, as `ack`; then visits at most BUDGET
+    (1..1000) elements, of the lease list (see LEASES) and then of the ring, from their tails
+    (a batch broken up counts its leases too: at most BUDGET plus one batch of work), and
+    leases at most COUNT jobs (1..1000) for LEASE_MS (1..86400000), fewer once the ids of
+    its first deliveries reach 256 KB (one batch stays a small copy). An acked lease is
+    removed; a young lease is left where it is; an expired lease or a due nack is leased again
+    with a new token, or dead-lettered once it was delivered MAX_DELIVERIES times (0: no
+    limit).
+    reply: {idle, wait_ms, acked, token1, reclaimed1, token2, reclaimed2, ...}
+      idle     1 when a whole lap since the last push found nothing, and nothing in the lease
+               list is due: block on KEYS[8]
+      wait_ms  ms until the earliest known lease deadline or nack due time, -1 if none
+    A call whose new leases fall due before anything known so far pushes one wake-up, so an
+    idle consumer blocked before they existed waits for them instead of its whole block.
+      acked    how many ACK_TOKENs were accepted
+      reclaimedN 1 when tokenN re-leases a job whose previous lease expired
+    errors: ROTATOR_BADARG, ROTATOR_BADTOKEN, ROTATOR_TOOMANY
+    The call a busy queue makes most (batch acks of the oldest batches in flight, nothing
+    else to repair, pending ids at the ring's tail) takes a short way, M.fast_lease, that
+    writes exactly what the walk writes without building its state.
+  next_packed COUNT LEASE_MS BUDGET MAX_DELIVERIES [ACK_TOKEN ...]
+    next, with this call's first deliveries sent as their packed element instead of a
+    token each (what the Python client calls: less work on both sides of the wire).
+    reply: {idle, wait_ms, acked, packed, token1, reclaimed1, ...}
+      packed   "<batch>*<id1>*<id2>..." ("" when none): job k's token is
+               <id k> .. <batch> .. k as 5 digits, not reclaimed
+      tokenN   the later deliveries, as in next
+    errors: as next
+  ack TOKEN [TOKEN ...]
+    Completes leases; the element leaves the lease list when a walk next reaches it.
+    A token whose lease was re-issued, nacked or dead-lettered is refused, and so is one
+    this queue never issued (its call seq before the queue's origin: from another queue, or
+    from this one before a delete; or beyond its seq). A TOKEN may be a
+    batch ack "*<deadline>.1.<seq>/<jobs>" (<deadline>.1.<seq> = a first delivery's stamp
+    less its last 5 digits): it completes every job of that call's batch, and is refused
+    once the batch was revoked (then ack the tokens one by one).
+    reply: number accepted (a batch ack counts once)
+    errors: ROTATOR_BADTOKEN, ROTATOR_TOOMANY
+  nack DELAY_MS TOKEN [TOKEN ...]
+    Gives leases back; each job is delivered again (as a new delivery) once DELAY_MS has
+    passed (0..86400000) and the lease list's walk has reached it (see LEASES). The old token
+    is revoked.
+    reply: {ok1, ok2, ...}  1 = requeued, 0 = lease lost (re-issued, acked or unknown queue)
+    errors: ROTATOR_BADARG, ROTATOR_BADTOKEN, ROTATOR_TOOMANY
+  bury ERROR TOKEN [TOKEN ...]                                   (KEYS 1..12, or 1..14)
+    Sends live leases to the dead letters with ERROR (at most 4096 bytes; may be empty):
+    each is marked "f<ERROR>" and revoked (with its batch), as by nack, and the walk that
+    reaches its element writes the letter "failed*<deliveries>*<ms>*<id>*<ERROR>" (a
+    sweep reaches it at once; stats counts it as done meanwhile). For a worker's last
+    failure, instead of a nack that the next visit would dead-letter without the error.
+    With KEYS[14]: also records ERROR as each job's last error, as nackp does.
+    reply: {ok1, ok2, ...}  1 = buried, 0 = lease lost (as nack)
+    errors: ROTATOR_BADARG, ROTATOR_BADTOKEN, ROTATOR_TOOMANY
+  extend LEASE_MS TOKEN [TOKEN ...]
+    Moves each lease's deadline to now + LEASE_MS (1..86400000).
+    reply: {deadline_ms, ok1, ok2, ...}  1 = extended, 0 = lease lost
+    errors: ROTATOR_BADARG, ROTATOR_BADTOKEN, ROTATOR_TOOMANY
+  delete [FORGET]                                            (KEYS 1..12, 1..13 or 1..14)
+    Removes every key given (in the background: UNLINK), keeping only the seq of KEYS[9], so
+    that a queue made again under the name never hands out a token of this one. FORGET 1
+    removes that too (a name never used again).
+    reply: 1, or 0 when there was nothing to remove
+  configure [NAME VALUE ...]
+    Sets queue settings (kept in KEYS[9]); every pair is checked before any is written.
+      fence_ms     1000..2592000000, default 3600000: how long a refused token (re-leased,
+                   nacked, dead-lettered, a broken-up batch) is remembered and refused
+      fence_max    1000..1000000000, default 1000000: how many are remembered at most
+      dead_max     1..1000000, default 100000: dead letters kept, the newest
+      dead_age_ms  0 or 1000..315360000000, default 604800000: dead letters older are
+                   dropped (0: no age limit)
+    Each call that adds refused tokens or dead letters drops, oldest first, at most what it
+    added plus 1000 beyond these bounds (meta field dead_dropped counts dropped letters).
+    reply: {name, value, ...} for every setting
+    errors: ROTATOR_BADARG
+  stats
+    reply: {"length", n, "pending", n, "in_flight", n, "done", n, "deferred", n, "dead", n,
+            "oldest_pending_age_ms", n (-1 when nothing is pending),
+            "overdue", n, "overdue_capped", 0|1, "scheduled", n, "paused", 0|1,
+            "schedules", n, "rate_limit_jobs", n, "rate_limit_ms", n (0 0: no limit)}
+    Jobs: length = pending + in_flight + done + deferred + overdue. pending: pushed, never
+    leased; in_flight: leased, deadline not passed; done: acked, element not yet removed;
+    deferred: given back, waiting for its delay (or for the walk, once due); overdue: lease
+    past its deadline, not yet reclaimed, counted from the lease list's tail (at most 100
+    elements and 1000 jobs: overdue_capped 1 says the count is a lower bound).
+    O(1) but for that bounded tail: counters kept in meta (marked_n, marked_a and their
+    _old), never a whole read. scheduled: jobs waiting in KEYS[12] (push_later), not counted
+    in length; schedules: the recurring schedules.
+  peek COUNT
+    The COUNT (1..1000) elements nearest the ring's tail, tail first, then the lease list's
+    from its tail, without changing anything; a packed batch shows as the leases it stands
+    for, first job first (at most COUNT rows).
+    reply: {element1, state1, time1, ...}; state: "lap", "pending", "leased", "done",
+           "deferred", "buried", "corrupt"; time: lease deadline or due ms (0 when none)
+    errors: ROTATOR_BADARG
+  scan START STOP COUNT
+    The elements START..STOP-1 counted from the ring's tail and on into the lease list's
+    (LENGTH: both lists), as peek shows them, at most COUNT (1..1000) rows' worth of elements (an element is never split:
+    a packed batch alone may give up to 1000 rows). Changes nothing. Continue from NEXT until
+    it reaches STOP (or LENGTH); SEQ and PUSHED unchanged across pages means nothing moved.
+    reply: {NEXT, LENGTH, SEQ, PUSHED, element1, state1, time1, ...}
+    errors: ROTATOR_BADARG
+  sweep BUDGET
+    Visits at most BUDGET elements (1..1000; broken-up batches count their leases) of the
+    lease list, then of the ring, without leasing anything: removes acked elements (young
+    leases stay in their places), dead-letters corrupt ones, repairs the sentinel. Repeat
+    until `visited` adds up to both lists' lengths to clean them whole (an idle queue
+    otherwise cleans up lazily).
+    reply: {visited, removed, length} (removed and length in jobs)
+    errors: ROTATOR_BADARG
+  dead START COUNT
+    reply: dead-letter entries START .. START+COUNT-1 (COUNT 1..1000), oldest first
+    errors: ROTATOR_BADARG
+  requeue_dead COUNT [ID ...]
+    Moves up to COUNT (1..5000) dead letters back to the ring as pending ids, oldest first;
+    with IDs, only letters for those ids. Examines at most 1000 letters per call, from the
+    oldest: requeue_dead_from goes on from where a call stopped.
+    reply: number requeued
+    errors: ROTATOR_BADARG, ROTATOR_BADID, ROTATOR_TOOMANY
+  requeue_dead_from START COUNT [ID ...]
+    requeue_dead from the dead letter at index START on (0: the oldest).
+    reply: {requeued, next}  call again with START = next until next is -1
+  pushp ID PAYLOAD [ID PAYLOAD ...]                                (KEYS 1..13, or 1..14)
+    push, and stores each payload under its id in KEYS[13] (an id pushed again gets the new
+    payload). At most 2500 pairs; all or nothing. With KEYS[14]: starts each id's stats.
+    reply: number pushed
+    errors: ROTATOR_BADARG, ROTATOR_BADID, ROTATOR_TOOMANY
+  nextp COUNT LEASE_MS BUDGET MAX_DELIVERIES DROP [ACK_TOKEN ...]   (KEYS 1..13, or 1..14)
+    next, with each job's payload read from KEYS[13] in the same call. DROP 1 deletes the
+    payloads (and stats) of the ACK_TOKENs accepted (a plain queue: no batch acks, each
+    job's id is needed); 0 keeps them (a topic group). With KEYS[14]: notes each delivery (count and time) in the job's stats.
+    reply: {idle, wait_ms, acked, token1, reclaimed1, payload1, ...}; payload nil if none
+    errors: ROTATOR_BADARG, ROTATOR_BADTOKEN, ROTATOR_TOOMANY
+  ackp TOKEN [TOKEN ...]                                            (KEYS 1..13, or 1..14)
+    ack (no batch acks), and deletes the payloads (and stats) of the accepted tokens' ids.
+    reply: number accepted
+    errors: ROTATOR_BADTOKEN, ROTATOR_TOOMANY
+  pushi ID [ID ...]                                                 (KEYS 1..14)
+    push, and starts each id's stats (enqueued now, no deliveries): a queue with stats but
+    without payloads.
+    reply: number pushed
+    errors: ROTATOR_BADID, ROTATOR_TOOMANY
+  nackp DELAY_MS ERROR TOKEN [TOKEN ...]                            (KEYS 1..14)
+    nack, and records ERROR (at most 4096 bytes) as the last error of each job given back.
+    reply: {ok1, ok2, ...} as nack
+    errors: ROTATOR_BADARG, ROTATOR_BADTOKEN, ROTATOR_TOOMANY
+  pushp_later IN|AT TIME ID PAYLOAD [ID PAYLOAD ...]                (KEYS 1..13, or 1..14)
+    push_later, storing each payload now as pushp does (an id scheduled again gets the new
+    payload). At most 2500 pairs; all or nothing.
+    reply: number scheduled
+    errors: ROTATOR_BADARG, ROTATOR_BADID, ROTATOR_TOOMANY
+  items ID [ID ...]                                                 (KEYS 1..14)
+    reply: each id's stats string (see KEYS[14]), nil for an id without stats
+    errors: ROTATOR_BADID, ROTATOR_TOOMANY
+  tpublish MAXLEN MAXAGE_MS PAYLOAD [PAYLOAD ...]                 (TOPIC KEYS + every group)
+    Stores 1..1000 payloads as new messages and pushes their ids onto every group's ring, in
+    one call; then drops retained messages beyond MAXLEN or older than MAXAGE_MS (0: no
+    limit), oldest first, at most n+16 per call. The KEYS must name exactly the registered
+    groups, each once; otherwise nothing is written (read the groups and call again).
+    Bounds each group's backlog (pending ids, never leases) by MAXLEN (with MAXLEN 0, by
+    1000000): once it is more than 16 over, the oldest pending ids leave the group's ring
+    tail down to the bound, at most n+16 per group, never delivered to that group and
+    counted in its meta's `expired`. The sentinel, leases and packed batches among the tail
+    elements read stay there in order; per group it reads at most n+16 plus
+    max(16, 1000 / groups) elements.
+    reply: {id1, id2, ...}
+    errors: ROTATOR_BADARG, ROTATOR_TOOMANY, ROTATOR_STALE
+  tsubscribe GROUP                                                (TOPIC KEYS + that group)
+    Registers GROUP (1..64 of A-Z a-z 0-9 . _ @ / -) with its ring key; at most 100 groups.
+    Every later tpublish reaches it. Registering a known group changes nothing.
+    reply: {added (1 or 0), last_seq}  messages up to last_seq are not pushed to it
+    errors: ROTATOR_BADARG, ROTATOR_TOOMANY
+  tunsubscribe GROUP                                              (TOPIC KEYS + that group)
+    Forgets GROUP and deletes its twelve queue keys (UNLINK: freed in the background).
+    reply: 1, or 0 when it was not registered
+    errors: ROTATOR_BADARG
+  treplay GROUP FROM_SEQ TO_SEQ COUNT                             (TOPIC KEYS + that group)
+    Pushes the retained messages with FROM_SEQ <= seq <= TO_SEQ (0: the last seq) onto
+    GROUP's ring again, at most COUNT (1..5000), oldest first.
+    reply: {pushed, next_from_seq, to_seq}  done when next_from_seq > to_seq
+    errors: ROTATOR_BADARG, ROTATOR_NOGROUP
+  tseek MS                                                        (TOPIC KEYS only)
+    reply: the seq of the oldest retained message with ms >= MS, else last seq + 1
+    errors: ROTATOR_BADARG
+  ttrim MAXLEN MAXAGE_MS BUDGET                                   (TOPIC KEYS only)
+    Applies retention as tpublish does, dropping at most BUDGET (1..2000) messages (the
+    Python client sends 2000 per call: about 3 ms of server time).
+    reply: number dropped
+    errors: ROTATOR_BADARG
+  tstats                                                          (TOPIC KEYS + every group)
+    reply: {"retained", n, "bytes", n, "last_seq", n, "groups", g, then per group: name,
+            length, pending, in_flight, done, deferred, dead, oldest_pending_age_ms}
+    errors: ROTATOR_STALE
+
+ERRORS (replies start with the code)
+  ROTATOR_BADCMD, ROTATOR_BADARG, ROTATOR_BADID, ROTATOR_BADTOKEN, ROTATOR_TOOMANY,
+  ROTATOR_KEYS, ROTATOR_WRONGTYPE, ROTATOR_STALE (retry: the topic's groups changed),
+  ROTATOR_NOGROUP. Every argument and key type is checked before the first
+  write, so a failing call changes nothing.
+
+REDIS-CLI
+  SHA=$(redis-cli -x SCRIPT LOAD < lua/rotator.lua)
+  Q="rotator:{orders}:ring rotator:{orders}:done rotator:{orders}:done_old rotator:{orders}:marks rotator:{orders}:marks_old rotator:{orders}:revoked rotator:{orders}:dead rotator:{orders}:wake rotator:{orders}:meta rotator:{orders}:pushlog rotator:{orders}:leases rotator:{orders}:scheduled"
+  redis-cli EVALSHA $SHA 12 $Q push job-1 job-2
+  redis-cli EVALSHA $SHA 12 $Q next 10 30000 1000 5
+  redis-cli EVALSHA $SHA 12 $Q ack 'job-1*1732233600000.1.000001'
+  redis-cli EVALSHA $SHA 12 $Q ack '*1732233600000.1.0/2'     # job-1 and job-2 at once
+  redis-cli EVALSHA $SHA 12 $Q stats
+  redis-cli EVALSHA $SHA 12 $Q push_later IN 30000 job-5     # delivered in 30 s
+  redis-cli EVALSHA $SHA 12 $Q push_later AT 1764579600000 job-6
+  redis-cli EVALSHA $SHA 12 $Q schedule SET nightly report 86400000 'every day'
+  redis-cli EVALSHA $SHA 12 $Q schedules
+  redis-cli EVALSHA $SHA 12 $Q pause
+  redis-cli EVALSHA $SHA 12 $Q resume
+  P="$Q rotator:{orders}:payloads"
+  redis-cli EVALSHA $SHA 13 $P pushp job-3 '{"n":3}'
+  redis-cli EVALSHA $SHA 13 $P nextp 10 30000 1000 5 1
+  I="$P rotator:{orders}:items"
+  redis-cli EVALSHA $SHA 14 $I pushi job-4
+  redis-cli EVALSHA $SHA 14 $I items job-4
+  T="rotator:{news}:topic:meta rotator:{news}:topic:groups"
+  T="$T rotator:{news}:topic:log rotator:{news}:topic:bodies"
+  G=$(for r in ring done done_old marks marks_old revoked dead wake meta pushlog leases scheduled; do
+        printf 'rotator:{news}:group:mail:%s ' $r; done)
+  redis-cli EVALSHA $SHA 16 $T $G tsubscribe mail
+  redis-cli EVALSHA $SHA 16 $T $G tpublish 100000 0 'hello' 'world'
+  redis-cli EVALSHA $SHA 4 $T tseek 1732233600000
+]]
+
+-- SECTIONS, in this order
+--    1. Constants         limits, widths and byte codes of the element grammar
+--    2. Call state        what main binds at the start of a call (nothing rebinds it)
+--    3. Shared helpers    errors, guarded reads, time, argument and token checks
+--    4. Queue state       counters, side-structure sizes and pushes, on any queue's keys
+--    5. Acks              acking tokens and batch acks, for ack, next and ackp
+--    6. The walk engine   one walk over the ring's tail, for next, next_packed and sweep
+--    7. Queue commands    push push_chunk push_later pause resume rate_limit next
+--                         next_packed ack nack
+--                         extend sweep delete
+--                         configure stats peek scan dead requeue_dead requeue_dead_from
+--    8. Payloads          pushp pushp_later nextp ackp, and item stats: pushi nackp items
+--    9. Topics            tpublish tsubscribe tunsubscribe treplay tseek ttrim tstats,
+--                         and recurring schedules: schedule unschedule schedules
+--                         (8 and 9 are defined on first use, by M.define_extensions)
+--   10. Dispatch          the command table, the KEYS by name, main
+--
+-- Two ways to run: EVAL/EVALSHA run this whole chunk on every call, so it defines its
+-- functions each time (creating closures is a good part of a call's cost); FUNCTION LOAD runs
+-- it once to register `main`, and each FCALL only runs `main`. Functions live in one table (M)
+-- and key types are checked by the reads a command needs anyway (M.read), not by TYPE.
+local M = {}
+
+-- 1. CONSTANTS ----------------------------------------------------------------------------------
+
+-- Limits, and the widths of the element grammar (ELEMENTS OF THE RING, above), as fields of
+-- one table rather than a local each: every file-level local that a function uses costs an
+-- upvalue on every EVAL call (about 0.14 us each on Redis 7.0, measured), a field nothing.
+local LIMIT = {
+  id_bytes = 1024,
+  batch = 5000, -- ids or tokens per call; Lua's unpack() fails near 8000
+  count = 1000, -- jobs leased per call
+  -- Elements one next or sweep visits at most: a visit over deferred or extended jobs costs
+  -- about 4-8 us of server time, so no call passes 10 ms.
+  budget = 1000,
+  trim_budget = 2000, -- retained messages one ttrim drops at most (about 3 ms)
+  lease_ms = 86400000, -- one day; longer jobs extend their lease
+  max_deliveries = 1000000, -- next's MAX_DELIVERIES (0 there: no limit)
+  -- Queue settings (configure), defaults and ranges: how long and how many refused tokens
+  -- are remembered (the fencing window), and how many dead letters are kept, for how long.
+  fence_ms = 3600000, fence_ms_range = { 1000, 30 * 86400000 },
+  fence_max = 1000000, fence_max_range = { 1000, 1e9 },
+  -- (at most a million dead letters: requeue_dead's LREM walks that far at the most)
+  dead_max = 100000, dead_max_range = { 1, 1000000 },
+  dead_age_ms = 7 * 86400000, dead_age_ms_range = { 0, 3650 * 86400000 }, -- 0: no age limit
+  trim_step = 1000, -- refused tokens or dead letters one call drops beyond what it adds
+  -- Expired leases one call re-leases one by one at most: each is a revocation (a ZADD into
+  -- a set of up to fence_max tokens, and its trim), about 5 us on a full set. A batch that
+  -- expired whole is one revocation for all its jobs (visit_packed).
+  revokes = 250,
+  fast_acks = 8, -- batch acks the short way of next takes at most (M.fast_lease)
+  -- Scheduled jobs one next moves to the ring at most once due (about 1 us each), and how
+  -- far ahead a job may be scheduled (ten years).
+  promote = 1000,
+  schedule_ms = 3650 * 86400000,
+  -- Recurring schedules: per queue, the bytes of a name and of a spec, and the due times one
+  -- schedule is given at once.
+  schedules = 1000, schedule_name = 128, spec_bytes = 256, schedule_dues = 1000,
+  rate_jobs = 1e9, -- rate_limit's JOBS (per PER_MS, at most a day)
+  -- stats counts overdue leases from the lease list's tail: at most this many elements, and
+  -- batch_bytes of them, and LIMIT.count tokens looked up (then its count is a lower bound).
+  overdue_look = 100,
+  -- The ids of one call's batch of first deliveries, in bytes: once they reach this, the call
+  -- leases no more (a batch of 1000 ids of 1 KB would be a megabyte to make, move and break).
+  batch_bytes = 256 * 1024,
+  -- The lease list's walk reads at most this many bytes of elements per call (a packed batch
+  -- of 1000 ids of 1 KB is 1 MB).
+  lease_bytes = 2 * 1024 * 1024,
+  dead_scan = 1000, -- dead letters requeue_dead examines per call
+  wake_tokens = 16, -- at most this many idle consumers woken by one push
+  pushlog_bucket_ms = 1000, -- pushes within a second share one checkpoint
+  pushlog_drops = 4, -- consumed checkpoints dropped per push: the log stays short
+  groups = 100, -- consumer groups per topic: a publish takes 10 KEYS per group
+  group_bytes = 64,
+  trim_extra = 16, -- retained messages a publish may drop by age beyond what it adds
+  retention = 1e12, -- MAXLEN (messages) and MAXAGE_MS (about 31 years)
+  error_bytes = 4096, -- the last error kept in a job's item stats, or in a buried job's letter
+  echo_bytes = 64, -- of an argument echoed in an error: enough to recognise it
+  -- A number read back from text (an argument, a deadline) has at most 15 digits, so it is a
+  -- whole number a double holds exactly (2^53 has 16 digits); unix ms have 13 until 2286.
+  int_digits = 15,
+  no_bound = 1e15, -- the bound of a number with no range of its own: int_digits bound it
+  -- A delivery count has at most 9 digits. A lease counted stamped_deliveries times (the most
+  -- 9 digits hold) was written by hand: no real count gets there, and the next would not fit.
+  delivery_digits = 9,
+  stamped_deliveries = 999999999,
+  -- A stamp "<deadline>.<n>.<seq>" (a token after its "*"; a batch name, "*" included) has
+  -- at most 48 bytes: room for a 15-digit deadline, a 9-digit count and a 20-digit seq (a
+  -- 13-digit call seq, which starts at the ms a queue is made, and the 5-digit place). Anything
+  -- longer is not a stamp, and is never parsed at length.
+  stamp_bytes = 48,
+  -- A batch ack "*<deadline>.1.<call seq>/<jobs>": a batch name of at most stamp_bytes, "/"
+  -- and the at most 4 digits of a job count (LIMIT.count), with room to spare.
+  batch_ack_bytes = 60,
+  -- A token's seq ends in the job's place in its call, zero-padded: 5 digits hold any place
+  -- a call gives out (at most LIMIT.count); place_format writes that width.
+  place_digits = 5,
+  place_format = '%05d',
+}
+
+-- The KEYS of one queue (ring .. pushlog, the header's order), and a topic call's own KEYS,
+-- which its groups' queue KEYS follow.
+local QUEUE_KEYS = 12
+local TOPIC_KEYS = 4
+-- A queue's key names are "<base>:<role>", one base for all (rotator/keys.py builds them):
+-- the name of the ring, less ":ring", and these endings in KEYS order.
+local QUEUE_ROLES = {
+  ':ring', ':done', ':done_old', ':marks', ':marks_old', ':revoked', ':dead', ':wake', ':meta',
+  ':pushlog', ':leases', ':scheduled',
+}
+
+-- The element grammar: the sentinel, and the bytes that tell elements and marks apart (locals:
+-- the walk reads them for every element it visits).
+local SENTINEL = '*lap'
+local BYTE_STAR = 42 -- '*': opens the sentinel, a packed batch and a batch ack; ends an id
+local BYTE_A = 97 -- 'a': opens the mark of a batch acked whole ("a<jobs>")
+local BYTE_N = 110 -- 'n': opens the mark of a nacked job ("n<due ms>")
+local BYTE_E = 101 -- 'e': opens the mark of an extended lease ("e<deadline ms>")
+local BYTE_F = 102 -- 'f': opens the mark of a buried job ("f<error>")
+
+-- next takes the short way (M.fast_lease) where it applies. A test flips this to compare the
+-- two ways key by key (tests/lua/test_fast_lease.py).
+local FAST_LEASE = true
+
+-- 2. CALL STATE ---------------------------------------------------------------------------------
+
+-- Bound by main at the start of every call, and never rebound during it: this call's
+-- arguments (A), all its KEYS (KS), and the command function (which a library may not touch
+-- while it loads). K names the call's queue keys (nil for a topic call), T the topic's keys
+-- (nil for a queue call), and NGROUPS counts the groups whose queue keys follow T (0 for a
+-- queue call). Code working on a topic group's queue is handed that queue's keys instead.
+local A, KS, rcall
+local K
+local T, NGROUPS
+-- Zero-padded places ("00042"), each formatted once: a token's seq is the call's first visit
+-- number followed by the job's place in the call's batch (or among the call's later
+-- deliveries), which spares formatting a number per job.
+-- Made by main on its first call (a library may not call setmetatable while it loads), so
+-- loaded as a library it lives across calls.
+local PAD
+-- The queue keys whose names the last call checked (see M.checked_before).
+local CHECKED
+function M.make_pad()
+  local format = LIMIT.place_format
+  return setmetatable({}, {
+    __index = function(pad, i)
+      local text = string.format(format, i)
+      pad[i] = text
+      return text
+    end,
+  })
+end
+
+-- 3. SHARED HELPERS: errors, guarded reads, time, arguments, tokens ------------------------------
+
+function M.fail(code, message)
+  return { err = code .. ' ' .. message }
+end
+
+-- Ends the command with an expected error. Only ever raised before a command's first write
+-- (Redis does not roll back a script); the dispatcher turns it into the error reply.
+function M.refuse(code, message)
+  error(M.fail(code, message), 0)
+end
+
+-- Arguments echoed in errors: short, and nothing that could break a reply or a log line.
+function M.printable(value)
+  local head = string.sub(tostring(value), 1, LIMIT.echo_bytes)
+  return '"' .. string.gsub(head, '[^%w%p ]', '?') .. '"'
+end
+
+-- A read that is also its key's type check: every key a command writes is read through here
+-- before the command's first write.
+function M.read(name, key, ...)
+  local reply = redis.pcall(name, key, ...)
+  if type(reply) == 'table' and reply.err then
+    M.refuse('ROTATOR_WRONGTYPE', key .. ' holds a ' .. rcall('TYPE', key)['ok'] ..
+      ', not the type rotator keeps there')
+  end
+  return reply
+end
+
+function M.now_ms()
+  local t = rcall('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-- A whole number in [lo, hi] written in plain digits; strtod-isms like "1e3" or "nan" fail.
+function M.int_arg(index, name, lo, hi)
+  local value = A[index]
+  if type(value) ~= 'string' or not string.find(value, '^%d+$') or #value > LIMIT.int_digits then
+    M.refuse('ROTATOR_BADARG', name .. ' must be a whole number, got ' .. M.printable(value))
+  end
+  local n = tonumber(value)
+  if n < lo or n > hi then
+    M.refuse('ROTATOR_BADARG', name .. ' must be in ' .. lo .. '..' .. hi .. ', got ' .. value)
+  end
+  return n
+end
+
+-- COMMAND KEY ITEM... in slices, keeping order, so long lists stay under unpack()'s limit
+-- (LIMIT.batch is even: field/value and score/member pairs stay whole). Returns the sum of
+-- the replies: what SREM, HDEL, HSET and ZADD count.
+function M.call_all(command, key, items)
+  local total = 0
+  for i = 1, #items, LIMIT.batch do
+    total = total + rcall(command, key, unpack(items, i, math.min(i + LIMIT.batch - 1, #items)))
+  end
+  return total
+end
+
+-- HMGET of any number of fields, LIMIT.batch at a time.
+function M.hmget_all(key, fields)
+  local values = {}
+  for i = 1, #fields, LIMIT.batch do
+    local part = rcall('HMGET', key, unpack(fields, i, math.min(i + LIMIT.batch - 1, #fields)))
+    for j = 1, #part do values[i + j - 1] = part[j] end
+  end
+  return values
+end
+
+function M.valid_id(id)
+  return #id > 0 and #id <= LIMIT.id_bytes and not string.find(id, '*', 1, true)
+end
+
+function M.check_count(first, what)
+  local count = #A - first + 1
+  if count > LIMIT.batch then
+    M.refuse('ROTATOR_TOOMANY', 'at most ' .. LIMIT.batch .. ' ' .. what .. ' per call, got ' .. count)
+  end
+end
+
+function M.check_ids(first)
+  M.check_count(first, 'ids')
+  for i = first, #A do
+    if not M.valid_id(A[i]) then
+      M.refuse('ROTATOR_BADID', 'job id must be 1..' .. LIMIT.id_bytes ..
+        ' bytes without "*", got ' .. M.printable(A[i]))
+    end
+  end
+end
+
+-- Tokens (and, where `batches` allows, batch acks) are only checked for their shape here;
+-- nothing parses their numbers.
+function M.check_tokens(first, required, batches)
+  if required and #A < first then M.refuse('ROTATOR_BADTOKEN', 'no token given') end
+  M.check_count(first, 'tokens')
+  local find, byte, BYTE_STAR = string.find, string.byte, BYTE_STAR
+  for i = first, #A do
+    local token = A[i]
+    -- A plain search for "*" (memchr), then a pattern over the short stamp only.
+    local star = find(token, '*', 2, true)
+    if not star or star > LIMIT.id_bytes + 1 or #token - star > LIMIT.stamp_bytes
+        or byte(token) == BYTE_STAR or not find(token, '^%d+%.%d+%.%d+$', star + 1) then
+      local jobs = batches and #token <= LIMIT.batch_ack_bytes
+        and string.match(token, '^%*%d+%.1%.%d+/(%d+)$')
+      if not jobs or tonumber(jobs) < 1 or tonumber(jobs) > LIMIT.count then
+        M.refuse('ROTATOR_BADTOKEN', (batches and 'not a delivery token or batch ack: '
+          or 'not a delivery token: ') .. M.printable(token))
+      end
+    end
+  end
+end
+
+-- Splits "<id>*<deadline>.<n>.<seq>"; nil for anything that is not a well-formed lease.
+function M.parse_token(element)
+  local star = string.find(element, '*', 1, true)
+  if not star or star == 1 or star > LIMIT.id_bytes + 1
+      or #element - star > LIMIT.stamp_bytes then
+    return nil
+  end
+  local deadline, n = string.match(element, '^(%d+)%.(%d+)%.%d+$', star + 1)
+  if not deadline or #deadline > LIMIT.int_digits or #n > LIMIT.delivery_digits then
+    return nil
+  end
+  return string.sub(element, 1, star - 1), tonumber(deadline), tonumber(n)
+end
+
+-- The batch of a first-delivery token "<id>*<deadline>.1.<seq>", as "*<deadline>.1.<call
+-- seq>" (the seq less its last five digits, see PAD), or nil for a later delivery: only first
+-- deliveries are leased in batches.
+function M.batch_of(token)
+  local star = string.find(token, '*', 2, true)
+  -- Count 1, then a seq of at least a call seq digit and the LIMIT.place_digits of a place.
+  if not string.find(token, '^%d+%.1%.%d%d%d%d%d%d', star + 1) then return nil end
+  return '*' .. string.sub(token, star + 1, -(LIMIT.place_digits + 1))
+end
+
+-- A batch ack "*<deadline>.1.<call seq>/<jobs>": its batch and how many jobs it acks.
+function M.split_batch_ack(arg)
+  local slash = string.find(arg, '/', 2, true)
+  return string.sub(arg, 1, slash - 1), string.sub(arg, slash + 1)
+end
+
+-- 4. QUEUE STATE: counters, side structures, pushes -------------------------------------------
+-- The helpers a topic also applies to its groups' queues (read_meta, read_push_keys,
+-- ensure_ring, record_push, and queue_stats in section 7) take the queue's keys as their first
+-- parameter, K; everything else works on this call's own queue, K of section 2.
+
+-- A queue without a seq (new, or its keys deleted by hand) starts counting visits at the
+-- server's time in ms, not at 0: its tokens then carry seqs beyond those of a queue of the same
+-- name deleted before (unless that one visited more than an element per ms since it began).
+-- `delete` keeps the seq, which makes that sure. `seeded`: the seq is not stored yet.
+function M.read_meta(K)
+  local m = M.read('HMGET', K.meta, 'seq', 'lapnext', 'qstart', 'qmin', 'pushed', 'taken',
+    'lapguess', 'qlen', 'packed', 'origin', 'fence_ms', 'fence_max', 'dead_max', 'dead_age_ms',
+    'marked_n', 'marked_a', 'marked_n_old', 'marked_a_old',
+    'lmin', 'lstop', 'lpass', 'lskip', 'rpasses', 'lpasses', 'smin', 'paused', 'rate_n',
+    'rate_ms', 'rate_tat')
+  local seq = tonumber(m[1]) or M.now_ms()
+  return {
+    -- origin: the first seq of the queue as it is now (see refused_among)
+    seq = seq, seeded = not m[1], origin = tonumber(m[10]) or (m[1] and 0 or seq),
+    fence_ms = tonumber(m[11]) or LIMIT.fence_ms, fence_max = tonumber(m[12]) or LIMIT.fence_max,
+    dead_max = tonumber(m[13]) or LIMIT.dead_max,
+    dead_age_ms = tonumber(m[14]) or LIMIT.dead_age_ms,
+    marked = { tonumber(m[15]) or 0, tonumber(m[16]) or 0, tonumber(m[17]) or 0,
+      tonumber(m[18]) or 0 }, -- see read_marked
+    -- The lease list's walk (see M.walk_leases): the earliest deadline it may hold, the
+    -- deadline of the young lease its last walk stopped at, the elements left in its pass,
+    -- and the passes of both lists since the acks and marks last aged.
+    lmin = tonumber(m[19]), lstop = tonumber(m[20]), lpass = tonumber(m[21]),
+    lskip = tonumber(m[22]), rpasses = tonumber(m[23]) or 0, lpasses = tonumber(m[24]) or 0,
+    -- No later than the earliest due time of the scheduled jobs (see SCHEDULED); paused: see
+    -- pause.
+    smin = tonumber(m[25]), paused = m[26] == '1',
+    -- The rate limit (see rate_limit): jobs per ms, and where its cell rate has got to.
+    rate_n = tonumber(m[27]), rate_ms = tonumber(m[28]), rate_tat = tonumber(m[29]),
+    lapnext = tonumber(m[2]), qstart = tonumber(m[3]),
+    qmin = tonumber(m[4]), pushed = tonumber(m[5]) or 0, taken = tonumber(m[6]) or 0,
+    lapguess = m[7] == '1' or not tonumber(m[2]), qlen = tonumber(m[8]),
+    packed = tonumber(m[9]) or 0, -- jobs in packed elements beyond one per element
+    lapguess_field = m[7],
+  }
+end
+
+-- The sizes of the side structures; reading them is also their type check.
+function M.read_sides()
+  return {
+    [K.done] = M.read('SCARD', K.done), [K.done_old] = M.read('SCARD', K.done_old),
+    [K.marks] = M.read('HLEN', K.marks), [K.marks_old] = M.read('HLEN', K.marks_old),
+    revoked = M.read('ZCARD', K.revoked),
+  }
+end
+
+-- What the marks hashes hold, counted as stats counts it, kept in the meta hash so that stats
+-- reads no hash whole: per hash, its deferred jobs ("n" marks) and the jobs of its batch acks
+-- ("a<jobs>" marks). Every write of a mark goes through count_mark; when the marks age the
+-- counts move with the hashes. Noted in sides.marked.
+local MARK_COUNTS = { 'marked_n', 'marked_a', 'marked_n_old', 'marked_a_old' }
+
+function M.read_marked(sides, counts)
+  local c = counts
+  if not c then
+    local m = M.read('HMGET', K.meta, unpack(MARK_COUNTS))
+    c = {}
+    for i = 1, 4 do c[i] = tonumber(m[i]) or 0 end
+  end
+  sides.marked = { [K.marks] = { c[1], c[2] }, [K.marks_old] = { c[3], c[4] }, was = c }
+  return sides
+end
+
+-- Counts a mark `m` into (sign 1) or out of (sign -1) the hash `key`.
+function M.count_mark(sides, key, m, sign)
+  if not m or not key then return end
+  local kind = string.byte(m)
+  local counts = sides.marked[key]
+  if kind == BYTE_N then
+    counts[1] = counts[1] + sign
+  elseif kind == BYTE_A then
+    counts[2] = counts[2] + sign * (tonumber(string.sub(m, 2)) or 0)
+  elseif kind == BYTE_F then
+    counts[2] = counts[2] + sign -- a buried job: done with, like an acked one
+  end
+end
+
+-- A lap's end: the marks hash becomes the old one, the old one goes.
+function M.age_marked(sides)
+  local marked = sides.marked
+  marked[K.marks_old] = marked[K.marks]
+  marked[K.marks] = { 0, 0 }
+end
+
+-- The counts that changed, appended to `fields` (meta field, value, ...).
+function M.marked_fields(sides, fields)
+  local marked = sides.marked
+  local new, old = marked[K.marks], marked[K.marks_old]
+  local now = { new[1], new[2], old[1], old[2] }
+  for i = 1, 4 do
+    if now[i] ~= marked.was[i] then
+      fields[#fields + 1], fields[#fields + 2] = MARK_COUNTS[i], math.max(now[i], 0)
+    end
+  end
+  marked.was = now
+  return fields
+end
+
+function M.write_marked(sides)
+  local fields = M.marked_fields(sides, {})
+  if #fields > 0 then rcall('HSET', K.meta, unpack(fields)) end
+end
+
+-- Writes marks (distinct fields -> values) into the current marks hash, counting what they
+-- replace; with `old_too`, also removes the fields from the old hash.
+function M.write_marks(sides, fields, values, old_too)
+  if #fields == 0 then return end
+  local before = M.hmget_all(K.marks, fields)
+  local pairs_ = {}
+  for i = 1, #fields do
+    M.count_mark(sides, K.marks, before[i], -1)
+    M.count_mark(sides, K.marks, values[i], 1)
+    pairs_[#pairs_ + 1], pairs_[#pairs_ + 2] = fields[i], values[i]
+  end
+  sides[K.marks] = sides[K.marks] + M.call_all('HSET', K.marks, pairs_)
+  if old_too then
+    local older = M.hmget_all(K.marks_old, fields)
+    for i = 1, #fields do M.count_mark(sides, K.marks_old, older[i], -1) end
+    sides[K.marks_old] = sides[K.marks_old] - M.call_all('HDEL', K.marks_old, fields)
+  end
+end
+
+-- A ring that does not exist (new, or deleted) gets its sentinel; lap counting restarts.
+function M.ensure_ring(K, length)
+  if length == 0 then
+    rcall('LPUSH', K.ring, SENTINEL)
+    rcall('HDEL', K.meta, 'lapnext')
+  end
+end
+
+-- Reads (and so type-checks) what record_push will write.
+function M.read_push_keys(K)
+  M.read('LLEN', K.wake)
+  return M.read('LINDEX', K.pushlog, 0)
+end
+
+-- Notes `n` more pending ids: counters, the push checkpoint for ages, and a wake-up.
+function M.record_push(K, meta, n, now, head)
+  local pushlog = K.pushlog
+  meta.pushed = meta.pushed + n
+  local head_ms = head and tonumber(string.match(head, ':(%d+)$'))
+  if head_ms and now - head_ms < LIMIT.pushlog_bucket_ms and now >= head_ms then
+    rcall('LSET', pushlog, 0, meta.pushed .. ':' .. head_ms)
+  else
+    rcall('LPUSH', pushlog, meta.pushed .. ':' .. now)
+  end
+  -- Drop a few fully consumed checkpoints per push, so the log stays short.
+  for _ = 1, LIMIT.pushlog_drops do
+    local tail = rcall('LINDEX', pushlog, -1)
+    if not tail or (tonumber(string.match(tail, '^(%d+):')) or 0) > meta.taken then break end
+    rcall('RPOP', pushlog)
+  end
+  -- Something new is available: consumers must visit every element the ring holds now (the
+  -- new ones come last) before they may idle.
+  rcall('HSET', K.meta, 'pushed', meta.pushed, 'qstart', meta.seq, 'qlen', rcall('LLEN', K.ring),
+    'seq', meta.seq, 'origin', meta.origin)
+  local tokens = {}
+  for i = 1, math.min(n, LIMIT.wake_tokens) do tokens[i] = '1' end
+  rcall('LPUSH', K.wake, unpack(tokens))
+  rcall('LTRIM', K.wake, 0, LIMIT.wake_tokens - 1)
+end
+
+-- 5. ACKS: for ack, next (its ACK_TOKENs) and ackp ---------------------------------------------
+-- nack and extend share revoked_among and touch.
+
+-- Acks A[first..] (already checked); returns how many were accepted, and the accepted
+-- tokens. A token goes into the done set; its batch, which may still be one packed element,
+-- is marked "t" (touched) so that the element is broken up at its next visit. A batch ack
+-- marks its batch "a<jobs>": the packed element then leaves the ring as a whole.
+function M.ack_tokens(first, ring_length, sides)
+  if #A < first or ring_length == 0 then return 0 end
+  local refused = M.refused_among(first, sides)
+  local accepted, batch_names, batch_marks, touched = {}, {}, {}, {}
+  local n = 0
+  for i = first, #A do
+    local arg = A[i]
+    if not refused[arg] then
+      refused[arg] = true -- given twice, counted once
+      n = n + 1
+      if string.byte(arg) == BYTE_STAR then
+        local batch, jobs = M.split_batch_ack(arg)
+        if not batch_marks[batch] then batch_names[#batch_names + 1] = batch end
+        batch_marks[batch] = 'a' .. jobs
+      else
+        accepted[#accepted + 1] = arg
+        local batch = M.batch_of(arg)
+        if batch then touched[batch] = true end
+      end
+    end
+  end
+  if #accepted > 0 then
+    sides[K.done] = sides[K.done] + rcall('SADD', K.done, unpack(accepted))
+  end
+  if M.frees_tail(accepted, sides.lstop) or M.frees_tail(batch_names, sides.lstop) then
+    sides.lstop = nil
+  end
+  local values = {}
+  for i = 1, #batch_names do values[i] = batch_marks[batch_names[i]] end
+  M.write_marks(sides, batch_names, values, false)
+  M.touch(touched, sides)
+  return n, accepted
+end
+
+-- The lease list's walk stopped at a young lease that was live (meta lstop, its deadline), and
+-- waits for it before it looks for acked leases behind it. True when one of the tokens (or
+-- batch names) acked or given back has that deadline, and so may be that lease: the walk may
+-- go on at the next call.
+function M.frees_tail(tokens, lstop)
+  if not lstop then return false end
+  local deadline = tostring(lstop)
+  for i = 1, #tokens do
+    if string.match(tokens[i], '%*(%d+)%.') == deadline then return true end
+  end
+  return false
+end
+
+-- Tokens (or batch acks) in A[first..] that were revoked or never issued, as a set. A batch
+-- ack is refused
+-- when its batch was revoked: one of its jobs was given back, or its element was broken up.
+function M.refused_among(first, sides)
+  local refused = {}
+  -- A token this queue never issued: its call seq is before the queue's origin (a token of
+  -- a queue deleted before, or of another queue) or not reached yet.
+  local origin, seq = sides.origin, sides.seq
+  local match, sub = string.match, string.sub
+  for i = first, #A do
+    local arg = A[i]
+    local call
+    if string.byte(arg) == BYTE_STAR then
+      call = tonumber(match(arg, '^%*%d+%.1%.(%d+)/'))
+    else
+      call = tonumber(sub(match(arg, '%.(%d+)$') or '', 1, -(LIMIT.place_digits + 1)))
+    end
+    if not call or call < origin or call >= seq then refused[arg] = true end
+  end
+  if #A >= first and sides.revoked > 0 then
+    -- Each arg's own name, and for a first delivery or batch ack its batch's expiry, which
+    -- fences the whole batch ("<batch>*", see visit_packed).
+    local names, of = {}, {}
+    for i = first, #A do
+      local arg = A[i]
+      local batch
+      if string.byte(arg) == BYTE_STAR then
+        batch = M.split_batch_ack(arg)
+        names[#names + 1], of[#names + 1] = batch, arg
+      else
+        batch = M.batch_of(arg)
+        names[#names + 1], of[#names + 1] = arg, arg
+      end
+      if batch then names[#names + 1], of[#names + 1] = batch .. '*', arg end
+    end
+    -- (up to two names a token: sliced, as unpack takes at most LIMIT.batch values)
+    for from = 1, #names, LIMIT.batch do
+      local scores = rcall('ZMSCORE', K.revoked,
+        unpack(names, from, math.min(from + LIMIT.batch - 1, #names)))
+      for i = 1, #scores do
+        if scores[i] then refused[of[from + i - 1]] = true end
+      end
+    end
+  end
+  return refused
+end
+
+-- Marks batches (a set of names) touched, without overwriting a batch ack.
+function M.touch(batches, sides)
+  for batch in pairs(batches) do
+    local added = rcall('HSETNX', K.marks, batch, 't')
+    if sides then sides[K.marks] = sides[K.marks] + added end
+  end
+end
+
+-- 6. THE WALK ENGINE ----------------------------------------------------------------------------
+-- next and sweep walk two lists from their tails: start_walk reads the state; walk_leases
+-- visits the lease list while what it finds there is due or done with (LEASES in the header);
+-- walk visits a budget of ring elements (leasing pending ids into the call's batch, leasing
+-- due deferred jobs again, ending laps at the sentinel); both collect what to write, and
+-- finish_walk writes it all at once. What a walk keeps goes where it waits: a lease to the
+-- lease list's head while it is young (to its tail when it is due but this call has no room
+-- to lease it), a deferred job to the ring's head.
+
+-- The state of one walk over the tail of the ring, shared by next and sweep. Reading the
+-- ring's length and the side structures' sizes also checks every key the walk may write.
+function M.read_walk_state()
+  local length = M.read('LLEN', K.ring)
+  local lease_length = M.read('LLEN', K.leases)
+  local meta = M.read_meta(K)
+  local sides = M.read_marked(M.read_sides(), meta.marked)
+  sides.origin, sides.seq, sides.lstop = meta.origin, meta.seq, meta.lstop
+  local dead_length = M.read('LLEN', K.dead)
+  M.read('LLEN', K.wake) -- an idle call deletes it
+  return { length = length, lease_length = lease_length, meta = meta, sides = sides,
+    dead_length = dead_length, now = M.now_ms() }
+end
+
+function M.start_walk(lease, max_deliveries, state)
+  state = state or M.read_walk_state()
+  local length, lease_length, meta = state.length, state.lease_length, state.meta
+  local sides, dead_length, now = state.sides, state.dead_length, state.now
+  local lapnext = meta.lapnext or (meta.seq + length + 1)
+  -- Tokens end in this call's first visit number and the visit's place in the call (PAD):
+  -- unique, because the next call that leases starts at a higher visit number.
+  local seq_base = tostring(meta.seq)
+  local s = {
+    now = now, deadline = now + lease, max_deliveries = max_deliveries, sides = sides,
+    seq_base = seq_base, first = '*' .. (now + lease) .. '.1.' .. seq_base, meta = meta,
+    length = length, live = length, -- ring length as it is at this point of the visits
+    -- The lease list: its length, the elements the walk took from its tail, those it puts
+    -- back there and those it pushes at its head, and the earliest deadline among those.
+    lease_length = lease_length, lease_visited = 0, back = {}, to_leases = {},
+    pushed_min = nil, lmin = meta.lmin, lstop = meta.lstop, lpass = meta.lpass,
+    lskip = meta.lskip,
+    rpasses = meta.rpasses, lpasses = meta.lpasses, lease_more = false,
+    seq = meta.seq, lapnext = lapnext, qmin = meta.qmin,
+    -- With the lap position unknown (new ring, lost meta), guess that the sentinel is within
+    -- one ring length: a sentinel seen before then is accepted, none seen means it is gone.
+    lapguess = meta.lapguess,
+    qstart = meta.qstart or meta.seq, qlen = meta.qlen or length, taken = meta.taken,
+    reply = {}, rotated = {}, revoke = {}, letters = {}, keep_marks = {}, batch = {},
+    dead_length = dead_length,
+    packed = meta.packed, released = 0, count = 0, expanded = 0, batch_bytes = 0,
+    srem = { [K.done] = {}, [K.done_old] = {} }, hdel = { [K.marks] = {}, [K.marks_old] = {} },
+    visited = 0, leased = 0, soonest = nil, sweeping = false,
+  }
+  return s
+end
+
+-- Visits at most `limit` elements from the tail (never more than the ring holds), leasing up
+-- to `count` jobs; visits plus the leases of broken-up batches stay within `budget`.
+function M.walk(s, count, limit, budget)
+  local PAD, SENTINEL, BYTE_STAR = PAD, SENTINEL, BYTE_STAR
+  local byte, id_bytes = string.byte, LIMIT.id_bytes
+  -- A pending id's first delivery: its token is id .. first .. PAD[its place in the batch].
+  local first, compact = s.first, s.compact
+  local rotated, reply, batch = s.rotated, s.reply, s.batch
+  local n_rotated, n_reply = #rotated, #reply
+  s.count = count
+  -- Slices start just larger than what is wanted (every element fetched costs a string
+  -- conversion) and double while the walk finds elements to skip.
+  local extra = 2
+  while s.visited < limit and s.visited + s.expanded < budget and s.leased < count do
+    local want = math.min(limit - s.visited, budget - s.visited - s.expanded,
+      count - s.leased + extra, LIMIT.batch)
+    extra = extra * 2
+    local slice = rcall('LRANGE', K.ring, -(s.visited + want), -(s.visited + 1))
+    local stamped, done_in, mark, mark_in, packed = {}, {}, {}, {}, {}
+    M.look_up(slice, s.sides, stamped, done_in, mark, mark_in, packed)
+    local i = #slice
+    while true do
+      if not s.sweeping then
+        -- The common case first, with the counters in locals: a run of pending ids within
+        -- the lap, each leased into this call's batch. Anything else ends the run and is
+        -- visited below.
+        local visited, leased, live, taken = s.visited, s.leased, s.live, s.taken
+        local last = math.min(budget - s.expanded, s.lapnext - s.seq - 1) -- visits allowed
+        local place, bytes, most = #batch, s.batch_bytes, LIMIT.batch_bytes
+        while i >= 1 and leased < count and visited < last do
+          local element = slice[i]
+          if stamped[i] or packed[i] or element == '' or #element > id_bytes
+              or byte(element) == BYTE_STAR then
+            break
+          end
+          visited, leased, live, taken = visited + 1, leased + 1, live - 1, taken + 1
+          place = place + 1
+          batch[place] = element
+          if not compact then
+            reply[n_reply + 1], reply[n_reply + 2] = element .. first .. PAD[place], 0
+            n_reply = n_reply + 2
+          end
+          bytes = bytes + #element
+          if bytes >= most then count = leased end -- the batch is big enough: no more
+          i = i - 1
+        end
+        s.visited, s.leased, s.live, s.taken = visited, leased, live, taken
+        s.batch_bytes, s.count = bytes, count
+      end
+      if i < 1 or s.leased >= count or s.visited + s.expanded >= budget then break end
+      local element = slice[i]
+      local visited = s.visited + 1
+      s.visited = visited
+      local index = s.seq + visited
+      if index > s.lapnext then
+        s.lapnext, s.lapguess = index + s.live, true -- lost track: guess again
+      end
+      if element == SENTINEL then
+        if index < s.lapnext and not s.lapguess then
+          s.live = s.live - 1 -- a second sentinel: drop it
+        else
+          M.end_lap(s, i - 1, done_in, mark_in)
+          n_rotated = #rotated
+        end
+      else
+        if index == s.lapnext then
+          -- The sentinel is missing (someone removed it): put one back just before this
+          -- element, which is then the first of the next lap.
+          s.live = s.live + 1
+          M.end_lap(s, i, done_in, mark_in)
+          n_rotated = #rotated
+          s.lapnext = s.lapnext - 1
+        end
+        if packed[i] then
+          M.visit_packed(s, element, packed[i], mark[i], mark_in[i])
+          n_rotated, n_reply = #rotated, #reply
+        elseif not stamped[i] then
+          if element == '' or #element > id_bytes or byte(element) == BYTE_STAR then
+            s.taken = s.taken + 1 -- empty, too long, or starting with "*": not an id
+            M.dead_letter(s, 'corrupt', 0, element)
+          elseif s.sweeping then
+            n_rotated = n_rotated + 1
+            rotated[n_rotated] = element
+          else
+            -- Leased: it joins this call's batch, which goes back as one element.
+            s.taken = s.taken + 1
+            local place = #batch + 1
+            batch[place] = element
+            if not compact then
+              reply[n_reply + 1], reply[n_reply + 2] = element .. first .. PAD[place], 0
+              n_reply = n_reply + 2
+            end
+            s.leased = s.leased + 1
+            s.live = s.live - 1
+            s.batch_bytes = s.batch_bytes + #element
+            if s.batch_bytes >= LIMIT.batch_bytes then count, s.count = s.leased, s.leased end
+          end
+        elseif done_in[i] ~= nil then
+          M.completed(s, done_in[i], element)
+        else
+          M.visit_lease(s, element, mark[i], mark_in[i])
+          n_rotated, n_reply = #rotated, #reply
+        end
+      end
+      i = i - 1
+    end
+  end
+end
+
+-- Looks up, for a slice of ring elements, where their ack and mark live. Fills, per index:
+-- done_in[i] = key of the done set holding it; mark[i] = mark value; mark_in[i] = its key;
+-- packed[i] = the batch name of a packed element (whose mark is its batch's: a batch ack wins
+-- over a touch, whichever generation holds them). One command per structure for the whole
+-- slice, whatever its size.
+function M.look_up(slice, sides, stamped, done_in, mark, mark_in, packed)
+  local find, byte, BYTE_STAR, BYTE_A = string.find, string.byte, BYTE_STAR, BYTE_A
+  local names, at = {}, {} -- tokens first (n of them), then batch names
+  local n = 0
+  local batches = {}
+  for i = 1, #slice do
+    local element = slice[i]
+    -- A "*" after the first byte: a lease, a packed batch, or a corrupt element.
+    local star = find(element, '*', 2, true)
+    if star then
+      if byte(element) == BYTE_STAR then
+        local batch = string.sub(element, 1, star - 1)
+        packed[i] = batch
+        batches[#batches + 1] = i
+      else
+        n = n + 1
+        names[n], at[n] = element, i
+        stamped[i] = true
+      end
+    end
+  end
+  for j = 1, #batches do
+    names[n + j], at[n + j] = packed[batches[j]], batches[j]
+  end
+  if #names == 0 then return end
+  for _, key in ipairs({ K.done, K.done_old }) do
+    if n > 0 and sides[key] > 0 then
+      local flags = rcall('SMISMEMBER', key, unpack(names, 1, n))
+      for j = 1, #flags do
+        if flags[j] == 1 and not done_in[at[j]] then done_in[at[j]] = key end
+      end
+    end
+  end
+  for _, key in ipairs({ K.marks, K.marks_old }) do
+    if sides[key] > 0 then
+      local values = rcall('HMGET', key, unpack(names))
+      for j = 1, #names do
+        local i, value = at[j], values[j]
+        if value and not done_in[i] and (not mark[i]
+            or (j > n and byte(value) == BYTE_A and byte(mark[i]) ~= BYTE_A)) then
+          mark[i] = value
+          mark_in[i] = key
+        end
+      end
+    end
+  end
+end
+
+-- A leased element that is not acked: keep it, or lease it again once it is due.
+function M.visit_lease(s, element, m, m_key)
+  local kind = m and string.sub(m, 1, 1)
+  local id, deadline, n = M.parse_token(element)
+  local when = m and tonumber(string.match(m, '^[en](%d+)$'))
+  if not id then
+    M.unmark(s, m_key, element, m)
+    M.dead_letter(s, 'corrupt', 0, element)
+    return
+  end
+  if kind == 'f' then -- buried: to the dead letters now, with its error (revoked by bury)
+    M.unmark(s, m_key, element, m)
+    M.dead_letter(s, 'failed', n, id .. '*' .. string.sub(m, 2))
+    return
+  end
+  if when and kind == 'e' then deadline = when end
+  local due = (when and kind == 'n') and when or deadline
+  if due > s.now or s.sweeping or s.leased >= s.count
+      or (kind ~= 'n' and #s.revoke >= LIMIT.revokes) then
+    M.keep(s, element, due, m, m_key, kind == 'n')
+  else
+    -- (a deferred job's copy was never handed out: its token needs no fencing)
+    if kind ~= 'n' then s.revoke[#s.revoke + 1] = element end
+    M.lease_again(s, id, n, element, (kind == 'n') and 0 or 1, m, m_key)
+  end
+end
+
+-- A packed batch "*<deadline>.1.<call seq>*<id>*<id>...": the first deliveries one call
+-- leased, job k's token being <id k> .. batch .. PAD[k]. Acked as a whole, it leaves the ring;
+-- young and untouched, it stays as it is (one visit for the whole batch); touched (one of
+-- its jobs acked, nacked or extended on its own) or expired, it is broken up into the
+-- elements it stands for, which are visited in its place.
+function M.visit_packed(s, element, batch, m, m_key)
+  -- Well formed: a batch name, then at least one id (a byte other than "*").
+  local due = M.own_deadline(element, batch)
+  if not due then
+    M.unmark(s, m_key, batch, m)
+    M.dead_letter(s, 'corrupt', 0, element)
+    return
+  end
+  if not m and (due > s.now or s.sweeping) then
+    -- Young and untouched, the common case: kept without reading its ids (O(1) per lap).
+    M.keep(s, element, due)
+    return
+  end
+  local ids = {}
+  for id in string.gmatch(string.sub(element, #batch + 2), '[^*]+') do ids[#ids + 1] = id end
+  -- A batch ack names its batch's size: one naming another size (a hand-written ack) acks
+  -- nothing, and counts as a touch.
+  local acked = m and string.byte(m) == BYTE_A and tonumber(string.sub(m, 2)) == #ids
+  if acked then
+    M.unmark(s, m_key, batch, m)
+    s.live = s.live - 1
+    s.packed = s.packed - (#ids - 1)
+    return
+  end
+  if not m and not s.sweeping and s.count - s.leased >= #ids then
+    -- Expired and never touched: none of its jobs was acked, given back or extended on its
+    -- own (each would have touched it), so every one is leased again, and one revocation
+    -- fences all their tokens (refused_among), as a crashed worker's batch needs.
+    s.revoke[#s.revoke + 1] = batch .. '*'
+    s.live = s.live + #ids - 1
+    s.packed = s.packed - (#ids - 1)
+    s.expanded = s.expanded + #ids
+    for k = 1, #ids do M.lease_again(s, ids[k], 1, nil, 1) end
+    return
+  end
+  M.unmark(s, m_key, batch, m) -- the touch (or a batch ack of another size) is used up
+  s.revoke[#s.revoke + 1] = batch -- from now on its jobs are acked one by one
+  s.in_place = s.in_place or (s.leases_walk and due > s.now)
+  local tokens = {}
+  for k = 1, #ids do tokens[k] = ids[k] .. batch .. PAD[k] end
+  s.live = s.live + #ids - 1
+  s.packed = s.packed - (#ids - 1)
+  s.expanded = s.expanded + #ids
+  local stamped, done_in, marks, marks_in = {}, {}, {}, {}
+  M.look_up(tokens, s.sides, stamped, done_in, marks, marks_in, {})
+  for k = 1, #tokens do
+    if done_in[k] ~= nil then
+      M.completed(s, done_in[k], tokens[k])
+    else
+      M.visit_lease(s, tokens[k], marks[k], marks_in[k])
+    end
+  end
+  s.in_place = s.sweeping
+end
+
+-- An acked lease leaves, and its token its done set (`key`; false: that generation is gone).
+function M.completed(s, key, token)
+  if key then table.insert(s.srem[key], token) end
+  s.live = s.live - 1
+end
+
+-- Drops the mark `m` of `field` from the marks hash `key` (nothing when the mark has no key
+-- left: its generation is gone), with its count.
+function M.unmark(s, key, field, m)
+  if not key then return end
+  table.insert(s.hdel[key], field)
+  M.count_mark(s.sides, key, m, -1)
+end
+
+-- An element that stays as it is for now, due at `at`. A deferred job waits at the ring's
+-- head. A lease or batch met in the lease list goes back to its tail, in its place, when it
+-- is due but the call has no room to lease it, or when its place is kept (a sweep, a young
+-- batch broken up); at its head when it waits longer than its place says (extended). One met
+-- in the ring (written there before leases had their own list) moves to the lease list's
+-- head while young, or stays in the ring. A mark it still needs moves to the current
+-- generation.
+function M.keep(s, element, at, m, m_key, deferred)
+  local list = s.rotated
+  if s.leases_walk and not deferred then
+    list = (at <= s.now or s.in_place) and s.back or s.to_leases
+  elseif not deferred and at > s.now then
+    list = s.to_leases
+  end
+  list[#list + 1] = element
+  if list == s.rotated then
+    if at and (not s.soonest or at < s.soonest) then s.soonest = at end
+    if s.leases_walk then s.moved = s.moved + 1 end -- a deferred job, to the ring
+  else
+    if list == s.back and at > s.now and (not s.back_young or at < s.back_young) then
+      s.back_young = at
+    end
+    if not s.pushed_min or at < s.pushed_min then s.pushed_min = at end
+    s.live = s.live - 1
+  end
+  if m and m_key ~= K.marks then
+    s.keep_marks[#s.keep_marks + 1] = element
+    s.keep_marks[#s.keep_marks + 1] = m
+    M.count_mark(s.sides, K.marks, m, 1)
+    M.unmark(s, m_key, element, m)
+  end
+end
+
+-- Hands out a new delivery of `id` (delivered `n` times so far) in place of `old_token`,
+-- or dead-letters it when it has had its deliveries. The caller fences `old_token` (nil for a
+-- job of a batch that expired whole: it has no mark, and a count of 1 is never corrupt).
+function M.lease_again(s, id, n, old_token, reclaimed, mark, mark_key)
+  M.unmark(s, mark_key, old_token, mark)
+  if n >= LIMIT.stamped_deliveries then
+    -- No delivery reaches this count (MAX_DELIVERIES <= LIMIT.max_deliveries): someone wrote
+    -- it by hand, and the next count would not fit the grammar.
+    M.dead_letter(s, 'corrupt', 0, old_token)
+    return
+  end
+  if s.max_deliveries > 0 and n >= s.max_deliveries then
+    s.letters[#s.letters + 1] = 'max_deliveries*' .. n .. '*' .. s.now .. '*' .. id
+    s.live = s.live - 1
+    return
+  end
+  -- Numbered apart from the batch, and counted at least 2 (a hand-written lease may say 0):
+  -- a later delivery's token never equals a first one's, nor names this call's batch.
+  s.released = s.released + 1
+  local token = id .. '*' .. s.deadline .. '.' .. (math.max(n, 1) + 1) .. '.' .. s.seq_base
+    .. PAD[s.released]
+  s.to_leases[#s.to_leases + 1] = token
+  s.live = s.live - 1
+  s.reply[#s.reply + 1] = token
+  s.reply[#s.reply + 1] = reclaimed
+  s.leased = s.leased + 1
+end
+
+function M.dead_letter(s, reason, n, element)
+  s.letters[#s.letters + 1] = reason .. '*' .. n .. '*' .. s.now .. '*' .. element
+  s.live = s.live - 1
+end
+
+-- The sentinel's visit ends a lap of the ring. Look-ups already made for slice[1..from] live
+-- one generation older if the acks and marks age here (see M.may_age).
+function M.end_lap(s, from, done_in, mark_in)
+  s.rpasses = s.rpasses + 1
+  if M.may_age(s) then
+    M.age(s)
+    s.rpasses, s.lpasses = 0, -1
+    local older = { [K.done] = K.done_old, [K.marks] = K.marks_old }
+    for i = from, 1, -1 do
+      if done_in[i] then done_in[i] = older[done_in[i]] or false end
+      if mark_in[i] then mark_in[i] = older[mark_in[i]] or false end
+    end
+  end
+  s.rotated[#s.rotated + 1] = SENTINEL
+  s.lapnext, s.lapguess = s.seq + s.visited + s.live, false
+end
+
+-- Whether the acks and marks may age (the current generation becoming the old one, the old
+-- one going). Whatever the old generation holds was written before the last ageing; once both
+-- lists have been walked whole since (a pass of each that began after it), every element it
+-- could concern has been visited and has taken what it needed: what is left is a leftover
+-- (late ack, stale mark). A list with nothing to walk needs no pass.
+function M.may_age(s)
+  if s.aged then return false end -- once a call: a second would be work for nothing
+  local ring = s.leases_walk and s.ring_live or s.live -- (the lease walk borrows s.live)
+  return M.walked_whole(s.rpasses, s.lpasses, ring, M.leases_left(s))
+end
+
+-- Both lists walked whole since the last ageing: the ring (or it holds at most its sentinel)
+-- and the lease list (or it is left empty).
+function M.walked_whole(rpasses, lpasses, ring_live, leases_left)
+  return (rpasses >= 1 or ring_live <= 1) and (lpasses >= 1 or leases_left == 0)
+end
+
+-- The lease list's length as this call leaves it, with what it has pushed there so far.
+function M.leases_left(s)
+  return s.lease_length - s.lease_visited + #s.back + #s.to_leases
+end
+
+function M.age(s)
+  s.aged = true
+  M.flush_side_writes(s)
+  -- UNLINK frees a large leftover set in the background: the call stays short.
+  rcall('UNLINK', K.done_old, K.marks_old)
+  local sides = s.sides
+  if sides[K.done] > 0 then rcall('RENAME', K.done, K.done_old) end
+  if sides[K.marks] > 0 then rcall('RENAME', K.marks, K.marks_old) end
+  sides[K.done_old], sides[K.done] = sides[K.done], 0
+  sides[K.marks_old], sides[K.marks] = sides[K.marks], 0
+  M.age_marked(sides)
+end
+
+-- The lease list's walk: from its tail, where the earliest deadlines are (leases are pushed at
+-- its head as they are made, so in deadline order while every lease has the same length),
+-- while what it finds is done with or due. An acked lease or batch, or one given back, goes;
+-- a due lease is leased again (while the call has room) or dead-lettered; a due or touched
+-- batch is broken up into its leases, visited in its place. It stops at the first element
+-- whose own deadline is still ahead (everything behind it is younger), at the first due one
+-- the call has no room for, at the budget, or past LIMIT.lease_bytes. It never moves a young
+-- lease, so a claim costs the same however many are in flight. A sweep does not stop at live
+-- elements: it puts them back at the tail, in their places, and goes on.
+-- A pass of the list (see M.may_age) ends once the elements it held when the pass began have
+-- all been visited: `lpass` counts those left, after the `lskip` at the tail that were
+-- visited and put back.
+function M.walk_leases(s, budget)
+  local live, expanded = s.live, s.expanded
+  s.leases_walk, s.in_place, s.ring_live, s.moved = true, s.sweeping, live, 0
+  local skip = s.meta.lskip or 0
+  if not s.lpass or s.lpass <= 0 then s.lpass, skip = s.lease_length, 0 end -- a pass begins
+  local byte, now, want, bytes = string.byte, s.now, 2, 0
+  local stop, pass_ended = nil, false -- stop: the deadline of the young lease it stopped at
+  while true do
+    local aged = false
+    local slice = rcall('LRANGE', K.leases, -(s.lease_visited + want), -(s.lease_visited + 1))
+    local stamped, done_in, mark, mark_in, packed = {}, {}, {}, {}, {}
+    M.look_up(slice, s.sides, stamped, done_in, mark, mark_in, packed)
+    for i = #slice, 1, -1 do
+      if s.lease_visited + s.expanded - expanded >= budget or bytes > LIMIT.lease_bytes
+          or (s.leased >= s.count and not s.sweeping) or #s.revoke >= LIMIT.revokes then
+        s.lease_more = true
+        break
+      end
+      local element, m = slice[i], mark[i]
+      -- Acked, given back (nacked: leased again when due, else off to wait in the ring),
+      -- extended (it waits at the head: out of its place, it must not hold up those behind
+      -- it), or a batch marked (acked whole, or touched: broken up now, its acked leases go
+      -- and its live ones wait at the tail in its place).
+      local gone = done_in[i] ~= nil
+        or (m and (byte(m) == BYTE_N or byte(m) == BYTE_E or byte(m) == BYTE_F or packed[i]))
+      local deadline = not gone and M.own_deadline(element, packed[i])
+      if deadline and deadline > now and not s.sweeping then
+        stop = deadline
+        break
+      end
+      s.lease_visited = s.lease_visited + 1
+      bytes = bytes + #element
+      if deadline and deadline > now then
+        M.keep(s, element, deadline, m, mark_in[i]) -- a sweep: back in its place
+      elseif done_in[i] ~= nil then
+        M.completed(s, done_in[i], element)
+      elseif packed[i] then
+        M.visit_packed(s, element, packed[i], m, mark_in[i])
+      elseif stamped[i] then
+        M.visit_lease(s, element, m, mark_in[i])
+      elseif element ~= SENTINEL then
+        M.dead_letter(s, 'corrupt', 0, element) -- nothing the module writes here
+      end
+      if skip > 0 then
+        skip = skip - 1
+      elseif not pass_ended then
+        s.lpass = s.lpass - 1
+        if s.lpass <= 0 then
+          -- The look-ups of this slice may be a generation off now: read on afresh.
+          pass_ended, aged = M.end_lease_pass(s), true
+          break
+        end
+      end
+    end
+    if stop or s.lease_more or (#slice < want and not aged) then break end
+    if not aged then want = math.min(want * 2, LIMIT.budget) end
+  end
+  if not pass_ended and s.lease_visited == s.lease_length then
+    pass_ended = M.end_lease_pass(s) -- the whole list was visited, whatever the count said
+  end
+  s.live, s.leases_walk, s.in_place = live + s.moved, nil, nil
+  if pass_ended then
+    -- The next pass counts everything the list holds after this call, put back or not
+    -- (visited or not: counting more than needed only makes a pass longer).
+    s.lpass, s.lskip = M.leases_left(s), 0
+  else
+    s.lskip = #s.back + skip
+  end
+  -- What the list may hold that is due soonest: the element it stopped at (the list is in
+  -- deadline order), now when it stopped for want of room, nothing when it ran out; and the
+  -- young leases it put back at the tail, which the next walk meets first.
+  s.lmin = stop or (s.lease_more and now) or nil
+  s.lstop = stop
+  if s.back_young and (not s.lstop or s.back_young < s.lstop) then
+    s.lstop = s.back_young
+    if not s.lmin or s.back_young < s.lmin then s.lmin = s.back_young end
+  end
+  -- The visits count as the ring's do (they number this call's tokens): the ring's own
+  -- positions, counted in the same sequence, move along.
+  local n = s.lease_visited
+  s.seq, s.lapnext, s.qstart = s.seq + n, s.lapnext + n, s.qstart + n
+end
+
+-- The deadline a lease or packed batch was made with (its place in the lease list), nil for
+-- anything that is neither (a visit dead-letters it).
+function M.own_deadline(element, batch)
+  if batch then
+    local deadline = string.match(batch, '^%*(%d+)%.1%.%d+$')
+    if not deadline or #deadline > LIMIT.int_digits or #batch > LIMIT.stamp_bytes
+        or not string.find(element, '[^*]', #batch + 2) then
+      return nil
+    end
+    return tonumber(deadline)
+  end
+  local _, deadline = M.parse_token(element)
+  return deadline
+end
+
+-- Every element a pass of the lease list began with has been visited: the acks and marks may
+-- age. Returns true.
+function M.end_lease_pass(s)
+  s.lpasses = s.lpasses + 1
+  if M.may_age(s) then
+    M.age(s)
+    s.lpasses, s.rpasses = 0, -1
+  end
+  return true
+end
+
+-- Applies the side-structure writes collected so far by a walk, keeping the sizes in
+-- s.sides true (end_lap renames only what exists).
+function M.flush_side_writes(s)
+  local sides, srem, hdel = s.sides, s.srem, s.hdel
+  for key, list in pairs(srem) do
+    if #list > 0 then
+      sides[key] = sides[key] - M.call_all('SREM', key, list)
+      srem[key] = {}
+    end
+  end
+  for key, list in pairs(hdel) do
+    if #list > 0 then
+      sides[key] = sides[key] - M.call_all('HDEL', key, list)
+      hdel[key] = {}
+    end
+  end
+  if #s.keep_marks > 0 then
+    sides[K.marks] = sides[K.marks] + M.call_all('HSET', K.marks, s.keep_marks)
+    s.keep_marks = {}
+  end
+end
+
+-- Writes what a walk decided: the ring and the lease list (visited tails dropped, what stays
+-- pushed back at the heads in visit order, due leases the call had no room for back at the
+-- lease list's tail), side structures, revocations, dead letters and counters.
+function M.finish_walk(s)
+  local batch, to_leases = s.batch, s.to_leases
+  if #batch > 0 then
+    -- The call's first deliveries, packed into one element: "<first>*<id>*<id>...".
+    s.packed_element = s.first .. '*' .. table.concat(batch, '*')
+    to_leases[#to_leases + 1] = s.packed_element
+    s.packed = s.packed + #batch - 1
+  end
+  if s.length > 0 and s.live <= 0 and #s.rotated == 0 then
+    -- The ring had no sentinel (someone removed it) and is left empty: it gets one back.
+    s.rotated[1], s.lapnext, s.lapguess = SENTINEL, s.seq + s.visited + 1, false
+  end
+  rcall('LTRIM', K.ring, 0, -(s.visited + 1))
+  M.call_all('LPUSH', K.ring, s.rotated)
+  if s.lease_visited > 0 then rcall('LTRIM', K.leases, 0, -(s.lease_visited + 1)) end
+  local back = s.back
+  if #back > 0 then
+    local reversed = {} -- the first put back is the next visited
+    for i = #back, 1, -1 do reversed[#reversed + 1] = back[i] end
+    M.call_all('RPUSH', K.leases, reversed)
+  end
+  M.call_all('LPUSH', K.leases, to_leases)
+  M.flush_side_writes(s)
+  if #s.revoke > 0 then
+    local args = {}
+    for j = 1, #s.revoke do
+      args[#args + 1] = s.now
+      args[#args + 1] = s.revoke[j]
+    end
+    M.call_all('ZADD', K.revoked, args)
+  end
+  M.trim_revoked(s.meta, s.now, #s.revoke, s.sides.revoked + #s.revoke)
+  if #s.letters > 0 then M.call_all('RPUSH', K.dead, s.letters) end
+  if s.dead_length + #s.letters > 0 then
+    M.trim_dead(s.meta, s.now, s.dead_length + #s.letters, #s.letters)
+  end
+  s.seq = s.seq + s.visited
+  if s.soonest and (not s.qmin or s.soonest < s.qmin) then s.qmin = s.soonest end
+  M.note_leases(s)
+  M.write_meta(s)
+end
+
+-- One more wake-up token (the list kept short).
+function M.wake_one()
+  rcall('LPUSH', K.wake, '1')
+  rcall('LTRIM', K.wake, 0, LIMIT.wake_tokens - 1)
+end
+
+-- The earliest deadline the lease list may hold now: what its walk left (see walk_leases),
+-- and what this call pushed. A call whose new leases fall due before anything known so far
+-- wakes an idle consumer, which then waits for them rather than for what it was told.
+function M.note_leases(s)
+  local lmin = s.lmin
+  if s.leased > 0 then
+    local before = s.meta.lmin
+    if s.qmin and (not before or s.qmin < before) then before = s.qmin end
+    if not before or s.deadline < before then
+      M.wake_one()
+    end
+    if not lmin or s.deadline < lmin then lmin = s.deadline end
+  end
+  local pushed = s.pushed_min
+  if pushed and (not lmin or pushed < lmin) then lmin = pushed end
+  local left = M.leases_left(s)
+  if left == 0 then lmin = nil end
+  -- Pushed onto an empty list, the young leases of this call are its tail: a walk for acks
+  -- need not read them before they may be due (see leases_due).
+  if left == #s.to_leases and left > 0 then s.lstop = lmin end
+  s.lmin = lmin
+end
+
+-- Forgets refused tokens past the fencing window, oldest first, and beyond its count: at most
+-- what this call added plus LIMIT.trim_step, so the set shrinks steadily and no call does
+-- work in proportion to it. A token forgotten is no longer refused (README, "Guarantees").
+-- `size`: at most how many the set holds now (its size before the call plus what it added).
+function M.trim_revoked(meta, now, added, size)
+  if size == 0 then return end -- the common case of a queue without failures: no command
+  local step = added + LIMIT.trim_step
+  local old = rcall('ZRANGEBYSCORE', K.revoked, '-inf', '(' .. (now - meta.fence_ms),
+    'LIMIT', 0, step)
+  local drop = #old
+  if drop < step and size > meta.fence_max then
+    drop = math.min(step, math.max(drop, rcall('ZCARD', K.revoked) - meta.fence_max))
+  end
+  if drop > 0 then rcall('ZREMRANGEBYRANK', K.revoked, 0, drop - 1) end
+end
+
+-- Drops the oldest dead letters beyond the count kept or older than the age kept, at most
+-- what this call added plus LIMIT.trim_step. `length`: the dead list's length now.
+function M.trim_dead(meta, now, length, added)
+  local drop = math.min(math.max(length - meta.dead_max, 0), added + LIMIT.trim_step)
+  if meta.dead_age_ms > 0 then
+    local cutoff = now - meta.dead_age_ms
+    while drop < length and drop < added + LIMIT.trim_step do
+      local died = tonumber(string.match(rcall('LINDEX', K.dead, drop) or '', '^[^*]*%*%d+%*(%d+)%*'))
+      if not died or died >= cutoff then break end
+      drop = drop + 1
+    end
+  end
+  if drop > 0 then
+    rcall('LTRIM', K.dead, drop, -1)
+    rcall('HINCRBY', K.meta, 'dead_dropped', drop)
+  end
+end
+
+-- Writes the counters a walk changed (only those: formatting numbers is a good part of a
+-- short call); an absent field reads as its default, as read_meta says.
+function M.write_meta(s)
+  local was = s.meta
+  local fields = { 'seq', s.seq }
+  if was.seeded then
+    fields[#fields + 1], fields[#fields + 2] = 'origin', was.origin
+  end
+  local function changed(name, value, before)
+    if value ~= before then
+      fields[#fields + 1] = name
+      fields[#fields + 1] = value
+    end
+  end
+  changed('taken', s.taken, was.taken)
+  changed('packed', math.max(s.packed, 0), was.packed)
+  changed('qstart', s.qstart, was.qstart)
+  changed('qlen', s.qlen, was.qlen)
+  changed('lapnext', s.lapnext, was.lapnext)
+  changed('lapguess', s.lapguess and '1' or '0', was.lapguess_field)
+  changed('qmin', s.qmin or '', was.qmin or '')
+  changed('lmin', s.lmin or '', was.lmin or '')
+  changed('lstop', s.lstop or '', was.lstop or '')
+  changed('lpass', s.lpass or '', was.lpass or '')
+  changed('lskip', s.lskip or '', was.lskip or '')
+  changed('rpasses', s.rpasses, was.rpasses)
+  changed('lpasses', s.lpasses, was.lpasses)
+  M.marked_fields(s.sides, fields)
+  rcall('HSET', K.meta, unpack(fields))
+end
+
+-- 7. QUEUE COMMANDS -----------------------------------------------------------------------------
+
+function M.push()
+  return (M.push_ids(2))
+end
+
+-- push's work, with the ids starting at A[first]. Also returns the time of the push;
+-- `before_write` reads (and so checks) what a caller writes afterwards, before anything is
+-- written.
+function M.push_ids(first, before_write)
+  M.check_ids(first)
+  local n = #A - first + 1
+  if n == 0 then return 0 end
+  local length = M.read('LLEN', K.ring)
+  local meta = M.read_meta(K)
+  local head = M.read_push_keys(K)
+  if before_write then before_write() end
+  local now = M.now_ms()
+  M.ensure_ring(K, length)
+  for i = first, #A, LIMIT.batch do
+    rcall('LPUSH', K.ring, unpack(A, i, math.min(i + LIMIT.batch - 1, #A)))
+  end
+  M.record_push(K, meta, n, now, head)
+  return n, now
+end
+
+-- push, once per chunk of a bulk load whose progress the marker hash (the thirteenth key) records in
+-- its field `chunks`: a retried or duplicated loader (a Spark task run twice) pushes nothing
+-- twice, however its attempts interleave.
+function M.push_chunk()
+  local chunk = M.int_arg(2, 'CHUNK', 0, LIMIT.no_bound)
+  local ttl = M.int_arg(3, 'TTL_MS', 1, LIMIT.no_bound)
+  local marker = K.payloads -- the thirteenth key: push_chunk takes its marker hash there
+  local chunks = tonumber(M.read('HMGET', marker, 'chunks')[1]) or 0
+  if chunks > chunk then
+    M.check_ids(4)
+    return { 0, chunks }
+  end
+  if chunks < chunk then
+    M.refuse('ROTATOR_BADARG', 'chunk ' .. chunk .. ' comes after chunk ' .. chunks ..
+      ', which the marker does not record: it expired or was deleted')
+  end
+  local pushed = M.push_ids(4)
+  rcall('HSET', marker, 'chunks', chunk + 1)
+  rcall('PEXPIRE', marker, ttl)
+  return { pushed, chunk + 1 }
+end
+
+-- push_later's arguments: the due time (ms, server TIME) of IN DELAY_MS or AT AT_MS at
+-- A[2..3], checked, and the time now.
+function M.due_arg()
+  local mode = A[2]
+  if mode ~= 'IN' and mode ~= 'AT' then
+    M.refuse('ROTATOR_BADARG', 'expected IN DELAY_MS or AT AT_MS, got ' .. M.printable(mode))
+  end
+  local most = LIMIT.schedule_ms
+  local time = M.int_arg(3, mode == 'IN' and 'DELAY_MS' or 'AT_MS', 0,
+    mode == 'IN' and most or LIMIT.no_bound)
+  local now = M.now_ms()
+  local due = mode == 'IN' and now + time or time
+  if due > now + most then
+    M.refuse('ROTATOR_BADARG', 'AT_MS ' .. time .. ' is more than ' .. most ..
+      ' ms after the server\'s time ' .. now)
+  end
+  return due, now
+end
+
+function M.push_later()
+  local due, now = M.due_arg()
+  M.check_ids(4)
+  local ids = { unpack(A, 4) }
+  if #ids == 0 then return 0 end
+  local smin = M.read_schedule_keys()
+  if K.items then M.read('HLEN', K.items) end
+  M.schedule_ids(ids, due, smin)
+  M.enqueued(ids, now)
+  return #ids
+end
+
+-- Starts the per-item stats (the fourteenth key) of ids just pushed
+-- (or scheduled): enqueued now, no delivery.
+function M.enqueued(ids, now)
+  if not K.items then return end
+  local fresh = now .. ':0:0:'
+  local pairs_ = {}
+  for i = 1, #ids do
+    pairs_[#pairs_ + 1], pairs_[#pairs_ + 2] = ids[i], fresh
+    if #pairs_ >= LIMIT.batch then
+      rcall('HSET', K.items, unpack(pairs_))
+      pairs_ = {}
+    end
+  end
+  if #pairs_ > 0 then rcall('HSET', K.items, unpack(pairs_)) end
+end
+
+-- Reads (and so checks) what schedule_ids writes.
+function M.read_schedule_keys()
+  M.read('ZCARD', K.scheduled)
+  M.read('LLEN', K.wake)
+  return tonumber(M.read('HMGET', K.meta, 'smin')[1])
+end
+
+-- Schedules `ids` (checked) for `due`: an id scheduled already moves to `due`. A due time
+-- sooner than any before (`smin`, from read_schedule_keys) wakes an idle consumer, which
+-- then waits for it.
+function M.schedule_ids(ids, due, smin)
+  local args = {}
+  for i = 1, #ids do
+    args[#args + 1] = due
+    args[#args + 1] = ids[i]
+  end
+  M.call_all('ZADD', K.scheduled, args)
+  if not smin or due < smin then
+    rcall('HSET', K.meta, 'smin', due)
+    M.wake_one()
+  end
+end
+
+function M.pause()
+  local was = M.read('HMGET', K.meta, 'paused')[1]
+  rcall('HSET', K.meta, 'paused', '1')
+  return was == '1' and 0 or 1
+end
+
+function M.resume()
+  local was = M.read('HMGET', K.meta, 'paused')[1]
+  M.read('LLEN', K.wake)
+  if was ~= '1' then return 0 end
+  rcall('HDEL', K.meta, 'paused')
+  local tokens = {}
+  for i = 1, LIMIT.wake_tokens do tokens[i] = '1' end
+  rcall('LPUSH', K.wake, unpack(tokens))
+  rcall('LTRIM', K.wake, 0, LIMIT.wake_tokens - 1)
+  return 1
+end
+
+function M.next()
+  return (M.lease(6, true))
+end
+
+function M.next_packed()
+  return (M.lease(6, true, true))
+end
+
+-- next's work, with the ack tokens starting at A[first] (batch acks among them when
+-- `batches`); also returns the accepted tokens. `compact`: the reply carries this call's
+-- first deliveries as their packed element (next_packed) instead of a token each.
+function M.lease(first, batches, compact)
+  local count = M.int_arg(2, 'COUNT', 1, LIMIT.count)
+  local lease = M.int_arg(3, 'LEASE_MS', 1, LIMIT.lease_ms)
+  local budget = M.int_arg(4, 'BUDGET', 1, LIMIT.budget)
+  local max_deliveries = M.int_arg(5, 'MAX_DELIVERIES', 0, LIMIT.max_deliveries)
+  M.check_tokens(first, false, batches)
+  local state = M.read_walk_state()
+  if state.meta.paused then return M.lease_held(first, compact, state, -1) end
+  if state.meta.smin and state.meta.smin <= state.now then
+    M.promote(state.meta, state.length, state.now)
+    state = M.read_walk_state()
+  end
+  if not state.meta.rate_n then
+    return M.lease_now(first, count, lease, budget, max_deliveries, compact, state)
+  end
+  local rate = M.rate_allowance(state.meta, state.now)
+  if rate.allowed < 1 then return M.lease_held(first, compact, state, rate.wait) end
+  local reply, accepted = M.lease_now(first, math.min(count, rate.allowed), lease, budget,
+    max_deliveries, compact, state)
+  M.note_rate(rate, M.leased_count(reply, compact))
+  return reply, accepted
+end
+
+-- lease's work once the queue may lease: the short way, or the walk.
+function M.lease_now(first, count, lease, budget, max_deliveries, compact, state)
+  if FAST_LEASE then
+    local reply = M.fast_lease(first, count, lease, budget, compact, state)
+    if reply then return reply, {} end
+  end
+  local s = M.start_walk(lease, max_deliveries, state)
+  local acked, accepted = M.ack_tokens(first, s.length + s.lease_length, s.sides)
+  s.lstop = s.sides.lstop
+  local reply = compact and { 0, -1, acked, '' } or { 0, -1, acked }
+  if s.length == 0 and s.lease_length == 0 then
+    reply[1] = 1
+    if s.meta.smin then reply[2] = math.max(s.meta.smin - s.now, 1) end
+    return reply, accepted
+  end
+  s.reply, s.compact = reply, compact
+  if s.qmin and s.qmin <= s.now then
+    -- Something has come due since the last idle lap: look at a whole lap again.
+    s.qmin, s.qstart, s.qlen = nil, s.seq, s.length
+  end
+  M.walk_lists(s, count, budget)
+  M.finish_walk(s)
+  if compact then reply[4] = s.packed_element or '' end
+  if s.leased == 0 and s.seq - s.qstart >= s.qlen and not s.lease_more then
+    -- Every element the ring held at the last push has been visited since, the pushed ones
+    -- last, and nothing was found. Only such a call may clear the wake list, so a push
+    -- between two partial laps cannot lose its wake-up.
+    rcall('DEL', K.wake)
+    reply[1] = 1
+  end
+  local soonest = M.soonest(s.qmin, s.lmin, s.meta.smin)
+  if soonest then reply[2] = soonest - s.now end
+  return reply, accepted
+end
+
+-- The earliest of the times given (nil ones skipped): when something next falls due.
+function M.soonest(a, b, c)
+  local soonest = a
+  if b and (not soonest or b < soonest) then soonest = b end
+  if c and (not soonest or c < soonest) then soonest = c end
+  return soonest
+end
+
+-- next on a queue that may lease nothing now (paused, or at its rate limit): takes the acks
+-- and idles for `wait_ms` (-1: until woken). Wake-ups pushed meanwhile would only spin the
+-- idle consumers: resume wakes them, and the rate limit's wait ends by itself.
+function M.lease_held(first, compact, state, wait_ms)
+  local sides = state.sides
+  sides.lstop_was = sides.lstop
+  local acked, accepted = M.ack_tokens(first, state.length + state.lease_length, sides)
+  M.write_acked(sides)
+  rcall('DEL', K.wake)
+  return compact and { 1, wait_ms, acked, '' } or { 1, wait_ms, acked }, accepted
+end
+
+-- The rate limit (rate_limit) as a generic cell rate: each job leased moves the theoretical
+-- arrival time `tat` on by per / jobs ms, and a call may lease while tat stays within `per`
+-- ahead of now, so at most `jobs` go in any burst and `jobs` per `per` on average, across
+-- every consumer. Returns {allowed, wait (ms until one more may go), tat, step}.
+function M.rate_allowance(meta, now)
+  local step = meta.rate_ms / meta.rate_n
+  local tat = math.max(meta.rate_tat or now, now)
+  local allowed = math.floor((now + meta.rate_ms - tat) / step + 1e-9)
+  local wait = math.max(math.ceil(tat + step - meta.rate_ms - now), 1)
+  return { allowed = math.max(allowed, 0), wait = wait, tat = tat, step = step }
+end
+
+function M.note_rate(rate, leased)
+  if leased > 0 then rcall('HSET', K.meta, 'rate_tat', rate.tat + leased * rate.step) end
+end
+
+-- How many jobs a next reply leased (next_packed's packed element holds its first ones).
+function M.leased_count(reply, compact)
+  if not compact then return (#reply - 3) / 2 end
+  local packed = reply[4] ~= '' and select(2, string.gsub(reply[4], '%*', '')) - 1 or 0
+  return packed + (#reply - 4) / 2
+end
+
+function M.rate_limit()
+  local jobs = M.int_arg(2, 'JOBS', 0, LIMIT.rate_jobs)
+  local per = M.int_arg(3, 'PER_MS', 1, LIMIT.lease_ms)
+  M.read('HLEN', K.meta)
+  if jobs == 0 then
+    rcall('HDEL', K.meta, 'rate_n', 'rate_ms', 'rate_tat')
+  else
+    rcall('HSET', K.meta, 'rate_n', jobs, 'rate_ms', per)
+  end
+  return 1
+end
+
+-- Moves the scheduled jobs that are due (at most LIMIT.promote, earliest first) to the ring,
+-- as push does, and notes the next due time. `length`: the ring's length.
+function M.promote(meta, length, now)
+  local found = M.read('ZRANGEBYSCORE', K.scheduled, '-inf', now, 'WITHSCORES', 'LIMIT', 0,
+    LIMIT.promote)
+  local head = M.read_push_keys(K)
+  local due, members, ticks = {}, {}, {}
+  for i = 1, #found, 2 do
+    local member = found[i]
+    members[#members + 1] = member
+    if string.byte(member) == BYTE_STAR then
+      ticks[#ticks + 1] = string.sub(member, 2)
+      ticks[#ticks + 1] = string.format('%.0f', tonumber(found[i + 1]))
+    else
+      due[#due + 1] = member
+    end
+  end
+  if #members > 0 then rcall('ZREM', K.scheduled, unpack(members)) end
+  if #ticks > 0 then
+    if not M.LAYOUT then M.define_extensions() end
+    local ids = M.tick(ticks, now)
+    for i = 1, #ids do due[#due + 1] = ids[i] end
+  end
+  if #due > 0 then
+    M.ensure_ring(K, length)
+    rcall('LPUSH', K.ring, unpack(due))
+    M.record_push(K, meta, #due, now, head)
+  end
+  M.note_scheduled()
+end
+
+-- Notes in meta smin the earliest due time of the scheduled jobs (none: no field).
+function M.note_scheduled()
+  local first = rcall('ZRANGE', K.scheduled, 0, 0, 'WITHSCORES')
+  if first[2] then
+    rcall('HSET', K.meta, 'smin', first[2])
+  else
+    rcall('HDEL', K.meta, 'smin')
+  end
+end
+
+-- A call's walks: the lease list's when it is due, then the ring's, within one budget.
+function M.walk_lists(s, count, budget)
+  s.count = count
+  if M.leases_due(s) then M.walk_leases(s, budget) end
+  local left = budget - s.lease_visited
+  M.walk(s, count, math.min(left, s.length), left)
+end
+
+-- Whether this call walks the lease list: when its earliest deadline may have come, or when
+-- acks wait for their elements (or jobs given back for theirs) and the list's tail is not a
+-- young lease known to be live, whose deadline the walk would wait for (see ack_tokens).
+function M.leases_due(s)
+  if s.lease_length == 0 then return false end
+  if s.sweeping or not s.lmin or s.lmin <= s.now then return true end
+  if s.lstop then return false end
+  local sides, marked = s.sides, s.sides.marked
+  return sides[K.done] + sides[K.done_old] + marked[K.marks][1] + marked[K.marks][2]
+    + marked[K.marks_old][1] + marked[K.marks_old][2] > 0
+end
+
+-- THE SHORT WAY of next, for the call a busy queue makes most: its acks (if any) are batch
+-- acks of the packed elements at the lease list's tail, nothing waits to be repaired (no
+-- acks or marks, no revoked tokens), the element behind the acked ones is a young lease,
+-- and `count` pending ids lie at the ring's tail within the lap. In that state the walk
+-- (ack_tokens, walk_leases, walk, finish_walk) would write the acks as marks, meet them at
+-- the tail and drop them, stop at the young lease, and lease the pending ids; this does the
+-- same writes without building the walk's state. Returns the reply, or nil (nothing
+-- written) when the state is any other, for the walk to handle.
+function M.fast_lease(first, count, lease, budget, compact, state)
+  local length, lease_length, meta, sides = state.length, state.lease_length, state.meta,
+    state.sides
+  local k = #A - first + 1
+  if length == 0 or k > LIMIT.fast_acks or k >= budget
+      or sides[K.done] + sides[K.done_old] + sides[K.marks] + sides[K.marks_old] > 0 then
+    return nil
+  end
+  local marked = meta.marked
+  if marked[1] + marked[2] + marked[3] + marked[4] ~= 0 then return nil end
+  local now, seq = state.now, meta.seq
+  -- The acks: batch acks of distinct batches, every one accepted.
+  local jobs_of, names = {}, {}
+  for i = first, #A do
+    local arg = A[i]
+    if string.byte(arg) ~= BYTE_STAR then return nil end
+    local batch, jobs = M.split_batch_ack(arg)
+    if jobs_of[batch] then return nil end
+    jobs_of[batch], names[#names + 1] = tonumber(jobs), batch
+  end
+  if next(M.refused_among(first, sides)) then return nil end
+  -- The walk's work: a lease that may be due, or an unknown earliest deadline. With acks,
+  -- the walk must visit the lease list (leases_due): its tail is not held by lstop.
+  local lstop = meta.lstop
+  if M.frees_tail(names, lstop) then lstop = nil end
+  if meta.lmin and meta.lmin <= now or lease_length > 0 and not meta.lmin
+      or k > 0 and (lstop or lease_length == 0) then
+    return nil
+  end
+  local lmin, lpass, lskip = meta.lmin, meta.lpass, meta.lskip
+  local rpasses, lpasses = meta.rpasses, meta.lpasses
+  local packed = meta.packed
+  if k > 0 then
+    -- The acked batches are the tail's k elements, whole and well formed, within the walk's
+    -- byte budget; the element before them, if any, a lease still young by its own deadline.
+    local tail = rcall('LRANGE', K.leases, -(k + 1), -1)
+    if #tail < k then return nil end
+    local bytes = 0
+    for j = #tail - k + 1, #tail do
+      local element = tail[j]
+      local star = string.find(element, '*', 2, true)
+      if not star or string.byte(element) ~= BYTE_STAR then return nil end
+      local batch = string.sub(element, 1, star - 1)
+      local jobs = jobs_of[batch]
+      if not jobs or not M.own_deadline(element, batch) then return nil end
+      local ids = 0
+      for _ in string.gmatch(string.sub(element, #batch + 2), '[^*]+') do ids = ids + 1 end
+      if ids ~= jobs then return nil end
+      jobs_of[batch] = nil -- (each batch once)
+      bytes = bytes + #element
+      packed = packed - (ids - 1)
+    end
+    if bytes > LIMIT.lease_bytes then return nil end
+    local stop = nil
+    local young = tail[#tail - k]
+    if young then
+      local star = string.find(young, '*', 2, true)
+      if not star then return nil end
+      stop = M.own_deadline(young, string.byte(young) == BYTE_STAR and
+        string.sub(young, 1, star - 1) or nil)
+      if not stop or stop <= now then return nil end
+    end
+    -- The pass counting of walk_leases for its k visits (end_lease_pass, may_age: ageing with
+    -- every side structure empty renames nothing).
+    local skip = lskip or 0
+    if not lpass or lpass <= 0 then lpass, skip = lease_length, 0 end
+    local pass_ended, aged = false, false
+    local function end_pass(visited) -- end_lease_pass
+      pass_ended, lpasses = true, lpasses + 1
+      if not aged and M.walked_whole(rpasses, lpasses, length, lease_length - visited) then
+        aged, lpasses, rpasses = true, 0, -1
+      end
+    end
+    for visited = 1, k do
+      if skip > 0 then
+        skip = skip - 1
+      elseif not pass_ended then
+        lpass = lpass - 1
+        if lpass <= 0 then end_pass(visited) end
+      end
+    end
+    if not pass_ended and k == lease_length then end_pass(k) end
+    if pass_ended then
+      lpass, lskip = lease_length - k, 0
+    else
+      lskip = skip
+    end
+    lmin, lstop = stop, stop
+  end
+  -- The ring: `count` pending ids at its tail, within the lap and the budget, the sentinel
+  -- behind them; the batch stops early once its ids reach LIMIT.batch_bytes.
+  local lapnext = meta.lapnext or (seq + length + 1)
+  if count >= length or count > lapnext - seq - 1 or count > budget - k then
+    return nil
+  end
+  local ids = rcall('LRANGE', K.ring, -count, -1)
+  local batch, bytes, most, id_bytes = {}, 0, LIMIT.batch_bytes, LIMIT.id_bytes
+  for i = #ids, 1, -1 do
+    local id = ids[i]
+    if id == '' or #id > id_bytes or string.find(id, '*', 1, true) then return nil end
+    batch[#batch + 1] = id
+    bytes = bytes + #id
+    if bytes >= most then break end
+  end
+  -- Writes (the walk's finish_walk, note_leases and write_meta, in that order).
+  local leased = #batch
+  local deadline = now + lease
+  local first_stamp = '*' .. deadline .. '.1.' .. seq
+  local element = first_stamp .. '*' .. table.concat(batch, '*')
+  rcall('LTRIM', K.ring, 0, -(leased + 1))
+  if k > 0 then rcall('LTRIM', K.leases, 0, -(k + 1)) end
+  rcall('LPUSH', K.leases, element)
+  M.trim_revoked(meta, now, 0, sides.revoked)
+  if state.dead_length > 0 then M.trim_dead(meta, now, state.dead_length, 0) end
+  local qmin, qstart, qlen = meta.qmin, meta.qstart or seq, meta.qlen or length
+  if qmin and qmin <= now then qmin, qstart, qlen = nil, seq, length end
+  local before = meta.lmin
+  if qmin and (not before or qmin < before) then before = qmin end
+  if not before or deadline < before then
+    M.wake_one()
+  end
+  if not lmin or deadline < lmin then lmin = deadline end
+  if lease_length - k == 0 then lstop = lmin end -- the list holds this call's batch only
+  M.write_meta({
+    meta = meta, seq = seq + k + leased, taken = meta.taken + leased,
+    packed = packed + leased - 1, qstart = qstart + k, qlen = qlen,
+    lapnext = lapnext + k, lapguess = meta.lapguess, qmin = qmin, lmin = lmin,
+    lstop = lstop, lpass = lpass, lskip = lskip, rpasses = rpasses, lpasses = lpasses,
+    sides = sides,
+  })
+  local reply = { 0, -1, k }
+  if compact then
+    reply[4] = element
+  else
+    for place = 1, leased do
+      reply[#reply + 1] = batch[place] .. first_stamp .. PAD[place]
+      reply[#reply + 1] = 0
+    end
+  end
+  local soonest = M.soonest(qmin, lmin, meta.smin)
+  if soonest then reply[2] = soonest - now end
+  return reply
+end
+
+function M.ack()
+  M.check_tokens(2, true, true)
+  local sides = M.ack_sides()
+  local n = M.ack_tokens(2, sides.length, sides)
+  M.write_acked(sides)
+  return n
+end
+
+-- What ack_tokens needs to know of the side structures (reading them checks their types),
+-- the range of call seqs this queue issued, and the length of both lists.
+function M.ack_sides()
+  local sides = {
+    length = M.read('LLEN', K.ring) + M.read('LLEN', K.leases),
+    [K.done] = M.read('SCARD', K.done), [K.marks] = M.read('HLEN', K.marks),
+    revoked = M.read('ZCARD', K.revoked),
+  }
+  M.read_issued(sides)
+  sides.lstop_was = sides.lstop
+  return sides
+end
+
+-- Writes what acks changed in the meta hash: the marks' counts, and the lease walk's stop.
+function M.write_acked(sides)
+  local fields = M.marked_fields(sides, {})
+  if sides.lstop_was and not sides.lstop then
+    fields[#fields + 1], fields[#fields + 2] = 'lstop', ''
+  end
+  if #fields > 0 then rcall('HSET', K.meta, unpack(fields)) end
+end
+
+-- Notes in `sides` the call seqs this queue has issued tokens with (origin <= seq < seq)
+-- and the marks' counts (read_marked), in one read.
+function M.read_issued(sides)
+  local m = M.read('HMGET', K.meta, 'origin', 'seq', 'lstop', unpack(MARK_COUNTS))
+  sides.seq = tonumber(m[2]) or 0
+  sides.origin = tonumber(m[1]) or 0
+  sides.lstop = tonumber(m[3])
+  local counts = {}
+  for i = 1, 4 do counts[i] = tonumber(m[i + 3]) or 0 end
+  return M.read_marked(sides, counts)
+end
+
+function M.nack()
+  return M.give_back(3)
+end
+
+-- nack's work, with the tokens starting at A[first]; `before_write` reads what a caller
+-- writes afterwards (checked before anything is written). A job given back keeps its place:
+-- its lease is marked "n<due>" (deferred); the lease list's walk takes it on from there (it
+-- moves to the ring to wait, or is leased again when due).
+function M.give_back(first, before_write)
+  local delay = M.int_arg(2, 'DELAY_MS', 0, LIMIT.lease_ms)
+  M.check_tokens(first, true)
+  local alive, sides = M.live_tokens(first)
+  local meta = M.read_meta(K)
+  M.read('LLEN', K.wake)
+  if before_write then before_write() end
+  local now = M.now_ms()
+  local due = now + delay
+  local reply = {}
+  local any = false
+  local touched, given, marks = {}, {}, {}
+  for i = first, #A do
+    local token = A[i]
+    if alive[token] then
+      alive[token] = nil -- a token given twice is requeued once
+      given[#given + 1], marks[#marks + 1] = token, 'n' .. due
+      rcall('ZADD', K.revoked, now, token)
+      -- Its batch can no longer be acked as a whole, and its packed element must be broken
+      -- up so that this job waits on its own.
+      local batch = M.batch_of(token)
+      if batch then
+        rcall('ZADD', K.revoked, now, batch)
+        touched[batch] = true
+      end
+      reply[#reply + 1] = 1
+      any = true
+    else
+      reply[#reply + 1] = 0
+    end
+  end
+  M.mark_leases(sides, given, marks, touched)
+  if any then
+    -- Due work restarts the ring's lap and wakes idle consumers; the lease list's walk looks
+    -- for the jobs when they fall due (and at once if one is its tail, see frees_tail).
+    local qmin = meta.qmin and math.min(meta.qmin, due) or due
+    local lmin = meta.lmin and math.min(meta.lmin, due) or due
+    local lstop = M.frees_tail(given, meta.lstop) and '' or (meta.lstop or '')
+    rcall('HSET', K.meta, 'qmin', qmin, 'lmin', lmin, 'lstop', lstop, 'qstart', meta.seq,
+      'qlen', rcall('LLEN', K.ring), 'seq', meta.seq, 'origin', meta.origin)
+    M.wake_one()
+    local added = 2 * (#A - first + 1) -- each token, and maybe its batch
+    M.trim_revoked(meta, now, added, sides.revoked + added)
+  end
+  return reply
+end
+
+function M.bury()
+  local message = M.error_arg(2)
+  M.check_tokens(3, true)
+  local alive, sides = M.live_tokens(3)
+  local meta = M.read_meta(K)
+  if K.items then M.read('HLEN', K.items) end
+  local now = M.now_ms()
+  local reply, buried, marks, revoke, touched = {}, {}, {}, {}, {}
+  for i = 3, #A do
+    local token = A[i]
+    if alive[token] then
+      alive[token] = nil -- a token given twice is buried once
+      buried[#buried + 1], marks[#marks + 1] = token, 'f' .. message
+      revoke[#revoke + 1], revoke[#revoke + 2] = now, token
+      local batch = M.batch_of(token)
+      if batch and not touched[batch] then
+        touched[batch] = true
+        revoke[#revoke + 1], revoke[#revoke + 2] = now, batch
+      end
+      reply[#reply + 1] = 1
+    else
+      reply[#reply + 1] = 0
+    end
+  end
+  if #buried == 0 then return reply end
+  -- Marked, fenced as a nack is; the walk that reaches its element writes the letter (a
+  -- token whose element is gone, acked and removed, writes none: its mark is a leftover).
+  M.mark_leases(sides, buried, marks, touched)
+  M.call_all('ZADD', K.revoked, revoke)
+  M.trim_revoked(meta, now, #revoke / 2, sides.revoked + #revoke / 2)
+  local lmin = meta.lmin and math.min(meta.lmin, now) or now
+  local lstop = M.frees_tail(buried, meta.lstop) and '' or (meta.lstop or '')
+  rcall('HSET', K.meta, 'lmin', lmin, 'lstop', lstop)
+  if K.items then M.note_errors(3, reply, message) end
+  return reply
+end
+
+-- Records `message` as the last error in the item stats (K.items) of the jobs whose tokens,
+-- A[first..], have a 1 in `reply` (nackp; bury given the item-stats KEYS).
+function M.note_errors(first, reply, message)
+  local ids = {}
+  for i = first, #A do
+    if reply[i - first + 1] == 1 then
+      ids[#ids + 1] = string.sub(A[i], 1, string.find(A[i], '*', 2, true) - 1)
+    end
+  end
+  if #ids == 0 then return end
+  local old = rcall('HMGET', K.items, unpack(ids))
+  local writes = {}
+  for j = 1, #ids do
+    local kept = string.match(old[j] or '', '^(%d+:%d+:%d+):') or '0:0:0'
+    writes[#writes + 1], writes[#writes + 2] = ids[j], kept .. ':' .. message
+  end
+  M.call_all('HSET', K.items, writes)
+end
+
+-- A job's error text at A[index]: at most LIMIT.error_bytes (checked before anything is read).
+function M.error_arg(index)
+  local message = A[index]
+  if type(message) ~= 'string' or #message > LIMIT.error_bytes then
+    M.refuse('ROTATOR_BADARG', 'ERROR must be at most ' .. LIMIT.error_bytes .. ' bytes')
+  end
+  return message
+end
+
+-- nack's and extend's marks on live leases (replacing any in the old generation), their
+-- counts, and a touch for the batch of each first delivery among them.
+function M.mark_leases(sides, tokens, values, touched)
+  M.write_marks(sides, tokens, values, true)
+  M.write_marked(sides)
+  M.touch(touched)
+end
+
+-- Which tokens in A[first..] still hold a live lease: not revoked, not acked. Also returns the
+-- sides.
+function M.live_tokens(first)
+  local alive = {}
+  local length = M.read('LLEN', K.ring)
+  local sides = M.read_issued(M.read_sides())
+  if length + M.read('LLEN', K.leases) == 0 then return alive, sides end
+  local refused = M.refused_among(first, sides)
+  local tokens = {}
+  for i = first, #A do tokens[#tokens + 1] = A[i] end
+  local acked = {}
+  for _, key in ipairs({ K.done, K.done_old }) do
+    if sides[key] > 0 then
+      local flags = rcall('SMISMEMBER', key, unpack(tokens))
+      for i = 1, #flags do
+        if flags[i] == 1 then acked[tokens[i]] = true end
+      end
+    end
+  end
+  -- A first delivery is also acked when its whole batch was.
+  local batches, of = {}, {}
+  for i = 1, #tokens do
+    local batch = M.batch_of(tokens[i])
+    if batch then batches[#batches + 1], of[#batches + 1] = batch, tokens[i] end
+  end
+  for _, key in ipairs({ K.marks, K.marks_old }) do
+    if #batches > 0 and sides[key] > 0 then
+      local values = rcall('HMGET', key, unpack(batches))
+      for i = 1, #values do
+        if values[i] and string.byte(values[i]) == BYTE_A then acked[of[i]] = true end
+      end
+    end
+  end
+  for _, token in ipairs(tokens) do
+    if not refused[token] and not acked[token] then alive[token] = true end
+  end
+  return alive, sides
+end
+
+function M.extend()
+  local lease = M.int_arg(2, 'LEASE_MS', 1, LIMIT.lease_ms)
+  M.check_tokens(3, true)
+  local alive, sides = M.live_tokens(3)
+  local meta = M.read_meta(K)
+  local deadline = M.now_ms() + lease
+  local reply = { deadline }
+  local any = false
+  local touched, extended, marks, seen = {}, {}, {}, {}
+  for i = 3, #A do
+    local token = A[i]
+    if alive[token] then
+      if not seen[token] then
+        seen[token] = true
+        extended[#extended + 1], marks[#marks + 1] = token, 'e' .. deadline
+      end
+      local batch = M.batch_of(token)
+      if batch then touched[batch] = true end -- its packed element keeps no marks: break it up
+      reply[#reply + 1] = 1
+      any = true
+    else
+      reply[#reply + 1] = 0
+    end
+  end
+  M.mark_leases(sides, extended, marks, touched)
+  -- A shortened lease may now be the first thing to fall due: idle consumers wait for it.
+  if any and (not meta.lmin or deadline < meta.lmin) then
+    rcall('HSET', K.meta, 'lmin', deadline)
+  end
+  return reply
+end
+
+function M.sweep()
+  local budget = M.int_arg(2, 'BUDGET', 1, LIMIT.budget)
+  local s = M.start_walk(0, 0)
+  if s.length == 0 and s.lease_length == 0 then return { 0, 0, 0 } end
+  s.sweeping = true
+  local packed = s.packed
+  M.walk_lists(s, 1, budget)
+  -- A sweep leases nothing, so what it passed may still be pending: consumers must look at
+  -- a whole lap again before they idle.
+  s.qstart, s.qlen = s.seq + s.visited, s.live
+  M.finish_walk(s)
+  -- In jobs, not elements (a packed batch holds several).
+  local leases = M.leases_left(s)
+  local before = s.length + s.lease_length + packed
+  local after = math.max(s.live, 0) + leases + s.packed
+  return { s.visited + s.lease_visited, math.max(before - after, 0),
+    math.max(after - (s.live > 0 and 1 or 0), 0) }
+end
+
+-- Removes the queue, in the background (UNLINK), but for its seq: a queue made again under
+-- its name goes on numbering visits from there, so no token of this one is handed out again
+-- and a late ack from before cannot complete a new delivery.
+function M.delete()
+  local forget = #A >= 2 and M.int_arg(2, 'FORGET', 0, 1) == 1
+  local seq = not forget and M.read('HMGET', K.meta, 'seq')[1] or nil
+  local fields = M.read('HLEN', K.meta)
+  local others = {}
+  for i = 1, #KS do
+    if KS[i] ~= K.meta then others[#others + 1] = KS[i] end
+  end
+  local removed = rcall('UNLINK', unpack(others))
+  rcall('UNLINK', K.meta)
+  -- Tokens of the queue as it was are refused from now on (origin), and none repeats (seq).
+  if seq then rcall('HSET', K.meta, 'seq', seq, 'origin', seq) end
+  return (removed > 0 or fields > (seq and 1 or 0)) and 1 or 0
+end
+
+-- The queue's settings, stored in its meta hash: NAME VALUE pairs set (each checked before
+-- any is written), then all of them answered, each with its value or its default.
+local SETTINGS = { 'fence_ms', 'fence_max', 'dead_max', 'dead_age_ms' }
+
+function M.configure()
+  if #A % 2 == 0 then M.refuse('ROTATOR_BADARG', 'configure takes NAME VALUE pairs') end
+  local writes = {}
+  for i = 2, #A, 2 do
+    local range = nil
+    for _, name in ipairs(SETTINGS) do
+      if A[i] == name then range = LIMIT[name .. '_range'] end
+    end
+    if not range then
+      M.refuse('ROTATOR_BADARG', 'no setting ' .. M.printable(A[i]) .. ': one of ' ..
+        table.concat(SETTINGS, ' '))
+    end
+    local value = M.int_arg(i + 1, A[i], range[1], range[2])
+    if A[i] == 'dead_age_ms' and value > 0 and value < 1000 then
+      M.refuse('ROTATOR_BADARG', 'dead_age_ms must be 0 (no limit) or at least 1000')
+    end
+    writes[#writes + 1], writes[#writes + 2] = A[i], value
+  end
+  local meta = M.read_meta(K)
+  if #writes > 0 then rcall('HSET', K.meta, unpack(writes)) end
+  local reply = {}
+  for _, name in ipairs(SETTINGS) do
+    local value = meta[name]
+    for i = 1, #writes, 2 do
+      if writes[i] == name then value = writes[i + 1] end
+    end
+    reply[#reply + 1], reply[#reply + 2] = name, value
+  end
+  return reply
+end
+
+function M.stats()
+  local reply = M.queue_stats(K)
+  local m = M.read('HMGET', K.meta, 'paused', 'ticking', 'schedules', 'rate_n', 'rate_ms')
+  -- (the members of ticking schedules are no jobs)
+  local scheduled = M.read('ZCARD', K.scheduled) - (tonumber(m[2]) or 0)
+  reply[#reply + 1], reply[#reply + 2] = 'scheduled', math.max(scheduled, 0)
+  reply[#reply + 1], reply[#reply + 2] = 'paused', m[1] == '1' and 1 or 0
+  reply[#reply + 1], reply[#reply + 2] = 'schedules', tonumber(m[3]) or 0
+  reply[#reply + 1], reply[#reply + 2] = 'rate_limit_jobs', tonumber(m[4]) or 0
+  reply[#reply + 1], reply[#reply + 2] = 'rate_limit_ms', tonumber(m[5]) or 0
+  return reply
+end
+
+-- stats of the queue whose keys are K (this call's, or a topic group's for tstats).
+function M.queue_stats(K)
+  local now = M.now_ms()
+  local meta = M.read_meta(K)
+  local ring_length = M.read('LLEN', K.ring)
+  -- The marks' counts (see read_marked), not the marks: O(1) however many are deferred.
+  M.read('HLEN', K.marks)
+  M.read('HLEN', K.marks_old)
+  local marked = meta.marked
+  -- Jobs, not elements: a packed batch holds several.
+  local lease_length = M.read('LLEN', K.leases)
+  local elements = math.max(ring_length - 1, 0) + lease_length
+  local length = elements + meta.packed
+  local pending = math.max(0, math.min(length, meta.pushed - meta.taken))
+  local done = M.read('SCARD', K.done)
+  local done_old = M.read('SCARD', K.done_old)
+  local acked = done + done_old + marked[2] + marked[4]
+  local deferred = marked[1] + marked[3]
+  local overdue, capped = 0, false
+  if lease_length > 0 then
+    overdue, capped = M.overdue(K, now, lease_length, done + done_old > 0)
+  end
+  local in_flight = math.max(0, length - pending - acked - deferred - overdue)
+  -- The push log holds cumulative push counts, newest first: the oldest pending job was
+  -- pushed in the oldest checkpoint whose count exceeds what was taken. Binary search.
+  local oldest = -1
+  local lo, hi = 0, M.read('LLEN', K.pushlog) - 1
+  local found = nil
+  while pending > 0 and lo <= hi do
+    local mid = math.floor((lo + hi) / 2)
+    local pushed, at = string.match(rcall('LINDEX', K.pushlog, mid) or '', '^(%d+):(%d+)$')
+    if pushed and tonumber(pushed) > meta.taken then
+      found, lo = tonumber(at), mid + 1
+    else
+      hi = mid - 1
+    end
+  end
+  if found then oldest = math.max(0, now - found) end
+  return {
+    'length', length, 'pending', pending, 'in_flight', in_flight, 'done', acked,
+    'deferred', deferred, 'dead', M.read('LLEN', K.dead), 'oldest_pending_age_ms', oldest,
+    'overdue', overdue, 'overdue_capped', capped and 1 or 0,
+  }
+end
+
+-- Leased jobs whose deadline has passed and that no consumer has reclaimed yet (nor acked,
+-- given back or extended), counted from the lease list's tail, where the earliest deadlines
+-- are, up to its first young lease: an expired lease waits there for the next claim. Reads at
+-- most LIMIT.overdue_look elements (a few at first: the tail is young in a healthy queue),
+-- LIMIT.batch_bytes of them and LIMIT.count tokens; `capped` when it stopped for these bounds
+-- (the count is then a lower bound). A lease behind a young one (a shorter LEASE_MS after a
+-- longer) is not counted, as the walk does not reach it yet either.
+function M.overdue(K, now, length, any_done)
+  local names, owner, batches = {}, {}, {} -- tokens to look up, then batch names
+  local seen, bytes, want, young, capped = 0, 0, 1, false, false
+  while not young and not capped and seen < math.min(length, LIMIT.overdue_look) do
+    want = math.min(want, LIMIT.overdue_look - seen)
+    local slice = rcall('LRANGE', K.leases, -(seen + want), -(seen + 1))
+    for i = #slice, 1, -1 do
+      local element = slice[i]
+      local star = string.find(element, '*', 2, true)
+      local batch = star and string.byte(element) == BYTE_STAR and string.sub(element, 1, star - 1)
+      local deadline = star and M.own_deadline(element, batch or nil)
+      if deadline and deadline > now then
+        young = true
+        break
+      end
+      local ids = {}
+      if deadline and batch then
+        for id in string.gmatch(string.sub(element, #batch + 2), '[^*]+') do ids[#ids + 1] = id end
+      end
+      if bytes + #element > LIMIT.batch_bytes or #names + #ids + 1 > LIMIT.count then
+        capped = true
+        break
+      end
+      seen, bytes = seen + 1, bytes + #element
+      if deadline and batch then
+        batches[#batches + 1] = batch
+        for k = 1, #ids do
+          names[#names + 1], owner[#names + 1] = ids[k] .. batch .. PAD[k], batch
+        end
+      elseif deadline then
+        names[#names + 1] = element
+      end
+    end
+    want = want * 4
+  end
+  if not young and not capped and seen < length then capped = true end
+  local n = #names
+  if n == 0 then return 0, capped end
+  local gone = {} -- acked, given back, or extended past now
+  if any_done then
+    for _, key in ipairs({ K.done, K.done_old }) do
+      local flags = rcall('SMISMEMBER', key, unpack(names))
+      for j = 1, n do
+        if flags[j] == 1 then gone[j] = true end
+      end
+    end
+  end
+  for j = 1, #batches do names[n + j] = batches[j] end
+  local acked_whole = {}
+  for _, key in ipairs({ K.marks, K.marks_old }) do
+    local marks = rcall('HMGET', key, unpack(names))
+    for j = 1, n do
+      local m = marks[j]
+      if m and (string.byte(m) == BYTE_N or string.byte(m) == BYTE_F
+          or (string.byte(m) == BYTE_E and (tonumber(string.sub(m, 2)) or 0) > now)) then
+        gone[j] = true
+      end
+    end
+    for j = 1, #batches do
+      local m = marks[n + j]
+      if m and string.byte(m) == BYTE_A then acked_whole[batches[j]] = true end
+    end
+  end
+  local overdue = 0
+  for j = 1, n do
+    if not gone[j] and not (owner[j] and acked_whole[owner[j]]) then overdue = overdue + 1 end
+  end
+  return overdue, capped
+end
+
+function M.peek()
+  local count = M.int_arg(2, 'COUNT', 1, LIMIT.count)
+  local sides = M.read_sides()
+  local rows = M.ring_rows(M.read('LRANGE', K.ring, -count, -1), sides, count)
+  local room = count - #rows / 3
+  if room > 0 then
+    local leases = M.ring_rows(M.read('LRANGE', K.leases, -room, -1), sides, room)
+    for i = 1, #leases do rows[#rows + 1] = leases[i] end
+  end
+  for i = #rows, count * 3 + 1, -1 do rows[i] = nil end
+  return rows
+end
+
+-- The elements START..STOP-1 counted from the ring's tail on into the lease list's (0: the
+-- next to be visited), as peek shows them: read page by page, both lists in bounded calls.
+function M.scan()
+  local start = M.int_arg(2, 'START', 0, LIMIT.no_bound)
+  local stop = M.int_arg(3, 'STOP', 0, LIMIT.no_bound)
+  local count = M.int_arg(4, 'COUNT', 1, LIMIT.count)
+  local ring_length = M.read('LLEN', K.ring)
+  local length = ring_length + M.read('LLEN', K.leases)
+  local sides = M.read_sides()
+  local meta = M.read_meta(K)
+  stop = math.min(stop, length)
+  -- At most COUNT elements, and fewer where packed batches bring the rows past COUNT (a
+  -- first element alone gives all its rows: a batch holds at most LIMIT.count jobs).
+  local rows, at = {}, start
+  while at < stop and #rows < count * 3 do
+    local key, from, ends = K.ring, at, ring_length
+    if at >= ring_length then key, from, ends = K.leases, at - ring_length, length end
+    local want = math.min(math.min(stop, ends) - at, count - #rows / 3)
+    local slice = rcall('LRANGE', key, -(from + want), -(from + 1))
+    local page = M.ring_rows(slice, sides, nil, count * 3 - #rows)
+    for i = 1, #page do rows[#rows + 1] = page[i] end
+    at = at + (page.elements or #slice)
+    if page.elements and page.elements < #slice then break end
+  end
+  local reply = { math.max(at, start), length, meta.seq, meta.pushed }
+  for i = 1, #rows do reply[#reply + 1] = rows[i] end
+  return reply
+end
+
+-- Rows {element, state, time, ...} for a slice of the ring (tail last), tail first. A packed
+-- batch shows as the leases it stands for, first job first. With `count`, stops at count
+-- rows; with `room`, stops before an element whose rows would not fit in `room` reply
+-- entries (the first always fits), and says in rows.elements how many elements it showed.
+function M.ring_rows(slice, sides, count, room)
+  local mark, packed = {}, {}
+  M.look_up(slice, sides, {}, {}, mark, {}, packed)
+  local rows, batch_acked = {}, {}
+  local elements = 0
+  for i = #slice, 1, -1 do
+    local element, batch = slice[i], packed[i]
+    local before = #rows
+    if batch and string.find(batch, '^%*%d+%.1%.%d+$') then
+      local k = 0
+      for id in string.gmatch(string.sub(element, #batch + 2), '[^*]+') do
+        k = k + 1
+        rows[#rows + 1] = id .. batch .. PAD[k]
+        batch_acked[#rows] = mark[i] and string.byte(mark[i]) == BYTE_A
+      end
+    else
+      rows[#rows + 1] = element
+    end
+    if room and elements > 0 and #rows * 3 > room then
+      for j = #rows, before + 1, -1 do rows[j] = nil end
+      break
+    end
+    elements = elements + 1
+    if count and #rows >= count then break end
+  end
+  local done_in = {}
+  mark = {}
+  M.look_up(rows, sides, {}, done_in, mark, {}, {})
+  local reply = { elements = elements }
+  for i = 1, #rows do
+    local element = rows[i]
+    local state, at = 'pending', 0
+    if element == SENTINEL then
+      state = 'lap'
+    elseif string.find(element, '*', 1, true) or not M.valid_id(element) then
+      local id, deadline = M.parse_token(element)
+      local when = mark[i] and tonumber(string.match(mark[i], '^[en](%d+)$'))
+      if not id then
+        state = 'corrupt'
+      elseif done_in[i] or batch_acked[i] then
+        state = 'done'
+      elseif when and string.sub(mark[i], 1, 1) == 'n' then
+        state, at = 'deferred', when
+      elseif mark[i] and string.byte(mark[i]) == BYTE_F then
+        state = 'buried'
+      else
+        state, at = 'leased', when or deadline
+      end
+    end
+    reply[#reply + 1] = element
+    reply[#reply + 1] = state
+    reply[#reply + 1] = at
+  end
+  return reply
+end
+
+function M.dead()
+  local start = M.int_arg(2, 'START', 0, LIMIT.no_bound)
+  local count = M.int_arg(3, 'COUNT', 1, LIMIT.count)
+  return M.read('LRANGE', K.dead, start, start + count - 1)
+end
+
+function M.requeue_dead()
+  return (M.requeue_letters(0, 2))
+end
+
+function M.requeue_dead_from()
+  local start = M.int_arg(2, 'START', 0, LIMIT.no_bound)
+  local requeued, following = M.requeue_letters(start, 3)
+  return { requeued, following }
+end
+
+-- requeue_dead's work on the dead letters from index START on, COUNT at A[at] and the ids
+-- after it: examines at most LIMIT.dead_scan letters, so a call stays short however many
+-- there are. Returns how many were requeued, and where to go on (-1: the list's end).
+function M.requeue_letters(start, at)
+  local count = M.int_arg(at, 'COUNT', 1, LIMIT.batch)
+  M.check_ids(at + 1)
+  local wanted = nil
+  if #A > at then
+    wanted = {}
+    for i = at + 1, #A do wanted[A[i]] = true end
+  end
+  local dead_length = M.read('LLEN', K.dead)
+  local letters = M.read('LRANGE', K.dead, start, start + LIMIT.dead_scan - 1)
+  local length = M.read('LLEN', K.ring)
+  local meta = M.read_meta(K)
+  local head = M.read_push_keys(K)
+  local ids, places = {}, {}
+  for i = 1, #letters do
+    local id = #ids < count and M.dead_letter_id(letters[i])
+    if id and (not wanted or wanted[id]) then
+      ids[#ids + 1], places[#places + 1] = id, start + i - 1
+    end
+  end
+  local examined = #ids < count and #letters or places[#places] - start + 1
+  local following = start + examined - #ids
+  if start + examined >= dead_length then following = -1 end
+  if #ids == 0 then return 0, following end
+  -- The requeued letters leave the list where they are: marked, then removed by LREM, which
+  -- walks the list only as far as the last of them.
+  local tomb = '*requeued*' .. M.now_ms()
+  for i = 1, #places do rcall('LSET', K.dead, places[i], tomb) end
+  rcall('LREM', K.dead, #places, tomb)
+  M.ensure_ring(K, length)
+  M.call_all('LPUSH', K.ring, ids)
+  M.record_push(K, meta, #ids, M.now_ms(), head)
+  return #ids, following
+end
+
+function M.dead_letter_id(letter)
+  local element = string.match(letter, '^[^*]*%*%d+%*%d+%*(.*)$')
+  if not element then return nil end
+  local star = string.find(element, '*', 1, true)
+  local id = star and string.sub(element, 1, star - 1) or element
+  return M.valid_id(id) and id or nil
+end
+
+-- 8. PAYLOADS AND ITEM STATS -------------------------------------------------------------------
+
+-- The payload, item-stats and topic commands (this section and the next): defined on their
+-- first use, so an EVAL call of a core command does not pay for creating their functions (a
+-- library defines them once).
+function M.define_extensions()
+  -- The KEYS layout of each command that does not take the twelve queue KEYS.
+  M.LAYOUT = {
+    pushp = 'payloads', nextp = 'payloads', ackp = 'payloads', pushp_later = 'payloads',
+    pushi = 'items', nackp = 'items', items = 'items',
+    tpublish = 'topic', tsubscribe = 'topic', tunsubscribe = 'topic', treplay = 'topic',
+    tseek = 'topic', ttrim = 'topic', tstats = 'topic',
+    schedule = 'queue', unschedule = 'queue', schedules = 'queue',
+  }
+
+  -- pushp nextp ackp keep payloads in the thirteenth key; pushi nackp items keep per-item stats
+  -- in the fourteenth, which pushp nextp ackp also keep when given it.
+
+  -- Ids of accepted tokens (checked tokens: each has a "*" after its id).
+  function M.token_ids(tokens)
+    local ids = {}
+    for i = 1, #tokens do
+      ids[i] = string.sub(tokens[i], 1, string.find(tokens[i], '*', 2, true) - 1)
+    end
+    return ids
+  end
+
+  -- An id pushed again while it is in the queue (a push retried after a lost reply) shares
+  -- its payload: the field "<id>*" (no id holds "*") counts the copies beyond the first, and
+  -- the payload stays until the last copy is acked.
+  function M.copies_field(id)
+    return id .. '*'
+  end
+
+  -- Deletes the payloads (and item stats) of the jobs whose tokens were accepted as acked,
+  -- but of an id with copies still in the queue only one copy's count.
+  function M.forget(accepted)
+    local ids = M.token_ids(accepted)
+    local fields = {}
+    for i = 1, #ids do fields[i] = M.copies_field(ids[i]) end
+    local copies = rcall('HMGET', K.payloads, unpack(fields))
+    local gone = {}
+    for i = 1, #ids do
+      if copies[i] then
+        local left = rcall('HINCRBY', K.payloads, fields[i], -1)
+        if left <= 0 then rcall('HDEL', K.payloads, fields[i]) end
+      else
+        gone[#gone + 1] = ids[i]
+      end
+    end
+    if #gone == 0 then return end
+    rcall('HDEL', K.payloads, unpack(gone))
+    if K.items then rcall('HDEL', K.items, unpack(gone)) end
+  end
+
+  -- Counts the copies of ids pushed while a payload of theirs is stored (see copies_field).
+  function M.count_copies(ids)
+    local stored = rcall('HMGET', K.payloads, unpack(ids))
+    local seen = {}
+    for i = 1, #ids do
+      local id = ids[i]
+      if stored[i] or seen[id] then
+        rcall('HINCRBY', K.payloads, M.copies_field(id), 1)
+      end
+      seen[id] = true
+    end
+  end
+
+  function M.refuse_id(value)
+    M.refuse('ROTATOR_BADID', 'job id must be 1..' .. LIMIT.id_bytes ..
+      ' bytes without "*", got ' .. M.printable(value))
+  end
+
+  function M.pushp()
+    if (#A - 1) % 2 == 1 then
+      M.refuse('ROTATOR_BADARG', 'pushp takes ID PAYLOAD pairs, got ' .. (#A - 1) .. ' arguments')
+    end
+    M.check_count(2, 'ids and payloads')
+    local ids = {}
+    for i = 2, #A, 2 do
+      if not M.valid_id(A[i]) then M.refuse_id(A[i]) end
+      ids[#ids + 1] = A[i]
+    end
+    if #ids == 0 then return 0 end
+    local length = M.read('LLEN', K.ring)
+    local meta = M.read_meta(K)
+    local head = M.read_push_keys(K)
+    M.read('HLEN', K.payloads)
+    if K.items then M.read('HLEN', K.items) end
+    local now = M.now_ms()
+    M.ensure_ring(K, length)
+    M.count_copies(ids)
+    rcall('HSET', K.payloads, unpack(A, 2))
+    M.call_all('LPUSH', K.ring, ids)
+    M.record_push(K, meta, #ids, now, head)
+    M.enqueued(ids, now)
+    return #ids
+  end
+
+  -- pushp, for later (push_later): each payload is stored now. An id scheduled again moves
+  -- (one scheduled job), so only ids not scheduled yet may count as copies (copies_field).
+  function M.pushp_later()
+    local due, now = M.due_arg()
+    if (#A - 3) % 2 == 1 then
+      M.refuse('ROTATOR_BADARG', 'pushp_later takes ID PAYLOAD pairs after the time, got ' ..
+        (#A - 3) .. ' arguments')
+    end
+    M.check_count(4, 'ids and payloads')
+    local ids = {}
+    for i = 4, #A, 2 do
+      if not M.valid_id(A[i]) then M.refuse_id(A[i]) end
+      ids[#ids + 1] = A[i]
+    end
+    if #ids == 0 then return 0 end
+    local smin = M.read_schedule_keys()
+    M.read('HLEN', K.payloads)
+    if K.items then M.read('HLEN', K.items) end
+    local scheduled = rcall('ZMSCORE', K.scheduled, unpack(ids))
+    local fresh, seen = {}, {}
+    for i = 1, #ids do
+      if not scheduled[i] and not seen[ids[i]] then fresh[#fresh + 1] = ids[i] end
+      seen[ids[i]] = true
+    end
+    if #fresh > 0 then M.count_copies(fresh) end
+    rcall('HSET', K.payloads, unpack(A, 4))
+    M.schedule_ids(ids, due, smin)
+    M.enqueued(ids, now)
+    return #ids
+  end
+
+  -- Ids leased by a next reply ({idle, wait, acked, token, reclaimed, ...}), in reply order.
+  function M.leased_ids(reply)
+    local ids = {}
+    for i = 4, #reply, 2 do
+      local token = reply[i]
+      ids[#ids + 1] = string.sub(token, 1, string.find(token, '*', 2, true) - 1)
+    end
+    return ids
+  end
+
+  -- Notes a delivery of each leased job in its item stats (an id pushed without stats gets an
+  -- entry with enqueued ms 0: unknown).
+  function M.delivered(reply, ids)
+    if not K.items or #ids == 0 then return end
+    local now = M.now_ms()
+    local old = rcall('HMGET', K.items, unpack(ids))
+    local writes = {}
+    for j = 1, #ids do
+      local _, _, n = M.parse_token(reply[2 + 2 * j])
+      local enqueued, rest = string.match(old[j] or '', '^(%d+):%d+:%d+:(.*)$')
+      writes[#writes + 1] = ids[j]
+      writes[#writes + 1] = (enqueued or '0') .. ':' .. (n or 0) .. ':' .. now .. ':' .. (rest or '')
+    end
+    M.call_all('HSET', K.items, writes)
+  end
+
+  function M.nextp()
+    local drop = M.int_arg(6, 'DROP', 0, 1)
+    M.read('HLEN', K.payloads)
+    if K.items then M.read('HLEN', K.items) end
+    -- Dropping payloads needs each acked job's id: batch acks only where they are kept.
+    local reply, accepted = M.lease(7, drop == 0)
+    local out = { reply[1], reply[2], reply[3] }
+    local ids = M.leased_ids(reply)
+    if #ids > 0 then
+      local bodies = rcall('HMGET', K.payloads, unpack(ids))
+      for j = 1, #ids do
+        out[#out + 1] = reply[2 + 2 * j]
+        out[#out + 1] = reply[3 + 2 * j]
+        out[#out + 1] = bodies[j]
+      end
+    end
+    M.delivered(reply, ids)
+    if drop == 1 and accepted and #accepted > 0 then M.forget(accepted) end
+    return out
+  end
+
+  function M.ackp()
+    M.check_tokens(2, true, false)
+    local sides = M.ack_sides()
+    M.read('HLEN', K.payloads)
+    if K.items then M.read('HLEN', K.items) end
+    local n, accepted = M.ack_tokens(2, sides.length, sides)
+    M.write_acked(sides)
+    if n > 0 then M.forget(accepted) end
+    return n
+  end
+
+  function M.pushi()
+    local n, now = M.push_ids(2, function() M.read('HLEN', K.items) end)
+    if n > 0 then
+      local ids = {}
+      for i = 2, #A do ids[#ids + 1] = A[i] end
+      M.enqueued(ids, now)
+    end
+    return n
+  end
+
+  function M.nackp()
+    local message = M.error_arg(3)
+    local reply = M.give_back(4, function() M.read('HLEN', K.items) end)
+    M.note_errors(4, reply, message)
+    return reply
+  end
+
+  function M.items()
+    M.check_ids(2)
+    if #A < 2 then return {} end
+    return M.read('HMGET', K.items, unpack(A, 2))
+  end
+
+  -- 9. TOPICS ---------------------------------------------------------------------------------
+  -- TOPIC KEYS, then QUEUE_KEYS per group. Every helper here serves several of the commands.
+
+  -- The bound of an idle group's backlog (see expire_backlog): the pending ids a group keeps
+  -- when the topic's retention names no count (age only), and the ring elements one publish
+  -- may read, over all its groups, to find pending ids behind leases and packed batches.
+  local BACKLOG = { cap = 1000000, look = LIMIT.count }
+
+  -- The layout rotator/keys.py builds: the topic's KEYS are "<base>:topic:<role>" and group
+  -- GROUP's twelve are "<base>:group:<GROUP>:<role>", in the header's KEYS order, where <base> is
+  -- "<prefix>:{<topic>}". Checked by name only (no reads) before any write: a call that got
+  -- another key in a slot (another group's, a queue's, anything) would write or delete it.
+  local TOPIC_SUFFIXES = { ':topic:meta', ':topic:groups', ':topic:log', ':topic:bodies' }
+  -- The base the topic's four KEYS share; refuses KEYS that do not follow the layout.
+  function M.topic_base()
+    local first, suffix = KS[1], TOPIC_SUFFIXES[1]
+    local base = #first > #suffix and string.sub(first, 1, #first - #suffix)
+    for i = 1, TOPIC_KEYS do
+      if not base or KS[i] ~= base .. TOPIC_SUFFIXES[i] then
+        M.refuse('ROTATOR_KEYS', 'topic key ' .. i .. ' must end in ' ..
+          M.printable(TOPIC_SUFFIXES[i]) .. ' after the base of the first, got ' ..
+          M.printable(KS[i]))
+      end
+    end
+    return base
+  end
+
+  -- Refuses the call unless the call's group g (1, 2, ...) has exactly group `group`'s keys.
+  function M.check_group_keys(base, g, group)
+    local head = base .. ':group:' .. group
+    local at = TOPIC_KEYS + QUEUE_KEYS * (g - 1)
+    for r = 1, QUEUE_KEYS do
+      if KS[at + r] ~= head .. QUEUE_ROLES[r] then
+        M.refuse('ROTATOR_KEYS', 'key ' .. (at + r) .. ' must be group ' .. M.printable(group) ..
+          "'s " .. string.sub(QUEUE_ROLES[r], 2) .. ' key, got ' .. M.printable(KS[at + r]))
+      end
+    end
+  end
+
+  function M.group_arg(index)
+    local group = A[index]
+    if type(group) ~= 'string' or #group > LIMIT.group_bytes
+        or not string.find(group, '^[%w._@/-]+$') then
+      M.refuse('ROTATOR_BADARG', 'GROUP must be 1..' .. LIMIT.group_bytes ..
+        ' of A-Z a-z 0-9 . _ @ / -, got ' .. M.printable(group))
+    end
+    return group
+  end
+
+  function M.read_topic()
+    local m = M.read('HMGET', T.topic, 'seq', 'ms', 'bytes')
+    return { seq = tonumber(m[1]) or 0, ms = tonumber(m[2]) or 0, bytes = tonumber(m[3]) or 0 }
+  end
+
+  -- The registered groups (name -> ring key), checked against the groups whose KEYS this call
+  -- got: exactly the registered set, each once. Anything else means a group registered or left
+  -- since the caller read the set: nothing is written, and the caller reads it again.
+  function M.check_groups()
+    local n = M.read('HLEN', T.groups)
+    if n > LIMIT.groups then
+      M.refuse('ROTATOR_BADARG', 'topic has ' .. n .. ' groups, at most ' .. LIMIT.groups)
+    end
+    local flat = rcall('HGETALL', T.groups)
+    local name_of = {}
+    for i = 1, #flat, 2 do name_of[flat[i + 1]] = flat[i] end
+    local names = {}
+    for g = 1, NGROUPS do
+      local ring = KS[TOPIC_KEYS + QUEUE_KEYS * (g - 1) + 1]
+      local name = name_of[ring]
+      if not name then
+        M.refuse('ROTATOR_STALE', 'key ' .. M.printable(ring) .. ' is not a registered group ring')
+      end
+      name_of[ring] = nil -- a group given twice is refused below (the counts differ)
+      names[g] = name
+    end
+    if NGROUPS ~= n then
+      M.refuse('ROTATOR_STALE', 'the topic has ' .. n .. ' groups, the call named ' .. NGROUPS)
+    end
+    return names
+  end
+
+  -- The queue keys of the call's group g (1, 2, ...), by name.
+  function M.group_keys(g)
+    return M.queue_keys(KS, TOPIC_KEYS + QUEUE_KEYS * (g - 1))
+  end
+
+  -- Reads (and so type-checks) group g's keys that a push writes: the group, for push_group.
+  function M.read_group(g)
+    local keys = M.group_keys(g)
+    local length = M.read('LLEN', keys.ring)
+    local meta = M.read_meta(keys)
+    local head = M.read_push_keys(keys)
+    return { keys = keys, length = length, meta = meta, head = head }
+  end
+
+  -- Pushes ids onto a group's ring as `push` does (read_group read its keys first); with
+  -- `cap`, then bounds the group's backlog to it (expire_backlog, reading at most `look`
+  -- elements beyond what it drops).
+  function M.push_group(group, ids, now, cap, look)
+    local keys = group.keys
+    M.ensure_ring(keys, group.length)
+    if group.length == 0 then group.meta.lapnext = nil end -- ensure_ring restarted the laps
+    M.call_all('LPUSH', keys.ring, ids)
+    if cap then M.expire_backlog(group, #ids, cap, look) end
+    M.record_push(keys, group.meta, #ids, now, group.head)
+  end
+
+  -- A group nobody consumes would keep every id published to it: once its backlog (pending
+  -- ids, pushed - taken) passes `cap` by more than LIMIT.trim_extra, the oldest pending ids
+  -- leave its ring's tail down to the cap, at most what this call pushed (n) plus
+  -- LIMIT.trim_extra, so the backlog converges and no call does O(backlog) work. (The margin
+  -- spares the commands of a drop on most publishes of a few messages: one in 17 of single
+  -- ones.) Only pending ids go: the sentinel, leases, packed batches (and anything corrupt)
+  -- among the tail elements read stay there in their order, for the walk. Reads at most
+  -- `look` elements past the ids it drops. A dropped id counts as taken (never delivered to
+  -- this group) and in the meta's `expired`. Returns how many went.
+  function M.expire_backlog(group, n, cap, look)
+    local keys, meta = group.keys, group.meta
+    local excess = meta.pushed + n - meta.taken - cap
+    if excess <= LIMIT.trim_extra then return 0 end
+    -- Pending ids are elements of their own, and the sentinel is not one: the ring's length
+    -- bounds the backlog when the counters say more (a ring lost without its meta).
+    local length = rcall('LLEN', keys.ring)
+    excess = math.min(excess, length - 1 - cap)
+    if excess <= 0 then return 0 end
+    local want = math.min(excess, n + LIMIT.trim_extra)
+    local limit = math.min(length, want + look)
+    local find, id_bytes = string.find, LIMIT.id_bytes
+    -- Where the walk expects the sentinel, counted from the tail: each element dropped before
+    -- it brings that visit one earlier (a lap must never end early; see M.walk).
+    local lap_at = meta.lapnext and meta.lapnext - meta.seq
+    local kept, looked, dropped, before_lap = {}, 0, 0, 0
+    local extra = 2 -- an idle group's tail: the sentinel, then pending ids
+    while dropped < want and looked < limit do
+      -- Slices just larger than what is wanted, doubling while the tail holds other elements.
+      local size = math.min(limit - looked, want - dropped + extra)
+      extra = extra * 2
+      local slice = rcall('LRANGE', keys.ring, -(looked + size), -(looked + 1))
+      for i = #slice, 1, -1 do
+        local element = slice[i]
+        looked = looked + 1
+        if element ~= '' and #element <= id_bytes and not find(element, '*', 1, true) then
+          dropped = dropped + 1
+          if lap_at and looked < lap_at then before_lap = before_lap + 1 end
+          if dropped == want then break end
+        else
+          kept[#kept + 1] = element
+        end
+      end
+      if #slice < size then break end
+    end
+    if dropped == 0 then return 0 end
+    rcall('LTRIM', keys.ring, 0, -(looked + 1))
+    local back = {}
+    for i = #kept, 1, -1 do back[#back + 1] = kept[i] end -- the tail's own element last
+    if #back > 0 then M.call_all('RPUSH', keys.ring, back) end
+    meta.taken = meta.taken + dropped
+    local expired = tonumber(rcall('HMGET', keys.meta, 'expired')[1]) or 0
+    local fields = { 'taken', meta.taken, 'expired', expired + dropped }
+    if before_lap > 0 then
+      meta.lapnext = meta.lapnext - before_lap
+      fields[5], fields[6] = 'lapnext', meta.lapnext
+    end
+    rcall('HSET', keys.meta, unpack(fields))
+    return dropped
+  end
+
+  -- The one group this call names: its ring must be registered under GROUP, and its keys
+  -- must be GROUP's. Returns the registered ring key (nil: GROUP is not registered).
+  function M.named_group(group)
+    local ring = M.read('HMGET', T.groups, group)[1]
+    local given = KS[TOPIC_KEYS + 1]
+    if ring and ring ~= given then
+      M.refuse('ROTATOR_BADARG', 'group ' .. M.printable(group) .. ' has another ring key')
+    end
+    M.check_group_keys(M.topic_base(), 1, group)
+    return ring
+  end
+
+  function M.retention_args()
+    return M.int_arg(2, 'MAXLEN', 0, LIMIT.retention),
+      M.int_arg(3, 'MAXAGE_MS', 0, LIMIT.retention)
+  end
+
+  -- Drops retained messages from the oldest: beyond MAXLEN, or older than MAXAGE_MS. Looks at
+  -- no more than `budget` messages. Returns how many were dropped.
+  function M.trim(topic, maxlen, maxage, now, budget)
+    local card = rcall('ZCARD', T.log)
+    local excess = maxlen > 0 and card - maxlen or 0
+    if excess <= 0 and maxage == 0 then return 0 end
+    local before = now - maxage
+    if excess <= 0 then
+      -- Only age can drop something: look further only when the oldest message is too old.
+      local first = rcall('ZRANGE', T.log, 0, 0)[1]
+      if not first or (tonumber(string.match(first, '^(%d+)%-')) or 0) >= before then return 0 end
+    end
+    local look = math.min(card, budget, maxage > 0 and budget or excess)
+    if look <= 0 then return 0 end
+    local oldest = rcall('ZRANGE', T.log, 0, look - 1)
+    local cut = 0
+    for i = 1, #oldest do
+      local ms = tonumber(string.match(oldest[i], '^(%d+)%-')) or 0
+      if i <= excess or (maxage > 0 and ms < before) then cut = i else break end
+    end
+    if cut == 0 then return 0 end
+    local gone = {}
+    for i = 1, cut do
+      topic.bytes = topic.bytes - rcall('HSTRLEN', T.bodies, oldest[i])
+      gone[i] = oldest[i]
+    end
+    M.call_all('HDEL', T.bodies, gone) -- in slices: a budget may pass unpack()'s limit
+    rcall('ZREMRANGEBYRANK', T.log, 0, cut - 1)
+    rcall('HSET', T.topic, 'bytes', math.max(topic.bytes, 0))
+    return cut
+  end
+
+  function M.tpublish()
+    local maxlen, maxage = M.retention_args()
+    local n = #A - 3
+    if n < 1 then M.refuse('ROTATOR_BADARG', 'no payload given') end
+    if n > LIMIT.count then
+      M.refuse('ROTATOR_TOOMANY', 'at most ' .. LIMIT.count .. ' payloads per call, got ' .. n)
+    end
+    local base = M.topic_base()
+    local names = M.check_groups()
+    for g = 1, NGROUPS do M.check_group_keys(base, g, names[g]) end
+    local topic = M.read_topic()
+    M.read('ZCARD', T.log)
+    M.read('HLEN', T.bodies)
+    local groups = {}
+    for g = 1, NGROUPS do groups[g] = M.read_group(g) end
+    local now = M.now_ms()
+    local ms = math.max(now, topic.ms)
+    local ids, bodies, log = {}, {}, {}
+    for i = 1, n do
+      local payload = A[3 + i]
+      topic.seq = topic.seq + 1
+      local id = ms .. '-' .. topic.seq
+      ids[i] = id
+      bodies[#bodies + 1], bodies[#bodies + 2] = id, payload
+      log[#log + 1], log[#log + 2] = topic.seq, id
+      topic.bytes = topic.bytes + #payload
+    end
+    rcall('HSET', T.bodies, unpack(bodies))
+    rcall('ZADD', T.log, unpack(log))
+    rcall('HSET', T.topic, 'seq', topic.seq, 'ms', ms, 'bytes', topic.bytes)
+    -- Each group's backlog is bounded by the retained count (or BACKLOG.cap), the groups
+    -- sharing the look-ahead past leases.
+    local cap = maxlen > 0 and maxlen or BACKLOG.cap
+    local look = math.max(LIMIT.trim_extra, math.floor(BACKLOG.look / math.max(NGROUPS, 1)))
+    for g = 1, NGROUPS do M.push_group(groups[g], ids, now, cap, look) end
+    M.trim(topic, maxlen, maxage, now, n + LIMIT.trim_extra)
+    return ids
+  end
+
+  function M.tsubscribe()
+    local group = M.group_arg(2)
+    if NGROUPS ~= 1 then M.refuse('ROTATOR_BADARG', 'give the keys of exactly one group') end
+    local known = M.named_group(group)
+    local topic = M.read_topic()
+    local count = M.read('HLEN', T.groups)
+    local g = M.read_group(1)
+    if known then return { 0, topic.seq } end
+    if count >= LIMIT.groups then
+      M.refuse('ROTATOR_TOOMANY', 'at most ' .. LIMIT.groups .. ' groups per topic')
+    end
+    rcall('HSET', T.groups, group, g.keys.ring)
+    return { 1, topic.seq }
+  end
+
+  function M.tunsubscribe()
+    local group = M.group_arg(2)
+    if NGROUPS ~= 1 then M.refuse('ROTATOR_BADARG', 'give the keys of exactly one group') end
+    if not M.named_group(group) then return 0 end
+    local keys = M.group_keys(1)
+    rcall('HDEL', T.groups, group)
+    -- UNLINK frees the keys in the background: a million revoked tokens took 570 ms to DEL.
+    rcall('UNLINK', keys.ring, keys.done, keys.done_old, keys.marks, keys.marks_old, keys.revoked,
+      keys.dead, keys.wake, keys.meta, keys.pushlog, keys.leases)
+    return 1
+  end
+
+  -- Pushes the retained messages with FROM_SEQ <= seq <= TO_SEQ (TO_SEQ 0: the latest) into one
+  -- group's ring, at most COUNT (1..5000) of them, oldest first.
+  function M.treplay()
+    local group = M.group_arg(2)
+    local from = M.int_arg(3, 'FROM_SEQ', 0, LIMIT.no_bound)
+    local to = M.int_arg(4, 'TO_SEQ', 0, LIMIT.no_bound)
+    local count = M.int_arg(5, 'COUNT', 1, LIMIT.batch)
+    if NGROUPS ~= 1 then M.refuse('ROTATOR_BADARG', 'give the keys of exactly one group') end
+    if not M.named_group(group) then
+      M.refuse('ROTATOR_NOGROUP', 'no group ' .. M.printable(group) .. ' on this topic')
+    end
+    local topic = M.read_topic()
+    if to == 0 then to = topic.seq end
+    local ids = M.read('ZRANGEBYSCORE', T.log, from, to, 'LIMIT', 0, count)
+    local g = M.read_group(1)
+    local after = to + 1
+    if #ids == count then after = tonumber(string.match(ids[#ids], '%-(%d+)$')) + 1 end
+    if #ids > 0 then M.push_group(g, ids, M.now_ms()) end
+    return { #ids, after, to }
+  end
+
+  -- The seq of the oldest retained message published at or after MS (a binary search over the
+  -- log: at most ~50 look-ups); the next seq to be given out when there is none.
+  function M.tseek()
+    local at = M.int_arg(2, 'MS', 0, LIMIT.no_bound)
+    M.topic_base()
+    local topic = M.read_topic()
+    local lo, hi = 0, M.read('ZCARD', T.log) - 1
+    local found = nil
+    while lo <= hi do
+      local mid = math.floor((lo + hi) / 2)
+      local id = rcall('ZRANGE', T.log, mid, mid)[1]
+      local ms, seq = string.match(id or '', '^(%d+)%-(%d+)$')
+      if ms and tonumber(ms) >= at then
+        found, hi = tonumber(seq), mid - 1
+      else
+        lo = mid + 1
+      end
+    end
+    return found or topic.seq + 1
+  end
+
+  function M.ttrim()
+    local maxlen, maxage = M.retention_args()
+    local budget = M.int_arg(4, 'BUDGET', 1, LIMIT.trim_budget)
+    M.topic_base()
+    local topic = M.read_topic()
+    M.read('ZCARD', T.log)
+    M.read('HLEN', T.bodies)
+    return M.trim(topic, maxlen, maxage, M.now_ms(), budget)
+  end
+
+  function M.tstats()
+    local base = M.topic_base()
+    local names = M.check_groups()
+    for g = 1, NGROUPS do M.check_group_keys(base, g, names[g]) end
+    local topic = M.read_topic()
+    local reply = {
+      'retained', M.read('ZCARD', T.log), 'bytes', topic.bytes, 'last_seq', topic.seq,
+      'groups', NGROUPS,
+    }
+    for g = 1, NGROUPS do
+      local stats = M.queue_stats(M.group_keys(g))
+      reply[#reply + 1] = names[g]
+      for i = 2, #stats, 2 do reply[#reply + 1] = stats[i] end
+    end
+    return reply
+  end
+
+  -- SCHEDULES: recurring jobs (see the header's SCHEDULES). A schedule is the meta field
+  -- "schedule:<name>" = "<job_id>*<last tick ms>*<every ms>*<due,due,...>*<spec>" (neither a
+  -- name nor a job id holds "*"; the spec, last, may), and while it has a next tick, the
+  -- member "*<name>" of K.scheduled scored by it. meta `schedules` counts the schedules,
+  -- `ticking` the members.
+  function M.schedule_field(name)
+    return 'schedule:' .. name
+  end
+
+  function M.parse_schedule(text)
+    local job_id, last, every, dues, spec =
+      string.match(text or '', '^([^*]+)%*(%d+)%*(%d+)%*([%d,]*)%*(.*)$')
+    if not job_id then return nil end
+    local list = {}
+    for due in string.gmatch(dues, '%d+') do list[#list + 1] = tonumber(due) end
+    return { job_id = job_id, last = tonumber(last), every = tonumber(every), dues = list,
+      spec = spec }
+  end
+
+  function M.format_schedule(d)
+    return d.job_id .. '*' .. d.last .. '*' .. d.every .. '*' .. table.concat(d.dues, ',') ..
+      '*' .. d.spec
+  end
+
+  -- The schedule NAME's next tick after `after` (ms): for an interval, the first of
+  -- due + k * every beyond it; for due times, the first given beyond it (dropping those
+  -- passed), nil when none is left.
+  function M.next_tick(d, due, after)
+    if d.every > 0 then
+      return due + d.every * (math.floor((after - due) / d.every) + 1)
+    end
+    local left = {}
+    for i = 1, #d.dues do
+      if d.dues[i] > after then left[#left + 1] = d.dues[i] end
+    end
+    d.dues = left
+    return left[1]
+  end
+
+  -- Ticks of the schedules whose members promote found due ({name, due} pairs, names without
+  -- their "*"): each pushes one job "<job_id>@<due ms>" (its id names the schedule's job and
+  -- the tick) and moves the member to the next tick after now, so ticks missed while nothing
+  -- ran make one job (a catch-up), not one each. Returns the ids to push.
+  function M.tick(due_schedules, now)
+    local ids, ticking = {}, 0
+    for i = 1, #due_schedules, 2 do
+      local name, due = due_schedules[i], due_schedules[i + 1]
+      local field = M.schedule_field(name)
+      local d = M.parse_schedule(rcall('HGET', K.meta, field))
+      if d then
+        ids[#ids + 1] = d.job_id .. '@' .. due
+        d.last = due
+        local next_due = M.next_tick(d, due, now)
+        rcall('HSET', K.meta, field, M.format_schedule(d))
+        if next_due then
+          rcall('ZADD', K.scheduled, next_due, '*' .. name)
+        else
+          ticking = ticking - 1 -- due times ran out: idle until given more
+        end
+      else
+        ticking = ticking - 1 -- (a member left without its schedule: written by hand)
+      end
+    end
+    if ticking ~= 0 then rcall('HINCRBY', K.meta, 'ticking', ticking) end
+    return ids
+  end
+
+  function M.schedule()
+    local mode = A[2]
+    if mode ~= 'SET' and mode ~= 'FILL' then
+      M.refuse('ROTATOR_BADARG', 'expected SET or FILL, got ' .. M.printable(mode))
+    end
+    local name, job_id, spec = A[3] or '', A[4] or '', A[6] or ''
+    if #name > LIMIT.schedule_name or not string.find(name, '^[%w%._:@/%-]+$') then
+      M.refuse('ROTATOR_BADARG', 'schedule name must be 1..' .. LIMIT.schedule_name ..
+        ' of A-Z a-z 0-9 . _ : @ / -, got ' .. M.printable(name))
+    end
+    if not M.valid_id(job_id) or #job_id > LIMIT.id_bytes - LIMIT.int_digits - 1 then
+      M.refuse('ROTATOR_BADID', 'a schedule\'s job id must be 1..' ..
+        (LIMIT.id_bytes - LIMIT.int_digits - 1) .. ' bytes without "*", got ' ..
+        M.printable(job_id))
+    end
+    local every = M.int_arg(5, 'EVERY_MS', 0, LIMIT.schedule_ms)
+    if #spec > LIMIT.spec_bytes then
+      M.refuse('ROTATOR_BADARG', 'SPEC must be at most ' .. LIMIT.spec_bytes .. ' bytes')
+    end
+    local count = #A - 6
+    if (every > 0) ~= (count == 0) or count > LIMIT.schedule_dues then
+      M.refuse('ROTATOR_BADARG', 'EVERY_MS > 0 takes no DUE; EVERY_MS 0 takes 1..' ..
+        LIMIT.schedule_dues .. ' DUEs, got ' .. count)
+    end
+    local now = M.now_ms()
+    local dues = {}
+    for i = 7, #A do
+      dues[#dues + 1] = M.int_arg(i, 'DUE', 0, now + LIMIT.schedule_ms)
+      if #dues > 1 and dues[#dues] <= dues[#dues - 1] then
+        M.refuse('ROTATOR_BADARG', 'DUEs must be ascending')
+      end
+    end
+    local field = M.schedule_field(name)
+    local m = M.read('HMGET', K.meta, field, 'schedules', 'smin')
+    M.read('ZCARD', K.scheduled)
+    M.read('LLEN', K.wake)
+    local old = M.parse_schedule(m[1])
+    local same = old and old.job_id == job_id and old.every == every and old.spec == spec
+    if mode == 'FILL' and not same then return 0 end
+    if not old and tonumber(m[2] or 0) >= LIMIT.schedules then
+      M.refuse('ROTATOR_TOOMANY', 'at most ' .. LIMIT.schedules .. ' schedules per queue')
+    end
+    local member = '*' .. name
+    local current = tonumber(rcall('ZSCORE', K.scheduled, member))
+    local d = { job_id = job_id, last = old and old.last or 0, every = every, dues = dues,
+      spec = spec }
+    local next_due = current
+    if not same or not current then
+      next_due = every > 0 and now + every or nil
+    end
+    if every == 0 then next_due = M.next_tick(d, 0, d.last) end
+    rcall('HSET', K.meta, field, M.format_schedule(d))
+    if not old then rcall('HINCRBY', K.meta, 'schedules', 1) end
+    if next_due then
+      rcall('ZADD', K.scheduled, next_due, member)
+      local smin = tonumber(m[3])
+      if not smin or next_due < smin then
+        rcall('HSET', K.meta, 'smin', next_due)
+        M.wake_one()
+      end
+    elseif current then
+      rcall('ZREM', K.scheduled, member)
+    end
+    local ticking = (next_due and 1 or 0) - (current and 1 or 0)
+    if ticking ~= 0 then rcall('HINCRBY', K.meta, 'ticking', ticking) end
+    return same and 0 or 1
+  end
+
+  function M.unschedule()
+    local name = A[2] or ''
+    local field = M.schedule_field(name)
+    local m = M.read('HMGET', K.meta, field)
+    M.read('ZCARD', K.scheduled)
+    if not m[1] then return 0 end
+    rcall('HDEL', K.meta, field)
+    rcall('HINCRBY', K.meta, 'schedules', -1)
+    if rcall('ZREM', K.scheduled, '*' .. name) == 1 then
+      rcall('HINCRBY', K.meta, 'ticking', -1)
+    end
+    return 1
+  end
+
+  function M.schedules()
+    local all = M.read('HGETALL', K.meta)
+    M.read('ZCARD', K.scheduled)
+    local names, defs = {}, {}
+    for i = 1, #all, 2 do
+      local name = string.match(all[i], '^schedule:(.+)$')
+      if name then
+        names[#names + 1], defs[name] = name, M.parse_schedule(all[i + 1])
+      end
+    end
+    table.sort(names)
+    local reply = {}
+    for _, name in ipairs(names) do
+      local d = defs[name]
+      if d then
+        local next_due = rcall('ZSCORE', K.scheduled, '*' .. name)
+        local row = { name, d.job_id, d.every, d.spec, tonumber(next_due) or -1, d.last, #d.dues,
+          d.dues[#d.dues] or -1 }
+        for k = 1, #row do reply[#reply + 1] = row[k] end
+      end
+    end
+    return reply
+  end
+end
+
+-- 10. DISPATCH ----------------------------------------------------------------------------------
+
+local COMMANDS = {
+  push = M.push,
+  push_chunk = M.push_chunk,
+  push_later = M.push_later,
+  schedule = M.schedule,
+  unschedule = M.unschedule,
+  schedules = M.schedules,
+  rate_limit = M.rate_limit,
+  pause = M.pause,
+  resume = M.resume,
+  next = M.next,
+  next_packed = M.next_packed,
+  ack = M.ack,
+  nack = M.nack,
+  bury = M.bury,
+  extend = M.extend,
+  sweep = M.sweep,
+  delete = M.delete,
+  configure = M.configure,
+  stats = M.stats,
+  peek = M.peek,
+  scan = M.scan,
+  dead = M.dead,
+  requeue_dead = M.requeue_dead,
+  requeue_dead_from = M.requeue_dead_from,
+  pushp = M.pushp,
+  pushp_later = M.pushp_later,
+  nextp = M.nextp,
+  ackp = M.ackp,
+  pushi = M.pushi,
+  nackp = M.nackp,
+  items = M.items,
+  tpublish = M.tpublish,
+  tsubscribe = M.tsubscribe,
+  tunsubscribe = M.tunsubscribe,
+  treplay = M.treplay,
+  tseek = M.tseek,
+  ttrim = M.ttrim,
+  tstats = M.tstats,
+}
+
+-- The twelve KEYS of a queue after keys[base], by name, in the order of the header.
+function M.queue_keys(keys, base)
+  return {
+    ring = keys[base + 1], done = keys[base + 2], done_old = keys[base + 3],
+    marks = keys[base + 4], marks_old = keys[base + 5], revoked = keys[base + 6],
+    dead = keys[base + 7], wake = keys[base + 8], meta = keys[base + 9],
+    pushlog = keys[base + 10], leases = keys[base + 11], scheduled = keys[base + 12],
+  }
+end
+
+-- Refuses, before anything is read or written, queue keys that are not one queue's own in
+-- their slots (a key passed in the wrong slot, or a key of something else): names only, so
+-- it costs no command. Returns the base, or an error reply.
+function M.check_queue_keys(keys, at)
+  local ring = keys[at + 1]
+  local base = string.sub(ring, 1, -6)
+  local ok = string.sub(ring, -5) == ':ring'
+  for i = 2, QUEUE_KEYS do
+    if not ok then break end
+    ok = keys[at + i] == base .. QUEUE_ROLES[i]
+  end
+  if not ok then
+    return nil, M.fail('ROTATOR_KEYS', 'keys ' .. (at + 1) .. '..' .. (at + QUEUE_KEYS) ..
+      ' must be one queue\'s <base>:ring <base>:done ... <base>:scheduled, in that order')
+  end
+  return base
+end
+
+-- The keys after a queue's twelve: its payloads (or, for a topic group, the topic's bodies)
+-- and its item stats; push_chunk's marker, any other key under the queue's base.
+function M.check_extra_keys(keys, base, marker)
+  local payloads, items = keys[QUEUE_KEYS + 1], keys[QUEUE_KEYS + 2]
+  local ok = true
+  if marker then
+    local known = {}
+    for i = 1, QUEUE_KEYS do known[keys[i]] = true end
+    ok = string.sub(payloads, 1, #base + 1) == base .. ':' and not known[payloads]
+      and payloads ~= base .. ':payloads' and payloads ~= base .. ':items'
+  elseif payloads then
+    local topic = string.match(base, '^(.*):group:[^:]+$')
+    ok = payloads == base .. ':payloads' or (topic ~= nil and payloads == topic .. ':topic:bodies')
+  end
+  if ok and items then ok = items == base .. ':items' end
+  if not ok then
+    return M.fail('ROTATOR_KEYS', 'keys after the queue\'s twelve must be <base>:payloads (a ' ..
+      'group: the topic\'s bodies) and <base>:items; push_chunk\'s marker a key under <base>:')
+  end
+end
+
+-- Whether the previous call's queue keys passed the name checks and these are the same
+-- (a library lives across calls, so a worker's calls check their names once; a script
+-- starts afresh every call). Strings are interned: each comparison is one pointer's.
+function M.checked_before(keys, marker)
+  local last = CHECKED
+  if not last or last.marker ~= marker or #last.keys ~= #keys then return false end
+  local names = last.keys
+  for i = 1, #keys do
+    if names[i] ~= keys[i] then return false end
+  end
+  return true
+end
+
+-- One call, whichever way it came: EVAL/EVALSHA (KEYS, ARGV) or FCALL (keys, args).
+local function main(keys, args)
+  -- The call state of section 2: bound here, once per call, and nowhere else.
+  A, KS = args, keys
+  rcall = redis.call
+  PAD = PAD or M.make_pad()
+  local handler = COMMANDS[args[1]]
+  local layout = nil
+  if not handler then
+    -- Not a core command: the extensions (defined on first use) may know it.
+    if not M.LAYOUT then M.define_extensions() end
+    layout = M.LAYOUT[args[1]]
+    handler = layout and M[args[1]]
+  end
+  if layout == 'topic' then
+    local groups = (#keys - TOPIC_KEYS) / QUEUE_KEYS
+    if #keys < TOPIC_KEYS or groups ~= math.floor(groups) or groups > LIMIT.groups then
+      return M.fail('ROTATOR_KEYS', 'expected ' .. TOPIC_KEYS ..
+        ' topic keys and ' .. QUEUE_KEYS .. ' per group, got ' .. #keys)
+    end
+    K, NGROUPS = nil, groups
+    T = { topic = keys[1], groups = keys[2], log = keys[3], bodies = keys[4] }
+  else
+    local low, high = QUEUE_KEYS, QUEUE_KEYS
+    -- With payloads, the thirteenth key; with item stats, the fourteenth too.
+    if layout == 'payloads' then low, high = QUEUE_KEYS + 1, QUEUE_KEYS + 2 end
+    if layout == 'items' then low, high = QUEUE_KEYS + 2, QUEUE_KEYS + 2 end
+    if handler == M.push_chunk then low, high = QUEUE_KEYS + 1, QUEUE_KEYS + 1 end
+    if handler == M.delete then low, high = QUEUE_KEYS, QUEUE_KEYS + 2 end
+    if handler == M.bury or handler == M.push_later then
+      low, high = QUEUE_KEYS, QUEUE_KEYS + 2
+    end
+    if #keys < low or #keys > high then
+      return M.fail('ROTATOR_KEYS', 'expected ' .. (low == high and low or low .. ' or ' .. high)
+        .. ' keys, got ' .. #keys)
+    end
+    local marker = handler == M.push_chunk
+    if not M.checked_before(keys, marker) then
+      local base, refused = M.check_queue_keys(keys, 0)
+      if not base then return refused end
+      refused = M.check_extra_keys(keys, base, marker)
+      if refused then return refused end
+      CHECKED = { keys = { unpack(keys) }, marker = marker }
+    end
+    T, NGROUPS = nil, 0
+    K = M.queue_keys(keys, 0)
+    K.payloads = keys[13]
+    K.items = keys[14]
+  end
+  if not handler then
+    return M.fail('ROTATOR_BADCMD', 'unknown command ' .. M.printable(args[1]))
+  end
+  local ok, result = pcall(handler)
+  if ok or (type(result) == 'table' and result.err) then return result end
+  -- An error from a command Redis refused (READONLY, OOM, NOPERM...) reaches pcall as a
+  -- string: reply with it as it is, so its code survives for the client to see.
+  if type(result) == 'string' and string.find(result, '^[A-Z]+ ') then
+    return { err = result }
+  end
+  error(result, 0) -- a bug: let Redis report it
+end
+
+if redis.register_function then
+  -- Loaded as a library: the loader's first lines name it (FUNCTION_NAME), see
+  -- rotator/script.py. Registered once; FCALL then runs only `main`.
+  redis.register_function(FUNCTION_NAME, main)
+  return
+end
+return main(KEYS, ARGV)
