@@ -3,9 +3,11 @@
 Pure Python, no server. It keeps the queue as the module's header and the README describe it:
 the ring (a list, head first, like LRANGE), the two generations of acks and marks, revoked
 tokens, dead letters, the wake list's length, the counters, the scheduled jobs (id -> due ms)
-with meta smin (a lower bound of the earliest due time), the pause flag, and a clock that only
-moves when the test says so. Everything is bytes, so ids with NUL, CRLF or invalid UTF-8 are
-modelled exactly.
+with meta smin (a lower bound of the earliest due time), the recurring schedules (each a meta
+field and, while it has a next tick, a member "*<name>" of the same sorted set), the pause
+flag, the rate limit's cell rate, the counts since the queue was made and the processing-time
+histogram, and a clock that only moves when the test says so. Everything is bytes, so ids with
+NUL, CRLF or invalid UTF-8 are modelled exactly.
 
 Where the module works on slices of the ring (one LRANGE, one SMISMEMBER, one LTRIM and one
 LPUSH per call), the model visits one element at a time, as a sequence of RPOPLPUSHes would:
@@ -18,11 +20,12 @@ call's first visit number, then a five-digit place (in the batch, or among the c
 deliveries). The test `adopt`s each token the server hands out: it must be the model's, and
 never issued before.
 Besides the spec, the model keeps bookkeeping for the test's invariants (`pushed_ids`,
-`promoted`, `completed`, `delivered`, `laps`, `acked_at`).
+`promoted`, `completed`, `delivered`, `laps`, `acked_at`, `ticks`, `rate_log`, `held_wait`).
 """
 
 from __future__ import annotations
 
+import math
 import re
 from collections import Counter
 from dataclasses import dataclass, field
@@ -49,6 +52,14 @@ PUSH_CHUNK = 1000  # rotator.defaults.DEFAULT_PUSH_CHUNK: ids per push call of t
 PROMOTE = 1000  # scheduled jobs one next moves to the ring at most
 SCHEDULE_MS = 3650 * 86_400_000  # push_later: at most ten years ahead
 NO_BOUND = 10**15  # an argument with no range of its own (15 digits bound it)
+SCHEDULES = 1000  # recurring schedules per queue
+SCHEDULE_NAME = 128  # bytes of a schedule's name
+SCHEDULE_JOB_ID = ID_BYTES - 15 - 1  # a schedule's job id: room for "@<tick ms>"
+SPEC_BYTES = 256  # a schedule's SPEC
+SCHEDULE_DUES = 1000  # DUEs one schedule call gives
+RATE_JOBS = 10**9  # rate_limit's JOBS; durations' COUNT
+RATE_MS = LEASE_MS  # rate_limit's PER_MS: at most a day
+DURATION_BUCKETS = 26  # durations: under 1 ms, then doubling up to 2^24 ms and beyond
 
 # The spec for nack and extend: only a lease that is still in the ring, not acked and not
 # revoked can be given back or extended ("0 = lease lost (re-issued, acked or unknown queue)";
@@ -68,6 +79,9 @@ _MARK = re.compile(rb"([en])(\d+)")
 _DEAD_LETTER = re.compile(rb"[^*]*\*\d+\*\d+\*(.*)", re.DOTALL)
 _TOKEN_DEADLINE = re.compile(rb"\*(\d+)\.")
 _PUSHLOG = re.compile(rb"(\d+):(\d+)")
+_SCHEDULE_NAME = re.compile(rb"[A-Za-z0-9._:@/-]+")
+_TIMES = re.compile(rb"#(\d{1,15})((?:,\d{1,2}:\d{1,10})+)")
+_TIMES_BUCKET = re.compile(rb",(\d+):(\d+)")
 
 
 class Refused(Exception):
@@ -157,6 +171,24 @@ def own_deadline(element: bytes) -> int | None:
     return int(header[1])
 
 
+def split_times(args: list[bytes]) -> tuple[list[bytes], list[tuple[bytes, int]]]:
+    """The processing times a next or an ack may carry as its last argument,
+    `#<total ms>,<bucket>:<count>,...` (no token starts with "#" and lacks a "*"): the
+    arguments without them, and the histogram's adds (none without them). COUNT as
+    `durations` takes it (the header: "as durations takes them"), at most RATE_JOBS."""
+    if not args or not args[-1].startswith(b"#") or b"*" in args[-1]:
+        return args, []
+    found = _TIMES.fullmatch(args[-1])
+    if found is None:
+        raise Refused("ROTATOR_BADARG")
+    adds = [(b"dsum", int(found[1]))]
+    for bucket, count in _TIMES_BUCKET.findall(found[2]):
+        if int(bucket) >= DURATION_BUCKETS or not 1 <= int(count) <= RATE_JOBS:
+            raise Refused("ROTATOR_BADARG")
+        adds.append((b"d%d" % int(bucket), int(count)))
+    return args[:-1], adds
+
+
 def check_ids(ids: list[bytes]) -> None:
     if len(ids) > BATCH:
         raise Refused("ROTATOR_TOOMANY")
@@ -169,6 +201,43 @@ def int_arg(value: object, low: int, high: int) -> int:
     if not re.fullmatch(rb"\d{1,15}", raw) or not low <= int(raw) <= high:
         raise Refused("ROTATOR_BADARG")
     return int(raw)
+
+
+@dataclass
+class Schedule:
+    """A recurring schedule: the meta field "schedule:<name>"
+    ("<job_id>*<last tick ms>*<every ms>*<due,due,...>*<spec>"); its next tick is the member
+    "*<name>" of the scheduled set, kept in RotatorModel.scheduled."""
+
+    job_id: bytes
+    last: int  # the last tick's ms, 0 before one
+    every: int  # ms between ticks; 0: ticks at `dues`
+    dues: list[int]  # due times after the last tick, ascending
+    spec: bytes
+
+    def field(self) -> bytes:
+        dues = b",".join(b"%d" % due for due in self.dues)
+        return b"%s*%d*%d*%s*%s" % (self.job_id, self.last, self.every, dues, self.spec)
+
+    def next_tick(self, due: int, after: int) -> int | None:
+        """The first tick after `after`: for an interval, the first of due + k * every beyond
+        it; for due times, the first given beyond it (those passed are dropped)."""
+        if self.every > 0:
+            # (float division and floor, as the module computes it)
+            return due + self.every * (math.floor((after - due) / self.every) + 1)
+        self.dues = [d for d in self.dues if d > after]
+        return self.dues[0] if self.dues else None
+
+
+@dataclass(frozen=True)
+class Tick:
+    """Bookkeeping: one tick a claim made (the job `job_id` pushed for it)."""
+
+    name: bytes
+    ms: int  # the tick's due time, in the job's id
+    now: int  # when the claim made it
+    claim: int  # which claim (RotatorModel.claims) made it
+    job_id: bytes
 
 
 @dataclass
@@ -249,6 +318,22 @@ class RotatorModel:
     scheduled: dict[bytes, int] = field(default_factory=dict)
     smin: int | None = None
     paused: bool = False
+    # The recurring schedules by name (meta "schedule:<name>"); each one's next tick is the
+    # member "*<name>" of `scheduled`. Meta `schedules` and `ticking` are their counts.
+    schedule_defs: dict[bytes, Schedule] = field(default_factory=dict)
+    # The rate limit (meta rate_n rate_ms; None: no limit) and its cell rate's theoretical
+    # arrival time (meta rate_tat: a float, as Lua computes it).
+    rate_n: int | None = None
+    rate_ms: int | None = None
+    rate_tat: float | None = None
+    # Counts since the queue was made (meta completed redelivered reclaimed retried lettered;
+    # pushed and taken are above), and the histogram's meta fields that exist (d0..d25, dsum).
+    completions: int = 0
+    redelivered: int = 0
+    reclaimed: int = 0
+    retried: int = 0
+    lettered: int = 0
+    histogram: dict[bytes, int] = field(default_factory=dict)
     # Bookkeeping for the test, not part of the queue.
     pushed_ids: Counter[bytes] = field(default_factory=Counter)  # valid ids that entered the ring
     promoted: Counter[bytes] = field(default_factory=Counter)  # of them, from the schedule
@@ -257,6 +342,11 @@ class RotatorModel:
     laps: int = 0  # sentinel visits
     ages: int = 0  # times the acks and marks aged
     acked_at: dict[bytes, int] = field(default_factory=dict)  # token -> ages when last acked
+    claims: int = 0  # next calls
+    ticks: list[Tick] = field(default_factory=list)  # every tick a claim made, in order
+    # (ms, jobs) of each claim that leased under the rate limit since it was last set.
+    rate_log: list[tuple[int, int]] = field(default_factory=list)
+    held_wait: int | None = None  # the last claim's wait_ms when the rate limit held it
 
     # -- commands -------------------------------------------------------------------------
 
@@ -279,18 +369,66 @@ class RotatorModel:
         max_deliveries: object,
         acks: list[bytes],
     ) -> list[Any]:
+        """A claim; processing times after the acks (split_times) go to the histogram."""
+        acks, times = split_times(acks)
+        reply = self._claim(count, lease, budget, max_deliveries, acks)
+        self._add(times)
+        return reply
+
+    def _claim(
+        self,
+        count: object,
+        lease: object,
+        budget: object,
+        max_deliveries: object,
+        acks: list[bytes],
+    ) -> list[Any]:
         n = int_arg(count, 1, COUNT)
         lease_ms = int_arg(lease, 1, LEASE_MS)
         limit = int_arg(budget, 1, BUDGET)
         most = int_arg(max_deliveries, 0, 1_000_000)
         check_tokens(acks, required=False, batches=True)
+        self.claims += 1
+        self.held_wait = None
         if self.paused:
-            # Takes its acks and nothing else; wake-ups would only spin idle consumers.
-            acked = self._ack_tokens(acks)
-            self.wake = 0
-            return [1, -1, acked]
+            return self._held(acks, -1)
         if self.smin is not None and self.smin <= self.now:
             self._promote()
+        if self.rate_n is None:
+            return self._lease_now(n, lease_ms, limit, most, acks)
+        allowed, wait, tat, step = self.rate_allowance(self.now)
+        if allowed < 1:
+            self.held_wait = wait
+            return self._held(acks, wait)
+        reply = self._lease_now(min(n, allowed), lease_ms, limit, most, acks)
+        leased = (len(reply) - 3) // 2
+        if leased > 0:
+            self.rate_tat = tat + leased * step
+            self.rate_log.append((self.now, leased))
+        return reply
+
+    def _held(self, acks: list[bytes], wait_ms: int) -> list[Any]:
+        """A claim that may lease nothing (paused, or at the rate limit): it takes its acks
+        and idles for wait_ms; wake-ups would only spin the idle consumers."""
+        acked = self._ack_tokens(acks)
+        self.wake = 0
+        return [1, wait_ms, acked]
+
+    def rate_allowance(self, now: int) -> tuple[int, int, float, float]:
+        """The generic cell rate at `now`: (jobs a claim may lease, ms until one more may go,
+        the theoretical arrival time, ms per job), in the module's float arithmetic."""
+        assert self.rate_n is not None
+        assert self.rate_ms is not None
+        step = self.rate_ms / self.rate_n
+        tat = max(self.rate_tat if self.rate_tat is not None else now, now)
+        allowed = math.floor((now + self.rate_ms - tat) / step + 1e-9)
+        wait = max(math.ceil(tat + step - self.rate_ms - now), 1)
+        return max(allowed, 0), wait, tat, step
+
+    def _lease_now(
+        self, n: int, lease_ms: int, limit: int, most: int, acks: list[bytes]
+    ) -> list[Any]:
+        """next's work once the queue may lease: the walk."""
         walk = self._start_walk(lease_ms, most)
         length = len(self.ring)
         acked = self._ack_tokens(acks)
@@ -333,6 +471,111 @@ class RotatorModel:
             self.wake = min(self.wake + 1, WAKE_TOKENS)
         return len(ids)
 
+    def schedule(self, args: list[bytes]) -> int:
+        """`schedule SET|FILL NAME JOB_ID EVERY_MS SPEC [DUE ...]` (`args`: what follows the
+        command's name). A NAME declared again with the same JOB_ID, EVERY_MS and SPEC keeps
+        its next and last tick but takes the DUEs given; FILL changes nothing else."""
+
+        def at(i: int) -> bytes | None:
+            return args[i] if i < len(args) else None
+
+        mode = at(0)
+        if mode not in (b"SET", b"FILL"):
+            raise Refused("ROTATOR_BADARG")
+        name, job_id, spec = at(1) or b"", at(2) or b"", at(4) or b""
+        if len(name) > SCHEDULE_NAME or not _SCHEDULE_NAME.fullmatch(name):
+            raise Refused("ROTATOR_BADARG")
+        if not valid_id(job_id) or len(job_id) > SCHEDULE_JOB_ID:
+            raise Refused("ROTATOR_BADID")
+        every = int_arg(at(3), 0, SCHEDULE_MS)
+        if len(spec) > SPEC_BYTES:
+            raise Refused("ROTATOR_BADARG")
+        count = len(args) - 5  # DUEs
+        # (the header: SPEC is not optional; an interval takes no DUE, due times 1..1000)
+        if count < 0 or (every > 0) != (count == 0) or count > SCHEDULE_DUES:
+            raise Refused("ROTATOR_BADARG")
+        dues: list[int] = []
+        for raw in args[5:]:
+            dues.append(int_arg(raw, 0, self.now + SCHEDULE_MS))
+            if len(dues) > 1 and dues[-1] <= dues[-2]:
+                raise Refused("ROTATOR_BADARG")
+        old = self.schedule_defs.get(name)
+        same = old is not None and (old.job_id, old.every, old.spec) == (job_id, every, spec)
+        if mode == b"FILL" and not same:
+            return 0
+        if old is None and len(self.schedule_defs) >= SCHEDULES:
+            raise Refused("ROTATOR_TOOMANY")
+        member = b"*" + name
+        current = self.scheduled.get(member)
+        d = Schedule(job_id, old.last if old else 0, every, dues, spec)
+        next_due = current
+        if not same or current is None:
+            next_due = self.now + every if every > 0 else None
+        if every == 0:
+            next_due = d.next_tick(0, d.last)
+        self.schedule_defs[name] = d
+        if next_due is not None:
+            self.scheduled[member] = next_due
+            if self.smin is None or next_due < self.smin:
+                self.smin = next_due
+                self.wake = min(self.wake + 1, WAKE_TOKENS)
+        elif current is not None:
+            del self.scheduled[member]
+        return 0 if same else 1
+
+    def unschedule(self, args: list[bytes]) -> int:
+        """Forgets a schedule and its next tick; smin stays (a lower bound still)."""
+        name = args[0] if args else b""
+        if name not in self.schedule_defs:
+            return 0
+        del self.schedule_defs[name]
+        self.scheduled.pop(b"*" + name, None)
+        return 1
+
+    def schedules(self) -> list[Any]:
+        reply: list[Any] = []
+        for name in sorted(self.schedule_defs):
+            d = self.schedule_defs[name]
+            next_due = self.scheduled.get(b"*" + name, -1)
+            last_due = d.dues[-1] if d.dues else -1
+            reply += [name, d.job_id, d.every, d.spec, next_due, d.last, len(d.dues), last_due]
+        return reply
+
+    def rate_limit(self, args: list[bytes]) -> int:
+        """Sets the limit (its cell rate goes on from where it was), or lifts it (JOBS 0)."""
+        jobs = int_arg(args[0] if args else None, 0, RATE_JOBS)
+        per = int_arg(args[1] if len(args) > 1 else None, 1, RATE_MS)
+        if jobs == 0:
+            self.rate_n = self.rate_ms = self.rate_tat = None
+        else:
+            self.rate_n, self.rate_ms = jobs, per
+        self.rate_log = []
+        return 1
+
+    def durations(self, args: list[bytes]) -> list[int]:
+        """`durations [TOTAL_MS BUCKET COUNT ...]`: every argument checked, then added."""
+        if len(args) == 1 or (len(args) > 1 and len(args) % 2 == 0):
+            raise Refused("ROTATOR_BADARG")
+        adds: list[tuple[bytes, int]] = []
+        if args:
+            adds.append((b"dsum", int_arg(args[0], 0, NO_BOUND)))
+        for i in range(1, len(args), 2):
+            bucket = int_arg(args[i], 0, DURATION_BUCKETS - 1)
+            adds.append((b"d%d" % bucket, int_arg(args[i + 1], 1, RATE_JOBS)))
+        self._add(adds)
+        return self.histogram_counts()
+
+    def _add(self, adds: list[tuple[bytes, int]]) -> None:
+        for name, n in adds:
+            self.histogram[name] = self.histogram.get(name, 0) + n
+
+    def histogram_counts(self) -> list[int]:
+        """d0..d25, then dsum (0 where the field is absent), as replies give them: read back
+        into Lua numbers, doubles (HINCRBY keeps them exact; a sum beyond 2^53 ms, some
+        285,000 years of processing, comes back rounded)."""
+        names = [b"d%d" % b for b in range(DURATION_BUCKETS)] + [b"dsum"]
+        return [int(float(self.histogram.get(name, 0))) for name in names]
+
     def pause(self) -> int:
         was = self.paused
         self.paused = True
@@ -367,8 +610,11 @@ class RotatorModel:
         return [*reply[:3], packed, *later]
 
     def ack(self, tokens: list[bytes]) -> int:
+        tokens, times = split_times(tokens)
         check_tokens(tokens, required=True, batches=True)
-        return self._ack_tokens(tokens)
+        acked = self._ack_tokens(tokens)
+        self._add(times)
+        return acked
 
     def nack(self, delay: object, tokens: list[bytes]) -> list[int]:
         delay_ms = int_arg(delay, 0, LEASE_MS)
@@ -394,6 +640,7 @@ class RotatorModel:
                 reply.append(0)
         self._touch(touched)
         if given:
+            self.retried += len(given)
             self.qmin = due if self.qmin is None else min(self.qmin, due)
             self.lmin = due if self.lmin is None else min(self.lmin, due)
             if self._frees_tail(given):
@@ -496,9 +743,19 @@ class RotatorModel:
             *(b"done", acked, b"deferred", deferred, b"dead", len(self.dead)),
             *(b"oldest_pending_age_ms", oldest),
             *(b"overdue", overdue, b"overdue_capped", int(capped)),
-            *(b"scheduled", len(self.scheduled), b"paused", int(self.paused)),
-            *(b"schedules", 0, b"rate_limit_jobs", 0, b"rate_limit_ms", 0),  # none are set
+            *(b"scheduled", len(self.scheduled) - self.ticking(), b"paused", int(self.paused)),
+            *(b"schedules", len(self.schedule_defs)),
+            *(b"rate_limit_jobs", self.rate_n or 0, b"rate_limit_ms", self.rate_ms or 0),
+            *(b"pushed", self.pushed, b"delivered", self.taken + self.redelivered),
+            *(b"completed", self.completions, b"retried", self.retried),
+            *(b"reclaimed", self.reclaimed, b"dead_lettered", self.lettered),
+            *(x for b, n in enumerate(self.histogram_counts()[:-1]) for x in (b"d%d" % b, n)),
+            *(b"dsum", self.histogram_counts()[-1]),
         ]
+
+    def ticking(self) -> int:
+        """Schedules with a next tick (meta ticking): their members are no jobs."""
+        return sum(member.startswith(b"*") for member in self.scheduled)
 
     def _overdue(self) -> tuple[int, bool]:
         """The module's overdue: expired leases from the lease list's tail up to its first
@@ -626,18 +883,33 @@ class RotatorModel:
     # -- helpers --------------------------------------------------------------------------
 
     def _promote(self) -> None:
-        """The due scheduled jobs (at most PROMOTE, earliest first, ties by id bytes) go to
-        the ring as a push of them does; smin becomes the earliest due time left."""
-        due = sorted((at, job_id) for job_id, at in self.scheduled.items() if at <= self.now)
-        ids = [job_id for _, job_id in due[:PROMOTE]]
-        for job_id in ids:
-            del self.scheduled[job_id]
+        """The due members of the scheduled set (at most PROMOTE, earliest first, ties by
+        bytes) leave it. A job id goes to the ring; a schedule's member ticks: one job
+        "<job_id>@<tick ms>" however many ticks were missed, and the member moves to the
+        schedule's first tick after now (none: due times ran out). The ids go to the ring as
+        a push of them does, the jobs before the ticks; smin becomes the earliest left."""
+        due = sorted((at, member) for member, at in self.scheduled.items() if at <= self.now)
+        due = due[:PROMOTE]
+        for _, member in due:
+            del self.scheduled[member]
+        ids = [member for _, member in due if not member.startswith(b"*")]
+        self.promoted.update(ids)
+        for at, member in due:
+            d = self.schedule_defs.get(member[1:]) if member.startswith(b"*") else None
+            if d is None:
+                continue
+            job_id = d.job_id + b"@%d" % at
+            ids.append(job_id)
+            self.ticks.append(Tick(member[1:], at, self.now, self.claims, job_id))
+            d.last = at
+            next_due = d.next_tick(at, self.now)
+            if next_due is not None:
+                self.scheduled[member] = next_due
         if ids:
             self._seed()
             self._ensure_ring()
             self.ring[:0] = reversed(ids)
             self.pushed_ids.update(ids)
-            self.promoted.update(ids)
             self._record_push(len(ids))
         self.smin = min(self.scheduled.values(), default=None)
 
@@ -991,6 +1263,7 @@ class RotatorModel:
             w.live -= 1
             w.packed -= len(ids) - 1
             self.completed.update(ids)
+            self.completions += len(ids)
             return
         if mark is None and not w.sweeping and w.count - w.leased >= len(ids):
             # Expired, never touched: every job leased again, one revocation for the batch.
@@ -1018,6 +1291,7 @@ class RotatorModel:
         if element in self.done or element in self.done_old:
             (self.done if element in self.done else self.done_old).discard(element)
             w.live -= 1
+            self.completions += 1
             lease = parse_lease(element)
             if lease is not None:
                 self.completed[lease[0]] += 1
@@ -1061,6 +1335,7 @@ class RotatorModel:
     def _lease_again(self, w: Walk, job_id: bytes, n: int, reclaimed: int) -> None:
         if w.max_deliveries > 0 and n >= w.max_deliveries:
             self.dead.append(b"max_deliveries*%d*%d*" % (n, w.now) + job_id)
+            self.lettered += 1
             w.live -= 1
             return
         # At least 2 (a hand-written lease may say 0): first deliveries are the batch's.
@@ -1106,9 +1381,12 @@ class RotatorModel:
         w.reply += [token, reclaimed]
         w.leased += 1
         self.delivered[job_id] += 1
+        self.redelivered += 1
+        self.reclaimed += reclaimed
 
     def _dead_letter(self, w: Walk, reason: bytes, n: int, element: bytes) -> None:
         self.dead.append(b"%s*%d*%d*" % (reason, n, w.now) + element)
+        self.lettered += 1
         w.live -= 1
 
     def _end_lap(self, w: Walk) -> None:
@@ -1201,8 +1479,11 @@ class RotatorModel:
 
     def takeable_now(self) -> bool:
         """Would a `next` lease something at this instant: a pending id, or a due job it can
-        reach (see reachable_dues), a due scheduled job among them? Not while paused."""
+        reach (see reachable_dues), a due scheduled job or tick among them? Not while paused,
+        nor while the rate limit lets no job go."""
         if self.paused:
+            return False
+        if self.rate_n is not None and self.rate_allowance(self.now)[0] < 1:
             return False
         if any(valid_id(e) for e in self.ring):
             return True
