@@ -1908,7 +1908,10 @@ function M.durations_arg(first)
   local adds, size = { 'dsum', tonumber(total) }, #(total or '') + 1
   for bucket, count in string.gmatch(last, ',(%d+):(%d+)') do
     local b, n = tonumber(bucket), tonumber(count)
-    if #bucket > 2 or #count > 10 or b >= LIMIT.duration_buckets or n < 1 then break end
+    if #bucket > 2 or #count > 10 or b >= LIMIT.duration_buckets or n < 1
+        or n > LIMIT.rate_jobs then
+      break
+    end
     adds[#adds + 1], adds[#adds + 2] = 'd' .. b, n
     size = size + #bucket + #count + 2
   end
@@ -2012,11 +2015,14 @@ end
 -- ahead of now, so at most `jobs` go in any burst and `jobs` per `per` on average, across
 -- every consumer. Returns {allowed, wait (ms until one more may go), tat, step}.
 function M.rate_allowance(meta, now)
-  local step = meta.rate_ms / meta.rate_n
+  local step, per = meta.rate_ms / meta.rate_n, meta.rate_ms
   local tat = math.max(meta.rate_tat or now, now)
-  local allowed = math.floor((now + meta.rate_ms - tat) / step + 1e-9)
-  local wait = math.max(math.ceil(tat + step - meta.rate_ms - now), 1)
-  return { allowed = math.max(allowed, 0), wait = wait, tat = tat, step = step }
+  -- (tat near 1.7e12 ms is exact to about 2e-4 ms: the wait is checked with the very sum
+  -- the allowance makes, so a consumer told to wait is not held again when it comes)
+  local function allowed_at(t) return math.floor((t + per - tat) / step + 1e-9) end
+  local wait = math.max(math.ceil(tat + step - per - now), 1)
+  while allowed_at(now + wait) < 1 do wait = wait + 1 end
+  return { allowed = math.max(allowed_at(now), 0), wait = wait, tat = tat, step = step }
 end
 
 function M.note_rate(rate, leased)
@@ -3560,8 +3566,8 @@ function M.define_extensions()
     if #spec > LIMIT.spec_bytes then
       M.refuse('ROTATOR_BADARG', 'SPEC must be at most ' .. LIMIT.spec_bytes .. ' bytes')
     end
-    local count = #A - 6
-    if (every > 0) ~= (count == 0) or count > LIMIT.schedule_dues then
+    local count = #A - 6 -- (SPEC is not optional: -1 without it)
+    if count < 0 or (every > 0) ~= (count == 0) or count > LIMIT.schedule_dues then
       M.refuse('ROTATOR_BADARG', 'EVERY_MS > 0 takes no DUE; EVERY_MS 0 takes 1..' ..
         LIMIT.schedule_dues .. ' DUEs, got ' .. count)
     end

@@ -421,9 +421,15 @@ class RotatorModel:
         assert self.rate_ms is not None
         step = self.rate_ms / self.rate_n
         tat = max(self.rate_tat if self.rate_tat is not None else now, now)
-        allowed = math.floor((now + self.rate_ms - tat) / step + 1e-9)
-        wait = max(math.ceil(tat + step - self.rate_ms - now), 1)
-        return max(allowed, 0), wait, tat, step
+        per = self.rate_ms
+
+        def allowed_at(t: float) -> int:
+            return math.floor((t + per - tat) / step + 1e-9)
+
+        wait = max(math.ceil(tat + step - per - now), 1)
+        while allowed_at(now + wait) < 1:
+            wait += 1
+        return max(allowed_at(now), 0), wait, tat, step
 
     def _lease_now(
         self, n: int, lease_ms: int, limit: int, most: int, acks: list[bytes]

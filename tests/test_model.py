@@ -80,10 +80,10 @@ LIVENESS_JUMP_MS = 3 * 86_400_000  # past every lease, nack delay and the revoke
 MAX_STAMPED_DELIVERIES = 999_999_999  # the most deliveries a token may carry (9 digits)
 # A consumer told idle = 1 blocks for wait_ms: it must not be told so while a job is there.
 CHECK_IDLE_REPLIES = True
-# A claim held by the rate limit may be told a wait_ms 1 ms short of when one more job may
-# go (a module bug: test_a_claim_held_by_the_rate_limit_is_told_when_one_more_may_go). Set it
-# False once that test passes.
-RATE_WAIT_MAY_FALL_SHORT = True
+# A claim held by the rate limit was once told a wait_ms 1 ms short of when one more job may
+# go (test_a_claim_held_by_the_rate_limit_is_told_when_one_more_may_go); True would tolerate
+# that again.
+RATE_WAIT_MAY_FALL_SHORT = False
 
 _NOW_MS = re.compile(r"^function M\.now_ms\(\)\n.*?^end\n", re.MULTILINE | re.DOTALL)
 _CLOCKED_NOW_MS = f"""function M.now_ms()
@@ -481,9 +481,8 @@ class RotatorMachine(RuleBasedStateMachine):
             # An interval with DUEs, due times without one, or DUEs not ascending.
             args = [*args[:5], *dues] if every else [*args[:5], *(dues[::-1] * 2)[:2]]
         elif fault == "short":
-            # No SPEC (nor DUE). EVERY_MS 0 without SPEC is accepted, against the header
-            # (test_a_due_time_schedule_without_spec_is_refused): left out until it is fixed.
-            args = [mode, name, job_id, every or 1]
+            # No SPEC (nor DUE), for an interval or for due times.
+            args = [mode, name, job_id, every]
         self.schedule_call(args)
 
     @precondition(lambda self: bool(self.m.schedule_defs))
@@ -1311,27 +1310,25 @@ def test_extend_and_nack_of_a_job_that_was_acked_and_has_left_the_ring_change_no
     assert (s.length, s.in_flight, s.deferred, s.done) == (0, 0, 0, 0)
 
 
-# -- module bugs the model found, kept out of the state machine until they are fixed ----------
+# -- module bugs the model found (fixed): each stays as a test ---------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="module bug: EVERY_MS 0 without SPEC is accepted")
 def test_a_due_time_schedule_without_spec_is_refused(client: redis.Redis, queue_name: str) -> None:
     """The header: `schedule SET|FILL NAME JOB_ID EVERY_MS SPEC [DUE ...]`, and EVERY_MS 0
-    takes 1..1000 DUEs. With SPEC left out the module counts -1 DUEs, which its check
-    `(every > 0) ~= (count == 0)` lets through for EVERY_MS 0: a schedule with no due time is
-    made (an interval without SPEC, and EVERY_MS 0 with SPEC and no DUE, are refused)."""
+    takes 1..1000 DUEs. With SPEC left out the module once counted -1 DUEs, which its check
+    `(every > 0) ~= (count == 0)` let through for EVERY_MS 0, making a schedule with no due
+    time (found by this model)."""
     q = Rotator(client, queue_name)
     with pytest.raises(InvalidArgument):
         run(q._sender.script, q.keys.all, [b"schedule", b"SET", b"n", b"job", b"0"])
 
 
-@pytest.mark.xfail(strict=True, reason="module bug: a claim's times take COUNTs beyond 1e9")
 def test_processing_times_on_a_claim_take_counts_as_durations_does(
     client: redis.Redis, queue_name: str
 ) -> None:
     """The header: a next's or an ack's last argument "#<total ms>,<bucket>:<count>,..." holds
-    buckets "as durations takes them", whose COUNT is 1..1e9; M.durations_arg takes any count
-    of up to 10 digits."""
+    buckets "as durations takes them", whose COUNT is 1..1e9; M.durations_arg once took any
+    count of up to 10 digits (found by this model)."""
     q = Rotator(client, queue_name)
     with pytest.raises(InvalidArgument):
         run(q._sender.script, q.keys.all, [b"durations", b"0", b"0", b"2000000000"])
@@ -1339,7 +1336,6 @@ def test_processing_times_on_a_claim_take_counts_as_durations_does(
         run(q._sender.script, q.keys.all, [b"next", 1, 1000, 10, 0, b"#0,0:2000000000"])
 
 
-@pytest.mark.xfail(strict=True, reason="module bug: a held claim's wait_ms can be 1 ms short")
 def test_a_claim_held_by_the_rate_limit_is_told_when_one_more_may_go(
     client: redis.Redis, queue_name: str
 ) -> None:
@@ -1347,8 +1343,9 @@ def test_a_claim_held_by_the_rate_limit_is_told_when_one_more_may_go(
     At 3 jobs per 1000 ms, a burst of 3 at T and 2 more at T+667 leave rate_tat at
     T+1666.6667 (a double of 1.7e12 ms is exact to about 2e-4 ms); a claim at T+667 is told
     333 ms, and at T+1000 it is held again (and told 1 ms): M.rate_allowance's division comes
-    out below 1 by more than its epsilon of 1e-9 jobs, while its wait rounds up to a whole ms
-    that the allowance does not reach. A blocked consumer wakes 1 ms early, for nothing."""
+    out below 1 by more than its epsilon of 1e-9 jobs, while its wait rounded up to a whole ms
+    that the allowance did not reach (found by this model; the wait is now checked with the
+    allowance's own sum)."""
     q = clocked_rotator(client, queue_name)
     set_clock(client, q, START_MS)
 
