@@ -78,10 +78,15 @@ class LoggedRotator(Rotator):
     events: EventLog | None = None
 
     def next(
-        self, count: int = 1, block: float | None = None, *, ack: Iterable[JobRef] = ()
+        self,
+        count: int = 1,
+        block: float | None = None,
+        *,
+        ack: Iterable[JobRef] = (),
+        durations: Iterable[float] = (),
     ) -> list[Job]:
         acks = list(ack)
-        jobs = super().next(count, block, ack=acks)
+        jobs = super().next(count, block, ack=acks, durations=durations)
         if self.events is not None:
             for ref in acks:
                 if isinstance(ref, Job):
