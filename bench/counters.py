@@ -44,7 +44,6 @@ says how much to trust a difference.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import platform
@@ -59,7 +58,7 @@ from typing import Any
 
 import redis
 
-from bench.bounds import BUDGET, CHUNK, job_ids, wait_lazyfree
+from bench.bounds import BUDGET, CHUNK, Module, job_ids, wait_lazyfree
 from bench.harness import size_mode, sized_parser, started
 from bench.scheduled import git_commit
 from rotator.keys import queue_keys
@@ -98,30 +97,11 @@ SIZES = {
 # -- the two modules ----------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Module:
-    label: str  # "before" or "after"
-    source: str
-
-    @property
-    def sha(self) -> str:
-        return hashlib.sha1(self.source.encode("utf-8")).hexdigest()
-
-    @property
-    def function(self) -> str:
-        return f"rotator_counters_{self.label}_{self.sha[:12]}"
-
-    def load(self, client: redis.Redis) -> None:
-        client.script_load(self.source)
-        name = self.function
-        client.function_load(
-            f"#!lua name={name}\nlocal FUNCTION_NAME = '{name}'\n{self.source}", replace=True
-        )
-
-    def call(self, client: redis.Redis, via: str, keys: Sequence[str], *args: Any) -> Any:
-        if via == "fcall":
-            return client.fcall(self.function, len(keys), *keys, *args)
-        return client.evalsha(self.sha, len(keys), *keys, *args)
+def call(m: Module, client: redis.Redis, via: str, keys: Sequence[str], *args: Any) -> Any:
+    """One raw call of module ``m`` by ``via`` ("fcall" or "evalsha")."""
+    if via == "fcall":
+        return m.fcall(client, keys, *args)
+    return m.call(client, keys, *args)
 
 
 def modules(before: Path | None = None, after: Path | None = None) -> tuple[Module, Module]:
@@ -199,7 +179,7 @@ PHASES = (
 def push_all(m: Module, client: redis.Redis, via: str, keys: Sequence[str], n: int) -> None:
     ids = job_ids(n)
     for start in range(0, n, CHUNK):
-        m.call(client, via, keys, "push", *ids[start : start + CHUNK])
+        call(m, client, via, keys, "push", *ids[start : start + CHUNK])
 
 
 class Loop:
@@ -224,7 +204,7 @@ class Loop:
         self.done = False
 
     def call(self, *args: Any) -> Any:
-        return self.m.call(self.client, self.via, self.keys, *args)
+        return call(self.m, self.client, self.via, self.keys, *args)
 
     def step(self) -> None:
         self.steps += 1
@@ -256,7 +236,7 @@ def stats_of(m: Module, client: redis.Redis, via: str, keys: Sequence[str]) -> d
     """The counters AFTER's ``stats`` answers ({} for BEFORE, or a module without them)."""
     if m.label != "after":
         return {}
-    reply = m.call(client, via, keys, "stats")
+    reply = call(m, client, via, keys, "stats")
     found = dict(zip(reply[::2], reply[1::2], strict=True))
     names = ("delivered", "completed", "retried", "reclaimed", "dead_lettered")
     return {name: int(found[name.encode()]) for name in names if name.encode() in found}
