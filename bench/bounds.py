@@ -113,11 +113,14 @@ class Module:
         return client.fcall(self.function, len(keys), *keys, *args)
 
     def own_keys(self, keys: Sequence[str]) -> Sequence[str]:
-        """The old module predates the lease list and the schedule: it takes a queue's keys
-        less those two."""
-        if self.label != "old":
-            return keys
-        return [key for key in keys if not key.endswith((":leases", ":scheduled"))]
+        """A baseline module takes a queue's keys less the roles added after it: the old one
+        predates the lease list, the schedule and the id index, counters' "before" the index."""
+        newer = _NEWER_ROLES.get(self.label, ())
+        return [key for key in keys if not key.endswith(newer)] if newer else keys
+
+
+# Key roles a baseline module (by its label) does not know.
+_NEWER_ROLES = {"old": (":leases", ":scheduled", ":ids"), "before": (":ids",)}
 
 
 def old_source() -> str:

@@ -10,8 +10,9 @@ adds ``retried``) cost no extra round trip and a few hundred nanoseconds per cal
 On each server (one of our own, persistence off) two modules are loaded at once, each as a
 script and as a function library under its own name: BEFORE is ``lua/rotator.lua`` at commit
 8b6ec41, just before the counters (kept in ``bench/baseline/rotator-before-counters.lua``, so
-no git history is needed), AFTER the working tree's. Both take the same twelve KEYS
-(``rotator.keys.queue_keys(name).all``) and are driven with the same raw calls, one client,
+no git history is needed), AFTER the working tree's. Both take a queue's KEYS
+(``rotator.keys.queue_keys(name).all``; BEFORE less the id index) and are driven with the same
+raw calls, one client,
 a fresh queue for every loop. Phases:
 
 0. a control: phase a with BEFORE on both sides (the same function, two queues), so the

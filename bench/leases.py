@@ -5,7 +5,7 @@
 
 On each server (persistence off) both modules are loaded at once, as ``bench.bounds`` does:
 OLD is ``bench/baseline/rotator-5b7616c.lua`` (ten queue KEYS: leases sit in the ring), NEW
-the working tree's ``lua/rotator.lua`` (twelve: ``rotator.keys.queue_keys(name).all``). Both
+the working tree's ``lua/rotator.lua`` (thirteen: ``rotator.keys.queue_keys(name).all``). Both
 are driven with the same raw calls, by EVALSHA and (the claims) by FCALL too. SLOWLOG is on
 with ``slowlog-log-slower-than 0`` in every phase, set-ups included, and read (and reset)
 every few dozen calls, since Valkey also logs the commands a script issues; each phase starts

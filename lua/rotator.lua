@@ -1,15 +1,15 @@
 --[[
 rotator.lua: a reliable job queue on one Redis list (the ring). Redis >= 6.2 or Valkey >= 7.2.
 
-Load once and call by SHA; the first ARGV picks the command. The queue commands take the twelve
-queue KEYS below; pushp/nextp/ackp take them plus KEYS[13] (and KEYS[14] to keep per-item
-stats); pushi/nackp/items take all fourteen; the topic commands (t...) take the
-TOPIC KEYS, then twelve queue KEYS per consumer group. All keys of one call must share one hash
+Load once and call by SHA; the first ARGV picks the command. The queue commands take the thirteen
+queue KEYS below; pushp/nextp/ackp take them plus KEYS[14] (and KEYS[15] to keep per-item
+stats); pushi/nackp/items take all fifteen; the topic commands (t...) take the
+TOPIC KEYS, then thirteen queue KEYS per consumer group. All keys of one call must share one hash
 tag so the module runs on Redis Cluster. Key names are never built here: they all arrive
-through KEYS, and their names are checked before anything is read or written: a queue's twelve
-are "<base>:ring" ... "<base>:scheduled" in the order below, one base for all; KEYS[13] is
+through KEYS, and their names are checked before anything is read or written: a queue's thirteen
+are "<base>:ring" ... "<base>:ids" in the order below, one base for all; KEYS[14] is
 "<base>:payloads" (a topic group: the topic's bodies) or push_chunk's marker under "<base>:",
-KEYS[14] "<base>:items". Anything else: ROTATOR_KEYS, nothing written.
+KEYS[15] "<base>:items". Anything else: ROTATOR_KEYS, nothing written.
 
 KEYS
   KEYS[1]  ring       LIST  pending job ids and deferred jobs, plus one sentinel; consumers
@@ -37,14 +37,15 @@ KEYS
   KEYS[11] leases     LIST  the jobs in flight: leases and packed batches, newest at the head,
                             walked from the tail in deadline order (see LEASES)
   KEYS[12] scheduled  ZSET  id -> due ms: jobs pushed for later (see SCHEDULED)
-  KEYS[13] payloads   HASH  id -> payload; pushp/nextp/ackp only (a topic group: its bodies);
+  KEYS[13] ids        HASH  id -> where its one copy is, on a queue that tracks ids (see IDS)
+  KEYS[14] payloads   HASH  id -> payload; pushp/nextp/ackp only (a topic group: its bodies);
                             push_chunk takes its marker hash here instead
-  KEYS[14] items      HASH  id -> "<enqueued ms>:<deliveries>:<last delivery ms>:<last error>"
+  KEYS[15] items      HASH  id -> "<enqueued ms>:<deliveries>:<last delivery ms>:<last error>"
                             per-item stats, kept only by calls given this key (0: unknown)
 
-TOPIC KEYS (then KEYS[5..16] are group 1's twelve queue keys, KEYS[17..28] group 2's, ...)
+TOPIC KEYS (then KEYS[5..17] are group 1's thirteen queue keys, KEYS[18..30] group 2's, ...)
   KEYS[1]  topic      HASH  seq (last message seq), ms (last message ms), bytes (retained)
-  KEYS[2]  groups     HASH  group name -> its ring key (KEYS[1] of its twelve queue keys)
+  KEYS[2]  groups     HASH  group name -> its ring key (KEYS[1] of its thirteen queue keys)
   KEYS[3]  log        ZSET  retained message ids, scored by seq
   KEYS[4]  bodies     HASH  message id -> payload, for the retained messages only
   A message id is "<ms>-<seq>": ms from TIME (never lower than the last id's), seq counts up
@@ -52,7 +53,7 @@ TOPIC KEYS (then KEYS[5..16] are group 1's twelve queue keys, KEYS[17..28] group
   `expired`, the ids its backlog bound dropped (tpublish).
   Key names follow one layout: KEYS[1..4] are "<base>:topic:meta", "<base>:topic:groups",
   "<base>:topic:log" and "<base>:topic:bodies" (base: "<prefix>:{<topic>}"), and group
-  GROUP's twelve are "<base>:group:<GROUP>:<role>" with the roles in the order of KEYS above.
+  GROUP's thirteen are "<base>:group:<GROUP>:<role>" with the roles in the order of KEYS above.
   Every topic command checks the names (not the contents) before writing anything and
   refuses other keys with ROTATOR_KEYS.
 
@@ -117,16 +118,35 @@ SCHEDULES (recurring jobs)
   Python client computes them with a cron library) and idles once they run out, until a
   schedule FILL gives more (the Python worker loops refill them).
 
+IDS (a queue that tracks ids: unique jobs and cancel)
+  configure track_ids 1, given while the queue holds no job (nothing pending, in flight,
+  deferred or scheduled), makes the queue keep KEYS[13]: id -> where its one copy is:
+    "p"        waiting in the ring          "s"         scheduled (KEYS[12])
+    "<stamp>"  leased or deferred, its token "<id>*<stamp>"
+    "c"        cancelled while waiting      "c<stamp>"  cancelled in flight
+  Such a queue holds each id once: every push command (push pushi push_chunk push_later pushp
+  pushp_later requeue_dead, and a schedule's ticks) skips an id it holds and counts only the
+  ids it takes; an id held by a lease already acked (its token in a done set, or its batch
+  acked whole) is free again at once, and so is one cancelled (one cancelled while it waited
+  is taken back in place: its element still waits). An id scheduled again moves, as on any
+  queue. Each walk (next, next_packed, nextp, sweep) writes the stamps of the leases it
+  makes and drops the entries of jobs that leave (acked and removed, dead-lettered), and
+  drops any element the index does not name: a cancelled job, or the cancelled copy of an
+  id pushed again. An element whose id has no entry is leased as usual: nothing is dropped
+  for want of an entry. The walk costs one HMGET per slice of the ring and one per lease it
+  visits; a tracked queue takes no short way (M.fast_lease). Counts (stats) include a
+  cancelled job until the walk drops it. track_ids 0 drops the index.
+
 COMMANDS (ARGV[1]; numbers are decimal integers)
   push ID [ID ...]
     Appends pending ids (at most 5000 per call); all or nothing. Wakes idle consumers.
     reply: number pushed
     errors: ROTATOR_BADID, ROTATOR_TOOMANY
-  push_later IN|AT TIME ID [ID ...]                               (KEYS 1..12, or 1..14)
+  push_later IN|AT TIME ID [ID ...]                               (KEYS 1..13, or 1..15)
     Schedules ids to be pushed TIME ms from now (IN), or at the unix ms TIME (AT; server TIME),
     at most ten years ahead (315360000000 ms); a time passed is due at once (see SCHEDULED).
     An id already scheduled moves to the new time: one scheduled job per id. At most 5000
-    ids; all or nothing. With KEYS 1..14: also starts each id's stats, as pushi does.
+    ids; all or nothing. With KEYS 1..15: also starts each id's stats, as pushi does.
     reply: number scheduled
     errors: ROTATOR_BADARG, ROTATOR_BADID, ROTATOR_TOOMANY
   schedule SET|FILL NAME JOB_ID EVERY_MS SPEC [DUE ...]
@@ -171,7 +191,7 @@ COMMANDS (ARGV[1]; numbers are decimal integers)
     one more may go. JOBS 0 lifts the limit.
     reply: 1
     errors: ROTATOR_BADARG
-  push_chunk CHUNK TTL_MS ID [ID ...]                     (KEYS 1..12, KEYS[13] a marker hash)
+  push_chunk CHUNK TTL_MS ID [ID ...]                     (KEYS 1..13, KEYS[14] a marker hash)
     push, once per chunk of a bulk load: only when the marker's field `chunks` (0 when
     absent) equals CHUNK; then `chunks` becomes CHUNK + 1 and the marker expires in TTL_MS.
     A chunk the marker already counts pushes nothing, so a retried loader pushes no id twice.
@@ -227,20 +247,34 @@ COMMANDS (ARGV[1]; numbers are decimal integers)
     is revoked.
     reply: {ok1, ok2, ...}  1 = requeued, 0 = lease lost (re-issued, acked or unknown queue)
     errors: ROTATOR_BADARG, ROTATOR_BADTOKEN, ROTATOR_TOOMANY
-  bury ERROR TOKEN [TOKEN ...]                                   (KEYS 1..12, or 1..14)
+  bury ERROR TOKEN [TOKEN ...]                                   (KEYS 1..13, or 1..15)
     Sends live leases to the dead letters with ERROR (at most 4096 bytes; may be empty):
     each is marked "f<ERROR>" and revoked (with its batch), as by nack, and the walk that
     reaches its element writes the letter "failed*<deliveries>*<ms>*<id>*<ERROR>" (a
     sweep reaches it at once; stats counts it as done meanwhile). For a worker's last
     failure, instead of a nack that the next visit would dead-letter without the error.
-    With KEYS[14]: also records ERROR as each job's last error, as nackp does.
+    With KEYS[15]: also records ERROR as each job's last error, as nackp does.
     reply: {ok1, ok2, ...}  1 = buried, 0 = lease lost (as nack)
     errors: ROTATOR_BADARG, ROTATOR_BADTOKEN, ROTATOR_TOOMANY
   extend LEASE_MS TOKEN [TOKEN ...]
     Moves each lease's deadline to now + LEASE_MS (1..86400000).
-    reply: {deadline_ms, ok1, ok2, ...}  1 = extended, 0 = lease lost
+    reply: {deadline_ms, ok1, ok2, ...}  1 = extended, 0 = lease lost, -1 = its job was
+           cancelled (a queue that tracks ids): stop working on it
     errors: ROTATOR_BADARG, ROTATOR_BADTOKEN, ROTATOR_TOOMANY
-  delete [FORGET]                                            (KEYS 1..12, 1..13 or 1..14)
+  unique PUSH_COMMAND ARG ...
+    Any of push pushi push_later pushp pushp_later, on a queue that tracks ids (see IDS);
+    refused with ROTATOR_UNTRACKED, nothing written, on one that does not: a producer that
+    counts on each id being held once says so.
+    reply: the push command's (ids taken)
+    errors: the push command's, ROTATOR_UNTRACKED
+  cancel ID [ID ...]
+    On a queue that tracks ids (see IDS): a scheduled job leaves at once; a waiting one is
+    dropped at the walk's next visit; one in flight has its token revoked (its ack is
+    refused, its extend answers -1, and no batch ack covers it) and is dropped when the walk
+    reaches its lease, instead of being leased again. Counted in stats' cancelled.
+    reply: how many of the ids were found scheduled, waiting or in flight (and not acked)
+    errors: ROTATOR_BADID, ROTATOR_TOOMANY, ROTATOR_UNTRACKED
+  delete [FORGET]                                            (KEYS 1..13, 1..14 or 1..15)
     Removes every key given (in the background: UNLINK), keeping only the seq of KEYS[9], so
     that a queue made again under the name never hands out a token of this one. FORGET 1
     removes that too (a name never used again).
@@ -253,6 +287,8 @@ COMMANDS (ARGV[1]; numbers are decimal integers)
       dead_max     1..1000000, default 100000: dead letters kept, the newest
       dead_age_ms  0 or 1000..315360000000, default 604800000: dead letters older are
                    dropped (0: no age limit)
+      track_ids    0 or 1, default 0: keep the id index (see IDS); 1 only on a queue that
+                   holds no job (ROTATOR_BADARG otherwise)
     Each call that adds refused tokens or dead letters drops, oldest first, at most what it
     added plus 1000 beyond these bounds (meta field dead_dropped counts dropped letters).
     reply: {name, value, ...} for every setting
@@ -263,7 +299,7 @@ COMMANDS (ARGV[1]; numbers are decimal integers)
             "overdue", n, "overdue_capped", 0|1, "scheduled", n, "paused", 0|1,
             "schedules", n, "rate_limit_jobs", n, "rate_limit_ms", n (0 0: no limit),
             "pushed", n, "delivered", n, "completed", n, "retried", n, "reclaimed", n,
-            "dead_lettered", n, "d0", n, ... "d25", n, "dsum", ms}
+            "dead_lettered", n, "cancelled", n, "d0", n, ... "d25", n, "dsum", ms}
     Jobs: length = pending + in_flight + done + deferred + overdue. pending: pushed, never
     leased; in_flight: leased, deadline not passed; done: acked, element not yet removed;
     deferred: given back, waiting for its delay (or for the walk, once due); overdue: lease
@@ -271,11 +307,11 @@ COMMANDS (ARGV[1]; numbers are decimal integers)
     elements and 1000 jobs: overdue_capped 1 says the count is a lower bound).
     O(1) but for that bounded tail: counters kept in meta (marked_n, marked_a and their
     _old), never a whole read. scheduled: jobs waiting in KEYS[12] (push_later), not counted
-    in length; schedules: the recurring schedules. The last six count since the queue was
+    in length; schedules: the recurring schedules. The last seven count since the queue was
     made (delete starts them again), each in the call that does it: ids pushed (and moved
     from the schedule or the dead letters), deliveries (first ones and later), jobs acked
     and removed, jobs given back by nack, expired leases leased again, dead letters
-    written. d0..d25 and dsum: the processing-time histogram (see durations).
+    written, jobs cancelled (see IDS). d0..d25 and dsum: the processing-time histogram (see durations).
   peek COUNT
     The COUNT (1..1000) elements nearest the ring's tail, tail first, then the lease list's
     from its tail, without changing anything; a packed batch shows as the leases it stands
@@ -310,37 +346,37 @@ COMMANDS (ARGV[1]; numbers are decimal integers)
   requeue_dead_from START COUNT [ID ...]
     requeue_dead from the dead letter at index START on (0: the oldest).
     reply: {requeued, next}  call again with START = next until next is -1
-  pushp ID PAYLOAD [ID PAYLOAD ...]                                (KEYS 1..13, or 1..14)
-    push, and stores each payload under its id in KEYS[13] (an id pushed again gets the new
-    payload). At most 2500 pairs; all or nothing. With KEYS[14]: starts each id's stats.
+  pushp ID PAYLOAD [ID PAYLOAD ...]                                (KEYS 1..14, or 1..15)
+    push, and stores each payload under its id in KEYS[14] (an id pushed again gets the new
+    payload). At most 2500 pairs; all or nothing. With KEYS[15]: starts each id's stats.
     reply: number pushed
     errors: ROTATOR_BADARG, ROTATOR_BADID, ROTATOR_TOOMANY
-  nextp COUNT LEASE_MS BUDGET MAX_DELIVERIES DROP [ACK_TOKEN ...]   (KEYS 1..13, or 1..14)
-    next, with each job's payload read from KEYS[13] in the same call. DROP 1 deletes the
+  nextp COUNT LEASE_MS BUDGET MAX_DELIVERIES DROP [ACK_TOKEN ...]   (KEYS 1..14, or 1..15)
+    next, with each job's payload read from KEYS[14] in the same call. DROP 1 deletes the
     payloads (and stats) of the ACK_TOKENs accepted (a plain queue: no batch acks, each
-    job's id is needed); 0 keeps them (a topic group). With KEYS[14]: notes each delivery (count and time) in the job's stats.
+    job's id is needed); 0 keeps them (a topic group). With KEYS[15]: notes each delivery (count and time) in the job's stats.
     reply: {idle, wait_ms, acked, token1, reclaimed1, payload1, ...}; payload nil if none
     errors: ROTATOR_BADARG, ROTATOR_BADTOKEN, ROTATOR_TOOMANY
-  ackp TOKEN [TOKEN ...]                                            (KEYS 1..13, or 1..14)
+  ackp TOKEN [TOKEN ...]                                            (KEYS 1..14, or 1..15)
     ack (no batch acks), and deletes the payloads (and stats) of the accepted tokens' ids.
     reply: number accepted
     errors: ROTATOR_BADTOKEN, ROTATOR_TOOMANY
-  pushi ID [ID ...]                                                 (KEYS 1..14)
+  pushi ID [ID ...]                                                 (KEYS 1..15)
     push, and starts each id's stats (enqueued now, no deliveries): a queue with stats but
     without payloads.
     reply: number pushed
     errors: ROTATOR_BADID, ROTATOR_TOOMANY
-  nackp DELAY_MS ERROR TOKEN [TOKEN ...]                            (KEYS 1..14)
+  nackp DELAY_MS ERROR TOKEN [TOKEN ...]                            (KEYS 1..15)
     nack, and records ERROR (at most 4096 bytes) as the last error of each job given back.
     reply: {ok1, ok2, ...} as nack
     errors: ROTATOR_BADARG, ROTATOR_BADTOKEN, ROTATOR_TOOMANY
-  pushp_later IN|AT TIME ID PAYLOAD [ID PAYLOAD ...]                (KEYS 1..13, or 1..14)
+  pushp_later IN|AT TIME ID PAYLOAD [ID PAYLOAD ...]                (KEYS 1..14, or 1..15)
     push_later, storing each payload now as pushp does (an id scheduled again gets the new
     payload). At most 2500 pairs; all or nothing.
     reply: number scheduled
     errors: ROTATOR_BADARG, ROTATOR_BADID, ROTATOR_TOOMANY
-  items ID [ID ...]                                                 (KEYS 1..14)
-    reply: each id's stats string (see KEYS[14]), nil for an id without stats
+  items ID [ID ...]                                                 (KEYS 1..15)
+    reply: each id's stats string (see KEYS[15]), nil for an id without stats
     errors: ROTATOR_BADID, ROTATOR_TOOMANY
   tpublish MAXLEN MAXAGE_MS PAYLOAD [PAYLOAD ...]                 (TOPIC KEYS + every group)
     Stores 1..1000 payloads as new messages and pushes their ids onto every group's ring, in
@@ -361,7 +397,7 @@ COMMANDS (ARGV[1]; numbers are decimal integers)
     reply: {added (1 or 0), last_seq}  messages up to last_seq are not pushed to it
     errors: ROTATOR_BADARG, ROTATOR_TOOMANY
   tunsubscribe GROUP                                              (TOPIC KEYS + that group)
-    Forgets GROUP and deletes its twelve queue keys (UNLINK: freed in the background).
+    Forgets GROUP and deletes its thirteen queue keys (UNLINK: freed in the background).
     reply: 1, or 0 when it was not registered
     errors: ROTATOR_BADARG
   treplay GROUP FROM_SEQ TO_SEQ COUNT                             (TOPIC KEYS + that group)
@@ -385,35 +421,38 @@ COMMANDS (ARGV[1]; numbers are decimal integers)
 ERRORS (replies start with the code)
   ROTATOR_BADCMD, ROTATOR_BADARG, ROTATOR_BADID, ROTATOR_BADTOKEN, ROTATOR_TOOMANY,
   ROTATOR_KEYS, ROTATOR_WRONGTYPE, ROTATOR_STALE (retry: the topic's groups changed),
-  ROTATOR_NOGROUP. Every argument and key type is checked before the first
+  ROTATOR_NOGROUP, ROTATOR_UNTRACKED (unique or cancel on a queue without the id index). Every argument and key type is checked before the first
   write, so a failing call changes nothing.
 
 REDIS-CLI
   SHA=$(redis-cli -x SCRIPT LOAD < lua/rotator.lua)
-  Q="rotator:{orders}:ring rotator:{orders}:done rotator:{orders}:done_old rotator:{orders}:marks rotator:{orders}:marks_old rotator:{orders}:revoked rotator:{orders}:dead rotator:{orders}:wake rotator:{orders}:meta rotator:{orders}:pushlog rotator:{orders}:leases rotator:{orders}:scheduled"
-  redis-cli EVALSHA $SHA 12 $Q push job-1 job-2
-  redis-cli EVALSHA $SHA 12 $Q next 10 30000 1000 5
-  redis-cli EVALSHA $SHA 12 $Q ack 'job-1*1732233600000.1.000001'
-  redis-cli EVALSHA $SHA 12 $Q ack '*1732233600000.1.0/2'     # job-1 and job-2 at once
-  redis-cli EVALSHA $SHA 12 $Q stats
-  redis-cli EVALSHA $SHA 12 $Q push_later IN 30000 job-5     # delivered in 30 s
-  redis-cli EVALSHA $SHA 12 $Q push_later AT 1764579600000 job-6
-  redis-cli EVALSHA $SHA 12 $Q schedule SET nightly report 86400000 'every day'
-  redis-cli EVALSHA $SHA 12 $Q schedules
-  redis-cli EVALSHA $SHA 12 $Q pause
-  redis-cli EVALSHA $SHA 12 $Q resume
+  Q="rotator:{orders}:ring rotator:{orders}:done rotator:{orders}:done_old rotator:{orders}:marks rotator:{orders}:marks_old rotator:{orders}:revoked rotator:{orders}:dead rotator:{orders}:wake rotator:{orders}:meta rotator:{orders}:pushlog rotator:{orders}:leases rotator:{orders}:scheduled rotator:{orders}:ids"
+  redis-cli EVALSHA $SHA 13 $Q push job-1 job-2
+  redis-cli EVALSHA $SHA 13 $Q next 10 30000 1000 5
+  redis-cli EVALSHA $SHA 13 $Q ack 'job-1*1732233600000.1.000001'
+  redis-cli EVALSHA $SHA 13 $Q ack '*1732233600000.1.0/2'     # job-1 and job-2 at once
+  redis-cli EVALSHA $SHA 13 $Q stats
+  redis-cli EVALSHA $SHA 13 $Q push_later IN 30000 job-5     # delivered in 30 s
+  redis-cli EVALSHA $SHA 13 $Q push_later AT 1764579600000 job-6
+  redis-cli EVALSHA $SHA 13 $Q schedule SET nightly report 86400000 'every day'
+  redis-cli EVALSHA $SHA 13 $Q schedules
+  redis-cli EVALSHA $SHA 13 $Q pause
+  redis-cli EVALSHA $SHA 13 $Q resume
+  redis-cli EVALSHA $SHA 13 $Q configure track_ids 1         # on an empty queue
+  redis-cli EVALSHA $SHA 13 $Q unique push job-7 job-7       # 1: each id once
+  redis-cli EVALSHA $SHA 13 $Q cancel job-7
   P="$Q rotator:{orders}:payloads"
-  redis-cli EVALSHA $SHA 13 $P pushp job-3 '{"n":3}'
-  redis-cli EVALSHA $SHA 13 $P nextp 10 30000 1000 5 1
+  redis-cli EVALSHA $SHA 14 $P pushp job-3 '{"n":3}'
+  redis-cli EVALSHA $SHA 14 $P nextp 10 30000 1000 5 1
   I="$P rotator:{orders}:items"
-  redis-cli EVALSHA $SHA 14 $I pushi job-4
-  redis-cli EVALSHA $SHA 14 $I items job-4
+  redis-cli EVALSHA $SHA 15 $I pushi job-4
+  redis-cli EVALSHA $SHA 15 $I items job-4
   T="rotator:{news}:topic:meta rotator:{news}:topic:groups"
   T="$T rotator:{news}:topic:log rotator:{news}:topic:bodies"
-  G=$(for r in ring done done_old marks marks_old revoked dead wake meta pushlog leases scheduled; do
+  G=$(for r in ring done done_old marks marks_old revoked dead wake meta pushlog leases scheduled ids; do
         printf 'rotator:{news}:group:mail:%s ' $r; done)
-  redis-cli EVALSHA $SHA 16 $T $G tsubscribe mail
-  redis-cli EVALSHA $SHA 16 $T $G tpublish 100000 0 'hello' 'world'
+  redis-cli EVALSHA $SHA 17 $T $G tsubscribe mail
+  redis-cli EVALSHA $SHA 17 $T $G tpublish 100000 0 'hello' 'world'
   redis-cli EVALSHA $SHA 4 $T tseek 1732233600000
 ]]
 
@@ -426,7 +465,7 @@ REDIS-CLI
 --    6. The walk engine   one walk over the ring's tail, for next, next_packed and sweep
 --    7. Queue commands    push push_chunk push_later pause resume rate_limit durations next
 --                         next_packed ack nack
---                         extend sweep delete
+--                         extend cancel sweep delete
 --                         configure stats peek scan dead requeue_dead requeue_dead_from
 --    8. Payloads          pushp pushp_later nextp ackp, and item stats: pushi nackp items
 --    9. Topics            tpublish tsubscribe tunsubscribe treplay tseek ttrim tstats,
@@ -462,6 +501,7 @@ local LIMIT = {
   -- (at most a million dead letters: requeue_dead's LREM walks that far at the most)
   dead_max = 100000, dead_max_range = { 1, 1000000 },
   dead_age_ms = 7 * 86400000, dead_age_ms_range = { 0, 3650 * 86400000 }, -- 0: no age limit
+  track_ids = 0, track_ids_range = { 0, 1 }, -- see IDS
   trim_step = 1000, -- refused tokens or dead letters one call drops beyond what it adds
   -- Expired leases one call re-leases one by one at most: each is a revocation (a ZADD into
   -- a set of up to fence_max tokens, and its trim), about 5 us on a full set. A batch that
@@ -520,13 +560,13 @@ local LIMIT = {
 
 -- The KEYS of one queue (ring .. pushlog, the header's order), and a topic call's own KEYS,
 -- which its groups' queue KEYS follow.
-local QUEUE_KEYS = 12
+local QUEUE_KEYS = 13
 local TOPIC_KEYS = 4
 -- A queue's key names are "<base>:<role>", one base for all (rotator/keys.py builds them):
 -- the name of the ring, less ":ring", and these endings in KEYS order.
 local QUEUE_ROLES = {
   ':ring', ':done', ':done_old', ':marks', ':marks_old', ':revoked', ':dead', ':wake', ':meta',
-  ':pushlog', ':leases', ':scheduled',
+  ':pushlog', ':leases', ':scheduled', ':ids',
 }
 
 -- The element grammar: the sentinel, and the bytes that tell elements and marks apart (locals:
@@ -538,6 +578,7 @@ local BYTE_N = 110 -- 'n': opens the mark of a nacked job ("n<due ms>")
 local BYTE_E = 101 -- 'e': opens the mark of an extended lease ("e<deadline ms>")
 local BYTE_F = 102 -- 'f': opens the mark of a buried job ("f<error>")
 local BYTE_HASH = 35 -- '#': opens the processing times a next or an ack may carry
+local BYTE_C = 99 -- 'c': opens an id index entry of a cancelled job (see IDS)
 
 -- next takes the short way (M.fast_lease) where it applies. A test flips this to compare the
 -- two ways key by key (tests/lua/test_fast_lease.py).
@@ -552,6 +593,8 @@ local FAST_LEASE = true
 -- queue call). Code working on a topic group's queue is handed that queue's keys instead.
 local A, KS, rcall
 local K
+-- The call came as `unique <push command> ...` (see IDS); A then starts at the push command.
+local UNIQUE
 local T, NGROUPS
 -- Zero-padded places ("00042"), each formatted once: a token's seq is the call's first visit
 -- number followed by the job's place in the call's batch (or among the call's later
@@ -727,7 +770,7 @@ function M.read_meta(K)
     'lapguess', 'qlen', 'packed', 'origin', 'fence_ms', 'fence_max', 'dead_max', 'dead_age_ms',
     'marked_n', 'marked_a', 'marked_n_old', 'marked_a_old',
     'lmin', 'lstop', 'lpass', 'lskip', 'rpasses', 'lpasses', 'smin', 'paused', 'rate_n',
-    'rate_ms', 'rate_tat', 'completed', 'redelivered', 'reclaimed', 'lettered')
+    'rate_ms', 'rate_tat', 'completed', 'redelivered', 'reclaimed', 'lettered', 'track_ids')
   local seq = tonumber(m[1]) or M.now_ms()
   return {
     -- origin: the first seq of the queue as it is now (see refused_among)
@@ -751,6 +794,8 @@ function M.read_meta(K)
     -- and removed, deliveries after the first, of them those of expired leases, letters.
     completed = tonumber(m[30]) or 0, redelivered = tonumber(m[31]) or 0,
     reclaimed = tonumber(m[32]) or 0, lettered = tonumber(m[33]) or 0,
+    -- Whether K.ids indexes the queue's ids (see IDS).
+    track_ids = tonumber(m[34]) or 0, tracked = m[34] == '1',
     lapnext = tonumber(m[2]), qstart = tonumber(m[3]),
     qmin = tonumber(m[4]), pushed = tonumber(m[5]) or 0, taken = tonumber(m[6]) or 0,
     lapguess = m[7] == '1' or not tonumber(m[2]), qlen = tonumber(m[8]),
@@ -882,6 +927,142 @@ function M.record_push(K, meta, n, now, head)
   for i = 1, math.min(n, LIMIT.wake_tokens) do tokens[i] = '1' end
   rcall('LPUSH', K.wake, unpack(tokens))
   rcall('LTRIM', K.wake, 0, LIMIT.wake_tokens - 1)
+end
+
+-- A queue that tracks ids (configure track_ids 1, see IDS): K.ids names where each id's
+-- one copy is. These run only on such a queue.
+
+-- Of `ids` (checked, in order), those the queue may take now as `value` ("p": pushed to the
+-- ring, "s": scheduled): an id is taken once however often it is given, and not while the
+-- queue holds it, except that a job scheduled may be scheduled again (it moves) and one
+-- cancelled may come back. Writes the index for them. Returns the ids to push (or schedule)
+-- and how many more were taken back in place: an id cancelled while it waited in the ring,
+-- whose element still waits there (the walk would have dropped it), is simply live again.
+function M.admit(ids, value)
+  local held = M.hmget_all(K.ids, ids)
+  local acked = M.acked_copies(ids, held)
+  local fresh, writes, seen, back = {}, {}, {}, 0
+  for i = 1, #ids do
+    local id, v = ids[i], held[i]
+    if not seen[id] then
+      seen[id] = true
+      if v == 'c' and value == 'p' then
+        back = back + 1
+        writes[#writes + 1], writes[#writes + 2] = id, 'p'
+      elseif not v or acked[i] or string.byte(v) == BYTE_C or (v == 's' and value == 's') then
+        fresh[#fresh + 1] = id
+        writes[#writes + 1], writes[#writes + 2] = id, value
+      end
+    end
+  end
+  M.call_all('HSET', K.ids, writes)
+  return fresh, back
+end
+
+-- Which of `ids` the index `held` (their values) places in a lease that is acked already:
+-- its token in a done set, or its batch acked whole. Such a copy is complete, though its
+-- element may wait for a walk to remove it. A set of indexes into `ids`.
+function M.acked_copies(ids, held)
+  local tokens, at, batches, of = {}, {}, {}, {}
+  for i = 1, #ids do
+    local v = held[i]
+    if v and string.find(v, '^%d') then
+      local token = ids[i] .. '*' .. v
+      tokens[#tokens + 1], at[#tokens + 1] = token, i
+      local batch = M.batch_of(token)
+      if batch then batches[#batches + 1], of[#batches + 1] = batch, i end
+    end
+  end
+  local acked = {}
+  if #tokens == 0 then return acked end
+  for _, key in ipairs({ K.done, K.done_old }) do
+    local flags = M.read('SMISMEMBER', key, unpack(tokens))
+    for j = 1, #flags do
+      if flags[j] == 1 then acked[at[j]] = true end
+    end
+  end
+  if #batches > 0 then
+    for _, key in ipairs({ K.marks, K.marks_old }) do
+      local marks = M.read('HMGET', key, unpack(batches))
+      for j = 1, #marks do
+        if marks[j] and string.byte(marks[j]) == BYTE_A then acked[of[j]] = true end
+      end
+    end
+  end
+  return acked
+end
+
+-- Notes in the walk's state that the copy of `id` whose token ends in `stamp` has left the
+-- queue (acked and removed, dead-lettered, dropped): its index entry goes, unless it already
+-- names another copy (the id pushed again once this one was acked or cancelled).
+function M.forget_id(s, id, stamp)
+  if not s.tracked then return end
+  s.gone[#s.gone + 1], s.gone_stamp[#s.gone + 1] = id, stamp
+end
+
+-- Notes that `id` is now in flight with the token `id*stamp`.
+function M.note_id(s, id, stamp)
+  if not s.tracked then return end
+  s.leased_ids[#s.leased_ids + 1] = id
+  s.leased_ids[#s.leased_ids + 1] = stamp
+end
+
+-- Writes what the walk noted: entries of copies gone (each only if it still names that
+-- copy), then the stamps of this call's leases.
+function M.write_ids(s)
+  local gone, batch = s.gone, s.batch
+  if #gone > 0 then
+    local held = M.hmget_all(K.ids, gone)
+    local drop = {}
+    for i = 1, #gone do
+      if held[i] == s.gone_stamp[i] then drop[#drop + 1] = gone[i] end
+    end
+    M.call_all('HDEL', K.ids, drop)
+  end
+  local writes = s.leased_ids
+  local stamp = string.sub(s.first, 2)
+  for k = 1, #batch do
+    writes[#writes + 1], writes[#writes + 2] = batch[k], stamp .. PAD[k]
+  end
+  M.call_all('HSET', K.ids, writes)
+end
+
+-- Whether the walk drops the element `element` of `id` (stamp: its token after "*", or nil
+-- for a pending id) met on a tracked queue: it is not the copy the index names. Either it
+-- was cancelled (the index says "c", or "c" and its stamp), or the id came back once it was
+-- (the index names the new copy). An id the index does not know is kept (and leased): a job
+-- is never dropped for want of an entry.
+function M.stale_copy(v, stamp)
+  if not v then return false end
+  if stamp then return v ~= stamp end
+  return v ~= 'p'
+end
+
+-- For a slice of the ring on a tracked queue: index -> the index's value, for each pending
+-- id whose element the walk drops (see stale_copy). One HMGET for the slice.
+function M.stale_pending(slice, stamped, packed)
+  local ids, at = {}, {}
+  for i = 1, #slice do
+    local element = slice[i]
+    if not stamped[i] and not packed[i] and element ~= SENTINEL and element ~= ''
+        and string.byte(element) ~= BYTE_STAR then
+      ids[#ids + 1], at[#ids + 1] = element, i
+    end
+  end
+  local stale = {}
+  if #ids == 0 then return stale end
+  local held = M.hmget_all(K.ids, ids)
+  for j = 1, #ids do
+    if M.stale_copy(held[j], nil) then stale[at[j]] = held[j] end
+  end
+  return stale
+end
+
+-- Drops a copy the index no longer names (see stale_copy); a pending one counts as taken.
+function M.drop_copy(s, id, stamp, v)
+  s.live = s.live - 1
+  if not stamp then s.taken = s.taken + 1 end
+  if v == 'c' or v == 'c' .. (stamp or '') then M.forget_id(s, id, v) end
 end
 
 -- 5. ACKS: for ack, next (its ACK_TOKENs) and ackp ---------------------------------------------
@@ -1070,6 +1251,9 @@ function M.start_walk(lease, max_deliveries, state)
     visited = 0, leased = 0, soonest = nil, sweeping = false,
     completed = meta.completed, redelivered = meta.redelivered, reclaimed = meta.reclaimed,
     lettered = meta.lettered,
+    -- On a queue that tracks ids: copies gone (id, and the stamp the index must still hold
+    -- for its entry to go) and leases made (id, stamp), written by write_ids.
+    tracked = meta.tracked, gone = {}, gone_stamp = {}, leased_ids = {},
   }
   return s
 end
@@ -1094,6 +1278,7 @@ function M.walk(s, count, limit, budget)
     local slice = rcall('LRANGE', K.ring, -(s.visited + want), -(s.visited + 1))
     local stamped, done_in, mark, mark_in, packed = {}, {}, {}, {}, {}
     M.look_up(slice, s.sides, stamped, done_in, mark, mark_in, packed)
+    local stale = s.tracked and M.stale_pending(slice, stamped, packed) or {}
     local i = #slice
     while true do
       if not s.sweeping then
@@ -1106,7 +1291,7 @@ function M.walk(s, count, limit, budget)
         while i >= 1 and leased < count and visited < last do
           local element = slice[i]
           if stamped[i] or packed[i] or element == '' or #element > id_bytes
-              or byte(element) == BYTE_STAR then
+              or byte(element) == BYTE_STAR or stale[i] then
             break
           end
           visited, leased, live, taken = visited + 1, leased + 1, live - 1, taken + 1
@@ -1154,6 +1339,8 @@ function M.walk(s, count, limit, budget)
           if element == '' or #element > id_bytes or byte(element) == BYTE_STAR then
             s.taken = s.taken + 1 -- empty, too long, or starting with "*": not an id
             M.dead_letter(s, 'corrupt', 0, element)
+          elseif stale[i] then
+            M.drop_copy(s, element, nil, stale[i])
           elseif s.sweeping then
             n_rotated = n_rotated + 1
             rotated[n_rotated] = element
@@ -1246,9 +1433,19 @@ function M.visit_lease(s, element, m, m_key)
     M.dead_letter(s, 'corrupt', 0, element)
     return
   end
+  local stamp = s.tracked and string.sub(element, #id + 2)
+  if stamp then
+    local v = rcall('HMGET', K.ids, id)[1] or nil
+    if M.stale_copy(v, stamp) then -- cancelled, or superseded (see IDS)
+      M.unmark(s, m_key, element, m)
+      M.drop_copy(s, id, stamp, v)
+      return
+    end
+  end
   if kind == 'f' then -- buried: to the dead letters now, with its error (revoked by bury)
     M.unmark(s, m_key, element, m)
     M.dead_letter(s, 'failed', n, id .. '*' .. string.sub(m, 2))
+    if stamp then M.forget_id(s, id, stamp) end
     return
   end
   if when and kind == 'e' then deadline = when end
@@ -1291,6 +1488,9 @@ function M.visit_packed(s, element, batch, m, m_key)
     s.live = s.live - 1
     s.packed = s.packed - (#ids - 1)
     s.completed = s.completed + #ids
+    if s.tracked then
+      for k = 1, #ids do M.forget_id(s, ids[k], string.sub(batch, 2) .. PAD[k]) end
+    end
     return
   end
   if not m and not s.sweeping and s.count - s.leased >= #ids then
@@ -1301,7 +1501,7 @@ function M.visit_packed(s, element, batch, m, m_key)
     s.live = s.live + #ids - 1
     s.packed = s.packed - (#ids - 1)
     s.expanded = s.expanded + #ids
-    for k = 1, #ids do M.lease_again(s, ids[k], 1, nil, 1) end
+    for k = 1, #ids do M.lease_again(s, ids[k], 1, ids[k] .. batch .. PAD[k], 1) end
     return
   end
   M.unmark(s, m_key, batch, m) -- the touch (or a batch ack of another size) is used up
@@ -1327,6 +1527,10 @@ end
 -- An acked lease leaves, and its token its done set (`key`; false: that generation is gone).
 function M.completed(s, key, token)
   if key then table.insert(s.srem[key], token) end
+  if s.tracked then
+    local star = string.find(token, '*', 2, true)
+    M.forget_id(s, string.sub(token, 1, star - 1), string.sub(token, star + 1))
+  end
   s.live = s.live - 1
   s.completed = s.completed + 1
 end
@@ -1386,6 +1590,7 @@ function M.lease_again(s, id, n, old_token, reclaimed, mark, mark_key)
   if s.max_deliveries > 0 and n >= s.max_deliveries then
     s.letters[#s.letters + 1] = 'max_deliveries*' .. n .. '*' .. s.now .. '*' .. id
     s.live = s.live - 1
+    if old_token then M.forget_id(s, id, string.sub(old_token, #id + 2)) end
     return
   end
   -- Numbered apart from the batch, and counted at least 2 (a hand-written lease may say 0):
@@ -1394,6 +1599,7 @@ function M.lease_again(s, id, n, old_token, reclaimed, mark, mark_key)
   local token = id .. '*' .. s.deadline .. '.' .. (math.max(n, 1) + 1) .. '.' .. s.seq_base
     .. PAD[s.released]
   s.to_leases[#s.to_leases + 1] = token
+  M.note_id(s, id, string.sub(token, #id + 2))
   s.live = s.live - 1
   s.reply[#s.reply + 1] = token
   s.reply[#s.reply + 1] = reclaimed
@@ -1637,6 +1843,7 @@ function M.finish_walk(s)
     M.call_all('ZADD', K.revoked, args)
   end
   M.trim_revoked(s.meta, s.now, #s.revoke, s.sides.revoked + #s.revoke)
+  if s.tracked then M.write_ids(s) end
   if #s.letters > 0 then M.call_all('RPUSH', K.dead, s.letters) end
   s.lettered = s.lettered + #s.letters
   if s.dead_length + #s.letters > 0 then
@@ -1762,23 +1969,43 @@ function M.push_ids(first, before_write)
   local length = M.read('LLEN', K.ring)
   local meta = M.read_meta(K)
   local head = M.read_push_keys(K)
+  M.check_unique(meta)
   if before_write then before_write() end
   local now = M.now_ms()
+  local ids, back = nil, 0
+  if meta.tracked then -- each id once (see IDS)
+    ids, back = M.admit({ unpack(A, first) }, 'p')
+    n = #ids
+    if n == 0 then return back, now, ids end
+  end
   M.ensure_ring(K, length)
-  for i = first, #A, LIMIT.batch do
-    rcall('LPUSH', K.ring, unpack(A, i, math.min(i + LIMIT.batch - 1, #A)))
+  if ids then
+    M.call_all('LPUSH', K.ring, ids)
+  else
+    for i = first, #A, LIMIT.batch do
+      rcall('LPUSH', K.ring, unpack(A, i, math.min(i + LIMIT.batch - 1, #A)))
+    end
   end
   M.record_push(K, meta, n, now, head)
-  return n, now
+  return n + back, now, ids
 end
 
--- push, once per chunk of a bulk load whose progress the marker hash (the thirteenth key) records in
+-- A push given as `unique ...` (see IDS) needs a queue that tracks ids: elsewhere it could
+-- not keep its promise.
+function M.check_unique(meta)
+  if UNIQUE and not meta.tracked then
+    M.refuse('ROTATOR_UNTRACKED', 'unique pushes need a queue that tracks ids: configure ' ..
+      'track_ids 1 (on an empty queue) first')
+  end
+end
+
+-- push, once per chunk of a bulk load whose progress the marker hash (the fourteenth key) records in
 -- its field `chunks`: a retried or duplicated loader (a Spark task run twice) pushes nothing
 -- twice, however its attempts interleave.
 function M.push_chunk()
   local chunk = M.int_arg(2, 'CHUNK', 0, LIMIT.no_bound)
   local ttl = M.int_arg(3, 'TTL_MS', 1, LIMIT.no_bound)
-  local marker = K.payloads -- the thirteenth key: push_chunk takes its marker hash there
+  local marker = K.payloads -- the fourteenth key: push_chunk takes its marker hash there
   local chunks = tonumber(M.read('HMGET', marker, 'chunks')[1]) or 0
   if chunks > chunk then
     M.check_ids(4)
@@ -1820,12 +2047,25 @@ function M.push_later()
   if #ids == 0 then return 0 end
   local smin = M.read_schedule_keys()
   if K.items then M.read('HLEN', K.items) end
+  if M.read_tracked() then
+    ids = M.admit(ids, 's')
+    if #ids == 0 then return 0 end
+  end
   M.schedule_ids(ids, due, smin)
   M.enqueued(ids, now)
   return #ids
 end
 
--- Starts the per-item stats (the fourteenth key) of ids just pushed
+-- Whether the queue tracks ids (see IDS), for a command that reads no other meta; refuses a
+-- unique push on a queue that does not (check_unique).
+function M.read_tracked()
+  local meta = { tracked = M.read('HMGET', K.meta, 'track_ids')[1] == '1' }
+  M.read('HLEN', K.ids)
+  M.check_unique(meta)
+  return meta.tracked
+end
+
+-- Starts the per-item stats (the fifteenth key) of ids just pushed
 -- (or scheduled): enqueued now, no delivery.
 function M.enqueued(ids, now)
   if not K.items then return end
@@ -1957,7 +2197,7 @@ end
 
 -- lease's work once the queue may lease: the short way, or the walk.
 function M.lease_now(first, count, lease, budget, max_deliveries, compact, state)
-  if FAST_LEASE then
+  if FAST_LEASE and not state.meta.tracked then -- (the walk keeps the id index)
     local reply = M.fast_lease(first, count, lease, budget, compact, state)
     if reply then return reply, {} end
   end
@@ -2095,6 +2335,11 @@ function M.promote(meta, length, now)
     M.ensure_ring(K, length)
     rcall('LPUSH', K.ring, unpack(due))
     M.record_push(K, meta, #due, now, head)
+    if meta.tracked then -- scheduled ("s") or a tick's new id: now waiting in the ring
+      local writes = {}
+      for i = 1, #due do writes[#writes + 1], writes[#writes + 2] = due[i], 'p' end
+      rcall('HSET', K.ids, unpack(writes))
+    end
   end
   M.note_scheduled()
 end
@@ -2519,12 +2764,85 @@ function M.extend()
       reply[#reply + 1] = 0
     end
   end
+  if meta.tracked then M.note_cancelled(reply, 3) end
   M.mark_leases(sides, extended, marks, touched)
   -- A shortened lease may now be the first thing to fall due: idle consumers wait for it.
   if any and (not meta.lmin or deadline < meta.lmin) then
     rcall('HSET', K.meta, 'lmin', deadline)
   end
   return reply
+end
+
+-- extend's reply on a queue that tracks ids: a lease lost (0) because its job was cancelled
+-- is -1, so the worker stops the job. `reply[i - first + 2]` answers A[i].
+function M.note_cancelled(reply, first)
+  local ids, at = {}, {}
+  for i = first, #A do
+    local token = A[i]
+    local star = reply[i - first + 2] == 0 and string.find(token, '*', 2, true)
+    if star then ids[#ids + 1], at[#ids + 1] = string.sub(token, 1, star - 1), i end
+  end
+  if #ids == 0 then return end
+  local held = M.read('HMGET', K.ids, unpack(ids))
+  for j = 1, #ids do
+    local token = A[at[j]]
+    if held[j] == 'c' .. string.sub(token, #ids[j] + 2) then reply[at[j] - first + 2] = -1 end
+  end
+end
+
+-- Cancels jobs by id on a queue that tracks ids (see IDS): a scheduled one leaves at once; a
+-- waiting one is marked, and the walk drops it at its visit; one in flight has its token
+-- revoked (and its batch touched, so no batch ack covers it), and its lease is dropped at
+-- the walk's visit instead of being leased again. Returns how many were found.
+function M.cancel()
+  M.check_ids(2)
+  local meta = M.read_meta(K)
+  local sides = M.read_sides()
+  M.read('ZCARD', K.scheduled)
+  if not meta.tracked then
+    M.refuse('ROTATOR_UNTRACKED', 'cancel needs a queue that tracks ids: configure ' ..
+      'track_ids 1 (on an empty queue) first')
+  end
+  local ids, seen = {}, {}
+  for i = 2, #A do
+    if not seen[A[i]] then ids[#ids + 1], seen[A[i]] = A[i], true end
+  end
+  local held = M.hmget_all(K.ids, ids)
+  local acked = M.acked_copies(ids, held)
+  local now = M.now_ms()
+  local scheduled, writes, revoke, touched = {}, {}, {}, {}
+  for i = 1, #ids do
+    local id, v = ids[i], held[i]
+    if v == 's' then
+      scheduled[#scheduled + 1] = id
+    elseif v == 'p' then
+      writes[#writes + 1], writes[#writes + 2] = id, 'c'
+    elseif v and string.find(v, '^%d') and not acked[i] then
+      local token = id .. '*' .. v
+      writes[#writes + 1], writes[#writes + 2] = id, 'c' .. v
+      revoke[#revoke + 1], revoke[#revoke + 2] = now, token
+      local batch = M.batch_of(token)
+      if batch then touched[batch] = true end
+    end
+  end
+  local found = #scheduled + #writes / 2
+  if found == 0 then return 0 end
+  if #scheduled > 0 then
+    M.call_all('ZREM', K.scheduled, scheduled)
+    M.call_all('HDEL', K.ids, scheduled)
+  end
+  M.call_all('HSET', K.ids, writes)
+  if #revoke > 0 then
+    M.call_all('ZADD', K.revoked, revoke)
+    M.trim_revoked(meta, now, #revoke / 2, sides.revoked + #revoke / 2)
+    M.touch(touched, sides)
+    local tokens = {}
+    for j = 2, #revoke, 2 do tokens[#tokens + 1] = revoke[j] end
+    -- (the walk waits at a young live lease: one of these may be it, and is done with)
+    if M.frees_tail(tokens, meta.lstop) then rcall('HSET', K.meta, 'lstop', '') end
+  end
+  rcall('HINCRBY', K.meta, 'cancelled', found)
+  return found
 end
 
 function M.sweep()
@@ -2566,7 +2884,29 @@ end
 
 -- The queue's settings, stored in its meta hash: NAME VALUE pairs set (each checked before
 -- any is written), then all of them answered, each with its value or its default.
-local SETTINGS = { 'fence_ms', 'fence_max', 'dead_max', 'dead_age_ms' }
+local SETTINGS = { 'fence_ms', 'fence_max', 'dead_max', 'dead_age_ms', 'track_ids' }
+
+-- configure's track_ids (see IDS): turned on only while the queue holds no job, so the index
+-- knows every id from the start; turned off, the index goes.
+function M.change_tracking(meta, writes)
+  local wanted = nil
+  for i = 1, #writes, 2 do
+    if writes[i] == 'track_ids' then wanted = writes[i + 1] end
+  end
+  M.read('HLEN', K.ids)
+  if wanted == nil or wanted == meta.track_ids then return end
+  if wanted == 0 then
+    rcall('UNLINK', K.ids)
+    return
+  end
+  local ring = M.read('LLEN', K.ring)
+  local jobs = M.read('LLEN', K.leases) + M.read('ZCARD', K.scheduled)
+    - (tonumber(M.read('HMGET', K.meta, 'ticking')[1]) or 0)
+  if ring > 1 or (ring == 1 and M.read('LINDEX', K.ring, 0) ~= SENTINEL) or jobs > 0 then
+    M.refuse('ROTATOR_BADARG', 'track_ids 1 needs a queue that holds no job (nothing ' ..
+      'pending, in flight, deferred or scheduled): the index must know every id')
+  end
+end
 
 function M.configure()
   if #A % 2 == 0 then M.refuse('ROTATOR_BADARG', 'configure takes NAME VALUE pairs') end
@@ -2587,6 +2927,7 @@ function M.configure()
     writes[#writes + 1], writes[#writes + 2] = A[i], value
   end
   local meta = M.read_meta(K)
+  M.change_tracking(meta, writes)
   if #writes > 0 then rcall('HSET', K.meta, unpack(writes)) end
   local reply = {}
   for _, name in ipairs(SETTINGS) do
@@ -2602,7 +2943,8 @@ end
 function M.stats()
   local reply = M.queue_stats(K)
   local m = M.read('HMGET', K.meta, 'paused', 'ticking', 'schedules', 'rate_n', 'rate_ms',
-    'pushed', 'taken', 'redelivered', 'completed', 'retried', 'reclaimed', 'lettered')
+    'pushed', 'taken', 'redelivered', 'completed', 'retried', 'reclaimed', 'lettered',
+    'cancelled')
   -- (the members of ticking schedules are no jobs)
   local scheduled = M.read('ZCARD', K.scheduled) - (tonumber(m[2]) or 0)
   reply[#reply + 1], reply[#reply + 2] = 'scheduled', math.max(scheduled, 0)
@@ -2612,10 +2954,10 @@ function M.stats()
   reply[#reply + 1], reply[#reply + 2] = 'rate_limit_ms', tonumber(m[5]) or 0
   -- Counts since the queue was made (see read_meta): every delivery, first or not.
   local counts = {}
-  for i = 6, 12 do counts[i] = tonumber(m[i]) or 0 end
+  for i = 6, 13 do counts[i] = tonumber(m[i]) or 0 end
   local totals = { 'pushed', counts[6], 'delivered', counts[7] + counts[8],
     'completed', counts[9], 'retried', counts[10], 'reclaimed', counts[11],
-    'dead_lettered', counts[12] }
+    'dead_lettered', counts[12], 'cancelled', counts[13] }
   for i = 1, #totals do reply[#reply + 1] = totals[i] end
   -- The processing-time histogram (see durations): d0..d25, then dsum.
   local buckets = {}
@@ -2900,10 +3242,19 @@ function M.requeue_letters(start, at)
   local tomb = '*requeued*' .. M.now_ms()
   for i = 1, #places do rcall('LSET', K.dead, places[i], tomb) end
   rcall('LREM', K.dead, #places, tomb)
-  M.ensure_ring(K, length)
-  M.call_all('LPUSH', K.ring, ids)
-  M.record_push(K, meta, #ids, M.now_ms(), head)
-  return #ids, following
+  local requeued = #ids
+  if meta.tracked then
+    -- (a letter whose id the queue holds again goes all the same: that job will run)
+    local back
+    ids, back = M.admit(ids, 'p')
+    requeued = #ids + back
+  end
+  if #ids > 0 then
+    M.ensure_ring(K, length)
+    M.call_all('LPUSH', K.ring, ids)
+    M.record_push(K, meta, #ids, M.now_ms(), head)
+  end
+  return requeued, following
 end
 
 function M.dead_letter_id(letter)
@@ -2920,7 +3271,7 @@ end
 -- first use, so an EVAL call of a core command does not pay for creating their functions (a
 -- library defines them once).
 function M.define_extensions()
-  -- The KEYS layout of each command that does not take the twelve queue KEYS.
+  -- The KEYS layout of each command that does not take the thirteen queue KEYS.
   M.LAYOUT = {
     pushp = 'payloads', nextp = 'payloads', ackp = 'payloads', pushp_later = 'payloads',
     pushi = 'items', nackp = 'items', items = 'items',
@@ -2929,8 +3280,8 @@ function M.define_extensions()
     schedule = 'queue', unschedule = 'queue', schedules = 'queue',
   }
 
-  -- pushp nextp ackp keep payloads in the thirteenth key; pushi nackp items keep per-item stats
-  -- in the fourteenth, which pushp nextp ackp also keep when given it.
+  -- pushp nextp ackp keep payloads in the fourteenth key; pushi nackp items keep per-item stats
+  -- in the fifteenth, which pushp nextp ackp also keep when given it.
 
   -- Ids of accepted tokens (checked tokens: each has a "*" after its id).
   function M.token_ids(tokens)
@@ -3003,14 +3354,34 @@ function M.define_extensions()
     local head = M.read_push_keys(K)
     M.read('HLEN', K.payloads)
     if K.items then M.read('HLEN', K.items) end
+    M.check_unique(meta)
     local now = M.now_ms()
+    local pairs_, back = { unpack(A, 2) }, 0
+    if meta.tracked then -- each id once (see IDS): a job held keeps its payload
+      ids, back = M.admit(ids, 'p')
+      pairs_ = M.pairs_of(ids, 2)
+      if #ids == 0 then return back end
+    end
     M.ensure_ring(K, length)
     M.count_copies(ids)
-    rcall('HSET', K.payloads, unpack(A, 2))
+    M.call_all('HSET', K.payloads, pairs_)
     M.call_all('LPUSH', K.ring, ids)
     M.record_push(K, meta, #ids, now, head)
     M.enqueued(ids, now)
-    return #ids
+    return #ids + back
+  end
+
+  -- The ID PAYLOAD pairs of A[first..] whose ids are in `ids` (the first pair of each).
+  function M.pairs_of(ids, first)
+    local wanted, pairs_ = {}, {}
+    for i = 1, #ids do wanted[ids[i]] = true end
+    for i = first, #A, 2 do
+      if wanted[A[i]] then
+        wanted[A[i]] = nil
+        pairs_[#pairs_ + 1], pairs_[#pairs_ + 2] = A[i], A[i + 1]
+      end
+    end
+    return pairs_
   end
 
   -- pushp, for later (push_later): each payload is stored now. An id scheduled again moves
@@ -3031,6 +3402,12 @@ function M.define_extensions()
     local smin = M.read_schedule_keys()
     M.read('HLEN', K.payloads)
     if K.items then M.read('HLEN', K.items) end
+    local pairs_ = { unpack(A, 4) }
+    if M.read_tracked() then -- each id once (see IDS)
+      ids = M.admit(ids, 's')
+      pairs_ = M.pairs_of(ids, 4)
+      if #ids == 0 then return 0 end
+    end
     local scheduled = rcall('ZMSCORE', K.scheduled, unpack(ids))
     local fresh, seen = {}, {}
     for i = 1, #ids do
@@ -3038,7 +3415,7 @@ function M.define_extensions()
       seen[ids[i]] = true
     end
     if #fresh > 0 then M.count_copies(fresh) end
-    rcall('HSET', K.payloads, unpack(A, 4))
+    M.call_all('HSET', K.payloads, pairs_)
     M.schedule_ids(ids, due, smin)
     M.enqueued(ids, now)
     return #ids
@@ -3107,10 +3484,9 @@ function M.define_extensions()
   end
 
   function M.pushi()
-    local n, now = M.push_ids(2, function() M.read('HLEN', K.items) end)
+    local n, now, pushed = M.push_ids(2, function() M.read('HLEN', K.items) end)
     if n > 0 then
-      local ids = {}
-      for i = 2, #A do ids[#ids + 1] = A[i] end
+      local ids = pushed or { unpack(A, 2) }
       M.enqueued(ids, now)
     end
     return n
@@ -3138,7 +3514,7 @@ function M.define_extensions()
   local BACKLOG = { cap = 1000000, look = LIMIT.count }
 
   -- The layout rotator/keys.py builds: the topic's KEYS are "<base>:topic:<role>" and group
-  -- GROUP's twelve are "<base>:group:<GROUP>:<role>", in the header's KEYS order, where <base> is
+  -- GROUP's thirteen are "<base>:group:<GROUP>:<role>", in the header's KEYS order, where <base> is
   -- "<prefix>:{<topic>}". Checked by name only (no reads) before any write: a call that got
   -- another key in a slot (another group's, a queue's, anything) would write or delete it.
   local TOPIC_SUFFIXES = { ':topic:meta', ':topic:groups', ':topic:log', ':topic:bodies' }
@@ -3407,7 +3783,7 @@ function M.define_extensions()
     rcall('HDEL', T.groups, group)
     -- UNLINK frees the keys in the background: a million revoked tokens took 570 ms to DEL.
     rcall('UNLINK', keys.ring, keys.done, keys.done_old, keys.marks, keys.marks_old, keys.revoked,
-      keys.dead, keys.wake, keys.meta, keys.pushlog, keys.leases)
+      keys.dead, keys.wake, keys.meta, keys.pushlog, keys.leases, keys.scheduled, keys.ids)
     return 1
   end
 
@@ -3674,6 +4050,7 @@ local COMMANDS = {
   bury = M.bury,
   extend = M.extend,
   sweep = M.sweep,
+  cancel = M.cancel,
   delete = M.delete,
   configure = M.configure,
   stats = M.stats,
@@ -3698,13 +4075,14 @@ local COMMANDS = {
   tstats = M.tstats,
 }
 
--- The twelve KEYS of a queue after keys[base], by name, in the order of the header.
+-- The thirteen KEYS of a queue after keys[base], by name, in the order of the header.
 function M.queue_keys(keys, base)
   return {
     ring = keys[base + 1], done = keys[base + 2], done_old = keys[base + 3],
     marks = keys[base + 4], marks_old = keys[base + 5], revoked = keys[base + 6],
     dead = keys[base + 7], wake = keys[base + 8], meta = keys[base + 9],
     pushlog = keys[base + 10], leases = keys[base + 11], scheduled = keys[base + 12],
+    ids = keys[base + 13],
   }
 end
 
@@ -3721,12 +4099,12 @@ function M.check_queue_keys(keys, at)
   end
   if not ok then
     return nil, M.fail('ROTATOR_KEYS', 'keys ' .. (at + 1) .. '..' .. (at + QUEUE_KEYS) ..
-      ' must be one queue\'s <base>:ring <base>:done ... <base>:scheduled, in that order')
+      ' must be one queue\'s <base>:ring <base>:done ... <base>:ids, in that order')
   end
   return base
 end
 
--- The keys after a queue's twelve: its payloads (or, for a topic group, the topic's bodies)
+-- The keys after a queue's thirteen: its payloads (or, for a topic group, the topic's bodies)
 -- and its item stats; push_chunk's marker, any other key under the queue's base.
 function M.check_extra_keys(keys, base, marker)
   local payloads, items = keys[QUEUE_KEYS + 1], keys[QUEUE_KEYS + 2]
@@ -3742,7 +4120,7 @@ function M.check_extra_keys(keys, base, marker)
   end
   if ok and items then ok = items == base .. ':items' end
   if not ok then
-    return M.fail('ROTATOR_KEYS', 'keys after the queue\'s twelve must be <base>:payloads (a ' ..
+    return M.fail('ROTATOR_KEYS', 'keys after the queue\'s thirteen must be <base>:payloads (a ' ..
       'group: the topic\'s bodies) and <base>:items; push_chunk\'s marker a key under <base>:')
   end
 end
@@ -3763,6 +4141,15 @@ end
 -- One call, whichever way it came: EVAL/EVALSHA (KEYS, ARGV) or FCALL (keys, args).
 local function main(keys, args)
   -- The call state of section 2: bound here, once per call, and nowhere else.
+  UNIQUE = args[1] == 'unique'
+  if UNIQUE then
+    args = { unpack(args, 2) }
+    local pushes = { push = 1, pushi = 1, push_later = 1, pushp = 1, pushp_later = 1 }
+    if not pushes[args[1]] then
+      return M.fail('ROTATOR_BADARG', 'unique takes push, pushi, push_later, pushp or ' ..
+        'pushp_later, got ' .. M.printable(args[1]))
+    end
+  end
   A, KS = args, keys
   rcall = redis.call
   PAD = PAD or M.make_pad()
@@ -3784,7 +4171,7 @@ local function main(keys, args)
     T = { topic = keys[1], groups = keys[2], log = keys[3], bodies = keys[4] }
   else
     local low, high = QUEUE_KEYS, QUEUE_KEYS
-    -- With payloads, the thirteenth key; with item stats, the fourteenth too.
+    -- With payloads, the fourteenth key; with item stats, the fifteenth too.
     if layout == 'payloads' then low, high = QUEUE_KEYS + 1, QUEUE_KEYS + 2 end
     if layout == 'items' then low, high = QUEUE_KEYS + 2, QUEUE_KEYS + 2 end
     if handler == M.push_chunk then low, high = QUEUE_KEYS + 1, QUEUE_KEYS + 1 end
@@ -3806,8 +4193,8 @@ local function main(keys, args)
     end
     T, NGROUPS = nil, 0
     K = M.queue_keys(keys, 0)
-    K.payloads = keys[13]
-    K.items = keys[14]
+    K.payloads = keys[14]
+    K.items = keys[15]
   end
   if not handler then
     return M.fail('ROTATOR_BADCMD', 'unknown command ' .. M.printable(args[1]))

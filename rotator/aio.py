@@ -181,10 +181,14 @@ class AsyncRotator(QueueView):
         return await self._run(self._flows.server_warnings())
 
     async def push(
-        self, *ids: str | int, delay: float | None = None, at: When | None = None
+        self,
+        *ids: str | int,
+        delay: float | None = None,
+        at: When | None = None,
+        unique: bool = False,
     ) -> int:
         due = protocol.check_due(delay, at)
-        return await self._run(self._flows.push_many(ids, DEFAULT_PUSH_CHUNK, due))
+        return await self._run(self._flows.push_many(ids, DEFAULT_PUSH_CHUNK, due, unique))
 
     async def push_many(
         self,
@@ -193,9 +197,10 @@ class AsyncRotator(QueueView):
         *,
         delay: float | None = None,
         at: When | None = None,
+        unique: bool = False,
     ) -> int:
         due = protocol.check_due(delay, at)
-        return await self._run(self._flows.push_many(ids, chunk, due))
+        return await self._run(self._flows.push_many(ids, chunk, due, unique))
 
     async def push_payloads(
         self,
@@ -204,9 +209,13 @@ class AsyncRotator(QueueView):
         *,
         delay: float | None = None,
         at: When | None = None,
+        unique: bool = False,
     ) -> int:
         due = protocol.check_due(delay, at)
-        return await self._run(self._flows.push_payloads(items, chunk, due))
+        return await self._run(self._flows.push_payloads(items, chunk, due, unique))
+
+    async def cancel(self, *ids: str | int) -> int:
+        return await self._run(self._flows.cancel(ids))
 
     async def schedule(
         self,
@@ -308,9 +317,10 @@ class AsyncRotator(QueueView):
         fence_max: int | None = None,
         dead_max: int | None = None,
         dead_max_age: float | None = None,
+        track_ids: bool | None = None,
     ) -> QueueSettings:
         return await self._run(
-            self._flows.configure(fence_window, fence_max, dead_max, dead_max_age)
+            self._flows.configure(fence_window, fence_max, dead_max, dead_max_age, track_ids)
         )
 
     async def exists(self) -> bool:

@@ -109,14 +109,26 @@ def _flags(reply: Any) -> int:
 # -- queue ----------------------------------------------------------------------------------
 
 
-def push(keys: Keys, ids: Sequence[bytes], *, item_stats: bool = False) -> ModuleCall[int]:
-    """``push`` (or ``pushi``, which also starts each id's item stats: KEYS 1..14)."""
-    return ModuleCall(keys, [b"pushi" if item_stats else b"push", *ids], _int, True)
+def push(
+    keys: Keys, ids: Sequence[bytes], *, item_stats: bool = False, unique: bool = False
+) -> ModuleCall[int]:
+    """``push`` (or ``pushi``, which also starts each id's item stats: KEYS 1..15); with
+    ``unique``, given as ``unique push ...``: refused unless the queue tracks ids."""
+    args = [b"pushi" if item_stats else b"push", *ids]
+    return ModuleCall(keys, [b"unique", *args] if unique else args, _int, True)
 
 
-def push_later(keys: Keys, due: Due, ids: Sequence[bytes]) -> ModuleCall[int]:
-    """``push_later IN|AT TIME ID...`` (KEYS 1..12, or 1..14 to start item stats)."""
-    return ModuleCall(keys, [b"push_later", due.mode, due.ms, *ids], _int, True)
+def push_later(
+    keys: Keys, due: Due, ids: Sequence[bytes], *, unique: bool = False
+) -> ModuleCall[int]:
+    """``push_later IN|AT TIME ID...`` (KEYS 1..13, or 1..15 to start item stats)."""
+    args = [b"push_later", due.mode, due.ms, *ids]
+    return ModuleCall(keys, [b"unique", *args] if unique else args, _int, True)
+
+
+def cancel(keys: Keys, ids: Sequence[bytes]) -> ModuleCall[int]:
+    """``cancel ID...``: how many were found scheduled, waiting or in flight."""
+    return ModuleCall(keys, [b"cancel", *ids], _int, True)
 
 
 def schedule(keys: Keys, mode: bytes, call: ScheduleCall) -> ModuleCall[bool]:
@@ -167,7 +179,7 @@ def next_packed(
 
 
 def ack(keys: Keys, tokens: Sequence[bytes], *, drop_payloads: bool = False) -> ModuleCall[int]:
-    """``ack`` (or ``ackp``, which also deletes the payloads and item stats: KEYS 1..13/14)."""
+    """``ack`` (or ``ackp``, which also deletes the payloads and item stats: KEYS 1..14/15)."""
     return ModuleCall(keys, [b"ackp" if drop_payloads else b"ack", *tokens], _int, True)
 
 
@@ -181,19 +193,18 @@ def bury(keys: Keys, error: bytes, tokens: Sequence[bytes]) -> ModuleCall[int]:
     return ModuleCall(keys, [b"bury", error, *tokens], _flags, True)
 
 
-def extend(
-    keys: Keys, lease_ms: int, tokens: Sequence[bytes]
-) -> ModuleCall[tuple[int, list[bool]]]:
-    """``extend``; decoded as ``(deadline_ms, [still held, ...])``."""
+def extend(keys: Keys, lease_ms: int, tokens: Sequence[bytes]) -> ModuleCall[tuple[int, list[int]]]:
+    """``extend``; decoded as ``(deadline_ms, [state, ...])``: 1 extended, 0 lease lost,
+    -1 the job was cancelled."""
     return ModuleCall(keys, [b"extend", lease_ms, *tokens], _decode_extend)
 
 
-def _decode_extend(reply: Any) -> tuple[int, list[bool]]:
-    return int(reply[0]), [int(flag) == 1 for flag in reply[1:]]
+def _decode_extend(reply: Any) -> tuple[int, list[int]]:
+    return int(reply[0]), [int(flag) for flag in reply[1:]]
 
 
 def delete(keys: Keys, forget: bool) -> ModuleCall[bool]:
-    """``delete`` (KEYS 1..12, or with the payloads and item stats, 1..14)."""
+    """``delete`` (KEYS 1..13, or with the payloads and item stats, 1..15)."""
     return ModuleCall(keys, [b"delete", int(forget)], _is_one, True)
 
 
@@ -210,6 +221,7 @@ def _decode_settings(reply: Any) -> QueueSettings:
         values["fence_max"],
         values["dead_max"],
         age / 1000 if age else None,
+        bool(values.get("track_ids", 0)),
     )
 
 
@@ -244,7 +256,7 @@ def requeue_dead_from(
 def push_chunk(
     keys: Keys, chunk: int, ttl_ms: int, ids: Sequence[bytes]
 ) -> ModuleCall[tuple[int, int]]:
-    """``push_chunk`` (KEYS 1..12 and the run's marker hash as KEYS[13]); decoded as
+    """``push_chunk`` (KEYS 1..13 and the run's marker hash as KEYS[14]); decoded as
     ``(pushed, chunks)``: chunk ``chunk`` was pushed now, or by an earlier attempt when
     ``chunks`` is past it and ``pushed`` is 0."""
     return ModuleCall(keys, [b"push_chunk", chunk, ttl_ms, *ids], _decode_pair, True)
@@ -262,12 +274,13 @@ def scan(keys: Keys, start: int, stop: int, count: int) -> ModuleCall[RingPage]:
 # -- payloads and item stats ------------------------------------------------------------------
 
 
-def pushp(keys: Keys, pairs: Sequence[bytes], due: Due | None = None) -> ModuleCall[int]:
-    """``pushp ID PAYLOAD [ID PAYLOAD ...]`` (KEYS 1..13, or 1..14), or with ``due``
-    ``pushp_later IN|AT TIME ID PAYLOAD ...``."""
-    if due is None:
-        return ModuleCall(keys, [b"pushp", *pairs], _int, True)
-    return ModuleCall(keys, [b"pushp_later", due.mode, due.ms, *pairs], _int, True)
+def pushp(
+    keys: Keys, pairs: Sequence[bytes], due: Due | None = None, *, unique: bool = False
+) -> ModuleCall[int]:
+    """``pushp ID PAYLOAD [ID PAYLOAD ...]`` (KEYS 1..14, or 1..15), or with ``due``
+    ``pushp_later IN|AT TIME ID PAYLOAD ...``; ``unique`` as for :func:`push`."""
+    args = [b"pushp", *pairs] if due is None else [b"pushp_later", due.mode, due.ms, *pairs]
+    return ModuleCall(keys, [b"unique", *args] if unique else args, _int, True)
 
 
 def nextp(
@@ -287,7 +300,7 @@ def nextp(
 
 
 def nackp(keys: Keys, delay_ms: int, error: bytes, tokens: Sequence[bytes]) -> ModuleCall[int]:
-    """``nackp`` (KEYS 1..14): nack, recording ``error`` as each job's last error."""
+    """``nackp`` (KEYS 1..15): nack, recording ``error`` as each job's last error."""
     return ModuleCall(keys, [b"nackp", delay_ms, error, *tokens], _flags, True)
 
 
@@ -305,7 +318,7 @@ def _decode_items(reply: Any) -> list[ItemStats | None]:
 def tpublish(
     keys: Keys, max_len: int, max_age_ms: int, payloads: Sequence[bytes]
 ) -> ModuleCall[list[str]]:
-    """``tpublish`` (TOPIC KEYS + every group's twelve keys); decoded as the message ids."""
+    """``tpublish`` (TOPIC KEYS + every group's thirteen keys); decoded as the message ids."""
     return ModuleCall(keys, [b"tpublish", max_len, max_age_ms, *payloads], _decode_texts)
 
 
@@ -453,6 +466,7 @@ def _stats_from(fields: dict[str, int]) -> Stats:
         retried=fields.get("retried"),
         reclaimed=fields.get("reclaimed"),
         dead_lettered=fields.get("dead_lettered"),
+        cancelled=fields.get("cancelled"),
         durations=(
             Durations(
                 tuple(fields[f"d{bucket}"] for bucket in range(DURATION_BUCKETS)),

@@ -120,7 +120,7 @@ class Rotator(QueueView):
         return cls(server.client(), name, **options)
 
     def _call(self, *args: Any) -> Any:
-        """One raw module call with the queue's twelve keys (for tests and debugging)."""
+        """One raw module call with the queue's thirteen keys (for tests and debugging)."""
         return self._sender.perform(commands.raw(self.keys.all, args))
 
     def server_warnings(self) -> list[str]:
@@ -129,7 +129,13 @@ class Rotator(QueueView):
 
     # -- producing -------------------------------------------------------------------------
 
-    def push(self, *ids: str | int, delay: float | None = None, at: When | None = None) -> int:
+    def push(
+        self,
+        *ids: str | int,
+        delay: float | None = None,
+        at: When | None = None,
+        unique: bool = False,
+    ) -> int:
         """Adds job ids at the back of the queue; returns how many were pushed.
 
         Every id is checked before anything is sent. Up to 1000 ids go in one atomic call;
@@ -139,9 +145,15 @@ class Rotator(QueueView):
         scheduled instead: kept apart from the queue, by the server's clock, until they are
         due, then queued behind what is pending (``Stats.scheduled`` counts them meanwhile).
         An id already scheduled moves to the new time: one scheduled job per id.
+
+        A queue that tracks ids (``configure(track_ids=True)``) holds each id once: an id it
+        holds (waiting, scheduled or in flight, not yet acked) is skipped, and not counted.
+        ``unique=True`` says the caller counts on that: it raises NotTracked, pushing nothing,
+        on a queue that does not track ids. A push retried after a lost reply then adds
+        nothing twice.
         """
         due = protocol.check_due(delay, at)
-        return self._run(self._flows.push_many(ids, DEFAULT_PUSH_CHUNK, due))
+        return self._run(self._flows.push_many(ids, DEFAULT_PUSH_CHUNK, due, unique))
 
     def push_many(
         self,
@@ -150,10 +162,11 @@ class Rotator(QueueView):
         *,
         delay: float | None = None,
         at: When | None = None,
+        unique: bool = False,
     ) -> int:
         """``push`` of any number of ids, in atomic calls of ``chunk`` (at most 5000)."""
         due = protocol.check_due(delay, at)
-        return self._run(self._flows.push_many(ids, chunk, due))
+        return self._run(self._flows.push_many(ids, chunk, due, unique))
 
     def push_payloads(
         self,
@@ -162,16 +175,29 @@ class Rotator(QueueView):
         *,
         delay: float | None = None,
         at: When | None = None,
+        unique: bool = False,
     ) -> int:
         """Adds jobs with payloads (``{id: payload}``); needs ``payloads=True``.
 
         Each call of up to ``chunk`` (at most 2500) jobs is atomic: ids, payloads and the
         wake-up together. Pushing an id again replaces its payload (one payload per id).
         ``delay`` and ``at`` schedule them, as for :meth:`push` (the payloads are stored
-        at once).
+        at once). ``unique`` as for :meth:`push`: a job held keeps its payload.
         """
         due = protocol.check_due(delay, at)
-        return self._run(self._flows.push_payloads(items, chunk, due))
+        return self._run(self._flows.push_payloads(items, chunk, due, unique))
+
+    def cancel(self, *ids: str | int) -> int:
+        """Cancels jobs by id; returns how many were found scheduled, waiting or in flight.
+
+        Needs a queue that tracks ids (``configure(track_ids=True)``; NotTracked otherwise).
+        A cancelled job is never delivered again: a scheduled one leaves at once, a waiting
+        one at the next claim's visit; one in flight has its token revoked, so its ack is
+        refused and its ``extend`` raises JobCancelled (a worker stops keeping it, and logs
+        it), and its lease is dropped instead of being reclaimed. ``Stats.cancelled`` counts
+        them. Its id may be pushed again at once.
+        """
+        return self._run(self._flows.cancel(ids))
 
     def schedule(
         self,
@@ -292,12 +318,14 @@ class Rotator(QueueView):
         """Keeps a lease for ``seconds`` more (default: the queue's timeout).
 
         Returns the new deadline (unix seconds). Raises LeaseLost when the lease was
-        re-issued, nacked, dead-lettered or acked.
+        re-issued, nacked, dead-lettered or acked, and JobCancelled (a LeaseLost) when its job
+        was cancelled.
         """
         return self._run(self._flows.extend(job, seconds))
 
     def extend_many(self, jobs: Iterable[JobRef], seconds: float | None = None) -> list[bool]:
-        """Extends many leases in one call; True where the lease is still held."""
+        """Extends many leases in one call; True where the lease is still held (False where
+        it was lost or its job cancelled)."""
         return self._run(self._flows.extend_many(jobs, seconds))
 
     @contextmanager
@@ -353,9 +381,10 @@ class Rotator(QueueView):
         fence_max: int | None = None,
         dead_max: int | None = None,
         dead_max_age: float | None = None,
+        track_ids: bool | None = None,
     ) -> QueueSettings:
         """Sets the queue's settings that are given (kept on the server, for every client)
-        and returns all of them. Each is a bound on memory:
+        and returns all of them. The first four bound memory:
 
         - ``fence_window`` (seconds, default 3600) and ``fence_max`` (default 1,000,000): how
           long, and how many, refused tokens (leases re-issued, nacked or dead-lettered) are
@@ -365,8 +394,15 @@ class Rotator(QueueView):
 
         Each call that adds to these structures drops at most what it added plus 1000 of the
         oldest beyond them, so no call does work in proportion to their size.
+
+        ``track_ids=True`` makes the queue keep an index of its ids (a hash of id -> where
+        its one copy is, about 60-100 bytes per job held), which unique pushes and
+        :meth:`cancel` need; a tracked queue holds each id once. It may only be turned on
+        while the queue holds no job (InvalidArgument otherwise); ``False`` drops the index.
         """
-        return self._run(self._flows.configure(fence_window, fence_max, dead_max, dead_max_age))
+        return self._run(
+            self._flows.configure(fence_window, fence_max, dead_max, dead_max_age, track_ids)
+        )
 
     def exists(self) -> bool:
         """True once anything was pushed (or scheduled, or dead-lettered) and the queue was

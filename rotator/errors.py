@@ -37,6 +37,16 @@ class LeaseLost(RotatorError):
     """The lease was re-issued, nacked, dead-lettered or already acked."""
 
 
+class JobCancelled(LeaseLost):
+    """The job was cancelled (:meth:`rotator.Rotator.cancel`) while it was held: stop working
+    on it; its ack would be refused."""
+
+
+class NotTracked(RotatorError):
+    """A unique push or a cancel on a queue that does not track its ids: call
+    ``configure(track_ids=True)`` on the queue while it is empty first. Nothing was written."""
+
+
 class ServerBusy(RotatorError):
     """The server is running someone else's slow script (BUSY); retry later."""
 
@@ -74,6 +84,7 @@ _CODES: dict[str, type[RotatorError]] = {
     "ROTATOR_NOGROUP": UnknownGroup,
     "ROTATOR_BADCMD": ProtocolError,
     "ROTATOR_KEYS": ProtocolError,
+    "ROTATOR_UNTRACKED": NotTracked,
 }
 
 

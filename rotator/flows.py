@@ -27,7 +27,7 @@ from rotator.defaults import (
     TOPIC_STALE_RETRIES,
 )
 from rotator.durability import server_warnings
-from rotator.errors import GroupsChanged, InvalidArgument, LeaseLost
+from rotator.errors import GroupsChanged, InvalidArgument, JobCancelled, LeaseLost
 from rotator.keys import (
     KEY_ROLES,
     QueueKeys,
@@ -96,7 +96,11 @@ class QueueFlows:
     # -- producing -------------------------------------------------------------------------
 
     def push_many(
-        self, ids: Iterable[str | int], chunk: int, due: protocol.Due | None = None
+        self,
+        ids: Iterable[str | int],
+        chunk: int,
+        due: protocol.Due | None = None,
+        unique: bool = False,
     ) -> Flow[int]:
         raw = protocol.encode_ids(ids)
         size = protocol.whole(chunk, "chunk", 1, MAX_BATCH)
@@ -104,10 +108,16 @@ class QueueFlows:
         pushed = 0
         for part in chunks(raw, size):
             if due is None:
-                pushed += yield commands.push(keys, part, item_stats=self.item_stats)
+                pushed += yield commands.push(keys, part, item_stats=self.item_stats, unique=unique)
             else:
-                pushed += yield commands.push_later(keys, due, part)
+                pushed += yield commands.push_later(keys, due, part, unique=unique)
         return pushed
+
+    def cancel(self, ids: Iterable[str | int]) -> Flow[int]:
+        found = 0
+        for part in chunks(protocol.encode_ids(ids), MAX_BATCH):
+            found += yield commands.cancel(self.plain_keys, part)
+        return found
 
     def schedule(
         self, name: str, every: object, cron: object, job_id: object, tz: object
@@ -159,7 +169,11 @@ class QueueFlows:
         return resumed
 
     def push_payloads(
-        self, items: Mapping[Any, bytes | str], chunk: int, due: protocol.Due | None = None
+        self,
+        items: Mapping[Any, bytes | str],
+        chunk: int,
+        due: protocol.Due | None = None,
+        unique: bool = False,
     ) -> Flow[int]:
         if not self.payloads:
             raise InvalidArgument("push_payloads needs a queue made with payloads=True")
@@ -170,7 +184,7 @@ class QueueFlows:
         pushed = 0
         for part in chunks(pairs, size):
             flat = [half for pair in part for half in pair]
-            pushed += yield commands.pushp(self.extended_keys, flat, due)
+            pushed += yield commands.pushp(self.extended_keys, flat, due, unique=unique)
         return pushed
 
     # -- consuming -------------------------------------------------------------------------
@@ -286,20 +300,22 @@ class QueueFlows:
         return buried
 
     def extend(self, job: JobRef, seconds: float | None) -> Flow[float]:
-        (kept,), deadline = yield from self._extend([job], seconds)
-        if not kept:
+        (state,), deadline = yield from self._extend([job], seconds)
+        if state != 1:
             token = protocol.encode_token(job).decode(errors="replace")
+            if state == -1:
+                raise JobCancelled(f"the job of lease {token} was cancelled")
             raise LeaseLost(f"lease {token} was lost")
         return deadline
 
     def extend_many(self, jobs: Iterable[JobRef], seconds: float | None) -> Flow[list[bool]]:
-        flags, _ = yield from self._extend(list(jobs), seconds)
-        return flags
+        states, _ = yield from self._extend(list(jobs), seconds)
+        return [state == 1 for state in states]
 
-    def _extend(self, jobs: list[JobRef], seconds: float | None) -> Flow[tuple[list[bool], float]]:
+    def _extend(self, jobs: list[JobRef], seconds: float | None) -> Flow[tuple[list[int], float]]:
         lease_ms = self.lease_ms if seconds is None else protocol.seconds_to_ms(seconds, "seconds")
         tokens = protocol.encode_tokens(jobs)
-        flags: list[bool] = []
+        flags: list[int] = []
         deadline_ms = 0
         for part in chunks(tokens, MAX_BATCH):
             deadline_ms, kept = yield commands.extend(self.plain_keys, lease_ms, part)
@@ -321,8 +337,13 @@ class QueueFlows:
         fence_max: int | None,
         dead_max: int | None,
         dead_max_age: float | None,
+        track_ids: bool | None = None,
     ) -> Flow[QueueSettings]:
         pairs: list[Any] = []
+        if track_ids is not None:
+            if not isinstance(track_ids, bool):
+                raise InvalidArgument(f"track_ids must be True or False, got {track_ids!r}")
+            pairs += [b"track_ids", int(track_ids)]
         if fence_window is not None:
             window = protocol.seconds_to_ms(fence_window, "fence_window", limit=30 * 86_400.0)
             pairs += [b"fence_ms", max(window, 1000)]
@@ -631,5 +652,5 @@ class TopicView:
         return self._flows.retention
 
     def group_keys(self, group: str) -> QueueKeys:
-        """Group ``group``'s twelve queue keys."""
+        """Group ``group``'s thirteen queue keys."""
         return self.keys.group(group)

@@ -26,6 +26,7 @@ KEY_ROLES = (
     "pushlog",
     "leases",
     "scheduled",
+    "ids",
 )
 
 # No braces (they would break the hash tag), no glob characters (they would widen ACL key
@@ -35,13 +36,13 @@ _NAME = re.compile(r"[A-Za-z0-9._:@/-]{1,128}")
 
 @dataclass(frozen=True, slots=True)
 class QueueKeys:
-    """The twelve keys of one queue, in KEYS order, and where its payloads live (KEYS[13] of
+    """The thirteen keys of one queue, in KEYS order, and where its payloads live (KEYS[14] of
     pushp/nextp/ackp): the queue's own hash, or for a topic group the topic's bodies."""
 
     name: str
     all: tuple[str, ...]
     payloads: str = ""
-    items: str = ""  # per-item stats (KEYS[14]); "" where there are none (a topic group)
+    items: str = ""  # per-item stats (KEYS[15]); "" where there are none (a topic group)
 
     @property
     def with_payloads(self) -> tuple[str, ...]:
@@ -66,6 +67,10 @@ class QueueKeys:
     @property
     def scheduled(self) -> str:
         return self.all[11]
+
+    @property
+    def ids(self) -> str:
+        return self.all[12]
 
     @property
     def wake(self) -> str:
@@ -130,7 +135,7 @@ class TopicKeys:
         return self.all[3]
 
     def group(self, group: str) -> QueueKeys:
-        """Group ``group``'s twelve queue keys (``<prefix>:{<topic>}:group:<group>:<role>``);
+        """Group ``group``'s thirteen queue keys (``<prefix>:{<topic>}:group:<group>:<role>``);
         its payloads are the topic's bodies."""
         validate_group_name(group)
         base = f"{self.prefix}:{{{self.name}}}:group:{group}"

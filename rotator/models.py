@@ -68,6 +68,7 @@ class Stats:
     retried: int | None = None  # jobs given back (nack)
     reclaimed: int | None = None  # expired leases leased again
     dead_lettered: int | None = None  # dead letters written
+    cancelled: int | None = None  # jobs cancelled (``cancel``)
     durations: Durations | None = None  # the processing-time histogram (``Rotator.durations``)
 
     def as_dict(self) -> dict[str, Any]:
@@ -283,3 +284,4 @@ class QueueSettings:
     fence_max: int  # refused tokens remembered at most
     dead_max: int  # dead letters kept (the newest)
     dead_max_age: float | None  # seconds a dead letter is kept; None: no age limit
+    track_ids: bool = False  # keeps an index of its ids: unique pushes and cancel

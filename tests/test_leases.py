@@ -35,7 +35,7 @@ def counting_source() -> str:
 
 
 class Counting:
-    """Raw calls of the counting variant on one queue's twelve keys."""
+    """Raw calls of the counting variant on one queue's thirteen keys."""
 
     def __init__(self, client: redis.Redis, name: str) -> None:
         self.client = client

@@ -214,6 +214,10 @@ def test_a_worker_with_the_rule_runs_the_whole_api_and_uses_every_command_it_gra
             assert use(partial(q.nack, *held)) == 2
         assert use(lambda: q.next(5)) == []  # both had their deliveries
         assert [letter.id for letter in use(q.dead)] == ["h"]
+        # Unique jobs and cancel: a scheduled job cancelled leaves at once (ZREM).
+        assert use(lambda: q.configure(track_ids=True)).track_ids
+        assert use(lambda: q.push("u", "u", delay=60.0, unique=True)) == 1
+        assert use(lambda: q.cancel("u")) == 1
         client.delete(q.keys.all[9])
         client.set(q.keys.all[9], "not a list")  # a key of the wrong type: the module says so
         with pytest.raises(WrongKeyType):

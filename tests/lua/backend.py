@@ -69,7 +69,7 @@ def normalise(reply: object) -> Result:
 
 
 class Backend(ABC):
-    """A queue's twelve keys on some server, the module callable on them, and raw key access."""
+    """A queue's thirteen keys on some server, the module callable on them, and raw key access."""
 
     name: str
     keys: tuple[str, ...]
@@ -136,7 +136,7 @@ class Backend(ABC):
         return self.keys[ROLES.index(role)]
 
     def call(self, *argv: Arg) -> Result:
-        """One command of the module on this queue's twelve keys."""
+        """One command of the module on this queue's thirteen keys."""
         return self.call_keys(self.keys, *argv)
 
     def key_type(self, role: str) -> str:

@@ -708,7 +708,7 @@ def _error_text(value: Any) -> str:
 
 
 class Harness:
-    """The real module on a RedisStub, with one queue's twelve keys and a fake clock."""
+    """The real module on a RedisStub, with one queue's thirteen keys and a fake clock."""
 
     def __init__(self, name: str = "q", now_ms: int = START_MS, path: Path = MODULE_PATH) -> None:
         self.stub = RedisStub(now_ms)
@@ -725,7 +725,7 @@ class Harness:
         self.stub.advance(ms)
 
     def call(self, *argv: bytes | str | int) -> Reply:
-        """Run one command of the module on this queue's twelve keys."""
+        """Run one command of the module on this queue's thirteen keys."""
         return self.script.run(self.keys, argv)
 
     def call_keys(self, keys: Sequence[bytes | str], *argv: bytes | str | int) -> Reply:

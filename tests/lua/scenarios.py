@@ -146,14 +146,22 @@ def revoked(b: Backend, token: str) -> bool:
     return token in members or (batch is not None and batch + "*" in members)
 
 
-COUNTERS = ("pushed", "delivered", "completed", "retried", "reclaimed", "dead_lettered")
+COUNTERS = (
+    "pushed",
+    "delivered",
+    "completed",
+    "retried",
+    "reclaimed",
+    "dead_lettered",
+    "cancelled",
+)
 DURATIONS = (*(f"d{bucket}" for bucket in range(26)), "dsum")
 
 
 def all_stats(b: Backend) -> dict[str, int]:
     reply = b.call("stats")
     assert isinstance(reply, list), reply
-    assert len(reply) == 94, reply
+    assert len(reply) == 96, reply
     names, values = reply[0::2], reply[1::2]
     assert all(isinstance(v, int) for v in values), reply
     got = {str(k): int(v) for k, v in zip(names, values, strict=True) if isinstance(v, int)}
@@ -1269,6 +1277,7 @@ def the_counters_count_what_happened(b: Backend) -> None:
         "retried": 1,
         "reclaimed": 1,  # c
         "dead_lettered": 1,  # f
+        "cancelled": 0,
     }
     assert stats(b)["length"] == 0
 
@@ -1334,7 +1343,7 @@ def push_later_is_not_delivered_before_its_time(b: Backend) -> None:
     got = nxt(b)
     assert [(t.id, t.n, r) for t, r in got.jobs] == [("x", 1, 0)]
     assert stats(b)["scheduled"] == 0
-    assert b.key_state(b.keys[N_QUEUE_KEYS - 1]) == ("none", None)
+    assert b.key_state(b.keys[KEY_ROLES.index("scheduled")]) == ("none", None)
     assert "smin" not in b.hgetall("meta")
 
 
@@ -1617,7 +1626,165 @@ def a_queue_holds_at_most_1000_schedules(b: Backend) -> None:
     assert stats(b)["schedules"] == 1000
 
 
-# -- payloads (the thirteenth key) -----------------------------------------------------------
+# -- a queue that tracks ids: unique jobs and cancel (IDS) ---------------------------------------
+
+
+def track(b: Backend) -> None:
+    reply = b.call("configure", "track_ids", 1)
+    assert isinstance(reply, list), reply
+    assert reply[-2:] == ["track_ids", 1], reply
+
+
+def index(b: Backend) -> dict[str, str]:
+    return b.hgetall("ids")
+
+
+@scenario
+def a_tracked_queue_holds_each_id_once(b: Backend) -> None:
+    track(b)
+    assert b.call("push", "a", "a", "b") == 2
+    assert b.call("unique", "push", "b", "c") == 1
+    assert index(b) == {"a": "p", "b": "p", "c": "p"}
+    got = nxt(b, 2)
+    assert got.ids == ["a", "b"]
+    # A lease's entry is its stamp: its token less "<id>*".
+    assert {i: index(b)[i] for i in ("a", "b")} == {
+        t.id: t.text.split("*", 1)[1] for t, _ in got.jobs
+    }
+    assert b.call("push", "a", "b", "c") == 0  # in flight, in flight, waiting
+    assert stats(b)["length"] == 3
+    assert ack(b, got.tokens[0]) == 1
+    # Acked is gone at once, though its lease waits for a walk to remove it.
+    assert b.call("push", "a") == 1
+    assert index(b)["a"] == "p"
+    b.call("sweep", BUDGET)
+    assert index(b)["a"] == "p"  # the old lease's removal leaves the new copy's entry
+    assert nxt(b, 10).ids == ["c", "a"]
+    assert counters(b)["pushed"] == 4
+
+
+@scenario
+def a_tracked_queue_forgets_each_job_as_it_leaves(b: Backend) -> None:
+    track(b)
+    push(b, "a", "b", "c", "d")
+    first = nxt(b, 2)  # a b, one packed batch
+    batch = batch_of(first.tokens[0])
+    assert batch is not None
+    assert ack(b, f"{batch}/2") == 1  # acked whole
+    assert b.call("push", "a") == 1  # free at once
+    single = nxt(b, 1, SHORT)  # c, which will expire
+    assert single.ids == ["c"]
+    b.sleep_ms(PAST_SHORT)
+    got = nxt(b, 10, LONG, max_deliveries=1)  # c dead-lettered, d and a leased
+    assert sorted(got.ids) == ["a", "d"]
+    assert "c" not in index(b)
+    assert ack(b, *got.tokens) == 2
+    b.call("sweep", BUDGET)
+    assert index(b) == {}
+    # A dead letter brought back is held again.
+    assert b.call("requeue_dead", 10) == 1
+    assert index(b) == {"c": "p"}
+    assert b.call("push", "c") == 0
+
+
+@scenario
+def unique_and_cancel_need_a_tracked_queue_and_tracking_an_empty_one(b: Backend) -> None:
+    expect_error(b, "ROTATOR_UNTRACKED", "unique", "push", "x")
+    expect_error(b, "ROTATOR_UNTRACKED", "unique", "push_later", "IN", DELAY, "x")
+    expect_error(b, "ROTATOR_UNTRACKED", "cancel", "x")
+    expect_error(b, "ROTATOR_BADARG", "unique", "next", 1, LONG, BUDGET, 0)
+    expect_error(b, "ROTATOR_BADARG", "configure", "track_ids", 2)
+    push(b, "x")
+    expect_error(b, "ROTATOR_BADARG", "configure", "track_ids", 1)
+    got = nxt(b, 1)
+    expect_error(b, "ROTATOR_BADARG", "configure", "track_ids", 1)  # in flight
+    assert ack(b, *got.tokens) == 1
+    b.call("sweep", BUDGET)
+    later(b, "IN", 60_000, "y")
+    expect_error(b, "ROTATOR_BADARG", "configure", "track_ids", 1)  # scheduled
+    b.call("delete")
+    track(b)
+    expect_error(b, "ROTATOR_BADID", "cancel", "a*b")
+    push(b, "z")
+    assert index(b) == {"z": "p"}
+    reply = b.call("configure", "track_ids", 0)
+    assert isinstance(reply, list), reply
+    assert reply[-2:] == ["track_ids", 0], reply
+    assert b.key_state(b.keys[KEY_ROLES.index("ids")]) == ("none", None)
+    assert b.call("push", "z") == 1  # untracked: a second copy
+
+
+@scenario
+def cancel_finds_scheduled_waiting_and_in_flight_jobs(b: Backend) -> None:
+    track(b)
+    later(b, "IN", DELAY, "s")
+    push(b, "w1", "w2")
+    held = nxt(b, 1, SHORT)  # w1 in flight
+    assert held.ids == ["w1"]
+    assert b.call("cancel", "s", "w1", "w2", "nope", "w2") == 3
+    assert b.call("cancel", "s", "w1", "w2") == 0  # cancelled already
+    assert stats(b)["scheduled"] == 0
+    assert ack(b, held.tokens[0]) == 0  # its token is revoked
+    assert ints(b.call("extend", LONG, held.tokens[0]))[1:] == [-1]
+    assert b.call("nack", 0, held.tokens[0]) == [0]
+    got = nxt(b, 10)
+    assert (got.jobs, got.idle) == ([], 1)  # w2 dropped at its visit
+    b.sleep_ms(max(PAST_SHORT, DELAY + 60))
+    assert nxt(b, 10).jobs == []  # neither w1's expired lease nor s comes back
+    b.call("sweep", BUDGET)
+    assert index(b) == {}
+    assert stats(b)["length"] == 0
+    assert counters(b)["cancelled"] == 3
+
+
+@scenario
+def a_batch_with_a_cancelled_job_is_acked_token_by_token(b: Backend) -> None:
+    track(b)
+    push(b, "a", "b", "c")
+    got = nxt(b, 3, SHORT)
+    batch = batch_of(got.tokens[0])
+    assert batch is not None
+    assert b.call("cancel", "b") == 1
+    assert ack(b, f"{batch}/3") == 0  # would cover b
+    assert ack(b, got.tokens[0], got.tokens[2]) == 2
+    b.sleep_ms(PAST_SHORT)
+    assert nxt(b, 10).jobs == []  # b is not leased again
+    b.call("sweep", BUDGET)
+    assert (index(b), stats(b)["length"]) == ({}, 0)
+
+
+@scenario
+def a_cancelled_id_pushed_again_runs_once(b: Backend) -> None:
+    track(b)
+    push(b, "x")
+    assert b.call("cancel", "x") == 1
+    assert b.call("push", "x") == 1  # taken back in place
+    assert b.lrange("ring").count("x") == 1
+    assert nxt(b, 10).ids == ["x"]
+    push(b, "y")
+    old = nxt(b, 1, SHORT)
+    assert b.call("cancel", "y") == 1
+    assert b.call("push", "y") == 1  # a new copy; the old lease is dropped at its visit
+    assert nxt(b, 10).ids == ["y"]
+    b.sleep_ms(PAST_SHORT)
+    assert nxt(b, 10).jobs == []
+    assert ack(b, old.tokens[0]) == 0
+
+
+@scenario
+def a_tracked_queue_schedules_each_id_once(b: Backend) -> None:
+    track(b)
+    later(b, "IN", DELAY, "s")
+    assert b.call("push", "s") == 0  # held, scheduled
+    assert b.call("push_later", "IN", DELAY * 2, "s") == 1  # moves, as on any queue
+    push(b, "p")
+    assert b.call("push_later", "IN", DELAY, "p") == 0  # held, waiting
+    assert index(b) == {"s": "s", "p": "p"}
+    b.sleep_ms(DELAY * 2 + 60)
+    assert sorted(nxt(b, 10).ids) == ["p", "s"]
+
+
+# -- payloads (the fourteenth key) -----------------------------------------------------------
 
 
 def payload_keys(b: Backend) -> tuple[str, ...]:

@@ -53,8 +53,8 @@ def header_commands() -> dict[str, str]:
 
 
 def body_key_names() -> tuple[dict[str, int], dict[str, int]]:
-    """Name -> KEYS slot, as the body binds them: the twelve queue keys after a base
-    (`ring = keys[base + 1]`, by M.queue_keys) and the fixed slots (`payloads = keys[13]`,
+    """Name -> KEYS slot, as the body binds them: the thirteen queue keys after a base
+    (`ring = keys[base + 1]`, by M.queue_keys) and the fixed slots (`payloads = keys[14]`,
     `topic = keys[1]`, ...). The keys come in as `keys` (FCALL) or `KEYS` (EVAL)."""
     queue: dict[str, int] = {}
     fixed: dict[str, int] = {}
@@ -99,16 +99,16 @@ def test_the_header_has_every_section_in_order() -> None:
     assert positions == sorted(positions)
 
 
-def test_keys_are_listed_one_to_fourteen_and_the_body_names_them_the_same_in_order() -> None:
+def test_keys_are_listed_one_to_fifteen_and_the_body_names_them_the_same_in_order() -> None:
     keys = header_keys()
-    assert [slot for slot, _, _ in keys] == list(range(1, 15))
+    assert [slot for slot, _, _ in keys] == list(range(1, 16))
     names = [name for _, name, _ in keys]
     queue, fixed = body_key_names()
-    assert queue == {name: slot for slot, name, _ in keys[:12]}
-    assert tuple(names[:12]) == ROLES  # the harness builds KEYS in the header's order
-    assert fixed["payloads"] == 13
-    assert fixed["items"] == 14
-    assert names[12:] == ["payloads", "items"]
+    assert queue == {name: slot for slot, name, _ in keys[:13]}
+    assert tuple(names[:13]) == ROLES  # the harness builds KEYS in the header's order
+    assert fixed["payloads"] == 14
+    assert fixed["items"] == 15
+    assert names[13:] == ["payloads", "items"]
     topic = header_keys("TOPIC KEYS")
     assert [slot for slot, _, _ in topic] == [1, 2, 3, 4]
     assert {name: slot for slot, name, _ in topic} == {
@@ -117,7 +117,7 @@ def test_keys_are_listed_one_to_fourteen_and_the_body_names_them_the_same_in_ord
     # Keys are only read into those names (and counted): no keys[i] or KEYS[i] elsewhere.
     assert not re.findall(r"KEYS\[\d+\]", BODY)
     assert len(re.findall(r"keys\[\d+\]", BODY)) == 2 + len(topic)
-    assert len(re.findall(r"keys\[base \+ \d+\]", BODY)) == 12
+    assert len(re.findall(r"keys\[base \+ \d+\]", BODY)) == 13
 
 
 def test_the_body_checks_each_key_for_the_type_the_header_gives() -> None:
@@ -134,7 +134,8 @@ def test_header_commands_and_the_dispatch_table_agree() -> None:
     table = re.search(r"local COMMANDS = \{(.*?)\n\}", BODY, re.DOTALL)
     assert table, "no COMMANDS dispatch table in the body"
     dispatch = dict(re.findall(r"^\s*(\w+) = ([\w.]+),?$", table[1], re.MULTILINE))
-    assert set(dispatch) == set(header_commands())
+    # (`unique` is no command of its own: main takes it off the push command that follows)
+    assert set(dispatch) | {"unique"} == set(header_commands())
     for handler in dispatch.values():
         # `local function cmd_push(` or `function M.push(` (indented inside
         # M.define_extensions for the commands defined on first use): the handler is here.
@@ -189,11 +190,11 @@ def test_every_redis_call_names_its_command_literally_and_none_scans() -> None:
     assert re.findall(r"rcall\('LREM', ([\w.]+)", BODY) == ["K.dead"]
 
 
-def test_the_redis_cli_example_uses_the_twelve_keys_in_order() -> None:
+def test_the_redis_cli_example_uses_the_thirteen_keys_in_order() -> None:
     example = section("REDIS-CLI")
     found = re.search(r'Q="([^"]+)"', example)
     assert found, "no Q=... key list in the redis-cli example"
     keys = found[1].split()
-    assert [k.rsplit(":", 1)[1] for k in keys] == [name for _, name, _ in header_keys()[:12]]
+    assert [k.rsplit(":", 1)[1] for k in keys] == [name for _, name, _ in header_keys()[:13]]
     assert len({k.split(":")[1] for k in keys}) == 1  # one hash tag for all
-    assert "EVALSHA $SHA 12 $Q" in example
+    assert "EVALSHA $SHA 13 $Q" in example
