@@ -25,7 +25,9 @@ from typing import Any, ClassVar, NoReturn
 import click
 import redis
 from click.core import ParameterSource
+from redis.cluster import RedisCluster
 from redis.connection import parse_url
+from redis.exceptions import RedisClusterException
 
 from rotator import protocol
 from rotator.core import Rotator
@@ -51,7 +53,7 @@ from rotator.demo import run_demo
 from rotator.discovery import find
 from rotator.errors import RotatorError
 from rotator.keys import queue_keys, topic_keys, validate_group_name
-from rotator.models import DeadLetter, Durations, Job, Stats, WorkSummary
+from rotator.models import DeadLetter, Durations, Job, Stats, TopicStats, WorkSummary
 from rotator.registry import HELD_SHOWN, PRUNE_AFTER, STALE_AFTER, WorkerInfo
 from rotator.script import function_name, module_path, module_sha, probe_mode
 from rotator.server import EmbeddedServer
@@ -801,21 +803,65 @@ def counts_line(values: dict[str, Any]) -> str:
     return "  ".join(shown)
 
 
-@main.command()
-@click.option("--prefix", default="rotator", show_default=True, help="Key prefix of the queues.")
-@json_option
-@click.pass_context
-def queues(ctx: click.Context, prefix: str, json: bool) -> None:
-    """List every queue and topic on the server, with their counts.
+cluster_option = click.option(
+    "--cluster",
+    is_flag=True,
+    help="--url names a node of a Redis Cluster: read every primary (needs --url).",
+)
 
-    Found with SCAN (never KEYS), in bounded steps: a queue is listed from its first push,
-    a topic from its first subscribe or publish, until they are deleted.
 
-    \b
-    Example:
-      rotator queues --url redis://localhost:6379/0
-    """
+def cluster_url(ctx: click.Context) -> str:
+    url = server_url(ctx)
+    if url is None:
+        raise click.UsageError(
+            "--cluster needs --url (or ROTATOR_URL): the embedded server is not a cluster", ctx
+        )
+    return url
+
+
+@contextmanager
+def cluster_errors(ctx: click.Context) -> Iterator[None]:
+    """A RedisClusterException is no RedisError: one line for it too, never a traceback."""
+    try:
+        yield
+    except RedisClusterException as error:
+        fail(f"Redis Cluster at {where(ctx)}: {error}")
+
+
+def open_cluster(ctx: click.Context) -> RedisCluster:
+    """A cluster client seeded by --url: any node will do, the client learns the others
+    from the slot map (as ``Rotator.from_url(url, name, cluster=True)``)."""
+    url = cluster_url(ctx)
+    with cluster_errors(ctx):
+        return RedisCluster.from_url(url)
+
+
+def refuse_cluster_node(ctx: click.Context, client: redis.Redis) -> None:
+    """Without --cluster, a cluster node's SCAN would list its own queues alone: refused,
+    saying what to add, rather than showing part of the cluster as if it were all."""
+    try:
+        enabled = client.info("cluster").get("cluster_enabled")
+    except redis.ResponseError:  # INFO not allowed to this user (an ACL): nothing to tell
+        return
+    if enabled:
+        raise click.UsageError(
+            f"{where(ctx)} is a node of a Redis Cluster: add --cluster to read every primary",
+            ctx,
+        )
+
+
+def open_discovery_client(ctx: click.Context, cluster: bool) -> redis.Redis | RedisCluster:
+    if cluster:
+        return open_cluster(ctx)
     client = open_client(ctx)
+    refuse_cluster_node(ctx, client)
+    return client
+
+
+def read_all(
+    client: redis.Redis | RedisCluster, prefix: str
+) -> tuple[dict[str, Stats | RotatorError], dict[str, TopicStats]]:
+    """Every queue's and topic's stats, found by SCAN (on each primary of a cluster)."""
     found = find(client, prefix=prefix)
     # A queue whose keys someone broke (a key of another type) is listed with its error.
     queue_stats: dict[str, Stats | RotatorError] = {}
@@ -825,6 +871,30 @@ def queues(ctx: click.Context, prefix: str, json: bool) -> None:
         except RotatorError as error:
             queue_stats[name] = error
     topic_stats = {name: Topic(client, name, prefix=prefix).stats() for name in found.topics}
+    return queue_stats, topic_stats
+
+
+@main.command()
+@click.option("--prefix", default="rotator", show_default=True, help="Key prefix of the queues.")
+@cluster_option
+@json_option
+@click.pass_context
+def queues(ctx: click.Context, prefix: str, cluster: bool, json: bool) -> None:
+    """List every queue and topic on the server (or every primary of a cluster), with their
+    counts.
+
+    Found with SCAN (never KEYS), in bounded steps, on each primary of a cluster: a queue is
+    listed from its first push, a topic from its first subscribe or publish, until they are
+    deleted.
+
+    \b
+    Examples:
+      rotator queues --url redis://localhost:6379/0
+      rotator queues --cluster --url redis://node-1:7000
+    """
+    client = open_discovery_client(ctx, cluster)
+    with cluster_errors(ctx):
+        queue_stats, topic_stats = read_all(client, prefix)
     data = {
         "queues": {
             name: {"error": str(s)} if isinstance(s, RotatorError) else s.as_dict()
@@ -1937,9 +2007,9 @@ pausing and resuming need a token: set ROTATOR_DASHBOARD_TOKEN to a secret befor
 (without it, actions are off), and type it into the page. Actions are POSTs that must come
 from the dashboard's own page.
 
-Queues and topics are found with SCAN (never KEYS), every 10 s; counts are read every second
-by one poll shared by every open page, and pushed to the pages as server-sent events. Scripts
-and styles ship inside the package (no CDN)."""
+Queues and topics are found with SCAN (never KEYS), every 10 s, on each primary with
+--cluster; counts are read every second by one poll shared by every open page, and pushed to
+the pages as server-sent events. Scripts and styles ship inside the package (no CDN)."""
 
 
 @main.command()
@@ -1953,6 +2023,7 @@ and styles ship inside the package (no CDN)."""
     "--port", type=click.IntRange(1, 65535), default=DEFAULT_PORT, show_default=True, help="Port."
 )
 @click.option("--prefix", default="rotator", show_default=True, help="Key prefix of the queues.")
+@cluster_option
 @click.pass_context
 @doc(
     "Serve a web dashboard of every queue and topic on the server, live, with Prometheus "
@@ -1960,7 +2031,7 @@ and styles ship inside the package (no CDN)."""
     DASHBOARD_HELP,
     "\b\nExample:\n  ROTATOR_DASHBOARD_TOKEN=$(openssl rand -hex 16) rotator dashboard --port 8765",
 )
-def dashboard(ctx: click.Context, host: str, port: int, prefix: str) -> None:
+def dashboard(ctx: click.Context, host: str, port: int, prefix: str, cluster: bool) -> None:
     try:
         from rotator.dashboard.app import serve  # noqa: PLC0415 (the dashboard extra)
         from rotator.dashboard.security import (  # noqa: PLC0415
@@ -1974,8 +2045,14 @@ def dashboard(ctx: click.Context, host: str, port: int, prefix: str) -> None:
             f"the dashboard needs its extra ({error.name} is missing): "
             f"pip install '{DISTRIBUTION}[dashboard]'"
         )
-    url = server_url(ctx) or EmbeddedServer().start().url
-    redis.Redis.from_url(url).ping()  # an unreachable server fails here, in one line
+    if cluster:
+        url = cluster_url(ctx)
+        open_cluster(ctx).close()  # an unreachable cluster fails here, in one line
+    else:
+        url = server_url(ctx) or EmbeddedServer().start().url
+        with redis.Redis.from_url(url) as probe:
+            probe.ping()  # an unreachable server fails here, in one line
+            refuse_cluster_node(ctx, probe)
     token = token_from_env(os.environ)
     if token is None:
         actions = f"actions off (set {TOKEN_ENV} to allow requeue, delete, pause and resume)"
@@ -1994,9 +2071,9 @@ def dashboard(ctx: click.Context, host: str, port: int, prefix: str) -> None:
 
     def ready(address: str) -> None:
         click.echo(
-            f"rotator: dashboard of {where(ctx)} at {address} ({actions}); metrics at "
-            f"{address}metrics. Ctrl-C stops it",
+            f"rotator: dashboard of {where(ctx)}{' (Redis Cluster)' if cluster else ''} "
+            f"at {address} ({actions}); metrics at {address}metrics. Ctrl-C stops it",
             err=True,
         )
 
-    serve(url, host=host, port=port, token=token, prefix=prefix, on_ready=ready)
+    serve(url, host=host, port=port, token=token, prefix=prefix, cluster=cluster, on_ready=ready)

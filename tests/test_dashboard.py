@@ -1,5 +1,6 @@
 """rotator.dashboard: the pages, the event streams, /metrics and the actions' safety, against
-real servers (the browser test is tests/test_dashboard_browser.py).
+real servers (the browser test is tests/test_dashboard_browser.py; on a Redis Cluster,
+tests/test_cluster_discovery.py).
 
 The test servers are shared: each test looks for the queues it made among whatever else is
 there, and changes only those.
@@ -81,6 +82,7 @@ class Served:
         token: str | None = None,
         interval: float = 0.2,
         discover_every: float = 0.2,
+        cluster: bool = False,
     ) -> None:
         app = create_app(
             url,
@@ -88,6 +90,7 @@ class Served:
             interval=interval,
             discover_every=discover_every,
             hosts=allowed_hosts("127.0.0.1"),
+            cluster=cluster,
         )
         config = uvicorn.Config(
             app,

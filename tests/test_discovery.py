@@ -1,4 +1,5 @@
-"""rotator.discovery: every queue and topic on a server, found by SCAN (never KEYS).
+"""rotator.discovery: every queue and topic on a server, found by SCAN (never KEYS). On a Redis
+Cluster: tests/test_cluster_discovery.py.
 
 The test servers are shared, so each test looks for the names it made among whatever else is
 there, and proves "no KEYS" with an ACL user that may not run it.
@@ -12,11 +13,10 @@ import uuid
 import pytest
 import redis
 import redis.asyncio as aredis
-from redis.cluster import RedisCluster
 
 from rotator import InvalidArgument, InvalidQueueName, Rotator, Topic
 from rotator.commands import ClientCall
-from rotator.discovery import discover, find, find_async
+from rotator.discovery import Seen, discover, find, find_async, keep_live, scan_names
 from rotator.keys import discovered, discovery_pattern, queue_keys, topic_keys
 from tests.servers import ServerProcess
 
@@ -147,11 +147,31 @@ def test_find_async_finds_the_same_as_find(
     assert found == find(client)
 
 
-def test_a_cluster_client_is_refused_with_what_to_do_instead() -> None:
-    cluster = RedisCluster.__new__(RedisCluster)  # no connection needed to be refused
+def test_the_scan_and_the_liveness_check_are_flows_of_their_own() -> None:
+    scan = scan_names("rotator", 10)
+    assert next(scan) == ClientCall("scan", (0, "rotator:{*}:*", 10, "hash"))
+    try:
+        scan.send((0, [b"rotator:{b}:meta", b"rotator:{a}:meta", b"rotator:{t}:topic:meta"]))
+    except StopIteration as stop:
+        seen = stop.value
+    check = keep_live(seen, "rotator")
+    asked = [next(check), check.send(0)]  # a is gone (a deleted queue); b is asked next
+    try:
+        check.send(1)
+    except StopIteration as stop:
+        result = stop.value
 
-    with pytest.raises(InvalidArgument, match="each primary"):
-        find(cluster)
+    assert seen == Seen(frozenset({"a", "b"}), frozenset({"t"}))
+    assert asked == [
+        ClientCall("exists", (keys.ring, keys.scheduled, keys.dead))
+        for keys in (queue_keys("a"), queue_keys("b"))
+    ]
+    assert (result.queues, result.topics) == (("b",), ("t",))
+
+
+def test_a_bad_count_is_refused_before_any_call() -> None:
+    with pytest.raises(InvalidArgument, match="count"):
+        next(scan_names("rotator", 0))
 
 
 def test_a_queue_with_only_scheduled_jobs_is_found(client: redis.Redis, queue_name: str) -> None:

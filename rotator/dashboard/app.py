@@ -1,4 +1,10 @@
-"""The dashboard: a Starlette app over one server, and :func:`serve` to run it on uvicorn.
+"""The dashboard: a Starlette app over one server or one Redis Cluster, and :func:`serve` to
+run it on uvicorn.
+
+With ``cluster=True`` the URL names any node of a cluster: the app reads through cluster
+clients, discovery scans every primary (see :mod:`rotator.discovery`) and each queue is read
+on the node holding its slot. Nothing here reads server-wide information (INFO, DBSIZE), so
+no part of a page depends on which node answers.
 
 Routes (every page and stream only reads):
 
@@ -33,6 +39,8 @@ import jinja2
 import redis
 import redis.asyncio as aredis
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
+from redis.cluster import RedisCluster
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.middleware import Middleware
@@ -65,6 +73,7 @@ from rotator.dashboard.security import (
 )
 from rotator.dashboard.snapshot import (
     COUNTERS,
+    UNREACHABLE,
     Reader,
     Reading,
     backlog,
@@ -80,6 +89,10 @@ HERE = Path(__file__).resolve().parent
 # Seconds a client waits to connect to the server, and for a reply.
 CONNECT_TIMEOUT = 5.0
 REPLY_TIMEOUT = 10.0
+CLIENT_OPTIONS: dict[str, Any] = {
+    "socket_connect_timeout": CONNECT_TIMEOUT,
+    "socket_timeout": REPLY_TIMEOUT,
+}
 ACTIONS = ("pause", "resume", "requeue", "delete")
 # What an action answers, the only text a page shows from its URL (?done=...), so a link
 # cannot make the page say something else.
@@ -291,8 +304,10 @@ class Dashboard:
         prefix: str,
         interval: float,
         discover_every: float,
+        cluster: bool = False,
     ) -> None:
         self.url = url
+        self.cluster = cluster
         self.token = token
         self.prefix = prefix
         self.interval = interval
@@ -304,16 +319,25 @@ class Dashboard:
         self.reader: Reader | None = None
         self.hub: Hub | None = None
         self.registry = CollectorRegistry(auto_describe=False)
-        self.sync_client: redis.Redis | None = None
+        self.sync_client: redis.Redis | RedisCluster | None = None
+
+    def connect_sync(self) -> redis.Redis | RedisCluster:
+        """The client /metrics reads with (in a worker thread), made at the first scrape: a
+        cluster client connects when it is made, and an unreachable cluster must make a
+        scrape say ``rotator_up 0``, not stop the app from starting."""
+        if self.cluster:
+            self.sync_client = RedisCluster.from_url(self.url, **CLIENT_OPTIONS)
+        else:
+            self.sync_client = redis.Redis.from_url(self.url, **CLIENT_OPTIONS)
+        return self.sync_client
 
     @contextlib.asynccontextmanager
     async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
-        options: dict[str, Any] = {
-            "socket_connect_timeout": CONNECT_TIMEOUT,
-            "socket_timeout": REPLY_TIMEOUT,
-        }
-        self.client = aredis.Redis.from_url(self.url, **options)
-        self.sync_client = redis.Redis.from_url(self.url, **options)
+        # The asyncio cluster client connects at its first command, so it is made here.
+        if self.cluster:
+            self.client = AsyncRedisCluster.from_url(self.url, **CLIENT_OPTIONS)
+        else:
+            self.client = aredis.Redis.from_url(self.url, **CLIENT_OPTIONS)
         self.reader = Reader(self.client, prefix=self.prefix)
         self.hub = Hub(
             self.reader,
@@ -321,7 +345,7 @@ class Dashboard:
             discover_every=self.discover_every,
             render=self.render,
         )
-        collector = QueueCollector(self.sync_client, prefix=self.prefix)
+        collector = QueueCollector(self.connect_sync, prefix=self.prefix)
         self.registry.register(collector)
         try:
             yield
@@ -329,7 +353,8 @@ class Dashboard:
             self.registry.unregister(collector)
             await self.hub.close()
             await self.client.aclose()
-            self.sync_client.close()
+            if self.sync_client is not None:
+                self.sync_client.close()
 
     # -- rendering -----------------------------------------------------------------------
 
@@ -338,6 +363,7 @@ class Dashboard:
             "page": page,
             "title": title,
             "server": self.server,
+            "cluster": self.cluster,
             "actions_on": self.token is not None,
             "token_env": TOKEN_ENV,
             "interval": self.interval,
@@ -577,10 +603,18 @@ class Dashboard:
         body = await run_in_threadpool(generate_latest, self.registry)
         return Response(body, media_type=CONTENT_TYPE_LATEST)
 
+    async def ping(self) -> None:
+        """PING the server, or every primary of a cluster: a cluster client's own PING asks one
+        node, and a primary that does not answer leaves its queues unread."""
+        if self.cluster:
+            await self.client.ping(target_nodes=AsyncRedisCluster.PRIMARIES)
+        else:
+            await self.client.ping()
+
     async def healthz(self, request: Request) -> Response:
         try:
-            await self.client.ping()
-        except (redis.RedisError, OSError) as error:
+            await self.ping()
+        except UNREACHABLE as error:
             return JSONResponse({"ok": False, "error": f"cannot reach the server: {error}"}, 503)
         return JSONResponse({"ok": True})
 
@@ -600,11 +634,18 @@ def create_app(
     interval: float = POLL_INTERVAL,
     discover_every: float = DISCOVER_EVERY,
     hosts: Sequence[str] = LOOPBACK_HOSTS,
+    cluster: bool = False,
 ) -> Starlette:
     """The dashboard of the server at ``url``. ``token``: what actions need (None: actions
-    off). ``hosts``: the Host header values answered (``["*"]``: any)."""
+    off). ``hosts``: the Host header values answered (``["*"]``: any). ``cluster``: ``url``
+    names a node of a Redis Cluster, and the dashboard shows every primary's queues."""
     board = Dashboard(
-        url, token=token, prefix=prefix, interval=interval, discover_every=discover_every
+        url,
+        token=token,
+        prefix=prefix,
+        interval=interval,
+        discover_every=discover_every,
+        cluster=cluster,
     )
     routes = [
         Route("/", board.overview_page),
@@ -628,7 +669,7 @@ def create_app(
         routes=routes,
         middleware=middleware,
         lifespan=board.lifespan,
-        exception_handlers={redis.RedisError: board.unreachable, OSError: board.unreachable},
+        exception_handlers=dict.fromkeys(UNREACHABLE, board.unreachable),
     )
     app.state.dashboard = board
     return app
@@ -641,12 +682,13 @@ def serve(
     port: int = DEFAULT_PORT,
     token: str | None = None,
     prefix: str = DEFAULT_PREFIX,
+    cluster: bool = False,
     on_ready: Callable[[str], None] | None = None,
 ) -> None:
     """Runs the dashboard on uvicorn until SIGINT/SIGTERM."""
     import uvicorn  # noqa: PLC0415 (only the command needs the server)
 
-    app = create_app(url, token=token, prefix=prefix, hosts=allowed_hosts(host))
+    app = create_app(url, token=token, prefix=prefix, hosts=allowed_hosts(host), cluster=cluster)
     config = uvicorn.Config(
         app,
         host=host,

@@ -26,10 +26,9 @@ from collections import Counter, deque
 from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
-import redis
-
 from rotator.dashboard.snapshot import (
     COUNTERS,
+    UNREACHABLE,
     Overview,
     QueueDetail,
     Reader,
@@ -186,7 +185,7 @@ class Hub:
             started = time.monotonic()
             try:
                 await self.poll()
-            except (redis.RedisError, OSError) as error:
+            except UNREACHABLE as error:
                 self._failed(error)
             except Exception as error:  # a bug must not leave every page waiting in silence
                 log.exception("the dashboard's poll failed")

@@ -10,6 +10,10 @@ serve it too::
     REGISTRY.register(QueueCollector(redis.Redis.from_url("redis://localhost:6379/0")))
     start_http_server(9120)
 
+On Redis Cluster, give it a ``redis.cluster.RedisCluster`` (or a function that makes one: a
+cluster client connects when it is made, so the collector makes it at the first scrape): the
+queues of every primary are found, each read on its own node.
+
 Every queue metric has a ``queue`` label. The ``rotator_jobs_*_total`` counters are the
 module's own (kept in the call that does each thing, so they never disagree with the queue);
 a queue whose module does not report one is left out of that metric rather than shown as 0.
@@ -20,7 +24,8 @@ a queue whose module does not report one is left out of that metric rather than 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator
+import threading
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import redis
@@ -31,9 +36,10 @@ from prometheus_client.core import (
     Metric,
 )
 from prometheus_client.registry import Collector
+from redis.cluster import RedisCluster
 
 from rotator.core import Rotator
-from rotator.dashboard.snapshot import backlog, durations_of
+from rotator.dashboard.snapshot import UNREACHABLE, backlog, durations_of
 from rotator.defaults import DEFAULT_PREFIX
 from rotator.discovery import find
 from rotator.errors import RotatorError
@@ -61,13 +67,31 @@ QUEUE_COUNTERS = (
 DURATION_METRIC = "rotator_job_duration_seconds"
 
 
-class QueueCollector(Collector):
-    """Every queue's and topic's metrics on the server of ``client`` (a ``redis.Redis``: one
-    server, or one node of a cluster), read when collected."""
+Client = redis.Redis | RedisCluster
 
-    def __init__(self, client: redis.Redis, *, prefix: str = DEFAULT_PREFIX) -> None:
-        self.client = client
+
+class QueueCollector(Collector):
+    """Every queue's and topic's metrics on the server of ``client`` (a ``redis.Redis``) or
+    on every primary of a cluster (a ``redis.cluster.RedisCluster``), read when collected.
+    ``client`` may be a function that makes the client, called at the first scrape that
+    needs it (and again after one that failed)."""
+
+    def __init__(
+        self, client: Client | Callable[[], Client], *, prefix: str = DEFAULT_PREFIX
+    ) -> None:
+        self._connect = client if callable(client) else None
+        self._client: Client | None = None if callable(client) else client
+        self._lock = threading.Lock()  # scrapes may run in threads at once
         self.prefix = prefix
+
+    @property
+    def client(self) -> Client:
+        """The client, made now if it was given as a function."""
+        with self._lock:
+            if self._client is None:
+                assert self._connect is not None
+                self._client = self._connect()
+            return self._client
 
     def describe(self) -> Iterable[Metric]:
         # Registering must not read the server: the names are known only at scrape time.
@@ -77,7 +101,7 @@ class QueueCollector(Collector):
         up = GaugeMetricFamily("rotator_up", "1 when the last scrape read the server, else 0.")
         try:
             queues, topics = self.read()
-        except (redis.RedisError, OSError):
+        except UNREACHABLE:
             up.add_metric([], 0)
             yield up
             return
@@ -88,17 +112,18 @@ class QueueCollector(Collector):
 
     def read(self) -> tuple[dict[str, Stats], dict[str, TopicStats]]:
         """Each queue's and topic's stats now (one whose keys are broken is left out)."""
-        found = find(self.client, prefix=self.prefix)
+        client = self.client
+        found = find(client, prefix=self.prefix)
         queues: dict[str, Stats] = {}
         for name in found.queues:
             try:
-                queues[name] = Rotator(self.client, name, prefix=self.prefix).stats()
+                queues[name] = Rotator(client, name, prefix=self.prefix).stats()
             except RotatorError:
                 continue
         topics: dict[str, TopicStats] = {}
         for name in found.topics:
             try:
-                topics[name] = Topic(self.client, name, prefix=self.prefix).stats()
+                topics[name] = Topic(client, name, prefix=self.prefix).stats()
             except RotatorError:
                 continue
         return queues, topics

@@ -18,6 +18,9 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+import redis
+from redis.exceptions import RedisClusterException
+
 from rotator.aio import AsyncRotator, AsyncTopic
 from rotator.defaults import DEFAULT_PREFIX
 from rotator.discovery import find_async
@@ -38,6 +41,9 @@ DEAD_LIMIT = 50
 CACHE_LIMIT = 4096
 # Quantiles of the processing time shown and exported.
 QUANTILES = (0.5, 0.95, 0.99)
+# What a read that could not reach the server raises (a cluster client's own errors, such as
+# no node reachable, are no RedisError).
+UNREACHABLE = (redis.RedisError, RedisClusterException, OSError)
 
 
 def backlog(stats: Stats) -> int:
@@ -225,8 +231,8 @@ class QueueDetail:
 
 
 class Reader:
-    """Reads queues and topics on one ``redis.asyncio`` client (never a cluster client:
-    discovery asks one server)."""
+    """Reads queues and topics on one ``redis.asyncio`` client: a server's, or a cluster's
+    (discovery then scans every primary, and each queue is read on its own node)."""
 
     def __init__(self, client: Any, *, prefix: str = DEFAULT_PREFIX) -> None:
         self.client = client
@@ -254,7 +260,8 @@ class Reader:
         return found
 
     async def discover(self) -> Discovered:
-        """Every queue and topic on the server: SCAN, never KEYS (see rotator.discovery)."""
+        """Every queue and topic on the server or cluster: SCAN, never KEYS (see
+        rotator.discovery)."""
         return await find_async(self.client, prefix=self.prefix)
 
     async def overview(self, found: Discovered) -> Overview:
