@@ -369,6 +369,11 @@ class PushMeter:
     help="Deliver no sooner than this many seconds from now (server clock).",
 )
 @click.option("--at", "at", type=Moment(), help="Deliver no sooner than this time.")
+@click.option(
+    "--unique",
+    is_flag=True,
+    help="Skip ids the queue holds; refused unless it tracks ids (rotator track-ids).",
+)
 @json_option
 @click.pass_context
 def push(
@@ -377,13 +382,15 @@ def push(
     ids: tuple[str, ...],
     delay: float | None,
     at: datetime | None,
+    unique: bool,
     json: bool,
 ) -> None:
     """Push job IDS to QUEUE; prints how many. `-` reads one id per line from stdin.
 
     Every 1000 ids go in one atomic call; a bad id stops the push before its batch is sent.
     With --delay or --at the jobs are scheduled: kept apart until due, then queued (an id
-    scheduled again moves to its new time).
+    scheduled again moves to its new time). A queue that tracks ids holds each id once:
+    ids it holds are skipped, and not counted; --unique makes that a requirement.
 
     \b
     Examples:
@@ -391,6 +398,7 @@ def push(
       seq 1 100000 | rotator push orders -
       rotator push orders report-7 --delay 30
       rotator push orders newsletter --at 2026-12-01T09:00:00Z
+      rotator push orders order-1 --unique
     """
     if delay is not None and at is not None:
         raise click.UsageError("give --delay or --at, not both")
@@ -403,11 +411,11 @@ def push(
         batch.append(job_id)
         meter.line(job_id)
         if len(batch) == DEFAULT_PUSH_CHUNK:
-            total += q.push_many(batch, delay=delay, at=at)
+            total += q.push_many(batch, delay=delay, at=at, unique=unique)
             batch = []
             meter.pushed(total)
     if batch:
-        total += q.push_many(batch, delay=delay, at=at)
+        total += q.push_many(batch, delay=delay, at=at, unique=unique)
     meter.finish(total)
     emit(ctx, {"pushed": total}, str(total))
 
@@ -487,6 +495,42 @@ def resume(ctx: click.Context, queue: str, json: bool) -> None:
     """
     changed = open_queue(ctx, queue, must_exist=False).resume()
     emit(ctx, {"paused": False, "changed": changed}, "resumed" if changed else "not paused")
+
+
+@main.command(name="track-ids")
+@click.argument("queue")
+@click.argument("state", type=click.Choice(["on", "off"]))
+@json_option
+@click.pass_context
+def track_ids(ctx: click.Context, queue: str, state: str, json: bool) -> None:
+    """Make QUEUE keep an index of its ids (on), which unique pushes and cancel need, or
+    drop it (off). On only while the queue holds no job.
+
+    \b
+    Examples:
+      rotator track-ids emails on
+      rotator track-ids emails off
+    """
+    settings = open_queue(ctx, queue, must_exist=False).configure(track_ids=state == "on")
+    emit(ctx, {"track_ids": settings.track_ids}, "on" if settings.track_ids else "off")
+
+
+@main.command()
+@click.argument("queue")
+@click.argument("ids", nargs=-1, required=True)
+@json_option
+@click.pass_context
+def cancel(ctx: click.Context, queue: str, ids: tuple[str, ...], json: bool) -> None:
+    """Cancel jobs of QUEUE by id: scheduled, waiting or in flight, none is delivered again
+    (an in-flight job's ack is refused). Prints how many were found. Needs a queue that
+    tracks ids (rotator track-ids). `-` reads one id per line from stdin.
+
+    \b
+    Example:
+      rotator cancel emails mail-7 mail-8
+    """
+    found = open_queue(ctx, queue, must_exist=False).cancel(*read_ids(ids))
+    emit(ctx, {"cancelled": found}, str(found))
 
 
 def payload_text(payload: bytes | None) -> str | None:
