@@ -682,7 +682,7 @@ def stats(ctx: click.Context, queue: str, watch: bool, interval: float, json: bo
     paused      handing out nothing until `rotator resume`
     schedules   recurring schedules (`rotator schedule list`)
     rate_limit  jobs per period handed out at most (`rotator limit`)
-    pushed, delivered, completed, retried, reclaimed, dead_lettered
+    pushed, delivered, completed, retried, reclaimed, dead_lettered, cancelled
                 counts since the queue was made; --watch shows each one's rate
                 beside it (per second, over the last interval)
     durations   processing times the worker loops reported: p50/p95/p99
@@ -722,7 +722,15 @@ def stats(ctx: click.Context, queue: str, watch: bool, interval: float, json: bo
             return
 
 
-COUNTS = ("pushed", "delivered", "completed", "retried", "reclaimed", "dead_lettered")
+COUNTS = (
+    "pushed",
+    "delivered",
+    "completed",
+    "retried",
+    "reclaimed",
+    "dead_lettered",
+    "cancelled",
+)
 
 
 def durations_text(durations: Durations | None) -> str:

@@ -48,6 +48,7 @@ STATS_KEYS = {
     "retried",
     "reclaimed",
     "dead_lettered",
+    "cancelled",
     "durations",
 }
 

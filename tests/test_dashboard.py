@@ -342,6 +342,7 @@ def test_metrics_parse_and_match_stats(
     assert found["rotator_jobs_retried_total"] == stats.retried == 1
     assert found["rotator_jobs_reclaimed_total"] == stats.reclaimed
     assert found["rotator_jobs_dead_total"] == stats.dead_lettered == 1
+    assert found["rotator_jobs_cancelled_total"] == stats.cancelled == 0
     assert not any(name.startswith("rotator_job_duration_seconds") for name in found)
     assert all_samples(response.text)["rotator_up"] == 1.0
 

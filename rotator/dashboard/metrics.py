@@ -63,6 +63,7 @@ QUEUE_COUNTERS = (
     ("rotator_jobs_retried", "retried", "Jobs given back (nacked)."),
     ("rotator_jobs_reclaimed", "reclaimed", "Expired leases leased again."),
     ("rotator_jobs_dead", "dead_lettered", "Dead letters written."),
+    ("rotator_jobs_cancelled", "cancelled", "Jobs cancelled (a queue that tracks ids)."),
 )
 DURATION_METRIC = "rotator_job_duration_seconds"
 

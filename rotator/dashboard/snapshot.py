@@ -30,7 +30,15 @@ from rotator.models import DeadLetter, Discovered, RingEntry, Schedule, Stats, T
 T = TypeVar("T")
 
 # The module's counters (Stats fields): each has a rate, jobs per second.
-COUNTERS = ("pushed", "delivered", "completed", "retried", "reclaimed", "dead_lettered")
+COUNTERS = (
+    "pushed",
+    "delivered",
+    "completed",
+    "retried",
+    "reclaimed",
+    "dead_lettered",
+    "cancelled",
+)
 # Queues (or topics) read at once during one poll.
 READ_CONCURRENCY = 16
 # Ring elements and dead letters a queue's page shows.
