@@ -1,0 +1,44 @@
+// A small command line over the built package, for tests that drive Node from outside
+// (tests/test_interop.py, test/worker.test.ts). Not shipped.
+//   node scripts/interop.js push URL QUEUE ID...          prints how many were pushed
+//   node scripts/interop.js work URL QUEUE OUT [SECONDS]  runs a worker (timeout 1 s) until
+//       SIGINT/SIGTERM or until the queue is empty; each job's handler appends
+//       "start <id>" to OUT, sleeps SECONDS (default 0), then appends "done <id>"; a job
+//       whose id starts with "fail" throws. Prints the summary as JSON.
+"use strict";
+const fs = require("node:fs");
+const Redis = require("ioredis");
+const { Rotator } = require("../dist/index");
+
+async function main() {
+  const [command, url, name, ...rest] = process.argv.slice(2);
+  const redis = new Redis(url);
+  try {
+    if (command === "push") {
+      const q = new Rotator(redis, name);
+      console.log(await q.push(...rest));
+    } else if (command === "work") {
+      const [out, seconds = "0", mode = "until-stopped"] = rest;
+      const q = new Rotator(redis, name, { timeout: 1 });
+      const summary = await q.work(
+        async (job) => {
+          fs.appendFileSync(out, `start ${job.id}\n`);
+          await new Promise((r) => setTimeout(r, Number(seconds) * 1000));
+          if (job.id.startsWith("fail")) throw new Error(`${job.id} failed`);
+          fs.appendFileSync(out, `done ${job.id}\n`);
+        },
+        { concurrency: 4, poll: 0.2, stopWhenEmpty: mode === "until-empty" },
+      );
+      console.log(JSON.stringify(summary));
+    } else {
+      throw new Error(`unknown command ${command}`);
+    }
+  } finally {
+    redis.disconnect();
+  }
+}
+
+main().catch((error) => {
+  console.error(error);
+  process.exit(1);
+});

@@ -1,0 +1,12 @@
+/** rotator-queue: a reliable job queue for Redis/Valkey, the rotator Lua module from Node. */
+export * from "./errors";
+export { DEFAULT_PREFIX, KEY_ROLES, TOPIC_ROLES, groupKeys, keyOf, queueKeys, topicKeys } from "./keys";
+export type { QueueKeys, TopicKeys, KeyRole } from "./keys";
+export { decodeNextPacked, encodeId, encodeToken, parseToken } from "./protocol";
+export type { Job, JobRef, NextReply } from "./protocol";
+export { DEFAULT_BUDGET, DEFAULT_LEASE_TIMEOUT, Rotator, decodeStats } from "./rotator";
+export type { JobId, NextOptions, PushOptions, RotatorOptions, Stats } from "./rotator";
+export { MODULE_PATH, ModuleCaller, moduleSha, moduleSource } from "./script";
+export type { Client } from "./script";
+export { retryDelay } from "./worker";
+export type { Handler, WorkOptions, WorkSummary } from "./worker";
