@@ -32,11 +32,14 @@ KEYS
                             dead_dropped, expired (a topic group's), smin paused (see
                             SCHEDULED), schedules ticking and "schedule:<name>" (see
                             SCHEDULES), rate_n rate_ms rate_tat (see rate_limit), d0..d25
-                            dsum (see durations); settings (configure)
+                            dsum (see durations), prio pseq (see PRIORITIES), cancelled;
+                            settings (configure)
   KEYS[10] pushlog    LIST  "<pushed>:<ms>" push checkpoints, newest first (pending age)
   KEYS[11] leases     LIST  the jobs in flight: leases and packed batches, newest at the head,
                             walked from the tail in deadline order (see LEASES)
-  KEYS[12] scheduled  ZSET  id -> due ms: jobs pushed for later (see SCHEDULED)
+  KEYS[12] scheduled  ZSET  the jobs not in the ring yet: id -> due ms, jobs pushed for later
+                            (see SCHEDULED); "*<level>*<id>" -> below 0, jobs waiting at a
+                            priority (see PRIORITIES), or its due ms, scheduled at one
   KEYS[13] ids        HASH  id -> where its one copy is, on a queue that tracks ids (see IDS)
   KEYS[14] payloads   HASH  id -> payload; pushp/nextp/ackp only (a topic group: its bodies);
                             push_chunk takes its marker hash here instead
@@ -118,14 +121,29 @@ SCHEDULES (recurring jobs)
   Python client computes them with a cron library) and idles once they run out, until a
   schedule FILL gives more (the Python worker loops refill them).
 
+PRIORITIES (jobs that wait behind the pending ids)
+  The ring's pending ids are priority level 0, the most urgent. push_priority puts ids at a
+  level from 1 to 9 (9: least urgent): they wait in KEYS[12] as members "*<level>*<id>"
+  scored (level - 10) * 2^40 + their push order (meta pseq), so below 0, apart from the
+  scheduled jobs, most urgent first and first in first out within a level; meta prio counts
+  them. A claim (next, next_packed, nextp) takes them into its batch, in that order, after
+  its walk, while it has room and once no pending id is left in the ring: priorities are
+  strict, and a lower level waits while a higher one has jobs. Only their first delivery
+  goes by level: an expired lease or a nacked job comes back when due, as any job. A queue
+  with no job at a priority pays one field of the HMGET every claim makes; one with some
+  takes the walk (not M.fast_lease), plus O(log n) per job taken. stats counts them as
+  pending (and in length), and alone in "prioritized". An id waiting at a level pushed
+  there again moves to the back of it and is not counted again.
+
 IDS (a queue that tracks ids: unique jobs and cancel)
   configure track_ids 1, given while the queue holds no job (nothing pending, in flight,
   deferred or scheduled), makes the queue keep KEYS[13]: id -> where its one copy is:
     "p"        waiting in the ring          "s"         scheduled (KEYS[12])
+    "q<level>" waiting at a priority        "s<level>"  scheduled at one
     "<stamp>"  leased or deferred, its token "<id>*<stamp>"
     "c"        cancelled while waiting      "c<stamp>"  cancelled in flight
-  Such a queue holds each id once: every push command (push pushi push_chunk push_later pushp
-  pushp_later requeue_dead, and a schedule's ticks) skips an id it holds and counts only the
+  Such a queue holds each id once: every push command (push pushi push_chunk push_later
+  push_priority pushp pushp_later requeue_dead, and a schedule's ticks) skips an id it holds and counts only the
   ids it takes; an id held by a lease already acked (its token in a done set, or its batch
   acked whole) is free again at once, and so is one cancelled (one cancelled while it waited
   is taken back in place: its element still waits). An id scheduled again moves, as on any
@@ -148,6 +166,13 @@ COMMANDS (ARGV[1]; numbers are decimal integers)
     An id already scheduled moves to the new time: one scheduled job per id. At most 5000
     ids; all or nothing. With KEYS 1..15: also starts each id's stats, as pushi does.
     reply: number scheduled
+    errors: ROTATOR_BADARG, ROTATOR_BADID, ROTATOR_TOOMANY
+  push_priority LEVEL IN|AT TIME ID [ID ...]                      (KEYS 1..13, or 1..15)
+    Pushes ids to wait at priority LEVEL (1..9; the ring's pending ids are level 0, see
+    PRIORITIES), now (IN 0, or a time passed) or, as push_later, once due (a scheduled job
+    that keeps its level). At most 5000 ids; all or nothing. With KEYS 1..15: also starts
+    each id's stats, as pushi does.
+    reply: number added (an id waiting at that level already moves to its back, uncounted)
     errors: ROTATOR_BADARG, ROTATOR_BADID, ROTATOR_TOOMANY
   schedule SET|FILL NAME JOB_ID EVERY_MS SPEC [DUE ...]
     Defines the recurring schedule NAME (1..128 of A-Z a-z 0-9 . _ : @ / -; at most 1000
@@ -262,7 +287,8 @@ COMMANDS (ARGV[1]; numbers are decimal integers)
            cancelled (a queue that tracks ids): stop working on it
     errors: ROTATOR_BADARG, ROTATOR_BADTOKEN, ROTATOR_TOOMANY
   unique PUSH_COMMAND ARG ...
-    Any of push pushi push_later pushp pushp_later, on a queue that tracks ids (see IDS);
+    Any of push pushi push_later push_priority pushp pushp_later, on a queue that tracks ids
+    (see IDS);
     refused with ROTATOR_UNTRACKED, nothing written, on one that does not: a producer that
     counts on each id being held once says so.
     reply: the push command's (ids taken)
@@ -299,7 +325,8 @@ COMMANDS (ARGV[1]; numbers are decimal integers)
             "overdue", n, "overdue_capped", 0|1, "scheduled", n, "paused", 0|1,
             "schedules", n, "rate_limit_jobs", n, "rate_limit_ms", n (0 0: no limit),
             "pushed", n, "delivered", n, "completed", n, "retried", n, "reclaimed", n,
-            "dead_lettered", n, "cancelled", n, "d0", n, ... "d25", n, "dsum", ms}
+            "dead_lettered", n, "cancelled", n, "prioritized", n, "d0", n, ... "d25", n,
+            "dsum", ms}
     Jobs: length = pending + in_flight + done + deferred + overdue. pending: pushed, never
     leased; in_flight: leased, deadline not passed; done: acked, element not yet removed;
     deferred: given back, waiting for its delay (or for the walk, once due); overdue: lease
@@ -311,7 +338,8 @@ COMMANDS (ARGV[1]; numbers are decimal integers)
     made (delete starts them again), each in the call that does it: ids pushed (and moved
     from the schedule or the dead letters), deliveries (first ones and later), jobs acked
     and removed, jobs given back by nack, expired leases leased again, dead letters
-    written, jobs cancelled (see IDS). d0..d25 and dsum: the processing-time histogram (see durations).
+    written, jobs cancelled (see IDS). prioritized: the pending jobs waiting at a priority
+    (see PRIORITIES). d0..d25 and dsum: the processing-time histogram (see durations).
   peek COUNT
     The COUNT (1..1000) elements nearest the ring's tail, tail first, then the lease list's
     from its tail, without changing anything; a packed batch shows as the leases it stands
@@ -438,6 +466,7 @@ REDIS-CLI
   redis-cli EVALSHA $SHA 13 $Q schedules
   redis-cli EVALSHA $SHA 13 $Q pause
   redis-cli EVALSHA $SHA 13 $Q resume
+  redis-cli EVALSHA $SHA 13 $Q push_priority 3 IN 0 job-8     # behind the pending ids
   redis-cli EVALSHA $SHA 13 $Q configure track_ids 1         # on an empty queue
   redis-cli EVALSHA $SHA 13 $Q unique push job-7 job-7       # 1: each id once
   redis-cli EVALSHA $SHA 13 $Q cancel job-7
@@ -516,6 +545,10 @@ local LIMIT = {
   -- schedule is given at once.
   schedules = 1000, schedule_name = 128, spec_bytes = 256, schedule_dues = 1000,
   rate_jobs = 1e9, -- rate_limit's JOBS (per PER_MS, at most a day); durations' COUNT
+  -- Priority levels below the ring's (push_priority's LEVEL), and the room each has in the
+  -- scores of K.scheduled below 0: level L waits at (L - 10) * prio_span + its push order,
+  -- exact in a double (9 * 2^40 is about 10^13).
+  priority_levels = 9, prio_span = 2 ^ 40,
   duration_buckets = 26, -- durations: under 1 ms, then doubling up to 2^24 ms and beyond
   -- stats counts overdue leases from the lease list's tail: at most this many elements, and
   -- batch_bytes of them, and LIMIT.count tokens looked up (then its count is a lower bound).
@@ -579,6 +612,7 @@ local BYTE_E = 101 -- 'e': opens the mark of an extended lease ("e<deadline ms>"
 local BYTE_F = 102 -- 'f': opens the mark of a buried job ("f<error>")
 local BYTE_HASH = 35 -- '#': opens the processing times a next or an ack may carry
 local BYTE_C = 99 -- 'c': opens an id index entry of a cancelled job (see IDS)
+local BYTE_S = 115 -- 's': opens an id index entry of a scheduled job
 
 -- next takes the short way (M.fast_lease) where it applies. A test flips this to compare the
 -- two ways key by key (tests/lua/test_fast_lease.py).
@@ -770,7 +804,8 @@ function M.read_meta(K)
     'lapguess', 'qlen', 'packed', 'origin', 'fence_ms', 'fence_max', 'dead_max', 'dead_age_ms',
     'marked_n', 'marked_a', 'marked_n_old', 'marked_a_old',
     'lmin', 'lstop', 'lpass', 'lskip', 'rpasses', 'lpasses', 'smin', 'paused', 'rate_n',
-    'rate_ms', 'rate_tat', 'completed', 'redelivered', 'reclaimed', 'lettered', 'track_ids')
+    'rate_ms', 'rate_tat', 'completed', 'redelivered', 'reclaimed', 'lettered', 'track_ids',
+    'prio', 'pseq')
   local seq = tonumber(m[1]) or M.now_ms()
   return {
     -- origin: the first seq of the queue as it is now (see refused_among)
@@ -796,6 +831,9 @@ function M.read_meta(K)
     reclaimed = tonumber(m[32]) or 0, lettered = tonumber(m[33]) or 0,
     -- Whether K.ids indexes the queue's ids (see IDS).
     track_ids = tonumber(m[34]) or 0, tracked = m[34] == '1',
+    -- Jobs waiting at a priority level (in K.scheduled, below 0), and their push order so far
+    -- (see PRIORITIES).
+    prio = tonumber(m[35]) or 0, pseq = tonumber(m[36]) or 0,
     lapnext = tonumber(m[2]), qstart = tonumber(m[3]),
     qmin = tonumber(m[4]), pushed = tonumber(m[5]) or 0, taken = tonumber(m[6]) or 0,
     lapguess = m[7] == '1' or not tonumber(m[2]), qlen = tonumber(m[8]),
@@ -933,30 +971,42 @@ end
 -- one copy is. These run only on such a queue.
 
 -- Of `ids` (checked, in order), those the queue may take now as `value` ("p": pushed to the
--- ring, "s": scheduled): an id is taken once however often it is given, and not while the
--- queue holds it, except that a job scheduled may be scheduled again (it moves) and one
--- cancelled may come back. Writes the index for them. Returns the ids to push (or schedule)
--- and how many more were taken back in place: an id cancelled while it waited in the ring,
--- whose element still waits there (the walk would have dropped it), is simply live again.
+-- ring, "s"/"s<level>": scheduled, "q<level>": waiting at a priority): an id is taken once
+-- however often it is given, and not while the queue holds it, except that a job scheduled
+-- may be scheduled again (it moves: its old member goes) and one cancelled may come back.
+-- Writes the index for them. Returns the ids to push (or schedule) and how many more were
+-- taken back in place: an id cancelled while it waited in the ring, whose element still
+-- waits there (the walk would have dropped it), is simply live again.
 function M.admit(ids, value)
   local held = M.hmget_all(K.ids, ids)
   local acked = M.acked_copies(ids, held)
-  local fresh, writes, seen, back = {}, {}, {}, 0
+  local fresh, writes, seen, back, moved = {}, {}, {}, 0, {}
+  local scheduling = string.byte(value) == BYTE_S
   for i = 1, #ids do
     local id, v = ids[i], held[i]
     if not seen[id] then
       seen[id] = true
+      local rescheduled = v and scheduling and string.byte(v) == BYTE_S
       if v == 'c' and value == 'p' then
         back = back + 1
         writes[#writes + 1], writes[#writes + 2] = id, 'p'
-      elseif not v or acked[i] or string.byte(v) == BYTE_C or (v == 's' and value == 's') then
+      elseif not v or acked[i] or string.byte(v) == BYTE_C or rescheduled then
         fresh[#fresh + 1] = id
         writes[#writes + 1], writes[#writes + 2] = id, value
+        if rescheduled and v ~= value then moved[#moved + 1] = M.waiting_member(id, v) end
       end
     end
   end
   M.call_all('HSET', K.ids, writes)
+  M.call_all('ZREM', K.scheduled, moved)
   return fresh, back
+end
+
+-- The member of K.scheduled that holds `id`, by its index value: "s" (scheduled) is the id
+-- itself, "s<level>" and "q<level>" (scheduled, or waiting, at a priority) "*<level>*<id>".
+function M.waiting_member(id, v)
+  local level = string.sub(v, 2)
+  return level == '' and id or '*' .. level .. '*' .. id
 end
 
 -- Which of `ids` the index `held` (their values) places in a lease that is acked already:
@@ -1254,6 +1304,7 @@ function M.start_walk(lease, max_deliveries, state)
     -- On a queue that tracks ids: copies gone (id, and the stamp the index must still hold
     -- for its entry to go) and leases made (id, stamp), written by write_ids.
     tracked = meta.tracked, gone = {}, gone_stamp = {}, leased_ids = {},
+    prio = meta.prio, -- jobs waiting at a priority (see PRIORITIES)
   }
   return s
 end
@@ -1949,6 +2000,7 @@ function M.write_meta(s)
   changed('redelivered', s.redelivered, was.redelivered)
   changed('reclaimed', s.reclaimed, was.reclaimed)
   changed('lettered', s.lettered, was.lettered)
+  changed('prio', s.prio, was.prio)
   M.marked_fields(s.sides, fields)
   rcall('HSET', K.meta, unpack(fields))
 end
@@ -2023,13 +2075,14 @@ end
 
 -- push_later's arguments: the due time (ms, server TIME) of IN DELAY_MS or AT AT_MS at
 -- A[2..3], checked, and the time now.
-function M.due_arg()
-  local mode = A[2]
+function M.due_arg(at)
+  at = at or 2
+  local mode = A[at]
   if mode ~= 'IN' and mode ~= 'AT' then
     M.refuse('ROTATOR_BADARG', 'expected IN DELAY_MS or AT AT_MS, got ' .. M.printable(mode))
   end
   local most = LIMIT.schedule_ms
-  local time = M.int_arg(3, mode == 'IN' and 'DELAY_MS' or 'AT_MS', 0,
+  local time = M.int_arg(at + 1, mode == 'IN' and 'DELAY_MS' or 'AT_MS', 0,
     mode == 'IN' and most or LIMIT.no_bound)
   local now = M.now_ms()
   local due = mode == 'IN' and now + time or time
@@ -2102,6 +2155,41 @@ function M.schedule_ids(ids, due, smin)
     rcall('HSET', K.meta, 'smin', due)
     M.wake_one()
   end
+end
+
+-- push_priority LEVEL IN|AT TIME ID...: ids that wait at priority LEVEL (1..9, behind the
+-- ring's pending ids, which are level 0), now or once due (see PRIORITIES).
+function M.push_priority()
+  local level = M.int_arg(2, 'LEVEL', 1, LIMIT.priority_levels)
+  local due, now = M.due_arg(3)
+  M.check_ids(5)
+  local ids = { unpack(A, 5) }
+  if #ids == 0 then return 0 end
+  local length = M.read('LLEN', K.ring)
+  local meta = M.read_meta(K)
+  local head = M.read_push_keys(K)
+  local smin = M.read_schedule_keys()
+  M.read('HLEN', K.ids)
+  if K.items then M.read('HLEN', K.items) end
+  M.check_unique(meta)
+  local later = due > now
+  if meta.tracked then -- each id once (see IDS)
+    ids = M.admit(ids, (later and 's' or 'q') .. level)
+    if #ids == 0 then return 0 end
+  end
+  local members = {}
+  for i = 1, #ids do members[i] = '*' .. level .. '*' .. ids[i] end
+  M.enqueued(ids, now)
+  if later then
+    M.schedule_ids(members, due, smin)
+    return #ids
+  end
+  local jobs = {}
+  for i = 1, #ids do jobs[i] = { level, ids[i], members[i] } end
+  M.ensure_ring(K, length) -- (a claim of a queue without a ring answers idle at once)
+  local added = M.rank(meta, jobs)
+  if added > 0 then M.record_push(K, meta, added, now, head) end
+  return added
 end
 
 function M.pause()
@@ -2197,7 +2285,8 @@ end
 
 -- lease's work once the queue may lease: the short way, or the walk.
 function M.lease_now(first, count, lease, budget, max_deliveries, compact, state)
-  if FAST_LEASE and not state.meta.tracked then -- (the walk keeps the id index)
+  -- (the walk keeps the id index, and looks at the jobs waiting at a priority)
+  if FAST_LEASE and not state.meta.tracked and state.meta.prio == 0 then
     local reply = M.fast_lease(first, count, lease, budget, compact, state)
     if reply then return reply, {} end
   end
@@ -2216,6 +2305,7 @@ function M.lease_now(first, count, lease, budget, max_deliveries, compact, state
     s.qmin, s.qstart, s.qlen = nil, s.seq, s.length
   end
   M.walk_lists(s, count, budget)
+  M.lease_prioritized(s)
   M.finish_walk(s)
   if compact then reply[4] = s.packed_element or '' end
   if s.leased == 0 and s.seq - s.qstart >= s.qlen and not s.lease_more then
@@ -2311,17 +2401,21 @@ end
 -- Moves the scheduled jobs that are due (at most LIMIT.promote, earliest first) to the ring,
 -- as push does, and notes the next due time. `length`: the ring's length.
 function M.promote(meta, length, now)
-  local found = M.read('ZRANGEBYSCORE', K.scheduled, '-inf', now, 'WITHSCORES', 'LIMIT', 0,
+  local found = M.read('ZRANGEBYSCORE', K.scheduled, 0, now, 'WITHSCORES', 'LIMIT', 0,
     LIMIT.promote)
   local head = M.read_push_keys(K)
-  local due, members, ticks = {}, {}, {}
+  local due, members, ticks, ranked = {}, {}, {}, {}
   for i = 1, #found, 2 do
     local member = found[i]
-    members[#members + 1] = member
-    if string.byte(member) == BYTE_STAR then
+    local level, id = M.ranked_member(member)
+    if level then -- scheduled at a priority level: now waiting at it
+      ranked[#ranked + 1] = { level, id, member }
+    elseif string.byte(member) == BYTE_STAR then
+      members[#members + 1] = member
       ticks[#ticks + 1] = string.sub(member, 2)
       ticks[#ticks + 1] = string.format('%.0f', tonumber(found[i + 1]))
     else
+      members[#members + 1] = member
       due[#due + 1] = member
     end
   end
@@ -2331,22 +2425,62 @@ function M.promote(meta, length, now)
     local ids = M.tick(ticks, now)
     for i = 1, #ids do due[#due + 1] = ids[i] end
   end
-  if #due > 0 then
+  if #due + #ranked > 0 then
     M.ensure_ring(K, length)
-    rcall('LPUSH', K.ring, unpack(due))
-    M.record_push(K, meta, #due, now, head)
-    if meta.tracked then -- scheduled ("s") or a tick's new id: now waiting in the ring
+    if #due > 0 then rcall('LPUSH', K.ring, unpack(due)) end
+    M.rank(meta, ranked)
+    M.record_push(K, meta, #due + #ranked, now, head)
+    if meta.tracked then -- scheduled ("s") or a tick's new id: now waiting
       local writes = {}
       for i = 1, #due do writes[#writes + 1], writes[#writes + 2] = due[i], 'p' end
+      for i = 1, #ranked do
+        writes[#writes + 1], writes[#writes + 2] = ranked[i][2], 'q' .. ranked[i][1]
+      end
       rcall('HSET', K.ids, unpack(writes))
     end
   end
   M.note_scheduled()
 end
 
+-- The level and id of a member "*<level>*<id>" of K.scheduled (see PRIORITIES); nil for
+-- another member.
+function M.ranked_member(member)
+  local level, id = string.match(member, '^%*([1-9])%*(.+)$')
+  return tonumber(level), id
+end
+
+-- Puts jobs ({level, id, member} each) to wait at their levels, in this order, behind the
+-- jobs waiting there: their members scored (level - 10) * prio_span + their push order.
+-- Counts them in meta prio (meta.prio and meta.pseq move on); returns how many were not
+-- waiting at a priority already (an id waiting again moves to the back of its level).
+function M.rank(meta, jobs)
+  if #jobs == 0 then return 0 end
+  local args, members, seen = {}, {}, {}
+  for i = 1, #jobs do
+    local level, member = jobs[i][1], jobs[i][3]
+    if not seen[member] then -- (an id given twice waits once)
+      seen[member] = true
+      members[#members + 1] = member
+      args[#args + 1] = (level - 10) * LIMIT.prio_span + meta.pseq + i
+      args[#args + 1] = member
+    end
+  end
+  -- (ZMSCORE tells members waiting already, below 0, from those scheduled, at or above it)
+  local scores = rcall('ZMSCORE', K.scheduled, unpack(members))
+  local added = 0
+  for i = 1, #scores do
+    if not scores[i] or tonumber(scores[i]) >= 0 then added = added + 1 end
+  end
+  M.call_all('ZADD', K.scheduled, args)
+  meta.prio, meta.pseq = meta.prio + added, meta.pseq + #jobs
+  rcall('HSET', K.meta, 'prio', meta.prio, 'pseq', meta.pseq)
+  return added
+end
+
 -- Notes in meta smin the earliest due time of the scheduled jobs (none: no field).
 function M.note_scheduled()
-  local first = rcall('ZRANGE', K.scheduled, 0, 0, 'WITHSCORES')
+  -- (the jobs waiting at a priority, scored below 0, are not scheduled)
+  local first = rcall('ZRANGEBYSCORE', K.scheduled, 0, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
   if first[2] then
     rcall('HSET', K.meta, 'smin', first[2])
   else
@@ -2360,6 +2494,38 @@ function M.walk_lists(s, count, budget)
   if M.leases_due(s) then M.walk_leases(s, budget) end
   local left = budget - s.lease_visited
   M.walk(s, count, math.min(left, s.length), left)
+end
+
+-- After the ring's walk: leases jobs waiting at a priority (see PRIORITIES) into the call's
+-- batch, the most urgent first, while the call has room, once no pending id is left in the
+-- ring (the counters say none is, or the walk visited the whole ring). O(log n) per job.
+function M.lease_prioritized(s)
+  if s.prio <= 0 or s.sweeping or s.leased >= s.count then return end
+  if s.meta.pushed - s.taken - s.prio > 0 and s.visited < s.length then return end
+  local found = rcall('ZRANGEBYSCORE', K.scheduled, '-inf', '(0', 'LIMIT', 0,
+    s.count - s.leased)
+  if #found == 0 then return end
+  local batch, reply, first, compact = s.batch, s.reply, s.first, s.compact
+  local taken = {}
+  for i = 1, #found do
+    local member = found[i]
+    taken[i] = member
+    local _, id = M.ranked_member(member)
+    if id and M.valid_id(id) then
+      local place = #batch + 1
+      batch[place] = id
+      if not compact then
+        reply[#reply + 1], reply[#reply + 2] = id .. first .. PAD[place], 0
+      end
+      s.leased = s.leased + 1
+      s.batch_bytes = s.batch_bytes + #id
+      if s.batch_bytes >= LIMIT.batch_bytes then break end
+    else -- (a member written by hand)
+      s.letters[#s.letters + 1] = 'corrupt*0*' .. s.now .. '*' .. member
+    end
+  end
+  rcall('ZREM', K.scheduled, unpack(taken))
+  s.taken, s.prio = s.taken + #taken, s.prio - #taken
 end
 
 -- Whether this call walks the lease list: when its earliest deadline may have come, or when
@@ -2512,7 +2678,7 @@ function M.fast_lease(first, count, lease, budget, compact, state)
     lapnext = lapnext + k, lapguess = meta.lapguess, qmin = qmin, lmin = lmin,
     lstop = lstop, lpass = lpass, lskip = lskip, rpasses = rpasses, lpasses = lpasses,
     sides = sides, completed = completed, redelivered = meta.redelivered,
-    reclaimed = meta.reclaimed, lettered = meta.lettered,
+    reclaimed = meta.reclaimed, lettered = meta.lettered, prio = meta.prio,
   })
   local reply = { 0, -1, k }
   if compact then
@@ -2810,11 +2976,13 @@ function M.cancel()
   local held = M.hmget_all(K.ids, ids)
   local acked = M.acked_copies(ids, held)
   local now = M.now_ms()
-  local scheduled, writes, revoke, touched = {}, {}, {}, {}
+  local scheduled, writes, revoke, touched, gone, waiting = {}, {}, {}, {}, {}, 0
   for i = 1, #ids do
     local id, v = ids[i], held[i]
-    if v == 's' then
-      scheduled[#scheduled + 1] = id
+    local kind = v and string.sub(v, 1, 1)
+    if kind == 's' or kind == 'q' then -- scheduled, or waiting at a priority: gone at once
+      gone[#gone + 1], scheduled[#scheduled + 1] = id, M.waiting_member(id, v)
+      if kind == 'q' then waiting = waiting + 1 end
     elseif v == 'p' then
       writes[#writes + 1], writes[#writes + 2] = id, 'c'
     elseif v and string.find(v, '^%d') and not acked[i] then
@@ -2829,7 +2997,10 @@ function M.cancel()
   if found == 0 then return 0 end
   if #scheduled > 0 then
     M.call_all('ZREM', K.scheduled, scheduled)
-    M.call_all('HDEL', K.ids, scheduled)
+    M.call_all('HDEL', K.ids, gone)
+    if waiting > 0 then -- (no longer waiting, nor pushed: as if leased and gone)
+      rcall('HSET', K.meta, 'prio', meta.prio - waiting, 'taken', meta.taken + waiting)
+    end
   end
   M.call_all('HSET', K.ids, writes)
   if #revoke > 0 then
@@ -2944,9 +3115,10 @@ function M.stats()
   local reply = M.queue_stats(K)
   local m = M.read('HMGET', K.meta, 'paused', 'ticking', 'schedules', 'rate_n', 'rate_ms',
     'pushed', 'taken', 'redelivered', 'completed', 'retried', 'reclaimed', 'lettered',
-    'cancelled')
-  -- (the members of ticking schedules are no jobs)
-  local scheduled = M.read('ZCARD', K.scheduled) - (tonumber(m[2]) or 0)
+    'cancelled', 'prio')
+  -- (the members of ticking schedules are no jobs; jobs waiting at a priority are pending)
+  local prioritized = tonumber(m[14]) or 0
+  local scheduled = M.read('ZCARD', K.scheduled) - (tonumber(m[2]) or 0) - prioritized
   reply[#reply + 1], reply[#reply + 2] = 'scheduled', math.max(scheduled, 0)
   reply[#reply + 1], reply[#reply + 2] = 'paused', m[1] == '1' and 1 or 0
   reply[#reply + 1], reply[#reply + 2] = 'schedules', tonumber(m[3]) or 0
@@ -2957,7 +3129,7 @@ function M.stats()
   for i = 6, 13 do counts[i] = tonumber(m[i]) or 0 end
   local totals = { 'pushed', counts[6], 'delivered', counts[7] + counts[8],
     'completed', counts[9], 'retried', counts[10], 'reclaimed', counts[11],
-    'dead_lettered', counts[12], 'cancelled', counts[13] }
+    'dead_lettered', counts[12], 'cancelled', counts[13], 'prioritized', prioritized }
   for i = 1, #totals do reply[#reply + 1] = totals[i] end
   -- The processing-time histogram (see durations): d0..d25, then dsum.
   local buckets = {}
@@ -2982,7 +3154,8 @@ function M.queue_stats(K)
   -- Jobs, not elements: a packed batch holds several.
   local lease_length = M.read('LLEN', K.leases)
   local elements = math.max(ring_length - 1, 0) + lease_length
-  local length = elements + meta.packed
+  -- (jobs waiting at a priority wait outside the ring, and are pending)
+  local length = elements + meta.packed + meta.prio
   local pending = math.max(0, math.min(length, meta.pushed - meta.taken))
   local done = M.read('SCARD', K.done)
   local done_old = M.read('SCARD', K.done_old)
@@ -4034,6 +4207,7 @@ end
 
 local COMMANDS = {
   push = M.push,
+  push_priority = M.push_priority,
   push_chunk = M.push_chunk,
   push_later = M.push_later,
   schedule = M.schedule,
@@ -4144,10 +4318,11 @@ local function main(keys, args)
   UNIQUE = args[1] == 'unique'
   if UNIQUE then
     args = { unpack(args, 2) }
-    local pushes = { push = 1, pushi = 1, push_later = 1, pushp = 1, pushp_later = 1 }
+    local pushes = { push = 1, pushi = 1, push_later = 1, push_priority = 1, pushp = 1,
+      pushp_later = 1 }
     if not pushes[args[1]] then
-      return M.fail('ROTATOR_BADARG', 'unique takes push, pushi, push_later, pushp or ' ..
-        'pushp_later, got ' .. M.printable(args[1]))
+      return M.fail('ROTATOR_BADARG', 'unique takes push, pushi, push_later, push_priority, ' ..
+        'pushp or pushp_later, got ' .. M.printable(args[1]))
     end
   end
   A, KS = args, keys
@@ -4176,7 +4351,7 @@ local function main(keys, args)
     if layout == 'items' then low, high = QUEUE_KEYS + 2, QUEUE_KEYS + 2 end
     if handler == M.push_chunk then low, high = QUEUE_KEYS + 1, QUEUE_KEYS + 1 end
     if handler == M.delete then low, high = QUEUE_KEYS, QUEUE_KEYS + 2 end
-    if handler == M.bury or handler == M.push_later then
+    if handler == M.bury or handler == M.push_later or handler == M.push_priority then
       low, high = QUEUE_KEYS, QUEUE_KEYS + 2
     end
     if #keys < low or #keys > high then

@@ -186,9 +186,11 @@ class AsyncRotator(QueueView):
         delay: float | None = None,
         at: When | None = None,
         unique: bool = False,
+        priority: int = 0,
     ) -> int:
         due = protocol.check_due(delay, at)
-        return await self._run(self._flows.push_many(ids, DEFAULT_PUSH_CHUNK, due, unique))
+        level = protocol.check_priority(priority)
+        return await self._run(self._flows.push_many(ids, DEFAULT_PUSH_CHUNK, due, unique, level))
 
     async def push_many(
         self,
@@ -198,9 +200,11 @@ class AsyncRotator(QueueView):
         delay: float | None = None,
         at: When | None = None,
         unique: bool = False,
+        priority: int = 0,
     ) -> int:
         due = protocol.check_due(delay, at)
-        return await self._run(self._flows.push_many(ids, chunk, due, unique))
+        level = protocol.check_priority(priority)
+        return await self._run(self._flows.push_many(ids, chunk, due, unique, level))
 
     async def push_payloads(
         self,

@@ -69,6 +69,8 @@ class PushOptions(NamedTuple):
 
     due: protocol.Due | None = None  # scheduled: push_later's IN|AT and ms
     payloads: bool = False  # id/payload pairs, for pushp
+    priority: int = 0  # a level from 1: push_priority
+    unique: bool = False  # refused unless the queue tracks ids
 
 
 NOW = PushOptions()
@@ -79,11 +81,16 @@ def push_call(flows: QueueFlows, options: PushOptions, part: Sequence[bytes]) ->
     """The module call that pushes ``part`` (ids, or id/payload pairs) with ``options``: the
     call :meth:`rotator.Rotator.push` or ``push_payloads`` makes for them."""
     if options.payloads:
-        return commands.pushp(flows.extended_keys, part, options.due)
+        return commands.pushp(flows.extended_keys, part, options.due, unique=options.unique)
     keys = flows.extended_keys if flows.item_stats else flows.plain_keys
-    if options.due is None:
-        return commands.push(keys, part, item_stats=flows.item_stats)
-    return commands.push_later(keys, options.due, part)
+    return commands.push_ids(
+        keys,
+        part,
+        options.due,
+        priority=options.priority,
+        unique=options.unique,
+        item_stats=flows.item_stats,
+    )
 
 
 def width(options: PushOptions) -> int:
@@ -238,10 +245,19 @@ class Outgoing:
         ]
 
 
-def options_of(delay: float | None, at: When | None, payloads: bool = False) -> PushOptions:
-    if delay is None and at is None:
+def options_of(
+    delay: float | None,
+    at: When | None,
+    payloads: bool = False,
+    priority: int = 0,
+    unique: bool = False,
+) -> PushOptions:
+    if delay is None and at is None and not priority and not unique:
         return NOW_WITH_PAYLOADS if payloads else NOW
-    return PushOptions(protocol.check_due(delay, at), payloads)
+    level = protocol.check_priority(priority)
+    if payloads and level:
+        raise InvalidArgument("jobs with payloads take no priority yet")
+    return PushOptions(protocol.check_due(delay, at), payloads, level, unique is True)
 
 
 def check_producer(max_batch: int, max_delay: float) -> None:
@@ -311,9 +327,18 @@ class Producer:
         """Jobs sent so far (calls the server answered)."""
         return self._out.sent
 
-    def push(self, *ids: str | int, delay: float | None = None, at: When | None = None) -> None:
-        """Takes job ids to push, with ``delay``/``at`` as :meth:`rotator.Rotator.push`."""
-        self._take(options_of(delay, at), protocol.encode_ids(ids), len(ids))
+    def push(
+        self,
+        *ids: str | int,
+        delay: float | None = None,
+        at: When | None = None,
+        priority: int = 0,
+        unique: bool = False,
+    ) -> None:
+        """Takes job ids to push, with ``delay``/``at``/``priority``/``unique`` as
+        :meth:`rotator.Rotator.push`."""
+        options = options_of(delay, at, priority=priority, unique=unique)
+        self._take(options, protocol.encode_ids(ids), len(ids))
 
     def push_payload(
         self,
@@ -322,9 +347,11 @@ class Producer:
         *,
         delay: float | None = None,
         at: When | None = None,
+        unique: bool = False,
     ) -> None:
         """Takes a job with its payload, as :meth:`rotator.Rotator.push_payloads` pushes it."""
-        self._take(options_of(delay, at, True), payload_pair(self._flows, job_id, payload), 1)
+        options = options_of(delay, at, True, unique=unique)
+        self._take(options, payload_pair(self._flows, job_id, payload), 1)
 
     def flush(self) -> None:
         """Sends every job taken so far; returns once the server has them all. Raises the
@@ -447,9 +474,15 @@ class AsyncProducer:
         return self._out.sent
 
     async def push(
-        self, *ids: str | int, delay: float | None = None, at: When | None = None
+        self,
+        *ids: str | int,
+        delay: float | None = None,
+        at: When | None = None,
+        priority: int = 0,
+        unique: bool = False,
     ) -> None:
-        await self._take(options_of(delay, at), protocol.encode_ids(ids), len(ids))
+        options = options_of(delay, at, priority=priority, unique=unique)
+        await self._take(options, protocol.encode_ids(ids), len(ids))
 
     async def push_payload(
         self,
@@ -458,9 +491,10 @@ class AsyncProducer:
         *,
         delay: float | None = None,
         at: When | None = None,
+        unique: bool = False,
     ) -> None:
         pair = payload_pair(self._flows, job_id, payload)
-        await self._take(options_of(delay, at, True), pair, 1)
+        await self._take(options_of(delay, at, True, unique=unique), pair, 1)
 
     async def flush(self) -> None:
         error = await self._send()

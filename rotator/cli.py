@@ -374,6 +374,13 @@ class PushMeter:
     is_flag=True,
     help="Skip ids the queue holds; refused unless it tracks ids (rotator track-ids).",
 )
+@click.option(
+    "--priority",
+    type=click.IntRange(0, 9),
+    default=0,
+    show_default=True,
+    help="0 (most urgent) to 9: every job of a more urgent level goes first.",
+)
 @json_option
 @click.pass_context
 def push(
@@ -383,6 +390,7 @@ def push(
     delay: float | None,
     at: datetime | None,
     unique: bool,
+    priority: int,
     json: bool,
 ) -> None:
     """Push job IDS to QUEUE; prints how many. `-` reads one id per line from stdin.
@@ -399,6 +407,7 @@ def push(
       rotator push orders report-7 --delay 30
       rotator push orders newsletter --at 2026-12-01T09:00:00Z
       rotator push orders order-1 --unique
+      rotator push orders nightly-export --priority 5
     """
     if delay is not None and at is not None:
         raise click.UsageError("give --delay or --at, not both")
@@ -411,11 +420,11 @@ def push(
         batch.append(job_id)
         meter.line(job_id)
         if len(batch) == DEFAULT_PUSH_CHUNK:
-            total += q.push_many(batch, delay=delay, at=at, unique=unique)
+            total += q.push_many(batch, delay=delay, at=at, unique=unique, priority=priority)
             batch = []
             meter.pushed(total)
     if batch:
-        total += q.push_many(batch, delay=delay, at=at, unique=unique)
+        total += q.push_many(batch, delay=delay, at=at, unique=unique, priority=priority)
     meter.finish(total)
     emit(ctx, {"pushed": total}, str(total))
 
@@ -682,6 +691,7 @@ def stats(ctx: click.Context, queue: str, watch: bool, interval: float, json: bo
     paused      handing out nothing until `rotator resume`
     schedules   recurring schedules (`rotator schedule list`)
     rate_limit  jobs per period handed out at most (`rotator limit`)
+    prioritized of pending, those pushed with --priority 1..9
     pushed, delivered, completed, retried, reclaimed, dead_lettered, cancelled
                 counts since the queue was made; --watch shows each one's rate
                 beside it (per second, over the last interval)

@@ -126,6 +126,26 @@ def push_later(
     return ModuleCall(keys, [b"unique", *args] if unique else args, _int, True)
 
 
+def push_ids(
+    keys: Keys,
+    ids: Sequence[bytes],
+    due: Due | None,
+    *,
+    priority: int = 0,
+    unique: bool = False,
+    item_stats: bool = False,
+) -> ModuleCall[int]:
+    """The push of ``ids`` with these options: ``push`` (``pushi``), ``push_later``, or for a
+    priority from 1 ``push_priority LEVEL IN|AT TIME`` (``IN 0``: now)."""
+    if priority:
+        when = due or Due(b"IN", 0)
+        args = [b"push_priority", priority, when.mode, when.ms, *ids]
+        return ModuleCall(keys, [b"unique", *args] if unique else args, _int, True)
+    if due is None:
+        return push(keys, ids, item_stats=item_stats, unique=unique)
+    return push_later(keys, due, ids, unique=unique)
+
+
 def cancel(keys: Keys, ids: Sequence[bytes]) -> ModuleCall[int]:
     """``cancel ID...``: how many were found scheduled, waiting or in flight."""
     return ModuleCall(keys, [b"cancel", *ids], _int, True)
@@ -467,6 +487,7 @@ def _stats_from(fields: dict[str, int]) -> Stats:
         reclaimed=fields.get("reclaimed"),
         dead_lettered=fields.get("dead_lettered"),
         cancelled=fields.get("cancelled"),
+        prioritized=fields.get("prioritized", 0),
         durations=(
             Durations(
                 tuple(fields[f"d{bucket}"] for bucket in range(DURATION_BUCKETS)),

@@ -135,6 +135,7 @@ class Rotator(QueueView):
         delay: float | None = None,
         at: When | None = None,
         unique: bool = False,
+        priority: int = 0,
     ) -> int:
         """Adds job ids at the back of the queue; returns how many were pushed.
 
@@ -151,9 +152,17 @@ class Rotator(QueueView):
         ``unique=True`` says the caller counts on that: it raises NotTracked, pushing nothing,
         on a queue that does not track ids. A push retried after a lost reply then adds
         nothing twice.
+
+        ``priority`` from 0 (the default, most urgent) to 9: a claim hands out every job of a
+        more urgent level before any of a less urgent one (strictly: a busy level 0 starves
+        the others), first in first out within a level. It governs first deliveries: a job
+        given back or reclaimed comes back when due, whatever its level. An id waiting at a
+        level from 1 pushed there again moves to the back of it and is not counted. A queue
+        that never uses levels from 1 pays nothing for them.
         """
         due = protocol.check_due(delay, at)
-        return self._run(self._flows.push_many(ids, DEFAULT_PUSH_CHUNK, due, unique))
+        level = protocol.check_priority(priority)
+        return self._run(self._flows.push_many(ids, DEFAULT_PUSH_CHUNK, due, unique, level))
 
     def push_many(
         self,
@@ -163,10 +172,12 @@ class Rotator(QueueView):
         delay: float | None = None,
         at: When | None = None,
         unique: bool = False,
+        priority: int = 0,
     ) -> int:
         """``push`` of any number of ids, in atomic calls of ``chunk`` (at most 5000)."""
         due = protocol.check_due(delay, at)
-        return self._run(self._flows.push_many(ids, chunk, due, unique))
+        level = protocol.check_priority(priority)
+        return self._run(self._flows.push_many(ids, chunk, due, unique, level))
 
     def push_payloads(
         self,

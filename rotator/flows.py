@@ -101,16 +101,16 @@ class QueueFlows:
         chunk: int,
         due: protocol.Due | None = None,
         unique: bool = False,
+        priority: int = 0,
     ) -> Flow[int]:
         raw = protocol.encode_ids(ids)
         size = protocol.whole(chunk, "chunk", 1, MAX_BATCH)
         keys = self.extended_keys if self.item_stats else self.plain_keys
         pushed = 0
         for part in chunks(raw, size):
-            if due is None:
-                pushed += yield commands.push(keys, part, item_stats=self.item_stats, unique=unique)
-            else:
-                pushed += yield commands.push_later(keys, due, part, unique=unique)
+            pushed += yield commands.push_ids(
+                keys, part, due, priority=priority, unique=unique, item_stats=self.item_stats
+            )
         return pushed
 
     def cancel(self, ids: Iterable[str | int]) -> Flow[int]:

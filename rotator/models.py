@@ -59,6 +59,8 @@ class Stats:
     paused: bool = False  # leases nothing until resumed (``pause``)
     schedules: int = 0  # recurring schedules (``schedule``)
     rate_limit: RateLimit | None = None  # ``set_rate_limit``; None: no limit
+    # Of ``pending``, the jobs pushed with a priority from 1, waiting behind the others.
+    prioritized: int = 0
     # Counts since the queue was made (``delete`` starts them again), kept by the module in
     # the call that does each thing, so they never disagree with the queue; None where not
     # reported (a topic group's stats).

@@ -255,6 +255,15 @@ class Due(NamedTuple):
     ms: int
 
 
+def check_priority(priority: object) -> int:
+    """A push's priority level: 0 (the default, delivered first) to 9."""
+    if isinstance(priority, bool) or not isinstance(priority, int) or not 0 <= priority <= 9:
+        raise InvalidArgument(
+            f"priority must be an int from 0 (most urgent) to 9, got {priority!r}"
+        )
+    return priority
+
+
 def check_due(delay: object, at: object) -> Due | None:
     """The due time of a push given ``delay`` (seconds from now) or ``at`` (unix seconds, or
     a timezone-aware datetime); None for neither (push at once)."""

@@ -60,6 +60,7 @@ def test_push_next_and_ack_round_trip(server: ServerProcess, queue_name: str) ->
             retried=0,
             reclaimed=0,
             dead_lettered=0,
+            cancelled=0,
             durations=Durations((0,) * 26),
         )
 

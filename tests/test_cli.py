@@ -42,6 +42,7 @@ STATS_KEYS = {
     "paused",
     "schedules",
     "rate_limit",
+    "prioritized",
     "pushed",
     "delivered",
     "completed",

@@ -45,7 +45,7 @@ def test_the_redis_cli_example_runs_verbatim(
     assert out[4].startswith("job-1*")
     assert out[5] == "0"  # not reclaimed
     assert out[6] == "1"  # ack of job-2's token
-    stats = dict(zip(out[7:103:2], out[8:103:2], strict=True))
+    stats = dict(zip(out[7:105:2], out[8:105:2], strict=True))
     assert stats["length"] == "2"
     assert stats["in_flight"] == "1"
     assert stats["done"] == "1"
@@ -54,10 +54,14 @@ def test_the_redis_cli_example_runs_verbatim(
     assert (stats["pushed"], stats["delivered"], stats["completed"]) == ("2", "2", "0")
     assert stats["dsum"] == "0"
     assert stats["cancelled"] == "0"
-    assert out[103:108] == ["1", "1", "1", "1", "1"]  # push_later ... rate_limit
-    assert out[108:135] == ["0"] * 6 + ["2"] + ["0"] * 19 + ["90"]  # durations
-    assert out[135:] == ["2", "1", ""]  # unique push, cancel
-    assert client.hgetall("rotator:{emails}:ids") == {b"mail-1": b"p", b"mail-2": b"c"}
+    assert out[105:110] == ["1", "1", "1", "1", "1"]  # push_later ... rate_limit
+    assert out[110:137] == ["0"] * 6 + ["2"] + ["0"] * 19 + ["90"]  # durations
+    assert out[137:] == ["2", "1", "1", ""]  # unique push, cancel, push_priority
+    assert client.hgetall("rotator:{emails}:ids") == {
+        b"mail-1": b"p",
+        b"mail-2": b"c",
+        b"mail-9": b"q3",
+    }
     assert client.zcard("rotator:{orders}:scheduled") == 2  # job-3 and the schedule's tick
     assert client.llen("rotator:{orders}:ring") == 1  # its sentinel: both jobs are leased
     assert client.llen("rotator:{orders}:leases") == 2

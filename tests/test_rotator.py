@@ -75,6 +75,7 @@ def test_an_empty_or_missing_queue_returns_nothing(q: Rotator) -> None:
         retried=0,
         reclaimed=0,
         dead_lettered=0,
+        cancelled=0,
         durations=Durations((0,) * 26),
     )
 
@@ -100,6 +101,7 @@ def test_acked_elements_leave_the_ring_on_the_next_lap(client: redis.Redis, q: R
         retried=0,
         reclaimed=0,
         dead_lettered=0,
+        cancelled=0,
         durations=Durations((0,) * 26),
     )
 

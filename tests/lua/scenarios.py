@@ -161,7 +161,7 @@ DURATIONS = (*(f"d{bucket}" for bucket in range(26)), "dsum")
 def all_stats(b: Backend) -> dict[str, int]:
     reply = b.call("stats")
     assert isinstance(reply, list), reply
-    assert len(reply) == 96, reply
+    assert len(reply) == 98, reply
     names, values = reply[0::2], reply[1::2]
     assert all(isinstance(v, int) for v in values), reply
     got = {str(k): int(v) for k, v in zip(names, values, strict=True) if isinstance(v, int)}
@@ -1146,6 +1146,7 @@ def stats_follow_a_job_through_its_lifecycle(b: Backend) -> None:
         "schedules": 0,
         "rate_limit_jobs": 0,
         "rate_limit_ms": 0,
+        "prioritized": 0,
     }
     assert stats(b) == zero
 
@@ -1782,6 +1783,91 @@ def a_tracked_queue_schedules_each_id_once(b: Backend) -> None:
     assert index(b) == {"s": "s", "p": "p"}
     b.sleep_ms(DELAY * 2 + 60)
     assert sorted(nxt(b, 10).ids) == ["p", "s"]
+
+
+# -- priorities (PRIORITIES) --------------------------------------------------------------------
+
+
+def prioritize(b: Backend, level: int, *ids: str, mode: str = "IN", ms: int = 0) -> Result:
+    return b.call("push_priority", level, mode, ms, *ids)
+
+
+@scenario
+def priorities_hand_out_the_most_urgent_first(b: Backend) -> None:
+    push(b, "a")
+    assert prioritize(b, 5, "x1", "x2") == 2
+    assert prioritize(b, 1, "y1") == 1
+    push(b, "b")
+    got = stats(b)
+    assert (got["prioritized"], got["pending"], got["length"]) == (3, 5, 5)
+    assert got["scheduled"] == 0
+    assert nxt(b, 10).ids == ["a", "b", "y1", "x1", "x2"]
+    got = stats(b)
+    assert (got["prioritized"], got["pending"], got["in_flight"]) == (0, 0, 5)
+    assert counters(b)["pushed"] == 5
+    assert b.zscores("scheduled") == {}
+
+
+@scenario
+def a_lower_level_waits_while_the_ring_has_pending_ids(b: Backend) -> None:
+    assert prioritize(b, 1, "z") == 1
+    push(b, "a", "b", "c")
+    assert nxt(b, 2).ids == ["a", "b"]
+    assert nxt(b, 2).ids == ["c", "z"]
+    got = nxt(b, 2)
+    assert (got.jobs, got.idle) == ([], 1)
+
+
+@scenario
+def an_id_pushed_again_at_its_level_moves_to_the_back(b: Backend) -> None:
+    assert prioritize(b, 3, "a", "b", "a") == 2
+    assert prioritize(b, 3, "a") == 0  # waiting there already: moves, not counted
+    assert stats(b)["prioritized"] == 2
+    assert nxt(b, 10).ids == ["b", "a"]
+    assert stats(b)["length"] == 2
+
+
+@scenario
+def a_scheduled_job_keeps_its_level(b: Backend) -> None:
+    assert prioritize(b, 2, "p", ms=DELAY) == 1
+    assert prioritize(b, 1, "q") == 1
+    got = stats(b)
+    assert (got["scheduled"], got["prioritized"]) == (1, 1)
+    b.sleep_ms(DELAY + 60)
+    push(b, "r")
+    assert nxt(b, 10).ids == ["r", "q", "p"]
+    assert stats(b)["scheduled"] == 0
+
+
+@scenario
+def priority_levels_out_of_range_are_refused(b: Backend) -> None:
+    for level in ("0", "10", "-1", "x", "1.5"):
+        expect_error(b, "ROTATOR_BADARG", "push_priority", level, "IN", 0, "a")
+    expect_error(b, "ROTATOR_BADARG", "push_priority", 3, "SOON", 0, "a")
+    expect_error(b, "ROTATOR_BADID", "push_priority", 3, "IN", 0, "a*b")
+    expect_error(b, "ROTATOR_BADARG", "push_priority", 3, "IN", -1, "a")
+
+
+@scenario
+def a_tracked_queue_holds_a_prioritized_id_once_and_cancels_it_at_once(b: Backend) -> None:
+    track(b)
+    assert prioritize(b, 3, "a") == 1
+    assert index(b) == {"a": "q3"}
+    assert b.call("push", "a") == 0
+    assert b.call("unique", "push_priority", 4, "IN", 0, "a") == 0
+    assert prioritize(b, 2, "s", ms=DELAY) == 1
+    assert prioritize(b, 2, "s", ms=DELAY * 2) == 1  # scheduled again: moves
+    assert index(b) == {"a": "q3", "s": "s2"}
+    assert b.call("cancel", "a", "s") == 2
+    got = stats(b)
+    assert (got["prioritized"], got["pending"], got["scheduled"], got["length"]) == (0, 0, 0, 0)
+    assert b.zscores("scheduled") == {}
+    assert index(b) == {}
+    assert nxt(b, 10).jobs == []
+    assert prioritize(b, 3, "a") == 1
+    leased = nxt(b, 10)
+    assert leased.ids == ["a"]
+    assert index(b) == {"a": leased.tokens[0].split("*", 1)[1]}
 
 
 # -- payloads (the fourteenth key) -----------------------------------------------------------
