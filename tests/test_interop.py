@@ -1,0 +1,141 @@
+"""Python and Node on one queue: either side pushes, the other works, and a Node worker
+killed mid-job loses nothing to a Python worker (the idempotency callback honoured).
+
+Drives `node clients/node/scripts/interop.js` over the built package (clients/node/dist).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import redis
+
+from rotator import Rotator
+from tests.helpers import wait_until
+from tests.servers import ServerProcess
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "clients" / "node"
+SCRIPT = PACKAGE / "scripts" / "interop.js"
+NODE_TIMEOUT = 60.0  # seconds any node process may take
+
+
+@pytest.fixture(scope="module")
+def node() -> str:
+    """The node binary, with the package built; fails with how to get either."""
+    found = shutil.which("node")
+    if found is None:
+        pytest.fail(
+            "node not found: install it with `apt-get install -y nodejs npm`", pytrace=False
+        )
+    if not (PACKAGE / "dist" / "index.js").exists() or not (PACKAGE / "node_modules").exists():
+        pytest.fail(
+            "the Node package is not built: run `npm ci && npm run build` in clients/node"
+            " (python3 tasks.py test does)",
+            pytrace=False,
+        )
+    return found
+
+
+@pytest.fixture
+def out_file(tmp_path: Path) -> Path:
+    """Where the Node worker notes "start <id>" and "done <id>"."""
+    return tmp_path / "out.txt"
+
+
+def lines(path: Path, kind: str) -> list[str]:
+    if not path.exists():
+        return []
+    found = path.read_text().splitlines()
+    return [line.split(" ", 1)[1] for line in found if line.startswith(kind + " ")]
+
+
+def test_python_pushes_and_node_works(
+    node: str, server: ServerProcess, client: redis.Redis, queue_name: str, out_file: Path
+) -> None:
+    q = Rotator(client, queue_name)
+    ids = [f"py-{i}" for i in range(40)]
+    assert q.push(*ids) == 40
+    result = subprocess.run(
+        [node, str(SCRIPT), "work", server.url, queue_name, str(out_file), "0", "until-empty"],
+        capture_output=True,
+        text=True,
+        timeout=NODE_TIMEOUT,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["completed"] == 40
+    assert sorted(lines(out_file, "done")) == sorted(ids)
+    stats = q.stats()
+    assert stats.pending + stats.in_flight + stats.deferred == 0
+    assert stats.done + stats.completed == 40  # acked (the elements go at the next walk)
+
+
+def test_node_pushes_and_python_works(
+    node: str, server: ServerProcess, client: redis.Redis, queue_name: str
+) -> None:
+    ids = [f"js-{i}" for i in range(40)]
+    result = subprocess.run(
+        [node, str(SCRIPT), "push", server.url, queue_name, *ids],
+        capture_output=True,
+        text=True,
+        timeout=NODE_TIMEOUT,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "40"
+    q = Rotator(client, queue_name)
+    seen: list[str] = []
+    while jobs := q.next(15, block=0.5):
+        seen.extend(job.id for job in jobs)
+        assert q.ack(*jobs) == len(jobs)
+    assert seen == ids  # in push order, each once
+    assert q.stats().pushed == 40
+
+
+def test_a_node_worker_killed_mid_job_loses_nothing_to_a_python_worker(
+    node: str, server: ServerProcess, client: redis.Redis, queue_name: str, out_file: Path
+) -> None:
+    ids = [f"job-{i}" for i in range(10)]
+    q = Rotator(client, queue_name, timeout=5.0, idempotency=lambda job_id: job_id == "job-0")
+    q.push(*ids)
+    # Node claims four at a time (concurrency 4, lease 1 s, its heartbeat extending them)
+    # and sleeps 30 s in each: killed mid-job.
+    worker = subprocess.Popen(
+        [node, str(SCRIPT), "work", server.url, queue_name, str(out_file), "30"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    try:
+        wait_until(lambda: len(lines(out_file, "start")) == 4, timeout=NODE_TIMEOUT)
+        time.sleep(1.2)  # past the first lease: only the heartbeat's extends keep them now
+        assert q.stats().in_flight == 4
+        assert q.stats().overdue == 0
+    finally:
+        worker.send_signal(signal.SIGKILL)
+        worker.wait(timeout=NODE_TIMEOUT)
+    started = lines(out_file, "start")
+    assert lines(out_file, "done") == []
+    assert "job-0" in started  # the oldest first
+    # Python works the rest, and takes the killed worker's jobs back once their leases run
+    # out; the idempotency callback says job-0 was done already, so it is acked, not run.
+    seen: list[str] = []
+    reclaimed: list[str] = []
+    give_up = time.monotonic() + 15
+    while len(seen) < len(ids) - 1 and time.monotonic() < give_up:
+        jobs = q.next(10, block=1.0)
+        seen.extend(job.id for job in jobs)
+        reclaimed.extend(job.id for job in jobs if job.reclaimed)
+        q.ack(*jobs)
+    assert sorted(seen) == sorted(set(ids) - {"job-0"})
+    assert sorted(reclaimed) == sorted(set(started) - {"job-0"})
+    stats = q.stats()
+    assert stats.pending + stats.in_flight + stats.deferred + stats.overdue == 0
+    assert stats.reclaimed == 4
