@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 from pathlib import Path
 
+import pytest
 import redis
 
 from tests.servers import ServerProcess, find_cli_binary
@@ -81,3 +83,37 @@ def test_the_topic_example_runs_as_written(server: ServerProcess, client: redis.
     # Unsubscribed at the end: the group's keys are gone, the topic's retained log is not.
     assert not client.keys("rotator:{news}:group:*")
     assert client.zcard("rotator:{news}:topic:log") == 2
+
+
+def test_the_node_example_runs_as_written(
+    server: ServerProcess, client: redis.Redis, tmp_path: Path
+) -> None:
+    match = re.search(r"<!-- node-example -->\s*```js\n(.*?)```", README, re.DOTALL)
+    assert match, "README has no Node example"
+    node = shutil.which("node")
+    package = ROOT / "clients" / "node"
+    if node is None or not (package / "dist" / "index.js").exists():
+        pytest.fail(
+            "the Node example needs node and the built package: `apt-get install -y nodejs npm`,"
+            " then `npm ci && npm run build` in clients/node (python3 tasks.py test does both)",
+            pytrace=False,
+        )
+    if leftovers := client.keys("rotator:{invoices}:*"):
+        client.delete(*leftovers)
+    # `require("rotator-queue")` finds the package as an installed one would be.
+    modules = tmp_path / "node_modules"
+    modules.mkdir()
+    (modules / "rotator-queue").symlink_to(package)
+    script = tmp_path / "example.js"
+    script.write_text(match.group(1).replace("redis://localhost:6379/0", server.url))
+    result = subprocess.run(
+        [node, str(script)],
+        env={"PATH": "/usr/bin:/bin", "NODE_PATH": f"{modules}:{package / 'node_modules'}"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == ["sending inv-4", "1 1 LeaseLost"]
+    assert client.zcard("rotator:{invoices}:scheduled") == 1  # inv-3, in a minute
