@@ -29,6 +29,7 @@ import hashlib
 import json
 import os
 import platform
+import re
 import statistics
 import sys
 import tempfile
@@ -113,14 +114,18 @@ class Module:
         return client.fcall(self.function, len(keys), *keys, *args)
 
     def own_keys(self, keys: Sequence[str]) -> Sequence[str]:
-        """A baseline module takes a queue's keys less the roles added after it: the old one
-        predates the lease list, the schedule and the id index, counters' "before" the index."""
-        newer = _NEWER_ROLES.get(self.label, ())
-        return [key for key in keys if not key.endswith(newer)] if newer else keys
+        """A queue's keys as this module takes them: those of the roles it knows (an older
+        module predates the lease list, the schedule or the id index)."""
+        roles = self.roles
+        return [key for key in keys if key.rsplit(":", 1)[1] in roles]
 
-
-# Key roles a baseline module (by its label) does not know.
-_NEWER_ROLES = {"old": (":leases", ":scheduled", ":ids"), "before": (":ids",)}
+    @property
+    def roles(self) -> frozenset[str]:
+        """The queue key roles the module takes, read from its header's redis-cli example
+        (``Q="rotator:{orders}:ring rotator:{orders}:done ..."``), which every version has."""
+        found = re.search(r'^\s*Q="([^"]+)"', self.source, re.MULTILINE)
+        assert found, f"{self.label}: no Q=... key list in the module's header"
+        return frozenset(key.rsplit(":", 1)[1] for key in found[1].split())
 
 
 def old_source() -> str:
