@@ -63,6 +63,9 @@ export interface PushOptions {
   /** The queue tracks ids and the caller counts on each id being held once (NotTracked if
    * the queue does not track them). */
   unique?: boolean;
+  /** 0 (default, the most urgent) .. 9: jobs at 1..9 wait behind every pending job of a
+   * lower level (push_priority). */
+  priority?: number;
 }
 
 export interface NextOptions {
@@ -180,8 +183,14 @@ export class Rotator {
     const head: Arg[] = options.unique ? ["unique"] : [];
     const due = dueArgs(options);
     let pushed = 0;
+    const priority = whole(options.priority ?? 0, "priority", 0, 9);
     for (const part of chunks(ids, DEFAULT_PUSH_CHUNK)) {
-      const command: Arg[] = due === null ? ["push"] : ["push_later", ...due];
+      const command: Arg[] =
+        priority > 0
+          ? ["push_priority", priority, ...(due ?? ["IN", 0])]
+          : due === null
+            ? ["push"]
+            : ["push_later", ...due];
       pushed += Number(await this.call([...head, ...command, ...part]));
     }
     return pushed;

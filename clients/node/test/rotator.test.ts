@@ -169,6 +169,15 @@ for (const kind of KINDS) {
       assert.equal(job?.id, "soon");
     });
 
+    test("priority: jobs at a level wait behind every pending job of a lower one", async () => {
+      const q = queue("priority");
+      assert.equal(await q.push("low", { priority: 5 }), 1);
+      assert.equal(await q.push("mid", { priority: 1 }), 1);
+      assert.equal(await q.push("now"), 1);
+      assert.deepEqual((await q.next({ count: 3 })).map((job) => job.id), ["now", "mid", "low"]);
+      await assert.rejects(q.push("x", { priority: 10 }), InvalidArgument);
+    });
+
     test("a blocked next wakes on a push", async () => {
       const q = queue("block");
       const started = Date.now();
