@@ -19,6 +19,8 @@ module's error code. A call's first deliveries go back into the ring as one pack
 call's first visit number, then a five-digit place (in the batch, or among the call's later
 deliveries). The test `adopt`s each token the server hands out: it must be the model's, and
 never issued before.
+TrackedIds models a queue that tracks ids (the header's IDS) at the level of its ids only:
+which copy each id has and which tokens are live, not the elements of the ring.
 Besides the spec, the model keeps bookkeeping for the test's invariants (`pushed_ids`,
 `promoted`, `completed`, `delivered`, `laps`, `acked_at`, `ticks`, `rate_log`, `held_wait`).
 """
@@ -333,6 +335,9 @@ class RotatorModel:
     reclaimed: int = 0
     retried: int = 0
     lettered: int = 0
+    # Meta `cancelled`: this queue never tracks ids (TrackedIds models one that does), so it
+    # stays 0; stats answers it all the same.
+    cancelled: int = 0
     histogram: dict[bytes, int] = field(default_factory=dict)
     # Bookkeeping for the test, not part of the queue.
     pushed_ids: Counter[bytes] = field(default_factory=Counter)  # valid ids that entered the ring
@@ -582,6 +587,12 @@ class RotatorModel:
         names = [b"d%d" % b for b in range(DURATION_BUCKETS)] + [b"dsum"]
         return [int(float(self.histogram.get(name, 0))) for name in names]
 
+    def untracked(self) -> int:
+        """`unique <push command> ...` and `cancel ...` on this queue, which does not track
+        ids: refused with ROTATOR_UNTRACKED, nothing written (the test gives valid ids only,
+        so which check comes first does not matter)."""
+        raise Refused("ROTATOR_UNTRACKED")
+
     def pause(self) -> int:
         was = self.paused
         self.paused = True
@@ -755,6 +766,7 @@ class RotatorModel:
             *(b"pushed", self.pushed, b"delivered", self.taken + self.redelivered),
             *(b"completed", self.completions, b"retried", self.retried),
             *(b"reclaimed", self.reclaimed, b"dead_lettered", self.lettered),
+            *(b"cancelled", self.cancelled, b"prioritized", 0),  # no job pushed at a priority
             *(x for b, n in enumerate(self.histogram_counts()[:-1]) for x in (b"d%d" % b, n)),
             *(b"dsum", self.histogram_counts()[-1]),
         ]
@@ -1503,3 +1515,192 @@ def dead_letter_id(letter: bytes) -> bytes | None:
         return None
     job_id = found[1].split(b"*", 1)[0]
     return job_id if valid_id(job_id) else None
+
+
+# -- a queue that tracks ids (configure track_ids 1, the header's IDS) ---------------------------
+
+
+@dataclass
+class Copy:
+    """The one copy a tracked queue holds of an id: waiting in the ring, scheduled (due at
+    `due`), or in flight (leased until `due`, or given back by nack and due again at `due`,
+    then with no live `token`). A cancelled copy is never delivered again; one cancelled
+    while it waited comes back in place when its id is pushed again."""
+
+    state: str  # "waiting", "scheduled" or "flight"
+    due: int = 0
+    token: bytes | None = None  # the live delivery token (flight, not given back)
+    deliveries: int = 0
+    cancelled: bool = False
+
+
+@dataclass
+class TrackedIds:
+    """A tracked queue at the level of its ids, not of its elements: which copy each id has
+    and which of its tokens are live. It predicts every reply of push, push_later, cancel,
+    ack, nack and extend, and the stats `cancelled` and `scheduled`; it does not predict
+    which jobs a claim delivers (its budget, the ring's order, when the walk reaches a
+    cancelled element), so the test checks each delivery against it (`deliver`) instead.
+    Tokens the test's workers gave back (acked, nacked) are no longer used by them."""
+
+    now: int
+    copies: dict[bytes, Copy] = field(default_factory=dict)
+    # token -> its id, for every token delivered and not given back: live, or revoked (its
+    # lease re-issued, or cancelled), see token_state.
+    tokens: dict[bytes, bytes] = field(default_factory=dict)
+    # Tokens of leases cancelled while their index entry still names them ("c<stamp>"):
+    # extend answers -1 for them. True until a walk (next, sweep) may have dropped the lease
+    # and forgotten the entry, then None: -1 or 0 (LeaseLost either way).
+    cancelled_tokens: dict[bytes, bool | None] = field(default_factory=dict)
+    # Leases cancelled in flight: token -> deadline (see swept).
+    ghosts: dict[bytes, int] = field(default_factory=dict)
+    # Ids with a cancelled element that may still be in the ring or the lease list (until a
+    # sweep drops it, a young lease only once due): see the test's SCHEDULE_CANCELLED_IDS.
+    lingering: set[bytes] = field(default_factory=set)
+    cancelled: int = 0  # meta `cancelled`
+    # Bookkeeping for the invariants: copies made per id (a scheduled id moving, or a
+    # cancelled one taken back in place, makes none), copies cancelled (less those taken
+    # back), and acks accepted.
+    made: Counter[bytes] = field(default_factory=Counter)
+    dropped: Counter[bytes] = field(default_factory=Counter)
+    completed: Counter[bytes] = field(default_factory=Counter)
+
+    def push(self, ids: list[bytes], due: int | None = None) -> int:
+        """push (`due` None) or push_later: each id once per call, skipped while the queue
+        holds it; an acked copy is gone already (ack), a cancelled one frees its id."""
+        taken = 0
+        for job_id in dict.fromkeys(ids):
+            copy = self.copies.get(job_id)
+            if copy is not None and copy.cancelled and copy.state == "waiting" and due is None:
+                copy.cancelled = False  # taken back in place: its element still waits
+                self.dropped[job_id] -= 1
+            elif copy is None or copy.cancelled:
+                self._forget_cancelled(copy)
+                self.copies[job_id] = Copy("waiting") if due is None else Copy("scheduled", due)
+                self.made[job_id] += 1
+            elif copy.state == "scheduled" and due is not None:
+                copy.due = due  # scheduled again: it moves
+            else:
+                continue
+            taken += 1
+        return taken
+
+    def _forget_cancelled(self, copy: Copy | None) -> None:
+        """The index entry of a cancelled copy is overwritten: its token's extend answers 0."""
+        if copy is not None and copy.token is not None:
+            self.cancelled_tokens.pop(copy.token, None)
+
+    def promote(self) -> None:
+        """A claim moves every due scheduled job to the ring (the test schedules far fewer
+        than PROMOTE)."""
+        for copy in self.copies.values():
+            if copy.state == "scheduled" and copy.due <= self.now:
+                copy.state = "waiting"
+
+    def cancel(self, ids: list[bytes]) -> int:
+        found = 0
+        for job_id in dict.fromkeys(ids):
+            copy = self.copies.get(job_id)
+            if copy is None or copy.cancelled:
+                continue
+            found += 1
+            self.dropped[job_id] += 1
+            if copy.state == "scheduled":
+                del self.copies[job_id]  # it leaves the schedule at once
+                continue
+            copy.cancelled = True
+            self.lingering.add(job_id)
+            if copy.token is not None:
+                self.cancelled_tokens[copy.token] = True
+                self.ghosts[copy.token] = copy.due
+        self.cancelled += found
+        return found
+
+    def walked(self) -> None:
+        """A next or sweep ran: it may have dropped cancelled leases (and their entries)."""
+        self.cancelled_tokens = dict.fromkeys(self.cancelled_tokens)
+
+    def swept(self) -> int:
+        """A sweep of both lists whole dropped every cancelled element it visits and forgot
+        its entry: those ids are free as if never pushed, their tokens' extend answers 0.
+        It does not visit a young lease it puts back (see LEASES), so a cancelled one (in
+        `ghosts`) may stay, counted in stats, until its deadline: how many may, which the test
+        allows; their extend answers -1 or 0 (0 once the id was pushed again)."""
+        self.ghosts = {token: due for token, due in self.ghosts.items() if due > self.now}
+        self.copies = {i: copy for i, copy in self.copies.items() if not copy.cancelled}
+        self.cancelled_tokens = dict.fromkeys(self.ghosts)
+        self.lingering = {token.split(b"*", 1)[0] for token in self.ghosts}
+        return len(self.ghosts)
+
+    def deliverable(self, job_id: bytes) -> bool:
+        """Could a claim hand out `job_id` now: its copy is not cancelled and is waiting, or
+        due (a lease expired, a nacked job's delay passed)?"""
+        copy = self.copies.get(job_id)
+        if copy is None or copy.cancelled:
+            return False
+        return copy.state == "waiting" or copy.due <= self.now
+
+    def deliver(self, job_id: bytes, token: bytes, deadline: int) -> tuple[int, bool]:
+        """A claim handed out `job_id` with `token`: (its delivery count, whether it
+        reclaimed an expired lease), as the module must number and flag it."""
+        assert self.deliverable(job_id), (job_id, self.copies.get(job_id))
+        copy = self.copies[job_id]
+        reclaimed = copy.state == "flight" and copy.token is not None
+        copy.state, copy.due, copy.token = "flight", deadline, token
+        copy.deliveries += 1
+        self.tokens[token] = job_id
+        return copy.deliveries, reclaimed
+
+    def live(self, token: bytes) -> Copy | None:
+        """The copy whose live token this is (not re-issued, given back or cancelled)."""
+        copy = self.copies.get(self.tokens.get(token, b""))
+        if copy is None or copy.cancelled or copy.token != token:
+            return None
+        return copy
+
+    def ack(self, tokens: list[bytes]) -> int:
+        """Accepted acks free their ids at once."""
+        accepted = 0
+        for token in dict.fromkeys(tokens):
+            if self.live(token) is None:
+                continue
+            job_id = self.tokens[token]
+            del self.copies[job_id]
+            self.completed[job_id] += 1
+            accepted += 1
+        return accepted
+
+    def nack(self, token: bytes, delay_ms: int) -> int:
+        copy = self.live(token)
+        if copy is None:
+            return 0
+        copy.token, copy.due = None, self.now + delay_ms
+        return 1
+
+    def extend(self, token: bytes, lease_ms: int) -> int | None:
+        """1 extended, 0 lease lost, -1 its job cancelled; None: -1 or 0 (see
+        cancelled_tokens)."""
+        copy = self.live(token)
+        if copy is not None:
+            copy.due = self.now + lease_ms
+            return 1
+        if token in self.cancelled_tokens:
+            return -1 if self.cancelled_tokens[token] else None
+        return 0
+
+    def scheduled(self) -> int:
+        return sum(copy.state == "scheduled" for copy in self.copies.values())
+
+    def owed(self) -> set[bytes]:
+        """The ids whose copy is to be delivered and completed yet."""
+        return {job_id for job_id, copy in self.copies.items() if not copy.cancelled}
+
+    def may_push_again(self, job_id: bytes, later: bool) -> bool:
+        """Whether the test may push `job_id` (now, or later) while the module mishandles
+        ids whose cancelled element lingers (the test's PUSH_LINGERING_CANCELLED_IDS): not
+        while a cancelled lease of it may be in the lease list, and not later while any
+        cancelled element of it may be (a cancelled waiting id pushed now comes back in
+        place, which is safe)."""
+        if any(token.split(b"*", 1)[0] == job_id for token in self.ghosts):
+            return False
+        return not later or job_id not in self.lingering
