@@ -39,7 +39,7 @@ from rotator.errors import InvalidArgument, NotDurable, RotatorError
 from rotator.flows import QueueFlows
 from rotator.models import Job
 from rotator.protocol import When
-from rotator.worker import Ledger
+from rotator.worker import Ledger, extend_due, extend_due_async
 
 if TYPE_CHECKING:
     from rotator.aio import AsyncRotator
@@ -675,30 +675,14 @@ def keep_leases(rotator: Rotator, ledger: Ledger, done: threading.Event) -> None
     reference to the consumer, so that one dropped unclosed stops this (its finalizer sets
     ``done``) and its jobs come back when their leases run out."""
     while not done.wait(ledger.heartbeat_interval()):
-        now, due = ledger.due()
-        if not due:
-            continue
-        try:
-            kept = rotator.extend_many(due)
-        except Exception as error:
-            log.warning("could not extend %d leases (%s); will retry", len(due), error)
-            continue
-        ledger.extended(now, due, kept)
+        extend_due(rotator, ledger)
 
 
 async def keep_leases_async(rotator: AsyncRotator, ledger: Ledger) -> None:
     """The asyncio twin of :func:`keep_leases`, until cancelled."""
     while True:
         await asyncio.sleep(ledger.heartbeat_interval())
-        now, due = ledger.due()
-        if not due:
-            continue
-        try:
-            kept = await rotator.extend_many(due)
-        except Exception as error:
-            log.warning("could not extend %d leases (%s); will retry", len(due), error)
-            continue
-        ledger.extended(now, due, kept)
+        await extend_due_async(rotator, ledger)
 
 
 class Consumer:

@@ -1047,6 +1047,7 @@ def summary_dict(summary: WorkSummary) -> dict[str, int]:
         "dead": summary.dead,
         "failed_deliveries": summary.failed,
         "leases_lost": summary.leases_lost,
+        "cancelled": summary.cancelled,
     }
 
 
@@ -1054,6 +1055,8 @@ def summary_line(summary: WorkSummary) -> str:
     line = f"completed {summary.completed}, retried {summary.retried}, dead {summary.dead}"
     if summary.leases_lost:
         line += f", leases lost {summary.leases_lost}"
+    if summary.cancelled:
+        line += f" ({summary.cancelled} cancelled)"
     return line
 
 

@@ -250,6 +250,7 @@ class WorkSummary:
     leases_lost: int  # leases another consumer took over while the handler ran
     retried: int = 0  # jobs given back for another delivery after a failure, each once
     dead: int = 0  # jobs that failed their last allowed delivery: gone to the dead letters
+    cancelled: int = 0  # of leases_lost, those whose job was cancelled (``Rotator.cancel``)
 
     @property
     def completed(self) -> int:

@@ -42,7 +42,7 @@ from rotator.defaults import (
     RETRY_BACKOFF_CAP,
     WORK_CLAIM_SECONDS,
 )
-from rotator.errors import ServerBusy
+from rotator.errors import JobCancelled, ServerBusy
 from rotator.models import AsyncHandler, Handler, Job, WorkSummary
 from rotator.registry import HELD_SHOWN, Presence
 from rotator.schedules import Keeper
@@ -99,6 +99,50 @@ def log_failure(job: Job, error: BaseException, delay: float, max_deliveries: in
     )  # fmt: skip
 
 
+def extend_due(rotator: Rotator, ledger: Ledger) -> None:
+    """One heartbeat of a worker or consumer: extends the held leases that are half used, in
+    one call. A lease found lost is asked about once more, alone: ``extend`` raises
+    JobCancelled for a job cancelled, and the ledger logs and counts why."""
+    now, due = ledger.due()
+    if not due:
+        return
+    try:
+        kept = rotator.extend_many(due)
+    except Exception as error:
+        log.warning("could not extend %d leases (%s); will retry", len(due), error)
+        return
+    for job in ledger.extended(now, due, kept):
+        try:
+            rotator.extend(job)
+        except JobCancelled:
+            ledger.lost_because(job, cancelled=True)
+            continue
+        except Exception:  # LeaseLost, or the server: lost is what the first call said
+            pass
+        ledger.lost_because(job, cancelled=False)
+
+
+async def extend_due_async(rotator: AsyncRotator, ledger: Ledger) -> None:
+    """The asyncio twin of :func:`extend_due`."""
+    now, due = ledger.due()
+    if not due:
+        return
+    try:
+        kept = await rotator.extend_many(due)
+    except Exception as error:
+        log.warning("could not extend %d leases (%s); will retry", len(due), error)
+        return
+    for job in ledger.extended(now, due, kept):
+        try:
+            await rotator.extend(job)
+        except JobCancelled:
+            ledger.lost_because(job, cancelled=True)
+            continue
+        except Exception:  # LeaseLost, or the server: lost is what the first call said
+            pass
+        ledger.lost_because(job, cancelled=False)
+
+
 def failure_delay(job: Job, max_deliveries: int | None) -> float:
     """Backoff before a failed job is delivered again; none on its last delivery, so that
     the next claim moves it to the dead letters at once."""
@@ -122,6 +166,7 @@ class Ledger:
         # Handled jobs whose ack is on its way: a refused extend means the ack landed first.
         self._handled: set[str] = set()
         self._processed = self._failed = self._lost_count = self._retried = self._dead = 0
+        self._cancelled = 0
         # Ids of jobs that failed here and were given back, so that a job retried several
         # times counts once in ``retried``. Forgotten when the job completes or dies here;
         # cleared past RETRIED_MEMORY ids (jobs completed elsewhere would otherwise stay).
@@ -211,8 +256,10 @@ class Ledger:
                 if expiry - now < self.timeout / 2 and token not in self._lost
             ]
 
-    def extended(self, now: float, due: list[Job], kept: list[bool]) -> None:
-        """Records what an extend of ``due`` (sent at ``now``) answered."""
+    def extended(self, now: float, due: list[Job], kept: list[bool]) -> list[Job]:
+        """Records what an extend of ``due`` (sent at ``now``) answered; returns the jobs
+        whose leases it found lost (see :meth:`lost_because`)."""
+        lost: list[Job] = []
         with self._lock:
             for job, ok in zip(due, kept, strict=True):
                 if job.token not in self._held or (not ok and job.token in self._handled):
@@ -222,11 +269,27 @@ class Ledger:
                 else:
                     self._lost.add(job.token)
                     self._lost_count += 1
-                    log.warning("lease of job %s was lost; it will not be acked here", job.id)
+                    lost.append(job)
+        return lost
+
+    def lost_because(self, job: Job, cancelled: bool) -> None:
+        """Logs a lease found lost: its job was cancelled, or another consumer has it. Either
+        way the job is neither acked nor retried here."""
+        if cancelled:
+            with self._lock:
+                self._cancelled += 1
+            log.warning("job %s was cancelled: stopped keeping it, not acked, not retried", job.id)
+        else:
+            log.warning("lease of job %s was lost; it will not be acked here", job.id)
 
     def summary(self) -> WorkSummary:
         return WorkSummary(
-            self._processed, self._failed, self._lost_count, self._retried, self._dead
+            self._processed,
+            self._failed,
+            self._lost_count,
+            self._retried,
+            self._dead,
+            self._cancelled,
         )
 
     def presence(self, limit: int) -> tuple[list[tuple[str, float]], int, tuple[int, int, int]]:
@@ -436,15 +499,7 @@ class Worker:
         while not self._stop.wait(ledger.heartbeat_interval()):
             self._report()
             self._keep_schedules()
-            now, due = ledger.due()
-            if not due:
-                continue
-            try:
-                kept = self.rotator.extend_many(due)
-            except Exception:
-                log.exception("could not extend %d leases; will retry", len(due))
-                continue
-            ledger.extended(now, due, kept)
+            extend_due(self.rotator, ledger)
 
     def _report(self) -> None:
         """Writes this worker's registry entry when one is due (rotator.registry): on the
@@ -665,15 +720,7 @@ class AsyncWorker:
             await asyncio.sleep(ledger.heartbeat_interval())
             await self._report()
             await self._keep_schedules()
-            now, due = ledger.due()
-            if not due:
-                continue
-            try:
-                kept = await self.rotator.extend_many(due)
-            except Exception:
-                log.exception("could not extend %d leases; will retry", len(due))
-                continue
-            ledger.extended(now, due, kept)
+            await extend_due_async(self.rotator, ledger)
 
     async def _report(self) -> None:
         presence = self._presence

@@ -109,7 +109,14 @@ def queue(client: redis.Redis, queue_name: str) -> Rotator:
 
 
 # `work --json` when every job completed at its first delivery.
-WORK_CLEAN = {"completed": 0, "retried": 0, "dead": 0, "failed_deliveries": 0, "leases_lost": 0}
+WORK_CLEAN = {
+    "completed": 0,
+    "retried": 0,
+    "dead": 0,
+    "failed_deliveries": 0,
+    "leases_lost": 0,
+    "cancelled": 0,
+}
 
 
 def tokens(result: Result) -> dict[str, str]:

@@ -210,6 +210,7 @@ def test_work_json_counts_jobs_and_deliveries(
         "dead": 1,
         "failed_deliveries": 2,
         "leases_lost": 0,
+        "cancelled": 0,
     }
 
 
