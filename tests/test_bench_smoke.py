@@ -213,3 +213,61 @@ def test_bench_counters_smoke(tmp_path: Path) -> None:
     report = (tmp_path / "counters.md").read_text()
     assert "| a. `next_packed 1` + batch ack | before " in report
     assert "FCALL: server µs per call" in printed
+
+
+def test_bench_unique_quick(tmp_path: Path) -> None:
+    """bench.unique (issue 16) end to end at its --quick sizes (a few seconds on Redis):
+    every section and case, the sanity checks it makes, never a timing bound."""
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench.unique",
+            "--quick",
+            "--servers",
+            "redis",
+            "--out",
+            str(tmp_path),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    data = json.loads((tmp_path / "unique.json").read_text())
+    assert set(data) == {"machine", "module", "sizes", "results"}
+    assert data["machine"]["mode"] == "quick"
+    assert set(data["results"]) == {"redis"}
+    result = data["results"]["redis"]
+    assert set(result) == {"version", "config", "push", "memory", "claims", "cancel"}
+    rows = result["push"]["rows"]
+    assert {(r["batch"], r["case"]) for r in rows} == {
+        (batch, case) for batch in (1, 100) for case in ("plain", "new", "held")
+    }
+    assert all(r["median_server_us_each"] > 0 and r["median_wall_us_each"] > 0 for r in rows)
+    ratios = {(r["batch"], r["case"]) for r in result["push"]["ratios"]}
+    assert ratios == {(batch, case) for batch in (1, 100) for case in ("new", "held")}
+    memory = {(r["state"], r["held"]): r for r in result["memory"]}
+    assert set(memory) == {
+        (state, held)
+        for state in ("waiting", "in_flight", "scheduled")
+        for held in data["sizes"]["held"]
+    }
+    assert all(r["ids_bytes_per_job"] > 0 and r["queue_bytes_per_job"] > 0 for r in memory.values())
+    claims = {(r["batch"], r["queue"]) for r in result["claims"]["rows"]}
+    assert claims == {(batch, q) for batch in (1, 100) for q in ("untracked", "tracked")}
+    assert all(r["median_jobs_per_s"] > 0 for r in result["claims"]["rows"])
+    assert [r["batch"] for r in result["claims"]["ratios"]] == [1, 100]
+    assert all(r["throughput_ratio"] > 0 for r in result["claims"]["ratios"])
+    assert result["claims"]["ids_left"] == 0  # the index is empty after each drain + sweep
+    cancels = {(r["state"], r["batch"]): r for r in result["cancel"]}
+    assert set(cancels) == {
+        (state, batch) for state in ("scheduled", "waiting", "in_flight") for batch in (1, 100)
+    }
+    assert all(r["clean"] for r in cancels.values()), result["cancel"]
+    assert all(r["median_server_us_each"] > 0 for r in cancels.values())
+    report = (tmp_path / "unique.md").read_text()
+    assert "| tracked / untracked, `next(100, ack=<previous>)` (throughput / server time" in report
+    assert "| cancel, in flight, 1 a call " in done.stdout
