@@ -45,6 +45,27 @@ gives the server's time of the claim (deadline - lease).
 * ticks       = distinct tick ids; consecutive ticks of one schedule must be a whole multiple
   of its interval apart (``tick_spacing`` lists violations); ``tick_gaps`` counts the ticks
   collapsed into catch-ups. A tick seen (delivered or queued) and never done is lost.
+
+Unique pushes and cancels (issue 16), on a queue that tracks its ids. ``check(unique=True)``
+says every push was ``unique=True``: the queue then holds an id once, so a push that ran
+again (a PUSH_RETRY, a PUSH_FAIL tried again) enqueues it again only if it ran after the id
+was freed, and an id is freed only by an accepted ack, which comes after the id's DONE (or
+its IDEM 1) line. An id's ``copies`` become 1 plus the runs of the attempts of its batch
+that ended (PUSH_OK or PUSH_FAIL) after its first DONE or IDEM 1 line: an upper bound on its
+enqueues, used for duplicates, reclaims and the structure as above, and ``doubled`` then
+lists every id (not only scheduled ones) with more first deliveries than that.
+A canceller logs ``CANCEL_INVOKE id state``, ``CANCEL_RETRY id kind`` (redis-py replayed
+it), then ``CANCEL_OK id found`` or ``CANCEL_FAIL id kind``, one id a call, and cancels only
+ids whose push was confirmed (so no push of it runs after the cancel). found 1: the id was
+cancelled between the two lines; found 0 with no replay: it was not held, so it was done
+already and must not be lost; an error or a replay (a replayed cancel finds nothing): either.
+* after_cancel = for an id a cancel found: a delivery the server made after the cancel had
+  returned (the claim's server time, deadline - lease, from a FETCH or CLAIM line or a token
+  read from the queue), or an ack accepted for a delivery whose DONE line came after the
+  cancel had returned (the ack was sent after it, so the module had to refuse it): must be
+  empty. A delivery made before the cancel may still run to its DONE (a cancel does not stop
+  a job running; ``cancelled_ran`` counts those). Cancelled ids and uncertain ones are not
+  counted as lost.
 """
 
 from __future__ import annotations
@@ -63,7 +84,7 @@ import redis
 from rotator import Rotator
 from rotator.keys import KEY_ROLES
 from rotator.protocol import text, unpack_element
-from tests.chaos.eventlog import read_logs
+from tests.chaos.eventlog import Event, read_logs
 
 SENTINEL = "*lap"
 TOKEN = re.compile(r"^[^*]{1,1024}\*(\d{1,15})\.(\d{1,9})\.\d+$")
@@ -233,6 +254,16 @@ class Report:
     tick_refires: int = 0
     tick_gaps: int = 0
     tick_spacing: list[str] = field(default_factory=list)
+    unique: bool = False  # every push was unique=True (see the module docstring)
+    push_reruns: int = 0  # ids whose push may have run more than once
+    late_reruns: int = 0  # of those, ids with a run that ended after the id was first done
+    reenqueued: int = 0  # ids with more than one first delivery (each within its copies)
+    cancelled: int = 0  # ids a cancel found (and cancelled)
+    cancel_misses: int = 0  # ids a cancel did not find (done before it)
+    cancel_uncertain: int = 0  # cancels whose outcome is unknown (an error, a replay)
+    cancel_states: dict[str, int] = field(default_factory=dict)  # found, by the state aimed at
+    cancelled_ran: int = 0  # cancelled ids whose delivery before the cancel still ran to DONE
+    after_cancel: list[str] = field(default_factory=list)
     quiescent: bool = False
     final: dict[str, int] = field(default_factory=dict)
     faults: dict[str, Any] = field(default_factory=dict)
@@ -249,6 +280,7 @@ class Report:
             or self.early
             or self.doubled
             or self.tick_spacing
+            or self.after_cancel
             or not self.quiescent
         )
 
@@ -271,6 +303,13 @@ class Report:
                 ticks=self.ticks,
                 doubled=len(self.doubled),
                 tick_refires=self.tick_refires,
+            )
+        if self.unique or self.cancelled or self.cancel_misses or self.cancel_uncertain:
+            figures.update(
+                push_reruns=self.push_reruns,
+                doubled=len(self.doubled),
+                cancelled=self.cancelled,
+                after_cancel=len(self.after_cancel),
             )
         return figures
 
@@ -305,6 +344,15 @@ class Report:
                 f"tick_refires={self.tick_refires} tick_gaps={self.tick_gaps} "
                 f"tick_spacing={some(self.tick_spacing)}"
             )
+        if self.unique or self.cancelled or self.cancel_misses or self.cancel_uncertain:
+            lines.append(
+                f"  unique={self.unique} push_reruns={self.push_reruns} "
+                f"late_reruns={self.late_reruns} reenqueued={self.reenqueued} "
+                f"doubled={some(self.doubled.items())} cancelled={self.cancelled} "
+                f"cancel_misses={self.cancel_misses} cancel_uncertain={self.cancel_uncertain} "
+                f"cancel_states={self.cancel_states} cancelled_ran={self.cancelled_ran} "
+                f"after_cancel={some(self.after_cancel)}"
+            )
         if self.notes:
             lines.append(f"  notes={self.notes}")
         return "\n".join(lines)
@@ -331,10 +379,12 @@ def check(
     schedules: Mapping[str, int] | None = None,
     leases: Mapping[str, int] | None = None,
     lossy_restarts: Sequence[float] = (),
+    unique: bool = False,
 ) -> Report:
     """The report on one run. ``schedules``: the recurring schedules' job id -> interval ms;
     ``leases``: each log source's lease ms (to read the server's claim time off a token);
-    ``lossy_restarts``: unix times of server kills that may have lost acknowledged writes."""
+    ``lossy_restarts``: unix times of server kills that may have lost acknowledged writes;
+    ``unique``: every push was ``unique=True`` (see the module docstring)."""
     read = read_logs(logs_dir)
     report = Report(test=test, kind=kind, version=version, seed=seed, torn_lines=read.torn)
     report.faults = dict(faults or {})
@@ -411,6 +461,9 @@ def check(
             copies[job_id] += invokes[key] + retried[key]
 
     states = [*(snapshots or []), final]
+    report.unique = unique
+    if unique:
+        copies = unique_copies(report, read.events, batches, copies)
     ticks = judge_scheduled(
         report,
         fetches,
@@ -424,6 +477,11 @@ def check(
         lossy_restarts=lossy_restarts,
     )
 
+    if unique:
+        judge_unique(report, fetches, states, attempted=attempted, copies=copies)
+    spared = judge_cancels(
+        report, read.events, fetches, states, processed=set(processed), leases=leases or {}
+    )
     ring_ids = {element_id(e) for e in final.ring if e != SENTINEL} | set(final.scheduled_jobs)
     uncertain = attempted - confirmed
     report.attempted = len(attempted)
@@ -431,7 +489,7 @@ def check(
     report.uncertain = len(uncertain)
     report.recovered = len(uncertain & set(processed))
     report.processed = len(processed)
-    report.lost = sorted((confirmed | ticks) - set(processed) - ring_ids)
+    report.lost = sorted((confirmed | ticks) - set(processed) - ring_ids - spared)
     report.unexpected = sorted(set(processed) - attempted - ticks)
     report.stuck = sorted(ring_ids)
     report.reclaims = sum(reclaims.values())
@@ -561,3 +619,141 @@ def judge_scheduled(
             else:
                 report.tick_gaps += (after - before) // every - 1
     return ticks
+
+
+def unique_copies(
+    report: Report,
+    events: Sequence[Event],
+    batches: Mapping[tuple[str, str], list[str]],
+    copies: Counter[str],
+) -> Counter[str]:
+    """Each id's most enqueues when every push was unique: 1, plus the runs (an attempt and
+    redis-py's replays of it) of its batch's attempts that ended after the id was first done
+    (its first DONE, or IDEM 1, line: an accepted ack, which alone frees an id, comes after
+    it). Counts the ids pushed more than once, and those with such a late run."""
+    first_done: dict[str, float] = {}
+    attempts: dict[tuple[str, str], list[list[float]]] = defaultdict(list)  # [runs, ended]
+    for event in events:
+        kind, fields = event.kind, event.fields
+        if kind == "DONE" or (kind == "IDEM" and fields[1] == "1"):
+            first_done[fields[0]] = min(first_done.get(fields[0], event.at), event.at)
+        elif kind == "PUSH_INVOKE":
+            attempts[(event.source, fields[0])].append([1, float("inf")])
+        elif kind == "PUSH_RETRY" and attempts[(event.source, fields[0])]:
+            attempts[(event.source, fields[0])][-1][0] += 1
+        elif kind in ("PUSH_OK", "PUSH_FAIL") and attempts[(event.source, fields[0])]:
+            attempts[(event.source, fields[0])][-1][1] = event.at
+    most: Counter[str] = Counter()
+    for key, ids in batches.items():
+        for job_id in ids:
+            done_at = first_done.get(job_id, float("inf"))
+            late = sum(int(runs) for runs, ended in attempts[key] if ended > done_at)
+            most[job_id] = max(most[job_id], 1 + late)
+    report.push_reruns = sum(1 for job_id in most if copies[job_id] > 1)
+    report.late_reruns = sum(1 for count in most.values() if count > 1)
+    return most
+
+
+def judge_unique(
+    report: Report,
+    fetches: list[Fetch],
+    states: list[QueueState],
+    *,
+    attempted: set[str],
+    copies: Counter[str],
+) -> None:
+    """Every pushed id enqueued (distinct first deliveries, plus copies never taken) at most
+    its ``copies`` times; more goes in ``doubled``."""
+    firsts: dict[str, set[str]] = defaultdict(set)
+    for fetch in fetches:
+        if deliveries_of(fetch.token) == 1:
+            firsts[fetch.job_id].add(fetch.token)
+    for state in states:
+        for element in state.ring:
+            if "*" in element and element != SENTINEL and deliveries_of(element) == 1:
+                firsts[element_id(element)].add(element)
+    untaken = Counter(e for e in states[-1].ring if "*" not in e)
+    untaken.update(states[-1].scheduled_jobs)
+    for job_id in sorted(attempted):
+        enqueues = len(firsts[job_id]) + untaken[job_id]
+        report.reenqueued += enqueues > 1
+        if enqueues > max(1, copies[job_id]):
+            report.doubled[job_id] = sorted(firsts[job_id])
+
+
+def judge_cancels(
+    report: Report,
+    events: Sequence[Event],
+    fetches: list[Fetch],
+    states: list[QueueState],
+    *,
+    processed: set[str],
+    leases: Mapping[str, int],
+) -> set[str]:
+    """The cancels' outcomes and ``after_cancel`` (see the module docstring). Returns the ids
+    that need not complete: those a cancel found, and those whose cancel's outcome is
+    unknown."""
+    aimed: dict[str, str] = {}
+    replays: Counter[str] = Counter()
+    found: dict[str, int | None] = {}
+    ended: dict[str, float] = {}
+    done_at: dict[tuple[str, str], float] = {}
+    accepted: list[Event] = []
+    for event in events:
+        kind, fields = event.kind, event.fields
+        if kind == "CANCEL_INVOKE":
+            aimed[fields[0]] = fields[1]
+            found[fields[0]] = None
+        elif kind == "CANCEL_RETRY":
+            replays[fields[0]] += 1
+        elif kind == "CANCEL_OK":
+            found[fields[0]] = int(fields[1])
+            ended[fields[0]] = event.at
+        elif kind == "CANCEL_FAIL":
+            ended[fields[0]] = event.at
+        elif kind == "DONE":
+            done_at[(fields[0], fields[1])] = event.at
+        elif kind == "ACK_OK" and fields[2] != "0":
+            accepted.append(event)
+    if not aimed:
+        return set()
+    cancelled = {job_id: ended[job_id] * 1000 for job_id, n in found.items() if n}
+    misses = {job_id for job_id, n in found.items() if n == 0 and not replays[job_id]}
+    uncertain = set(found) - set(cancelled) - misses
+    report.cancelled = len(cancelled)
+    report.cancel_misses = len(misses)
+    report.cancel_uncertain = len(uncertain)
+    report.cancel_states = dict(sorted(Counter(aimed[job_id] for job_id in cancelled).items()))
+    report.cancelled_ran = len(set(cancelled) & processed)
+
+    longest = max(leases.values(), default=0)
+    for fetch in fetches:
+        if fetch.job_id not in cancelled:
+            continue
+        lease = leases.get(fetch.source, longest)
+        claimed = deadline_of(fetch.token) - lease
+        if claimed > cancelled[fetch.job_id] + 1:
+            report.after_cancel.append(
+                f"{fetch.token} claimed at {claimed} ({fetch.source}), cancelled by "
+                f"{cancelled[fetch.job_id]:.0f}"
+            )
+    for state in states:
+        for element in state.ring:
+            job_id = element_id(element)
+            if job_id in cancelled and "*" in element:
+                claimed = deadline_of(element) - longest  # at the earliest
+                if claimed > cancelled[job_id] + 1:
+                    report.after_cancel.append(
+                        f"{element} in the queue, claimed at {claimed} or later, cancelled "
+                        f"by {cancelled[job_id]:.0f}"
+                    )
+    for event in accepted:
+        job_id, token = event.fields[0], event.fields[1]
+        done = done_at.get((job_id, token), 0.0) * 1000
+        if job_id in cancelled and done > cancelled[job_id]:
+            report.after_cancel.append(
+                f"{token} acked ({event.source}) after its DONE at {done:.0f}, cancelled by "
+                f"{cancelled[job_id]:.0f}"
+            )
+    report.after_cancel = sorted(set(report.after_cancel))  # a FETCH and a CLAIM of one token
+    return set(cancelled) | uncertain

@@ -14,6 +14,11 @@ or ``at`` a moment ago), the rest at a time spread uniformly over the next ``--s
 seconds. Their PUSH_INVOKE carries a third field, the earliest time (unix ms) the batch can be
 due: ``at`` as sent, or the client's clock before the call plus ``delay``. The server takes
 its own clock (the same machine's) a moment later, so its due time is never earlier.
+
+Unique pushes (``--unique``): every push is sent with ``unique=True``, for a queue that tracks
+its ids (``configure(track_ids=True)``); the lines logged are the same, and a failed batch is
+tried again just the same (the retry of a push whose reply was lost then adds nothing that the
+queue still holds).
 """
 
 from __future__ import annotations
@@ -51,8 +56,10 @@ class Producer:
         rng: random.Random | None = None,
         stop: threading.Event | None = None,
         functions: bool = False,
+        unique: bool = False,
     ) -> None:
         self.log = log
+        self.unique = unique
         self.rng = rng or random.Random(0)
         self.stop = stop or threading.Event()
         self.batch_no = 0
@@ -86,7 +93,7 @@ class Producer:
                 )
             self.log.write("PUSH_INVOKE", *fields)
             try:
-                self.rotator.push(*ids, delay=delay, at=at)
+                self.rotator.push(*ids, delay=delay, at=at, unique=self.unique)
             except (RedisError, RotatorError) as error:
                 self.log.write("PUSH_FAIL", self.batch_no, error_kind(error))
                 if self.stop.is_set() or time.monotonic() > give_up:
@@ -152,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--later", type=float, default=0.0, help="fraction pushed for later")
     parser.add_argument("--soon", type=float, default=0.0, help="of those, fraction due at once")
     parser.add_argument("--spread", type=float, default=0.0, help="seconds the rest spread over")
+    parser.add_argument("--unique", action="store_true", help="push with unique=True")
     args = parser.parse_args(argv)
 
     log = EventLog(args.log)
@@ -171,6 +179,7 @@ def main(argv: list[str] | None = None) -> int:
         rng=random.Random(args.seed),
         stop=stop,
         functions=args.functions,
+        unique=args.unique,
     )
     ids = [f"{args.prefix}{n:06d}" for n in range(args.start, args.start + args.count)]
     log.write("BOOT", "producer", len(ids))
