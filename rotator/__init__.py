@@ -17,6 +17,7 @@ from rotator.errors import (
     ProtocolError,
     RotatorError,
     ServerBusy,
+    ShardsMismatch,
     UnknownGroup,
     WrongKeyType,
 )
@@ -35,6 +36,7 @@ from rotator.models import (
     TopicStats,
     WorkSummary,
 )
+from rotator.sharded import ShardedRotator
 from rotator.topic import Topic, TopicGroup
 
 __all__ = [
@@ -62,6 +64,8 @@ __all__ = [
     "RotatorError",
     "Schedule",
     "ServerBusy",
+    "ShardedRotator",
+    "ShardsMismatch",
     "Stats",
     "Topic",
     "TopicGroup",

@@ -68,6 +68,12 @@ class EmbeddedServerError(RotatorError):
     """The embedded server could not be found, started or stopped."""
 
 
+class ShardsMismatch(RotatorError):
+    """A sharded queue was opened with another shard count (or layout) than the one stored
+    with it; nothing was written. Drain it and switch (see the README's Redis Cluster
+    section), or open it with the stored count."""
+
+
 class ProtocolError(RotatorError):
     """The Lua module refused a call this client should never make (a bug)."""
 

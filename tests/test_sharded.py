@@ -1,0 +1,292 @@
+"""ShardedRotator on the real 3-master Redis Cluster: routing by id, shards spread over the
+masters, the stored shard count, blocking wake-ups across shards, bounded retries, and
+worker processes completing every job once.
+
+Also a script: ``python -m tests.test_sharded work URL NAME SHARDS OUT`` runs a worker
+process (it appends each completed id to OUT), and ``python -m tests.test_sharded
+failover`` runs the failover scenario on a cluster with replicas that it starts itself
+(not part of the suite: see ``failover``)."""
+
+from __future__ import annotations
+
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import zlib
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+from redis.cluster import RedisCluster
+from redis.crc import key_slot
+from redis.exceptions import ClusterDownError
+from redis.exceptions import ConnectionError as RedisConnectionError
+
+from rotator import InvalidToken, Job, NotTracked, Rotator, ShardedRotator, ShardsMismatch
+from rotator.commands import push_chunk, push_ids
+from rotator.sharded import RetryingSender, retryable, shard_names, shard_of_id
+from tests.servers import ClusterProcess
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def url_of(cluster: ClusterProcess) -> str:
+    return cluster.nodes[0].url
+
+
+def sharded(client: RedisCluster, name: str, shards: int = 6, **options: Any) -> ShardedRotator:
+    return ShardedRotator(client, name, shards=shards, **options)
+
+
+# -- no server ------------------------------------------------------------------------------
+
+
+def test_shard_names_are_stable_and_spread_over_equal_slot_ranges() -> None:
+    names = shard_names("orders", 6)
+    assert names == shard_names("orders", 6)
+    assert [name.split(".")[0] for name in names] == [f"orders:{k}" for k in range(6)]
+    slots = [key_slot(name.encode()) for name in names]
+    assert [slot * 6 // 16384 for slot in slots] == list(range(6))
+
+
+def test_a_job_id_maps_to_one_shard_by_crc32() -> None:
+    assert shard_of_id(b"job-1", 6) == zlib.crc32(b"job-1") % 6
+    assert len({shard_of_id(f"j{i}".encode(), 6) for i in range(100)}) == 6
+
+
+def test_only_calls_that_are_harmless_twice_are_retried_after_a_lost_connection() -> None:
+    keys = ("k",) * 14
+    lost = RedisConnectionError("Connection closed by server.")
+    refused = RedisConnectionError("Error 111 connecting to 127.0.0.1:7000. Connection refused.")
+    down = ClusterDownError("CLUSTERDOWN The cluster is down")
+    plain = push_ids(keys[:13], [b"a"], None)
+    marked = push_chunk(keys, 0, 60000, [b"a"])
+    unique = push_ids(keys[:13], [b"a"], None, unique=True)
+    assert not retryable(plain, lost)  # it may be in: pushing it again could double it
+    assert retryable(plain, refused)  # never sent
+    assert retryable(plain, down)  # refused by the cluster: nothing ran
+    assert retryable(marked, lost)  # the marker makes the second try push nothing
+    assert retryable(unique, lost)  # the id index does
+
+
+class _DownCluster:
+    """A client whose every command gets CLUSTERDOWN."""
+
+    def fcall(self, *args: Any) -> Any:
+        raise ClusterDownError("CLUSTERDOWN The cluster is down")
+
+    def register_script(self, source: str) -> Any:
+        return object()
+
+
+def test_a_call_retries_cluster_errors_for_retry_for_seconds_and_no_longer() -> None:
+    sender = RetryingSender(_DownCluster(), True, 0.5)
+    began = time.monotonic()
+    with pytest.raises(ClusterDownError):
+        sender.perform(push_ids(("k",) * 13, [b"a"], None))
+    assert 0.5 <= time.monotonic() - began < 1.0
+
+
+# -- on the cluster -------------------------------------------------------------------------
+
+
+@pytest.mark.cluster
+def test_shards_spread_over_every_master(cluster_client: RedisCluster, queue_name: str) -> None:
+    queue = sharded(cluster_client, queue_name)
+    placement = queue.placement()
+    assert len(set(placement)) == 3, placement
+    assert Counter(placement).most_common(1)[0][1] == 2  # two shards per master
+
+
+@pytest.mark.cluster
+def test_an_id_goes_to_one_shard_where_unique_pushes_and_cancels_find_it(
+    cluster_client: RedisCluster, queue_name: str
+) -> None:
+    queue = sharded(cluster_client, queue_name, timeout=30)
+    with pytest.raises(NotTracked):
+        queue.push("a", unique=True)
+    queue.configure(track_ids=True)
+    ids = [f"job-{i}" for i in range(60)]
+    assert queue.push(*ids) == 60
+    for k, stats in enumerate(queue.shard_stats()):
+        assert stats.pending == sum(queue.shard_of(i) == k for i in ids)
+    assert queue.push(*ids[:10], unique=True) == 0  # each held already, on its own shard
+    assert queue.cancel("job-3", "job-7", "nope") == 2
+    assert queue.push("job-3", unique=True) == 1  # cancelled: free again at once
+    seen = []
+    while jobs := queue.next(25):
+        seen += [job.id for job in jobs]
+        assert queue.ack(*jobs) == len(jobs)
+    assert sorted(seen) == sorted(i for i in ids if i != "job-7")
+    assert queue.stats().cancelled == 2  # job-3 counts too: it was cancelled, then pushed again
+
+
+@pytest.mark.cluster
+def test_the_stored_shard_count_refuses_another(
+    cluster_client: RedisCluster, queue_name: str
+) -> None:
+    queue = sharded(cluster_client, queue_name, shards=4)
+    assert queue.push("a") == 1
+    with pytest.raises(ShardsMismatch):
+        sharded(cluster_client, queue_name, shards=5).push("b")
+    with pytest.raises(ShardsMismatch):
+        sharded(cluster_client, queue_name, shards=5).stats()
+    assert ShardedRotator(cluster_client, queue_name, shards=None).shards == 4
+    with pytest.raises(ShardsMismatch):
+        ShardedRotator(cluster_client, f"{queue_name}-never", shards=None)
+    assert queue.delete()
+    assert sharded(cluster_client, queue_name, shards=5).push("b") == 1  # deleted: a new count
+
+
+@pytest.mark.cluster
+def test_the_api_across_shards(cluster_client: RedisCluster, queue_name: str) -> None:
+    queue = sharded(cluster_client, queue_name, timeout=30, max_deliveries=2)
+    assert not queue.exists()
+    assert queue.push_many((f"j{i}" for i in range(40)), chunk=3) == 40
+    assert queue.exists()
+    stats = queue.stats()
+    assert (stats.length, stats.pending, stats.pushed) == (40, 40, 40)
+    assert sum(part.pending for part in queue.shard_stats()) == 40
+
+    jobs = queue.next(30)  # gathered from several shards
+    assert len(jobs) == 30
+    assert len({queue.shard_of(job.id) for job in jobs}) > 1
+    assert queue.stats().in_flight == 30
+    assert queue.ack(*jobs[:19]) == 19
+    assert queue.ack(jobs[19].token) == 1  # a token string finds its shard too
+    with pytest.raises(InvalidToken):
+        queue.ack("not-a-token")
+    assert queue.extend(jobs[20], 60) * 1000 > jobs[20].deadline_ms
+    assert queue.extend_many(jobs[20:25]) == [True] * 5
+    assert queue.nack(*jobs[20:25]) == 5
+    assert queue.bury(*jobs[25:30], error="no good") == 5
+    rest: list[Job] = []
+    while more := queue.next(50, ack=rest):
+        rest = more
+    assert queue.ack(*rest) == len(rest)
+    assert len(rest) == 15  # ten never delivered and the five given back
+    queue.sweep()
+    letters = queue.dead()
+    assert sorted(letter.id for letter in letters) == sorted(job.id for job in jobs[25:30])
+    assert {letter.error for letter in letters} == {"no good"}
+    assert queue.requeue_dead(jobs[25].id) == 1
+    assert queue.requeue_dead() == 4
+    with queue.claim() as claimed:
+        assert claimed is not None
+    again = queue.next(10)
+    assert len(again) == 4
+    assert queue.next(10, ack=again) == []
+    assert queue.drained()
+    assert queue.stats().completed == 40
+    assert queue.delete()
+    assert not queue.exists()
+
+
+@pytest.mark.cluster
+def test_a_delayed_push_is_claimed_when_due(cluster_client: RedisCluster, queue_name: str) -> None:
+    queue = sharded(cluster_client, queue_name)
+    assert queue.push("later", delay=0.3) == 1
+    assert queue.stats().scheduled == 1
+    began = time.monotonic()
+    (job,) = queue.next(block=5)
+    assert job.id == "later"
+    assert 0.2 < time.monotonic() - began < 2.0  # woken by the due time, not the block
+
+
+def wake_latencies(
+    consumer: Any, push: Any, rounds: int, ids: list[str] | None = None
+) -> list[float]:
+    """Seconds from just before a push to the blocked consumer's return, per round."""
+    found = []
+    for i in range(rounds):
+        stamp: list[float] = []
+        job_id = ids[i] if ids else f"w{i}"
+
+        def later(job_id: str = job_id, stamp: list[float] = stamp) -> None:
+            time.sleep(0.02)
+            stamp.append(time.monotonic())
+            push(job_id)
+
+        pusher = threading.Thread(target=later)
+        pusher.start()
+        jobs = consumer.next(block=5)
+        returned = time.monotonic()
+        pusher.join()
+        assert [job.id for job in jobs] == [job_id]
+        consumer.ack(*jobs)
+        found.append(returned - stamp[0])
+    return found
+
+
+@pytest.mark.cluster
+def test_a_blocked_consumer_wakes_on_a_push_to_any_shard_about_as_fast_as_on_one_queue(
+    cluster: ClusterProcess, cluster_client: RedisCluster, queue_name: str
+) -> None:
+    pusher_client = cluster.client()
+    try:
+        single = Rotator(cluster_client, f"{queue_name}-single", timeout=30)
+        single_pusher = Rotator(pusher_client, f"{queue_name}-single")
+        base = wake_latencies(single, single_pusher.push, 40)
+        queue = sharded(cluster_client, queue_name, timeout=30)
+        pusher = sharded(pusher_client, queue_name)
+        ids = [f"w{i}" for i in range(40)]
+        assert len({queue.shard_of(i) for i in ids}) == 6  # every shard is pushed to
+        ours = wake_latencies(queue, pusher.push, 40, ids)
+    finally:
+        pusher_client.close()
+    p99 = statistics.quantiles(ours, n=100)[98]
+    base_p99 = statistics.quantiles(base, n=100)[98]
+    print(f"wake latency ms: one queue p50 {statistics.median(base) * 1000:.2f} "
+          f"p99 {base_p99 * 1000:.2f}; sharded (6) p50 {statistics.median(ours) * 1000:.2f} "
+          f"p99 {p99 * 1000:.2f}")  # fmt: skip
+    assert p99 < max(2 * base_p99, 0.02), (ours, base)
+
+
+WORKER = """
+import sys
+from pathlib import Path
+from rotator import ShardedRotator
+
+url, name, shards, out = sys.argv[1:]
+queue = ShardedRotator.from_url(url, name, shards=int(shards), timeout=10)
+with Path(out).open("w", encoding="utf-8") as lines:
+    def handler(job):
+        lines.write(job.id + "\\n")
+    summary = queue.work(handler, stop_when_empty=True, batch=50, poll=0.2)
+print(summary.processed)
+"""
+
+
+@pytest.mark.cluster
+@pytest.mark.timeout(90)
+def test_three_worker_processes_complete_3000_jobs_on_6_shards_each_once(
+    cluster: ClusterProcess, cluster_client: RedisCluster, queue_name: str, tmp_path: Path
+) -> None:
+    queue = sharded(cluster_client, queue_name, timeout=10)
+    ids = [f"job-{i}" for i in range(3000)]
+    began = time.monotonic()
+    assert queue.push_many(ids) == 3000
+    outs = [tmp_path / f"worker-{n}.txt" for n in range(3)]
+    workers = [
+        subprocess.Popen(
+            [sys.executable, "-c", WORKER, url_of(cluster), queue_name, "6", str(out)],
+            cwd=ROOT,
+        )
+        for out in outs
+    ]
+    for worker in workers:
+        assert worker.wait(timeout=60) == 0
+    elapsed = time.monotonic() - began
+    done = Counter(line for out in outs for line in out.read_text().split())
+    stats = queue.stats()
+    print(f"3000 jobs, 6 shards, 3 workers: {elapsed:.1f} s; per worker "
+          f"{[len(out.read_text().split()) for out in outs]}")  # fmt: skip
+    assert set(done) == set(ids)
+    doubled = sum(n - 1 for n in done.values())
+    assert doubled <= (stats.reclaimed or 0), doubled  # only a reclaim may repeat a job
+    assert (stats.length, stats.completed) == (0, 3000)
+    assert all(part.completed for part in queue.shard_stats())  # every shard took part
+    assert all(len(out.read_text().split()) > 0 for out in outs)  # every worker too
