@@ -141,19 +141,22 @@ IDS (a queue that tracks ids: unique jobs and cancel)
     "p"        waiting in the ring          "s"         scheduled (KEYS[12])
     "q<level>" waiting at a priority        "s<level>"  scheduled at one
     "<stamp>"  leased or deferred, its token "<id>*<stamp>"
-    "c"        cancelled while waiting      "c<stamp>"  cancelled in flight
   Such a queue holds each id once: every push command (push pushi push_chunk push_later
-  push_priority pushp pushp_later requeue_dead, and a schedule's ticks) skips an id it holds and counts only the
-  ids it takes; an id held by a lease already acked (its token in a done set, or its batch
-  acked whole) is free again at once, and so is one cancelled (one cancelled while it waited
-  is taken back in place: its element still waits). An id scheduled again moves, as on any
-  queue. Each walk (next, next_packed, nextp, sweep) writes the stamps of the leases it
-  makes and drops the entries of jobs that leave (acked and removed, dead-lettered), and
-  drops any element the index does not name: a cancelled job, or the cancelled copy of an
-  id pushed again. An element whose id has no entry is leased as usual: nothing is dropped
-  for want of an entry. The walk costs one HMGET per slice of the ring and one per lease it
+  push_priority pushp pushp_later requeue_dead, and a schedule's ticks) skips an id it holds
+  and counts only the ids it takes; an id held by a lease already acked (its token in a done
+  set, or its batch acked whole) is free again at once, and so is one cancelled. An id
+  scheduled again moves, as on any queue. Each walk (next, next_packed, nextp, sweep) writes
+  the stamps of the leases it makes and drops the entries of jobs that leave (acked and
+  removed, dead-lettered). cancel removes a scheduled job (or one waiting at a priority) at
+  once; a copy with an element (a pending id, a lease, a deferred job) loses its entry and is
+  recorded under the field "*<id>" (no id holds "*"): "<n>[,<stamp>...]", n pending copies
+  and the stamps of leases or deferred jobs, until the walk that meets the element drops it
+  (meta stale counts what the records hold; a walk reads them only while there are some).
+  An element the index does not name otherwise is leased as usual: nothing is dropped for
+  want of an entry. The walk costs one HMGET per slice of the ring and one per lease it
   visits; a tracked queue takes no short way (M.fast_lease). Counts (stats) include a
-  cancelled job until the walk drops it. track_ids 0 drops the index.
+  cancelled job until the walk drops it (a sweep reaches a young lease at its deadline).
+  track_ids 0 drops the index.
 
 COMMANDS (ARGV[1]; numbers are decimal integers)
   push ID [ID ...]
@@ -611,7 +614,6 @@ local BYTE_N = 110 -- 'n': opens the mark of a nacked job ("n<due ms>")
 local BYTE_E = 101 -- 'e': opens the mark of an extended lease ("e<deadline ms>")
 local BYTE_F = 102 -- 'f': opens the mark of a buried job ("f<error>")
 local BYTE_HASH = 35 -- '#': opens the processing times a next or an ack may carry
-local BYTE_C = 99 -- 'c': opens an id index entry of a cancelled job (see IDS)
 local BYTE_S = 115 -- 's': opens an id index entry of a scheduled job
 
 -- next takes the short way (M.fast_lease) where it applies. A test flips this to compare the
@@ -805,7 +807,7 @@ function M.read_meta(K)
     'marked_n', 'marked_a', 'marked_n_old', 'marked_a_old',
     'lmin', 'lstop', 'lpass', 'lskip', 'rpasses', 'lpasses', 'smin', 'paused', 'rate_n',
     'rate_ms', 'rate_tat', 'completed', 'redelivered', 'reclaimed', 'lettered', 'track_ids',
-    'prio', 'pseq')
+    'prio', 'pseq', 'stale')
   local seq = tonumber(m[1]) or M.now_ms()
   return {
     -- origin: the first seq of the queue as it is now (see refused_among)
@@ -834,6 +836,7 @@ function M.read_meta(K)
     -- Jobs waiting at a priority level (in K.scheduled, below 0), and their push order so far
     -- (see PRIORITIES).
     prio = tonumber(m[35]) or 0, pseq = tonumber(m[36]) or 0,
+    stale = tonumber(m[37]) or 0, -- cancelled copies recorded (see parse_stale)
     lapnext = tonumber(m[2]), qstart = tonumber(m[3]),
     qmin = tonumber(m[4]), pushed = tonumber(m[5]) or 0, taken = tonumber(m[6]) or 0,
     lapguess = m[7] == '1' or not tonumber(m[2]), qlen = tonumber(m[8]),
@@ -973,24 +976,19 @@ end
 -- Of `ids` (checked, in order), those the queue may take now as `value` ("p": pushed to the
 -- ring, "s"/"s<level>": scheduled, "q<level>": waiting at a priority): an id is taken once
 -- however often it is given, and not while the queue holds it, except that a job scheduled
--- may be scheduled again (it moves: its old member goes) and one cancelled may come back.
--- Writes the index for them. Returns the ids to push (or schedule) and how many more were
--- taken back in place: an id cancelled while it waited in the ring, whose element still
--- waits there (the walk would have dropped it), is simply live again.
+-- may be scheduled again (it moves: its old member goes). Writes the index for them and
+-- returns them.
 function M.admit(ids, value)
   local held = M.hmget_all(K.ids, ids)
   local acked = M.acked_copies(ids, held)
-  local fresh, writes, seen, back, moved = {}, {}, {}, 0, {}
+  local fresh, writes, seen, moved = {}, {}, {}, {}
   local scheduling = string.byte(value) == BYTE_S
   for i = 1, #ids do
     local id, v = ids[i], held[i]
     if not seen[id] then
       seen[id] = true
       local rescheduled = v and scheduling and string.byte(v) == BYTE_S
-      if v == 'c' and value == 'p' then
-        back = back + 1
-        writes[#writes + 1], writes[#writes + 2] = id, 'p'
-      elseif not v or acked[i] or string.byte(v) == BYTE_C or rescheduled then
+      if not v or acked[i] or rescheduled then
         fresh[#fresh + 1] = id
         writes[#writes + 1], writes[#writes + 2] = id, value
         if rescheduled and v ~= value then moved[#moved + 1] = M.waiting_member(id, v) end
@@ -999,7 +997,7 @@ function M.admit(ids, value)
   end
   M.call_all('HSET', K.ids, writes)
   M.call_all('ZREM', K.scheduled, moved)
-  return fresh, back
+  return fresh
 end
 
 -- The member of K.scheduled that holds `id`, by its index value: "s" (scheduled) is the id
@@ -1077,42 +1075,100 @@ function M.write_ids(s)
   M.call_all('HSET', K.ids, writes)
 end
 
--- Whether the walk drops the element `element` of `id` (stamp: its token after "*", or nil
--- for a pending id) met on a tracked queue: it is not the copy the index names. Either it
--- was cancelled (the index says "c", or "c" and its stamp), or the id came back once it was
--- (the index names the new copy). An id the index does not know is kept (and leased): a job
--- is never dropped for want of an entry.
-function M.stale_copy(v, stamp)
-  if not v then return false end
-  if stamp then return v ~= stamp end
-  return v ~= 'p'
+-- A cancelled copy that still has an element (a pending id in the ring, a lease or a deferred
+-- job) is recorded under the field "*<id>" of K.ids (no id holds "*"): "<n>" pending copies,
+-- then ",<stamp>" for each lease or deferred job, until the walk meets and drops it; meta
+-- `stale` counts what all records hold, so a walk reads them only while there are some.
+-- A record as the walk keeps it: {n = pending copies, stamps = {stamp = true}, dirty}.
+function M.parse_stale(raw)
+  local rec = { n = 0, stamps = {} }
+  if not raw then return rec end
+  local first = true
+  for part in string.gmatch(raw, '[^,]+') do
+    if first then
+      rec.n, first = tonumber(part) or 0, false
+    else
+      rec.stamps[part] = true
+    end
+  end
+  return rec
 end
 
--- For a slice of the ring on a tracked queue: index -> the index's value, for each pending
--- id whose element the walk drops (see stale_copy). One HMGET for the slice.
-function M.stale_pending(slice, stamped, packed)
-  local ids, at = {}, {}
+function M.format_stale(rec)
+  local parts = { tostring(rec.n) }
+  for stamp in pairs(rec.stamps) do parts[#parts + 1] = stamp end
+  if #parts == 1 and rec.n == 0 then return nil end
+  return table.concat(parts, ',')
+end
+
+-- The record of `id` as this walk has it (`raw`: its field, when the caller read it), read
+-- once per walk.
+function M.stale_of(s, id, raw)
+  local rec = s.stale_recs[id]
+  if not rec then
+    if raw == nil then raw = rcall('HMGET', K.ids, '*' .. id)[1] end
+    rec = M.parse_stale(raw)
+    s.stale_recs[id] = rec
+  end
+  return rec
+end
+
+-- For a slice of the ring on a tracked queue with records: index -> true for each pending id
+-- with a cancelled pending copy recorded (one HMGET for the slice). Which of its copies the
+-- walk drops does not matter: they are the same id.
+function M.stale_pending(s, slice, stamped, packed)
+  local stale = {}
+  if s.stale_count <= 0 then return stale end
+  local fields, at = {}, {}
   for i = 1, #slice do
     local element = slice[i]
     if not stamped[i] and not packed[i] and element ~= SENTINEL and element ~= ''
-        and string.byte(element) ~= BYTE_STAR then
-      ids[#ids + 1], at[#ids + 1] = element, i
+        and string.byte(element) ~= BYTE_STAR and not s.stale_recs[element] then
+      fields[#fields + 1], at[#fields + 1] = '*' .. element, i
     end
   end
-  local stale = {}
-  if #ids == 0 then return stale end
-  local held = M.hmget_all(K.ids, ids)
-  for j = 1, #ids do
-    if M.stale_copy(held[j], nil) then stale[at[j]] = held[j] end
+  local raws = #fields > 0 and M.hmget_all(K.ids, fields) or {}
+  for j = 1, #fields do M.stale_of(s, slice[at[j]], raws[j]) end
+  for i = 1, #slice do
+    local rec = not stamped[i] and not packed[i] and s.stale_recs[slice[i]]
+    if rec and rec.n > 0 then stale[i] = true end
   end
   return stale
 end
 
--- Drops a copy the index no longer names (see stale_copy); a pending one counts as taken.
-function M.drop_copy(s, id, stamp, v)
+-- Whether the walk drops this element of `id` (stamp: its token after "*", or nil for a
+-- pending id) as a cancelled copy; if so, the record no longer holds it.
+function M.take_stale(s, id, stamp, raw)
+  if s.stale_count <= 0 then return false end
+  local rec = M.stale_of(s, id, raw)
+  if stamp then
+    if not rec.stamps[stamp] then return false end
+    rec.stamps[stamp] = nil
+  else
+    if rec.n <= 0 then return false end
+    rec.n = rec.n - 1
+  end
+  rec.dirty, s.stale_count = true, s.stale_count - 1
   s.live = s.live - 1
-  if not stamp then s.taken = s.taken + 1 end
-  if v == 'c' or v == 'c' .. (stamp or '') then M.forget_id(s, id, v) end
+  if not stamp then s.taken = s.taken + 1 end -- (a pending one was counted as pending)
+  return true
+end
+
+-- Writes the records the walk changed.
+function M.write_stale(s)
+  local writes, drops = {}, {}
+  for id, rec in pairs(s.stale_recs) do
+    if rec.dirty then
+      local value = M.format_stale(rec)
+      if value then
+        writes[#writes + 1], writes[#writes + 2] = '*' .. id, value
+      else
+        drops[#drops + 1] = '*' .. id
+      end
+    end
+  end
+  M.call_all('HSET', K.ids, writes)
+  M.call_all('HDEL', K.ids, drops)
 end
 
 -- 5. ACKS: for ack, next (its ACK_TOKENs) and ackp ---------------------------------------------
@@ -1304,6 +1360,7 @@ function M.start_walk(lease, max_deliveries, state)
     -- On a queue that tracks ids: copies gone (id, and the stamp the index must still hold
     -- for its entry to go) and leases made (id, stamp), written by write_ids.
     tracked = meta.tracked, gone = {}, gone_stamp = {}, leased_ids = {},
+    stale_count = meta.stale, stale_recs = {}, -- cancelled copies' records (see parse_stale)
     prio = meta.prio, -- jobs waiting at a priority (see PRIORITIES)
   }
   return s
@@ -1329,7 +1386,7 @@ function M.walk(s, count, limit, budget)
     local slice = rcall('LRANGE', K.ring, -(s.visited + want), -(s.visited + 1))
     local stamped, done_in, mark, mark_in, packed = {}, {}, {}, {}, {}
     M.look_up(slice, s.sides, stamped, done_in, mark, mark_in, packed)
-    local stale = s.tracked and M.stale_pending(slice, stamped, packed) or {}
+    local stale = s.tracked and M.stale_pending(s, slice, stamped, packed) or {}
     local i = #slice
     while true do
       if not s.sweeping then
@@ -1390,8 +1447,8 @@ function M.walk(s, count, limit, budget)
           if element == '' or #element > id_bytes or byte(element) == BYTE_STAR then
             s.taken = s.taken + 1 -- empty, too long, or starting with "*": not an id
             M.dead_letter(s, 'corrupt', 0, element)
-          elseif stale[i] then
-            M.drop_copy(s, element, nil, stale[i])
+          elseif stale[i] and M.take_stale(s, element, nil) then
+            -- a cancelled copy: dropped
           elseif s.sweeping then
             n_rotated = n_rotated + 1
             rotated[n_rotated] = element
@@ -1485,13 +1542,9 @@ function M.visit_lease(s, element, m, m_key)
     return
   end
   local stamp = s.tracked and string.sub(element, #id + 2)
-  if stamp then
-    local v = rcall('HMGET', K.ids, id)[1] or nil
-    if M.stale_copy(v, stamp) then -- cancelled, or superseded (see IDS)
-      M.unmark(s, m_key, element, m)
-      M.drop_copy(s, id, stamp, v)
-      return
-    end
+  if stamp and M.take_stale(s, id, stamp) then -- cancelled (see IDS)
+    M.unmark(s, m_key, element, m)
+    return
   end
   if kind == 'f' then -- buried: to the dead letters now, with its error (revoked by bury)
     M.unmark(s, m_key, element, m)
@@ -1894,7 +1947,10 @@ function M.finish_walk(s)
     M.call_all('ZADD', K.revoked, args)
   end
   M.trim_revoked(s.meta, s.now, #s.revoke, s.sides.revoked + #s.revoke)
-  if s.tracked then M.write_ids(s) end
+  if s.tracked then
+    M.write_ids(s)
+    M.write_stale(s)
+  end
   if #s.letters > 0 then M.call_all('RPUSH', K.dead, s.letters) end
   s.lettered = s.lettered + #s.letters
   if s.dead_length + #s.letters > 0 then
@@ -2001,6 +2057,7 @@ function M.write_meta(s)
   changed('reclaimed', s.reclaimed, was.reclaimed)
   changed('lettered', s.lettered, was.lettered)
   changed('prio', s.prio, was.prio)
+  changed('stale', s.stale_count or was.stale, was.stale)
   M.marked_fields(s.sides, fields)
   rcall('HSET', K.meta, unpack(fields))
 end
@@ -2024,11 +2081,11 @@ function M.push_ids(first, before_write)
   M.check_unique(meta)
   if before_write then before_write() end
   local now = M.now_ms()
-  local ids, back = nil, 0
+  local ids = nil
   if meta.tracked then -- each id once (see IDS)
-    ids, back = M.admit({ unpack(A, first) }, 'p')
+    ids = M.admit({ unpack(A, first) }, 'p')
     n = #ids
-    if n == 0 then return back, now, ids end
+    if n == 0 then return 0, now, ids end
   end
   M.ensure_ring(K, length)
   if ids then
@@ -2039,7 +2096,7 @@ function M.push_ids(first, before_write)
     end
   end
   M.record_push(K, meta, n, now, head)
-  return n + back, now, ids
+  return n, now, ids
 end
 
 -- A push given as `unique ...` (see IDS) needs a queue that tracks ids: elsewhere it could
@@ -2949,11 +3006,30 @@ function M.note_cancelled(reply, first)
     if star then ids[#ids + 1], at[#ids + 1] = string.sub(token, 1, star - 1), i end
   end
   if #ids == 0 then return end
-  local held = M.read('HMGET', K.ids, unpack(ids))
+  local fields = {}
+  for j = 1, #ids do fields[j] = '*' .. ids[j] end
+  local raws = M.read('HMGET', K.ids, unpack(fields))
   for j = 1, #ids do
-    local token = A[at[j]]
-    if held[j] == 'c' .. string.sub(token, #ids[j] + 2) then reply[at[j] - first + 2] = -1 end
+    local stamp = string.sub(A[at[j]], #ids[j] + 2)
+    if M.parse_stale(raws[j]).stamps[stamp] then reply[at[j] - first + 2] = -1 end
   end
+end
+
+-- Records cancelled copies (`ids`, with their `stamps`, nil for a pending one) in their ids'
+-- stale records, drops their index entries, and counts them in meta `stale`.
+function M.record_stale(ids, stamps)
+  local fields = {}
+  for j = 1, #ids do fields[j] = '*' .. ids[j] end
+  local raws = M.hmget_all(K.ids, fields)
+  local writes = {}
+  for j = 1, #ids do
+    local rec = M.parse_stale(raws[j])
+    if stamps[j] then rec.stamps[stamps[j]] = true else rec.n = rec.n + 1 end
+    writes[#writes + 1], writes[#writes + 2] = fields[j], M.format_stale(rec)
+  end
+  M.call_all('HSET', K.ids, writes)
+  M.call_all('HDEL', K.ids, ids)
+  rcall('HINCRBY', K.meta, 'stale', #ids)
 end
 
 -- Cancels jobs by id on a queue that tracks ids (see IDS): a scheduled one leaves at once; a
@@ -2976,25 +3052,26 @@ function M.cancel()
   local held = M.hmget_all(K.ids, ids)
   local acked = M.acked_copies(ids, held)
   local now = M.now_ms()
-  local scheduled, writes, revoke, touched, gone, waiting = {}, {}, {}, {}, {}, 0
+  local scheduled, copies, stamps, revoke, touched, gone, waiting = {}, {}, {}, {}, {}, {}, 0
   for i = 1, #ids do
     local id, v = ids[i], held[i]
     local kind = v and string.sub(v, 1, 1)
     if kind == 's' or kind == 'q' then -- scheduled, or waiting at a priority: gone at once
       gone[#gone + 1], scheduled[#scheduled + 1] = id, M.waiting_member(id, v)
       if kind == 'q' then waiting = waiting + 1 end
-    elseif v == 'p' then
-      writes[#writes + 1], writes[#writes + 2] = id, 'c'
-    elseif v and string.find(v, '^%d') and not acked[i] then
+    elseif v == 'p' then -- its element waits in the ring: recorded, dropped at its visit
+      copies[#copies + 1], stamps[#copies + 1] = id, nil
+    elseif v and string.find(v, '^%d') and not acked[i] then -- in flight, or deferred
       local token = id .. '*' .. v
-      writes[#writes + 1], writes[#writes + 2] = id, 'c' .. v
+      copies[#copies + 1], stamps[#copies + 1] = id, v
       revoke[#revoke + 1], revoke[#revoke + 2] = now, token
       local batch = M.batch_of(token)
       if batch then touched[batch] = true end
     end
   end
-  local found = #scheduled + #writes / 2
+  local found = #scheduled + #copies
   if found == 0 then return 0 end
+  if #copies > 0 then M.record_stale(copies, stamps) end
   if #scheduled > 0 then
     M.call_all('ZREM', K.scheduled, scheduled)
     M.call_all('HDEL', K.ids, gone)
@@ -3002,7 +3079,6 @@ function M.cancel()
       rcall('HSET', K.meta, 'prio', meta.prio - waiting, 'taken', meta.taken + waiting)
     end
   end
-  M.call_all('HSET', K.ids, writes)
   if #revoke > 0 then
     M.call_all('ZADD', K.revoked, revoke)
     M.trim_revoked(meta, now, #revoke / 2, sides.revoked + #revoke / 2)
@@ -3068,6 +3144,7 @@ function M.change_tracking(meta, writes)
   if wanted == nil or wanted == meta.track_ids then return end
   if wanted == 0 then
     rcall('UNLINK', K.ids)
+    rcall('HDEL', K.meta, 'stale')
     return
   end
   local ring = M.read('LLEN', K.ring)
@@ -3416,12 +3493,8 @@ function M.requeue_letters(start, at)
   for i = 1, #places do rcall('LSET', K.dead, places[i], tomb) end
   rcall('LREM', K.dead, #places, tomb)
   local requeued = #ids
-  if meta.tracked then
-    -- (a letter whose id the queue holds again goes all the same: that job will run)
-    local back
-    ids, back = M.admit(ids, 'p')
-    requeued = #ids + back
-  end
+  -- (a letter whose id the queue holds again goes all the same: that job will run)
+  if meta.tracked then ids = M.admit(ids, 'p') end
   if #ids > 0 then
     M.ensure_ring(K, length)
     M.call_all('LPUSH', K.ring, ids)
@@ -3529,11 +3602,11 @@ function M.define_extensions()
     if K.items then M.read('HLEN', K.items) end
     M.check_unique(meta)
     local now = M.now_ms()
-    local pairs_, back = { unpack(A, 2) }, 0
+    local pairs_ = { unpack(A, 2) }
     if meta.tracked then -- each id once (see IDS): a job held keeps its payload
-      ids, back = M.admit(ids, 'p')
+      ids = M.admit(ids, 'p')
       pairs_ = M.pairs_of(ids, 2)
-      if #ids == 0 then return back end
+      if #ids == 0 then return 0 end
     end
     M.ensure_ring(K, length)
     M.count_copies(ids)
@@ -3541,7 +3614,7 @@ function M.define_extensions()
     M.call_all('LPUSH', K.ring, ids)
     M.record_push(K, meta, #ids, now, head)
     M.enqueued(ids, now)
-    return #ids + back
+    return #ids
   end
 
   -- The ID PAYLOAD pairs of A[first..] whose ids are in `ids` (the first pair of each).

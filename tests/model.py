@@ -1524,8 +1524,8 @@ def dead_letter_id(letter: bytes) -> bytes | None:
 class Copy:
     """The one copy a tracked queue holds of an id: waiting in the ring, scheduled (due at
     `due`), or in flight (leased until `due`, or given back by nack and due again at `due`,
-    then with no live `token`). A cancelled copy is never delivered again; one cancelled
-    while it waited comes back in place when its id is pushed again."""
+    then with no live `token`). A cancelled copy is never delivered again; its id may be
+    pushed again at once, as a new copy."""
 
     state: str  # "waiting", "scheduled" or "flight"
     due: int = 0
@@ -1548,7 +1548,7 @@ class TrackedIds:
     # token -> its id, for every token delivered and not given back: live, or revoked (its
     # lease re-issued, or cancelled), see token_state.
     tokens: dict[bytes, bytes] = field(default_factory=dict)
-    # Tokens of leases cancelled while their index entry still names them ("c<stamp>"):
+    # Tokens of leases cancelled, recorded under "*<id>" until a walk drops the lease:
     # extend answers -1 for them. True until a walk (next, sweep) may have dropped the lease
     # and forgotten the entry, then None: -1 or 0 (LeaseLost either way).
     cancelled_tokens: dict[bytes, bool | None] = field(default_factory=dict)
@@ -1558,9 +1558,8 @@ class TrackedIds:
     # sweep drops it, a young lease only once due): see the test's SCHEDULE_CANCELLED_IDS.
     lingering: set[bytes] = field(default_factory=set)
     cancelled: int = 0  # meta `cancelled`
-    # Bookkeeping for the invariants: copies made per id (a scheduled id moving, or a
-    # cancelled one taken back in place, makes none), copies cancelled (less those taken
-    # back), and acks accepted.
+    # Bookkeeping for the invariants: copies made per id (a scheduled id moving makes none),
+    # copies cancelled, and acks accepted.
     made: Counter[bytes] = field(default_factory=Counter)
     dropped: Counter[bytes] = field(default_factory=Counter)
     completed: Counter[bytes] = field(default_factory=Counter)
@@ -1571,11 +1570,7 @@ class TrackedIds:
         taken = 0
         for job_id in dict.fromkeys(ids):
             copy = self.copies.get(job_id)
-            if copy is not None and copy.cancelled and copy.state == "waiting" and due is None:
-                copy.cancelled = False  # taken back in place: its element still waits
-                self.dropped[job_id] -= 1
-            elif copy is None or copy.cancelled:
-                self._forget_cancelled(copy)
+            if copy is None or copy.cancelled:  # (a cancelled element stays recorded apart)
                 self.copies[job_id] = Copy("waiting") if due is None else Copy("scheduled", due)
                 self.made[job_id] += 1
             elif copy.state == "scheduled" and due is not None:
@@ -1584,11 +1579,6 @@ class TrackedIds:
                 continue
             taken += 1
         return taken
-
-    def _forget_cancelled(self, copy: Copy | None) -> None:
-        """The index entry of a cancelled copy is overwritten: its token's extend answers 0."""
-        if copy is not None and copy.token is not None:
-            self.cancelled_tokens.pop(copy.token, None)
 
     def promote(self) -> None:
         """A claim moves every due scheduled job to the ring (the test schedules far fewer
@@ -1625,7 +1615,7 @@ class TrackedIds:
         its entry: those ids are free as if never pushed, their tokens' extend answers 0.
         It does not visit a young lease it puts back (see LEASES), so a cancelled one (in
         `ghosts`) may stay, counted in stats, until its deadline: how many may, which the test
-        allows; their extend answers -1 or 0 (0 once the id was pushed again)."""
+        allows; their extend answers -1 or 0."""
         self.ghosts = {token: due for token, due in self.ghosts.items() if due > self.now}
         self.copies = {i: copy for i, copy in self.copies.items() if not copy.cancelled}
         self.cancelled_tokens = dict.fromkeys(self.ghosts)

@@ -1150,14 +1150,10 @@ def test_the_module_behaves_like_the_model(server: ServerProcess) -> None:
 
 # -- a queue that tracks ids: unique pushes and cancel ------------------------------------------
 
-# The module loses track of a cancelled element once the id's index entry is deleted while that
-# element is still in the ring or the lease list: the walk then "has no entry" for it and leases
-# it as usual, delivering a cancelled job. The entry goes when a scheduled copy of the id is
-# cancelled (ZREM + HDEL), or when a walk drops a later cancelled copy; and a push_later of an id
-# whose cancelled element waits makes a second copy that is "p" once promoted, as the cancelled
-# element is (both are delivered). See the tests test_a_cancelled_job_*. False keeps the
-# machine from pushing such ids again (TrackedIds.may_push_again) until the module is fixed.
-PUSH_LINGERING_CANCELLED_IDS = False
+# Once the module lost track of a cancelled element whose id's index entry was later deleted or
+# overwritten (the tests test_a_cancelled_* below): the machine then pushed no such id again
+# (TrackedIds.may_push_again). A cancelled copy is now recorded apart ("*<id>"), so it may.
+PUSH_LINGERING_CANCELLED_IDS = True
 TRACKED_IDS = st.lists(st.sampled_from(["a", "b", "c", "d"]), min_size=1, max_size=3)
 # A third of the main machine's examples: the tracked machine has fewer rules and less state.
 TRACKED_PROFILE = settings(PROFILE, max_examples=max(PROFILE.max_examples // 3, 1))
@@ -1661,7 +1657,7 @@ def test_a_claim_held_by_the_rate_limit_is_told_when_one_more_may_go(
     assert len(claim(667 + wait_ms, 1)) == 3 + 2, f"held again {wait_ms} ms later"
 
 
-# -- module bugs the tracked-ids machine found (open): each a strict xfail until fixed ----------
+# -- module bugs the tracked-ids machine found, fixed: each a regression test ----------------------
 
 
 def tracked_queue(client: redis.Redis, name: str) -> Rotator:
@@ -1675,7 +1671,6 @@ def raw_on(q: Rotator, *args: object) -> Any:
     return run(q._sender.script, q.keys.all, list(args))
 
 
-@pytest.mark.xfail(strict=True, reason="module bug: a cancelled element outlives its index entry")
 def test_a_cancelled_job_comes_back_when_its_id_is_scheduled_and_cancelled_again(
     client: redis.Redis, queue_name: str
 ) -> None:
@@ -1687,10 +1682,9 @@ def test_a_cancelled_job_comes_back_when_its_id_is_scheduled_and_cancelled_again
     assert raw_on(q, b"cancel", b"a") == 1
     assert raw_on(q, b"push_later", b"IN", 100_000, b"a") == 1
     assert raw_on(q, b"cancel", b"a") == 1
-    assert raw_on(q, b"next", 5, 1000, 10, 0)[3:] == []  # fails: a is delivered
+    assert raw_on(q, b"next", 5, 1000, 10, 0)[3:] == []  # (a was delivered)
 
 
-@pytest.mark.xfail(strict=True, reason="module bug: a cancelled element outlives its index entry")
 def test_a_cancelled_waiting_job_scheduled_again_is_delivered_once(
     client: redis.Redis, queue_name: str
 ) -> None:
@@ -1703,10 +1697,9 @@ def test_a_cancelled_waiting_job_scheduled_again_is_delivered_once(
     assert raw_on(q, b"push_later", b"IN", 0, b"a") == 1
     reply = raw_on(q, b"next", 5, 1000, 10, 0)
     ids = [token.split(b"*", 1)[0] for token in reply[3::2]]
-    assert sorted(ids) == [b"a", b"b"]  # fails: [a, a, b]
+    assert sorted(ids) == [b"a", b"b"]  # (was [a, a, b])
 
 
-@pytest.mark.xfail(strict=True, reason="module bug: a cancelled element outlives its index entry")
 def test_a_cancelled_lease_stays_cancelled_when_a_sweep_drops_a_later_cancelled_copy(
     client: redis.Redis, queue_name: str
 ) -> None:
@@ -1724,4 +1717,4 @@ def test_a_cancelled_lease_stays_cancelled_when_a_sweep_drops_a_later_cancelled_
     assert raw_on(q, b"cancel", b"a") == 1
     raw_on(q, b"sweep", 1000)
     set_clock(client, q, START_MS + LIVENESS_JUMP_MS)
-    assert raw_on(q, b"next", 5, 1000, 10, 0)[3:] == []  # fails: a is leased again
+    assert raw_on(q, b"next", 5, 1000, 10, 0)[3:] == []  # (a was leased again)

@@ -61,7 +61,7 @@ def test_the_redis_cli_example_runs_verbatim(
     assert out[137:] == ["2", "1", "1", ""]  # unique push, cancel, push_priority
     assert client.hgetall("rotator:{emails}:ids") == {
         b"mail-1": b"p",
-        b"mail-2": b"c",
+        b"*mail-2": b"1",
         b"mail-9": b"q3",
     }
     assert client.zcard("rotator:{orders}:scheduled") == 2  # job-3 and the schedule's tick

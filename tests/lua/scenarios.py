@@ -1759,9 +1759,12 @@ def a_cancelled_id_pushed_again_runs_once(b: Backend) -> None:
     track(b)
     push(b, "x")
     assert b.call("cancel", "x") == 1
-    assert b.call("push", "x") == 1  # taken back in place
-    assert b.lrange("ring").count("x") == 1
+    assert index(b) == {"*x": "1"}  # one cancelled pending copy, until the walk drops it
+    assert b.call("push", "x") == 1  # a new copy: the walk drops one of the two
+    assert b.lrange("ring").count("x") == 2
     assert nxt(b, 10).ids == ["x"]
+    assert index(b)["x"] != "p"  # leased
+    assert "*x" not in index(b)
     push(b, "y")
     old = nxt(b, 1, SHORT)
     assert b.call("cancel", "y") == 1
@@ -1770,6 +1773,42 @@ def a_cancelled_id_pushed_again_runs_once(b: Backend) -> None:
     b.sleep_ms(PAST_SHORT)
     assert nxt(b, 10).jobs == []
     assert ack(b, old.tokens[0]) == 0
+
+
+@scenario
+def a_cancelled_copy_is_dropped_whatever_becomes_of_its_id(b: Backend) -> None:
+    """Three ways an id's later history once hid a cancelled copy from the walk (found by the
+    model test): cancelled, scheduled and cancelled again; cancelled and scheduled to run at
+    once; a lease cancelled, the id pushed and cancelled again."""
+    track(b)
+    push(b, "a")
+    assert b.call("cancel", "a") == 1
+    later(b, "IN", 100_000, "a")
+    assert b.call("cancel", "a") == 1
+    assert nxt(b, 5).jobs == []
+    push(b, "c", "d")
+    assert b.call("cancel", "c") == 1
+    later(b, "IN", 0, "c")
+    both = nxt(b, 5)
+    assert sorted(both.ids) == ["c", "d"]  # one c, not two
+    assert ack(b, *both.tokens) == 2
+    push(b, "e", "f")
+    held = nxt(b, 2, SHORT)
+    assert held.ids == ["e", "f"]
+    assert b.call("cancel", "f") == 1
+    b.call("sweep", BUDGET)
+    assert b.call("cancel", "e") == 1
+    assert b.call("push", "e") == 1
+    assert b.call("cancel", "e") == 1
+    b.call("sweep", BUDGET)
+    b.sleep_ms(PAST_SHORT)
+    assert nxt(b, 5).jobs == []  # neither e's lease nor f's comes back
+    flags = ints(b.call("extend", LONG, *held.tokens))[1:]
+    assert set(flags) <= {0, -1}, flags  # lost: dropped (0), or cancelled still held (-1)
+    b.call("sweep", BUDGET)
+    assert index(b) == {}
+    assert b.hgetall("meta")["stale"] == "0"
+    assert counters(b)["cancelled"] == 6
 
 
 @scenario
