@@ -407,9 +407,10 @@ class Rotator(QueueView):
         oldest beyond them, so no call does work in proportion to their size.
 
         ``track_ids=True`` makes the queue keep an index of its ids (a hash of id -> where
-        its one copy is, about 60-100 bytes per job held), which unique pushes and
-        :meth:`cancel` need; a tracked queue holds each id once. It may only be turned on
-        while the queue holds no job (InvalidArgument otherwise); ``False`` drops the index.
+        its one copy is: about 40 to 115 bytes per job held, see bench/results/unique.md),
+        which unique pushes and :meth:`cancel` need; a tracked queue holds each id once, and
+        its claims cost more (no short way). It may only be turned on while the queue holds
+        no job (InvalidArgument otherwise); ``False`` drops the index.
         """
         return self._run(
             self._flows.configure(fence_window, fence_max, dead_max, dead_max_age, track_ids)
