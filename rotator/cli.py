@@ -53,7 +53,15 @@ from rotator.demo import run_demo
 from rotator.discovery import find
 from rotator.errors import RotatorError
 from rotator.keys import queue_keys, topic_keys, validate_group_name
-from rotator.models import DeadLetter, Durations, Job, Stats, TopicStats, WorkSummary
+from rotator.models import (
+    COUNTER_FIELDS,
+    DeadLetter,
+    Durations,
+    Job,
+    Stats,
+    TopicStats,
+    WorkSummary,
+)
 from rotator.registry import HELD_SHOWN, PRUNE_AFTER, STALE_AFTER, WorkerInfo
 from rotator.script import function_name, module_path, module_sha, probe_mode
 from rotator.server import EmbeddedServer
@@ -732,17 +740,6 @@ def stats(ctx: click.Context, queue: str, watch: bool, interval: float, json: bo
             return
 
 
-COUNTS = (
-    "pushed",
-    "delivered",
-    "completed",
-    "retried",
-    "reclaimed",
-    "dead_lettered",
-    "cancelled",
-)
-
-
 def durations_text(durations: Durations | None) -> str:
     """``p50 <= 4 ms  p95 <= 64 ms  p99 <= 128 ms  (1,024 jobs)``, or ``-`` with none."""
     if durations is None or not durations.total:
@@ -758,7 +755,7 @@ def rates(before: dict[str, Any], after: dict[str, Any], seconds: float) -> dict
     """Per second, each count since the queue was made, between two reads ``seconds`` apart
     (a queue deleted and made again in between counts from 0: its rate is not shown)."""
     found = {}
-    for name in COUNTS:
+    for name in COUNTER_FIELDS:
         old, new = before.get(name), after.get(name)
         if old is not None and new is not None and new >= old and seconds > 0:
             found[name] = (new - old) / seconds

@@ -37,6 +37,19 @@ Handler = Callable[[Job], Any]
 AsyncHandler = Callable[[Job], Awaitable[Any]]
 
 
+# The Stats fields the module counts since the queue was made (each has a rate: jobs per
+# second between two reads).
+COUNTER_FIELDS = (
+    "pushed",
+    "delivered",
+    "completed",
+    "retried",
+    "reclaimed",
+    "dead_lettered",
+    "cancelled",
+)
+
+
 @dataclass(frozen=True, slots=True)
 class Stats:
     """A queue's counts, in jobs: ``length`` is the sum of the five that follow it

@@ -25,20 +25,19 @@ from rotator.aio import AsyncRotator, AsyncTopic
 from rotator.defaults import DEFAULT_PREFIX
 from rotator.discovery import find_async
 from rotator.errors import RotatorError
-from rotator.models import DeadLetter, Discovered, RingEntry, Schedule, Stats, TopicStats
+from rotator.models import (
+    COUNTER_FIELDS,
+    DeadLetter,
+    Discovered,
+    RingEntry,
+    Schedule,
+    Stats,
+    TopicStats,
+)
 
 T = TypeVar("T")
 
-# The module's counters (Stats fields): each has a rate, jobs per second.
-COUNTERS = (
-    "pushed",
-    "delivered",
-    "completed",
-    "retried",
-    "reclaimed",
-    "dead_lettered",
-    "cancelled",
-)
+COUNTERS = COUNTER_FIELDS  # the module's counters: each has a rate, jobs per second
 # Queues (or topics) read at once during one poll.
 READ_CONCURRENCY = 16
 # Ring elements and dead letters a queue's page shows.

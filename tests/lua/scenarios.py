@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import pytest
 
 from rotator.keys import KEY_ROLES
+from rotator.models import COUNTER_FIELDS
 from rotator.protocol import unpack_element
 from tests.lua.backend import Backend, KeyState, ReplyError, Result
 
@@ -146,15 +147,7 @@ def revoked(b: Backend, token: str) -> bool:
     return token in members or (batch is not None and batch + "*" in members)
 
 
-COUNTERS = (
-    "pushed",
-    "delivered",
-    "completed",
-    "retried",
-    "reclaimed",
-    "dead_lettered",
-    "cancelled",
-)
+COUNTERS = COUNTER_FIELDS  # (the module's names for them are the Stats fields')
 DURATIONS = (*(f"d{bucket}" for bucket in range(26)), "dsum")
 
 
