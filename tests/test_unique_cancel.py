@@ -13,7 +13,7 @@ import redis.asyncio as aredis
 
 from rotator import JobCancelled, LeaseLost, NotTracked, Rotator
 from rotator.aio import AsyncRotator
-from rotator.errors import InvalidArgument
+from rotator.errors import InvalidArgument, InvalidJobId
 from rotator.models import Job
 from tests.servers import ServerProcess
 from tests.test_cli import assert_one_line_error, cli, ok, ok_json
@@ -78,6 +78,22 @@ def test_unique_and_cancel_need_a_tracked_queue_and_tracking_needs_an_empty_one(
     assert q.configure().track_ids is False
     with pytest.raises(InvalidArgument):
         q.configure(track_ids=1)  # type: ignore[arg-type]
+
+
+def test_a_malformed_id_is_refused_before_anything_is_written(
+    client: redis.Redis, queue_name: str
+) -> None:
+    q = tracked(client, queue_name)
+    q.push("kept")
+    before = {key: client.dump(key) for key in q.keys.all if client.exists(key)}
+    for bad in ("a*b", "", "x" * 1025):
+        with pytest.raises(InvalidJobId):
+            q.push("fine", bad, unique=True)
+        with pytest.raises(InvalidJobId):
+            q.cancel("kept", bad)
+    with pytest.raises(InvalidArgument):
+        q.push("fine", unique=True, priority=10)
+    assert {key: client.dump(key) for key in q.keys.all if client.exists(key)} == before
 
 
 def test_cancel_finds_scheduled_waiting_and_in_flight_jobs(
