@@ -10,3 +10,13 @@ export { MODULE_PATH, ModuleCaller, moduleSha, moduleSource } from "./script";
 export type { Client } from "./script";
 export { retryDelay } from "./worker";
 export type { Handler, WorkOptions, WorkSummary } from "./worker";
+export {
+  DEFAULT_TOPIC_RETENTION,
+  MAX_PUBLISH,
+  Topic,
+  TopicGroup,
+  decodeTopicStats,
+  messageSeq,
+  retentionArgs,
+} from "./topic";
+export type { GroupStats, Retention, Start, TopicOptions, TopicStats } from "./topic";

@@ -1,0 +1,245 @@
+/** Topics against real servers: Redis 7 and Valkey 8, each started here. */
+import assert from "node:assert/strict";
+import { after, before, describe, test } from "node:test";
+import type Redis from "ioredis";
+import {
+  GroupsChanged,
+  InvalidArgument,
+  InvalidQueueName,
+  Topic,
+  TopicGroup,
+  messageSeq,
+  retentionArgs,
+  topicKeys,
+} from "../dist/index";
+import { KINDS, ServerProcess, uniqueName } from "./servers";
+
+for (const kind of KINDS) {
+  describe(`Topic on ${kind}`, () => {
+    const server = new ServerProcess(kind);
+    let redis: Redis;
+    const groups: TopicGroup[] = [];
+    const consumer = (topic: Topic, group: string, options: { timeout?: number } = {}): TopicGroup => {
+      const made = topic.group(group, options);
+      groups.push(made);
+      return made;
+    };
+
+    before(async () => {
+      await server.start();
+      redis = server.client();
+    });
+    after(async () => {
+      for (const made of groups) await made.close();
+      redis?.disconnect();
+      server.stop();
+    });
+
+    test("keys are built as rotator/keys.py builds them", () => {
+      const t = new Topic(redis, "news");
+      assert.deepEqual(t.keys.all, [
+        "rotator:{news}:topic:meta",
+        "rotator:{news}:topic:groups",
+        "rotator:{news}:topic:log",
+        "rotator:{news}:topic:bodies",
+      ]);
+      const g = t.groupKeys("mail");
+      assert.equal(g.all.length, 13);
+      assert.equal(g.all[0], "rotator:{news}:group:mail:ring");
+      assert.equal(g.all[12], "rotator:{news}:group:mail:ids");
+      assert.equal(g.payloads, "rotator:{news}:topic:bodies");
+      assert.deepEqual(topicKeys("news", "p").all[0], "p:{news}:topic:meta");
+      assert.throws(() => t.group("a:b"), InvalidQueueName);
+      assert.throws(() => new Topic(redis, "a}b"), InvalidQueueName);
+    });
+
+    test("retention: a count, an age, or both; never neither", () => {
+      assert.deepEqual(retentionArgs({}), [100_000, 0]);
+      assert.deepEqual(retentionArgs({ age: 60 }), [100_000, 60_000]);
+      assert.deepEqual(retentionArgs({ count: null, age: 1.5 }), [0, 1500]);
+      assert.deepEqual(retentionArgs({ count: 5, age: null }), [5, 0]);
+      assert.throws(() => new Topic(redis, "x", { retention: { count: null } }), InvalidArgument);
+      assert.throws(() => retentionArgs({ count: 0 }), InvalidArgument);
+      assert.throws(() => retentionArgs({ count: 1.5 }), InvalidArgument);
+      assert.equal(messageSeq("1732233600000-42"), 42);
+      assert.throws(() => messageSeq("42"), InvalidArgument);
+    });
+
+    test("publish reaches every registered group once; each group consumes with payloads", async () => {
+      const t = new Topic(redis, uniqueName("topic"));
+      assert.equal(await t.exists(), false);
+      assert.equal(await t.subscribe("mail"), true);
+      assert.equal(await t.subscribe("mail"), false);
+      assert.equal(await t.subscribe("audit"), true);
+      assert.deepEqual(await t.groups(), ["audit", "mail"]);
+      const ids = await t.publish("hello", Buffer.from("wörld"));
+      assert.equal(ids.length, 2);
+      assert.match(ids[0] as string, /^[0-9]+-1$/);
+      assert.equal(messageSeq(ids[1] as string), 2);
+      for (const name of ["mail", "audit"]) {
+        const g = consumer(t, name);
+        const jobs = await g.next({ count: 10 });
+        assert.deepEqual(jobs.map((job) => job.id), ids);
+        assert.deepEqual(jobs.map((job) => job.payload), ["hello", "wörld"]);
+        assert.deepEqual(await g.next({ count: 10 }), []);
+        assert.equal(await g.ack(...jobs), 2);
+      }
+      const stats = await t.stats();
+      assert.equal(stats.retained, 2);
+      assert.equal(stats.bytes, 5 + Buffer.byteLength("wörld"));
+      assert.equal(stats.lastSeq, 2);
+      assert.deepEqual(Object.keys(stats.groups), ["audit", "mail"]);
+      assert.deepEqual(stats.groups["mail"], {
+        length: stats.groups["mail"]?.length,
+        pending: 0,
+        inFlight: 0,
+        done: stats.groups["mail"]?.done,
+        deferred: 0,
+        dead: 0,
+        oldestPendingAgeMs: -1,
+        overdue: 0,
+        overdueCapped: false,
+      });
+      // Acks keep the payloads: retention owns them.
+      assert.equal(await redis.hlen(t.keys.all[3] as string), 2);
+      assert.equal(await t.exists(), true);
+      await t.delete();
+      assert.equal(await t.exists(), false);
+      assert.equal(await redis.exists(t.groupKeys("mail").all[0] as string), 0);
+    });
+
+    test("instances of one group share its messages; next acks in the same call", async () => {
+      const t = new Topic(redis, uniqueName("share"));
+      await t.subscribe("workers");
+      const ids = await t.publish(...Array.from({ length: 10 }, (_, i) => `m${i}`));
+      const a = consumer(t, "workers");
+      const b = consumer(t, "workers");
+      const first = await a.next({ count: 4 });
+      const second = await b.next({ count: 10 });
+      assert.deepEqual([...first, ...second].map((job) => job.id), ids);
+      const more = await a.next({ count: 1, ack: first });
+      assert.deepEqual(more, []);
+      assert.equal((await t.stats()).groups["workers"]?.inFlight, 6);
+      assert.equal(await b.ack(...second), 6);
+      assert.equal((await t.stats()).groups["workers"]?.inFlight, 0);
+    });
+
+    test("nack gives a message back, with its payload, to the next claim", async () => {
+      const t = new Topic(redis, uniqueName("nack"));
+      await t.subscribe("g");
+      const [id] = await t.publish("body");
+      const g = consumer(t, "g");
+      const [job] = await g.next();
+      assert.equal(job?.id, id);
+      assert.equal(await g.nack(job!), 1);
+      const [again] = await g.next();
+      assert.equal(again?.id, id);
+      assert.equal(again?.payload, "body");
+      assert.equal(again?.deliveries, 2);
+      assert.equal(await g.ack(again!), 1);
+      assert.equal(await g.ack(job!), 0); // the first lease is gone
+    });
+
+    test("a blocked next wakes on publish", async () => {
+      const t = new Topic(redis, uniqueName("block"));
+      await t.subscribe("g");
+      const g = consumer(t, "g");
+      const started = Date.now();
+      const waiting = g.next({ block: 5 });
+      setTimeout(() => void t.publish("late"), 200);
+      const jobs = await waiting;
+      assert.deepEqual(jobs.map((job) => job.payload), ["late"]);
+      assert.ok(Date.now() - started < 2500, `took ${Date.now() - started} ms`);
+    });
+
+    test("publish retries ROTATOR_STALE by reading the groups again", async () => {
+      const name = uniqueName("stale");
+      const t = new Topic(redis, name);
+      const other = new Topic(redis, name);
+      await t.subscribe("early");
+      const read = t.groups.bind(t);
+      let reads = 0;
+      t.groups = async () => {
+        reads += 1;
+        const found = await read();
+        if (reads === 1) await other.subscribe("late"); // registers between the read and the call
+        return found;
+      };
+      const [id] = await t.publish("m");
+      assert.equal(reads, 2);
+      for (const group of ["early", "late"]) {
+        const jobs = await consumer(t, group).next({ count: 5 });
+        assert.deepEqual(jobs.map((job) => job.id), [id]);
+      }
+      // A raw call naming a stale set is refused as GroupsChanged, and writes nothing.
+      await assert.rejects(t.call(["tpublish", 0, 60_000, "x"], t.keys.all), GroupsChanged);
+      assert.equal((await t.stats()).lastSeq, 1);
+      // Groups that never stop changing: publish gives up with GroupsChanged.
+      let n = 0;
+      t.groups = async () => {
+        const found = await read();
+        n += 1;
+        await other.subscribe(`g${n}`);
+        return found;
+      };
+      await assert.rejects(t.publish("never"), GroupsChanged);
+      assert.equal(n, 50);
+    });
+
+    test("subscribe from the earliest or an id replays retained messages; replay pushes again", async () => {
+      const t = new Topic(redis, uniqueName("replay"));
+      const ids = await t.publish("a", "b", "c");
+      assert.equal(await t.subscribe("late"), true); // latest: nothing of before
+      assert.deepEqual(await consumer(t, "late").next({ count: 5 }), []);
+      await t.subscribe("all", { start: "earliest" });
+      const all = consumer(t, "all");
+      const jobs = await all.next({ count: 5 });
+      assert.deepEqual(jobs.map((job) => job.payload), ["a", "b", "c"]);
+      await all.ack(...jobs);
+      await t.subscribe("some", { start: ids[1] as string });
+      assert.deepEqual((await consumer(t, "some").next({ count: 5 })).map((job) => job.id), ids.slice(1));
+      assert.equal(await t.replay("all", { fromId: ids[2] as string }), 1);
+      assert.equal(await t.replay("all", { fromTime: 0 }), 3);
+      assert.deepEqual((await all.next({ count: 10 })).map((job) => job.payload), ["c", "a", "b", "c"]);
+      await assert.rejects(t.replay("all", {}), InvalidArgument);
+    });
+
+    test("retention drops old messages; a group's later delivery has payload null", async () => {
+      const t = new Topic(redis, uniqueName("retain"), { retention: { count: 2 } });
+      await t.subscribe("slow");
+      const ids = await t.publish("1", "2", "3", "4");
+      const stats = await t.stats();
+      assert.equal(stats.retained, 2);
+      assert.equal(stats.groups["slow"]?.pending, 4); // within the bound give or take 16
+      const jobs = await consumer(t, "slow").next({ count: 10 });
+      assert.deepEqual(jobs.map((job) => job.id), ids);
+      assert.deepEqual(jobs.map((job) => job.payload), [null, null, "3", "4"]);
+      assert.equal(await t.trim(), 0);
+      assert.equal(await t.expired("slow"), 0);
+    });
+
+    test("a publish of more than 1000 goes in atomic chunks, in order", async () => {
+      const t = new Topic(redis, uniqueName("many"));
+      await t.subscribe("g");
+      const ids = await t.publish(...Array.from({ length: 2500 }, (_, i) => `p${i}`));
+      assert.equal(ids.length, 2500);
+      assert.deepEqual(ids.map(messageSeq), Array.from({ length: 2500 }, (_, i) => i + 1));
+      assert.equal((await t.stats()).groups["g"]?.pending, 2500);
+      assert.deepEqual(await t.publish(), []);
+    });
+
+    test("unsubscribe forgets a group and deletes its ring", async () => {
+      const t = new Topic(redis, uniqueName("unsub"));
+      await t.subscribe("a");
+      await t.subscribe("b");
+      await t.publish("x");
+      assert.equal(await t.unsubscribe("a"), true);
+      assert.equal(await t.unsubscribe("a"), false);
+      assert.deepEqual(await t.groups(), ["b"]);
+      assert.equal(await redis.exists(t.groupKeys("a").all[0] as string), 0);
+      await t.publish("y");
+      assert.deepEqual(Object.keys((await t.stats()).groups), ["b"]);
+      assert.equal((await t.stats()).groups["b"]?.pending, 2);
+    });
+  });
+}
