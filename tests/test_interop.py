@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from rotator import Rotator
+from rotator import Rotator, Topic
 from tests.helpers import wait_until
 from tests.servers import ServerProcess
 
@@ -139,3 +139,52 @@ def test_a_node_worker_killed_mid_job_loses_nothing_to_a_python_worker(
     stats = q.stats()
     assert stats.pending + stats.in_flight + stats.deferred + stats.overdue == 0
     assert stats.reclaimed == 4
+
+
+def test_a_python_topic_publishes_and_a_node_group_consumes(
+    node: str, server: ServerProcess, client: redis.Redis, queue_name: str
+) -> None:
+    topic = Topic(client, queue_name)
+    assert topic.subscribe("node")
+    assert topic.subscribe("python")
+    payloads = [f"msg-{i} ✓" for i in range(10)]
+    ids = topic.publish_many(payloads)
+    result = subprocess.run(
+        [node, str(SCRIPT), "consume", server.url, queue_name, "node", "10"],
+        capture_output=True,
+        text=True,
+        timeout=NODE_TIMEOUT,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    seen = json.loads(result.stdout)
+    assert [m["id"] for m in seen] == ids  # in publish order, each once
+    assert [m["payload"] for m in seen] == payloads
+    stats = topic.stats()
+    node_group = stats.groups["node"]
+    assert node_group.pending + node_group.in_flight + node_group.deferred == 0
+    assert stats.groups["python"].pending == 10  # the other group still has every message
+    assert stats.retained == 10  # acks leave the payloads to retention
+
+
+def test_a_node_topic_publishes_and_a_python_group_consumes(
+    node: str, server: ServerProcess, client: redis.Redis, queue_name: str
+) -> None:
+    topic = Topic(client, queue_name)
+    assert topic.subscribe("python")
+    payloads = ["hello", "wörld", "!"]
+    result = subprocess.run(
+        [node, str(SCRIPT), "publish", server.url, queue_name, *payloads],
+        capture_output=True,
+        text=True,
+        timeout=NODE_TIMEOUT,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    ids = json.loads(result.stdout)
+    group = topic.group("python")
+    jobs = group.next(10, block=1.0)
+    assert [job.id for job in jobs] == ids
+    assert [job.payload for job in jobs] == [p.encode() for p in payloads]
+    assert group.ack(*jobs) == 3
+    assert topic.stats().last_seq == 3

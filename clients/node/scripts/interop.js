@@ -5,10 +5,14 @@
 //       SIGINT/SIGTERM or until the queue is empty; each job's handler appends
 //       "start <id>" to OUT, sleeps SECONDS (default 0), then appends "done <id>"; a job
 //       whose id starts with "fail" throws. Prints the summary as JSON.
+//   node scripts/interop.js publish URL TOPIC PAYLOAD...  publishes to every registered
+//       group; prints the message ids as JSON
+//   node scripts/interop.js consume URL TOPIC GROUP N     consumes N messages of GROUP (4 at
+//       a time, each claim acking the last); prints [{id, payload}, ...] as JSON
 "use strict";
 const fs = require("node:fs");
 const Redis = require("ioredis");
-const { Rotator } = require("../dist/index");
+const { Rotator, Topic } = require("../dist/index");
 
 async function main() {
   const [command, url, name, ...rest] = process.argv.slice(2);
@@ -30,6 +34,24 @@ async function main() {
         { concurrency: 4, poll: 0.2, stopWhenEmpty: mode === "until-empty" },
       );
       console.log(JSON.stringify(summary));
+    } else if (command === "publish") {
+      console.log(JSON.stringify(await new Topic(redis, name).publish(...rest)));
+    } else if (command === "consume") {
+      const [group, wanted] = rest;
+      const g = new Topic(redis, name).group(group);
+      const seen = [];
+      let held = [];
+      try {
+        while (seen.length < Number(wanted)) {
+          held = await g.next({ count: 4, block: 5, ack: held });
+          if (held.length === 0) throw new Error(`nothing came within 5 s, after ${seen.length}`);
+          seen.push(...held.map((job) => ({ id: job.id, payload: job.payload })));
+        }
+        await g.ack(...held);
+      } finally {
+        await g.close();
+      }
+      console.log(JSON.stringify(seen));
     } else {
       throw new Error(`unknown command ${command}`);
     }
