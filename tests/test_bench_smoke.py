@@ -271,3 +271,20 @@ def test_bench_unique_quick(tmp_path: Path) -> None:
     report = (tmp_path / "unique.md").read_text()
     assert "| tracked / untracked, `next(100, ack=<previous>)` (throughput / server time" in report
     assert "| cancel, in flight, 1 a call " in done.stdout
+
+
+def test_bench_rate_limit_smoke(tmp_path: Path) -> None:
+    """bench.rate_limit (issue 16) end to end on tiny sizes: every field, sane counts."""
+    printed = run_smoke("bench.rate_limit", tmp_path, timeout=120)
+    data = json.loads((tmp_path / "rate_limit.json").read_text())
+    assert set(data) == {"machine", "sizes", "target_error_pct", "results"}
+    assert data["machine"]["mode"] == "smoke"
+    assert set(data["results"]) == {"redis"}
+    [row] = data["results"]["redis"]["limits"]
+    assert row["limit_jobs"] == 50
+    assert row["claimed"] > 0
+    assert row["steady_rate"] > 0
+    assert 0 < row["first_period"] <= row["most_in_a_period"]
+    assert isinstance(row["within_target"], bool)  # present; never a timing bound here
+    assert "| steady rate (error) |" in (tmp_path / "rate_limit.md").read_text()
+    assert "50/s" in printed
