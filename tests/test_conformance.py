@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import redis
 
-from rotator.keys import KEY_ROLES, QueueKeys, queue_keys
+from rotator.keys import KEY_ROLES, TOPIC_ROLES, QueueKeys, TopicKeys, queue_keys, topic_keys
 from rotator.script import module_source
 
 HERE = Path(__file__).resolve().parent / "conformance"
@@ -47,27 +47,51 @@ class Mismatch(AssertionError):
 
 
 class Runner:
-    def __init__(self, client: redis.Redis, keys: QueueKeys) -> None:
+    def __init__(self, client: redis.Redis, keys: QueueKeys, topic: TopicKeys) -> None:
         self.client = client
         self.keys = keys
+        self.topic = topic
         self.vars: dict[str, str] = {}
         self.sha = str(client.script_load(module_source()))
         self.sent_ms = 0.0
 
     def key(self, role: str) -> str:
+        """A queue role, "topic:<role>" (the topic's own keys) or "group:<GROUP>:<role>"
+        (a group's thirteen; its "payloads" are the topic's bodies)."""
+        kind, _, rest = role.partition(":")
+        if kind == "topic":
+            return self.topic.all[TOPIC_ROLES.index(rest)]
+        if kind == "group":
+            group, _, own = rest.rpartition(":")
+            keys = self.topic.group(group)
+            return keys.payloads if own == "payloads" else keys.all[KEY_ROLES.index(own)]
         return self.keys.with_items[ROLES.index(role)]
+
+    def call_keys(self, step: dict[str, Any]) -> list[str]:
+        if "topic" in step:  # TOPIC KEYS, then each named group's thirteen
+            return [*self.topic.all, *(k for g in step["topic"] for k in self.topic.group(g).all)]
+        if "group" in step:  # a group's thirteen (and with "keys": 14 the topic's bodies)
+            group = self.topic.group(step["group"])
+            return [*group.all, group.payloads][: int(step.get("keys", 13))]
+        return list(self.keys.with_items[: int(step.get("keys", 13))])
+
+    def snapshot_roles(self, step: dict[str, Any]) -> list[str]:
+        """The queue's keys, the topic's, and those of every group the call names."""
+        named = [*step.get("topic", []), *([step["group"]] if "group" in step else [])]
+        groups = [f"group:{g}:{role}" for g in named for role in KEY_ROLES]
+        return [*ROLES, *(f"topic:{role}" for role in TOPIC_ROLES), *groups]
 
     def subst(self, text: str) -> str:
         return _VAR.sub(lambda m: self.vars[m.group(1)], text)
 
     def call(self, step: dict[str, Any]) -> Any:
-        keys = self.keys.with_items[: int(step.get("keys", 13))]
+        keys = self.call_keys(step)
         args = [self.subst(a) if isinstance(a, str) else str(a) for a in step["call"]]
         self.sent_ms = time.time() * 1000
         return normal(self.client.evalsha(self.sha, len(keys), *keys, *args))
 
-    def snapshot(self) -> list[Any]:
-        return [self.read(role) for role in ROLES]
+    def snapshot(self, step: dict[str, Any]) -> list[Any]:
+        return [self.read(role) for role in self.snapshot_roles(step)]
 
     def read(self, role: str) -> Any:
         key = self.key(role)
@@ -126,7 +150,8 @@ class Runner:
             if not isinstance(got, dict):
                 raise Mismatch(f"{where}: want a hash, got {got!r}")
             for name, value in want["fields"].items():
-                self.match(value, got.get(name), f"{where}.{name}")
+                field = self.subst(name)
+                self.match(value, got.get(field), f"{where}.{field}")
         elif "len" in want:
             if not isinstance(got, list) or len(got) != want["len"]:
                 raise Mismatch(f"{where}: want {want['len']} items, got {got!r}")
@@ -143,7 +168,7 @@ class Runner:
             for role, want in step["state"].items():
                 self.match(want, self.read(role), f"{where} state {role}")
         elif "error" in step:
-            before = self.snapshot()
+            before = self.snapshot(step)
             try:
                 reply = self.call(step)
             except redis.ResponseError as error:
@@ -152,7 +177,7 @@ class Runner:
                     raise Mismatch(f"{where}: want {step['error']}, got {error}") from None
             else:
                 raise Mismatch(f"{where}: want {step['error']}, got the reply {reply!r}")
-            if self.snapshot() != before:
+            if self.snapshot(step) != before:
                 raise Mismatch(f"{where}: the failed call wrote something")
         else:
             self.match(step.get("reply"), self.call(step), f"{where} reply")
@@ -169,6 +194,7 @@ def test_the_scenario_files_are_there() -> None:
 
 @pytest.mark.parametrize(("file", "scenario"), list(scenarios()))
 def test_conformance(client: redis.Redis, file: str, scenario: dict[str, Any]) -> None:
-    runner = Runner(client, queue_keys(f"conf-{uuid.uuid4().hex[:12]}"))
+    name = f"conf-{uuid.uuid4().hex[:12]}"
+    runner = Runner(client, queue_keys(name), topic_keys(name))
     for i, step in enumerate(scenario["steps"]):
         runner.step(step, f"{file} / {scenario['name']} / step {i + 1}")

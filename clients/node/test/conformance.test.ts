@@ -9,11 +9,30 @@ import { readFileSync, readdirSync } from "node:fs";
 import { join } from "node:path";
 import { after, before, describe, test } from "node:test";
 import type Redis from "ioredis";
-import { KEY_ROLES, type QueueKeys, moduleSha, moduleSource, queueKeys } from "../dist/index";
+import {
+  KEY_ROLES,
+  type KeyRole,
+  type QueueKeys,
+  TOPIC_ROLES,
+  type TopicKeys,
+  groupKeys,
+  moduleSha,
+  moduleSource,
+  queueKeys,
+  topicKeys,
+} from "../dist/index";
 import { KINDS, ROOT, ServerProcess } from "./servers";
 
 type Value = string | number | null | Value[];
-type Step = Record<string, unknown> & { call?: Array<string | number>; keys?: number; note?: string };
+type Step = Record<string, unknown> & {
+  call?: Array<string | number>;
+  keys?: number;
+  /** TOPIC KEYS, then each named group's thirteen. */
+  topic?: string[];
+  /** A group's thirteen (and with keys 14 the topic's bodies). */
+  group?: string;
+  note?: string;
+};
 interface Scenario {
   name: string;
   steps: Step[];
@@ -39,11 +58,28 @@ class Runner {
   constructor(
     private readonly redis: Redis,
     keys: QueueKeys,
+    private readonly topic: TopicKeys,
   ) {
     this.allKeys = [...keys.all, keys.payloads, keys.items];
   }
 
+  /** A queue role, "topic:<role>" (the topic's own keys) or "group:<GROUP>:<role>" (a
+   * group's thirteen; its "payloads" are the topic's bodies). */
   private key(role: string): string {
+    if (role.startsWith("topic:")) {
+      const index = (TOPIC_ROLES as readonly string[]).indexOf(role.slice("topic:".length));
+      if (index < 0) throw new Mismatch(`unknown role ${role}`);
+      return this.topic.all[index] as string;
+    }
+    if (role.startsWith("group:")) {
+      const rest = role.slice("group:".length);
+      const cut = rest.lastIndexOf(":");
+      const keys = groupKeys(this.topic, rest.slice(0, cut));
+      const own = rest.slice(cut + 1);
+      if (own === "payloads") return keys.payloads;
+      if (!(KEY_ROLES as readonly string[]).includes(own)) throw new Mismatch(`unknown role ${role}`);
+      return keys.all[KEY_ROLES.indexOf(own as KeyRole)] as string;
+    }
     const index = ROLES.indexOf(role);
     if (index < 0) throw new Mismatch(`unknown role ${role}`);
     return this.allKeys[index] as string;
@@ -57,8 +93,19 @@ class Runner {
     });
   }
 
+  private callKeys(step: Step): string[] {
+    if (step.topic !== undefined) {
+      return [...this.topic.all, ...step.topic.flatMap((group) => groupKeys(this.topic, group).all)];
+    }
+    if (step.group !== undefined) {
+      const keys = groupKeys(this.topic, step.group);
+      return [...keys.all, keys.payloads].slice(0, step.keys ?? 13);
+    }
+    return this.allKeys.slice(0, step.keys ?? 13);
+  }
+
   private async call(step: Step): Promise<Value> {
-    const keys = this.allKeys.slice(0, step.keys ?? 13);
+    const keys = this.callKeys(step);
     const args = (step.call ?? []).map((arg) => (typeof arg === "string" ? this.subst(arg) : String(arg)));
     this.sentMs = Date.now();
     try {
@@ -81,9 +128,16 @@ class Runner {
     return this.redis.get(key);
   }
 
-  private async snapshot(): Promise<string> {
+  /** The queue's keys, the topic's, and those of every group the call names. */
+  private async snapshot(step: Step): Promise<string> {
+    const named = [...(step.topic ?? []), ...(step.group === undefined ? [] : [step.group])];
+    const roles = [
+      ...ROLES,
+      ...TOPIC_ROLES.map((role) => `topic:${role}`),
+      ...named.flatMap((group) => KEY_ROLES.map((role) => `group:${group}:${role}`)),
+    ];
     const state: unknown[] = [];
-    for (const role of ROLES) state.push(await this.read(role));
+    for (const role of roles) state.push(await this.read(role));
     return JSON.stringify(state);
   }
 
@@ -132,7 +186,8 @@ class Runner {
       }
       const hash = got as Record<string, string>;
       for (const [name, value] of Object.entries(want["fields"] as Record<string, unknown>)) {
-        this.match(value, hash[name] ?? null, `${where}.${name}`);
+        const field = this.subst(name);
+        this.match(value, hash[field] ?? null, `${where}.${field}`);
       }
     } else if ("len" in want) {
       if (!Array.isArray(got) || got.length !== want["len"]) {
@@ -155,7 +210,7 @@ class Runner {
         this.match(want, await this.read(role), `${where} state ${role}`);
       }
     } else if ("error" in step) {
-      const before = await this.snapshot();
+      const before = await this.snapshot(step);
       let reply: Value;
       try {
         reply = await this.call(step);
@@ -163,7 +218,7 @@ class Runner {
         const message = error instanceof Error ? error.message : String(error);
         const code = message.replace(/^ERR /, "").split(" ", 1)[0];
         if (code !== step["error"]) throw new Mismatch(`${where}: want ${String(step["error"])}, got ${message}`);
-        if ((await this.snapshot()) !== before) throw new Mismatch(`${where}: the failed call wrote something`);
+        if ((await this.snapshot(step)) !== before) throw new Mismatch(`${where}: the failed call wrote something`);
         return;
       }
       throw new Mismatch(`${where}: want ${String(step["error"])}, got the reply ${JSON.stringify(reply)}`);
@@ -194,7 +249,8 @@ for (const kind of KINDS) {
       describe(file, () => {
         for (const scenario of data.scenarios) {
           test(scenario.name, async () => {
-            const runner = new Runner(redis, queueKeys(`conf-${randomBytes(6).toString("hex")}`));
+            const name = `conf-${randomBytes(6).toString("hex")}`;
+            const runner = new Runner(redis, queueKeys(name), topicKeys(name));
             for (const [i, step] of scenario.steps.entries()) {
               await runner.step(step, `${file} / ${scenario.name} / step ${i + 1}`);
             }
