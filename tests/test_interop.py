@@ -7,6 +7,7 @@ Drives `node clients/node/scripts/interop.js` over the built package (clients/no
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import signal
 import subprocess
@@ -188,3 +189,31 @@ def test_a_node_topic_publishes_and_a_python_group_consumes(
     assert [job.payload for job in jobs] == [p.encode() for p in payloads]
     assert group.ack(*jobs) == 3
     assert topic.stats().last_seq == 3
+
+
+def test_the_readme_node_topic_example_runs_as_written(
+    node: str, server: ServerProcess, client: redis.Redis, tmp_path: Path
+) -> None:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    match = re.search(r"<!-- node-topic-example -->\s*```js\n(.*?)```", readme, re.DOTALL)
+    assert match, "README has no Node topic example"
+    if leftovers := client.keys("rotator:{news}:*"):
+        client.delete(*leftovers)
+    modules = tmp_path / "node_modules"  # `require("rotator-queue")` as an installed package
+    modules.mkdir()
+    (modules / "rotator-queue").symlink_to(PACKAGE)
+    script = tmp_path / "example.js"
+    script.write_text(match.group(1).replace("redis://localhost:6379/0", server.url))
+    result = subprocess.run(
+        [node, str(script)],
+        env={"PATH": "/usr/bin:/bin", "NODE_PATH": f"{modules}:{PACKAGE / 'node_modules'}"},
+        capture_output=True,
+        text=True,
+        timeout=NODE_TIMEOUT,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == ["hello world 2", "2 0"]
+    assert not client.keys("rotator:{news}:group:*")  # unsubscribed: the group's keys went
+    assert client.zcard("rotator:{news}:topic:log") == 2  # retained for replay
+    client.delete(*client.keys("rotator:{news}:*"))
