@@ -218,7 +218,17 @@ class RetryingSender(Sender):
                 if left <= 0 or not retryable(request, error):
                     raise
                 failures += 1
+                if isinstance(error, ConnectionError | TimeoutError):
+                    self._away_from(error)
                 time.sleep(retry_pause(failures, left))
+
+    def _away_from(self, error: Exception) -> None:
+        """redis-py asks the cluster client's default node about some commands before it
+        sends them, and replaces a dead default node only when its own retries are on:
+        pick another, so that a dead master cannot fail every call that asks it."""
+        replace = getattr(self.client, "replace_default_node", None)
+        if replace is not None:
+            replace()
 
 
 def cluster_socket_timeout(client: Any) -> float | None:
@@ -620,7 +630,10 @@ class ShardedRotator:
     own default retries would add up to ten more tries per command.
 
     Options as for Rotator: ``timeout``, ``idempotency``, ``max_deliveries``, ``budget``,
-    ``prefix``, ``functions``. Not offered on sharded queues (yet): payloads, item stats,
+    ``prefix``, ``functions``. ``functions`` defaults to False here (EVALSHA): redis-py
+    8 finds an FCALL's keys with a COMMAND GETKEYS sent to the cluster client's default
+    node before every call, a second round trip, and a call that fails while that node is
+    down. Not offered on sharded queues (yet): payloads, item stats,
     durability, schedules, rate limits, topics.
 
     The shard count is stored with the queue at its first use; opening it with another
@@ -638,7 +651,7 @@ class ShardedRotator:
         max_deliveries: int | None = None,
         budget: int = DEFAULT_BUDGET,
         prefix: str = DEFAULT_PREFIX,
-        functions: bool | None = None,
+        functions: bool | None = False,
         retry_for: float = DEFAULT_RETRY_FOR,
     ) -> None:
         self.client = cluster

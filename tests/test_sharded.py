@@ -28,7 +28,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from rotator import InvalidToken, Job, NotTracked, Rotator, ShardedRotator, ShardsMismatch
 from rotator.commands import push_chunk, push_ids
 from rotator.sharded import RetryingSender, retryable, shard_names, shard_of_id
-from tests.servers import ClusterProcess
+from tests.servers import ClusterProcess, ServerProcess, find_cli_binary, free_ports
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -247,6 +247,7 @@ def test_a_blocked_consumer_wakes_on_a_push_to_any_shard_about_as_fast_as_on_one
 
 WORKER = """
 import sys
+import time
 from pathlib import Path
 from rotator import ShardedRotator
 
@@ -254,6 +255,7 @@ url, name, shards, out = sys.argv[1:]
 queue = ShardedRotator.from_url(url, name, shards=int(shards), timeout=10)
 with Path(out).open("w", encoding="utf-8") as lines:
     def handler(job):
+        time.sleep(0.001)  # a job takes a little time: every process gets a share
         lines.write(job.id + "\\n")
     summary = queue.work(handler, stop_when_empty=True, batch=50, poll=0.2)
 print(summary.processed)
@@ -290,3 +292,151 @@ def test_three_worker_processes_complete_3000_jobs_on_6_shards_each_once(
     assert (stats.length, stats.completed) == (0, 3000)
     assert all(part.completed for part in queue.shard_stats())  # every shard took part
     assert all(len(out.read_text().split()) > 0 for out in outs)  # every worker too
+
+
+# -- failover (a script, not part of the suite) ------------------------------------------------
+# The session's cluster fixture has no replicas, so a failover cannot happen there. This
+# scenario starts a cluster of its own (3 masters, 3 replicas: about 5 s more) and takes
+# about 20 s in all: run it with `python -m tests.test_sharded failover`.
+
+LONG_WORKER = """
+import sys
+from pathlib import Path
+from rotator import ShardedRotator
+
+url, name, shards, out = sys.argv[1:]
+queue = ShardedRotator.from_url(url, name, shards=int(shards), timeout=5, retry_for=20)
+with Path(out).open("w", encoding="utf-8") as lines:
+    def handler(job):
+        lines.write(job.id + "\\n")
+        lines.flush()
+    summary = queue.work(handler, batch=20, poll=0.2)
+print("worker", summary)
+"""
+
+
+REPLICAS = ("--cluster-replicas", "1", "--cluster-yes")
+
+
+class ReplicatedCluster(ClusterProcess):
+    """Three masters with a replica each, failing over within about 2.5 s of a master's
+    death (cluster-node-timeout 1000)."""
+
+    def _start_node(self) -> Any:
+        port, bus_port = free_ports(2)
+        node = ServerProcess(
+            self.kind,
+            self.workdir / f"node-{port}",
+            {
+                "cluster-enabled": "yes",
+                "cluster-config-file": f"nodes-{port}.conf",
+                "cluster-port": str(bus_port),
+                "cluster-node-timeout": "1000",
+                "repl-diskless-sync": "yes",
+                "repl-diskless-sync-delay": "0",
+            },
+            port=port,
+        )
+        node.start()
+        return node
+
+    def start(self) -> None:
+        self.nodes = [self._start_node() for _ in range(6)]
+        addresses = [f"{node.host}:{node.port}" for node in self.nodes]
+        subprocess.run(
+            [find_cli_binary(self.kind), "--cluster", "create", *addresses, *REPLICAS],
+            capture_output=True,
+            check=True,
+            timeout=30,
+        )
+        deadline = time.monotonic() + 30
+        while not all(self._ready(node) for node in self.nodes):
+            assert time.monotonic() < deadline, "replicated cluster not ready"
+            time.sleep(0.1)
+
+    @staticmethod
+    def _ready(node: Any) -> bool:
+        with node.client(socket_timeout=2, decode_responses=True) as client:
+            info = client.info("replication")
+            state = client.execute_command("CLUSTER", "INFO")
+        if "cluster_state:ok" not in state or "cluster_known_nodes:6" not in state:
+            return False
+        return bool(info["role"] == "master" or info.get("master_link_status") == "up")
+
+    def master_of(self, client: RedisCluster, key: str) -> Any:
+        node = client.get_node_from_key(key)  # type: ignore[no-untyped-call]
+        return next(n for n in self.nodes if n.port == node.port)
+
+
+def failover(workdir: Path) -> dict[str, Any]:
+    """Producer (this process) and 2 worker processes on 6 shards; a master holding shards
+    is killed with SIGKILL mid-run, its replica takes over; then checks that every push
+    confirmed was completed (each once, unless a reclaim explains it)."""
+    with ReplicatedCluster(workdir) as cluster:
+        url = cluster.nodes[0].url
+        name = "failover"
+        queue = ShardedRotator.from_url(url, name, shards=6, timeout=5, retry_for=20)
+        outs = [workdir / f"worker-{n}.txt" for n in range(2)]
+        workers = [
+            subprocess.Popen(
+                [sys.executable, "-c", LONG_WORKER, url, name, "6", str(out)], cwd=ROOT
+            )
+            for out in outs
+        ]
+        confirmed: list[str] = []
+        failed: list[str] = []
+
+        def produce() -> None:
+            for batch in range(60):
+                ids = [f"job-{batch}-{i}" for i in range(50)]
+                try:
+                    queue.push(*ids)
+                except Exception as error:
+                    print("push failed:", error)
+                    failed.extend(ids)
+                else:
+                    confirmed.extend(ids)
+                time.sleep(0.05)
+
+        producer = threading.Thread(target=produce)
+        began = time.monotonic()
+        producer.start()
+        time.sleep(1.0)
+        victim = cluster.master_of(queue.client, queue._flows.shards[0].keys.ring)
+        print(f"killing master {victim.port} at {time.monotonic() - began:.1f} s")
+        victim.kill9()
+        producer.join()
+        print(f"producer done at {time.monotonic() - began:.1f} s: {len(confirmed)} confirmed")
+        deadline = time.monotonic() + 40
+        done: Counter[str] = Counter()
+        while time.monotonic() < deadline:
+            done = Counter(line for out in outs for line in out.read_text().split())
+            if set(confirmed) <= set(done):
+                break
+            time.sleep(0.5)
+        for worker in workers:
+            worker.terminate()
+            worker.wait(timeout=30)
+        done = Counter(line for out in outs for line in out.read_text().split())
+        stats = queue.stats()
+        result = {
+            "seconds": round(time.monotonic() - began, 1),
+            "confirmed": len(confirmed),
+            "push_failed": len(failed),
+            "lost": len(set(confirmed) - set(done)),
+            "doubled": sum(n - 1 for n in done.values()),
+            "reclaimed": stats.reclaimed,
+            "placement": queue.placement(),
+        }
+        print(result)
+        return result
+
+
+if __name__ == "__main__":
+    import tempfile
+
+    if sys.argv[1:2] == ["failover"]:
+        with tempfile.TemporaryDirectory(prefix="rotfail") as tmp:
+            outcome = failover(Path(tmp))
+        sys.exit(0 if outcome["lost"] == 0 and outcome["doubled"] <= outcome["reclaimed"] else 1)
+    sys.exit(f"usage: python -m tests.test_sharded failover (got {sys.argv[1:]})")
