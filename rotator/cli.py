@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime
-from typing import Any, ClassVar, NoReturn
+from typing import Any, ClassVar, NoReturn, cast
 
 import click
 import redis
@@ -65,6 +65,7 @@ from rotator.models import (
 from rotator.registry import HELD_SHOWN, PRUNE_AFTER, STALE_AFTER, WorkerInfo
 from rotator.script import function_name, module_path, module_sha, probe_mode
 from rotator.server import EmbeddedServer
+from rotator.sharded import MAX_SHARDS, ShardedRotator, cluster_client
 from rotator.shell import CommandHandler, Stopper, missing_program
 from rotator.topic import Retention, Topic, TopicGroup
 from rotator.worker import Worker
@@ -368,9 +369,32 @@ class PushMeter:
         self.bar.render_finish()
 
 
+shards_option = click.option(
+    "--shards",
+    type=click.IntRange(1, MAX_SHARDS),
+    default=None,
+    help="QUEUE is a sharded queue of this many shards on the Redis Cluster at --url "
+    "(the count is stored with the queue: another is refused).",
+)
+
+
+def open_sharded(
+    ctx: click.Context, name: str, shards: int, *, must_exist: bool = True, **options: Any
+) -> Rotator:
+    """A sharded queue (rotator.sharded), seen through the Rotator methods that push, next,
+    stats and work call: ShardedRotator has each of them."""
+    queue_keys(name)  # a bad name fails before any connection is made
+    with cluster_errors(ctx):
+        sharded = ShardedRotator(cluster_client(cluster_url(ctx)), name, shards=shards, **options)
+        if must_exist and not sharded.exists():
+            fail(f"unknown queue {name!r} on {where(ctx)}")
+    return cast("Rotator", sharded)
+
+
 @main.command()
 @click.argument("queue")
 @click.argument("ids", nargs=-1, required=True)
+@shards_option
 @click.option(
     "--delay",
     type=Seconds(MAX_SCHEDULE_SECONDS, zero=True),
@@ -395,6 +419,7 @@ def push(
     ctx: click.Context,
     queue: str,
     ids: tuple[str, ...],
+    shards: int | None,
     delay: float | None,
     at: datetime | None,
     unique: bool,
@@ -416,10 +441,15 @@ def push(
       rotator push orders newsletter --at 2026-12-01T09:00:00Z
       rotator push orders order-1 --unique
       rotator push orders nightly-export --priority 5
+      rotator --url redis://node-1:7000 push orders order-1 --shards 12
     """
     if delay is not None and at is not None:
         raise click.UsageError("give --delay or --at, not both")
-    q = open_queue(ctx, queue, must_exist=False)
+    q = (
+        open_queue(ctx, queue, must_exist=False)
+        if shards is None
+        else open_sharded(ctx, queue, shards, must_exist=False)
+    )
     meter = PushMeter(ids)
     total = 0
     batch: list[str] = []
@@ -588,10 +618,17 @@ def lease_jobs(
 @count_option
 @lease_option
 @block_option
+@shards_option
 @json_option
 @click.pass_context
 def next_(
-    ctx: click.Context, queue: str, count: int, timeout: float, block: float | None, json: bool
+    ctx: click.Context,
+    queue: str,
+    count: int,
+    timeout: float,
+    block: float | None,
+    shards: int | None,
+    json: bool,
 ) -> None:
     """Lease jobs of QUEUE; prints one `ID<TAB>TOKEN` line per job (none: prints nothing).
 
@@ -603,7 +640,10 @@ def next_(
       rotator next orders --count 10 --timeout 60
       rotator next orders --block 30 --json
     """
-    q = open_queue(ctx, queue, must_exist=block is None, timeout=timeout)
+    if shards is not None:
+        q = open_sharded(ctx, queue, shards, must_exist=block is None, timeout=timeout)
+    else:
+        q = open_queue(ctx, queue, must_exist=block is None, timeout=timeout)
     lease_jobs(ctx, q, count, block)
 
 
@@ -680,9 +720,12 @@ def stats_table(title: str, values: dict[str, Any]) -> str:
     show_default=True,
     help="Seconds between refreshes with --watch.",
 )
+@shards_option
 @json_option
 @click.pass_context
-def stats(ctx: click.Context, queue: str, watch: bool, interval: float, json: bool) -> None:
+def stats(
+    ctx: click.Context, queue: str, watch: bool, interval: float, shards: int | None, json: bool
+) -> None:
     """Counts of QUEUE, in jobs (length = pending + in_flight + done + deferred + overdue).
 
     \b
@@ -709,8 +752,9 @@ def stats(ctx: click.Context, queue: str, watch: bool, interval: float, json: bo
     Examples:
       rotator stats orders
       rotator stats orders --watch --interval 5
+      rotator --url redis://node-1:7000 stats orders --shards 12   (all shards added up)
     """
-    q = open_queue(ctx, queue)
+    q = open_queue(ctx, queue) if shards is None else open_sharded(ctx, queue, shards)
     before: tuple[float, dict[str, Any]] | None = None
     while True:
         q_stats = q.stats()
@@ -1147,6 +1191,7 @@ the dead letters. -v adds a line per job completed."""
 @click.argument("queue")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @work_options
+@shards_option
 @click.pass_context
 @doc(
     "Run COMMAND once per job of QUEUE: `{}` in it becomes the job id (with no `{}`, the id "
@@ -1165,9 +1210,13 @@ def work(
     until_empty: bool,
     verbose: bool,
     json: bool,
+    shards: int | None,
 ) -> None:
-    q = open_queue(
-        ctx, queue, must_exist=False, timeout=timeout, max_deliveries=max_deliveries or None
+    options: dict[str, Any] = {"timeout": timeout, "max_deliveries": max_deliveries or None}
+    q = (
+        open_queue(ctx, queue, must_exist=False, **options)
+        if shards is None
+        else open_sharded(ctx, queue, shards, must_exist=False, **options)
     )
     run_commands(
         ctx,

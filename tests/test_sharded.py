@@ -9,6 +9,7 @@ failover`` runs the failover scenario on a cluster with replicas that it starts 
 
 from __future__ import annotations
 
+import json
 import statistics
 import subprocess
 import sys
@@ -20,12 +21,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from click.testing import CliRunner, Result
 from redis.cluster import RedisCluster
 from redis.crc import key_slot
 from redis.exceptions import ClusterDownError
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from rotator import InvalidToken, Job, NotTracked, Rotator, ShardedRotator, ShardsMismatch
+from rotator.cli import main
 from rotator.commands import push_chunk, push_ids
 from rotator.sharded import RetryingSender, retryable, shard_names, shard_of_id
 from tests.servers import ClusterProcess, ServerProcess, find_cli_binary, free_ports
@@ -292,6 +295,24 @@ def test_three_worker_processes_complete_3000_jobs_on_6_shards_each_once(
     assert (stats.length, stats.completed) == (0, 3000)
     assert all(part.completed for part in queue.shard_stats())  # every shard took part
     assert all(len(out.read_text().split()) > 0 for out in outs)  # every worker too
+
+
+@pytest.mark.cluster
+def test_the_cli_pushes_leases_and_counts_a_sharded_queue(
+    cluster: ClusterProcess, queue_name: str
+) -> None:
+    def cli(*args: str) -> Result:
+        return CliRunner().invoke(main, ["--url", url_of(cluster), *args], catch_exceptions=False)
+
+    pushed = cli("push", queue_name, "a", "b", "c", "d", "--shards", "6", "--json")
+    assert (pushed.exit_code, json.loads(pushed.output)) == (0, {"pushed": 4})
+    leased = cli("next", queue_name, "--count", "4", "--shards", "6", "--json")
+    assert sorted(job["id"] for job in json.loads(leased.output)) == ["a", "b", "c", "d"]
+    counted = cli("stats", queue_name, "--shards", "6", "--json")
+    assert json.loads(counted.output)["in_flight"] == 4
+    refused = cli("stats", queue_name, "--shards", "5")
+    assert refused.exit_code == 1
+    assert "stored with 6 shards" in refused.output
 
 
 # -- failover (a script, not part of the suite) ------------------------------------------------
