@@ -4,7 +4,9 @@ Pure Python, no server. It keeps the queue as the module's header and the README
 the ring (a list, head first, like LRANGE), the two generations of acks and marks, revoked
 tokens, dead letters, the wake list's length, the counters, the scheduled jobs (id -> due ms)
 with meta smin (a lower bound of the earliest due time), the recurring schedules (each a meta
-field and, while it has a next tick, a member "*<name>" of the same sorted set), the pause
+field and, while it has a next tick, a member "*<name>" of the same sorted set), the jobs
+waiting at a priority level (members "*<level>*<id>" of that set, scored below 0 by level and
+push order, counted in meta prio; scheduled at a level: scored by due ms), the pause
 flag, the rate limit's cell rate, the counts since the queue was made and the processing-time
 histogram, and a clock that only moves when the test says so. Everything is bytes, so ids with
 NUL, CRLF or invalid UTF-8 are modelled exactly.
@@ -53,6 +55,8 @@ PUSHLOG_BUCKET_MS = 1000
 PUSH_CHUNK = 1000  # rotator.defaults.DEFAULT_PUSH_CHUNK: ids per push call of the Python API
 PROMOTE = 1000  # scheduled jobs one next moves to the ring at most
 SCHEDULE_MS = 3650 * 86_400_000  # push_later: at most ten years ahead
+PRIORITY_LEVELS = 9  # push_priority's LEVEL: 1..9 (the ring's pending ids are level 0)
+PRIO_SPAN = 2**40  # level L waits at (L - 10) * PRIO_SPAN + its push order (meta pseq)
 NO_BOUND = 10**15  # an argument with no range of its own (15 digits bound it)
 SCHEDULES = 1000  # recurring schedules per queue
 SCHEDULE_NAME = 128  # bytes of a schedule's name
@@ -84,6 +88,7 @@ _PUSHLOG = re.compile(rb"(\d+):(\d+)")
 _SCHEDULE_NAME = re.compile(rb"[A-Za-z0-9._:@/-]+")
 _TIMES = re.compile(rb"#(\d{1,15})((?:,\d{1,2}:\d{1,10})+)")
 _TIMES_BUCKET = re.compile(rb",(\d+):(\d+)")
+_RANKED = re.compile(rb"\*([1-9])\*(.+)", re.DOTALL)  # "*<level>*<id>" (Lua's "." is any byte)
 
 
 class Refused(Exception):
@@ -317,8 +322,12 @@ class RotatorModel:
     issued: set[bytes] = field(default_factory=set)  # every token the server handed out
     # push_later's jobs (KEYS[12]: id -> due ms), meta smin (no later than the earliest due
     # time, None when nothing is scheduled) and meta paused.
+    # The same set holds the jobs waiting at a priority level, "*<level>*<id>" scored below 0
+    # ((level - 10) * PRIO_SPAN + push order), and those scheduled at one (by due ms).
     scheduled: dict[bytes, int] = field(default_factory=dict)
     smin: int | None = None
+    prio: int = 0  # meta prio: the jobs waiting at a priority level
+    pseq: int = 0  # meta pseq: their push order so far
     paused: bool = False
     # The recurring schedules by name (meta "schedule:<name>"); each one's next tick is the
     # member "*<name>" of `scheduled`. Meta `schedules` and `ticking` are their counts.
@@ -450,6 +459,7 @@ class RotatorModel:
             # Something came due since the last idle lap: look at a whole lap again.
             self.qmin, self.qstart, self.qlen = None, self.seq, length
         self._walk_lists(walk, n, limit)
+        self._lease_prioritized(walk)
         self._finish_walk(walk)
         reply = walk.reply
         assert self.qstart is not None
@@ -467,20 +477,86 @@ class RotatorModel:
         """Schedules ids for `IN` ms from now or `AT` a unix ms (a time passed: due at once);
         an id scheduled already moves. A due time before smin brings smin forward and wakes
         an idle consumer."""
+        due = self._due_arg(mode, time)
+        check_ids(ids)
+        if not ids:
+            return 0
+        self._schedule(ids, due)
+        return len(ids)
+
+    def push_priority(self, level: object, mode: bytes, time: object, ids: list[bytes]) -> int:
+        """`push_priority LEVEL IN|AT TIME ID...`: ids wait at LEVEL (1..9) behind the ring's
+        pending ids, as members "*<level>*<id>" of the scheduled set, most urgent level first
+        and in push order within one; an id given twice in a call waits once, at its first
+        place; one waiting at that level already moves to the back of it and is not counted
+        (nor pushed again). Due later: scheduled as push_later schedules, keeping its level;
+        the reply then counts every id given. A job waiting at the level and scheduled again
+        leaves the level for the schedule (the test's SCHEDULE_WAITING_PRIORITIZED_IDS: the
+        module does not do so yet): counted as taken, as a cancel of one counts it."""
+        lvl = int_arg(level, 1, PRIORITY_LEVELS)
+        due = self._due_arg(mode, time)
+        check_ids(ids)
+        if not ids:
+            return 0
+        members = [b"*%d*" % lvl + job_id for job_id in ids]
+        if due > self.now:
+            waiting = [m for m in dict.fromkeys(members) if self.scheduled.get(m, 0) < 0]
+            for member in waiting:
+                self.pushed_ids[member[3:]] -= 1
+            self.prio -= len(waiting)
+            self.taken += len(waiting)
+            self._schedule(members, due)
+            return len(ids)
+        self._ensure_ring()
+        added = self._rank(members)
+        if added:
+            self._seed()
+            self._record_push(added)
+        return added
+
+    def _due_arg(self, mode: bytes, time: object) -> int:
+        """push_later's IN|AT TIME: the due ms (at most ten years from now)."""
         if mode not in (b"IN", b"AT"):
             raise Refused("ROTATOR_BADARG")
         ms = int_arg(time, 0, SCHEDULE_MS if mode == b"IN" else NO_BOUND)
         due = self.now + ms if mode == b"IN" else ms
         if due > self.now + SCHEDULE_MS:
             raise Refused("ROTATOR_BADARG")
-        check_ids(ids)
-        if not ids:
-            return 0
-        self.scheduled.update(dict.fromkeys(ids, due))
+        return due
+
+    def _schedule(self, members: list[bytes], due: int) -> None:
+        self.scheduled.update(dict.fromkeys(members, due))
         if self.smin is None or due < self.smin:
             self.smin = due
             self.wake = min(self.wake + 1, WAKE_TOKENS)
-        return len(ids)
+
+    def _rank(self, members: list[bytes]) -> int:
+        """The module's rank: members "*<level>*<id>" wait at their levels, in this order (an
+        id given twice at its first place), behind those waiting there; meta pseq moves on by
+        every member given, meta prio by those that were not waiting already (new, or
+        scheduled at the level until now), which are returned."""
+        added = 0
+        seen: set[bytes] = set()
+        for i, member in enumerate(members, 1):
+            if member in seen:
+                continue  # given twice in this call: it waits once, at its first place
+            seen.add(member)
+            score = self.scheduled.get(member)
+            if score is None or score >= 0:
+                added += 1
+                self.pushed_ids[member[3:]] += 1
+            self.scheduled[member] = (int(member[1:2]) - 10) * PRIO_SPAN + self.pseq + i
+        self.prio += added
+        self.pseq += len(members)
+        return added
+
+    def ranked(self) -> list[bytes]:
+        """The members "*<level>*<id>" of the scheduled set: waiting or scheduled at a level."""
+        return sorted(m for m in self.scheduled if _RANKED.fullmatch(m))
+
+    def waiting(self) -> list[bytes]:
+        """The members waiting at a priority level, in the order a claim takes them."""
+        return [m for _, m in sorted((s, m) for m, s in self.scheduled.items() if s < 0)]
 
     def schedule(self, args: list[bytes]) -> int:
         """`schedule SET|FILL NAME JOB_ID EVERY_MS SPEC [DUE ...]` (`args`: what follows the
@@ -739,7 +815,7 @@ class RotatorModel:
         ]
 
     def stats(self) -> list[Any]:
-        length = max(len(self.ring) - 1, 0) + len(self.leases) + self.packed
+        length = max(len(self.ring) - 1, 0) + len(self.leases) + self.packed + self.prio
         pending = max(0, min(length, self.pushed - self.taken))
         acked = self._acked_waiting()
         deferred = sum(
@@ -760,20 +836,21 @@ class RotatorModel:
             *(b"done", acked, b"deferred", deferred, b"dead", len(self.dead)),
             *(b"oldest_pending_age_ms", oldest),
             *(b"overdue", overdue, b"overdue_capped", int(capped)),
-            *(b"scheduled", len(self.scheduled) - self.ticking(), b"paused", int(self.paused)),
+            *(b"scheduled", max(len(self.scheduled) - self.ticking() - self.prio, 0)),
+            *(b"paused", int(self.paused)),
             *(b"schedules", len(self.schedule_defs)),
             *(b"rate_limit_jobs", self.rate_n or 0, b"rate_limit_ms", self.rate_ms or 0),
             *(b"pushed", self.pushed, b"delivered", self.taken + self.redelivered),
             *(b"completed", self.completions, b"retried", self.retried),
             *(b"reclaimed", self.reclaimed, b"dead_lettered", self.lettered),
-            *(b"cancelled", self.cancelled, b"prioritized", 0),  # no job pushed at a priority
+            *(b"cancelled", self.cancelled, b"prioritized", self.prio),
             *(x for b, n in enumerate(self.histogram_counts()[:-1]) for x in (b"d%d" % b, n)),
             *(b"dsum", self.histogram_counts()[-1]),
         ]
 
     def ticking(self) -> int:
         """Schedules with a next tick (meta ticking): their members are no jobs."""
-        return sum(member.startswith(b"*") for member in self.scheduled)
+        return sum(m.startswith(b"*") and not _RANKED.fullmatch(m) for m in self.scheduled)
 
     def _overdue(self) -> tuple[int, bool]:
         """The module's overdue: expired leases from the lease list's tail up to its first
@@ -904,12 +981,16 @@ class RotatorModel:
         """The due members of the scheduled set (at most PROMOTE, earliest first, ties by
         bytes) leave it. A job id goes to the ring; a schedule's member ticks: one job
         "<job_id>@<tick ms>" however many ticks were missed, and the member moves to the
-        schedule's first tick after now (none: due times ran out). The ids go to the ring as
-        a push of them does, the jobs before the ticks; smin becomes the earliest left."""
-        due = sorted((at, member) for member, at in self.scheduled.items() if at <= self.now)
+        schedule's first tick after now (none: due times ran out); a job scheduled at a
+        priority level waits at it, behind the jobs waiting there, in the order found. The
+        ids go to the ring as a push of them does, the jobs before the ticks, and the push
+        counts them with those now waiting; smin becomes the earliest due time left."""
+        due = sorted((at, m) for m, at in self.scheduled.items() if 0 <= at <= self.now)
         due = due[:PROMOTE]
+        ranked = [member for _, member in due if _RANKED.fullmatch(member)]
         for _, member in due:
-            del self.scheduled[member]
+            if not _RANKED.fullmatch(member):
+                del self.scheduled[member]
         ids = [member for _, member in due if not member.startswith(b"*")]
         self.promoted.update(ids)
         for at, member in due:
@@ -923,13 +1004,14 @@ class RotatorModel:
             next_due = d.next_tick(at, self.now)
             if next_due is not None:
                 self.scheduled[member] = next_due
-        if ids:
+        if ids or ranked:
             self._seed()
             self._ensure_ring()
             self.ring[:0] = reversed(ids)
             self.pushed_ids.update(ids)
-            self._record_push(len(ids))
-        self.smin = min(self.scheduled.values(), default=None)
+            self._rank(ranked)
+            self._record_push(len(ids) + len(ranked))
+        self.smin = min((at for at in self.scheduled.values() if at >= 0), default=None)
 
     def _ensure_ring(self) -> None:
         if not self.ring:
@@ -1088,6 +1170,36 @@ class RotatorModel:
             self._walk_leases(w, budget)
         left = budget - w.lease_visited
         self._walk(w, count, min(left, w.ring_length), left)
+
+    def _lease_prioritized(self, w: Walk) -> None:
+        """After the ring's walk, the jobs waiting at a priority level join the call's batch
+        (the most urgent level first, in push order within one) while the call has room, once
+        no pending id is left in the ring: the counters say none is (pushed - taken - prio),
+        or this walk visited the whole ring as it was (the module's lease_prioritized)."""
+        if self.prio <= 0 or w.sweeping or w.leased >= w.count:
+            return
+        if self.pushed - self.taken - self.prio > 0 and w.visited < w.ring_length:
+            return
+        taken: list[bytes] = []
+        for member in self.waiting()[: w.count - w.leased]:
+            taken.append(member)
+            found = _RANKED.fullmatch(member)
+            if found is None or not valid_id(found[2]):  # (only by hand)
+                self.dead.append(b"corrupt*0*%d*" % w.now + member)
+                self.lettered += 1
+                continue
+            job_id = found[2]
+            w.batch.append(job_id)
+            w.reply += [job_id + b"*%d.1.%d%05d" % (w.deadline, w.seq_base, len(w.batch)), 0]
+            w.leased += 1
+            self.delivered[job_id] += 1
+            w.batch_bytes += len(job_id)
+            if w.batch_bytes >= BATCH_BYTES:
+                break
+        for member in taken:
+            del self.scheduled[member]
+        self.taken += len(taken)
+        self.prio -= len(taken)
 
     def _leases_due(self, w: Walk) -> bool:
         """Whether the call walks the lease list (the module's leases_due)."""
@@ -1493,17 +1605,18 @@ class RotatorModel:
                 dues.append(own)
                 break
             dues += [held[job][1] for job in live]
-        return dues + list(self.scheduled.values())
+        return dues + [at for at in self.scheduled.values() if at >= 0]
 
     def takeable_now(self) -> bool:
-        """Would a `next` lease something at this instant: a pending id, or a due job it can
+        """Would a `next` lease something at this instant: a pending id (in the ring, or
+        waiting at a priority level), or a due job it can
         reach (see reachable_dues), a due scheduled job or tick among them? Not while paused,
         nor while the rate limit lets no job go."""
         if self.paused:
             return False
         if self.rate_n is not None and self.rate_allowance(self.now)[0] < 1:
             return False
-        if any(valid_id(e) for e in self.ring):
+        if self.prio > 0 or any(valid_id(e) for e in self.ring):
             return True
         return any(due <= self.now for due in self.reachable_dues())
 
@@ -1529,6 +1642,7 @@ class Copy:
 
     state: str  # "waiting", "scheduled" or "flight"
     due: int = 0
+    level: int = 0  # its priority level (0: the ring's): waiting or scheduled at it
     token: bytes | None = None  # the live delivery token (flight, not given back)
     deliveries: int = 0
     cancelled: bool = False
@@ -1537,10 +1651,11 @@ class Copy:
 @dataclass
 class TrackedIds:
     """A tracked queue at the level of its ids, not of its elements: which copy each id has
-    and which of its tokens are live. It predicts every reply of push, push_later, cancel,
-    ack, nack and extend, and the stats `cancelled` and `scheduled`; it does not predict
-    which jobs a claim delivers (its budget, the ring's order, when the walk reaches a
-    cancelled element), so the test checks each delivery against it (`deliver`) instead.
+    and which of its tokens are live. It predicts every reply of push, push_later (at a
+    priority level or not), cancel, ack, nack and extend, and the stats `cancelled`,
+    `scheduled` and `prioritized`; it does not predict which jobs a claim delivers (its
+    budget, the ring's order, when the walk reaches a cancelled element), so the test checks
+    each delivery against it (`deliver`) instead.
     Tokens the test's workers gave back (acked, nacked) are no longer used by them."""
 
     now: int
@@ -1564,17 +1679,22 @@ class TrackedIds:
     dropped: Counter[bytes] = field(default_factory=Counter)
     completed: Counter[bytes] = field(default_factory=Counter)
 
-    def push(self, ids: list[bytes], due: int | None = None) -> int:
-        """push (`due` None) or push_later: each id once per call, skipped while the queue
-        holds it; an acked copy is gone already (ack), a cancelled one frees its id."""
+    def push(self, ids: list[bytes], due: int | None = None, level: int = 0) -> int:
+        """push (`due` None) or push_later, at a priority `level` or not: each id once per
+        call, skipped while the queue holds it (waiting at any level too); an acked copy is
+        gone already (ack), a cancelled one frees its id; a scheduled one scheduled again
+        moves, to the new time and level."""
         taken = 0
         for job_id in dict.fromkeys(ids):
             copy = self.copies.get(job_id)
             if copy is None or copy.cancelled:  # (a cancelled element stays recorded apart)
-                self.copies[job_id] = Copy("waiting") if due is None else Copy("scheduled", due)
+                if due is None:
+                    self.copies[job_id] = Copy("waiting", level=level)
+                else:
+                    self.copies[job_id] = Copy("scheduled", due, level=level)
                 self.made[job_id] += 1
             elif copy.state == "scheduled" and due is not None:
-                copy.due = due  # scheduled again: it moves
+                copy.due, copy.level = due, level  # scheduled again: it moves
             else:
                 continue
             taken += 1
@@ -1595,8 +1715,8 @@ class TrackedIds:
                 continue
             found += 1
             self.dropped[job_id] += 1
-            if copy.state == "scheduled":
-                del self.copies[job_id]  # it leaves the schedule at once
+            if copy.state == "scheduled" or (copy.state == "waiting" and copy.level > 0):
+                del self.copies[job_id]  # it leaves the schedule (or its level) at once
                 continue
             copy.cancelled = True
             self.lingering.add(job_id)
@@ -1680,6 +1800,10 @@ class TrackedIds:
 
     def scheduled(self) -> int:
         return sum(copy.state == "scheduled" for copy in self.copies.values())
+
+    def prioritized(self) -> int:
+        """The copies waiting at a priority level (stats `prioritized`)."""
+        return sum(c.state == "waiting" and c.level > 0 for c in self.copies.values())
 
     def owed(self) -> set[bytes]:
         """The ids whose copy is to be delivered and completed yet."""
