@@ -24,6 +24,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from redis.cluster import RedisCluster
 from redis.exceptions import NoPermissionError, NoScriptError, ReadOnlyError, ResponseError
 
 from rotator.errors import error_from_reply
@@ -197,13 +198,22 @@ def probe_mode(client: Any) -> str:
 
 def module_caller(client: Any, functions: bool | None) -> Any:
     """What calls the module for ``client``: FCALL of the library (True), redis-py's Script
-    (False), or the faster of the two that the server allows (None)."""
+    (False), or the faster of the two that the server allows (None). On Redis Cluster that is
+    EVALSHA: redis-py finds an FCALL's slot by asking a node for its keys (COMMAND GETKEYS), a
+    round trip more per call, while it reads an EVALSHA's keys itself."""
+    if functions is None and isinstance(client, RedisCluster):
+        functions = False
     if functions is None:
         return AutoCall(client)
     return FunctionCall(client) if functions else client.register_script(module_source())
 
 
 def async_module_caller(client: Any, functions: bool | None) -> Any:
+    # Imported here, so that sync callers never load redis.asyncio.
+    from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster  # noqa: PLC0415
+
+    if functions is None and isinstance(client, AsyncRedisCluster):
+        functions = False  # (as module_caller, for the same reason)
     if functions is None:
         return AsyncAutoCall(client)
     return AsyncFunctionCall(client) if functions else client.register_script(module_source())

@@ -121,3 +121,27 @@ def test_async_rotator_on_an_asyncio_cluster_client(
             await client.aclose()
 
     asyncio.run(scenario())
+
+
+def test_a_queue_on_a_cluster_client_calls_the_module_by_evalsha_in_one_round_trip(
+    cluster_client: RedisCluster, queue_name: str
+) -> None:
+    """redis-py routes an FCALL by asking a node for its keys first (COMMAND GETKEYS), a round
+    trip more per call; an EVALSHA's keys it reads itself. So the default on a cluster client
+    is EVALSHA."""
+    nodes = [node.redis_connection for node in cluster_client.get_nodes()]  # type: ignore[no-untyped-call]
+
+    def calls(name: str) -> int:
+        return sum(
+            int(node.info("commandstats").get(f"cmdstat_{name}", {}).get("calls", 0))
+            for node in nodes
+            if node is not None
+        )
+
+    getkeys, evalsha, fcall = calls("command|getkeys"), calls("evalsha"), calls("fcall")
+    queue = Rotator(cluster_client, queue_name)
+    assert queue.push("a", "b") == 2
+    jobs = queue.next(2)
+    assert queue.ack(*jobs) == 2
+    assert calls("evalsha") - evalsha >= 3  # (the first may find the script not loaded yet)
+    assert (calls("fcall"), calls("command|getkeys")) == (fcall, getkeys)
