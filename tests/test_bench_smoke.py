@@ -288,3 +288,33 @@ def test_bench_rate_limit_smoke(tmp_path: Path) -> None:
     assert isinstance(row["within_target"], bool)  # present; never a timing bound here
     assert "| steady rate (error) |" in (tmp_path / "rate_limit.md").read_text()
     assert "50/s" in printed
+
+
+def test_bench_priorities_smoke(tmp_path: Path) -> None:
+    """bench.priorities (issue 16) end to end on tiny sizes: every section and case, the order
+    checks each drain makes (it fails otherwise), never a timing bound."""
+    printed = run_smoke("bench.priorities", tmp_path, timeout=120)
+    data = json.loads((tmp_path / "priorities.json").read_text())
+    assert set(data) == {"machine", "module", "sizes", "results"}
+    assert data["machine"]["mode"] == "smoke"
+    assert set(data["results"]) == {"redis"}
+    result = data["results"]["redis"]
+    assert set(result) == {"version", "claims", "control", "push", "memory"}
+    claims = {(r["batch"], r["queue"]) for r in result["claims"]["rows"]}
+    assert claims == {(batch, q) for batch in (1, 100) for q in ("none", "one", "three")}
+    assert all(r["median_jobs_per_s"] > 0 for r in result["claims"]["rows"])
+    ratios = {(r["batch"], r["queue"]) for r in result["claims"]["ratios"]}
+    assert ratios == {(batch, q) for batch in (1, 100) for q in ("one", "three")}
+    control = {(r["batch"], r["queue"]) for r in result["control"]["rows"]}
+    assert control == {(batch, side) for batch in (1, 100) for side in ("before", "after")}
+    assert all(r["server_ratio"] > 0 for r in result["control"]["ratios"])
+    pushes = {(r["batch"], r["case"]) for r in result["push"]["rows"]}
+    assert pushes == {(batch, case) for batch in (1, 100) for case in ("plain", "priority")}
+    assert all(r["median_server_us_each"] > 0 for r in result["push"]["rows"])
+    [memory] = result["memory"]
+    assert memory["prioritized_bytes_per_job"] > 0
+    assert memory["ring_bytes_per_job"] > 0
+    assert memory["sample_member"].startswith("*5*")
+    report = (tmp_path / "priorities.md").read_text()
+    assert "| three levels in use (0, 3, 7) over never used, `next(100, " in report
+    assert "| memory, 300 jobs " in printed
