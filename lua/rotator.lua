@@ -32,8 +32,9 @@ KEYS
                             dead_dropped, expired (a topic group's), smin paused (see
                             SCHEDULED), schedules ticking and "schedule:<name>" (see
                             SCHEDULES), rate_n rate_ms rate_tat (see rate_limit), d0..d25
-                            dsum (see durations), prio pseq (see PRIORITIES), cancelled;
-                            settings (configure)
+                            dsum (see durations), prio pseq (see PRIORITIES), cancelled,
+                            stale (see IDS), layout (written once: keeps it a hash table,
+                            see LIMIT.meta_layout); settings (configure)
   KEYS[10] pushlog    LIST  "<pushed>:<ms>" push checkpoints, newest first (pending age)
   KEYS[11] leases     LIST  the jobs in flight: leases and packed batches, newest at the head,
                             walked from the tail in deadline order (see LEASES)
@@ -446,14 +447,17 @@ COMMANDS (ARGV[1]; numbers are decimal integers)
     errors: ROTATOR_BADARG
   tstats                                                          (TOPIC KEYS + every group)
     reply: {"retained", n, "bytes", n, "last_seq", n, "groups", g, then per group: name,
-            length, pending, in_flight, done, deferred, dead, oldest_pending_age_ms}
+            length, pending, in_flight, done, deferred, dead, oldest_pending_age_ms,
+            overdue, overdue_capped (as stats gives them)}
     errors: ROTATOR_STALE
 
 ERRORS (replies start with the code)
   ROTATOR_BADCMD, ROTATOR_BADARG, ROTATOR_BADID, ROTATOR_BADTOKEN, ROTATOR_TOOMANY,
   ROTATOR_KEYS, ROTATOR_WRONGTYPE, ROTATOR_STALE (retry: the topic's groups changed),
   ROTATOR_NOGROUP, ROTATOR_UNTRACKED (unique or cancel on a queue without the id index). Every argument and key type is checked before the first
-  write, so a failing call changes nothing.
+  write, so a failing call changes nothing. The server may wrap the reply: Redis 7.0 and
+  Valkey 8 send "ERR ROTATOR_BADARG ... script: <sha>, on @user_script:<line>." to EVALSHA
+  (a client strips a leading "ERR " before it reads the code).
 
 REDIS-CLI
   SHA=$(redis-cli -x SCRIPT LOAD < lua/rotator.lua)
@@ -535,6 +539,10 @@ local LIMIT = {
   dead_age_ms = 7 * 86400000, dead_age_ms_range = { 0, 3650 * 86400000 }, -- 0: no age limit
   track_ids = 0, track_ids_range = { 0, 1 }, -- see IDS
   trim_step = 1000, -- refused tokens or dead letters one call drops beyond what it adds
+  -- The meta hash's field `layout`, written at a queue's first push: a value longer than the
+  -- servers' hash-max-listpack-value (64 bytes) makes the hash a hash table for good, where
+  -- the HMGET of some 38 fields every claim makes does not search a listpack field by field.
+  meta_layout = 'rotator meta: a hash table on purpose, so that reading a field is O(1)',
   -- Expired leases one call re-leases one by one at most: each is a revocation (a ZADD into
   -- a set of up to fence_max tokens, and its trim), about 5 us on a full set. A batch that
   -- expired whole is one revocation for all its jobs (visit_packed).
@@ -807,7 +815,7 @@ function M.read_meta(K)
     'marked_n', 'marked_a', 'marked_n_old', 'marked_a_old',
     'lmin', 'lstop', 'lpass', 'lskip', 'rpasses', 'lpasses', 'smin', 'paused', 'rate_n',
     'rate_ms', 'rate_tat', 'completed', 'redelivered', 'reclaimed', 'lettered', 'track_ids',
-    'prio', 'pseq', 'stale')
+    'prio', 'pseq', 'stale', 'layout')
   local seq = tonumber(m[1]) or M.now_ms()
   return {
     -- origin: the first seq of the queue as it is now (see refused_among)
@@ -837,6 +845,7 @@ function M.read_meta(K)
     -- (see PRIORITIES).
     prio = tonumber(m[35]) or 0, pseq = tonumber(m[36]) or 0,
     stale = tonumber(m[37]) or 0, -- cancelled copies recorded (see parse_stale)
+    layout = m[38], -- see LIMIT.meta_layout
     lapnext = tonumber(m[2]), qstart = tonumber(m[3]),
     qmin = tonumber(m[4]), pushed = tonumber(m[5]) or 0, taken = tonumber(m[6]) or 0,
     lapguess = m[7] == '1' or not tonumber(m[2]), qlen = tonumber(m[8]),
@@ -964,6 +973,7 @@ function M.record_push(K, meta, n, now, head)
   -- new ones come last) before they may idle.
   rcall('HSET', K.meta, 'pushed', meta.pushed, 'qstart', meta.seq, 'qlen', rcall('LLEN', K.ring),
     'seq', meta.seq, 'origin', meta.origin)
+  if not meta.layout then rcall('HSET', K.meta, 'layout', LIMIT.meta_layout) end
   local tokens = {}
   for i = 1, math.min(n, LIMIT.wake_tokens) do tokens[i] = '1' end
   rcall('LPUSH', K.wake, unpack(tokens))
@@ -2238,6 +2248,18 @@ function M.push_priority()
   for i = 1, #ids do members[i] = '*' .. level .. '*' .. ids[i] end
   M.enqueued(ids, now)
   if later then
+    -- A job waiting at this level leaves it for the schedule: no longer pending (as if
+    -- taken), to be pushed again when due.
+    local scores = rcall('ZMSCORE', K.scheduled, unpack(members))
+    local waiting, seen = 0, {}
+    for i = 1, #scores do
+      if scores[i] and tonumber(scores[i]) < 0 and not seen[members[i]] then
+        waiting, seen[members[i]] = waiting + 1, true
+      end
+    end
+    if waiting > 0 then
+      rcall('HSET', K.meta, 'prio', meta.prio - waiting, 'taken', meta.taken + waiting)
+    end
     M.schedule_ids(members, due, smin)
     return #ids
   end

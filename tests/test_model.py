@@ -104,11 +104,10 @@ CHECK_IDLE_REPLIES = True
 # that again.
 RATE_WAIT_MAY_FALL_SHORT = False
 # A job waiting at a priority level scheduled at that level again (push_priority LEVEL IN
-# <later>) leaves the level for the schedule, yet meta prio still counts it: stats says it
-# is pending and prioritized, not scheduled, and once promoted prio counts it twice, for good
-# (test_a_waiting_prioritized_job_scheduled_again_is_counted_as_scheduled, strict xfail).
-# The machine does not schedule such an id while False.
-SCHEDULE_WAITING_PRIORITIZED_IDS = False
+# <later>) leaves the level for the schedule; meta prio once kept counting it
+# (test_a_waiting_prioritized_job_scheduled_again_is_counted_as_scheduled, now a regression
+# test). False kept the machine from scheduling such an id.
+SCHEDULE_WAITING_PRIORITIZED_IDS = True
 
 _NOW_MS = re.compile(r"^function M\.now_ms\(\)\n.*?^end\n", re.MULTILINE | re.DOTALL)
 _CLOCKED_NOW_MS = f"""function M.now_ms()
@@ -1842,12 +1841,9 @@ def test_a_cancelled_lease_stays_cancelled_when_a_sweep_drops_a_later_cancelled_
     assert raw_on(q, b"next", 5, 1000, 10, 0)[3:] == []  # (a was leased again)
 
 
-# -- a module bug the main machine found (open): a strict xfail until fixed ---------------------
+# -- a module bug the main machine found, fixed: a regression test ---------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True, reason="module bug: a waiting prioritized job scheduled again stays in prio"
-)
 def test_a_waiting_prioritized_job_scheduled_again_is_counted_as_scheduled(
     client: redis.Redis, queue_name: str
 ) -> None:
