@@ -56,9 +56,12 @@ class Runner:
         self.sent_ms = 0.0
 
     def key(self, role: str) -> str:
-        """A queue role, "topic:<role>" (the topic's own keys) or "group:<GROUP>:<role>"
-        (a group's thirteen; its "payloads" are the topic's bodies)."""
+        """A queue role, "topic:<role>" (the topic's own keys), "group:<GROUP>:<role>"
+        (a group's thirteen; its "payloads" are the topic's bodies) or "marker:<NAME>"
+        (the key "<base>:<NAME>" under the queue's base: push_chunk's marker)."""
         kind, _, rest = role.partition(":")
+        if kind == "marker":
+            return f"{self.keys.ring.removesuffix(':ring')}:{rest}"
         if kind == "topic":
             return self.topic.all[TOPIC_ROLES.index(rest)]
         if kind == "group":
@@ -68,6 +71,8 @@ class Runner:
         return self.keys.with_items[ROLES.index(role)]
 
     def call_keys(self, step: dict[str, Any]) -> list[str]:
+        if "marker" in step:  # the queue's thirteen, then "<base>:<NAME>" (push_chunk)
+            return [*self.keys.all, self.key(f"marker:{step['marker']}")]
         if "topic" in step:  # TOPIC KEYS, then each named group's thirteen
             return [*self.topic.all, *(k for g in step["topic"] for k in self.topic.group(g).all)]
         if "group" in step:  # a group's thirteen (and with "keys": 14 the topic's bodies)
@@ -79,7 +84,8 @@ class Runner:
         """The queue's keys, the topic's, and those of every group the call names."""
         named = [*step.get("topic", []), *([step["group"]] if "group" in step else [])]
         groups = [f"group:{g}:{role}" for g in named for role in KEY_ROLES]
-        return [*ROLES, *(f"topic:{role}" for role in TOPIC_ROLES), *groups]
+        marker = [f"marker:{step['marker']}"] if "marker" in step else []
+        return [*ROLES, *(f"topic:{role}" for role in TOPIC_ROLES), *groups, *marker]
 
     def subst(self, text: str) -> str:
         return _VAR.sub(lambda m: self.vars[m.group(1)], text)

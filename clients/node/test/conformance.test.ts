@@ -31,6 +31,8 @@ type Step = Record<string, unknown> & {
   topic?: string[];
   /** A group's thirteen (and with keys 14 the topic's bodies). */
   group?: string;
+  /** The queue's thirteen, then "<base>:<marker>" (push_chunk's marker). */
+  marker?: string;
   note?: string;
 };
 interface Scenario {
@@ -54,6 +56,7 @@ class Runner {
   private readonly vars = new Map<string, string>();
   private sentMs = 0;
   private readonly allKeys: string[];
+  private readonly base: string;
 
   constructor(
     private readonly redis: Redis,
@@ -61,11 +64,14 @@ class Runner {
     private readonly topic: TopicKeys,
   ) {
     this.allKeys = [...keys.all, keys.payloads, keys.items];
+    this.base = (keys.all[0] as string).replace(/:ring$/, "");
   }
 
-  /** A queue role, "topic:<role>" (the topic's own keys) or "group:<GROUP>:<role>" (a
-   * group's thirteen; its "payloads" are the topic's bodies). */
+  /** A queue role, "topic:<role>" (the topic's own keys), "group:<GROUP>:<role>" (a
+   * group's thirteen; its "payloads" are the topic's bodies) or "marker:<NAME>" (the key
+   * "<base>:<NAME>" under the queue's base: push_chunk's marker). */
   private key(role: string): string {
+    if (role.startsWith("marker:")) return `${this.base}:${role.slice("marker:".length)}`;
     if (role.startsWith("topic:")) {
       const index = (TOPIC_ROLES as readonly string[]).indexOf(role.slice("topic:".length));
       if (index < 0) throw new Mismatch(`unknown role ${role}`);
@@ -94,6 +100,7 @@ class Runner {
   }
 
   private callKeys(step: Step): string[] {
+    if (step.marker !== undefined) return [...this.allKeys.slice(0, 13), this.key(`marker:${step.marker}`)];
     if (step.topic !== undefined) {
       return [...this.topic.all, ...step.topic.flatMap((group) => groupKeys(this.topic, group).all)];
     }
@@ -135,6 +142,7 @@ class Runner {
       ...ROLES,
       ...TOPIC_ROLES.map((role) => `topic:${role}`),
       ...named.flatMap((group) => KEY_ROLES.map((role) => `group:${group}:${role}`)),
+      ...(step.marker === undefined ? [] : [`marker:${step.marker}`]),
     ];
     const state: unknown[] = [];
     for (const role of roles) state.push(await this.read(role));
