@@ -18,7 +18,7 @@ import redis
 from redis.cluster import RedisCluster
 
 from rotator.server import EmbeddedServer
-from tests.servers import ClusterProcess, ServerProcess
+from tests.servers import ClusterProcess, ReplicatedClusterProcess, ServerProcess
 
 
 @pytest.fixture(scope="session")
@@ -72,6 +72,28 @@ def cluster_client(cluster: ClusterProcess) -> Iterator[RedisCluster]:
         yield conn
     finally:
         conn.close()
+
+
+@pytest.fixture(scope="session")
+def replicated_cluster_process(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[ReplicatedClusterProcess]:
+    """3 masters with a replica each, started once for the session (about 4 s) by the first
+    test that asks for `replicated_cluster`, stopped at its end."""
+    with ReplicatedClusterProcess(tmp_path_factory.mktemp("replicated")) as started:
+        yield started
+
+
+@pytest.fixture
+def replicated_cluster(
+    replicated_cluster_process: ReplicatedClusterProcess,
+) -> Iterator[ReplicatedClusterProcess]:
+    """The session's replicated cluster, whole: a test may kill masters (failover tests
+    do); the nodes it killed are started again after it (they rejoin as replicas) and the
+    next test gets 3 masters with a synced replica each, all slots served."""
+    replicated_cluster_process.heal()
+    yield replicated_cluster_process
+    replicated_cluster_process.heal()
 
 
 @pytest.fixture

@@ -32,6 +32,13 @@ STOP_GRACE = 10.0  # seconds to wait for a clean exit before SIGKILL
 START_ATTEMPTS = 5  # a port free at bind(0) can be taken before the server binds it
 CLUSTER_TIMEOUT = 30.0  # seconds for `--cluster create` and for every node to say ok
 CLUSTER_MASTERS = 3  # the fewest masters `--cluster create` accepts
+# A replicated cluster fails over within about 2.5 s of a master's death at this node timeout
+# (ms); diskless sync without delay makes a replica's first sync about 1.5 s (FIELD-NOTES).
+REPLICATED_CONFIG = {
+    "cluster-node-timeout": "1000",
+    "repl-diskless-sync": "yes",
+    "repl-diskless-sync-delay": "0",
+}
 
 HOST = "127.0.0.1"
 LAUNCH_MARK = "\n### launch: "  # written to server.log before each start
@@ -242,12 +249,20 @@ class ServerProcess:
 
 
 class ClusterProcess:
-    """Three masters joined by `<kind>-cli --cluster create`, no replicas, all slots served."""
+    """Three masters joined by `<kind>-cli --cluster create`, all slots served; no replicas
+    unless `replicas` (replicas per master: see ReplicatedClusterProcess)."""
+
+    replicas = 0
+    extra_config: Mapping[str, str] = {}
 
     def __init__(self, workdir: Path, kind: Kind = "redis") -> None:
         self.kind = kind
         self.workdir = Path(workdir)
         self.nodes: list[ServerProcess] = []
+
+    @property
+    def size(self) -> int:
+        return CLUSTER_MASTERS * (1 + self.replicas)
 
     @property
     def startup_nodes(self) -> list[ClusterNode]:
@@ -256,7 +271,7 @@ class ClusterProcess:
     def start(self) -> None:
         """Start the nodes, create the cluster, return once every node says cluster_state:ok."""
         try:
-            self.nodes = [self._start_node() for _ in range(CLUSTER_MASTERS)]
+            self.nodes = [self._start_node() for _ in range(self.size)]
             self._create()
             self._wait_until_ok()
         except BaseException:
@@ -294,6 +309,7 @@ class ClusterProcess:
                 "cluster-enabled": "yes",
                 "cluster-config-file": f"nodes-{port}.conf",
                 "cluster-port": str(bus_port),
+                **self.extra_config,
             }
             node = ServerProcess(self.kind, workdir, config, port=port)
             try:
@@ -307,7 +323,7 @@ class ClusterProcess:
     def _create(self) -> None:
         addresses = [f"{node.host}:{node.port}" for node in self.nodes]
         command = [find_cli_binary(self.kind), "--cluster", "create", *addresses]
-        command += ["--cluster-replicas", "0", "--cluster-yes"]
+        command += ["--cluster-replicas", str(self.replicas), "--cluster-yes"]
         result = subprocess.run(
             command,
             stdin=subprocess.DEVNULL,
@@ -326,15 +342,21 @@ class ClusterProcess:
         deadline = time.monotonic() + CLUSTER_TIMEOUT
         while True:
             states = [self._cluster_info(node) for node in self.nodes]
-            if all(
-                state.get("cluster_state") == "ok"
-                and state.get("cluster_known_nodes") == str(CLUSTER_MASTERS)
-                for state in states
+            if (
+                all(
+                    state.get("cluster_state") == "ok"
+                    and state.get("cluster_known_nodes") == str(self.size)
+                    for state in states
+                )
+                and self._replicas_ready()
             ):
                 return
             if time.monotonic() > deadline:
                 raise ServerError(f"cluster not ok after {CLUSTER_TIMEOUT:.0f} s: {states}")
             time.sleep(0.1)
+
+    def _replicas_ready(self) -> bool:
+        return True
 
     @staticmethod
     def _cluster_info(node: ServerProcess) -> dict[str, str]:
@@ -343,3 +365,95 @@ class ClusterProcess:
         text = raw.decode() if isinstance(raw, bytes) else str(raw)
         pairs = (line.split(":", 1) for line in text.splitlines() if ":" in line)
         return {key: value.strip() for key, value in pairs}
+
+    def node_id(self, node: ServerProcess) -> str:
+        with node.client(socket_timeout=2) as client:
+            raw = client.execute_command("CLUSTER", "MYID")
+        return raw.decode() if isinstance(raw, bytes) else str(raw)
+
+    def master_of_slot(self, slot: int) -> ServerProcess:
+        """The running node that serves `slot` now (asked of every running node in turn)."""
+        for asked in self.nodes:
+            if not asked.running:
+                continue
+            with contextlib.suppress(redis.RedisError):
+                with asked.client(socket_timeout=2) as client:
+                    ranges = client.execute_command("CLUSTER", "SLOTS")
+                for low, high, master, *_ in ranges:
+                    if int(low) <= slot <= int(high):
+                        return next(n for n in self.nodes if n.port == int(master[1]))
+        raise ServerError(f"no running node serves slot {slot}")
+
+    def migrate_slot(
+        self, slot: int, target: ServerProcess, *, batch: int = 100, pause: float = 0.0
+    ) -> int:
+        """Moves `slot` to master `target` as `redis-cli --cluster reshard` does: SETSLOT
+        IMPORTING on the target and MIGRATING on the source, MIGRATE ... KEYS of `batch`
+        keys at a time (`pause` seconds between two), then SETSLOT NODE on every master.
+        Returns how many keys moved."""
+        source = self.master_of_slot(slot)
+        if source is target:
+            return 0
+        source_id, target_id = self.node_id(source), self.node_id(target)
+        moved = 0
+        with source.client(socket_timeout=10) as src, target.client(socket_timeout=10) as dst:
+            dst.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", source_id)
+            src.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", target_id)
+            while keys := src.execute_command("CLUSTER", "GETKEYSINSLOT", slot, batch):
+                src.execute_command("MIGRATE", target.host, target.port, "", 0, 5000, "KEYS", *keys)
+                moved += len(keys)
+                time.sleep(pause)
+            # The target first: once the source says NODE, clients are sent there for good.
+            dst.execute_command("CLUSTER", "SETSLOT", slot, "NODE", target_id)
+            src.execute_command("CLUSTER", "SETSLOT", slot, "NODE", target_id)
+        for node in self.nodes:
+            if node.running and node not in (source, target) and self._role(node) == "master":
+                with node.client(socket_timeout=2) as client:
+                    client.execute_command("CLUSTER", "SETSLOT", slot, "NODE", target_id)
+        return moved
+
+    @staticmethod
+    def _role(node: ServerProcess) -> str:
+        with node.client(socket_timeout=2, decode_responses=True) as client:
+            return str(client.info("replication")["role"])
+
+
+class ReplicatedClusterProcess(ClusterProcess):
+    """Three masters with a replica each (`--cluster-replicas 1`), failing over within about
+    2.5 s of a master's death (cluster-node-timeout 1000). Ready when every node says
+    cluster_state:ok and every replica's link to its master is up: a replica that never
+    finished its first sync refuses to fail over (FIELD-NOTES). A test may kill nodes;
+    `heal` starts them again and waits until the cluster is whole."""
+
+    replicas = 1
+    extra_config = REPLICATED_CONFIG
+
+    def replica_of(self, master: ServerProcess) -> ServerProcess:
+        for node in self.nodes:
+            if node.running and node is not master:
+                with node.client(socket_timeout=2, decode_responses=True) as client:
+                    info = client.info("replication")
+                if info["role"] == "slave" and int(info["master_port"]) == master.port:
+                    return node
+        raise ServerError(f"no replica of the master on port {master.port}")
+
+    def heal(self) -> None:
+        """Starts every node a test killed (on its port and directory: its nodes.conf makes
+        it rejoin, as a replica of the master that took over) and waits until the cluster
+        is whole again. Costs a few INFO calls when nothing was killed."""
+        for node in self.nodes:
+            if not node.running:
+                node.start()
+        self._wait_until_ok()
+
+    def _replicas_ready(self) -> bool:
+        roles = []
+        for node in self.nodes:
+            with node.client(socket_timeout=2, decode_responses=True) as client:
+                info = client.info("replication")
+            roles.append(info["role"])
+            if info["role"] == "slave" and info.get("master_link_status") != "up":
+                return False
+            if info["role"] == "master" and int(info.get("connected_slaves", 0)) < 1:
+                return False
+        return roles.count("master") == CLUSTER_MASTERS
