@@ -1,8 +1,8 @@
 """ShardedRotator on the real 3-master Redis Cluster: routing by id, shards spread over the
 masters, the stored shard count, blocking wake-ups across shards, bounded retries, and
 worker processes completing every job once; and on 3 masters with a replica each (the
-`replicated_cluster` fixture): a master killed mid-run while a producer pushes and worker
-processes run."""
+`replicated_cluster` fixture): a master killed mid-run, and a shard's slot migrated to
+another master mid-run, while a producer pushes and worker processes run."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ import pytest
 from click.testing import CliRunner, Result
 from redis.cluster import RedisCluster
 from redis.crc import key_slot
-from redis.exceptions import ClusterDownError
+from redis.exceptions import ClusterDownError, ClusterError
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from rotator import InvalidToken, Job, NotTracked, Rotator, ShardedRotator, ShardsMismatch
@@ -69,6 +69,9 @@ def test_only_calls_that_are_harmless_twice_are_retried_after_a_lost_connection(
     assert not retryable(plain, lost)  # it may be in: pushing it again could double it
     assert retryable(plain, refused)  # never sent
     assert retryable(plain, down)  # refused by the cluster: nothing ran
+    # redis-py followed ASK/TRYAGAIN 16 times (a slot migration), then gave up: nothing ran
+    assert retryable(plain, ClusterError("TTL exhausted."))
+    assert not retryable(plain, ClusterError("something else"))
     assert retryable(marked, lost)  # the marker makes the second try push nothing
     assert retryable(unique, lost)  # the id index does
 
@@ -439,3 +442,47 @@ def test_a_master_killed_mid_run_fails_over_and_no_confirmed_push_is_lost(
     assert (result["failed"], result["lost"]) == (0, 0), result
     assert result["confirmed"] == 60 * 50
     assert result["doubled"] <= result["reclaimed"], result  # only a reclaim repeats a job
+
+
+@pytest.mark.cluster
+@pytest.mark.timeout(60)
+def test_a_shards_slot_migrates_to_another_master_mid_run_and_nothing_is_lost(
+    replicated_cluster: ReplicatedClusterProcess, queue_name: str, tmp_path: Path
+) -> None:
+    """Shard 0's slot moves to another master (SETSLOT IMPORTING/MIGRATING, MIGRATE of 3
+    keys at a time with pauses, so that it takes about a second and the queue's keys are
+    split between the two for a while: ASK and TRYAGAIN) while a producer pushes and
+    workers run: every confirmed push is completed, none lost, none twice unless a reclaim
+    explains it, and the shard is served by its new master."""
+    events: dict[str, Any] = {}
+
+    def migrate(queue: ShardedRotator) -> None:
+        slot = key_slot(queue.shard_names[0].encode())
+        source = replicated_cluster.master_of_slot(slot)
+        target = next(
+            replicated_cluster.master_of_slot(key_slot(shard.encode()))
+            for shard in queue.shard_names
+            if replicated_cluster.master_of_slot(key_slot(shard.encode())) is not source
+        )
+        began = time.monotonic()
+        moved = replicated_cluster.migrate_slot(slot, target, batch=3, pause=0.15)
+        took = time.monotonic() - began
+        with source.client(socket_timeout=2) as client:
+            refused = client.info("errorstats").get("errorstat_TRYAGAIN", {}).get("count", 0)
+        events.update(
+            slot=slot, source=source, target=target, moved=moved, took=took, tryagain=refused
+        )
+
+    try:
+        result = run_through(replicated_cluster, queue_name, tmp_path, migrate, batches=50)
+    finally:
+        if events:  # the slot goes home: later tests find the slots where create put them
+            replicated_cluster.migrate_slot(events["slot"], events["source"])
+    print(f"slot {events['slot']}: {events['moved']} keys moved in {events['took']:.1f} s; "
+          f"TRYAGAIN replies from the source: {events['tryagain']}")  # fmt: skip
+    assert events["moved"] > 10  # the queue's keys and the push markers
+    assert events["tryagain"] > 0  # calls did meet the shard's keys split over two masters
+    assert result["workers_alive"] == [True, True]
+    assert (result["failed"], result["lost"]) == (0, 0), result
+    assert result["confirmed"] == 50 * 50
+    assert result["doubled"] <= result["reclaimed"], result
