@@ -390,7 +390,11 @@ COMMANDS (ARGV[1]; numbers are decimal integers)
     reply: {idle, wait_ms, acked, token1, reclaimed1, payload1, ...}; payload nil if none
     errors: ROTATOR_BADARG, ROTATOR_BADTOKEN, ROTATOR_TOOMANY
   ackp TOKEN [TOKEN ...]                                            (KEYS 1..14, or 1..15)
-    ack (no batch acks), and deletes the payloads (and stats) of the accepted tokens' ids.
+    ack (no batch acks), and deletes the payloads (and stats) of the accepted tokens' ids,
+    or, for an id pushed more than once, counts one copy less (the payload stays for the
+    others). A token acked again while its ack is in a done set deletes nothing more (one
+    sent again after the walk removed its lease is not told apart: with two copies of an id
+    queued, it may take the other's payload).
     reply: number accepted
     errors: ROTATOR_BADTOKEN, ROTATOR_TOOMANY
   pushi ID [ID ...]                                                 (KEYS 1..15)
@@ -639,6 +643,9 @@ local A, KS, rcall
 local K
 -- The call came as `unique <push command> ...` (see IDS); A then starts at the push command.
 local UNIQUE
+-- The call drops what an ack completes (ackp, nextp DROP 1): ack_tokens then returns only the
+-- tokens acked for the first time, so an ack sent twice drops nothing twice.
+local FRESH_ACKS
 local T, NGROUPS
 -- Zero-padded places ("00042"), each formatted once: a token's seq is the call's first visit
 -- number followed by the job's place in the call's batch (or among the call's later
@@ -1209,6 +1216,7 @@ function M.ack_tokens(first, ring_length, sides)
       end
     end
   end
+  if FRESH_ACKS then accepted = M.not_acked_yet(accepted, sides) end
   if #accepted > 0 then
     sides[K.done] = sides[K.done] + rcall('SADD', K.done, unpack(accepted))
   end
@@ -1220,6 +1228,23 @@ function M.ack_tokens(first, ring_length, sides)
   M.write_marks(sides, batch_names, values, false)
   M.touch(touched, sides)
   return n, accepted
+end
+
+-- Of `tokens`, those in neither done set: acked now for the first time.
+function M.not_acked_yet(tokens, sides)
+  local fresh, seen = {}, {}
+  for _, key in ipairs({ K.done, K.done_old }) do
+    if #tokens > 0 and (sides[key] or 1) > 0 then -- (size unknown: look)
+      local flags = rcall('SMISMEMBER', key, unpack(tokens))
+      for i = 1, #flags do
+        if flags[i] == 1 then seen[tokens[i]] = true end
+      end
+    end
+  end
+  for i = 1, #tokens do
+    if not seen[tokens[i]] then fresh[#fresh + 1] = tokens[i] end
+  end
+  return fresh
 end
 
 -- The lease list's walk stopped at a young lease that was live (meta lstop, its deadline), and
@@ -3721,6 +3746,7 @@ function M.define_extensions()
     M.read('HLEN', K.payloads)
     if K.items then M.read('HLEN', K.items) end
     -- Dropping payloads needs each acked job's id: batch acks only where they are kept.
+    FRESH_ACKS = drop == 1
     local reply, accepted = M.lease(7, drop == 0)
     local out = { reply[1], reply[2], reply[3] }
     local ids = M.leased_ids(reply)
@@ -3744,9 +3770,10 @@ function M.define_extensions()
     local sides = M.ack_sides()
     M.read('HLEN', K.payloads)
     if K.items then M.read('HLEN', K.items) end
+    FRESH_ACKS = true
     local n, accepted = M.ack_tokens(2, sides.length, sides)
     M.write_acked(sides)
-    if n > 0 then M.forget(accepted) end
+    if #accepted > 0 then M.forget(accepted) end
     M.add_durations(times)
     return n
   end
@@ -4410,7 +4437,7 @@ end
 -- One call, whichever way it came: EVAL/EVALSHA (KEYS, ARGV) or FCALL (keys, args).
 local function main(keys, args)
   -- The call state of section 2: bound here, once per call, and nowhere else.
-  UNIQUE = args[1] == 'unique'
+  UNIQUE, FRESH_ACKS = args[1] == 'unique', false
   if UNIQUE then
     args = { unpack(args, 2) }
     local pushes = { push = 1, pushi = 1, push_later = 1, push_priority = 1, pushp = 1,

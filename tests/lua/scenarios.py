@@ -1941,6 +1941,23 @@ def pushp_and_nextp_carry_payloads_and_ackp_drops_them(b: Backend) -> None:
 
 
 @scenario
+def an_ack_sent_twice_leaves_the_payload_of_another_copy(b: Backend) -> None:
+    """Found by the conformance work: two copies of "a" queued, the first acked twice by
+    ackp (as a retried ack is) took the second's payload, delivered nil."""
+    keys = payload_keys(b)
+    assert b.call_keys(keys, "pushp", "a", "pa") == 1
+    assert b.call_keys(keys, "pushp", "a", "pa") == 1
+    first = nextp(b, 1, 1)
+    token = str(first[3])
+    assert b.call_keys(keys, "ackp", token) == 1
+    assert b.call_keys(keys, "ackp", token) == 1  # accepted again, and drops nothing more
+    second = nextp(b, 1, 1, token)  # and once more, riding on a claim
+    assert (parse_token(str(second[3])).id, second[5]) == ("a", "pa")
+    assert b.call_keys(keys, "ackp", str(second[3])) == 1
+    assert b.key_state(keys[N_QUEUE_KEYS]) == ("none", None)
+
+
+@scenario
 def payload_commands_check_arguments_keys_and_types_before_writing(b: Backend) -> None:
     keys = payload_keys(b)
     push(b, "x")
