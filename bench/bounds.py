@@ -115,9 +115,10 @@ class Module:
 
     def own_keys(self, keys: Sequence[str]) -> Sequence[str]:
         """A queue's keys as this module takes them: those of the roles it knows (an older
-        module predates the lease list, the schedule or the id index)."""
+        module predates the lease list, the schedule or the id index). A topic's own keys pass:
+        their number never changed."""
         roles = self.roles
-        return [key for key in keys if key.rsplit(":", 1)[1] in roles]
+        return [key for key in keys if ":topic:" in key or key.rsplit(":", 1)[1] in roles]
 
     @property
     def roles(self) -> frozenset[str]:

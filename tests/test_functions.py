@@ -178,13 +178,3 @@ def test_a_read_only_replica_serves_reads_in_the_default_mode(tmp_path: Path) ->
             time.sleep(0.05)
         assert reader.stats().pending == 2
         assert reader.exists()
-
-
-@pytest.mark.cluster
-def test_the_default_mode_on_redis_cluster_is_fcall(cluster_client: RedisCluster) -> None:
-    q = Rotator(cluster_client, "default-mode")
-    q.delete()
-    q.push("j")
-    (job,) = q.next()
-    assert q.ack(job) == 1
-    assert chosen_mode(cluster_client) == "fcall"
