@@ -1511,8 +1511,11 @@ def spark_conf(pairs: tuple[str, ...]) -> dict[str, str]:
     return conf
 
 
-def spark_url(ctx: click.Context) -> str:
-    """The server the executors connect to: --url, else the embedded server's socket."""
+def spark_url(ctx: click.Context, shards: int | None = None) -> str:
+    """The server the executors connect to: --url, else the embedded server's socket; a
+    sharded queue (--shards) needs --url, a node of its Redis Cluster."""
+    if shards is not None:
+        return cluster_url(ctx)
     return server_url(ctx) or EmbeddedServer().start().url
 
 
@@ -1555,6 +1558,7 @@ def spark_group() -> None:
     help="Ids per atomic push.",
 )
 @click.option("--distinct", is_flag=True, help="Push each distinct id once.")
+@shards_option
 @spark_options
 @json_option
 @click.pass_context
@@ -1566,6 +1570,7 @@ def spark_push(
     column: str | None,
     batch_size: int,
     distinct: bool,
+    shards: int | None,
     master: str,
     conf: tuple[str, ...],
     json: bool,
@@ -1573,21 +1578,29 @@ def spark_push(
     """Push the ids of a dataset, every partition from its executor; prints how many.
 
     A dataset with an invalid id pushes nothing. A retried Spark task does not push its ids
-    twice.
+    twice. With --shards, each id goes to its shard of the sharded queue, and each chunk of
+    --batch-size holds one shard's ids.
 
     \b
     Examples:
       rotator spark push orders --input orders.parquet
       rotator spark push orders --input ids.txt --format text --master spark://host:7077
+      rotator --url redis://node-1:7000 spark push orders --input orders.parquet --shards 12
     """
     api = spark_api()
     queue_keys(queue)
-    url = spark_url(ctx)
-    with spark_failures(api), api.session(master, spark_conf(conf)) as spark:
+    url = spark_url(ctx, shards)
+    with spark_failures(api), cluster_errors(ctx), api.session(master, spark_conf(conf)) as spark:
         df = api.read_dataset(spark, path, fmt)
         column = column or ("value" if fmt == "text" else "id")
         pushed = api.push_dataframe(
-            df, queue, url=url, column=column, batch_size=batch_size, distinct=distinct
+            df,
+            queue,
+            url=url,
+            column=column,
+            batch_size=batch_size,
+            distinct=distinct,
+            shards=shards,
         )
     emit(ctx, {"pushed": pushed}, str(pushed))
 
@@ -1629,6 +1642,7 @@ def spark_push(
     help="Jobs per claim.",
 )
 @click.option("--overwrite", is_flag=True, help="Replace --output if it exists.")
+@shards_option
 @spark_options
 @json_option
 @click.pass_context
@@ -1643,6 +1657,7 @@ def spark_drain(
     max_deliveries: int,
     batch: int,
     overwrite: bool,
+    shards: int | None,
     master: str,
     conf: tuple[str, ...],
     json: bool,
@@ -1651,18 +1666,19 @@ def spark_drain(
     delivery (id, status, deliveries, reclaimed, seconds, worker, error) to --output.
 
     The handler's module is shipped to the executors with it; what it imports must be
-    installed there.
+    installed there. With --shards, every task claims from each shard of the sharded queue.
 
     \b
-    Example:
+    Examples:
       rotator spark drain orders --handler handlers:ship --output results.parquet
+      rotator spark drain orders --shards 12 --handler handlers:ship --output results.parquet
     """
     api = spark_api()
     queue_keys(queue)
     handler = api.load_callable(handler_ref)
     idempotency = api.load_callable(idempotency_ref) if idempotency_ref else None
-    url = spark_url(ctx)
-    with spark_failures(api), api.session(master, spark_conf(conf)) as spark:
+    url = spark_url(ctx, shards)
+    with spark_failures(api), cluster_errors(ctx), api.session(master, spark_conf(conf)) as spark:
         if not overwrite and api.output_exists(spark, output):
             fail(f"{output} exists: use --overwrite to replace it")  # before any job runs
         began = time.monotonic()
@@ -1676,6 +1692,7 @@ def spark_drain(
             timeout=timeout,
             max_deliveries=max_deliveries,
             batch=batch,
+            shards=shards,
         )
         results.write.mode("overwrite").parquet(output)
         counts = dict(results.groupBy("status").count().collect())

@@ -18,6 +18,15 @@ Retries. Spark re-runs a failed task from the start, so:
   call that acks it; the returned DataFrame is read from that journal, so it includes the
   work of task attempts that died later. A task that dies holds its jobs until their lease
   runs out; then the other tasks (or the retry) deliver them again, flagged ``reclaimed``.
+
+Sharded queues. With ``shards=N``, ``push_dataframe`` and ``drain`` work on the sharded queue
+``queue`` of a Redis Cluster (:class:`rotator.sharded.ShardedRotator`; ``url`` names any
+node). The stored shard count is checked on the driver first (ShardsMismatch, before any
+Spark job runs). A push task routes each id to its shard (crc32) and cuts each shard's ids
+into chunks with a marker of that shard's own (``rotator:{queue:k.SALT}:spark:push:...``, in
+the shard's slot, as ``push_chunk`` needs), so a re-run skips what is in exactly as above.
+A drain task runs the same worker loop over every shard; the journal lives in the queue's
+own hash tag (``rotator:{queue}:spark:drain:...``, one slot), read back on a cluster client.
 """
 
 from __future__ import annotations
@@ -36,10 +45,11 @@ import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar, cast
+from typing import Any, Generic, Protocol, TypeVar, cast
 
 import redis
 from redis.backoff import NoBackoff
+from redis.cluster import RedisCluster
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.exceptions import WatchError
@@ -80,6 +90,14 @@ from rotator.models import Handler, Job, RingEntry
 from rotator.protocol import JobRef
 from rotator.script import module_caller, module_command, module_source, not_loaded, pipeline_reply
 from rotator.sending import Sender
+from rotator.sharded import (
+    DEFAULT_RETRY_FOR,
+    RetryingSender,
+    ShardedFlows,
+    ShardedRotator,
+    check_shards,
+    cluster_client,
+)
 from rotator.worker import Worker
 
 __all__ = [
@@ -95,6 +113,7 @@ __all__ = [
     "push_chunks",
     "push_dataframe",
     "push_partition",
+    "push_sharded_partition",
     "read_dataset",
     "register",
     "session",
@@ -194,9 +213,16 @@ class _ChunkPusher:
     """
 
     def __init__(
-        self, client: redis.Redis, keys: QueueKeys, marker: str, ttl: int = SPARK_KEY_TTL
+        self,
+        client: redis.Redis | RedisCluster,
+        keys: QueueKeys,
+        marker: str,
+        ttl: int = SPARK_KEY_TTL,
+        *,
+        sender: Sender | None = None,
     ) -> None:
-        self.sender = Sender(client, False, None)
+        # A cluster's shard is pushed through its queue's RetryingSender (cluster errors).
+        self.sender = sender or Sender(client, False, None)
         self.keys = (*keys.all, marker)
         self.marker = marker
         self.ttl_ms = ttl * 1000
@@ -240,17 +266,84 @@ def push_chunks(push: ChunkPush[Item], items: Iterable[Item], size: int) -> int:
     This is what makes a Spark write exactly once per marker: a re-run with the same items in
     the same order cuts the same chunks, and the marker skips those already in.
     """
-    total = index = 0
-    chunk: list[Item] = []
+    chunker = _Chunker(push, size)
     for item in items:
-        chunk.append(item)
-        if len(chunk) == size:
-            total += push(index, chunk)
-            index += 1
-            chunk = []
-    if chunk:
-        total += push(index, chunk)
-    return total
+        chunker.add(item)
+    return chunker.close()
+
+
+class _Chunker(Generic[Item]):
+    """:func:`push_chunks` one item at a time: chunk ``i`` goes to ``push(i, chunk)`` as soon
+    as it is full, the last one at :meth:`close`. One per marker."""
+
+    def __init__(self, push: ChunkPush[Item], size: int) -> None:
+        self.push = push
+        self.size = size
+        self.index = 0
+        self.total = 0
+        self.chunk: list[Item] = []
+
+    def add(self, item: Item) -> None:
+        self.chunk.append(item)
+        if len(self.chunk) == self.size:
+            self._send()
+
+    def close(self) -> int:
+        """Sends the last chunk; how many items are in, now or from earlier runs."""
+        if self.chunk:
+            self._send()
+        return self.total
+
+    def _send(self) -> None:
+        self.total += self.push(self.index, self.chunk)
+        self.index += 1
+        self.chunk = []
+
+
+def push_sharded_partition(
+    client: RedisCluster,
+    queue: str,
+    run: str,
+    ids: Iterable[str],
+    batch_size: int,
+    *,
+    shards: int,
+    retry_for: float = DEFAULT_RETRY_FOR,
+) -> int:
+    """:func:`push_partition` for the sharded queue ``queue`` of ``shards`` shards: each id
+    goes to its shard (``crc32(id) % shards``, as :class:`rotator.ShardedRotator` routes),
+    and each shard's ids are cut into chunks of ``batch_size`` pushed under a marker of that
+    shard's own, ``rotator:{SHARD}:spark:push:RUN`` (in the shard's slot, with its keys).
+
+    A re-run with the same ids in the same order cuts the same chunks per shard, so each
+    shard's marker skips those in: every id is pushed once per ``run``. The stored shard
+    count is checked first (ShardsMismatch, nothing pushed). Each chunk adds wake tokens
+    for its shard, so blocked consumers look there. Cluster errors are retried for
+    ``retry_for`` seconds per call. Returns how many ids are in (now or from earlier runs).
+    """
+    flows = ShardedFlows(queue, shards, retry_for=retry_for)
+    sender = RetryingSender(client, False, retry_for)
+    sender.run(flows.check_layout())
+
+    def pusher(k: int) -> ChunkPush[bytes]:
+        keys = flows.shards[k].keys
+        marked = _ChunkPusher(client, keys, _spark_key(keys, "push", run), sender=sender)
+
+        def push(index: int, chunk: list[bytes]) -> int:
+            done = marked.push(index, chunk)
+            sender.run(flows.wake({k: len(chunk)}))
+            return done
+
+        return push
+
+    chunkers: dict[int, _Chunker[bytes]] = {}
+    for job_id in ids:
+        raw = protocol.encode_id(job_id)
+        k = flows.of_id(raw)
+        if k not in chunkers:
+            chunkers[k] = _Chunker(pusher(k), batch_size)
+        chunkers[k].add(raw)
+    return sum(chunker.close() for chunker in chunkers.values())
 
 
 class TransactionPusher(Generic[Item]):
@@ -341,23 +434,31 @@ class _PushTask:
     queue: str
     run: str
     batch_size: int
+    shards: int | None = None  # a sharded queue of this many shards on a Redis Cluster
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         partition, attempt = _task()
-        keys = queue_keys(self.queue)
-        marker = _spark_key(keys, "push", self.run, str(partition))
+        ids = (job_id for batch in batches for job_id in batch.column(0).to_pylist())
         # No redis-py retries: a retried EXEC could push a chunk twice; _ChunkPusher retries
         # after asking the marker. The name shows in CLIENT LIST which task is pushing.
-        client = redis.Redis.from_url(
-            self.url,
-            retry=Retry(NoBackoff(), 0),
-            client_name=f"rotator-spark-push:{self.queue}:{partition}.{attempt}:{os.getpid()}",
-        )
-        try:
-            ids = (job_id for batch in batches for job_id in batch.column(0).to_pylist())
-            pushed = push_partition(client, keys, marker, ids, self.batch_size)
-        finally:
-            client.close()
+        name = f"rotator-spark-push:{self.queue}:{partition}.{attempt}:{os.getpid()}"
+        if self.shards is not None:
+            cluster = cluster_client(self.url, client_name=name)  # redis-py's retries off too
+            try:
+                run = f"{self.run}:{partition}"
+                pushed = push_sharded_partition(
+                    cluster, self.queue, run, ids, self.batch_size, shards=self.shards
+                )
+            finally:
+                cluster.close()
+        else:
+            keys = queue_keys(self.queue)
+            marker = _spark_key(keys, "push", self.run, str(partition))
+            client = redis.Redis.from_url(self.url, retry=Retry(NoBackoff(), 0), client_name=name)
+            try:
+                pushed = push_partition(client, keys, marker, ids, self.batch_size)
+            finally:
+                client.close()
         yield pa.RecordBatch.from_pydict({"pushed": pa.array([pushed], pa.int64())})
 
 
@@ -400,6 +501,7 @@ def push_dataframe(
     column: str = "id",
     batch_size: int = DEFAULT_SPARK_PUSH_BATCH,
     distinct: bool = False,
+    shards: int | None = None,
 ) -> int:
     """Pushes the ids in ``column`` of ``df`` to ``queue``; returns how many were pushed.
 
@@ -412,9 +514,18 @@ def push_dataframe(
     re-run (files and shuffles do; a filter on ``rand()`` does not). Rows that repeat an id
     push it again, as ``Rotator.push`` would; ``distinct=True`` pushes each id once (a
     shuffle). Partitions push concurrently, so there is no order across partitions.
+
+    With ``shards``, ``queue`` is the sharded queue of that many shards on the Redis Cluster
+    at ``url`` (any node; see :class:`rotator.ShardedRotator`): the count is checked against
+    the stored one before anything else (ShardsMismatch), each id goes to its shard, and
+    each partition pushes each shard's ids in chunks of ``batch_size`` under a marker of
+    that shard's own (:func:`push_sharded_partition`): a retried task still pushes nothing
+    twice. Atomic per chunk, as above; a chunk holds one shard's ids.
     """
     keys = queue_keys(queue)
     size = protocol.whole(batch_size, "batch_size", 1, MAX_BATCH)
+    if shards is not None:
+        shards = _check_sharded(url, keys.name, shards)
     bad = invalid_ids(df, column)
     examples = bad.limit(5).collect()
     if examples:
@@ -426,12 +537,33 @@ def push_dataframe(
     ids = _id_column(df, column)
     if distinct:
         ids = ids.dropDuplicates(["id"])
-    task = _PushTask(url, keys.name, uuid.uuid4().hex, size)
+    return _push_ids(ids, _PushTask(url, keys.name, uuid.uuid4().hex, size, shards))
+
+
+def _push_ids(ids: DataFrame, task: _PushTask) -> int:
+    """Runs ``task`` on every partition of ``ids`` (one string column ``id``); the sum of
+    its counts. Running it again with the same task is what a Spark retry of every task is.
+    """
     # Sorted within each partition so that a re-run task cuts the same chunks, whatever
     # order a shuffle hands it its rows in.
     counts = ids.sortWithinPartitions("id").mapInArrow(task, "pushed bigint")
     total = counts.agg(F.sum("pushed")).first()
     return int(total[0] or 0) if total is not None else 0
+
+
+def _check_sharded(url: str, queue: str, shards: int) -> int:
+    """Checks on the driver what every task would find out: that ``url`` is a node of a
+    Redis Cluster and ``queue`` is stored with ``shards`` shards (ShardsMismatch), storing
+    the count at its first use as any ShardedRotator does. Returns the count."""
+    shards = check_shards(shards)
+    cluster = cluster_client(url)
+    try:
+        RetryingSender(cluster, False, DEFAULT_RETRY_FOR).run(
+            ShardedFlows(queue, shards).check_layout()
+        )
+    finally:
+        cluster.close()
+    return shards
 
 
 # -- draining ---------------------------------------------------------------------------------
@@ -456,46 +588,71 @@ class _Journal:
         return [f"{self.key}:{shard}" for shard in range(self.shards)]
 
 
-class _JournalingRotator(Rotator):
-    """A Rotator that writes the result rows of deliveries before the call that settles them.
+class _Settles(Protocol):
+    """The calls of the queue class that :class:`_Journaling` is mixed in before."""
+
+    def next(
+        self,
+        count: int = 1,
+        block: float | None = None,
+        *,
+        ack: Iterable[JobRef] = (),
+        durations: Iterable[float] = (),
+    ) -> list[Job]: ...
+    def ack(self, *jobs: JobRef) -> int: ...
+    def nack(self, *jobs: JobRef, delay: float = 0.0) -> int: ...
+    def fail(self, *jobs: JobRef, error: str, delay: float = 0.0) -> int: ...
+    def bury(self, *jobs: JobRef, error: str = "") -> int: ...
+
+
+class _Journaling:
+    """Writes the result rows of deliveries before the call that settles them; mixed in
+    before Rotator or ShardedRotator, whose own calls it makes after the writes.
 
     The worker acks a finished job with its next claim (or ``ack`` when it stops) and nacks a
     failed one: each of those calls first writes the rows of the deliveries it settles to
     the journal. So an acked delivery always has its row; a delivery whose task died first
-    has none, and is delivered again (reclaimed) after its lease.
+    has none, and is delivered again (reclaimed) after its lease. A row is forgotten only
+    once written: when a write fails, the worker's retry of the call writes it again.
     """
 
-    def __init__(
-        self, client: redis.Redis, name: str, *, journal: _Journal, **options: Any
-    ) -> None:
-        super().__init__(client, name, **options)
+    def _open_journal(self, client: redis.Redis | RedisCluster, journal: _Journal) -> None:
         self.journal = journal
         self.worker = _worker_name()
+        self._journal_client = client
         self._rows: dict[str, str] = {}
         self._expiring: set[str] = set()  # shards this task has given their TTL
-        self._lock = threading.Lock()
+        self._rows_lock = threading.Lock()
+
+    def _queue(self) -> _Settles:
+        """The queue's own calls (of the class after this one)."""
+        return cast("_Settles", super())
 
     def record(self, job: Job, status: str, seconds: float, error: str | None = None) -> None:
         row = [job.id, status, job.deliveries, job.reclaimed, seconds, self.worker, error]
-        with self._lock:
+        with self._rows_lock:
             self._rows[job.token] = json.dumps(row)
 
     def _write_rows(self, refs: Iterable[JobRef]) -> None:
         tokens = [ref.token if isinstance(ref, Job) else protocol.text(ref) for ref in refs]
         shards: dict[str, dict[Any, str]] = {}  # key -> token -> row
-        with self._lock:
+        with self._rows_lock:
             for token in tokens:
-                if (row := self._rows.pop(token, None)) is not None:
+                if (row := self._rows.get(token)) is not None:
                     field = token.encode("utf-8", "surrogateescape")  # as the ring holds it
                     shards.setdefault(self.journal.shard(field), {})[field] = row
         if not shards:
             return
-        pipe = self.client.pipeline(transaction=False)
+        # All of a journal's keys share one hash tag: on a cluster, one node's pipeline.
+        pipe = self._journal_client.pipeline(transaction=False)
         for key, rows in shards.items():
             pipe.hset(key, mapping=rows)
             if key not in self._expiring:
                 pipe.expire(key, SPARK_KEY_TTL)
         pipe.execute()
+        with self._rows_lock:
+            for token in tokens:
+                self._rows.pop(token, None)
         self._expiring.update(shards)
 
     def next(
@@ -508,23 +665,23 @@ class _JournalingRotator(Rotator):
     ) -> list[Job]:
         acks = list(ack)
         self._write_rows(acks)
-        return super().next(count, block, ack=acks, durations=durations)
+        return self._queue().next(count, block, ack=acks, durations=durations)
 
     def ack(self, *jobs: JobRef) -> int:
         self._write_rows(jobs)
-        return super().ack(*jobs)
+        return self._queue().ack(*jobs)
 
     def nack(self, *jobs: JobRef, delay: float = 0.0) -> int:
         self._write_rows(jobs)
-        return super().nack(*jobs, delay=delay)
+        return self._queue().nack(*jobs, delay=delay)
 
     def fail(self, *jobs: JobRef, error: str, delay: float = 0.0) -> int:
         self._write_rows(jobs)
-        return super().fail(*jobs, error=error, delay=delay)
+        return self._queue().fail(*jobs, error=error, delay=delay)
 
     def bury(self, *jobs: JobRef, error: str = "") -> int:
         self._write_rows(jobs)
-        return super().bury(*jobs, error=error)
+        return self._queue().bury(*jobs, error=error)
 
     def recording(self, handler: Handler, idempotency: Idempotency | None) -> Handler:
         """``handler`` with its outcome recorded; reclaimed jobs go to ``idempotency`` first."""
@@ -545,6 +702,26 @@ class _JournalingRotator(Rotator):
         return run
 
 
+class _JournalingRotator(_Journaling, Rotator):
+    """A Rotator whose settling calls write their result rows first (:class:`_Journaling`)."""
+
+    def __init__(
+        self, client: redis.Redis, name: str, *, journal: _Journal, **options: Any
+    ) -> None:
+        super().__init__(client, name, **options)
+        self._open_journal(client, journal)
+
+
+class _JournalingShardedRotator(_Journaling, ShardedRotator):
+    """A ShardedRotator whose settling calls write their result rows first."""
+
+    def __init__(
+        self, client: RedisCluster, name: str, *, shards: int, journal: _Journal, **options: Any
+    ) -> None:
+        super().__init__(client, name, shards=shards, **options)
+        self._open_journal(client, journal)
+
+
 @dataclass(frozen=True)
 class _DrainTask:
     """What every drain task needs; pickled to the executors (no connection inside)."""
@@ -559,21 +736,15 @@ class _DrainTask:
     batch: int
     concurrency: int
     poll: float
+    shards: int | None = None  # a sharded queue of this many shards on a Redis Cluster
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for _ in batches:
             pass  # the task's one input row only gets it scheduled
-        client = redis.Redis.from_url(self.url)
+        rotator = self.open()
         try:
-            rotator = _JournalingRotator(
-                client,
-                self.queue,
-                journal=self.journal,
-                timeout=self.timeout,
-                max_deliveries=self.max_deliveries,
-            )
             worker = Worker(
-                rotator,
+                cast("Rotator", rotator),  # a ShardedRotator has what the worker calls
                 rotator.recording(self.handler, self.idempotency),
                 concurrency=self.concurrency,
                 batch=self.batch,
@@ -582,9 +753,20 @@ class _DrainTask:
             # Spark owns the process's signals; the loop ends when the queue is drained.
             summary = worker.run(stop_when_empty=True, install_signal_handlers=False)
         finally:
-            client.close()
+            rotator.client.close()
         row = [rotator.worker, summary.processed, summary.failed, summary.leases_lost]
         yield _batch([[value] for value in row], _TASK_ARROW)
+
+    def open(self) -> _JournalingRotator | _JournalingShardedRotator:
+        """The queue on a connection of this task's own."""
+        options: dict[str, Any] = {
+            "journal": self.journal, "timeout": self.timeout, "max_deliveries": self.max_deliveries
+        }  # fmt: skip
+        if self.shards is None:
+            return _JournalingRotator(redis.Redis.from_url(self.url), self.queue, **options)
+        return _JournalingShardedRotator(
+            cluster_client(self.url), self.queue, shards=self.shards, **options
+        )
 
 
 def drain(
@@ -600,6 +782,7 @@ def drain(
     batch: int = DEFAULT_DRAIN_BATCH,
     concurrency: int = 1,
     poll: float = DEFAULT_DRAIN_POLL,
+    shards: int | None = None,
 ) -> DataFrame:
     """Runs ``handler(job)`` for every job of ``queue`` in ``parallelism`` Spark tasks (default:
     the cluster's cores) and returns one row per processed delivery: RESULT_COLUMNS.
@@ -622,6 +805,12 @@ def drain(
     dead task had acked; the rows of jobs it held unacked are lost with it, and a reclaimed
     row is where a duplicate run can hide. The rows are read back and materialized (a local
     checkpoint) before this returns: later actions do not run anything again.
+
+    With ``shards``, ``queue`` is the sharded queue of that many shards on the Redis Cluster
+    at ``url`` (any node): the count is checked against the stored one before any task
+    starts (ShardsMismatch), and each task runs the worker loop of
+    :meth:`rotator.ShardedRotator.work`, claiming from every shard, until no shard holds
+    anything. The journal lives in the queue's own hash tag (one slot).
     """
     keys = queue_keys(queue)
     tasks = parallelism if parallelism is not None else spark.sparkContext.defaultParallelism
@@ -632,11 +821,14 @@ def drain(
     protocol.check_count(batch)
     protocol.whole(concurrency, "concurrency", 1, 1024)
     protocol.seconds_to_ms(poll, "poll")
-    shards = max(2, spark.sparkContext.defaultParallelism * 2)
-    journal = _Journal(_spark_key(keys, "drain", uuid.uuid4().hex), shards)
+    cluster = shards is not None
+    if shards is not None:
+        shards = _check_sharded(url, keys.name, shards)
+    journal_shards = max(2, spark.sparkContext.defaultParallelism * 2)
+    journal = _Journal(_spark_key(keys, "drain", uuid.uuid4().hex), journal_shards)
     task = _DrainTask(
         url, keys.name, journal, handler, idempotency, timeout, max_deliveries, batch,
-        concurrency, poll,
+        concurrency, poll, shards,
     )  # fmt: skip
     began = time.monotonic()
     ran = spark.range(0, tasks, numPartitions=tasks).mapInArrow(task, _TASK_COLUMNS).collect()
@@ -646,15 +838,23 @@ def drain(
             queue, summary.worker, summary.processed, summary.failed, summary.leases_lost,
         )  # fmt: skip
     log.info("drain %s: %d tasks done in %.3f s", queue, tasks, time.monotonic() - began)
-    reader = _JournalReader(url, journal)
-    shard_ids = spark.range(0, shards, numPartitions=shards)
+    reader = _JournalReader(url, journal, cluster)
+    shard_ids = spark.range(0, journal_shards, numPartitions=journal_shards)
     results = shard_ids.mapInArrow(reader, RESULT_COLUMNS).localCheckpoint(eager=True)
-    with redis.Redis.from_url(url) as client:
+    client = _connect(url, cluster)
+    try:
         client.delete(*journal.keys())
+    finally:
+        client.close()
     return results
 
 
 # -- reading back -----------------------------------------------------------------------------
+
+
+def _connect(url: str, cluster: bool) -> redis.Redis | RedisCluster:
+    """A client for ``url``: of the Redis Cluster it is a node of, or of that server."""
+    return cluster_client(url) if cluster else redis.Redis.from_url(url)
 
 
 def _batch(columns: list[list[Any]], schema: pa.Schema) -> pa.RecordBatch:
@@ -670,9 +870,10 @@ class _JournalReader:
 
     url: str
     journal: _Journal
+    cluster: bool = False  # the journal is on a Redis Cluster (of a sharded queue)
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        client = redis.Redis.from_url(self.url)
+        client = _connect(self.url, self.cluster)
         try:
             for batch in batches:
                 for shard in batch.column(0).to_pylist():
@@ -680,7 +881,7 @@ class _JournalReader:
         finally:
             client.close()
 
-    def read(self, client: redis.Redis, key: str) -> Iterator[pa.RecordBatch]:
+    def read(self, client: redis.Redis | RedisCluster, key: str) -> Iterator[pa.RecordBatch]:
         seen: set[bytes] = set()  # HSCAN may repeat a field if the hash was being resized
         cursor = 0
         while True:
