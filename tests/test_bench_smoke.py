@@ -318,3 +318,45 @@ def test_bench_priorities_smoke(tmp_path: Path) -> None:
     report = (tmp_path / "priorities.md").read_text()
     assert "| three levels in use (0, 3, 7) over never used, `next(100, " in report
     assert "| memory, 300 jobs " in printed
+
+
+def test_bench_sharded_smoke(tmp_path: Path) -> None:
+    """bench.sharded (issue 19) end to end on tiny sizes: both clusters, every setup and
+    section, the model's figures, never a timing bound."""
+    printed = run_smoke("bench.sharded", tmp_path, timeout=120)
+    data = json.loads((tmp_path / "sharded.json").read_text())
+    assert set(data) == {"machine", "module", "sizes", "results", "model"}
+    assert data["machine"]["mode"] == "smoke"
+    assert set(data["results"]) == {"redis"}
+    result = data["results"]["redis"]
+    assert set(result) == {"version", "flow", "idle", "push_one"}
+    setups = {"single-1m", "sharded-1m", "sharded-3m"}
+    rounds = data["sizes"]["rounds"]
+    flows = result["flow"]["rows"]
+    assert sorted(r["setup"] for r in flows) == sorted(setups) * rounds
+    for r in flows:
+        masters = 3 if r["setup"] == "sharded-3m" else 1
+        assert len(r["masters"]) == masters
+        assert sum(m["jobs"] for m in r["masters"]) == r["jobs"] == data["sizes"]["jobs"]
+        assert sum(m["wake_list"] for m in r["masters"]) == 1
+        assert r["jobs_per_s"] > 0
+        assert r["server_cpu_us_per_job"] > 0
+        assert r["consumer_cpu_us_per_job"] > 0
+        assert r["evalsha_calls_per_job"] > 0  # the module by EVALSHA, the cluster default
+    three = next(r for r in flows if r["setup"] == "sharded-3m")
+    assert [m["shards"] for m in three["masters"]] == [4, 4, 4]
+    assert all(m["jobs"] > 0 and m["evalsha_calls"] > 0 for m in three["masters"])
+    assert {r["test"] for r in result["flow"]["ratios"]} == {"sharded-3m", "sharded-1m"}
+    laps = {r["setup"]: r["calls_per_lap"] for r in result["idle"]["rows"]}
+    assert laps == {"single-1m": 1, "sharded-1m": 12, "sharded-3m": 12}
+    pushes = {r["setup"]: r for r in result["push_one"]["rows"]}
+    assert set(pushes) == setups
+    assert pushes["sharded-3m"]["wake_master_extra_cpu_us_per_push"] is not None
+    model = data["model"]["redis"]
+    assert set(model["nodes"]) == {"1", "3", "10", "100"}
+    assert model["nodes"]["100"]["shards"] == 100
+    assert all(row["jobs_per_s"] > 0 for row in model["nodes"].values())
+    report = (tmp_path / "sharded.md").read_text()
+    assert "## The model: how far it goes on 10 and 100 nodes" in report
+    assert "| end to end jobs/s (one queue, 1 master / 12 shards, 1 master / 12 shards, 3" in report
+    assert "sharded-3m / sharded-1m: throughput" in printed
