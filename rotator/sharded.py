@@ -27,6 +27,8 @@ the protocol, and every call is still one atomic single-slot module call.
   (see :class:`RetryingSender`); MOVED and ASK are followed by redis-py itself.
 - **The layout** (shard count and naming scheme) is stored in ``rotator:{NAME}:shards`` at
   first use (HSETNX) and checked by every client that opens the queue: ShardsMismatch.
+- **asyncio.** :class:`rotator.sharded_aio.AsyncShardedRotator` runs the same flows
+  (:class:`ShardedFlows`) and retry policy (:class:`Tries`) on ``redis.asyncio``.
 """
 
 from __future__ import annotations
@@ -206,38 +208,55 @@ def retry_pause(failures: int, left: float) -> float:
     return float(max(0.0, min(RETRY_PAUSE_FIRST * 2 ** (failures - 1), RETRY_PAUSE_CAP, left)))
 
 
-class RetryingSender(Sender):
-    """A :class:`rotator.sending.Sender` that retries each request for at most
-    ``retry_for`` seconds from its first try, while :func:`retryable` says so, pausing
-    50 ms, 100 ms, ... 1 s between tries. One request thus returns or raises within
-    ``retry_for`` plus one try's socket timeout."""
+class Tries:
+    """The retry policy of one request: tries for at most ``retry_for`` seconds from the
+    first, while :func:`retryable` says so, pausing 50 ms, 100 ms, ... 1 s between them.
+    Shared by :class:`RetryingSender` and its asyncio twin, which only sleep differently."""
 
-    def __init__(self, client: Any, functions: bool | None, retry_for: float) -> None:
-        super().__init__(client, functions, None)
-        self.retry_for = retry_for
+    def __init__(self, client: Any, request: Request, retry_for: float) -> None:
+        self.client = client
+        self.request = request
+        self.give_up = time.monotonic() + retry_for
+        self.failures = 0
 
-    def perform(self, request: Request) -> Any:
-        began = time.monotonic()
-        failures = 0
-        while True:
-            try:
-                return super().perform(request)
-            except Exception as error:
-                left = began + self.retry_for - time.monotonic()
-                if left <= 0 or not retryable(request, error):
-                    raise
-                failures += 1
-                if isinstance(error, ConnectionError | TimeoutError):
-                    self._away_from(error)
-                time.sleep(retry_pause(failures, left))
+    def pause_after(self, error: Exception) -> float | None:
+        """Seconds to wait before the next try after ``error``; None: raise it."""
+        left = self.give_up - time.monotonic()
+        if left <= 0 or not retryable(self.request, error):
+            return None
+        self.failures += 1
+        if isinstance(error, ConnectionError | TimeoutError):
+            self._away_from()
+        return retry_pause(self.failures, left)
 
-    def _away_from(self, error: Exception) -> None:
+    def _away_from(self) -> None:
         """redis-py asks the cluster client's default node about some commands before it
         sends them, and replaces a dead default node only when its own retries are on:
         pick another, so that a dead master cannot fail every call that asks it."""
         replace = getattr(self.client, "replace_default_node", None)
         if replace is not None:
             replace()
+
+
+class RetryingSender(Sender):
+    """A :class:`rotator.sending.Sender` that retries each request as :class:`Tries` says.
+    One request thus returns or raises within ``retry_for`` plus one try's socket
+    timeout."""
+
+    def __init__(self, client: Any, functions: bool | None, retry_for: float) -> None:
+        super().__init__(client, functions, None)
+        self.retry_for = retry_for
+
+    def perform(self, request: Request) -> Any:
+        tries = Tries(self.client, request, self.retry_for)
+        while True:
+            try:
+                return super().perform(request)
+            except Exception as error:
+                pause = tries.pause_after(error)
+                if pause is None:
+                    raise
+                time.sleep(pause)
 
 
 def cluster_socket_timeout(client: Any) -> float | None:
@@ -260,14 +279,22 @@ def check_retry_for(retry_for: object) -> float:
     return float(retry_for)
 
 
-def cluster_client(url: str, **options: Any) -> RedisCluster:
-    """A RedisCluster for ``url`` made for :class:`ShardedRotator`: redis-py's own retries
+def cluster_options(options: dict[str, Any], retry: Callable[..., Any]) -> dict[str, Any]:
+    """``options`` for a sharded queue's cluster client, completed: redis-py's own retries
     off (the sharded queue retries within its ``retry_for``; redis-py's default is ten
-    more tries per command) and socket timeouts set, so that no try waits unbounded."""
+    more tries per command) and socket timeouts set, so that no try waits unbounded.
+    ``retry`` is the client's Retry class (redis.retry's, or redis.asyncio.retry's)."""
+    options = dict(options)
     options.setdefault("socket_connect_timeout", CONNECT_TIMEOUT)
     options.setdefault("socket_timeout", SOCKET_TIMEOUT)
-    options.setdefault("retry", Retry(NoBackoff(), 0))
-    return RedisCluster.from_url(url, **options)
+    options.setdefault("retry", retry(NoBackoff(), 0))
+    return options
+
+
+def cluster_client(url: str, **options: Any) -> RedisCluster:
+    """A RedisCluster for ``url`` made for :class:`ShardedRotator` (see
+    :func:`cluster_options`)."""
+    return RedisCluster.from_url(url, **cluster_options(options, Retry))
 
 
 # -- the flows -----------------------------------------------------------------------------
@@ -317,9 +344,24 @@ def _sum_stats(parts: Sequence[Stats]) -> Stats:
     )
 
 
+def layout_key(name: str, prefix: str) -> str:
+    """The hash that stores queue ``name``'s shard count and layout (in the slot of {NAME})."""
+    return f"{prefix}:{{{name}}}:shards"
+
+
+def stored_count(name: str, prefix: str) -> Flow[int]:
+    """The shard count stored with queue ``name``; ShardsMismatch when it has none."""
+    layout = queue_keys(name, prefix)  # validates the name first
+    raw = yield ClientCall("hget", (layout_key(name, prefix), "shards"))
+    if raw is None:
+        raise ShardsMismatch(f"queue {layout.name!r} has no stored shard count")
+    return int(raw)
+
+
 class ShardedFlows:
     """A sharded queue's layout and the flows of its operations (no I/O: run by
-    :class:`ShardedRotator`); each shard's own calls are its :class:`QueueFlows`."""
+    :class:`ShardedRotator` and, awaited, by :class:`rotator.sharded_aio.AsyncShardedRotator`);
+    each shard's own calls are its :class:`QueueFlows`."""
 
     def __init__(
         self,
@@ -337,7 +379,7 @@ class ShardedFlows:
         self.count = check_shards(shards)
         # The queue's own keys ({NAME}): its wake list, worker registry and layout hash.
         self.keys: QueueKeys = queue_keys(name, prefix)
-        self.layout_key = f"{prefix}:{{{name}}}:shards"
+        self.layout_key = layout_key(name, prefix)
         self.names = shard_names(name, self.count)
         self.shards = [
             QueueFlows(
@@ -373,9 +415,20 @@ class ShardedFlows:
             )
         self.checked = True
 
-    def stored_shards(self) -> Flow[int | None]:
-        raw = yield ClientCall("hget", (self.layout_key, "shards"))
-        return None if raw is None else int(raw)
+    def shard_options(self, k: int) -> dict[str, Any]:
+        """What opens shard ``k`` as an ordinary queue (Rotator or AsyncRotator)."""
+        flows = self.shards[k]
+        return {
+            "name": flows.name,
+            "timeout": flows.timeout,
+            "max_deliveries": flows.max_deliveries or None,
+            "budget": flows.budget,
+            "prefix": self.keys.ring.split(":{", 1)[0],
+        }
+
+    def placement(self, client: Any) -> list[str]:
+        """Each shard's master in ``client``'s slot map, ``host:port``, shard 0 first."""
+        return [str(client.get_node_from_key(shard.keys.ring).name) for shard in self.shards]
 
     def of_id(self, job_id: bytes) -> int:
         return shard_of_id(job_id, self.count)
@@ -398,10 +451,14 @@ class ShardedFlows:
         self,
         ids: Iterable[str | int],
         chunk: int,
-        due: protocol.Due | None,
+        *,
+        delay: float | None,
+        at: When | None,
         unique: bool,
         priority: int,
     ) -> Flow[int]:
+        due = protocol.check_due(delay, at)
+        priority = protocol.check_priority(priority)
         raw = protocol.encode_ids(ids)
         size = protocol.whole(chunk, "chunk", 1, MAX_BATCH)
         yield from self.check_layout()
@@ -535,6 +592,15 @@ class ShardedFlows:
             done += yield from flow(self.shards[k], part)
         return done
 
+    def nack(self, refs: Sequence[JobRef], delay: float) -> Flow[int]:
+        return self.per_shard(refs, lambda shard, part: shard.nack(part, delay))
+
+    def fail(self, refs: Sequence[JobRef], error: str, delay: float) -> Flow[int]:
+        return self.per_shard(refs, lambda shard, part: shard.fail(part, error, delay))
+
+    def bury(self, refs: Sequence[JobRef], error: str) -> Flow[int]:
+        return self.per_shard(refs, lambda shard, part: shard.bury(part, error))
+
     def extend(self, job: JobRef, seconds: float | None) -> Flow[float]:
         k = self.of_id(id_of_ref(job))
         yield from self.check_layout()
@@ -555,6 +621,9 @@ class ShardedFlows:
 
     # -- every shard -----------------------------------------------------------------------
 
+    def server_warnings(self) -> Flow[list[str]]:
+        return self.shards[0].server_warnings()
+
     def each(self, flow: Callable[[QueueFlows], Flow[T]]) -> Flow[list[T]]:
         """``flow`` on every shard in turn; their results, shard by shard."""
         yield from self.check_layout()
@@ -562,6 +631,38 @@ class ShardedFlows:
         for shard in self.shards:
             found.append((yield from flow(shard)))
         return found
+
+    def pause(self) -> Flow[bool]:
+        return any((yield from self.each(lambda shard: shard.pause())))
+
+    def resume(self) -> Flow[bool]:
+        resumed = any((yield from self.each(lambda shard: shard.resume())))
+        yield from self.wake(dict.fromkeys(range(self.count), WAKE_TOKENS))
+        return resumed
+
+    def configure(
+        self,
+        fence_window: float | None,
+        fence_max: int | None,
+        dead_max: int | None,
+        dead_max_age: float | None,
+        track_ids: bool | None,
+    ) -> Flow[QueueSettings]:
+        found = yield from self.each(
+            lambda shard: shard.configure(
+                fence_window, fence_max, dead_max, dead_max_age, track_ids
+            )
+        )
+        return found[0]
+
+    def exists(self) -> Flow[bool]:
+        return any((yield from self.each(lambda shard: shard.exists())))
+
+    def sweep(self) -> Flow[int]:
+        return sum((yield from self.each(lambda shard: shard.sweep())))
+
+    def drained(self) -> Flow[bool]:
+        return all((yield from self.each(lambda shard: shard.drained())))
 
     def stats(self) -> Flow[tuple[Stats, list[Stats]]]:
         parts = yield from self.each(lambda shard: shard.stats())
@@ -623,7 +724,60 @@ class ShardedFlows:
 # -- the API -------------------------------------------------------------------------------
 
 
-class ShardedRotator:
+class ShardedView:
+    """What the sync and async sharded queue classes show of their queue, read from its
+    flows, and how both are set up."""
+
+    client: Any
+    retry_for: float
+    _flows: ShardedFlows
+
+    def _lay_out(
+        self, cluster: Any, name: str, shards: int, retry_for: float, **options: Any
+    ) -> None:
+        self.client = cluster
+        self._flows = ShardedFlows(name, shards, retry_for=retry_for, **options)
+        self._flows.wake_cap = cluster_socket_timeout(cluster)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.name!r}, shards={self.shards}, timeout={self.timeout})"
+
+    @property
+    def name(self) -> str:
+        return self._flows.name
+
+    @property
+    def shards(self) -> int:
+        return self._flows.count
+
+    @property
+    def shard_names(self) -> tuple[str, ...]:
+        """The shards' queue names, shard 0 first (each an ordinary rotator queue)."""
+        return self._flows.names
+
+    @property
+    def keys(self) -> QueueKeys:
+        """The queue's own keys (``{NAME}``): its wake list and worker registry live there."""
+        return self._flows.keys
+
+    @property
+    def timeout(self) -> float:
+        return self._flows.shards[0].timeout
+
+    @property
+    def idempotency(self) -> Any:
+        return self._flows.shards[0].idempotency
+
+    @property
+    def max_deliveries(self) -> int | None:
+        return self._flows.shards[0].max_deliveries or None
+
+    def shard_of(self, job_id: str | int) -> int:
+        """The shard that holds (or would hold) job ``job_id``."""
+        return self._flows.of_id(protocol.encode_id(job_id))
+
+
+class ShardedRotator(ShardedView):
     """One logical queue over ``shards`` rotator queues of a Redis Cluster (see the module
     docstring for the layout, routing and blocking), with the API of :class:`rotator.Rotator`
     for what it offers. Each call of a shard is one atomic module call; an operation on
@@ -663,30 +817,22 @@ class ShardedRotator:
         functions: bool | None = False,
         retry_for: float = DEFAULT_RETRY_FOR,
     ) -> None:
-        self.client = cluster
         self.retry_for = check_retry_for(retry_for)
         self._sender = RetryingSender(cluster, functions, self.retry_for)
         self._run = self._sender.run
         if shards is None:
-            layout = queue_keys(name, prefix)  # validates the name first
-            stored = self._run(ShardedFlows(name, 1, prefix=prefix).stored_shards())
-            if stored is None:
-                raise ShardsMismatch(f"queue {layout.name!r} has no stored shard count")
-            shards = stored
-        self._flows = ShardedFlows(
+            shards = self._run(stored_count(name, prefix))
+        self._lay_out(
+            cluster,
             name,
             shards,
+            self.retry_for,
             timeout=timeout,
             idempotency=idempotency,
             max_deliveries=max_deliveries,
             budget=budget,
             prefix=prefix,
-            retry_for=self.retry_for,
         )
-        self._flows.wake_cap = cluster_socket_timeout(cluster)
-
-    def __repr__(self) -> str:
-        return f"ShardedRotator({self.name!r}, shards={self.shards}, timeout={self.timeout})"
 
     @classmethod
     def from_url(cls, url: str, name: str, *, shards: int | None, **options: Any) -> ShardedRotator:
@@ -695,65 +841,19 @@ class ShardedRotator:
 
     # -- what it is ------------------------------------------------------------------------
 
-    @property
-    def name(self) -> str:
-        return self._flows.name
-
-    @property
-    def shards(self) -> int:
-        return self._flows.count
-
-    @property
-    def shard_names(self) -> tuple[str, ...]:
-        """The shards' queue names, shard 0 first (each an ordinary rotator queue)."""
-        return self._flows.names
-
-    @property
-    def keys(self) -> QueueKeys:
-        """The queue's own keys (``{NAME}``): its wake list and worker registry live there."""
-        return self._flows.keys
-
-    @property
-    def timeout(self) -> float:
-        return self._flows.shards[0].timeout
-
-    @property
-    def idempotency(self) -> Any:
-        return self._flows.shards[0].idempotency
-
-    @property
-    def max_deliveries(self) -> int | None:
-        return self._flows.shards[0].max_deliveries or None
-
-    def shard_of(self, job_id: str | int) -> int:
-        """The shard that holds (or would hold) job ``job_id``."""
-        return self._flows.of_id(protocol.encode_id(job_id))
-
     def placement(self) -> list[str]:
         """Each shard's master now, ``host:port``, shard 0 first (it moves with resharding)."""
-        found = []
-        for shard in self._flows.shards:
-            node = self.client.get_node_from_key(shard.keys.ring)  # type: ignore[no-untyped-call]
-            found.append(str(node.name))
-        return found
+        return self._flows.placement(self.client)
 
     def shard(self, k: int) -> Rotator:
         """Shard ``k`` as an ordinary :class:`rotator.Rotator` (to inspect or drain it; push
         through the sharded queue, so that ids keep to their shards)."""
         from rotator.core import Rotator  # noqa: PLC0415 (only for this view)
 
-        flows = self._flows.shards[k]
-        return Rotator(
-            self.client,
-            flows.name,
-            timeout=flows.timeout,
-            max_deliveries=flows.max_deliveries or None,
-            budget=flows.budget,
-            prefix=self.keys.ring.split(":{", 1)[0],
-        )
+        return Rotator(self.client, **self._flows.shard_options(k))
 
     def server_warnings(self) -> list[str]:
-        return self._run(self._flows.shards[0].server_warnings())
+        return self._run(self._flows.server_warnings())
 
     # -- producing -------------------------------------------------------------------------
 
@@ -784,9 +884,9 @@ class ShardedRotator:
         priority: int = 0,
     ) -> int:
         """``push`` of any number of ids: grouped by shard, calls of ``chunk`` per shard."""
-        due = protocol.check_due(delay, at)
-        level = protocol.check_priority(priority)
-        return self._run(self._flows.push_many(ids, chunk, due, unique, level))
+        return self._run(
+            self._flows.push_many(ids, chunk, delay=delay, at=at, unique=unique, priority=priority)
+        )
 
     def cancel(self, *ids: str | int) -> int:
         """As :meth:`rotator.Rotator.cancel`, on each id's shard (they must track ids:
@@ -803,13 +903,11 @@ class ShardedRotator:
 
     def pause(self) -> bool:
         """Pauses every shard; True when one was not paused yet."""
-        return any(self._run(self._flows.each(lambda shard: shard.pause())))
+        return self._run(self._flows.pause())
 
     def resume(self) -> bool:
         """Resumes every shard (and wakes blocked consumers); True when one was paused."""
-        resumed = any(self._run(self._flows.each(lambda shard: shard.resume())))
-        self._run(self._flows.wake(dict.fromkeys(range(self.shards), WAKE_TOKENS)))
-        return resumed
+        return self._run(self._flows.resume())
 
     # -- consuming -------------------------------------------------------------------------
 
@@ -832,15 +930,13 @@ class ShardedRotator:
         return self._run(self._flows.ack(jobs))
 
     def nack(self, *jobs: JobRef, delay: float = 0.0) -> int:
-        return self._run(self._flows.per_shard(jobs, lambda shard, refs: shard.nack(refs, delay)))
+        return self._run(self._flows.nack(jobs, delay))
 
     def fail(self, *jobs: JobRef, error: str, delay: float = 0.0) -> int:
-        return self._run(
-            self._flows.per_shard(jobs, lambda shard, refs: shard.fail(refs, error, delay))
-        )
+        return self._run(self._flows.fail(jobs, error, delay))
 
     def bury(self, *jobs: JobRef, error: str = "") -> int:
-        return self._run(self._flows.per_shard(jobs, lambda shard, refs: shard.bury(refs, error)))
+        return self._run(self._flows.bury(jobs, error))
 
     def extend(self, job: JobRef, seconds: float | None = None) -> float:
         return self._run(self._flows.extend(job, seconds))
@@ -896,17 +992,12 @@ class ShardedRotator:
         track_ids: bool | None = None,
     ) -> QueueSettings:
         """Sets the settings on every shard (``dead_max`` is per shard); returns shard 0's."""
-        found = self._run(
-            self._flows.each(
-                lambda shard: shard.configure(
-                    fence_window, fence_max, dead_max, dead_max_age, track_ids
-                )
-            )
+        return self._run(
+            self._flows.configure(fence_window, fence_max, dead_max, dead_max_age, track_ids)
         )
-        return found[0]
 
     def exists(self) -> bool:
-        return any(self._run(self._flows.each(lambda shard: shard.exists())))
+        return self._run(self._flows.exists())
 
     def delete(self, *, forget: bool = False) -> bool:
         """Deletes every shard (each atomically, not all at once), the wake list, the worker
@@ -914,11 +1005,11 @@ class ShardedRotator:
         return self._run(self._flows.delete(forget))
 
     def sweep(self) -> int:
-        return sum(self._run(self._flows.each(lambda shard: shard.sweep())))
+        return self._run(self._flows.sweep())
 
     def drained(self) -> bool:
         """True when no shard has anything pending, in flight, deferred or scheduled."""
-        return all(self._run(self._flows.each(lambda shard: shard.drained())))
+        return self._run(self._flows.drained())
 
     def stats(self) -> Stats:
         """The shards' counts added up (each shard's read atomically, not all at once)."""
