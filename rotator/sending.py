@@ -26,9 +26,10 @@ T = TypeVar("T")
 
 
 def socket_timeout(client: Any) -> float | None:
+    """The socket timeout of ``client``'s connections (None: none), which bounds a BLPOP."""
     pool = getattr(client, "connection_pool", None)
     if pool is None:
-        return None
+        return cluster_socket_timeout(client)
     limit = pool.connection_kwargs.get("socket_timeout")
     if limit is None:
         # redis-py 8 leaves a URL client's default out of the pool's kwargs: its connections
@@ -37,6 +38,17 @@ def socket_timeout(client: Any) -> float | None:
             limit = pool.connection_class(**pool.connection_kwargs).socket_timeout
         except (AttributeError, TypeError):
             limit = None
+    return float(limit) if limit else None
+
+
+def cluster_socket_timeout(client: Any) -> float | None:
+    """The socket timeout a cluster client's connections have (None: none): a sync
+    ``RedisCluster`` keeps them in its nodes manager, an asyncio one on itself."""
+    manager = getattr(client, "nodes_manager", None)
+    kwargs = getattr(manager, "connection_kwargs", None) or getattr(
+        client, "connection_kwargs", None
+    )
+    limit = kwargs.get("socket_timeout") if isinstance(kwargs, dict) else None
     return float(limit) if limit else None
 
 

@@ -145,3 +145,40 @@ def test_a_queue_on_a_cluster_client_calls_the_module_by_evalsha_in_one_round_tr
     assert queue.ack(*jobs) == 2
     assert calls("evalsha") - evalsha >= 3  # (the first may find the script not loaded yet)
     assert (calls("fcall"), calls("command|getkeys")) == (fcall, getkeys)
+
+
+@pytest.mark.cluster
+def test_a_block_longer_than_the_socket_timeout_waits_its_whole_time_on_a_cluster_client(
+    cluster: ClusterProcess,
+) -> None:
+    """BLPOP on the wake list is cut to the connections' socket timeout, so a long block is
+    several waits, not a read that times out (redis-py then retries, then raises)."""
+    node = cluster.nodes[0]
+    client = RedisCluster(host="127.0.0.1", port=node.port, socket_timeout=1)
+    try:
+        q = Rotator(client, "long-block")
+        q.delete()
+        began = time.monotonic()
+        assert q.next(block=1.6) == []
+        assert 1.5 <= time.monotonic() - began < 3
+    finally:
+        client.close()
+
+
+@pytest.mark.cluster
+def test_a_block_longer_than_the_socket_timeout_on_an_asyncio_cluster_client(
+    cluster: ClusterProcess,
+) -> None:
+    async def scenario() -> float:
+        node = cluster.nodes[0]
+        client = AsyncRedisCluster(host="127.0.0.1", port=node.port, socket_timeout=1)
+        try:
+            q = AsyncRotator(client, "long-block-async")
+            await q.delete()
+            began = time.monotonic()
+            assert await q.next(block=1.6) == []
+            return time.monotonic() - began
+        finally:
+            await client.aclose()
+
+    assert 1.5 <= asyncio.run(scenario()) < 3
