@@ -50,7 +50,7 @@ from rotator.defaults import (
     MAX_SCHEDULE_SECONDS,
 )
 from rotator.demo import run_demo
-from rotator.discovery import find
+from rotator.discovery import ShardedQueue, find
 from rotator.errors import RotatorError
 from rotator.keys import queue_keys, topic_keys, validate_group_name
 from rotator.models import (
@@ -963,8 +963,10 @@ def open_discovery_client(ctx: click.Context, cluster: bool) -> redis.Redis | Re
 
 def read_all(
     client: redis.Redis | RedisCluster, prefix: str
-) -> tuple[dict[str, Stats | RotatorError], dict[str, TopicStats]]:
-    """Every queue's and topic's stats, found by SCAN (on each primary of a cluster)."""
+) -> tuple[dict[str, Stats | RotatorError], dict[str, TopicStats], dict[str, ShardedQueue]]:
+    """Every queue's and topic's stats, found by SCAN (on each primary of a cluster), queues
+    sorted by name, and the sharded queues found, by name. A sharded queue's stats are its
+    shards' added up (ShardedRotator.stats), under its logical name."""
     found = find(client, prefix=prefix)
     # A queue whose keys someone broke (a key of another type) is listed with its error.
     queue_stats: dict[str, Stats | RotatorError] = {}
@@ -973,8 +975,17 @@ def read_all(
             queue_stats[name] = Rotator(client, name, prefix=prefix).stats()
         except RotatorError as error:
             queue_stats[name] = error
+    sharded = {queue.name: queue for queue in found.sharded}
+    cluster = cast("RedisCluster", client)  # a ShardedRotator reads any client
+    for queue in found.sharded:
+        try:
+            queue_stats[queue.name] = ShardedRotator(
+                cluster, queue.name, shards=queue.shards, prefix=prefix
+            ).stats()
+        except RotatorError as error:
+            queue_stats[queue.name] = error
     topic_stats = {name: Topic(client, name, prefix=prefix).stats() for name in found.topics}
-    return queue_stats, topic_stats
+    return dict(sorted(queue_stats.items())), topic_stats, sharded
 
 
 @main.command()
@@ -988,7 +999,8 @@ def queues(ctx: click.Context, prefix: str, cluster: bool, json: bool) -> None:
 
     Found with SCAN (never KEYS), in bounded steps, on each primary of a cluster: a queue is
     listed from its first push, a topic from its first subscribe or publish, until they are
-    deleted.
+    deleted. A sharded queue (--shards) is one line, "sharded NAME N shards", with its
+    shards' counts added up; its shard queues are not listed on their own.
 
     \b
     Examples:
@@ -997,10 +1009,20 @@ def queues(ctx: click.Context, prefix: str, cluster: bool, json: bool) -> None:
     """
     client = open_discovery_client(ctx, cluster)
     with cluster_errors(ctx):
-        queue_stats, topic_stats = read_all(client, prefix)
+        queue_stats, topic_stats, sharded = read_all(client, prefix)
+
+    def kind(name: str) -> dict[str, Any]:
+        queue = sharded.get(name)
+        if queue is None:
+            return {"kind": "queue"}
+        return {"kind": "sharded", "shards": queue.shards, "shard_queues": list(queue.shard_names)}
+
     data = {
         "queues": {
-            name: {"error": str(s)} if isinstance(s, RotatorError) else s.as_dict()
+            name: {
+                **kind(name),
+                **({"error": str(s)} if isinstance(s, RotatorError) else s.as_dict()),
+            }
             for name, s in queue_stats.items()
         },
         "topics": {
@@ -1013,7 +1035,11 @@ def queues(ctx: click.Context, prefix: str, cluster: bool, json: bool) -> None:
         },
     }
     rows = [
-        f"queue  {name}  "
+        (
+            f"sharded  {name}  {sharded[name].shards} shards  "
+            if name in sharded
+            else f"queue  {name}  "
+        )
         + (f"error: {s}" if isinstance(s, RotatorError) else counts_line(s.as_dict()))
         for name, s in queue_stats.items()
     ]

@@ -18,6 +18,15 @@ keys). A slot migrating between primaries during the scan may show a queue on bo
 merge keeps one) or on neither (the next call finds it again). The scan is O(keys in the
 cluster) in all, each call bounded.
 
+Sharded queues (:mod:`rotator.sharded`) are found by their layout hash,
+``<prefix>:{NAME}:shards`` (the shard count and naming scheme, written at first use and
+deleted with the queue), which the same SCAN sees. Each is reported once, as a
+:class:`ShardedQueue` under its logical name NAME with its shard count; its shard queues
+(``NAME:k.SALT``, a function of NAME and the count) are listed nowhere else. It is listed while
+one of its shards holds jobs (the liveness check of one shard queue after another, stopping at
+the first live one). A layout this version cannot read (another naming scheme, a count out of
+range) groups nothing: its shards stay ordinary queues.
+
 :func:`scan_names` is the SCAN flow for one server or one primary, :func:`keep_live` the
 liveness check and :func:`discover` both on one server; :func:`find` runs them on a client
 and :func:`find_async` awaits them on a ``redis.asyncio`` client.
@@ -25,7 +34,8 @@ and :func:`find_async` awaits them on a ``redis.asyncio`` client.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from redis.cluster import RedisCluster
@@ -33,28 +43,91 @@ from redis.cluster import RedisCluster
 from rotator import protocol
 from rotator.commands import ClientCall, Flow, Request
 from rotator.defaults import DEFAULT_PREFIX, DEFAULT_SCAN_COUNT
-from rotator.keys import discovered, discovery_pattern, queue_keys
+from rotator.errors import InvalidQueueName
+from rotator.keys import discovered, discovery_pattern, queue_keys, validate_queue_name
 from rotator.models import Discovered
 from rotator.sending import Sender
+from rotator.sharded import LAYOUT, MAX_SHARDS, layout_key, shard_names
 
-__all__ = ["Seen", "discover", "find", "find_async", "keep_live", "scan_names"]
+__all__ = [
+    "Found",
+    "Seen",
+    "ShardedQueue",
+    "discover",
+    "find",
+    "find_async",
+    "keep_live",
+    "layout_count",
+    "layout_name",
+    "scan_names",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class ShardedQueue:
+    """A sharded queue found: its logical name, its stored shard count and its shards' queue
+    names, shard 0 first (open it with ``ShardedRotator(cluster, name, shards=shards)``)."""
+
+    name: str
+    shards: int
+    shard_names: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Found(Discovered):
+    """What discovery found: the ordinary queues and the topics (as :class:`Discovered`), and
+    the sharded queues, each once under its logical name, sorted; a sharded queue's shard
+    queues are in none of the lists."""
+
+    sharded: tuple[ShardedQueue, ...] = ()
+
+    @property
+    def names(self) -> frozenset[str]:
+        """Every queue name found, ordinary and sharded."""
+        return frozenset(self.queues) | {queue.name for queue in self.sharded}
 
 
 class Seen(NamedTuple):
-    """The queue and topic names a scan saw (the queues not yet checked for liveness)."""
+    """The queue and topic names a scan saw (the queues not yet checked for liveness), and
+    the names of the sharded queues whose layout hash it saw."""
 
     queues: frozenset[str]
     topics: frozenset[str]
+    sharded: frozenset[str] = frozenset()
 
 
 def merged(parts: Iterable[Seen]) -> Seen:
     """The names seen on any node, each once."""
     queues: set[str] = set()
     topics: set[str] = set()
+    sharded: set[str] = set()
     for part in parts:
         queues |= part.queues
         topics |= part.topics
-    return Seen(frozenset(queues), frozenset(topics))
+        sharded |= part.sharded
+    return Seen(frozenset(queues), frozenset(topics), frozenset(sharded))
+
+
+def layout_name(key: str, prefix: str = DEFAULT_PREFIX) -> str | None:
+    """The sharded queue whose layout hash (:func:`rotator.sharded.layout_key`) ``key`` is,
+    or None for any other key."""
+    head, _, tail = layout_key("\0", prefix).partition("\0")
+    if not key.startswith(head) or not key.endswith(tail):
+        return None
+    try:
+        return validate_queue_name(key[len(head) : -len(tail)])
+    except InvalidQueueName:
+        return None
+
+
+def layout_count(stored: Sequence[Any]) -> int | None:
+    """The shard count of a layout hash's ``shards`` and ``layout`` fields (HMGET), or None
+    when there is none, or it is not one this version names shards by."""
+    count, layout = (None if value is None else protocol.text(value) for value in stored)
+    if layout != LAYOUT or count is None or not count.isdigit():
+        return None
+    shards = int(count)
+    return shards if 1 <= shards <= MAX_SHARDS else None
 
 
 def scan_names(prefix: str = DEFAULT_PREFIX, count: int = DEFAULT_SCAN_COUNT) -> Flow[Seen]:
@@ -63,30 +136,55 @@ def scan_names(prefix: str = DEFAULT_PREFIX, count: int = DEFAULT_SCAN_COUNT) ->
     count = protocol.whole(count, "count", 1, 1_000_000)
     queues: set[str] = set()
     topics: set[str] = set()
+    sharded: set[str] = set()
     cursor: Any = 0
     while True:
         cursor, keys = yield ClientCall("scan", (cursor, pattern, count, "hash"))
         for key in keys:
-            found = discovered(protocol.text(key), prefix)
+            text = protocol.text(key)
+            found = discovered(text, prefix)
             if found is not None:
                 (queues if found[0] == "queue" else topics).add(found[1])
+            elif (name := layout_name(text, prefix)) is not None:
+                sharded.add(name)
         if int(cursor) == 0:
-            return Seen(frozenset(queues), frozenset(topics))
+            return Seen(frozenset(queues), frozenset(topics), frozenset(sharded))
 
 
-def keep_live(seen: Seen, prefix: str = DEFAULT_PREFIX) -> Flow[Discovered]:
-    """The flow: the queues seen that still hold jobs, and the topics, each sorted."""
-    # A deleted queue keeps its meta hash (its seq: see the module's delete): it is a queue
-    # only while its ring, its scheduled jobs or its dead letters exist.
+def is_live(name: str, prefix: str) -> Flow[bool]:
+    """The flow: True while queue ``name`` holds jobs. A deleted queue keeps its meta hash
+    (its seq: see the module's delete): it is a queue only while its ring, its scheduled
+    jobs or its dead letters exist."""
+    keys = queue_keys(name, prefix)
+    return bool((yield ClientCall("exists", (keys.ring, keys.scheduled, keys.dead))))
+
+
+def keep_live(seen: Seen, prefix: str = DEFAULT_PREFIX) -> Flow[Found]:
+    """The flow: the sharded queues seen (their layout read, then their shards checked for
+    liveness until one is live), the other queues seen that still hold jobs, and the
+    topics, each sorted."""
+    sharded: list[ShardedQueue] = []
+    grouped: set[str] = set()
+    for name in sorted(seen.sharded):
+        stored = yield ClientCall("hmget", (layout_key(name, prefix), ["shards", "layout"]))
+        count = layout_count(stored)
+        if count is None:
+            continue  # deleted since the scan, or a layout this version cannot name
+        names = shard_names(name, count)
+        grouped.update(names)
+        for shard in names:
+            # A shard never pushed to has no meta hash, so the scan did not see it: not live.
+            if shard in seen.queues and (yield from is_live(shard, prefix)):
+                sharded.append(ShardedQueue(name, count, names))
+                break
     live = []
-    for name in sorted(seen.queues):
-        keys = queue_keys(name, prefix)
-        if (yield ClientCall("exists", (keys.ring, keys.scheduled, keys.dead))):
+    for name in sorted(seen.queues - grouped):
+        if (yield from is_live(name, prefix)):
             live.append(name)
-    return Discovered(tuple(live), tuple(sorted(seen.topics)))
+    return Found(tuple(live), tuple(sorted(seen.topics)), tuple(sharded))
 
 
-def discover(prefix: str = DEFAULT_PREFIX, count: int = DEFAULT_SCAN_COUNT) -> Flow[Discovered]:
+def discover(prefix: str = DEFAULT_PREFIX, count: int = DEFAULT_SCAN_COUNT) -> Flow[Found]:
     """The flow on one server: its SCAN, then the liveness check."""
     seen = yield from scan_names(prefix, count)
     return (yield from keep_live(seen, prefix))
@@ -131,11 +229,9 @@ async def _scan_primary_async(client: Any, node: Any, flow: Flow[Seen]) -> Seen:
         return seen
 
 
-def find(
-    client: Any, *, prefix: str = DEFAULT_PREFIX, count: int = DEFAULT_SCAN_COUNT
-) -> Discovered:
-    """Every queue and topic on the server of ``client`` (a ``redis.Redis``), or on every
-    primary of a cluster (a ``redis.cluster.RedisCluster``)."""
+def find(client: Any, *, prefix: str = DEFAULT_PREFIX, count: int = DEFAULT_SCAN_COUNT) -> Found:
+    """Every queue, sharded queue and topic on the server of ``client`` (a ``redis.Redis``),
+    or on every primary of a cluster (a ``redis.cluster.RedisCluster``)."""
     sender = Sender(client, False, None)
     if not isinstance(client, RedisCluster):
         return sender.run(discover(prefix, count))
@@ -146,7 +242,7 @@ def find(
 
 async def find_async(
     client: Any, *, prefix: str = DEFAULT_PREFIX, count: int = DEFAULT_SCAN_COUNT
-) -> Discovered:
+) -> Found:
     """:func:`find` on a ``redis.asyncio`` client (``Redis`` or ``cluster.RedisCluster``)."""
     # Imported here, so that sync callers never load redis.asyncio.
     from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster  # noqa: PLC0415

@@ -15,8 +15,14 @@ Routes (every page and stream only reads):
   already rendered (escaped on the server) and a chart point;
 - ``GET /api/overview``, ``/api/queues/{name}``: the same data as JSON;
 - ``POST /actions/{pause|resume|requeue|delete}``: the actions, with the token and a
-  same-origin check (:mod:`rotator.dashboard.security`);
+  same-origin check (:mod:`rotator.dashboard.security`); on a sharded queue each acts on
+  every shard;
 - ``GET /metrics`` (Prometheus text format, :mod:`rotator.dashboard.metrics`), ``/healthz``.
+
+A sharded queue is one queue here, under its logical name: one overview row with its shards'
+counts added up, a page with a table of its shards, one set of series in /metrics. Its reads
+and actions go through :class:`rotator.sharded_aio.AsyncShardedRotator` (/metrics: the sync
+ShardedRotator).
 
 Scripts and styles are served from the package (``static/``): the page loads nothing from
 another site, and its Content-Security-Policy says so.
@@ -53,6 +59,7 @@ from starlette.templating import Jinja2Templates
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from rotator import __version__
+from rotator.aio import AsyncRotator
 from rotator.dashboard import DEFAULT_HOST, DEFAULT_PORT
 from rotator.dashboard.hub import (
     DISCOVER_EVERY,
@@ -78,12 +85,15 @@ from rotator.dashboard.snapshot import (
     Reading,
     backlog,
     detail_json,
+    element_id,
     queue_row_json,
     rates,
     topic_json,
 )
 from rotator.defaults import DEFAULT_PREFIX
 from rotator.errors import InvalidQueueName, RotatorError
+from rotator.sharded import DEFAULT_RETRY_FOR
+from rotator.sharded_aio import AsyncShardedRotator
 
 HERE = Path(__file__).resolve().parent
 # Seconds a client waits to connect to the server, and for a reply.
@@ -397,6 +407,15 @@ class Dashboard:
         if "stats" not in snapshot:
             return {}
         actions = self.token is not None
+        if snapshot.get("shards") is not None:
+            return {
+                "state": str(f.queue_state(snapshot["stats"])),
+                "cards": str(f.queue_cards(snapshot["stats"])),
+                "rates": str(f.queue_rates(snapshot, now)),
+                "shards": str(f.shard_rows(snapshot["shards"])),
+                "dead": str(f.dead_rows(snapshot["name"], snapshot["dead"], actions, now)),
+                "dead-count": str(f.dead_count(snapshot)),
+            }
         return {
             "state": str(f.queue_state(snapshot["stats"])),
             "cards": str(f.queue_cards(snapshot["stats"])),
@@ -445,10 +464,12 @@ class Dashboard:
         rows = []
         totals = {"backlog": 0, "in_flight": 0, "dead": 0, "pending": 0}
         for name, stats in overview.queues.items():
+            shards = overview.shards.get(name)
             if isinstance(stats, RotatorError):
-                rows.append(queue_row_json(name, stats, {}))
+                rows.append(queue_row_json(name, stats, {}, shards))
             else:
-                rows.append(queue_row_json(name, stats, rates(None, Reading(overview.at, stats))))
+                found = rates(None, Reading(overview.at, stats))
+                rows.append(queue_row_json(name, stats, found, shards))
                 totals["backlog"] += backlog(stats)
                 totals["in_flight"] += stats.in_flight
                 totals["dead"] += stats.dead
@@ -552,17 +573,29 @@ class Dashboard:
                 queue = self.ready_reader.queue(name)
             except InvalidQueueName as error:
                 raise Refused(400, str(error)) from error
-            if not await queue.exists():
+            # A sharded queue exists while its layout is stored (its own keys hold no ring).
+            shards = await self.ready_reader.stored_shards(name)
+            if shards is None and not await queue.exists():
                 raise Refused(404, f"no queue {name!r}")
-            message = await self.act(verb, name, form)
+            message = await self.act(verb, name, form, shards)
         except Refused as refused:
             return self.answer(request, refused.status, refused.message, name)
         except RotatorError as error:
             return self.answer(request, 400, str(error), name)
         return self.answer(request, 200, message, name)
 
-    async def act(self, verb: str, name: str, form: Mapping[str, list[str]]) -> str:
-        queue = self.ready_reader.queue(name)
+    async def act(
+        self, verb: str, name: str, form: Mapping[str, list[str]], shards: int | None = None
+    ) -> str:
+        """The action on queue ``name``; on a sharded queue (``shards``), on every shard
+        through AsyncShardedRotator (each shard's part atomic, not all at once), retrying
+        cluster errors for its default time."""
+        reader = self.ready_reader
+        queue: AsyncRotator | AsyncShardedRotator = (
+            reader.queue(name)
+            if shards is None
+            else reader.sharded(name, shards, retry_for=DEFAULT_RETRY_FOR)
+        )
         if verb == "pause":
             return "paused" if await queue.pause() else "was paused already"
         if verb == "resume":
@@ -583,8 +616,11 @@ class Dashboard:
         # atomic command; the dead count is the list's length, so stats stay right).
         removed = 0
         for letter in letters:
-            raw = letter.encode("utf-8", "surrogateescape")
-            removed += int(await self.client.lrem(queue.keys.dead, 1, raw))
+            if isinstance(queue, AsyncShardedRotator):
+                removed += await delete_sharded_letter(queue, letter)
+            else:
+                raw = letter.encode("utf-8", "surrogateescape")
+                removed += int(await self.client.lrem(queue.keys.dead, 1, raw))
         return f"deleted {removed} dead letter{'' if removed == 1 else 's'}"
 
     def answer(self, request: Request, status: int, message: str, name: str) -> Response:
@@ -617,6 +653,22 @@ class Dashboard:
         except UNREACHABLE as error:
             return JSONResponse({"ok": False, "error": f"cannot reach the server: {error}"}, 503)
         return JSONResponse({"ok": True})
+
+
+async def delete_sharded_letter(q: AsyncShardedRotator, letter: str) -> int:
+    """LREM of one dead letter's exact text from the shard its job id names (the letter ends
+    with its element, which starts with the id), else from the first other shard that holds
+    it; 1 when one was removed."""
+    raw = letter.encode("utf-8", "surrogateescape")
+    job_id = element_id(letter.split("*", 3)[-1])
+    try:
+        home = q.shard_of(job_id)
+    except RotatorError:  # no job id in it (a corrupt element): look everywhere
+        home = 0
+    for k in (home, *(k for k in range(q.shards) if k != home)):
+        if int(await q.client.lrem(q.shard(k).keys.dead, 1, raw)):
+            return 1
+    return 0
 
 
 def first(form: Mapping[str, list[str]], field: str) -> str:

@@ -41,8 +41,9 @@ from rotator.dashboard.snapshot import (
     rates,
     topic_json,
 )
+from rotator.discovery import Found
 from rotator.errors import RotatorError
-from rotator.models import Discovered, Stats
+from rotator.models import Stats
 
 # Seconds between two readings while a page listens.
 POLL_INTERVAL = 1.0
@@ -102,7 +103,7 @@ class Hub:
         self._changed: asyncio.Event | None = None
         self._wake: asyncio.Event | None = None
         self._version = 0
-        self._found: Discovered | None = None
+        self._found: Found | None = None
         self._found_at = -math.inf
         self._discovered_at: float | None = None
         self._readings: dict[str, Reading] = {}
@@ -220,8 +221,9 @@ class Hub:
         totals: dict[str, float | None] = dict.fromkeys((*COUNTERS, "backlog"))
         counts = {"backlog": 0, "in_flight": 0, "dead": 0, "pending": 0}
         for name, stats in overview.queues.items():
+            shards = overview.shards.get(name)
             if isinstance(stats, RotatorError):
-                rows.append(queue_row_json(name, stats, {}))
+                rows.append(queue_row_json(name, stats, {}, shards))
                 continue
             queue_rates = self._rate(name, Reading(overview.at, stats))
             add_rates(totals, queue_rates)
@@ -229,7 +231,7 @@ class Hub:
             counts["in_flight"] += stats.in_flight
             counts["dead"] += stats.dead
             counts["pending"] += stats.pending
-            rows.append(queue_row_json(name, stats, queue_rates))
+            rows.append(queue_row_json(name, stats, queue_rates, shards))
             if keep_all or queue_key(name) in self._watched:
                 self._queue_points(name).append(point(overview.at, stats, queue_rates))
         watched = {k.removeprefix("queue:") for k in self._watched if k.startswith("queue:")}
@@ -273,7 +275,7 @@ class Hub:
         if isinstance(detail, RotatorError):
             self._snapshots[key] = {"kind": "queue", "name": name, "error": str(detail)}
             return
-        if self._found is None or name not in self._found.queues:
+        if self._found is None or name not in self._found.names:
             # Not in the overview (made since the last discovery, or gone): rate it here.
             found = self._rate(name, Reading(detail.at, detail.stats))
             self._queue_points(name).append(point(detail.at, detail.stats, found))

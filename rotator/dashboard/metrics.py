@@ -19,6 +19,13 @@ module's own (kept in the call that does each thing, so they never disagree with
 a queue whose module does not report one is left out of that metric rather than shown as 0.
 ``rotator_job_duration_seconds`` appears once the module keeps processing times (see
 :func:`rotator.dashboard.snapshot.durations_of`).
+
+A sharded queue (:mod:`rotator.sharded`) is one ``queue`` in every metric above, under its
+logical name, its shards' counts added up (``ShardedRotator.stats()``); its shard queues are
+not listed on their own, so a sum over ``queue`` counts each job once. It also has
+``rotator_queue_shards`` (its shard count) and the ``rotator_shard_*`` gauges, labelled
+``queue`` and ``shard`` (the index): each shard's own counts, in metrics of their own so that
+no sum mixes them with the totals.
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import Any, NamedTuple, cast
 
 import redis
 from prometheus_client.core import (
@@ -44,6 +51,7 @@ from rotator.defaults import DEFAULT_PREFIX
 from rotator.discovery import find
 from rotator.errors import RotatorError
 from rotator.models import Stats, TopicStats
+from rotator.sharded import ShardedRotator
 from rotator.topic import Topic
 
 # (metric, Stats field, help) of the gauges each queue has.
@@ -66,9 +74,28 @@ QUEUE_COUNTERS = (
     ("rotator_jobs_cancelled", "cancelled", "Jobs cancelled (a queue that tracks ids)."),
 )
 DURATION_METRIC = "rotator_job_duration_seconds"
+# (metric, Stats field, help) of the gauges each shard of a sharded queue has.
+SHARD_GAUGES = (
+    ("rotator_shard_pending", "pending", "A shard's jobs pushed and never leased."),
+    ("rotator_shard_in_flight", "in_flight", "A shard's jobs leased, their lease not run out."),
+    ("rotator_shard_deferred", "deferred", "A shard's jobs given back, waiting for their delay."),
+    ("rotator_shard_dead", "dead", "A shard's dead letters."),
+)
+# Sharded queues whose readers a collector keeps between scrapes (each checks the stored
+# layout at its first read only); beyond this many it starts again.
+SHARDED_CACHE_LIMIT = 1024
 
 
 Client = redis.Redis | RedisCluster
+
+
+class Scrape(NamedTuple):
+    """What one scrape read: each queue's stats (a sharded queue's added up, under its
+    logical name), each topic's, and each sharded queue's shards' stats, shard 0 first."""
+
+    queues: dict[str, Stats]
+    topics: dict[str, TopicStats]
+    shards: dict[str, list[Stats]]
 
 
 class QueueCollector(Collector):
@@ -84,6 +111,7 @@ class QueueCollector(Collector):
         self._client: Client | None = None if callable(client) else client
         self._lock = threading.Lock()  # scrapes may run in threads at once
         self.prefix = prefix
+        self._sharded: dict[tuple[str, int], ShardedRotator] = {}
 
     @property
     def client(self) -> Client:
@@ -101,18 +129,33 @@ class QueueCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         up = GaugeMetricFamily("rotator_up", "1 when the last scrape read the server, else 0.")
         try:
-            queues, topics = self.read()
+            scrape = self.read()
         except UNREACHABLE:
             up.add_metric([], 0)
             yield up
             return
         up.add_metric([], 1)
         yield up
-        yield from queue_metrics(queues)
-        yield from topic_metrics(topics)
+        yield from queue_metrics(scrape.queues)
+        yield from shard_metrics(scrape.shards)
+        yield from topic_metrics(scrape.topics)
 
-    def read(self) -> tuple[dict[str, Stats], dict[str, TopicStats]]:
-        """Each queue's and topic's stats now (one whose keys are broken is left out)."""
+    def sharded(self, client: Client, name: str, shards: int) -> ShardedRotator:
+        """The reader of a sharded queue, kept between scrapes; no retries (the next scrape
+        reads again)."""
+        key = (name, shards)
+        found = self._sharded.get(key)
+        if found is None or found.client is not client:
+            cluster = cast("RedisCluster", client)  # a ShardedRotator reads any client
+            found = ShardedRotator(cluster, name, shards=shards, prefix=self.prefix, retry_for=0)
+            if len(self._sharded) >= SHARDED_CACHE_LIMIT:
+                self._sharded.clear()
+            self._sharded[key] = found
+        return found
+
+    def read(self) -> Scrape:
+        """Each queue's, sharded queue's and topic's stats now (one whose keys are broken,
+        or whose stored shard count changed since discovery, is left out)."""
         client = self.client
         found = find(client, prefix=self.prefix)
         queues: dict[str, Stats] = {}
@@ -121,13 +164,22 @@ class QueueCollector(Collector):
                 queues[name] = Rotator(client, name, prefix=self.prefix).stats()
             except RotatorError:
                 continue
+        shards: dict[str, list[Stats]] = {}
+        for sharded in found.sharded:
+            q = self.sharded(client, sharded.name, sharded.shards)
+            try:
+                summed, parts = q.stats(), q.shard_stats()
+            except RotatorError:
+                continue
+            queues[sharded.name] = summed  # the name of a sharded queue names it
+            shards[sharded.name] = parts
         topics: dict[str, TopicStats] = {}
         for name in found.topics:
             try:
                 topics[name] = Topic(client, name, prefix=self.prefix).stats()
             except RotatorError:
                 continue
-        return queues, topics
+        return Scrape(queues, topics, shards)
 
 
 def queue_metrics(queues: dict[str, Stats]) -> Iterator[Metric]:
@@ -171,6 +223,25 @@ def queue_metrics(queues: dict[str, Stats]) -> Iterator[Metric]:
             )
     if histogram.samples:
         yield histogram
+
+
+def shard_metrics(shards: dict[str, list[Stats]]) -> Iterator[Metric]:
+    """The shard count and each shard's gauges of the sharded queues (in metrics of their
+    own: a sum over the rotator_queue_* metrics never counts a shard twice)."""
+    if not shards:
+        return
+    count = GaugeMetricFamily(
+        "rotator_queue_shards", "Shards of a sharded queue (rotator.sharded).", labels=["queue"]
+    )
+    for name, parts in shards.items():
+        count.add_metric([name], len(parts))
+    yield count
+    for metric, field, text in SHARD_GAUGES:
+        gauge = GaugeMetricFamily(metric, text, labels=["queue", "shard"])
+        for name, parts in shards.items():
+            for k, stats in enumerate(parts):
+                gauge.add_metric([name, str(k)], getattr(stats, field))
+        yield gauge
 
 
 def bucket_bound(bound: float) -> str:

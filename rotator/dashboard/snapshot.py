@@ -7,6 +7,12 @@ KEYS. Every queue's counts are one ``stats`` call (O(1) on the server); a queue'
 counters between two readings, divided by the seconds between them. A counter the module
 does not report (``None`` in :class:`Stats`) has no rate and is shown as absent, never as 0.
 No web framework here.
+
+A sharded queue (:mod:`rotator.sharded`, found by discovery under its logical name) is read
+through :class:`rotator.sharded_aio.AsyncShardedRotator` on the same client: its counts are
+``stats()``, every shard's added up (one ``stats`` call per shard, each atomic, not all at
+once), and its page adds ``shard_stats()``, ``placement()`` (the client's slot map: no round
+trip) and ``dead()``.
 """
 
 from __future__ import annotations
@@ -15,16 +21,18 @@ import asyncio
 import math
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
-from typing import Any, TypeVar
+from dataclasses import dataclass, field
+from typing import Any, TypeVar, cast
 
 import redis
+from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.exceptions import RedisClusterException
 
 from rotator.aio import AsyncRotator, AsyncTopic
 from rotator.defaults import DEFAULT_PREFIX
-from rotator.discovery import find_async
+from rotator.discovery import Found, find_async, layout_count
 from rotator.errors import RotatorError
+from rotator.keys import validate_queue_name
 from rotator.models import (
     COUNTER_FIELDS,
     DeadLetter,
@@ -34,6 +42,8 @@ from rotator.models import (
     Stats,
     TopicStats,
 )
+from rotator.sharded import layout_key
+from rotator.sharded_aio import AsyncShardedRotator
 
 T = TypeVar("T")
 
@@ -48,6 +58,9 @@ DEAD_LIMIT = 50
 CACHE_LIMIT = 4096
 # Quantiles of the processing time shown and exported.
 QUANTILES = (0.5, 0.95, 0.99)
+# Seconds a sharded queue's reading retries cluster errors: none, like every other reading
+# (the next poll reads again); its actions keep AsyncShardedRotator's default.
+READ_RETRY_FOR = 0.0
 # What a read that could not reach the server raises (a cluster client's own errors, such as
 # no node reachable, are no RedisError).
 UNREACHABLE = (redis.RedisError, RedisClusterException, OSError)
@@ -220,13 +233,26 @@ class Overview:
     broken is there with its error)."""
 
     at: float
-    queues: dict[str, Stats | RotatorError]
+    queues: dict[str, Stats | RotatorError]  # a sharded queue's: its shards' added up
     topics: dict[str, TopicStats | RotatorError]
+    shards: dict[str, int] = field(default_factory=dict)  # sharded queue -> its shard count
+
+
+@dataclass(frozen=True, slots=True)
+class ShardRow:
+    """One shard of a sharded queue: its index, its queue name, the master holding its slot
+    (``host:port``; None off a cluster) and its own counts."""
+
+    index: int
+    name: str
+    node: str | None
+    stats: Stats
 
 
 @dataclass(frozen=True, slots=True)
 class QueueDetail:
-    """What a queue's page shows beyond its counts."""
+    """What a queue's page shows beyond its counts (a sharded queue: its shards; it shows
+    no peek and no schedules, which sharded queues do not offer)."""
 
     at: float
     name: str
@@ -235,6 +261,7 @@ class QueueDetail:
     peek: list[RingEntry]
     dead: list[DeadLetter]
     schedules: list[Schedule]
+    shards: tuple[ShardRow, ...] | None = None  # None: an ordinary queue
 
 
 class Reader:
@@ -246,6 +273,7 @@ class Reader:
         self.prefix = prefix
         self._queues: dict[str, AsyncRotator] = {}
         self._topics: dict[str, AsyncTopic] = {}
+        self._sharded: dict[tuple[str, int], AsyncShardedRotator] = {}
 
     def queue(self, name: str) -> AsyncRotator:
         """The queue ``name`` (InvalidQueueName for a name rotator never makes)."""
@@ -266,25 +294,65 @@ class Reader:
             self._topics[name] = found
         return found
 
-    async def discover(self) -> Discovered:
-        """Every queue and topic on the server or cluster: SCAN, never KEYS (see
-        rotator.discovery)."""
+    def sharded(
+        self, name: str, shards: int, *, retry_for: float | None = None
+    ) -> AsyncShardedRotator:
+        """Sharded queue ``name`` of ``shards`` shards: the one kept between polls to read it
+        (its first call checks the stored layout: ShardsMismatch if the count is another
+        now), or a new one that retries for ``retry_for`` seconds (an action)."""
+        cluster = cast("AsyncRedisCluster", self.client)  # its flows run on any client
+        if retry_for is not None:
+            return AsyncShardedRotator(
+                cluster, name, shards=shards, prefix=self.prefix, retry_for=retry_for
+            )
+        found = self._sharded.get((name, shards))
+        if found is None:
+            found = AsyncShardedRotator(
+                cluster, name, shards=shards, prefix=self.prefix, retry_for=READ_RETRY_FOR
+            )
+            if len(self._sharded) >= CACHE_LIMIT:
+                self._sharded.clear()
+            self._sharded[name, shards] = found
+        return found
+
+    async def stored_shards(self, name: str) -> int | None:
+        """The shard count stored with sharded queue ``name`` (one HMGET of its layout hash),
+        or None: no sharded queue has that name."""
+        key = layout_key(validate_queue_name(name), self.prefix)
+        return layout_count(await self.client.hmget(key, ["shards", "layout"]))
+
+    async def discover(self) -> Found:
+        """Every queue, sharded queue and topic on the server or cluster: SCAN, never KEYS
+        (see rotator.discovery)."""
         return await find_async(self.client, prefix=self.prefix)
 
     async def overview(self, found: Discovered) -> Overview:
-        """The counts of every queue and topic in ``found``, read concurrently."""
+        """The counts of every queue, sharded queue and topic in ``found``, read
+        concurrently, queues sorted by name (a sharded queue's name names it, should an
+        ordinary queue have the same)."""
         at = time.time()
-        queues = await gather_errors(lambda name: self.queue(name).stats(), found.queues)
-        topics = await gather_errors(lambda name: self.topic(name).stats(), found.topics)
+        shards = {q.name: q.shards for q in found.sharded} if isinstance(found, Found) else {}
+        queues, summed, topics = await asyncio.gather(
+            gather_errors(lambda name: self.queue(name).stats(), found.queues),
+            gather_errors(lambda name: self.sharded(name, shards[name]).stats(), list(shards)),
+            gather_errors(lambda name: self.topic(name).stats(), found.topics),
+        )
+        every = dict(zip(found.queues, queues, strict=True))
+        every.update(zip(shards, summed, strict=True))
         return Overview(
             at,
-            dict(zip(found.queues, queues, strict=True)),
+            {name: every[name] for name in sorted(every)},
             dict(zip(found.topics, topics, strict=True)),
+            shards,
         )
 
     async def detail(self, name: str) -> QueueDetail:
         """One queue's counts, next elements, dead letters and schedules (read one after
-        another: they may disagree by what happened between the reads)."""
+        another: they may disagree by what happened between the reads); a sharded queue's
+        counts, shards and dead letters."""
+        shards = await self.stored_shards(name)
+        if shards is not None:
+            return await self.sharded_detail(name, shards)
         q = self.queue(name)
         at = time.time()
         stats = await q.stats()
@@ -293,6 +361,24 @@ class Reader:
         dead = await q.dead(0, DEAD_LIMIT) if stats.dead else []
         schedules = await q.schedules() if stats.schedules else []
         return QueueDetail(at, name, exists, stats, peek, dead, schedules)
+
+    async def sharded_detail(self, name: str, shards: int) -> QueueDetail:
+        """A sharded queue's counts (every shard's added up), each shard's, where each shard
+        is, and its dead letters (every shard's, oldest first), read one after another. It
+        exists while its layout is stored."""
+        q = self.sharded(name, shards)
+        at = time.time()
+        stats = await q.stats()
+        parts = await q.shard_stats()
+        nodes: list[str | None] = [None] * q.shards
+        if isinstance(self.client, AsyncRedisCluster):
+            nodes = list(await q.placement())
+        dead = await q.dead(0, DEAD_LIMIT) if stats.dead else []
+        rows = tuple(
+            ShardRow(k, shard, node, part)
+            for k, (shard, node, part) in enumerate(zip(q.shard_names, nodes, parts, strict=True))
+        )
+        return QueueDetail(at, name, True, stats, [], dead, [], rows)
 
 
 async def gather_errors(
@@ -312,10 +398,18 @@ async def gather_errors(
     return list(await asyncio.gather(*(one(name) for name in names)))
 
 
+def shard_json(row: ShardRow) -> dict[str, Any]:
+    return {"index": row.index, "name": row.name, "node": row.node, "stats": stats_json(row.stats)}
+
+
 def detail_json(detail: QueueDetail, queue_rates: dict[str, float | None]) -> dict[str, Any]:
+    shards = detail.shards
     return {
         "at": detail.at,
         "name": detail.name,
+        # "kind" names the snapshot (the queue page's); this says what sort of queue it is
+        "queue_kind": "queue" if shards is None else "sharded",
+        "shards": None if shards is None else [shard_json(row) for row in shards],
         "exists": detail.exists,
         "stats": stats_json(detail.stats),
         "rates": queue_rates,
@@ -328,8 +422,13 @@ def detail_json(detail: QueueDetail, queue_rates: dict[str, float | None]) -> di
 
 
 def queue_row_json(
-    name: str, stats: Stats | RotatorError, queue_rates: dict[str, float | None]
+    name: str,
+    stats: Stats | RotatorError,
+    queue_rates: dict[str, float | None],
+    shards: int | None = None,
 ) -> dict[str, Any]:
+    """An overview row; ``shards``: the shard count of a sharded queue (None: ordinary)."""
+    kind = {"name": name, "kind": "queue" if shards is None else "sharded", "shards": shards}
     if isinstance(stats, RotatorError):
-        return {"name": name, "error": str(stats)}
-    return {"name": name, "error": None, "stats": stats_json(stats), "rates": queue_rates}
+        return {**kind, "error": str(stats)}
+    return {**kind, "error": None, "stats": stats_json(stats), "rates": queue_rates}
