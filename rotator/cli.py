@@ -385,7 +385,8 @@ def open_sharded(
     stats and work call: ShardedRotator has each of them."""
     queue_keys(name)  # a bad name fails before any connection is made
     with cluster_errors(ctx):
-        sharded = ShardedRotator(cluster_client(cluster_url(ctx)), name, shards=shards, **options)
+        url = cluster_url(ctx, "--shards")
+        sharded = ShardedRotator(cluster_client(url), name, shards=shards, **options)
         if must_exist and not sharded.exists():
             fail(f"unknown queue {name!r} on {where(ctx)}")
     return cast("Rotator", sharded)
@@ -913,11 +914,12 @@ cluster_option = click.option(
 )
 
 
-def cluster_url(ctx: click.Context) -> str:
+def cluster_url(ctx: click.Context, flag: str = "--cluster") -> str:
+    """--url, a node of the Redis Cluster that ``flag`` asks for."""
     url = server_url(ctx)
     if url is None:
         raise click.UsageError(
-            "--cluster needs --url (or ROTATOR_URL): the embedded server is not a cluster", ctx
+            f"{flag} needs --url (or ROTATOR_URL): the embedded server is not a cluster", ctx
         )
     return url
 
@@ -1541,7 +1543,7 @@ def spark_url(ctx: click.Context, shards: int | None = None) -> str:
     """The server the executors connect to: --url, else the embedded server's socket; a
     sharded queue (--shards) needs --url, a node of its Redis Cluster."""
     if shards is not None:
-        return cluster_url(ctx)
+        return cluster_url(ctx, "--shards")
     return server_url(ctx) or EmbeddedServer().start().url
 
 

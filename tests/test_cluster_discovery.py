@@ -15,6 +15,7 @@ import subprocess
 import urllib.request
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import redis
@@ -223,6 +224,14 @@ def test_cluster_needs_a_url_and_a_cluster_behind_it(redis_server: ServerProcess
     assert_error(no_url, "--cluster needs --url")
     assert standalone.exit_code == 1
     assert_error(standalone, "Redis Cluster at redis://", "Cluster mode is not enabled")
+
+
+def test_a_sharded_queue_needs_a_url_and_the_error_names_shards(tmp_path: Path) -> None:
+    drain = ["spark", "drain", "orders", "--handler", "json:dumps", "--output", str(tmp_path)]
+    for command in (["stats", "orders"], ["push", "orders", "a"], drain):
+        result = run(*command, "--shards", "3", env={"ROTATOR_URL": None})
+        assert result.exit_code == 2, result.output
+        assert_error(result, "--shards needs --url")
 
 
 # -- the dashboard -----------------------------------------------------------------------------
