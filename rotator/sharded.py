@@ -399,14 +399,19 @@ class ShardedFlows:
 
     # -- layout ----------------------------------------------------------------------------
 
-    def check_layout(self) -> Flow[None]:
+    def check_layout(self, store: bool = True) -> Flow[None]:
         """Stores the shard count and layout at first use; refuses another (once per
-        instance: a count cannot change under a queue that holds jobs, see the README)."""
+        instance: a count cannot change under a queue that holds jobs, see the README).
+        ``store=False`` (reads, acks, deletes) only compares: a read of a queue that does
+        not exist, or no longer does, must not fix its count for the next one of the name."""
         if self.checked:
             return
-        yield ClientCall("hsetnx", (self.layout_key, "shards", self.count))
-        yield ClientCall("hsetnx", (self.layout_key, "layout", LAYOUT))
+        if store:
+            yield ClientCall("hsetnx", (self.layout_key, "shards", self.count))
+            yield ClientCall("hsetnx", (self.layout_key, "layout", LAYOUT))
         stored = yield ClientCall("hmget", (self.layout_key, ["shards", "layout"]))
+        if not store and stored == [None, None]:
+            return  # nothing stored: nothing to compare with (checked again next time)
         count, layout = (protocol.text(value) if value is not None else "" for value in stored)
         if count != str(self.count) or layout != LAYOUT:
             raise ShardsMismatch(
@@ -501,7 +506,7 @@ class ShardedFlows:
 
     def cancel(self, ids: Iterable[str | int]) -> Flow[int]:
         raw = protocol.encode_ids(ids)
-        yield from self.check_layout()
+        yield from self.check_layout(store=False)
         found = 0
         for k, part in self.by_id(raw).items():
             found += yield from self.shards[k].cancel(map(protocol.text, part))
@@ -576,7 +581,7 @@ class ShardedFlows:
 
     def ack(self, refs: Sequence[JobRef]) -> Flow[int]:
         groups = self.by_ref(refs)
-        yield from self.check_layout()
+        yield from self.check_layout(store=False)
         accepted = 0
         for k, part in groups.items():
             accepted += yield from self.shards[k].ack_refs(part, pack=True)
@@ -586,7 +591,7 @@ class ShardedFlows:
         self, refs: Sequence[JobRef], flow: Callable[[QueueFlows, list[JobRef]], Flow[int]]
     ) -> Flow[int]:
         groups = self.by_ref(refs)
-        yield from self.check_layout()
+        yield from self.check_layout(store=False)
         done = 0
         for k, part in groups.items():
             done += yield from flow(self.shards[k], part)
@@ -603,7 +608,7 @@ class ShardedFlows:
 
     def extend(self, job: JobRef, seconds: float | None) -> Flow[float]:
         k = self.of_id(id_of_ref(job))
-        yield from self.check_layout()
+        yield from self.check_layout(store=False)
         return (yield from self.shards[k].extend(job, seconds))
 
     def extend_many(self, jobs: Iterable[JobRef], seconds: float | None) -> Flow[list[bool]]:
@@ -612,7 +617,7 @@ class ShardedFlows:
         places: dict[int, list[int]] = {}
         for place, ref in enumerate(refs):
             places.setdefault(self.of_id(id_of_ref(ref)), []).append(place)
-        yield from self.check_layout()
+        yield from self.check_layout(store=False)
         for k, where in places.items():
             flags = yield from self.shards[k].extend_many([refs[i] for i in where], seconds)
             for place, flag in zip(where, flags, strict=True):
@@ -624,19 +629,20 @@ class ShardedFlows:
     def server_warnings(self) -> Flow[list[str]]:
         return self.shards[0].server_warnings()
 
-    def each(self, flow: Callable[[QueueFlows], Flow[T]]) -> Flow[list[T]]:
-        """``flow`` on every shard in turn; their results, shard by shard."""
-        yield from self.check_layout()
+    def each(self, flow: Callable[[QueueFlows], Flow[T]], store: bool = False) -> Flow[list[T]]:
+        """``flow`` on every shard in turn; their results, shard by shard. ``store``: the
+        flow writes settings, so the layout is stored first (see check_layout)."""
+        yield from self.check_layout(store)
         found: list[T] = []
         for shard in self.shards:
             found.append((yield from flow(shard)))
         return found
 
     def pause(self) -> Flow[bool]:
-        return any((yield from self.each(lambda shard: shard.pause())))
+        return any((yield from self.each(lambda shard: shard.pause(), store=True)))
 
     def resume(self) -> Flow[bool]:
-        resumed = any((yield from self.each(lambda shard: shard.resume())))
+        resumed = any((yield from self.each(lambda shard: shard.resume(), store=True)))
         yield from self.wake(dict.fromkeys(range(self.count), WAKE_TOKENS))
         return resumed
 
@@ -651,7 +657,8 @@ class ShardedFlows:
         found = yield from self.each(
             lambda shard: shard.configure(
                 fence_window, fence_max, dead_max, dead_max_age, track_ids
-            )
+            ),
+            store=True,
         )
         return found[0]
 
@@ -671,7 +678,7 @@ class ShardedFlows:
     def durations(self, seconds: Iterable[float]) -> Flow[Durations]:
         """Adds to shard 0's histogram; answers the sum of every shard's."""
         times = list(seconds)
-        yield from self.check_layout()
+        yield from self.check_layout(store=bool(times))
         parts = [(yield from self.shards[0].durations(times))]
         for shard in self.shards[1:]:
             parts.append((yield from shard.durations(())))
@@ -683,7 +690,7 @@ class ShardedFlows:
     def dead(self, start: int, limit: int) -> Flow[list[DeadLetter]]:
         start = protocol.whole(start, "start", 0, 10**6)
         limit = protocol.whole(limit, "limit", 1, MAX_COUNT)
-        yield from self.check_layout()
+        yield from self.check_layout(store=False)
         letters: list[DeadLetter] = []
         for shard in self.shards:
             # Each shard's first start + limit letters hold the ones wanted, oldest first.

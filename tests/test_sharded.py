@@ -146,6 +146,31 @@ def test_the_stored_shard_count_refuses_another(
 
 
 @pytest.mark.cluster
+def test_reads_acks_and_deletes_never_store_a_shard_count(
+    cluster_client: RedisCluster, queue_name: str
+) -> None:
+    """Only writes that make the queue (pushes, claims, settings) store its count: a read of
+    a queue that is gone must not fix the count of the next queue of that name."""
+    layout = f"rotator:{{{queue_name}}}:shards"
+    reader = sharded(cluster_client, queue_name, shards=4)
+    assert not reader.exists()
+    assert reader.stats().length == 0
+    assert (reader.dead(), reader.drained()) == ([], True)
+    assert (reader.ack("x*1.1.1"), reader.sweep(), reader.durations().counts[0]) == (0, 0, 0)
+    assert cluster_client.exists(layout) == 0
+    six = sharded(cluster_client, queue_name, shards=6)
+    assert six.push("a") == 1
+    with pytest.raises(ShardsMismatch):
+        reader.stats()  # a count stored since is still compared
+    assert cluster_client.hget(layout, "shards") == b"6"
+    assert six.delete()
+    assert not six.exists()  # a read after the delete (the same instance, too)
+    assert reader.stats().length == 0
+    assert cluster_client.exists(layout) == 0
+    assert sharded(cluster_client, queue_name, shards=5).push("b") == 1
+
+
+@pytest.mark.cluster
 def test_the_api_across_shards(cluster_client: RedisCluster, queue_name: str) -> None:
     queue = sharded(cluster_client, queue_name, timeout=30, max_deliveries=2)
     assert not queue.exists()
