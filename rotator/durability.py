@@ -22,36 +22,69 @@ log = logging.getLogger("rotator")
 _warned_no_waitaof = False
 
 
-def wait_durable(durability: Durability) -> Flow[None]:
-    """Blocks until the connection's earlier writes reach what ``durability`` asks for."""
-    global _warned_no_waitaof
-    timeout_ms = max(1, int(durability.timeout * 1000))
+def wait_command(durability: Durability, waitaof: bool) -> tuple[Any, ...] | None:
+    """The command that waits for what ``durability`` asks, sent on the connection that made
+    the writes: ``WAITAOF`` where the server has it (``waitaof``), else ``WAIT`` for the
+    replicas, or None when there is nothing a server without WAITAOF can wait for."""
+    if waitaof:
+        return waitaof_command(durability)
+    if durability.local_aof:
+        _warn_no_waitaof()
+    if not durability.replicas:
+        return None
+    return ("WAIT", durability.replicas, max(1, int(durability.timeout * 1000)))
+
+
+def waitaof_command(durability: Durability) -> tuple[Any, ...]:
     numlocal = 1 if durability.local_aof else 0
-    try:
-        reply = yield ClientCall(
-            "execute_command", ("WAITAOF", numlocal, durability.replicas, timeout_ms)
-        )
+    return ("WAITAOF", numlocal, durability.replicas, max(1, int(durability.timeout * 1000)))
+
+
+def check_waited(durability: Durability, waitaof: bool, reply: Any) -> None:
+    """Raises NotDurable unless ``reply`` (of :func:`wait_command`'s command; None when there
+    was none; an error reply as an exception) confirms what ``durability`` asks."""
+    if isinstance(reply, Exception):
+        raise NotDurable(str(reply)) from reply
+    numlocal = 1 if durability.local_aof else 0
+    if waitaof:
         local, replicas = (int(n) for n in reply)
-    except ResponseError as error:
-        if "unknown command" not in str(error).lower():
-            raise NotDurable(str(error)) from error
-        # Redis before 7.2: replicas can still be waited for; the local fsync cannot.
-        if durability.local_aof and not _warned_no_waitaof:
-            _warned_no_waitaof = True
-            log.warning(
-                "this server has no WAITAOF (Redis < 7.2): local durability relies on its "
-                "appendfsync setting; use 'appendfsync always' to lose nothing on a crash"
-            )
-        local = numlocal
-        replicas = 0
-        if durability.replicas:
-            waited = yield ClientCall("execute_command", ("WAIT", durability.replicas, timeout_ms))
-            replicas = int(waited)
+    else:
+        # Redis before 7.2: replicas can be waited for; the local fsync cannot.
+        local, replicas = numlocal, 0 if reply is None else int(reply)
     if local < numlocal or replicas < durability.replicas:
         raise NotDurable(
             f"write confirmed on {local} local AOF and {replicas} replicas within "
             f"{durability.timeout:g} s; asked for {numlocal} and {durability.replicas}"
         )
+
+
+def no_waitaof(error: ResponseError) -> bool:
+    """True when ``error`` says the server has no WAITAOF (Redis before 7.2)."""
+    return "unknown command" in str(error).lower()
+
+
+def _warn_no_waitaof() -> None:
+    global _warned_no_waitaof
+    if not _warned_no_waitaof:
+        _warned_no_waitaof = True
+        log.warning(
+            "this server has no WAITAOF (Redis < 7.2): local durability relies on its "
+            "appendfsync setting; use 'appendfsync always' to lose nothing on a crash"
+        )
+
+
+def wait_durable(durability: Durability) -> Flow[None]:
+    """Blocks until the connection's earlier writes reach what ``durability`` asks for."""
+    waitaof = True
+    try:
+        reply = yield ClientCall("execute_command", waitaof_command(durability))
+    except ResponseError as error:
+        if not no_waitaof(error):
+            raise NotDurable(str(error)) from error
+        waitaof = False
+        command = wait_command(durability, waitaof)
+        reply = None if command is None else (yield ClientCall("execute_command", command))
+    check_waited(durability, waitaof, reply)
 
 
 def server_warnings() -> Flow[list[str]]:

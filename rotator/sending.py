@@ -91,10 +91,9 @@ class Sender:
 
     def perform(self, request: Request) -> Any:
         if type(request) is ModuleCall:
-            reply = request.decode(run(self.script, request.keys, request.args))
             if request.durable and self.durability is not None:
-                self.run(wait_durable(self.durability))
-            return reply
+                return self.durable_call(request, self.durability)
+            return request.decode(run(self.script, request.keys, request.args))
         if type(request) is AfterWake:
             return self._after_wake(request)
         if type(request) is ClientCall:
@@ -102,6 +101,15 @@ class Sender:
         if type(request) is Ask:
             return request.callback(request.job_id)
         raise TypeError(f"not a request: {request!r}")
+
+    def durable_call(self, call: ModuleCall[T], durability: Durability) -> T:
+        """``call``, then a wait for its writes to reach what ``durability`` asks. The server
+        counts the writes of the connection that asks; here that is the connection the
+        client's pool hands out next, the same one unless another thread shares the client
+        (a cluster sender overrides this: see :mod:`rotator.sharded`)."""
+        reply = call.decode(run(self.script, call.keys, call.args))
+        self.run(wait_durable(durability))
+        return reply
 
     def _after_wake(self, request: AfterWake[Any]) -> Any:
         """Blocks on the wake list, then calls the module, in one round trip: the server runs
