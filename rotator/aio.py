@@ -17,7 +17,7 @@ import redis.asyncio as aredis
 from redis.asyncio.cluster import RedisCluster
 
 from rotator import commands, protocol, registry
-from rotator.commands import AfterWake, Ask, ClientCall, Flow, ModuleCall, Request
+from rotator.commands import AfterWake, Ask, ClientCall, Flow, ModuleCall, Request, Together
 from rotator.defaults import (
     DEFAULT_BUDGET,
     DEFAULT_LEASE_TIMEOUT,
@@ -55,7 +55,7 @@ from rotator.script import (
     pipeline_reply,
     run_async,
 )
-from rotator.sending import socket_timeout, wake_wait
+from rotator.sending import UNSENT, socket_timeout, wake_wait
 
 if TYPE_CHECKING:
     from rotator.buffering import AsyncConsumer, AsyncProducer
@@ -103,7 +103,29 @@ class AsyncSender:
         if type(request) is Ask:
             answer = request.callback(request.job_id)
             return await answer if inspect.isawaitable(answer) else answer
+        if type(request) is Together:
+            return await self._together(request)
         raise TypeError(f"not a request: {request!r}")
+
+    async def _together(self, request: Together) -> list[Any]:
+        """As :meth:`rotator.sending.Sender._together`."""
+        calls = request.calls
+        if len(calls) < 2 or self.durability is not None:
+            return [await self.perform(call) for call in calls]
+        replies: list[Any]
+        try:
+            async with self.client.pipeline(transaction=False) as pipe:
+                for call in calls:
+                    pipe.execute_command(*module_command(self.script, call.keys, call.args))
+                replies = await pipe.execute(raise_on_error=False)
+        except Exception:  # which calls ran is unknown, and none matters
+            replies = [UNSENT] * len(calls)
+        return [
+            await self.perform(call)
+            if reply is UNSENT or isinstance(reply, Exception)
+            else call.decode(reply)
+            for call, reply in zip(calls, replies, strict=True)
+        ]
 
     async def _after_wake(self, request: AfterWake[Any]) -> Any:
         wait = wake_wait(request.seconds, self._socket_timeout)

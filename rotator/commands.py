@@ -82,7 +82,16 @@ class Ask(NamedTuple):
     job_id: str
 
 
-Request = ModuleCall[Any] | AfterWake[Any] | ClientCall | Ask
+class Together(NamedTuple):
+    """Module calls sent at once, each harmless twice (pushes under a marker): the sender
+    pipelines them (on a cluster, one round trip per node, the nodes in parallel) and
+    makes each call whose reply was an error again on its own, so its errors, loading and
+    retries are those of a single call. Replied with the decoded replies, in order."""
+
+    calls: tuple[ModuleCall[Any], ...]
+
+
+Request = ModuleCall[Any] | AfterWake[Any] | ClientCall | Ask | Together
 # An operation written once: it yields requests, is sent their replies (or has the errors
 # they raised thrown into it), and returns its result. Sync and async senders both run it.
 Flow = Generator[Request, Any, T]

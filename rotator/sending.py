@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 
 import redis
 
-from rotator.commands import AfterWake, Ask, ClientCall, Flow, ModuleCall, Request
+from rotator.commands import AfterWake, Ask, ClientCall, Flow, ModuleCall, Request, Together
 from rotator.durability import wait_durable
 from rotator.models import Durability
 from rotator.script import (
@@ -60,6 +60,19 @@ def wake_wait(seconds: float, socket_timeout: float | None) -> float:
     return max(seconds, 0.001)
 
 
+# In place of the replies of a pipeline that failed as a whole.
+UNSENT = object()
+
+
+def together_reply(sender: Any, call: ModuleCall[T], reply: object) -> T:
+    """The decoded ``reply`` to ``call`` in a pipeline; an error (or no reply) makes the call
+    again through ``sender.perform``, which raises, loads or retries as for one call."""
+    if reply is UNSENT or isinstance(reply, Exception):
+        result: T = sender.perform(call)
+        return result
+    return call.decode(reply)
+
+
 class Sender:
     """Runs flows on a synchronous client. ``functions``: call the module with FCALL of the
     library (True), EVALSHA (False), or the faster one the server allows (None).
@@ -100,7 +113,25 @@ class Sender:
             return getattr(self.client, request.method)(*request.args)
         if type(request) is Ask:
             return request.callback(request.job_id)
+        if type(request) is Together:
+            return self._together(request)
         raise TypeError(f"not a request: {request!r}")
+
+    def _together(self, request: Together) -> list[Any]:
+        """``request``'s calls in one pipeline; each that failed in it made on its own."""
+        calls = request.calls
+        if len(calls) < 2 or self.durability is not None:  # a wait goes with each call
+            return [self.perform(call) for call in calls]
+        pipe: Any = self.client.pipeline(transaction=False)
+        for call in calls:
+            pipe.execute_command(*module_command(self.script, call.keys, call.args))
+        try:
+            replies = pipe.execute(raise_on_error=False)
+        except Exception:  # e.g. a node lost: which calls ran is unknown, and none matters
+            replies = [UNSENT] * len(calls)
+        return [
+            together_reply(self, call, reply) for call, reply in zip(calls, replies, strict=True)
+        ]
 
     def durable_call(self, call: ModuleCall[T], durability: Durability) -> T:
         """``call``, then a wait for its writes to reach what ``durability`` asks. The server

@@ -70,7 +70,7 @@ from redis.exceptions import (
 from redis.retry import Retry
 
 from rotator import commands, protocol, registry
-from rotator.commands import ClientCall, Flow, ModuleCall, Request
+from rotator.commands import ClientCall, Flow, ModuleCall, Request, Together
 from rotator.defaults import (
     DEFAULT_BUDGET,
     DEFAULT_LEASE_TIMEOUT,
@@ -275,6 +275,8 @@ class RetryingSender(Sender):
         self.waitaof: dict[str, bool] = {}  # node name: it has WAITAOF (see durable_flow)
 
     def perform(self, request: Request) -> Any:
+        if type(request) is Together:  # each call it makes again is retried on its own
+            return super().perform(request)
         tries = Tries(self.client, request, self.retry_for)
         while True:
             try:
@@ -637,20 +639,29 @@ class ShardedFlows:
         run = uuid.uuid4().hex  # this push's markers: a retried call pushes nothing twice
         pushed = 0
         woken: dict[int, int] = {}
+        rounds: list[list[ModuleCall[tuple[int, int]]]] = []  # chunk i of every shard
         for k, part_ids in self.by_id(raw).items():
             shard = self.shards[k]
             for index, part in enumerate(protocol.chunks(part_ids, size)):
                 if plain:
                     marker = f"{shard.keys.ring.rsplit(':', 1)[0]}:push:{run}"
-                    done, _ = yield commands.push_chunk(
-                        (*shard.plain_keys, marker), index, self.marker_ttl_ms, part
+                    if index == len(rounds):
+                        rounds.append([])
+                    rounds[index].append(
+                        commands.push_chunk(
+                            (*shard.plain_keys, marker), index, self.marker_ttl_ms, part
+                        )
                     )
                 else:
-                    done = yield commands.push_ids(
+                    pushed += yield commands.push_ids(
                         shard.plain_keys, part, due, priority=priority, unique=unique
                     )
-                pushed += done
             woken[k] = len(part_ids)
+        for calls in rounds:
+            # Harmless twice, so sent at once: a round trip per node, not per shard (at
+            # most a chunk per shard at a time, so a huge push never builds a huge pipeline).
+            replies: list[tuple[int, int]] = yield Together(tuple(calls))
+            pushed += sum(done for done, _ in replies)
         yield from self.wake(woken)
         return pushed
 

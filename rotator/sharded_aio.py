@@ -23,7 +23,7 @@ from redis.asyncio.retry import Retry
 
 from rotator import registry
 from rotator.aio import AsyncIdempotency, AsyncSender
-from rotator.commands import Request
+from rotator.commands import Request, Together
 from rotator.defaults import (
     DEFAULT_BUDGET,
     DEFAULT_LEASE_TIMEOUT,
@@ -67,6 +67,8 @@ class AsyncRetryingSender(AsyncSender):
         self.retry_for = retry_for
 
     async def perform(self, request: Request) -> Any:
+        if type(request) is Together:  # each call it makes again is retried on its own
+            return await super().perform(request)
         tries = Tries(self.client, request, self.retry_for)
         while True:
             try:

@@ -7,6 +7,7 @@ processes run (tests/test_sharded_durability.py has the rest of ``durability=``)
 
 from __future__ import annotations
 
+import asyncio
 import json
 import statistics
 import subprocess
@@ -35,6 +36,7 @@ from rotator import (
     Rotator,
     ShardedRotator,
     ShardsMismatch,
+    WrongKeyType,
 )
 from rotator.cli import main
 from rotator.commands import push_chunk, push_ids
@@ -153,6 +155,92 @@ def test_the_stored_shard_count_refuses_another(
         ShardedRotator(cluster_client, f"{queue_name}-never", shards=None)
     assert queue.delete()
     assert sharded(cluster_client, queue_name, shards=5).push("b") == 1  # deleted: a new count
+
+
+class CountingCluster(RedisCluster):
+    """A real cluster client that counts the pipelines it makes and the module calls it
+    sends one at a time (those in a pipeline go through the pipeline instead)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.pipelines = 0
+        self.single_calls = 0
+
+    def pipeline(self, *args: Any, **kwargs: Any) -> Any:
+        self.pipelines += 1
+        return super().pipeline(*args, **kwargs)  # type: ignore[no-untyped-call]
+
+    def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+        if str(args[0]).upper() in ("EVALSHA", "EVAL", "FCALL"):
+            self.single_calls += 1
+        return super().execute_command(*args, **kwargs)  # type: ignore[no-untyped-call]
+
+
+@pytest.mark.cluster
+def test_a_push_sends_its_shards_chunks_in_pipelines_and_makes_failed_ones_again_alone(
+    cluster: ClusterProcess, queue_name: str
+) -> None:
+    client = CountingCluster(host="127.0.0.1", port=cluster.nodes[0].port)
+    try:
+        queue = sharded(client, queue_name)
+        assert queue.push("warm") == 1  # the script is loaded on that shard's master
+        ids = [f"job-{n}" for n in range(2500)]
+        client.pipelines = client.single_calls = 0
+        assert queue.push_many(ids, chunk=1000) == 2500
+        # Chunk 0 of every shard in one pipeline (each shard holds about 417 ids): a round
+        # trip per node; each call whose reply was NOSCRIPT (a master not used yet) again.
+        assert client.pipelines == 1
+        assert client.single_calls <= 3
+        client.pipelines = client.single_calls = 0
+        assert queue.push_many(ids[:1200], chunk=100) == 1200
+        per_shard = Counter(queue.shard_of(job_id) for job_id in ids[:1200])
+        rounds = max(-(-n // 100) for n in per_shard.values())  # about 200 a shard: 2 or 3
+        assert (client.pipelines, client.single_calls) == (rounds, 0)
+
+        for node in cluster.nodes:  # replies of NOSCRIPT: each call made again, loading it
+            node.client().script_flush()
+        assert queue.push_many([f"after-flush-{n}" for n in range(60)]) == 60
+        assert queue.stats().pending == 1 + 2500 + 1200 + 60
+
+        # A refused call raises its typed error; the other shards' chunks are in (each
+        # shard is atomic on its own, not all of them together).
+        bad = queue.shard_of("x-0")
+        client.delete(queue.shard(bad).keys.ring)
+        client.set(queue.shard(bad).keys.ring, "not a list")
+        with pytest.raises(WrongKeyType):
+            queue.push_many([f"x-{n}" for n in range(60)])
+        pushed = sum(queue.shard(k).stats().pending for k in range(queue.shards) if k != bad)
+        assert pushed >= 60 - sum(1 for n in range(60) if queue.shard_of(f"x-{n}") == bad)
+    finally:
+        client.close()
+
+
+@pytest.mark.cluster
+def test_an_async_push_sends_its_chunks_in_a_pipeline_and_loads_the_script_where_missing(
+    cluster: ClusterProcess, queue_name: str
+) -> None:
+    from rotator.sharded_aio import AsyncShardedRotator  # noqa: PLC0415
+
+    async def scenario() -> tuple[int, int, int]:
+        queue = AsyncShardedRotator.from_url(url_of(cluster), queue_name, shards=6)
+        try:
+            made = 0
+            original = queue.client.pipeline
+
+            def counted(*args: Any, **kwargs: Any) -> Any:
+                nonlocal made
+                made += 1
+                return original(*args, **kwargs)
+
+            queue.client.pipeline = counted
+            for node in cluster.nodes:
+                node.client().script_flush()
+            pushed = await queue.push_many(f"a-{n}" for n in range(600))
+            return pushed, (await queue.stats()).pending, made
+        finally:
+            await queue.client.aclose()
+
+    assert asyncio.run(scenario()) == (600, 600, 1)
 
 
 @pytest.mark.cluster
