@@ -223,7 +223,8 @@ COMMANDS (ARGV[1]; numbers are decimal integers)
   push_chunk CHUNK TTL_MS ID [ID ...]                     (KEYS 1..13, KEYS[14] a marker hash)
     push, once per chunk of a bulk load: only when the marker's field `chunks` (0 when
     absent) equals CHUNK; then `chunks` becomes CHUNK + 1 and the marker expires in TTL_MS.
-    A chunk the marker already counts pushes nothing, so a retried loader pushes no id twice.
+    A chunk the marker already counts pushes nothing, so a retried loader pushes no id twice;
+    it renews the marker's expiry, a write: a WAIT after the retry covers the first push too.
     reply: {pushed, chunks}  pushed is 0 when the chunk was already in
     errors: ROTATOR_BADARG (CHUNK beyond what the marker records), ROTATOR_BADID,
             ROTATOR_TOOMANY, ROTATOR_WRONGTYPE
@@ -2153,6 +2154,8 @@ function M.push_chunk()
   local chunks = tonumber(M.read('HMGET', marker, 'chunks')[1]) or 0
   if chunks > chunk then
     M.check_ids(4)
+    -- A write, so that a WAIT after a retried call also covers the first try's push.
+    rcall('PEXPIRE', marker, ttl)
     return { 0, chunks }
   end
   if chunks < chunk then

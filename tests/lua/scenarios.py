@@ -2276,6 +2276,22 @@ def push_chunk_pushes_each_chunk_once_whatever_the_attempts(b: Backend) -> None:
 
 
 @scenario
+def push_chunk_of_a_chunk_already_in_renews_the_markers_expiry(b: Backend) -> None:
+    """A retry is a write (so a WAIT after it covers the first try's push) and keeps the
+    marker for the retries after it."""
+    marker = f"rotator:{{{b.name}}}:spark:push:run:1"
+    b.track(marker)
+    keys = (*b.keys, marker)
+    assert ints(b.call_keys(keys, "push_chunk", 0, 400, "a")) == [1, 1]
+    b.sleep_ms(250)
+    assert ints(b.call_keys(keys, "push_chunk", 0, 400, "a")) == [0, 1]  # renewed: 400 ms
+    b.sleep_ms(250)  # 500 ms after the first push: the marker would have expired at 400
+    assert b.key_state(marker) == ("hash", {"chunks": "1"})
+    assert ints(b.call_keys(keys, "push_chunk", 1, 400, "b")) == [1, 2]
+    assert stats(b)["pending"] == 2
+
+
+@scenario
 def scan_pages_through_the_ring_as_peek_shows_it_and_changes_nothing(b: Backend) -> None:
     push(b, *(f"j{n}" for n in range(12)))
     leased = nxt(b, 4)
