@@ -9,12 +9,21 @@ sync classes for the semantics.
 from __future__ import annotations
 
 import inspect
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Generator,
+    Iterable,
+    Mapping,
+    Sequence,
+)
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import redis.asyncio as aredis
-from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.cluster import PipelineCommand, RedisCluster
+from redis.exceptions import ConnectionError, RedisClusterException, RedisError, TimeoutError
 
 from rotator import commands, protocol, registry
 from rotator.commands import AfterWake, Ask, ClientCall, Flow, ModuleCall, Request, Together
@@ -28,7 +37,13 @@ from rotator.defaults import (
     MAX_BATCH,
     MAX_PUBLISH,
 )
-from rotator.durability import wait_durable
+from rotator.durability import (
+    NewSlotMap,
+    NodeCall,
+    check_durability,
+    durable_flow,
+    waitaof_memo,
+)
 from rotator.flows import GroupView, QueueFlows, QueueView, TopicFlows, TopicView
 from rotator.keys import TopicKeys, validate_group_name
 from rotator.models import (
@@ -63,6 +78,45 @@ if TYPE_CHECKING:
 AsyncClient = aredis.Redis | RedisCluster
 AsyncIdempotency = Callable[[str], bool | Awaitable[bool]]
 T = TypeVar("T")
+R = TypeVar("R")
+
+
+async def drive_async(flow: Generator[R, Any, T], perform: Callable[[R], Awaitable[Any]]) -> T:
+    """The asyncio twin of :func:`rotator.sending.drive`: each request awaited."""
+    try:
+        request = next(flow)
+        while True:
+            try:
+                reply = await perform(request)
+            except Exception as error:
+                request = flow.throw(error)
+            else:
+                request = flow.send(reply)
+    except StopIteration as stop:
+        result: T = stop.value
+        return result
+
+
+async def client_pipeline(client: aredis.Redis, commands: Sequence[tuple[Any, ...]]) -> list[Any]:
+    """As :func:`rotator.sending.node_pipeline`, on a ``redis.asyncio.Redis``."""
+    async with client.pipeline(transaction=False) as pipe:
+        for command in commands:
+            pipe.execute_command(*command)
+        return list(await pipe.execute(raise_on_error=False))
+
+
+async def node_pipeline(node: Any, commands: Sequence[tuple[Any, ...]]) -> list[Any]:
+    """As :func:`rotator.sending.node_pipeline`, on one connection of a
+    ``redis.asyncio`` ClusterNode. Its pipeline keeps a connection error as the reply of
+    the command it met (and of those after it): raised here, as the sync client raises
+    it."""
+    stack = [PipelineCommand(i, *command) for i, command in enumerate(commands)]
+    await node.execute_pipeline(stack)
+    replies = [command.result for command in stack]
+    for reply in replies:
+        if isinstance(reply, ConnectionError | TimeoutError):
+            raise reply
+    return replies
 
 
 class AsyncSender:
@@ -71,31 +125,20 @@ class AsyncSender:
     def __init__(self, client: Any, functions: bool | None, durability: Durability | None) -> None:
         self.client = client
         self.script: Any = async_module_caller(client, functions)
-        self.durability = durability
         self._socket_timeout = socket_timeout(client)
+        self.durability = check_durability(durability, self._socket_timeout)
         self._pipelines = isinstance(client, aredis.Redis)
+        self._cluster = client if isinstance(client, RedisCluster) else None
+        self.waitaof: dict[str, bool] = {} if durability is None else waitaof_memo(client)
 
     async def run(self, flow: Flow[T]) -> T:
-        perform = self.perform
-        try:
-            request = next(flow)
-            while True:
-                try:
-                    reply = await perform(request)
-                except Exception as error:
-                    request = flow.throw(error)
-                else:
-                    request = flow.send(reply)
-        except StopIteration as stop:
-            result: T = stop.value
-            return result
+        return await drive_async(flow, self.perform)
 
     async def perform(self, request: Request) -> Any:
         if type(request) is ModuleCall:
-            reply = request.decode(await run_async(self.script, request.keys, request.args))
             if request.durable and self.durability is not None:
-                await self.run(wait_durable(self.durability))
-            return reply
+                return await self.durable_call(request, self.durability)
+            return request.decode(await run_async(self.script, request.keys, request.args))
         if type(request) is AfterWake:
             return await self._after_wake(request)
         if type(request) is ClientCall:
@@ -126,6 +169,29 @@ class AsyncSender:
             else call.decode(reply)
             for call, reply in zip(calls, replies, strict=True)
         ]
+
+    async def durable_call(self, call: ModuleCall[T], durability: Durability) -> T:
+        """As :meth:`rotator.sending.Sender.durable_call`: the call and its wait in one
+        pipeline on one connection."""
+        if self._cluster is not None:
+            await self._cluster.initialize()  # the slot map (read at a client's first command)
+        flow = durable_flow(call, self.script, durability, self.waitaof, self._cluster)
+        return await drive_async(flow, self._on_node)
+
+    async def _on_node(self, request: NodeCall | NewSlotMap) -> Any:
+        if isinstance(request, NodeCall):
+            if request.node is None:
+                return await client_pipeline(self.client, request.commands)
+            return await node_pipeline(request.node, request.commands)
+        manager = self.client.nodes_manager
+        try:
+            if request.moved is not None:
+                await manager.move_slot(request.moved)
+            else:
+                await manager.initialize()
+        except (RedisError, RedisClusterException):
+            pass  # the next try meets whatever is wrong, and raises or retries it
+        return None
 
     async def _after_wake(self, request: AfterWake[Any]) -> Any:
         wait = wake_wait(request.seconds, self._socket_timeout)

@@ -2,33 +2,91 @@
 
 The Lua module cannot wait for durability itself (WAIT and WAITAOF do not block inside a
 script), so the client asks after the write: ``WAITAOF`` where the server has it (Redis 7.2+,
-Valkey), ``WAIT`` for replicas otherwise. Both are flows (see :mod:`rotator.commands`), so the
-sync and async APIs share them.
+Valkey), ``WAIT`` for replicas otherwise. Both count only the writes of the connection they
+arrive on, and have no key. So a durable module call and its wait go together, in one
+pipeline on one connection (:func:`durable_flow`): a wait sent as a command of its own can
+go out on another pooled connection of a client that threads or tasks share, and "confirm"
+that connection's writes (none, say) at once; and a cluster client sends a keyless WAIT to
+a node of its choosing (redis-py 8.1: its default node), on a connection that made none of
+the writes. The flow yields node pipelines, so the sync and async senders (and the sharded
+ones) all drive it.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any
+import weakref
+from collections.abc import Generator
+from typing import Any, NamedTuple, TypeVar
 
-from redis.exceptions import ResponseError
+from redis.exceptions import (
+    AskError,
+    ClusterDownError,
+    ConnectionError,
+    MovedError,
+    ReadOnlyError,
+    ResponseError,
+    TimeoutError,
+)
 
-from rotator.commands import ClientCall, Flow
-from rotator.errors import NotDurable
+from rotator.commands import ClientCall, Flow, ModuleCall
+from rotator.errors import InvalidArgument, NotDurable
 from rotator.models import Durability
+from rotator.script import (
+    AutoCall,
+    FunctionCall,
+    library_source,
+    module_command,
+    module_source,
+    not_loaded,
+    pipeline_reply,
+)
 
 log = logging.getLogger("rotator")
 
+T = TypeVar("T")
+
 _warned_no_waitaof = False
+
+# Per client: which of its servers have WAITAOF, by node name ("" for a plain client's one
+# server); learned once (see durable_flow), forgotten with the client.
+_WAITAOF: weakref.WeakKeyDictionary[Any, dict[str, bool]] = weakref.WeakKeyDictionary()
+
+
+def check_durability(durability: object, socket_timeout: float | None) -> Durability | None:
+    """``durability`` for a client whose connections time out after ``socket_timeout``
+    seconds: the wait goes in one pipeline with the write, so it must give up before its
+    connection does (a timed-out pipeline may be sent again, write and all)."""
+    if durability is None:
+        return None
+    if not isinstance(durability, Durability):
+        raise InvalidArgument(f"durability must be a Durability, got {durability!r}")
+    if socket_timeout is not None and durability.timeout >= socket_timeout:
+        raise InvalidArgument(
+            f"durability timeout {durability.timeout:g} s must be shorter than the "
+            f"client's socket timeout {socket_timeout:g} s"
+        )
+    return durability
+
+
+def waitaof_memo(client: Any) -> dict[str, bool]:
+    """Whether ``client``'s servers have WAITAOF, by node name: one dict per client, so
+    every queue on a client probes each server once."""
+    memo = _WAITAOF.get(client)
+    if memo is None:
+        memo = _WAITAOF.setdefault(client, {})
+    return memo
 
 
 def wait_command(durability: Durability, waitaof: bool) -> tuple[Any, ...] | None:
     """The command that waits for what ``durability`` asks, sent on the connection that made
-    the writes: ``WAITAOF`` where the server has it (``waitaof``), else ``WAIT`` for the
-    replicas, or None when there is nothing a server without WAITAOF can wait for."""
-    if waitaof:
-        return waitaof_command(durability)
+    the writes. With ``local_aof``: ``WAITAOF`` where the server has it (``waitaof``), which
+    waits for the local fsync and for ``replicas`` replicas to fsync theirs. Otherwise (or
+    on a server without WAITAOF) ``WAIT`` for ``replicas`` replicas to acknowledge the
+    writes, or None when there are no replicas to wait for."""
     if durability.local_aof:
+        if waitaof:
+            return waitaof_command(durability)
         _warn_no_waitaof()
     if not durability.replicas:
         return None
@@ -40,16 +98,16 @@ def waitaof_command(durability: Durability) -> tuple[Any, ...]:
     return ("WAITAOF", numlocal, durability.replicas, max(1, int(durability.timeout * 1000)))
 
 
-def check_waited(durability: Durability, waitaof: bool, reply: Any) -> None:
-    """Raises NotDurable unless ``reply`` (of :func:`wait_command`'s command; None when there
-    was none; an error reply as an exception) confirms what ``durability`` asks."""
+def check_waited(durability: Durability, command: tuple[Any, ...] | None, reply: Any) -> None:
+    """Raises NotDurable unless ``reply`` (to ``command``, :func:`wait_command`'s; None when
+    there was none; an error reply as an exception) confirms what ``durability`` asks."""
     if isinstance(reply, Exception):
         raise NotDurable(str(reply)) from reply
     numlocal = 1 if durability.local_aof else 0
-    if waitaof:
+    if command is not None and command[0] == "WAITAOF":
         local, replicas = (int(n) for n in reply)
     else:
-        # Redis before 7.2: replicas can be waited for; the local fsync cannot.
+        # No WAITAOF (Redis before 7.2): replicas can be waited for; the local fsync cannot.
         local, replicas = numlocal, 0 if reply is None else int(reply)
     if local < numlocal or replicas < durability.replicas:
         raise NotDurable(
@@ -73,18 +131,101 @@ def _warn_no_waitaof() -> None:
         )
 
 
-def wait_durable(durability: Durability) -> Flow[None]:
-    """Blocks until the connection's earlier writes reach what ``durability`` asks for."""
-    waitaof = True
+# -- a durable call and its wait, on one connection --------------------------------------------
+
+
+class NodeCall(NamedTuple):
+    """Send ``commands`` in one pipeline, so on one connection, to ``node``: a cluster
+    client's node (its redis-py ClusterNode), or None for a plain client's server. The
+    reply is their replies in order, error replies as exceptions; a connection error is
+    raised."""
+
+    node: Any
+    commands: list[tuple[Any, ...]]
+
+
+class NewSlotMap(NamedTuple):
+    """Refresh the cluster client's slot map: from ``moved`` (a MOVED reply), else by
+    asking the cluster (after the node refused the call or could not be reached)."""
+
+    moved: MovedError | None = None
+
+
+NodeFlow = Generator[NodeCall | NewSlotMap, Any, T]
+
+
+def durable_flow(
+    call: ModuleCall[T],
+    caller: Any,
+    durability: Durability,
+    waitaof: dict[str, bool],
+    cluster: Any = None,
+) -> NodeFlow[T]:
+    """One durable module call: the call and its WAITAOF (or WAIT) in one pipeline on one
+    connection, so the wait counts this call's writes (see :func:`wait_command` for which
+    wait). ``caller`` is the sender's module caller (the call goes as it would call),
+    ``waitaof`` the client's :func:`waitaof_memo`, ``cluster`` the cluster client (None: a
+    plain client).
+
+    On a cluster the pair goes to the master that owns the call's slot, on that node's own
+    connection, so the redirections the cluster client would follow are followed here:
+    MOVED once (the slot map refreshed, the pair sent to the new owner), ASK once (ASKING
+    and the pair on the node it names). TRYAGAIN, CLUSTERDOWN, READONLY, a second
+    redirection and connection errors are raised (the slot map refreshed first where they
+    say it is stale), for the caller to retry or not (a sharded queue's bounded retries
+    decide as for any call). A not-loaded reply (NOSCRIPT, or FCALL's "function not
+    found"; nothing ran) sends the pair again with EVAL of the source, after loading the
+    library in FCALL mode, for the next calls. With ``local_aof``, whether the server has
+    WAITAOF (Redis 7.2+, Valkey) is learned once per server with ``WAITAOF 0 0 1``, which
+    returns at once.
+
+    Returns the call's decoded reply; raises NotDurable when the wait did not confirm
+    what ``durability`` asks within its timeout: the write was applied, but is not
+    confirmed (it is not sent again).
+    """
+    if isinstance(caller, AutoCall):
+        caller = caller.current()  # as a pipelined call goes (EVALSHA until a mode is chosen)
+    key = call.keys[0]
+    node = None if cluster is None else cluster.get_node_from_key(key)
+    command = tuple(module_command(caller, call.keys, call.args))
+    asking = asked = moved = False
     try:
-        reply = yield ClientCall("execute_command", waitaof_command(durability))
-    except ResponseError as error:
-        if not no_waitaof(error):
-            raise NotDurable(str(error)) from error
-        waitaof = False
-        command = wait_command(durability, waitaof)
-        reply = None if command is None else (yield ClientCall("execute_command", command))
-    check_waited(durability, waitaof, reply)
+        for _ in range(4):  # at most: a MOVED and an ASK followed, a NOSCRIPT answered
+            name = "" if node is None else str(node.name)
+            if durability.local_aof and name not in waitaof:
+                (probe,) = yield NodeCall(node, [("WAITAOF", 0, 0, 1)])
+                waitaof[name] = not (isinstance(probe, ResponseError) and no_waitaof(probe))
+            wait = wait_command(durability, waitaof.get(name, False))
+            sent = [("ASKING",)] * asking + [command] + ([wait] if wait is not None else [])
+            replies = yield NodeCall(node, sent)
+            reply, waited = replies[asking], (replies[-1] if wait is not None else None)
+            if cluster is not None and type(reply) is AskError and not asked:
+                target = cluster.get_node(host=reply.host, port=reply.port)
+                if target is not None:
+                    node, asking, asked = target, True, True
+                    continue
+            if cluster is not None and type(reply) is MovedError and not moved:
+                yield NewSlotMap(reply)
+                node, asking, moved = cluster.get_node_from_key(key), False, True
+                continue
+            if not_loaded(reply) and command[0] != "EVAL":
+                if isinstance(caller, FunctionCall):  # load the library for the next calls
+                    yield NodeCall(node, [("FUNCTION", "LOAD", "REPLACE", library_source())])
+                command = ("EVAL", module_source(), *command[2:])
+                continue
+            break
+    except (ConnectionError, TimeoutError):
+        if cluster is not None:
+            yield NewSlotMap()  # the node may be gone: its slots are served elsewhere soon
+        raise
+    if cluster is not None and isinstance(reply, MovedError | ReadOnlyError | ClusterDownError):
+        # A slot moved again, a demoted master, or a cluster failing over.
+        yield NewSlotMap(reply if isinstance(reply, MovedError) else None)
+    decoded = call.decode(pipeline_reply(reply))
+    if isinstance(waited, ResponseError) and no_waitaof(waited):
+        waitaof[name] = False  # a server replaced by an older one: WAIT next time
+    check_waited(durability, wait, waited)
+    return decoded
 
 
 def server_warnings() -> Flow[list[str]]:

@@ -7,12 +7,21 @@ written once, as a flow (see :mod:`rotator.commands` and :mod:`rotator.flows`).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Generator, Sequence
 from typing import Any, TypeVar
 
 import redis
+from redis.cluster import RedisCluster
+from redis.exceptions import RedisClusterException, RedisError
 
 from rotator.commands import AfterWake, Ask, ClientCall, Flow, ModuleCall, Request, Together
-from rotator.durability import wait_durable
+from rotator.durability import (
+    NewSlotMap,
+    NodeCall,
+    check_durability,
+    durable_flow,
+    waitaof_memo,
+)
 from rotator.models import Durability
 from rotator.script import (
     module_caller,
@@ -23,6 +32,46 @@ from rotator.script import (
 )
 
 T = TypeVar("T")
+R = TypeVar("R")
+
+
+def drive(flow: Generator[R, Any, T], perform: Callable[[R], Any]) -> T:
+    """Drives ``flow`` to its end, each request it yields answered by ``perform`` (or the
+    error that raised thrown in); its result, or the error it raised."""
+    try:
+        request = next(flow)
+        while True:
+            try:
+                reply = perform(request)
+            except Exception as error:
+                request = flow.throw(error)
+            else:
+                request = flow.send(reply)
+    except StopIteration as stop:
+        result: T = stop.value
+        return result
+
+
+def node_pipeline(client: Any, commands: Sequence[tuple[Any, ...]]) -> list[Any]:
+    """Runs :class:`rotator.durability.NodeCall` ``commands`` in one pipeline on a
+    ``redis.Redis`` (so on one of its connections, in one round trip): their replies, error
+    replies as exceptions (a connection error is raised)."""
+    pipe = client.pipeline(transaction=False)
+    for command in commands:
+        pipe.execute_command(*command)
+    return list(pipe.execute(raise_on_error=False))
+
+
+def refresh_slot_map(cluster: Any, request: NewSlotMap) -> None:
+    """Does what :class:`rotator.durability.NewSlotMap` asks of a sync ``RedisCluster``."""
+    manager = cluster.nodes_manager
+    try:
+        if request.moved is not None:
+            manager.move_slot(request.moved)
+        else:
+            manager.initialize()
+    except (RedisError, RedisClusterException):
+        pass  # the next try meets whatever is wrong, and raises or retries it
 
 
 def socket_timeout(client: Any) -> float | None:
@@ -76,31 +125,22 @@ def together_reply(sender: Any, call: ModuleCall[T], reply: object) -> T:
 class Sender:
     """Runs flows on a synchronous client. ``functions``: call the module with FCALL of the
     library (True), EVALSHA (False), or the faster one the server allows (None).
-    ``durability``: after each module call whose writes the caller relies on, wait until they
-    are persisted or replicated as it asks."""
+    ``durability``: each module call whose writes the caller relies on goes with a wait until
+    they are persisted or replicated as it asks (see :meth:`durable_call`)."""
 
     def __init__(self, client: Any, functions: bool | None, durability: Durability | None) -> None:
         self.client = client
         self.script: Any = module_caller(client, functions)
-        self.durability = durability
         self._socket_timeout = socket_timeout(client)
+        self.durability = check_durability(durability, self._socket_timeout)
         self._pipelines = isinstance(client, redis.Redis)  # a cluster client: no pipelined wake
+        self._cluster = client if isinstance(client, RedisCluster) else None
+        # Which of the client's servers have WAITAOF (learned by durable_flow).
+        self.waitaof: dict[str, bool] = {} if durability is None else waitaof_memo(client)
 
     def run(self, flow: Flow[T]) -> T:
         """Drives ``flow`` to its end; its result, or the error it raised."""
-        perform = self.perform
-        try:
-            request = next(flow)
-            while True:
-                try:
-                    reply = perform(request)
-                except Exception as error:
-                    request = flow.throw(error)
-                else:
-                    request = flow.send(reply)
-        except StopIteration as stop:
-            result: T = stop.value
-            return result
+        return drive(flow, self.perform)
 
     def perform(self, request: Request) -> Any:
         if type(request) is ModuleCall:
@@ -134,13 +174,20 @@ class Sender:
         ]
 
     def durable_call(self, call: ModuleCall[T], durability: Durability) -> T:
-        """``call``, then a wait for its writes to reach what ``durability`` asks. The server
-        counts the writes of the connection that asks; here that is the connection the
-        client's pool hands out next, the same one unless another thread shares the client
-        (a cluster sender overrides this: see :mod:`rotator.sharded`)."""
-        reply = call.decode(run(self.script, call.keys, call.args))
-        self.run(wait_durable(durability))
-        return reply
+        """``call`` and a wait for its writes to reach what ``durability`` asks, in one
+        pipeline on one connection (:func:`rotator.durability.durable_flow`): the server
+        counts the writes of the connection that asks. On a cluster client, a connection of
+        the slot's master's own client."""
+        flow = durable_flow(call, self.script, durability, self.waitaof, self._cluster)
+        return drive(flow, self._on_node)
+
+    def _on_node(self, request: NodeCall | NewSlotMap) -> Any:
+        if isinstance(request, NodeCall):
+            node = request.node
+            client = self.client if node is None else self.client.get_redis_connection(node)
+            return node_pipeline(client, request.commands)
+        refresh_slot_map(self.client, request)
+        return None
 
     def _after_wake(self, request: AfterWake[Any]) -> Any:
         """Blocks on the wake list, then calls the module, in one round trip: the server runs

@@ -26,9 +26,9 @@ the protocol, and every call is still one atomic single-slot module call.
 - **Retries.** Cluster errors are retried for at most ``retry_for`` seconds per module call
   (see :class:`RetryingSender`); MOVED and ASK are followed by redis-py itself.
 - **Durability.** With ``durability=``, a durable module call and its WAITAOF (or WAIT)
-  go in one pipeline on one connection of the shard's master (:func:`durable_flow`):
-  the wait counts that connection's writes, so it must go there, not through the
-  cluster client.
+  go in one pipeline on one connection of the shard's master
+  (:func:`rotator.durability.durable_flow`, as for a Rotator on any client): the wait
+  counts that connection's writes, so it must go there, not through the cluster client.
 - **The layout** (shard count and naming scheme) is stored in ``rotator:{NAME}:shards`` at
   first use (HSETNX) and checked by every client that opens the queue: ShardsMismatch.
 - **asyncio.** :class:`rotator.sharded_aio.AsyncShardedRotator` runs the same flows
@@ -41,10 +41,10 @@ import random
 import time
 import uuid
 import zlib
-from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from functools import cache
-from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from redis.backoff import NoBackoff
 from redis.cluster import RedisCluster
@@ -58,11 +58,7 @@ from redis.exceptions import (
     ClusterError,
     ConnectionError,
     MaxConnectionsError,
-    MovedError,
     ReadOnlyError,
-    RedisClusterException,
-    RedisError,
-    ResponseError,
     SlotNotCoveredError,
     TimeoutError,
     TryAgainError,
@@ -81,7 +77,6 @@ from rotator.defaults import (
     MAX_BATCH,
     MAX_COUNT,
 )
-from rotator.durability import check_waited, no_waitaof, wait_command
 from rotator.errors import InvalidArgument, InvalidToken, ShardsMismatch
 from rotator.flows import QueueFlows
 from rotator.keys import QueueKeys, queue_keys, validate_queue_name
@@ -98,14 +93,6 @@ from rotator.models import (
 )
 from rotator.protocol import JobRef, When
 from rotator.registry import WorkerInfo
-from rotator.script import (
-    FunctionCall,
-    library_source,
-    module_command,
-    module_source,
-    not_loaded,
-    pipeline_reply,
-)
 from rotator.sending import Sender, wake_wait
 
 if TYPE_CHECKING:
@@ -272,7 +259,6 @@ class RetryingSender(Sender):
     ) -> None:
         super().__init__(client, functions, durability)
         self.retry_for = retry_for
-        self.waitaof: dict[str, bool] = {}  # node name: it has WAITAOF (see durable_flow)
 
     def perform(self, request: Request) -> Any:
         if type(request) is Together:  # each call it makes again is retried on its own
@@ -286,130 +272,6 @@ class RetryingSender(Sender):
                 if pause is None:
                     raise
                 time.sleep(pause)
-
-    def durable_call(self, call: ModuleCall[T], durability: Durability) -> T:
-        """One try of a durable call: :func:`durable_flow`, its node pipelines sent on the
-        owning node's own client (the retries are :meth:`perform`'s)."""
-        flow = durable_flow(self.client, self.script, call, durability, self.waitaof)
-        try:
-            request = next(flow)
-            while True:
-                try:
-                    reply = self._on_node(request)
-                except Exception as error:
-                    request = flow.throw(error)
-                else:
-                    request = flow.send(reply)
-        except StopIteration as stop:
-            result: T = stop.value
-            return result
-
-    def _on_node(self, request: NodeCall | NewSlotMap) -> Any:
-        if isinstance(request, NodeCall):
-            return node_pipeline(self.client.get_redis_connection(request.node), request.commands)
-        manager = self.client.nodes_manager
-        try:
-            if request.moved is not None:
-                manager.move_slot(request.moved)
-            else:
-                manager.initialize()
-        except (RedisError, RedisClusterException):
-            pass  # the next try meets whatever is wrong, and raises or retries it
-        return None
-
-
-# -- durable calls on a cluster --------------------------------------------------------------
-
-
-class NodeCall(NamedTuple):
-    """Send ``commands`` to ``node`` (a redis-py ClusterNode) in one pipeline, so on one
-    connection, of the node's own client; the reply is their replies, errors as
-    exceptions (a connection error is raised)."""
-
-    node: Any
-    commands: list[tuple[Any, ...]]
-
-
-class NewSlotMap(NamedTuple):
-    """Refresh the cluster client's slot map: from ``moved`` (a MOVED reply), else by
-    asking the cluster (after the node refused the call or could not be reached)."""
-
-    moved: MovedError | None = None
-
-
-NodeFlow = Generator[NodeCall | NewSlotMap, Any, T]
-
-
-def node_pipeline(node_client: Any, commands: Sequence[tuple[Any, ...]]) -> list[Any]:
-    """Runs :class:`NodeCall` ``commands`` on a node's own ``redis.Redis``."""
-    pipe = node_client.pipeline(transaction=False)
-    for command in commands:
-        pipe.execute_command(*command)
-    return list(pipe.execute(raise_on_error=False))
-
-
-def durable_flow(
-    cluster: Any,
-    caller: Any,
-    call: ModuleCall[T],
-    durability: Durability,
-    waitaof: dict[str, bool],
-) -> NodeFlow[T]:
-    """One try of a durable module call on a cluster: the call and its WAITAOF (or WAIT)
-    in one pipeline on one connection of the master that owns the call's slot.
-
-    WAIT and WAITAOF count the writes of the connection they are sent on, and have no key:
-    RedisCluster sends them to every master, each on a pooled connection, and adds up the
-    replies, which proves nothing about this write. So the module call goes to the
-    master's own client (RedisCluster's ``get_redis_connection`` of the slot's node), and
-    the redirections RedisCluster would follow are handled here: ASK is followed once
-    (ASKING, call, wait on the node it names); MOVED, TRYAGAIN, CLUSTERDOWN, READONLY
-    and connection errors are raised (the slot map refreshed first where they say it
-    is stale) for :class:`RetryingSender`'s bounded retries, which decide by
-    :func:`retryable` as for any call. NOSCRIPT sends the source with EVAL instead (which
-    also caches it there). ``waitaof`` remembers per node whether it has WAITAOF (Redis
-    7.2+, Valkey), learned once with ``WAITAOF 0 0 1``, which returns at once.
-
-    Returns the call's decoded reply; raises NotDurable when the wait did not confirm
-    what ``durability`` asks within its timeout: the write was applied, but is not
-    confirmed (as :class:`rotator.Rotator` does; it is not retried).
-    """
-    node = cluster.get_node_from_key(call.keys[0])
-    command = tuple(module_command(caller, call.keys, call.args))
-    asking = False
-    try:
-        for _ in range(3):  # at most: an ASK followed, then a NOSCRIPT answered
-            if node.name not in waitaof:
-                (probe,) = yield NodeCall(node, [("WAITAOF", 0, 0, 1)])
-                waitaof[node.name] = not (isinstance(probe, ResponseError) and no_waitaof(probe))
-            has_waitaof = waitaof[node.name]
-            wait = wait_command(durability, has_waitaof)
-            sent = [("ASKING",)] * asking + [command] + ([wait] if wait is not None else [])
-            replies = yield NodeCall(node, sent)
-            reply, waited = replies[asking], (replies[-1] if wait is not None else None)
-            if type(reply) is AskError and not asking:
-                target = cluster.get_node(host=reply.host, port=reply.port)
-                if target is not None:
-                    node, asking = target, True
-                    continue
-            if not_loaded(reply) and command[0] != "EVAL":
-                if isinstance(caller, FunctionCall):  # load the library for the next calls
-                    yield NodeCall(node, [("FUNCTION", "LOAD", "REPLACE", library_source())])
-                command = ("EVAL", module_source(), *command[2:])
-                continue
-            break
-    except (ConnectionError, TimeoutError):
-        yield NewSlotMap()  # the node may be gone: its slots are served elsewhere soon
-        raise
-    if isinstance(reply, MovedError):
-        yield NewSlotMap(reply)
-    elif isinstance(reply, ReadOnlyError | ClusterDownError):
-        yield NewSlotMap()  # a demoted master, or a cluster failing over
-    decoded = call.decode(pipeline_reply(reply))
-    if isinstance(waited, ResponseError) and no_waitaof(waited):
-        waitaof[node.name] = False  # a node replaced by an older server: WAIT next time
-    check_waited(durability, has_waitaof, waited)
-    return decoded
 
 
 def cluster_socket_timeout(client: Any) -> float | None:
@@ -430,21 +292,6 @@ def check_retry_for(retry_for: object) -> float:
     ):
         raise InvalidArgument(f"retry_for must be 0..3600 seconds, got {retry_for!r}")
     return float(retry_for)
-
-
-def check_durability(durability: object, socket_timeout: float | None) -> Durability | None:
-    """``durability`` for a cluster client whose connections time out after
-    ``socket_timeout`` seconds: a WAIT must give up before its connection does."""
-    if durability is None:
-        return None
-    if not isinstance(durability, Durability):
-        raise InvalidArgument(f"durability must be a Durability, got {durability!r}")
-    if socket_timeout is not None and durability.timeout >= socket_timeout:
-        raise InvalidArgument(
-            f"durability timeout {durability.timeout:g} s must be shorter than the cluster "
-            f"client's socket timeout {socket_timeout:g} s"
-        )
-    return durability
 
 
 def cluster_options(options: dict[str, Any], retry: Callable[..., Any]) -> dict[str, Any]:
@@ -980,13 +827,14 @@ class ShardedRotator(ShardedView):
     cancel, requeue_dead, configure, pause, resume and delete return only once each
     shard's writes are confirmed (WAITAOF, or WAIT on Redis before 7.2) by its master's
     AOF and/or replicas; each such call goes with its wait in one pipeline on one
-    connection of the shard's master (see :func:`durable_flow`). A write that is not
-    confirmed within ``durability.timeout`` raises NotDurable: it was applied, and is not
-    retried; the shards after it in that call are not written. The timeout must be
-    shorter than the client's socket timeout. Claims are not durable calls, nor the acks
-    that ride on them (``next(ack=...)``, which ``work()`` uses): ``ack()`` is. After a
-    failover, a lease the promoted replica never had is gone: its job is delivered again,
-    and a durable ack of it is accepted there yet completes nothing.
+    connection of the shard's master (see :func:`rotator.durability.durable_flow`). A
+    write that is not confirmed within ``durability.timeout`` raises NotDurable: it was
+    applied, and is not retried; the shards after it in that call are not written. The
+    timeout must be shorter than the client's socket timeout. Claims are not durable
+    calls, nor the acks that ride on them (``next(ack=...)``, which ``work()`` uses):
+    ``ack()`` is. After a failover, a lease the promoted replica never had is gone: its
+    job is delivered again, and a durable ack of it is accepted there yet completes
+    nothing.
 
     Options as for Rotator: ``timeout``, ``idempotency``, ``max_deliveries``, ``budget``,
     ``prefix``, ``functions``. ``functions`` defaults to False here (EVALSHA): redis-py
@@ -1015,8 +863,8 @@ class ShardedRotator(ShardedView):
         durability: Durability | None = None,
     ) -> None:
         self.retry_for = check_retry_for(retry_for)
-        self.durability = check_durability(durability, cluster_socket_timeout(cluster))
-        self._sender = RetryingSender(cluster, functions, self.retry_for, self.durability)
+        self._sender = RetryingSender(cluster, functions, self.retry_for, durability)
+        self.durability = self._sender.durability
         self._run = self._sender.run
         if shards is None:
             shards = self._run(stored_count(name, prefix))

@@ -37,6 +37,7 @@ from rotator.errors import InvalidArgument
 from rotator.models import (
     AsyncHandler,
     DeadLetter,
+    Durability,
     Durations,
     Job,
     QueueSettings,
@@ -62,8 +63,14 @@ class AsyncRetryingSender(AsyncSender):
     """The asyncio twin of :class:`rotator.sharded.RetryingSender`: each request is retried
     as :class:`rotator.sharded.Tries` says, for at most ``retry_for`` seconds."""
 
-    def __init__(self, client: Any, functions: bool | None, retry_for: float) -> None:
-        super().__init__(client, functions, None)
+    def __init__(
+        self,
+        client: Any,
+        functions: bool | None,
+        retry_for: float,
+        durability: Durability | None = None,
+    ) -> None:
+        super().__init__(client, functions, durability)
         self.retry_for = retry_for
 
     async def perform(self, request: Request) -> Any:
@@ -93,6 +100,8 @@ class AsyncShardedRotator(ShardedView):
     Give a client made by :func:`async_cluster_client` (``from_url`` does). ``shards`` must
     be a count here: ``await AsyncShardedRotator.open(cluster, name)`` opens a queue with
     its stored count. ``idempotency`` may be a plain function or a coroutine function.
+    ``durability``: as on ShardedRotator, each durable call and its wait go in one
+    pipeline on one connection of the shard's master (a ``redis.asyncio`` ClusterNode's).
     """
 
     def __init__(
@@ -108,6 +117,7 @@ class AsyncShardedRotator(ShardedView):
         prefix: str = DEFAULT_PREFIX,
         functions: bool | None = False,
         retry_for: float = DEFAULT_RETRY_FOR,
+        durability: Durability | None = None,
     ) -> None:
         if shards is None:
             raise InvalidArgument(
@@ -115,7 +125,8 @@ class AsyncShardedRotator(ShardedView):
                 "await AsyncShardedRotator.open(cluster, name) does"
             )
         self.retry_for = check_retry_for(retry_for)
-        self._sender = AsyncRetryingSender(cluster, functions, self.retry_for)
+        self._sender = AsyncRetryingSender(cluster, functions, self.retry_for, durability)
+        self.durability = self._sender.durability
         self._run = self._sender.run
         self._lay_out(
             cluster,

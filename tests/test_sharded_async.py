@@ -75,10 +75,6 @@ def command_calls(cluster_client: RedisCluster) -> Counter[str]:
 NOT_AWAITED = {"from_url", "claim", "shard", "shard_of"}
 # Parameters whose types differ only by the client or callback being async.
 ASYNC_TYPES = {"cluster", "idempotency", "handler"}
-# Constructor options the async twin does not have yet. durability: a durable call and its
-# wait go on one connection of the shard's master (rotator.sharded.durable_flow, a flow of
-# node pipelines an async sender can drive); remove it here once AsyncShardedRotator has it.
-NOT_ASYNC_YET = {"durability"}
 
 
 def test_the_async_twin_has_every_method_and_property_with_the_same_parameters() -> None:
@@ -101,7 +97,7 @@ def test_the_async_twin_has_every_method_and_property_with_the_same_parameters()
                 assert hints[parameter] == async_hints[parameter], f"{name}({parameter})"
     init = inspect.signature(AsyncShardedRotator.__init__).parameters
     sync_init = inspect.signature(ShardedRotator.__init__).parameters
-    assert list(init) == [name for name in sync_init if name not in NOT_ASYNC_YET]
+    assert list(init) == list(sync_init)
 
 
 class _FakeCluster:

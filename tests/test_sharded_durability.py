@@ -2,23 +2,27 @@
 `replicated_cluster` fixture, Redis 7.0: WAIT, no WAITAOF) and on a Valkey 8 one (WAITAOF):
 each durable call and its wait go in one pipeline on one connection of the shard's master,
 so a call returns only once the shard's replica has its write, and raises NotDurable (the
-write applied, not confirmed) when that replica does not answer in time. The failover run
-with durable pushes and acks is in test_sharded.py."""
+write applied, not confirmed) when that replica does not answer in time. The first two
+tests run on AsyncShardedRotator too (redis.asyncio). The failover run with durable pushes
+and acks is in test_sharded.py."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 
 import pytest
 import redis
+from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.cluster import RedisCluster
 from redis.crc import key_slot
 
 from rotator import Durability, InvalidArgument, NotDurable, Rotator, ShardedRotator, Stats
 from rotator.script import function_name
 from rotator.sharded import cluster_client
+from rotator.sharded_aio import AsyncShardedRotator, async_cluster_client
 from tests.servers import REPLICATED_CONFIG, ReplicatedClusterProcess, ServerProcess
 
 pytestmark = pytest.mark.cluster
@@ -35,7 +39,7 @@ def _quiet_no_waitaof(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def shard_nodes(
-    cluster: ReplicatedClusterProcess, queue: ShardedRotator, job_id: str
+    cluster: ReplicatedClusterProcess, queue: ShardedRotator | AsyncShardedRotator, job_id: str
 ) -> tuple[ServerProcess, ServerProcess]:
     """The master that holds ``job_id``'s shard now, and its replica."""
     name = queue.shard_names[queue.shard_of(job_id)]
@@ -43,7 +47,9 @@ def shard_nodes(
     return master, cluster.replica_of(master)
 
 
-def on_replica(replica: ServerProcess, queue: ShardedRotator, job_id: str) -> Stats:
+def on_replica(
+    replica: ServerProcess, queue: ShardedRotator | AsyncShardedRotator, job_id: str
+) -> Stats:
     """The stats of ``job_id``'s shard as its replica has them now (read there, READONLY)."""
     with replica.client(socket_timeout=2, single_connection_client=True) as client:
         client.execute_command("READONLY")
@@ -117,9 +123,10 @@ def test_an_unconfirmed_durable_push_raises_not_durable_after_it_was_applied(
 ) -> None:
     """The shard's replica sleeps for 1.5 s: a durable push with a 0.3 s timeout raises
     NotDurable within it, a plain push returns at once, and both jobs are in. A WAIT sent
-    through the cluster client meanwhile (to every master, its replies added up: what a
-    keyless WAIT gets there) says the other masters' replicas answered: it proves nothing
-    about the write, so the wait must go on the connection that wrote."""
+    through the cluster client meanwhile (to a node redis-py picks, its default node in
+    8.1, on a connection that made no write: what a keyless WAIT gets there) says a
+    replica answered: it proves nothing about the write, so the wait must go on the
+    connection that wrote."""
     _, replica = shard_nodes(replicated_cluster, durable, "b")
     impatient = ShardedRotator(
         durable.client, queue_name, shards=3, durability=Durability(replicas=1, timeout=0.3)
@@ -138,6 +145,88 @@ def test_an_unconfirmed_durable_push_raises_not_durable_after_it_was_applied(
     assert plain_in < 0.2
     assert anywhere >= 1  # "confirmed" by replicas that never saw the write
     assert durable.stats().pending == 2  # the unconfirmed push was applied
+
+
+def test_an_async_durable_push_and_ack_return_once_the_shards_replica_has_them(
+    replicated_cluster: ReplicatedClusterProcess, queue_name: str
+) -> None:
+    """The first test on AsyncShardedRotator: each node pipeline on one connection of the
+    redis.asyncio ClusterNode."""
+    timings: list[float] = []
+
+    async def main(client: AsyncRedisCluster) -> None:
+        durable = AsyncShardedRotator(client, queue_name, shards=3, durability=REPLICA)
+        _, replica = shard_nodes(replicated_cluster, durable, "a")
+        try:
+            with Stall(replica, 0.6):
+                began = time.monotonic()
+                assert await durable.push("a") == 1
+                timings.append(time.monotonic() - began)
+                seen = on_replica(replica, durable, "a")
+            assert (seen.pending, seen.pushed) == (1, 1)
+            (job,) = await durable.next()
+            deadline = time.monotonic() + 2
+            while on_replica(replica, durable, "a").in_flight != 1:
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.01)
+            with Stall(replica, 0.6):
+                began = time.monotonic()
+                assert await durable.ack(job) == 1
+                timings.append(time.monotonic() - began)
+                seen = on_replica(replica, durable, "a")
+            assert (seen.pending, seen.in_flight, seen.length - seen.done) == (0, 0, 0)
+        finally:
+            await durable.delete()
+
+    run_async_on(replicated_cluster, main)
+    assert min(timings) > 0.3
+
+
+def test_an_async_unconfirmed_durable_push_raises_not_durable_after_it_was_applied(
+    replicated_cluster: ReplicatedClusterProcess, queue_name: str
+) -> None:
+    """The second test on AsyncShardedRotator."""
+    timings: dict[str, float] = {}
+
+    async def main(client: AsyncRedisCluster) -> None:
+        durable = AsyncShardedRotator(client, queue_name, shards=3, durability=REPLICA)
+        impatient = AsyncShardedRotator(
+            client, queue_name, shards=3, durability=Durability(replicas=1, timeout=0.3)
+        )
+        plain = AsyncShardedRotator(client, queue_name, shards=3)
+        _, replica = shard_nodes(replicated_cluster, durable, "b")
+        try:
+            with Stall(replica, 1.5):
+                began = time.monotonic()
+                with pytest.raises(NotDurable, match="0 replicas"):
+                    await impatient.push("b")
+                timings["refused_in"] = time.monotonic() - began
+                began = time.monotonic()
+                assert await plain.push("c") == 1
+                timings["plain_in"] = time.monotonic() - began
+            assert (await durable.stats()).pending == 2  # the unconfirmed push was applied
+        finally:
+            await durable.delete()
+
+    run_async_on(replicated_cluster, main)
+    assert 0.25 < timings["refused_in"] < 1.0
+    assert timings["plain_in"] < 0.2
+
+
+def run_async_on(
+    cluster: ReplicatedClusterProcess,
+    scenario: Callable[[AsyncRedisCluster], Awaitable[None]],
+) -> None:
+    """Runs ``scenario`` on an async cluster client of its own, closed after."""
+
+    async def main() -> None:
+        client = async_cluster_client(cluster.nodes[0].url)
+        try:
+            await scenario(client)
+        finally:
+            await client.aclose()
+
+    asyncio.run(main())
 
 
 def test_a_durable_push_after_the_masters_scripts_were_flushed_sends_the_module_source(
@@ -282,6 +371,33 @@ def test_on_valkey_a_durable_push_waits_with_waitaof_for_the_shards_replica(
         assert list(queue._sender.waitaof.values()) == [True]  # the shard's master has it
         with Stall(replica, 1.0), pytest.raises(NotDurable, match="1 local AOF and 0 replicas"):
             impatient.push("v")
+        assert queue.stats().pending == 2
+    finally:
+        queue.delete()
+        client.close()
+
+
+def test_on_valkey_a_rotator_on_the_cluster_client_waits_with_waitaof(
+    valkey_aof_cluster: ReplicatedClusterProcess, queue_name: str
+) -> None:
+    """A plain Rotator on the cluster client: its durable push goes as the shards' do, with
+    WAITAOF on the queue's master (through the cluster client, WAITAOF went to the default
+    node on a connection that made no write, and "confirmed" at once). It returns once the
+    replica woke and fsynced; with a 0.3 s timeout, it raises NotDurable, and was
+    applied."""
+    client = valkey_aof_cluster.client(socket_timeout=5)
+    queue = Rotator(client, queue_name, durability=REPLICA)
+    impatient = Rotator(client, queue_name, durability=Durability(replicas=1, timeout=0.3))
+    try:
+        master = valkey_aof_cluster.master_of_slot(key_slot(queue.keys.ring.encode()))
+        replica = valkey_aof_cluster.replica_of(master)
+        with Stall(replica, 0.6):
+            began = time.monotonic()
+            assert queue.push("v") == 1
+            waited = time.monotonic() - began
+        assert waited > 0.3
+        with Stall(replica, 1.0), pytest.raises(NotDurable, match="1 local AOF and 0 replicas"):
+            impatient.push("w")
         assert queue.stats().pending == 2
     finally:
         queue.delete()
