@@ -32,7 +32,6 @@ import platform
 import re
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -41,7 +40,7 @@ from typing import Any
 
 import redis
 
-from bench.harness import size_mode, sized_parser, started
+from bench.harness import standard_main, started
 from rotator import Rotator
 from rotator.keys import queue_keys, topic_keys
 from rotator.script import module_source
@@ -697,21 +696,7 @@ def run(kinds: Sequence[str], mode: str, workdir: Path, out: Path, log: Any) -> 
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = sized_parser(__doc__, RESULTS, "bounds.json").parse_args(argv)
-    if args.table:
-        print(markdown(json.loads((args.out / "bounds.json").read_text())))
-        return 0
-    mode = size_mode(args)
-
-    def log(line: str) -> None:
-        print(line, flush=True)
-
-    began = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="rotator-bounds-") as tmp:
-        data = run(args.servers.split(","), mode, Path(tmp), args.out, log)
-    log(markdown(data))
-    log(f"done in {time.perf_counter() - began:.0f} s; results in {args.out / 'bounds.json'}")
-    return 0
+    return standard_main(argv, __doc__, RESULTS, "bounds", run=run, markdown=markdown)
 
 
 if __name__ == "__main__":

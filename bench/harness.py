@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import json
 import multiprocessing
 import statistics
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -30,6 +32,39 @@ def sized_parser(doc: str | None, out: Path, results: str) -> argparse.ArgumentP
         "--table", action="store_true", help=f"print the table of --out's {results}, run nothing"
     )
     return parser
+
+
+# run(servers, mode, workdir, out, log): measures, writes out/<name>.json, returns its data.
+BenchRun = Callable[..., dict[str, Any]]
+
+
+def standard_main(
+    argv: list[str] | None,
+    doc: str | None,
+    out: Path,
+    name: str,
+    *,
+    run: BenchRun,
+    markdown: Callable[[dict[str, Any]], str],
+) -> int:
+    """The ``main`` of a bench with no options of its own: ``--table`` prints the table of
+    the run recorded in ``<out>/<name>.json``; otherwise runs the bench in a temporary
+    directory, logging as it goes, and prints its table."""
+    args = sized_parser(doc, out, f"{name}.json").parse_args(argv)
+    if args.table:
+        print(markdown(json.loads((args.out / f"{name}.json").read_text())))
+        return 0
+    mode = size_mode(args)
+
+    def log(line: str) -> None:
+        print(line, flush=True)
+
+    began = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix=f"rotator-{name}-") as tmp:
+        data = run(args.servers.split(","), mode, Path(tmp), args.out, log)
+    log(markdown(data))
+    log(f"done in {time.perf_counter() - began:.0f} s; results in {args.out / f'{name}.json'}")
+    return 0
 
 
 def size_mode(args: argparse.Namespace) -> str:

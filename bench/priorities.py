@@ -44,7 +44,6 @@ import os
 import platform
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
@@ -55,7 +54,7 @@ from typing import Any
 import redis
 
 from bench.bounds import wait_lazyfree
-from bench.harness import size_mode, sized_parser, started
+from bench.harness import standard_main, started
 from bench.scheduled import git_commit
 from bench.unique import Timed, ids, median, memory, ratio_row, summary, timed
 from rotator import Job, Rotator
@@ -499,22 +498,7 @@ def run(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = sized_parser(__doc__, RESULTS, "priorities.json")
-    args = parser.parse_args(argv)
-    if args.table:
-        print(markdown(json.loads((args.out / "priorities.json").read_text())))
-        return 0
-    mode = size_mode(args)
-
-    def log(line: str) -> None:
-        print(line, flush=True)
-
-    began = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="rotator-priorities-") as tmp:
-        data = run(args.servers.split(","), mode, Path(tmp), args.out, log)
-    log(markdown(data))
-    log(f"done in {time.perf_counter() - began:.0f} s; results in {args.out / 'priorities.json'}")
-    return 0
+    return standard_main(argv, __doc__, RESULTS, "priorities", run=run, markdown=markdown)
 
 
 if __name__ == "__main__":

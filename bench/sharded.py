@@ -62,7 +62,6 @@ import os
 import platform
 import statistics
 import sys
-import tempfile
 import time
 import traceback
 import zlib
@@ -79,7 +78,7 @@ from redis.cluster import RedisCluster
 from redis.crc import REDIS_CLUSTER_HASH_SLOTS
 
 from bench.bounds import wait_lazyfree
-from bench.harness import size_mode, sized_parser
+from bench.harness import standard_main
 from bench.scheduled import git_commit
 from rotator import Job, Rotator
 from rotator.sharded import MAX_SHARDS, ShardedRotator, cluster_client
@@ -945,22 +944,7 @@ def run(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = sized_parser(__doc__, RESULTS, "sharded.json")
-    args = parser.parse_args(argv)
-    if args.table:
-        print(markdown(json.loads((args.out / "sharded.json").read_text())))
-        return 0
-    mode = size_mode(args)
-
-    def log(line: str) -> None:
-        print(line, flush=True)
-
-    began = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="rotator-sharded-") as tmp:
-        data = run(args.servers.split(","), mode, Path(tmp), args.out, log)
-    log(markdown(data))
-    log(f"done in {time.perf_counter() - began:.0f} s; results in {args.out / 'sharded.json'}")
-    return 0
+    return standard_main(argv, __doc__, RESULTS, "sharded", run=run, markdown=markdown)
 
 
 if __name__ == "__main__":

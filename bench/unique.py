@@ -45,7 +45,6 @@ import os
 import platform
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
@@ -56,7 +55,7 @@ from typing import Any
 import redis
 
 from bench.bounds import wait_lazyfree
-from bench.harness import server_usec, size_mode, sized_parser, started
+from bench.harness import server_usec, standard_main, started
 from bench.scheduled import git_commit, via
 from rotator import Job, Rotator
 from rotator.protocol import text
@@ -609,22 +608,7 @@ def run(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = sized_parser(__doc__, RESULTS, "unique.json")
-    args = parser.parse_args(argv)
-    if args.table:
-        print(markdown(json.loads((args.out / "unique.json").read_text())))
-        return 0
-    mode = size_mode(args)
-
-    def log(line: str) -> None:
-        print(line, flush=True)
-
-    began = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="rotator-unique-") as tmp:
-        data = run(args.servers.split(","), mode, Path(tmp), args.out, log)
-    log(markdown(data))
-    log(f"done in {time.perf_counter() - began:.0f} s; results in {args.out / 'unique.json'}")
-    return 0
+    return standard_main(argv, __doc__, RESULTS, "unique", run=run, markdown=markdown)
 
 
 if __name__ == "__main__":
