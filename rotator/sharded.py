@@ -93,7 +93,7 @@ from rotator.models import (
 )
 from rotator.protocol import JobRef, When
 from rotator.registry import WorkerInfo
-from rotator.sending import Sender, wake_wait
+from rotator.sending import Sender, cluster_socket_timeout, wake_wait
 
 if TYPE_CHECKING:
     from rotator.core import Rotator
@@ -272,16 +272,6 @@ class RetryingSender(Sender):
                 if pause is None:
                     raise
                 time.sleep(pause)
-
-
-def cluster_socket_timeout(client: Any) -> float | None:
-    """The socket timeout a cluster client's connections have (None: none)."""
-    manager = getattr(client, "nodes_manager", None)
-    kwargs = getattr(manager, "connection_kwargs", None) or getattr(
-        client, "connection_kwargs", None
-    )
-    limit = kwargs.get("socket_timeout") if isinstance(kwargs, dict) else None
-    return float(limit) if limit else None
 
 
 def check_retry_for(retry_for: object) -> float:
