@@ -439,6 +439,45 @@ def test_one_poll_loop_serves_every_page_and_stops_with_the_last(
     assert stopped  # no page listens: no reads
 
 
+class LosesACancel(Reader):
+    """A real reader whose discovery, cancelled, raises TimeoutError instead: as a read of
+    redis-py's can when a cancellation and its socket timeout meet."""
+
+    async def discover(self) -> Any:
+        found = await super().discover()
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            raise TimeoutError("timed out (injected)") from None
+        return found
+
+
+def test_the_poll_loop_stops_at_close_even_when_a_read_loses_the_cancellation(
+    server: ServerProcess, client: redis.Redis, queue_name: str
+) -> None:
+    Rotator(client, queue_name).push("a")
+
+    async def scenario() -> tuple[float, bool]:
+        async_client = aredis.Redis.from_url(server.url)
+        hub = Hub(LosesACancel(async_client), interval=0.05, discover_every=0.05)
+        page = hub.listen()
+        first = asyncio.ensure_future(page.__anext__())
+        await asyncio.sleep(0.3)  # the loop is inside discover()
+        task = hub._task
+        began = time.monotonic()
+        await asyncio.wait_for(hub.close(), 10)  # (a close that hangs fails here)
+        took = time.monotonic() - began
+        await asyncio.sleep(0.2)
+        first.cancel()
+        await async_client.aclose()
+        return took, task is not None and task.done()
+
+    took, done = asyncio.run(scenario())
+
+    assert took < 1  # not CLOSE_WAIT: the loop saw it is closing
+    assert done  # and ended, rather than polling on after the lost cancellation
+
+
 def test_readings_closer_than_half_an_interval_keep_the_last_rates(
     server: ServerProcess, client: redis.Redis, queue_name: str
 ) -> None:

@@ -55,6 +55,9 @@ HISTORY_POINTS = 300
 HISTORY_QUEUES = 200
 
 OVERVIEW = "overview"
+# Seconds the app's shutdown waits for the poll loop to stop.
+CLOSE_WAIT = 5.0
+
 log = logging.getLogger(__name__)
 Point = dict[str, Any]
 # Renders a snapshot's live parts (HTML by element id), once for every page that shows it.
@@ -100,6 +103,7 @@ class Hub:
         self.polls = 0  # readings made (a test can tell one shared loop from one per page)
         self._watched: Counter[str] = Counter()
         self._task: asyncio.Task[None] | None = None
+        self._closing = False
         self._changed: asyncio.Event | None = None
         self._wake: asyncio.Event | None = None
         self._version = 0
@@ -172,16 +176,18 @@ class Hub:
             self._task = None
 
     async def close(self) -> None:
-        """Stops the loop (the app's shutdown)."""
+        """Stops the loop (the app's shutdown), waiting for it CLOSE_WAIT seconds at most: a
+        cancellation can be lost inside a read that times out at the same moment (the read
+        then raises TimeoutError instead), so the loop also stops at ``_closing``."""
+        self._closing = True
         task, self._task = self._task, None
         if task is not None:
             task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await asyncio.wait({task}, timeout=CLOSE_WAIT)
 
     async def _run(self) -> None:
         assert self._wake is not None
-        while True:
+        while not self._closing:
             self._wake.clear()
             started = time.monotonic()
             try:
