@@ -25,7 +25,17 @@ from pathlib import Path
 from typing import Any
 
 from redis.cluster import RedisCluster
-from redis.exceptions import NoPermissionError, NoScriptError, ReadOnlyError, ResponseError
+from redis.exceptions import (
+    ClusterDownError,
+    ConnectionError,
+    NoPermissionError,
+    NoScriptError,
+    ReadOnlyError,
+    RedisClusterException,
+    ResponseError,
+    SlotNotCoveredError,
+    TimeoutError,
+)
 
 from rotator.errors import error_from_reply
 
@@ -73,10 +83,13 @@ class FunctionCall:
     def load(self) -> None:
         self.client.function_load(library_source(), replace=True)
 
+    def fcall(self, keys: tuple[str, ...], args: list[Any]) -> Any:
+        return self.client.fcall(self.name, len(keys), *keys, *args)
+
     def __call__(self, keys: tuple[str, ...], args: list[Any]) -> Any:
         for attempt in range(2):
             try:
-                return self.client.fcall(self.name, len(keys), *keys, *args)
+                return self.fcall(keys, args)
             except ResponseError as error:
                 if not _function_missing(error):
                     raise
@@ -90,16 +103,72 @@ class AsyncFunctionCall(FunctionCall):
     async def load(self) -> None:  # type: ignore[override]
         await self.client.function_load(library_source(), replace=True)
 
+    async def fcall(self, keys: tuple[str, ...], args: list[Any]) -> Any:
+        return await self.client.fcall(self.name, len(keys), *keys, *args)
+
     async def __call__(self, keys: tuple[str, ...], args: list[Any]) -> Any:
         for attempt in range(2):
             try:
-                return await self.client.fcall(self.name, len(keys), *keys, *args)
+                return await self.fcall(keys, args)
             except ResponseError as error:
                 if not _function_missing(error):
                     raise
             if attempt == 0:
                 await self.load()
         return await self.client.eval(module_source(), len(keys), *keys, *args)
+
+
+# Errors after which redis-py, routing a command itself, refreshes its slot map and tries again.
+_CLUSTER_RETRIED = (ConnectionError, TimeoutError, ClusterDownError, SlotNotCoveredError)
+
+
+def slot_master(client: Any, keys: tuple[str, ...]) -> Any:
+    """The node of a cluster client's slot map that holds ``keys``' slot (a queue's keys
+    share one), or None: no keys, or no slot map yet (the usual routing then makes one)."""
+    if not keys:
+        return None
+    try:
+        return client.get_node_from_key(keys[0])
+    except (RedisClusterException, KeyError, IndexError):
+        return None
+
+
+class ClusterFunctionCall(FunctionCall):
+    """FCALL on a Redis Cluster client, sent to the master of its keys' slot. Left to route
+    an FCALL itself, redis-py asks a node for the command's keys first (COMMAND GETKEYS): a
+    round trip more per call. It follows MOVED and ASK for a named node too; what it does
+    not do for one is retry a lost connection, so where the client retries, the call goes
+    again the usual way after such an error (as redis-py would have sent it again)."""
+
+    def fcall(self, keys: tuple[str, ...], args: list[Any]) -> Any:
+        node = slot_master(self.client, keys)
+        if node is None:
+            return super().fcall(keys, args)
+        try:
+            return self.client.execute_command(
+                "FCALL", self.name, len(keys), *keys, *args, target_nodes=node
+            )
+        except _CLUSTER_RETRIED:
+            if not self.client.retry.get_retries():
+                raise
+            return super().fcall(keys, args)
+
+
+class AsyncClusterFunctionCall(AsyncFunctionCall):
+    """:class:`ClusterFunctionCall` on ``redis.asyncio``."""
+
+    async def fcall(self, keys: tuple[str, ...], args: list[Any]) -> Any:
+        node = slot_master(self.client, keys)
+        if node is None:
+            return await super().fcall(keys, args)
+        try:
+            return await self.client.execute_command(
+                "FCALL", self.name, len(keys), *keys, *args, target_nodes=node
+            )
+        except _CLUSTER_RETRIED:
+            if not self.client.retry.get_retries():
+                raise
+            return await super().fcall(keys, args)
 
 
 # The mode the default caller chose per client: "fcall" or "evalsha" (absent: not yet known).
@@ -168,6 +237,10 @@ class AutoCall:
             return self.client.eval(module_source(), len(keys), *keys, *args)
 
 
+class ClusterAutoCall(AutoCall):
+    FUNCTION_CALL = ClusterFunctionCall
+
+
 class AsyncAutoCall(AutoCall):
     FUNCTION_CALL = AsyncFunctionCall
 
@@ -187,6 +260,10 @@ class AsyncAutoCall(AutoCall):
             return await self.client.eval(module_source(), len(keys), *keys, *args)
 
 
+class AsyncClusterAutoCall(AsyncAutoCall):
+    FUNCTION_CALL = AsyncClusterFunctionCall
+
+
 def probe_mode(client: Any) -> str:
     """The mode the default caller chooses on ``client``, found (once per client) with a call
     the module refuses before it reads or writes anything: one without keys."""
@@ -198,11 +275,12 @@ def probe_mode(client: Any) -> str:
 
 def module_caller(client: Any, functions: bool | None) -> Any:
     """What calls the module for ``client``: FCALL of the library (True), redis-py's Script
-    (False), or the faster of the two that the server allows (None). On Redis Cluster that is
-    EVALSHA: redis-py finds an FCALL's slot by asking a node for its keys (COMMAND GETKEYS), a
-    round trip more per call, while it reads an EVALSHA's keys itself."""
-    if functions is None and isinstance(client, RedisCluster):
-        functions = False
+    (False), or the faster of the two that the server allows (None). On Redis Cluster an
+    FCALL goes to the master of its keys' slot (:class:`ClusterFunctionCall`)."""
+    if isinstance(client, RedisCluster):
+        if functions is None:
+            return ClusterAutoCall(client)
+        return ClusterFunctionCall(client) if functions else client.register_script(module_source())
     if functions is None:
         return AutoCall(client)
     return FunctionCall(client) if functions else client.register_script(module_source())
@@ -212,8 +290,12 @@ def async_module_caller(client: Any, functions: bool | None) -> Any:
     # Imported here, so that sync callers never load redis.asyncio.
     from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster  # noqa: PLC0415
 
-    if functions is None and isinstance(client, AsyncRedisCluster):
-        functions = False  # (as module_caller, for the same reason)
+    if isinstance(client, AsyncRedisCluster):
+        if functions is None:
+            return AsyncClusterAutoCall(client)
+        if functions:
+            return AsyncClusterFunctionCall(client)
+        return client.register_script(module_source())
     if functions is None:
         return AsyncAutoCall(client)
     return AsyncFunctionCall(client) if functions else client.register_script(module_source())

@@ -827,10 +827,11 @@ class ShardedRotator(ShardedView):
     nothing.
 
     Options as for Rotator: ``timeout``, ``idempotency``, ``max_deliveries``, ``budget``,
-    ``prefix``, ``functions``. ``functions`` defaults to False here (EVALSHA): redis-py
-    8 finds an FCALL's keys with a COMMAND GETKEYS sent to the cluster client's default
-    node before every call, a second round trip, and a call that fails while that node is
-    down. Not offered on sharded queues (yet): payloads, item stats, schedules, rate
+    ``prefix``, ``functions``. ``functions`` defaults to False here (EVALSHA): pushes go in
+    cluster pipelines, where redis-py finds each FCALL's keys with a COMMAND GETKEYS sent to
+    the client's default node (a round trip more, and a call that fails while that node is
+    down); a single FCALL goes to its slot's master (rotator.script.ClusterFunctionCall).
+    Not offered on sharded queues (yet): payloads, item stats, schedules, rate
     limits, topics.
 
     The shard count is stored with the queue at its first use; opening it with another

@@ -5,14 +5,19 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from typing import Any
 
 import pytest
 from redis.asyncio.cluster import ClusterNode as AsyncClusterNode
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
+from redis.backoff import NoBackoff
 from redis.cluster import ClusterNode, RedisCluster
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.retry import Retry
 
 from rotator import Rotator
 from rotator.aio import AsyncRotator
+from rotator.script import chosen_mode
 from tests.servers import ClusterProcess
 
 pytestmark = pytest.mark.cluster
@@ -123,12 +128,12 @@ def test_async_rotator_on_an_asyncio_cluster_client(
     asyncio.run(scenario())
 
 
-def test_a_queue_on_a_cluster_client_calls_the_module_by_evalsha_in_one_round_trip(
+def test_a_queue_on_a_cluster_client_calls_the_module_by_fcall_in_one_round_trip(
     cluster_client: RedisCluster, queue_name: str
 ) -> None:
     """redis-py routes an FCALL by asking a node for its keys first (COMMAND GETKEYS), a round
-    trip more per call; an EVALSHA's keys it reads itself. So the default on a cluster client
-    is EVALSHA."""
+    trip more per call, unless it is told the node: the default caller names the master of
+    the queue's slot."""
     nodes = [node.redis_connection for node in cluster_client.get_nodes()]  # type: ignore[no-untyped-call]
 
     def calls(name: str) -> int:
@@ -143,8 +148,61 @@ def test_a_queue_on_a_cluster_client_calls_the_module_by_evalsha_in_one_round_tr
     assert queue.push("a", "b") == 2
     jobs = queue.next(2)
     assert queue.ack(*jobs) == 2
-    assert calls("evalsha") - evalsha >= 3  # (the first may find the script not loaded yet)
-    assert (calls("fcall"), calls("command|getkeys")) == (fcall, getkeys)
+    assert calls("fcall") - fcall >= 3  # (the first may find the library not loaded yet)
+    assert (calls("evalsha"), calls("command|getkeys")) == (evalsha, getkeys)
+    assert chosen_mode(cluster_client) == "fcall"
+
+
+class LosesOneConnection(RedisCluster):
+    """A real cluster client whose first command sent to a named node fails as a lost
+    connection would, before anything is sent."""
+
+    lost = 0
+
+    def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+        if "target_nodes" in kwargs and not self.lost:
+            self.lost += 1
+            raise RedisConnectionError("lost (injected)")
+        return super().execute_command(*args, **kwargs)  # type: ignore[no-untyped-call]
+
+
+@pytest.mark.cluster
+def test_an_fcall_to_a_named_node_goes_again_the_usual_way_after_a_lost_connection(
+    cluster: ClusterProcess, queue_name: str
+) -> None:
+    """redis-py does not retry a command sent to a named node; where the client retries, the
+    call goes again routed by redis-py, as it would have retried it. Where it does not
+    (retries off, as a ShardedRotator's client), the error is raised."""
+    port = cluster.nodes[0].port
+    client = LosesOneConnection(host="127.0.0.1", port=port)
+    strict = LosesOneConnection(host="127.0.0.1", port=port, retry=Retry(NoBackoff(), 0))
+    try:
+        assert Rotator(client, queue_name, functions=True).push("a") == 1
+        assert client.lost == 1
+        with pytest.raises(RedisConnectionError):
+            Rotator(strict, queue_name, functions=True).push("b")
+        assert Rotator(strict, queue_name, functions=True).push("b") == 1
+        assert Rotator(client, queue_name).stats().pending == 2
+    finally:
+        client.close()
+        strict.close()
+
+
+def test_an_async_queue_on_a_cluster_client_calls_the_module_by_fcall(
+    cluster: ClusterProcess, queue_name: str
+) -> None:
+    async def scenario() -> None:
+        client = AsyncRedisCluster(host="127.0.0.1", port=cluster.nodes[0].port)
+        try:
+            q = AsyncRotator(client, queue_name)
+            assert await q.push("a", "b") == 2
+            jobs = await q.next(2)
+            assert await q.ack(*jobs) == 2
+            assert chosen_mode(client) == "fcall"
+        finally:
+            await client.aclose()
+
+    asyncio.run(scenario())
 
 
 @pytest.mark.cluster
