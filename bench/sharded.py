@@ -160,7 +160,8 @@ Queue = Rotator | ShardedRotator
 def open_queue(spec: Spec) -> Queue:
     client = cluster_client(spec.url)
     if spec.shards == 0:
-        return Rotator(client, spec.name, timeout=LEASE_S)
+        # EVALSHA, as the sharded queue's default: the same calls, counted the same way.
+        return Rotator(client, spec.name, timeout=LEASE_S, functions=False)
     return ShardedRotator(client, spec.name, shards=spec.shards, timeout=LEASE_S)
 
 
