@@ -60,8 +60,7 @@ from typing import Any
 import redis
 
 from bench.bounds import BUDGET, CHUNK, Module, job_ids, wait_lazyfree
-from bench.harness import size_mode, sized_parser, started
-from bench.scheduled import git_commit
+from bench.harness import git_commit, size_mode, sized_parser, started
 from rotator.keys import queue_keys
 from rotator.script import module_source
 

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import multiprocessing
+import os
+import platform
 import statistics
+import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -16,7 +20,10 @@ from typing import Any
 
 import redis
 
+from rotator.script import module_source
 from tests.servers import ServerProcess
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def sized_parser(doc: str | None, out: Path, results: str) -> argparse.ArgumentParser:
@@ -32,6 +39,66 @@ def sized_parser(doc: str | None, out: Path, results: str) -> argparse.ArgumentP
         "--table", action="store_true", help=f"print the table of --out's {results}, run nothing"
     )
     return parser
+
+
+# -- what a result file records -----------------------------------------------------------
+
+
+def git_commit() -> str:
+    """The commit measured, ``+changes`` when the module differs from it."""
+    done = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    dirty = subprocess.run(
+        ["git", "status", "--porcelain", "lua/rotator.lua"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    commit = done.stdout.strip() or "unknown"
+    return commit + ("+changes" if dirty.stdout.strip() else "")
+
+
+def module_info() -> dict[str, str]:
+    """The module the servers will load (read before the run)."""
+    return {
+        "path": "lua/rotator.lua",
+        "sha1": hashlib.sha1(module_source().encode()).hexdigest(),
+        "commit": git_commit(),
+    }
+
+
+def machine_info(mode: str, **extra: Any) -> dict[str, Any]:
+    """The machine, the size mode and the load before the run (add ``load_after`` with
+    :func:`load_now` when it ends)."""
+    return {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpus": os.cpu_count(),
+        "mode": mode,
+        "date": time.strftime("%Y-%m-%d"),
+        **extra,
+        "load_before": load_now(),
+    }
+
+
+def load_now() -> float:
+    return round(os.getloadavg()[0], 2)
+
+
+def write_results(
+    out: Path, name: str, data: dict[str, Any], report: Callable[[dict[str, Any]], str]
+) -> dict[str, Any]:
+    """``out/<name>.json`` and ``out/<name>.md`` (the report); returns ``data``."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}.json").write_text(json.dumps(data, indent=2) + "\n")
+    (out / f"{name}.md").write_text(report(data))
+    return data
 
 
 # run(servers, mode, workdir, out, log): measures, writes out/<name>.json, returns its data.

@@ -38,13 +38,8 @@ servers.
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
-import platform
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from functools import partial
@@ -54,12 +49,17 @@ from typing import Any
 import redis
 
 from bench.bounds import wait_lazyfree
-from bench.harness import standard_main, started
-from bench.scheduled import git_commit
+from bench.harness import (
+    load_now,
+    machine_info,
+    module_info,
+    standard_main,
+    started,
+    write_results,
+)
 from bench.unique import Timed, ids, median, memory, ratio_row, summary, timed
 from rotator import Job, Rotator
 from rotator.protocol import text
-from rotator.script import module_source
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
@@ -470,31 +470,17 @@ def run(
     """Measures every section on each server in ``kinds`` and writes
     ``out/priorities.json`` and ``out/priorities.md``; ``resize`` overrides sizes."""
     sizes = replace(SIZES[mode], **resize)
-    module = {
-        "path": "lua/rotator.lua",
-        "sha1": hashlib.sha1(module_source().encode()).hexdigest(),
-        "commit": git_commit(),
-    }
-    machine = {
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "cpus": os.cpu_count(),
-        "mode": mode,
-        "date": time.strftime("%Y-%m-%d"),
-        "load_before": round(os.getloadavg()[0], 2),
-    }
+    module = module_info()
+    machine = machine_info(mode)
     results = {kind: run_server(kind, sizes, workdir, log) for kind in kinds}
-    machine["load_after"] = round(os.getloadavg()[0], 2)
+    machine["load_after"] = load_now()
     data: dict[str, Any] = {
         "machine": machine,
         "module": module,
         "sizes": asdict(sizes),
         "results": results,
     }
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "priorities.json").write_text(json.dumps(data, indent=2) + "\n")
-    (out / "priorities.md").write_text(report(data))
-    return data
+    return write_results(out, "priorities", data, report)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -43,15 +43,11 @@ the table of an earlier run. Full sizes take about 3.5 minutes on this 2-core VM
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import multiprocessing
-import os
-import platform
 import random
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -65,10 +61,19 @@ from typing import Any
 import redis
 
 from bench.bounds import server_ms, wait_lazyfree
-from bench.harness import percentile, server_usec, size_mode, sized_parser, started
+from bench.harness import (
+    load_now,
+    machine_info,
+    module_info,
+    percentile,
+    server_usec,
+    size_mode,
+    sized_parser,
+    started,
+    write_results,
+)
 from bench.leases import wait_blocked
 from rotator import Job, Rotator
-from rotator.script import module_source
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -694,46 +699,16 @@ def report(data: dict[str, Any]) -> str:
 # -- the run --------------------------------------------------------------------------------------
 
 
-def git_commit() -> str:
-    done = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    dirty = subprocess.run(
-        ["git", "status", "--porcelain", "lua/rotator.lua"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    commit = done.stdout.strip() or "unknown"
-    return commit + ("+changes" if dirty.stdout.strip() else "")
-
-
 def run(
     kinds: Sequence[str], mode: str, workdir: Path, out: Path, log: Log, **resize: Any
 ) -> dict[str, Any]:
     """Measures every scenario on each server in ``kinds`` and writes ``out/scheduled.json``
     and ``out/scheduled.md``; ``resize`` overrides sizes of the mode (``far=...``)."""
     sizes = replace(SIZES[mode], **resize)
-    module = {  # what the servers will load, read before the run
-        "path": "lua/rotator.lua",
-        "sha1": hashlib.sha1(module_source().encode()).hexdigest(),
-        "commit": git_commit(),
-    }
-    machine = {
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "cpus": os.cpu_count(),
-        "mode": mode,
-        "date": time.strftime("%Y-%m-%d"),
-        "load_before": round(os.getloadavg()[0], 2),
-    }
+    module = module_info()
+    machine = machine_info(mode)
     results = {kind: run_server(kind, sizes, workdir, log) for kind in kinds}
-    machine["load_after"] = round(os.getloadavg()[0], 2)
+    machine["load_after"] = load_now()
     data: dict[str, Any] = {
         "machine": machine,
         "module": module,
@@ -741,10 +716,7 @@ def run(
         "targets": TARGETS,
         "results": results,
     }
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "scheduled.json").write_text(json.dumps(data, indent=2) + "\n")
-    (out / "scheduled.md").write_text(report(data))
-    return data
+    return write_results(out, "scheduled", data, report)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -57,9 +57,7 @@ table of an earlier run. Full sizes (``redis,valkey``) should take about 5 minut
 
 from __future__ import annotations
 
-import json
 import os
-import platform
 import statistics
 import sys
 import time
@@ -78,8 +76,13 @@ from redis.cluster import RedisCluster
 from redis.crc import REDIS_CLUSTER_HASH_SLOTS
 
 from bench.bounds import wait_lazyfree
-from bench.harness import standard_main
-from bench.scheduled import git_commit
+from bench.harness import (
+    load_now,
+    machine_info,
+    module_info,
+    standard_main,
+    write_results,
+)
 from rotator import Job, Rotator
 from rotator.sharded import MAX_SHARDS, ShardedRotator, cluster_client
 from tests.servers import ClusterProcess, Kind, ServerProcess
@@ -921,27 +924,17 @@ def run(
     """Measures every setup on each server kind in ``kinds`` and writes ``out/sharded.json``
     and ``out/sharded.md``; ``resize`` overrides sizes."""
     sizes = replace(SIZES[mode], **resize)
-    machine = {
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "cpus": os.cpu_count(),
-        "mode": mode,
-        "date": time.strftime("%Y-%m-%d"),
-        "load_before": round(os.getloadavg()[0], 2),
-    }
+    machine = machine_info(mode)
     results = {kind: run_server(kind, sizes, workdir, log) for kind in kinds}
-    machine["load_after"] = round(os.getloadavg()[0], 2)
+    machine["load_after"] = load_now()
     data: dict[str, Any] = {
         "machine": machine,
-        "module": {"path": "lua/rotator.lua", "commit": git_commit()},
+        "module": module_info(),
         "sizes": {**asdict(sizes), "shards": SHARDS, "push_batch": PUSH_BATCH, "claim": CLAIM},
         "results": results,
         "model": {kind: model(r, os.cpu_count() or 1) for kind, r in results.items()},
     }
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "sharded.json").write_text(json.dumps(data, indent=2) + "\n")
-    (out / "sharded.md").write_text(report(data))
-    return data
+    return write_results(out, "sharded", data, report)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -39,10 +39,6 @@ table of an earlier run. Full sizes take about 2 minutes on this 2-core VM for b
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
-import platform
 import statistics
 import sys
 import time
@@ -55,11 +51,18 @@ from typing import Any
 import redis
 
 from bench.bounds import wait_lazyfree
-from bench.harness import server_usec, standard_main, started
-from bench.scheduled import git_commit, via
+from bench.harness import (
+    load_now,
+    machine_info,
+    module_info,
+    server_usec,
+    standard_main,
+    started,
+    write_results,
+)
+from bench.scheduled import via
 from rotator import Job, Rotator
 from rotator.protocol import text
-from rotator.script import module_source
 
 RESULTS = Path(__file__).resolve().parent / "results"
 SCRIPT_COMMANDS = ("evalsha", "fcall")
@@ -580,31 +583,17 @@ def run(
     """Measures every section on each server in ``kinds`` and writes ``out/unique.json`` and
     ``out/unique.md``; ``resize`` overrides sizes of the mode."""
     sizes = replace(SIZES[mode], **resize)
-    module = {
-        "path": "lua/rotator.lua",
-        "sha1": hashlib.sha1(module_source().encode()).hexdigest(),
-        "commit": git_commit(),
-    }
-    machine = {
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "cpus": os.cpu_count(),
-        "mode": mode,
-        "date": time.strftime("%Y-%m-%d"),
-        "load_before": round(os.getloadavg()[0], 2),
-    }
+    module = module_info()
+    machine = machine_info(mode)
     results = {kind: run_server(kind, sizes, workdir, log) for kind in kinds}
-    machine["load_after"] = round(os.getloadavg()[0], 2)
+    machine["load_after"] = load_now()
     data: dict[str, Any] = {
         "machine": machine,
         "module": module,
         "sizes": asdict(sizes),
         "results": results,
     }
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "unique.json").write_text(json.dumps(data, indent=2) + "\n")
-    (out / "unique.md").write_text(report(data))
-    return data
+    return write_results(out, "unique", data, report)
 
 
 def main(argv: list[str] | None = None) -> int:
