@@ -129,6 +129,7 @@ class Canceller:
         self.tried: set[str] = set()
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._loop, name="canceller", daemon=True)
+        self.cancelled_running = False  # a killed worker's job was cancelled
 
     def _on_failure(self, error: Exception) -> None:
         self.log.write("CANCEL_RETRY", self._current, error_kind(error))
@@ -223,10 +224,13 @@ def begin(
 
 
 def kill_worker(run: ChaosRun, workers: list[Proc], canceller: Canceller) -> None:
-    """SIGKILLs a worker mid-job, replaces it, and now and then cancels the job it held."""
+    """SIGKILLs a worker mid-job, replaces it, and cancels the job it held: the first time
+    (so that every run cancels a job in flight whenever a kill lands mid-job), then now and
+    then."""
     victim, last = run.kill_busy(workers)
     workers[workers.index(victim)] = run.respawn(victim)
-    if last == "START" and run.rng.random() < 0.5:
+    if last == "START" and (not canceller.cancelled_running or run.rng.random() < 0.5):
+        canceller.cancelled_running = True
         canceller.cancel_running(victim)
 
 
