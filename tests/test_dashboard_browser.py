@@ -78,7 +78,7 @@ def test_a_person_watches_a_count_change_and_requeues_a_dead_letter_by_clicking(
 
             # The queue page: refused without the token, the letter stays.
             row.locator("a").click()
-            expect(page.locator("h1")).to_have_text(queue_name)
+            expect(page.locator("h1")).to_have_text(queue_name, timeout=WAIT_MS)
             expect(page.locator("#live")).to_have_attribute("data-state", "on", timeout=WAIT_MS)
             dead = page.locator("#dead tr", has_text=HOSTILE)
             expect(dead).to_have_count(1)
@@ -118,5 +118,32 @@ def test_the_pause_button_is_off_without_a_token_configured(
             expect(page.locator(".notice.off")).to_contain_text("Actions are off")
             expect(page.locator("#pause")).to_be_disabled()
             expect(page.locator("#resume")).to_be_disabled()
+        finally:
+            page.close()
+
+
+def test_a_click_held_across_a_live_update_still_opens_the_queue(
+    browser: Browser, redis_server: ServerProcess, queue_name: str
+) -> None:
+    """A press and a release with a count change between them: the table is not swapped
+    under the pointer, so the click lands and opens the queue (a swap in between ate it)."""
+    q = Rotator(redis_server.client(), queue_name)
+    q.push("a")
+
+    with Served(redis_server.url, token=None) as served:
+        page = browser.new_page()
+        try:
+            page.goto(served.base + "/")
+            expect(page.locator("#live")).to_have_attribute("data-state", "on", timeout=WAIT_MS)
+            row = page.locator("#queues tr", has=page.locator(f'a[href="/queues/{queue_name}"]'))
+            link, pending = row.locator("a"), row.locator("td").nth(2)
+            expect(pending).to_have_text("1", timeout=WAIT_MS)
+            link.hover()  # a point of the link itself (a wrapped name has gaps in its box)
+            page.mouse.down()
+            q.push("b")
+            # Several polls go by with the button down: the count changed and was held back.
+            page.wait_for_timeout(1000)
+            page.mouse.up()
+            expect(page.locator("h1")).to_have_text(queue_name, timeout=WAIT_MS)
         finally:
             page.close()

@@ -16,8 +16,10 @@ from collections.abc import Awaitable, Callable, Iterator
 import pytest
 import redis
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
+from redis.backoff import NoBackoff
 from redis.cluster import RedisCluster
 from redis.crc import key_slot
+from redis.retry import Retry
 
 from rotator import Durability, InvalidArgument, NotDurable, Rotator, ShardedRotator, Stats
 from rotator.script import function_name
@@ -72,8 +74,16 @@ class Stall:
 
     def __enter__(self) -> Stall:
         self.thread.start()
-        time.sleep(0.1)  # the command is on its way: the node sleeps from now on
-        return self
+        # Asleep once a PING goes unanswered (a fixed pause raced the thread on a busy machine).
+        deadline = time.monotonic() + self.seconds
+        while time.monotonic() < deadline:
+            with self.node.client(socket_timeout=0.05, retry=Retry(NoBackoff(), 0)) as probe:
+                try:
+                    probe.ping()
+                except redis.TimeoutError:
+                    return self
+            time.sleep(0.01)
+        raise AssertionError(f"{self.node.url} never went to sleep")
 
     def __exit__(self, *exc: object) -> None:
         self.thread.join()

@@ -38,8 +38,31 @@
     }
   }
 
+  // A click is a press and a release on the same element. A swap between the two (a busy
+  // table changes every second, if only its ages) would eat the click, so a press holds the
+  // swaps, and the latest parts go in once the click has been delivered.
+  let pressed = false;
+  let heldParts = null;
+
+  document.addEventListener("pointerdown", () => { pressed = true; }, true);
+  for (const type of ["pointerup", "pointercancel"]) {
+    document.addEventListener(type, () => {
+      pressed = false;
+      setTimeout(() => {
+        if (pressed || !heldParts) return;
+        const parts = heldParts;
+        heldParts = null;
+        swapParts(parts);
+      }, 0);
+    }, true);
+  }
+
   function swapParts(html) {
     if (!html) return;
+    if (pressed) {
+      heldParts = html;
+      return;
+    }
     for (const element of document.querySelectorAll("[data-live]")) {
       const part = html[element.dataset.live];
       // Server-rendered and escaped; replaced only when it changed, so a button under the
