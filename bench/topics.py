@@ -1,4 +1,4 @@
-"""Topics beside Redis Streams consumer groups: publish and consume rates with 1, 3, 10 groups.
+"""Topics and payload queues beside Redis Streams consumer groups: publish and consume rates.
 
 One client process, batches of 100 on both sides, on a server of our own (persistence off).
 Publish: rotator ``Topic.publish_many`` (one Lua call per 100 messages, every group's ring
@@ -6,15 +6,19 @@ included) vs pipelined XADDs (100 per round trip). Consume: each group drains ev
 leasing 100 and acking the previous batch in the same call (rotator ``next(ack=...)``, which
 includes the acked elements' cleanup lap) vs XREADGROUP COUNT 100 + XACK. Server time per
 message is from INFO commandstats (top-level commands only, so script sub-commands are not
-counted twice).
+counted twice). A queue with payloads (``push_payloads`` of 100, then ``next(100, ack=...)``,
+whose acks name each job so that its payload goes) is set beside the Stream read by one group,
+whose entries carry the same bodies. Each figure is the median of interleaved rounds.
 
-    .venv/bin/python -m bench.topics [--messages 20000] [--servers redis,valkey] [--smoke]
+    .venv/bin/python -m bench.topics [--messages 20000] [--rounds 3] [--servers redis,valkey]
+        [--smoke]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -23,7 +27,7 @@ from typing import Any
 import redis
 
 from bench.harness import started
-from rotator import Job, Retention, Topic
+from rotator import Job, Retention, Rotator, Topic
 
 BATCH = 100
 PAYLOAD = b"x" * 64
@@ -69,6 +73,26 @@ def rotator_run(client: redis.Redis, groups: int, messages: int) -> dict[str, An
     return row("rotator-topic", groups, messages, publish=published, consume=consumed)
 
 
+def payload_queue_run(client: redis.Redis, messages: int) -> dict[str, Any]:
+    queue = Rotator(client, "bench-payload-queue", payloads=True)
+
+    def push() -> None:
+        for start in range(0, messages, BATCH):
+            queue.push_payloads({f"m-{start + i:012d}": PAYLOAD for i in range(BATCH)})
+
+    def consume() -> None:
+        previous: list[Job] = []
+        while jobs := queue.next(BATCH, ack=previous):
+            previous = jobs
+        queue.ack(*previous)
+        queue.next(1)  # the lap that removes the last acked batch
+
+    pushed = timed(client, push)
+    consumed = timed(client, consume)
+    queue.delete()
+    return row("rotator-payload-queue", 1, messages, publish=pushed, consume=consumed)
+
+
 def streams_run(client: redis.Redis, groups: int, messages: int) -> dict[str, Any]:
     stream = f"bench-stream-{groups}"
     client.delete(stream)
@@ -98,6 +122,14 @@ def streams_run(client: redis.Redis, groups: int, messages: int) -> dict[str, An
     return row("streams", groups, messages, publish=published, consume=consumed)
 
 
+FIGURES = (
+    "publish_msgs_per_s",
+    "publish_server_us_per_msg",
+    "consume_deliveries_per_s",
+    "consume_server_us_per_delivery",
+)
+
+
 def row(
     pattern: str,
     groups: int,
@@ -120,26 +152,49 @@ def row(
     }
 
 
-def run(kind: str, messages: int) -> list[dict[str, Any]]:
-    rows = []
+def run(kind: str, messages: int, rounds: int) -> list[dict[str, Any]]:
+    """The median of ``rounds`` interleaved rounds of every row, with each round's figures."""
+    measured: dict[tuple[str, int], list[dict[str, Any]]] = {}
     with tempfile.TemporaryDirectory() as workdir, started(kind, Path(workdir)) as server:
         client = server.client()
-        for groups in GROUP_COUNTS:
-            rows.append(rotator_run(client, groups, messages))
-            rows.append(streams_run(client, groups, messages))
+        for _ in range(rounds):
+            for result in (
+                payload_queue_run(client, messages),
+                *(
+                    each
+                    for groups in GROUP_COUNTS
+                    for each in (
+                        rotator_run(client, groups, messages),
+                        streams_run(client, groups, messages),
+                    )
+                ),
+            ):
+                measured.setdefault((result["pattern"], result["groups"]), []).append(result)
         client.close()
-    return rows
+    return [median_row(results) for results in measured.values()]
+
+
+def median_row(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """The first round's row with each rate the median of the rounds', and their ranges."""
+    merged = dict(results[0], rounds=len(results))
+    for field in FIGURES:
+        values = [r[field] for r in results]
+        merged[field] = round(statistics.median(values), 2)
+        merged[f"{field}_range"] = [min(values), max(values)]
+    return merged
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--messages", type=int, default=20_000)
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--servers", default="redis,valkey")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, to check it runs")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "topics.json"))
     args = parser.parse_args(argv)
     messages = 500 if args.smoke else args.messages
-    results = {kind: run(kind, messages) for kind in args.servers.split(",")}
+    rounds = 1 if args.smoke else args.rounds
+    results = {kind: run(kind, messages, rounds) for kind in args.servers.split(",")}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"batch": BATCH, "results": results}, indent=2) + "\n")

@@ -390,6 +390,14 @@ COMMANDS (ARGV[1]; numbers are decimal integers)
     job's id is needed); 0 keeps them (a topic group). With KEYS[15]: notes each delivery (count and time) in the job's stats.
     reply: {idle, wait_ms, acked, token1, reclaimed1, payload1, ...}; payload nil if none
     errors: ROTATOR_BADARG, ROTATOR_BADTOKEN, ROTATOR_TOOMANY
+  nextp_packed COUNT LEASE_MS BUDGET MAX_DELIVERIES DROP [ACK_TOKEN ...]
+                                                                    (KEYS 1..14, or 1..15)
+    nextp, with this call's first deliveries sent as next_packed sends them (what the Python
+    client calls).
+    reply: {idle, wait_ms, acked, packed, payload1, ..., payloadK, token, reclaimed, payload,
+      ...}: packed as in next_packed, then the payloads of its K jobs in their order, then
+      each later delivery as in nextp
+    errors: as nextp
   ackp TOKEN [TOKEN ...]                                            (KEYS 1..14, or 1..15)
     ack (no batch acks), and deletes the payloads (and stats) of the accepted tokens' ids,
     or, for an id pushed more than once, counts one copy less (the payload stays for the
@@ -3569,7 +3577,8 @@ end
 function M.define_extensions()
   -- The KEYS layout of each command that does not take the thirteen queue KEYS.
   M.LAYOUT = {
-    pushp = 'payloads', nextp = 'payloads', ackp = 'payloads', pushp_later = 'payloads',
+    pushp = 'payloads', nextp = 'payloads', nextp_packed = 'payloads', ackp = 'payloads',
+    pushp_later = 'payloads',
     pushi = 'items', nackp = 'items', items = 'items',
     tpublish = 'topic', tsubscribe = 'topic', tunsubscribe = 'topic', treplay = 'topic',
     tseek = 'topic', ttrim = 'topic', tstats = 'topic',
@@ -3718,24 +3727,37 @@ function M.define_extensions()
   end
 
   -- Ids leased by a next reply ({idle, wait, acked, token, reclaimed, ...}), in reply order.
-  function M.leased_ids(reply)
-    local ids = {}
-    for i = 4, #reply, 2 do
+  -- The ids a next reply leased, in its order, and how many of them came packed (`compact`:
+  -- next_packed's reply, whose packed element "<batch>*<id1>*<id2>..." comes first).
+  function M.leased_ids(reply, compact)
+    local ids, first = {}, 4
+    if compact then
+      first = 5
+      local star = string.find(reply[4], '*', 2, true)
+      if star then
+        for id in string.gmatch(string.sub(reply[4], star + 1), '[^*]+') do ids[#ids + 1] = id end
+      end
+    end
+    local packed = #ids
+    for i = first, #reply, 2 do
       local token = reply[i]
       ids[#ids + 1] = string.sub(token, 1, string.find(token, '*', 2, true) - 1)
     end
-    return ids
+    return ids, packed
   end
 
   -- Notes a delivery of each leased job in its item stats (an id pushed without stats gets an
   -- entry with enqueued ms 0: unknown).
-  function M.delivered(reply, ids)
+  -- The first `packed` ids came packed (first deliveries); the tokens of the others follow in
+  -- the reply from `at` (4 for next's reply, 5 for next_packed's), with their flags.
+  function M.delivered(reply, ids, packed, at)
     if not K.items or #ids == 0 then return end
     local now = M.now_ms()
     local old = rcall('HMGET', K.items, unpack(ids))
     local writes = {}
     for j = 1, #ids do
-      local _, _, n = M.parse_token(reply[2 + 2 * j])
+      local n = 1
+      if j > packed then n = select(3, M.parse_token(reply[at + 2 * (j - packed - 1)])) end
       local enqueued, rest = string.match(old[j] or '', '^(%d+):%d+:%d+:(.*)$')
       writes[#writes + 1] = ids[j]
       writes[#writes + 1] = (enqueued or '0') .. ':' .. (n or 0) .. ':' .. now .. ':' .. (rest or '')
@@ -3743,28 +3765,43 @@ function M.define_extensions()
     M.call_all('HSET', K.items, writes)
   end
 
-  function M.nextp()
+  -- nextp's work, and nextp_packed's (`compact`): the lease, then every leased job's payload
+  -- read in one HMGET. The reply's head is next's (or next_packed's, with its packed element);
+  -- then, compact, the packed jobs' payloads in their order; then token, flag and payload of
+  -- each other delivery.
+  function M.lease_payloads(compact)
     local drop = M.int_arg(6, 'DROP', 0, 1)
     local times = M.durations_arg(7)
     M.read('HLEN', K.payloads)
     if K.items then M.read('HLEN', K.items) end
     -- Dropping payloads needs each acked job's id: batch acks only where they are kept.
     FRESH_ACKS = drop == 1
-    local reply, accepted = M.lease(7, drop == 0)
-    local out = { reply[1], reply[2], reply[3] }
-    local ids = M.leased_ids(reply)
+    local reply, accepted = M.lease(7, drop == 0, compact)
+    local at = compact and 5 or 4 -- the first token in reply
+    local out = { unpack(reply, 1, at - 1) }
+    local ids, packed = M.leased_ids(reply, compact)
     if #ids > 0 then
       local bodies = rcall('HMGET', K.payloads, unpack(ids))
-      for j = 1, #ids do
-        out[#out + 1] = reply[2 + 2 * j]
-        out[#out + 1] = reply[3 + 2 * j]
+      for j = 1, packed do out[#out + 1] = bodies[j] end
+      for j = packed + 1, #ids do
+        local i = at + 2 * (j - packed - 1)
+        out[#out + 1] = reply[i]
+        out[#out + 1] = reply[i + 1]
         out[#out + 1] = bodies[j]
       end
     end
-    M.delivered(reply, ids)
+    M.delivered(reply, ids, packed, at)
     if drop == 1 and accepted and #accepted > 0 then M.forget(accepted) end
     M.add_durations(times)
     return out
+  end
+
+  function M.nextp()
+    return M.lease_payloads(false)
+  end
+
+  function M.nextp_packed()
+    return M.lease_payloads(true)
   end
 
   function M.ackp()
@@ -4361,6 +4398,7 @@ local COMMANDS = {
   pushp = M.pushp,
   pushp_later = M.pushp_later,
   nextp = M.nextp,
+  nextp_packed = M.nextp_packed,
   ackp = M.ackp,
   pushi = M.pushi,
   nackp = M.nackp,

@@ -320,11 +320,15 @@ def nextp(
     max_deliveries: int,
     drop: bool,
     acks: list[bytes],
+    *,
+    packed: bool = True,
 ) -> ModuleCall[NextReply]:
+    """``nextp_packed`` (``packed``, what the client calls) or ``nextp``."""
+    name = b"nextp_packed" if packed else b"nextp"
     return ModuleCall(
         keys,
-        [b"nextp", count, lease_ms, budget, max_deliveries, int(drop), *acks],
-        decode_next_payloads,
+        [name, count, lease_ms, budget, max_deliveries, int(drop), *acks],
+        decode_next_packed_payloads if packed else decode_next_payloads,
     )
 
 
@@ -398,50 +402,75 @@ def decode_next_packed(reply: Sequence[Any]) -> NextReply:
     """A ``next_packed`` reply: the call's first deliveries as one packed element
     ``*<deadline>.1.<seq>*<id>*<id>...`` (job k's token is ``<id>*<deadline>.1.<seq>`` and k
     in 5 digits), then the later deliveries as ``next`` sends them. Batch jobs come first."""
-    packed = text(reply[3])
-    jobs: list[Job] = []
-    stamp = ""
-    if packed:
-        star = packed.find("*", 1)
-        batch = packed[:star]
-        stamp = batch[1:]
-        match = PACKED_STAMP.fullmatch(stamp)
-        ids = packed[star + 1 :].split("*")
-        if star < 0 or match is None or len(ids) > MAX_COUNT:
-            raise InvalidToken(f"server returned a malformed batch {packed[:80]!r}")
-        deadline_ms = int(match[1])
-        places = PLACES
-        # tuple.__new__ skips the NamedTuple's Python-level __new__: a third cheaper per job.
-        make = tuple.__new__
-        jobs = [
-            make(Job, (job_id, job_id + batch + places[k], 1, False, deadline_ms, None))
-            for k, job_id in enumerate(ids, 1)
-        ]
+    jobs, stamp = _packed_jobs(reply[3])
+    size = len(jobs)
     stamps: dict[str, tuple[int, int]] = {}
     jobs.extend(
         job_from_token(token, flag == 1, None, stamps)
         for token, flag in zip(reply[4::2], reply[5::2], strict=True)
     )
-    return NextReply(
-        int(reply[0]) == 1,
-        int(reply[1]),
-        int(reply[2]),
-        jobs,
-        stamp.encode("ascii"),
-        len(jobs) - len(reply[4::2]),
-    )
+    return NextReply(int(reply[0]) == 1, int(reply[1]), int(reply[2]), jobs, stamp, size)
 
 
 def decode_next_payloads(reply: Sequence[Any]) -> NextReply:
     """A ``nextp`` reply: like ``next`` with a payload after each token's reclaimed flag."""
-    jobs = []
-    stamps: dict[str, tuple[int, int]] = {}
-    for i in range(3, len(reply), 3):
-        payload = reply[i + 2]
-        if isinstance(payload, str):
-            payload = payload.encode("utf-8", BYTES_ERRORS)
-        jobs.append(job_from_token(reply[i], reply[i + 1] == 1, payload, stamps))
+    jobs = _payload_jobs(reply, 3)
     return NextReply(int(reply[0]) == 1, int(reply[1]), int(reply[2]), jobs)
+
+
+def decode_next_packed_payloads(reply: Sequence[Any]) -> NextReply:
+    """A ``nextp_packed`` reply: ``next_packed``'s head, the payloads of the packed jobs in
+    their order, then each later delivery as ``nextp`` sends it."""
+    jobs, stamp = _packed_jobs(reply[3], reply, 4)
+    size = len(jobs)
+    jobs.extend(_payload_jobs(reply, 4 + size))
+    return NextReply(int(reply[0]) == 1, int(reply[1]), int(reply[2]), jobs, stamp, size)
+
+
+def _packed_jobs(raw: Any, payloads: Sequence[Any] = (), at: int = 0) -> tuple[list[Job], bytes]:
+    """The jobs of a packed element (none for ""), and its batch stamp; with ``payloads``,
+    job k's payload is ``payloads[at + k - 1]``."""
+    packed = text(raw)
+    if not packed:
+        return [], b""
+    star = packed.find("*", 1)
+    batch = packed[:star]
+    stamp = batch[1:]
+    match = PACKED_STAMP.fullmatch(stamp)
+    ids = packed[star + 1 :].split("*")
+    if star < 0 or match is None or len(ids) > MAX_COUNT:
+        raise InvalidToken(f"server returned a malformed batch {packed[:80]!r}")
+    deadline_ms = int(match[1])
+    places = PLACES
+    # tuple.__new__ skips the NamedTuple's Python-level __new__: a third cheaper per job.
+    make = tuple.__new__
+    if not payloads:
+        jobs = [
+            make(Job, (job_id, job_id + batch + places[k], 1, False, deadline_ms, None))
+            for k, job_id in enumerate(ids, 1)
+        ]
+        return jobs, stamp.encode("ascii")
+    bodies = payloads[at : at + len(ids)]
+    if len(bodies) < len(ids):
+        raise InvalidToken(f"server returned {len(bodies)} payloads for a batch of {len(ids)}")
+    jobs = [
+        make(Job, (job_id, job_id + batch + places[k], 1, False, deadline_ms, _payload(body)))
+        for k, (job_id, body) in enumerate(zip(ids, bodies, strict=True), 1)
+    ]
+    return jobs, stamp.encode("ascii")
+
+
+def _payload(raw: Any) -> bytes | None:
+    return raw.encode("utf-8", BYTES_ERRORS) if isinstance(raw, str) else raw
+
+
+def _payload_jobs(reply: Sequence[Any], start: int) -> list[Job]:
+    """The deliveries of a payload reply from ``start``: token, reclaimed flag, payload."""
+    stamps: dict[str, tuple[int, int]] = {}
+    return [
+        job_from_token(reply[i], reply[i + 1] == 1, _payload(reply[i + 2]), stamps)
+        for i in range(start, len(reply), 3)
+    ]
 
 
 def decode_item_stats(raw: Any) -> ItemStats | None:

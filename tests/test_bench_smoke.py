@@ -360,3 +360,21 @@ def test_bench_sharded_smoke(tmp_path: Path) -> None:
     assert "## The model: how far it goes on 10 and 100 nodes" in report
     assert "| end to end jobs/s (one queue, 1 master / 12 shards, 1 master / 12 shards, 3" in report
     assert "sharded-3m / sharded-1m: throughput" in printed
+
+
+def test_bench_topics_smoke(tmp_path: Path) -> None:
+    """bench.topics (issue 23) on tiny sizes: a row per pattern and group count, each a
+    median with its range, the payload queue beside the Stream whose entries carry bodies."""
+    out = tmp_path / "topics.json"
+    run_smoke("bench.topics", out, timeout=120)
+    data = json.loads(out.read_text())
+    rows = {(row["pattern"], row["groups"]): row for row in data["results"]["redis"]}
+    assert set(rows) == {
+        ("rotator-payload-queue", 1),
+        *((pattern, groups) for pattern in ("rotator-topic", "streams") for groups in (1, 3, 10)),
+    }
+    for row in rows.values():
+        assert row["rounds"] == 1
+        low, high = row["consume_deliveries_per_s_range"]
+        assert 0 < low <= row["consume_deliveries_per_s"] <= high
+        assert row["publish_server_us_per_msg"] > 0

@@ -9,8 +9,9 @@ import pytest
 import redis
 import redis.asyncio as aredis
 
-from rotator import InvalidArgument, InvalidJobId, Job, Rotator
+from rotator import InvalidArgument, InvalidJobId, InvalidToken, Job, Rotator
 from rotator.aio import AsyncRotator
+from rotator.commands import decode_next_packed_payloads
 from tests.servers import ServerProcess
 
 
@@ -209,3 +210,33 @@ def test_the_worker_records_a_failed_jobs_last_error(client: redis.Redis, queue_
     assert stats is not None
     assert stats.deliveries == 1
     assert stats.last_error == "RuntimeError: disk full"
+
+
+def test_a_packed_payload_reply_gives_each_job_its_own_payload() -> None:
+    """nextp_packed: the batch packed, its payloads in order, then the later deliveries."""
+    stamp = "1700000000000.1.42"
+    reply = [0, -1, 2, f"*{stamp}*a*b".encode(), b"pa", None, b"c*1700000001000.2.40", 1, b"pc"]
+    decoded = decode_next_packed_payloads(reply)
+    assert (decoded.batch, decoded.batch_jobs, decoded.acked) == (stamp.encode(), 2, 2)
+    assert [(j.id, j.token, j.deliveries, j.reclaimed, j.payload) for j in decoded.jobs] == [
+        ("a", f"a*{stamp}00001", 1, False, b"pa"),
+        ("b", f"b*{stamp}00002", 1, False, None),
+        ("c", "c*1700000001000.2.40", 2, True, b"pc"),
+    ]
+    with pytest.raises(InvalidToken, match="1 payloads for a batch of 2"):
+        decode_next_packed_payloads(reply[:5])
+
+
+def test_a_payload_queue_batch_comes_packed_and_its_acks_drop_each_payload(
+    redis_server: ServerProcess, queue_name: str
+) -> None:
+    q = Rotator(redis_server.client(), queue_name, payloads=True)
+    q.push_payloads({f"j{i}": f"p{i}".encode() for i in range(5)})
+    jobs = q.next(5)
+    assert [(job.id, job.payload) for job in jobs] == [
+        (f"j{i}", f"p{i}".encode()) for i in range(5)
+    ]
+    stamps = {job.token.split("*")[1][:-5] for job in jobs}
+    assert len(stamps) == 1  # one call's batch, as a plain queue's next_packed gives it
+    assert q.next(5, ack=jobs) == []
+    assert q.client.exists(q.keys.payloads) == 0

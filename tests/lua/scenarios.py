@@ -1940,6 +1940,65 @@ def pushp_and_nextp_carry_payloads_and_ackp_drops_them(b: Backend) -> None:
     assert b.key_state(keys[N_QUEUE_KEYS]) == ("hash", {"c": "pc"})
 
 
+def nextp_packed(b: Backend, keys: tuple[str, ...], count: int, *acks: str) -> list[Result]:
+    """nextp_packed with DROP 1; the reply's shape checked: head, packed element, a payload
+    per packed job, then token, flag and payload per later delivery."""
+    reply = b.call_keys(keys, "nextp_packed", count, LONG, BUDGET, 0, 1, *acks)
+    assert isinstance(reply, list), reply
+    packed = str(reply[3])
+    size = len(packed.split("*")) - 2 if packed else 0
+    assert (len(reply) - 4 - size) % 3 == 0, reply
+    return reply
+
+
+def packed_tokens(packed: str) -> list[str]:
+    """The tokens of a packed element's jobs: <id> .. <batch> .. k in 5 digits."""
+    _, stamp, *ids = packed.split("*")
+    return [f"{job}*{stamp}{k:05d}" for k, job in enumerate(ids, 1)]
+
+
+@scenario
+def nextp_packed_sends_the_batch_packed_and_each_payload_after_it(b: Backend) -> None:
+    keys = payload_keys(b)
+    assert b.call_keys(keys, "pushp", "a", "pa", "b", "") == 2
+    push(b, "bare")
+    reply = nextp_packed(b, keys, 10)
+    assert str(reply[3]).split("*")[2:] == ["a", "b", "bare"]
+    assert reply[4:] == ["pa", "", None]
+    a, b_, bare = packed_tokens(str(reply[3]))
+    assert [parse_token(t).n for t in (a, b_, bare)] == [1, 1, 1]
+    # The tokens it implies are the jobs' own: acked by ackp, the payload goes.
+    assert b.call_keys(keys, "ackp", a) == 1
+    assert b.key_state(keys[N_QUEUE_KEYS]) == ("hash", {"b": ""})
+    # A job given back comes again as a later delivery, its payload after its flag; the
+    # ack carried by the same call drops bare's, the next one b's.
+    assert ints(b.call("nack", 0, b_)) == [1]
+    again = nextp_packed(b, keys, 10, bare)
+    assert again[2] == 1
+    assert again[3] == ""
+    assert len(again) == 7
+    token = parse_token(str(again[4]))
+    assert (token.id, token.n, again[5], again[6]) == ("b", 2, 0, "")
+    assert nextp_packed(b, keys, 10, str(again[4]))[2] == 1
+    assert b.key_state(keys[N_QUEUE_KEYS]) == ("none", None)
+
+
+@scenario
+def nextp_packed_notes_each_delivery_in_the_item_stats(b: Backend) -> None:
+    keys = (*payload_keys(b), f"rotator:{{{b.name}}}:items")
+    b.track(keys[N_QUEUE_KEYS + 1])
+    assert b.call_keys(keys, "pushi", "a", "b") == 2
+    reply = nextp_packed(b, keys, 2)
+    a, b_ = packed_tokens(str(reply[3]))
+    assert ints(b.call_keys(keys, "nackp", 0, "broke", a)) == [1]
+    again = nextp_packed(b, keys, 2, b_)
+    assert parse_token(str(again[4])).id == "a"
+    stats = b.call_keys(keys, "items", "a", "b")
+    assert isinstance(stats, list)
+    assert str(stats[0]).split(":")[1] == "2"  # a: the packed delivery and the later one
+    assert stats[1] is None  # b: acked, its stats gone
+
+
 @scenario
 def an_ack_sent_twice_leaves_the_payload_of_another_copy(b: Backend) -> None:
     """Found by the conformance work: two copies of "a" queued, the first acked twice by
@@ -1965,6 +2024,10 @@ def payload_commands_check_arguments_keys_and_types_before_writing(b: Backend) -
     expect_error(b, "ROTATOR_BADID", "pushp", "a", "pa", "b*", "pb", keys=keys)
     expect_error(b, "ROTATOR_TOOMANY", "pushp", *(["i", "p"] * 2501), keys=keys)
     expect_error(b, "ROTATOR_BADARG", "nextp", 1, LONG, BUDGET, 0, 2, keys=keys)
+    expect_error(b, "ROTATOR_BADARG", "nextp_packed", 1, LONG, BUDGET, 0, 2, keys=keys)
+    expect_error(
+        b, "ROTATOR_BADTOKEN", "nextp_packed", 1, LONG, BUDGET, 0, 1, "*1.1.1/2", keys=keys
+    )
     expect_error(b, "ROTATOR_BADTOKEN", "ackp", "nope", keys=keys)
     expect_error(b, "ROTATOR_KEYS", "pushp", "a", "pa")  # the queue's keys only
     expect_error(b, "ROTATOR_KEYS", "push", "a", keys=keys)  # one too many for a queue command
@@ -1972,7 +2035,13 @@ def payload_commands_check_arguments_keys_and_types_before_writing(b: Backend) -
     b.raw_del_key(keys[N_QUEUE_KEYS])
     b.raw_set_key(keys[N_QUEUE_KEYS], "oops")
     before = b.snapshot()
-    for argv in [("pushp", "z", "pz"), ("nextp", 1, LONG, BUDGET, 0, 1), ("ackp", "a*1.1.1")]:
+    calls = [
+        ("pushp", "z", "pz"),
+        ("nextp", 1, LONG, BUDGET, 0, 1),
+        ("nextp_packed", 1, LONG, BUDGET, 0, 1),
+        ("ackp", "a*1.1.1"),
+    ]
+    for argv in calls:
         with pytest.raises(ReplyError) as caught:
             b.call_keys(keys, *argv)
         assert caught.value.code == "ROTATOR_WRONGTYPE", argv
