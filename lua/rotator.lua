@@ -386,8 +386,9 @@ COMMANDS (ARGV[1]; numbers are decimal integers)
     errors: ROTATOR_BADARG, ROTATOR_BADID, ROTATOR_TOOMANY
   nextp COUNT LEASE_MS BUDGET MAX_DELIVERIES DROP [ACK_TOKEN ...]   (KEYS 1..14, or 1..15)
     next, with each job's payload read from KEYS[14] in the same call. DROP 1 deletes the
-    payloads (and stats) of the ACK_TOKENs accepted (a plain queue: no batch acks, each
-    job's id is needed); 0 keeps them (a topic group). With KEYS[15]: notes each delivery (count and time) in the job's stats.
+    payloads (and stats) of the ACK_TOKENs accepted (a plain queue: batch acks must name
+    their jobs, as ackp takes them); 0 keeps them (a topic group). With KEYS[15]: notes each
+    delivery (count and time) in the job's stats.
     reply: {idle, wait_ms, acked, token1, reclaimed1, payload1, ...}; payload nil if none
     errors: ROTATOR_BADARG, ROTATOR_BADTOKEN, ROTATOR_TOOMANY
   nextp_packed COUNT LEASE_MS BUDGET MAX_DELIVERIES DROP [ACK_TOKEN ...]
@@ -399,13 +400,20 @@ COMMANDS (ARGV[1]; numbers are decimal integers)
       each later delivery as in nextp
     errors: as nextp
   ackp TOKEN [TOKEN ...]                                            (KEYS 1..14, or 1..15)
-    ack (no batch acks), and deletes the payloads (and stats) of the accepted tokens' ids,
-    or, for an id pushed more than once, counts one copy less (the payload stays for the
-    others). A token acked again while its ack is in a done set deletes nothing more (one
-    sent again after the walk removed its lease is not told apart: with two copies of an id
-    queued, it may take the other's payload).
-    reply: number accepted
-    errors: ROTATOR_BADTOKEN, ROTATOR_TOOMANY
+    ack, and deletes the payloads (and stats) of the accepted tokens' ids, or, for an id
+    pushed more than once, counts one copy less (the payload stays for the others). A token
+    acked again while its ack is in a done set deletes nothing more (one sent again after
+    the walk removed its lease is not told apart: with two copies of an id queued, it may
+    take the other's payload). A TOKEN may be a named batch ack: the packed element
+    "*<deadline>.1.<seq>*<id1>*<id2>..." a next_packed or nextp_packed reply sent. It is
+    accepted as that batch's batch ack (see ack) when that very element is in the lease
+    list, within LIMIT.named_look (100) elements of either end, so the ids are the batch's
+    own; otherwise refused (ack the tokens). Its payloads go the first time it is accepted;
+    sent again before the walk removed the element, it deletes nothing more. At most 5000
+    jobs named per call, tokens and named ids together.
+    reply: number accepted (a named batch ack counts once)
+    errors: ROTATOR_BADTOKEN (a bare batch ack "*<stamp>/<jobs>" too: the ids are needed),
+      ROTATOR_TOOMANY
   pushi ID [ID ...]                                                 (KEYS 1..15)
     push, and starts each id's stats (enqueued now, no deliveries): a queue with stats but
     without payloads.
@@ -609,6 +617,9 @@ local LIMIT = {
   -- A batch ack "*<deadline>.1.<call seq>/<jobs>": a batch name of at most stamp_bytes, "/"
   -- and the at most 4 digits of a job count (LIMIT.count), with room to spare.
   batch_ack_bytes = 60,
+  -- A named batch ack "*<deadline>.1.<call seq>*<id>*<id>..." (the packed element itself)
+  -- is looked for among this many elements at each end of the lease list (LPOS MAXLEN).
+  named_look = 100,
   -- A token's seq ends in the job's place in its call, zero-padded: 5 digits hold any place
   -- a call gives out (at most LIMIT.count); place_format writes that width.
   place_digits = 5,
@@ -655,6 +666,10 @@ local UNIQUE
 -- The call drops what an ack completes (ackp, nextp DROP 1): ack_tokens then returns only the
 -- tokens acked for the first time, so an ack sent twice drops nothing twice.
 local FRESH_ACKS
+-- The call names its batch acks (ackp, nextp DROP 1): check_tokens turned each named batch ack
+-- into its batch ack "<batch>/<jobs>" and keeps here what it named (the packed element); the
+-- ids of those accepted for the first time go to NAMED_IDS, whose payloads are dropped.
+local NAMED, NAMED_IDS
 local T, NGROUPS
 -- Zero-padded places ("00042"), each formatted once: a token's seq is the call's first visit
 -- number followed by the job's place in the call's batch (or among the call's later
@@ -765,25 +780,70 @@ function M.check_ids(first)
 end
 
 -- Tokens (and, where `batches` allows, batch acks) are only checked for their shape here;
--- nothing parses their numbers.
+-- nothing parses their numbers. `batches` 'named': batch acks must name their jobs (a call
+-- that drops payloads needs the ids), each one turned into its batch ack here (see NAMED).
 function M.check_tokens(first, required, batches)
   if required and #A < first then M.refuse('ROTATOR_BADTOKEN', 'no token given') end
   M.check_count(first, 'tokens')
   local find, byte, BYTE_STAR = string.find, string.byte, BYTE_STAR
+  local named = {}
   for i = first, #A do
     local token = A[i]
     -- A plain search for "*" (memchr), then a pattern over the short stamp only.
     local star = find(token, '*', 2, true)
     if not star or star > LIMIT.id_bytes + 1 or #token - star > LIMIT.stamp_bytes
         or byte(token) == BYTE_STAR or not find(token, '^%d+%.%d+%.%d+$', star + 1) then
-      local jobs = batches and #token <= LIMIT.batch_ack_bytes
-        and string.match(token, '^%*%d+%.1%.%d+/(%d+)$')
+      local jobs
+      if batches == 'named' then
+        jobs = M.name_batch(token, star)
+        if jobs then named[i] = jobs end
+      else
+        jobs = batches and #token <= LIMIT.batch_ack_bytes
+          and string.match(token, '^%*%d+%.1%.%d+/(%d+)$')
+      end
       if not jobs or tonumber(jobs) < 1 or tonumber(jobs) > LIMIT.count then
         M.refuse('ROTATOR_BADTOKEN', (batches and 'not a delivery token or batch ack: '
           or 'not a delivery token: ') .. M.printable(token))
       end
     end
   end
+  local ids = #A - first + 1
+  for _, jobs in pairs(named) do ids = ids + jobs - 1 end
+  if ids > LIMIT.batch then -- (their payloads are looked up in one call)
+    M.refuse('ROTATOR_TOOMANY', 'at most ' .. LIMIT.batch .. ' jobs named per call, got ' .. ids)
+  end
+  -- (rewritten once every argument passed: a refused call leaves A as it came)
+  for i = first, #A do
+    local jobs = named[i]
+    if jobs then M.rename_batch_ack(i, jobs) end
+  end
+end
+
+-- A[i], a named batch ack of `jobs` jobs, becomes its batch ack (see NAMED).
+function M.rename_batch_ack(i, jobs)
+  local batch = string.sub(A[i], 1, string.find(A[i], '*', 2, true) - 1)
+  NAMED = NAMED or {}
+  NAMED[batch .. '/' .. jobs] = A[i]
+  A[i] = batch .. '/' .. jobs
+end
+
+-- The job count of a named batch ack "*<deadline>.1.<call seq>*<id>*<id>..." (`star`: its
+-- second "*"), nil when it is not one: a batch name, then 1..LIMIT.count valid ids whose
+-- bytes stay within what one call's batch may hold.
+function M.name_batch(token, star)
+  if not star or star - 1 > LIMIT.stamp_bytes or not string.find(token, '^%*%d+%.1%.%d+%*')
+      or #token - star > LIMIT.batch_bytes + LIMIT.id_bytes + LIMIT.count then
+    return nil
+  end
+  local jobs = 0
+  for id in string.gmatch(string.sub(token, star + 1), '[^*]+') do
+    if #id > LIMIT.id_bytes then return nil end
+    jobs = jobs + 1
+  end
+  -- (an empty id, "**" or an ending "*", shows as a star too many)
+  local stars = select(2, string.gsub(token, '%*', ''))
+  if jobs < 1 or jobs > LIMIT.count or stars ~= jobs + 1 then return nil end
+  return jobs
 end
 
 -- Splits "<id>*<deadline>.<n>.<seq>"; nil for anything that is not a well-formed lease.
@@ -1207,6 +1267,7 @@ end
 function M.ack_tokens(first, ring_length, sides)
   if #A < first or ring_length == 0 then return 0 end
   local refused = M.refused_among(first, sides)
+  if NAMED then M.check_named(first, refused, sides) end
   local accepted, batch_names, batch_marks, touched = {}, {}, {}, {}
   local n = 0
   for i = first, #A do
@@ -1239,7 +1300,48 @@ function M.ack_tokens(first, ring_length, sides)
   return n, accepted
 end
 
--- Of `tokens`, those in neither done set: acked now for the first time.
+-- The named batch acks (see NAMED) not refused yet: refused unless their packed element is
+-- in the lease list as named, near one of its ends (LIMIT.named_look elements), so the ids
+-- are the batch's own; the ids of those not acked whole before (no "a" mark) go to
+-- NAMED_IDS. A batch acked and removed before is not found: its ack is refused, and the
+-- client acks token by token.
+function M.check_named(first, refused, sides)
+  local batches, acks, seen = {}, {}, {}
+  for i = first, #A do
+    local ack = A[i]
+    local element = NAMED[ack]
+    if element and not refused[ack] and not seen[ack] then
+      seen[ack] = true
+      if not rcall('LPOS', K.leases, element, 'MAXLEN', LIMIT.named_look)
+          and not rcall('LPOS', K.leases, element, 'RANK', -1, 'MAXLEN', LIMIT.named_look) then
+        refused[ack] = true
+      else
+        batches[#batches + 1], acks[#batches + 1] = M.split_batch_ack(ack), ack
+      end
+    end
+  end
+  local before = {}
+  for _, key in ipairs({ K.marks, K.marks_old }) do
+    if #batches > 0 and (sides[key] or 0) > 0 then
+      local marks = M.hmget_all(key, batches)
+      for i = 1, #batches do
+        if marks[i] and string.byte(marks[i]) == BYTE_A then before[i] = true end
+      end
+    end
+  end
+  for i = 1, #batches do
+    if not before[i] then
+      local element = NAMED[acks[i]]
+      for id in string.gmatch(string.sub(element, #batches[i] + 2), '[^*]+') do
+        NAMED_IDS[#NAMED_IDS + 1] = id
+      end
+    end
+  end
+end
+
+-- Of `tokens`, those in neither done set, nor of a batch acked whole (an "a" mark: a named
+-- batch ack took its payloads, and a client whose other batch ack was refused sends the
+-- tokens of both): acked now for the first time.
 function M.not_acked_yet(tokens, sides)
   local fresh, seen = {}, {}
   for _, key in ipairs({ K.done, K.done_old }) do
@@ -1247,6 +1349,22 @@ function M.not_acked_yet(tokens, sides)
       local flags = rcall('SMISMEMBER', key, unpack(tokens))
       for i = 1, #flags do
         if flags[i] == 1 then seen[tokens[i]] = true end
+      end
+    end
+  end
+  local batches, of = {}, {}
+  for i = 1, #tokens do
+    local batch = M.batch_of(tokens[i])
+    if batch and not of[batch] then batches[#batches + 1], of[batch] = batch, {} end
+    if batch then table.insert(of[batch], tokens[i]) end
+  end
+  for _, key in ipairs({ K.marks, K.marks_old }) do
+    if #batches > 0 and (sides[key] or 1) > 0 then
+      local marks = M.hmget_all(key, batches)
+      for j = 1, #batches do
+        if marks[j] and string.byte(marks[j]) == BYTE_A then
+          for _, token in ipairs(of[batches[j]]) do seen[token] = true end
+        end
       end
     end
   end
@@ -2675,7 +2793,7 @@ function M.fast_lease(first, count, lease, budget, compact, state)
   if marked[1] + marked[2] + marked[3] + marked[4] ~= 0 then return nil end
   local now, seq = state.now, meta.seq
   -- The acks: batch acks of distinct batches, every one accepted.
-  local jobs_of, names = {}, {}
+  local jobs_of, names, named_ids = {}, {}, {}
   for i = first, #A do
     local arg = A[i]
     if string.byte(arg) ~= BYTE_STAR then return nil end
@@ -2708,8 +2826,13 @@ function M.fast_lease(first, count, lease, budget, compact, state)
       local batch = string.sub(element, 1, star - 1)
       local jobs = jobs_of[batch]
       if not jobs or not M.own_deadline(element, batch) then return nil end
+      -- A named batch ack names this very element (no marks: acked for the first time).
+      if NAMED and NAMED[batch .. '/' .. jobs] ~= element then return nil end
       local ids = 0
-      for _ in string.gmatch(string.sub(element, #batch + 2), '[^*]+') do ids = ids + 1 end
+      for id in string.gmatch(string.sub(element, #batch + 2), '[^*]+') do
+        ids = ids + 1
+        if NAMED then named_ids[#named_ids + 1] = id end
+      end
       if ids ~= jobs then return nil end
       jobs_of[batch] = nil -- (each batch once)
       bytes = bytes + #element
@@ -2769,6 +2892,7 @@ function M.fast_lease(first, count, lease, budget, compact, state)
     if bytes >= most then break end
   end
   -- Writes (the walk's finish_walk, note_leases and write_meta, in that order).
+  NAMED_IDS = named_ids
   local leased = #batch
   local deadline = now + lease
   local first_stamp = '*' .. deadline .. '.1.' .. seq
@@ -3607,19 +3731,42 @@ function M.define_extensions()
   -- Deletes the payloads (and item stats) of the jobs whose tokens were accepted as acked,
   -- but of an id with copies still in the queue only one copy's count.
   function M.forget(accepted)
-    local ids = M.token_ids(accepted)
+    local ids = M.token_ids(accepted or {})
+    for i = 1, #NAMED_IDS do ids[#ids + 1] = NAMED_IDS[i] end
+    if #ids == 0 then return end
     local fields = {}
     for i = 1, #ids do fields[i] = M.copies_field(ids[i]) end
     local copies = rcall('HMGET', K.payloads, unpack(fields))
+    -- An id may come more than once (two copies acked in one call): each takes one copy
+    -- from what is left, the last one the payload.
+    local left, was = {}, {}
+    for i = 1, #ids do
+      was[fields[i]] = tonumber(copies[i]) or 0
+      left[fields[i]] = was[fields[i]]
+    end
     local gone = {}
     for i = 1, #ids do
-      if copies[i] then
-        local left = rcall('HINCRBY', K.payloads, fields[i], -1)
-        if left <= 0 then rcall('HDEL', K.payloads, fields[i]) end
-      else
-        gone[#gone + 1] = ids[i]
+      local field = fields[i]
+      if left[field] > 0 then
+        left[field] = left[field] - 1
+      elseif left[field] == 0 then
+        gone[#gone + 1], left[field] = ids[i], -1 -- (once)
       end
     end
+    local counts, drops = {}, {}
+    for i = 1, #ids do
+      local field, n = fields[i], was[fields[i]]
+      if n > 0 and left[field] ~= n then
+        if left[field] > 0 then
+          counts[#counts + 1], counts[#counts + 2] = field, left[field]
+        else
+          drops[#drops + 1] = field
+        end
+        was[field] = left[field] -- (each field written once)
+      end
+    end
+    if #counts > 0 then rcall('HSET', K.payloads, unpack(counts)) end
+    if #drops > 0 then rcall('HDEL', K.payloads, unpack(drops)) end
     if #gone == 0 then return end
     rcall('HDEL', K.payloads, unpack(gone))
     if K.items then rcall('HDEL', K.items, unpack(gone)) end
@@ -3776,7 +3923,7 @@ function M.define_extensions()
     if K.items then M.read('HLEN', K.items) end
     -- Dropping payloads needs each acked job's id: batch acks only where they are kept.
     FRESH_ACKS = drop == 1
-    local reply, accepted = M.lease(7, drop == 0, compact)
+    local reply, accepted = M.lease(7, drop == 0 or 'named', compact)
     local at = compact and 5 or 4 -- the first token in reply
     local out = { unpack(reply, 1, at - 1) }
     local ids, packed = M.leased_ids(reply, compact)
@@ -3791,7 +3938,7 @@ function M.define_extensions()
       end
     end
     M.delivered(reply, ids, packed, at)
-    if drop == 1 and accepted and #accepted > 0 then M.forget(accepted) end
+    if drop == 1 then M.forget(accepted) end
     M.add_durations(times)
     return out
   end
@@ -3806,14 +3953,14 @@ function M.define_extensions()
 
   function M.ackp()
     local times = M.durations_arg(2)
-    M.check_tokens(2, true, false)
+    M.check_tokens(2, true, 'named')
     local sides = M.ack_sides()
     M.read('HLEN', K.payloads)
     if K.items then M.read('HLEN', K.items) end
     FRESH_ACKS = true
     local n, accepted = M.ack_tokens(2, sides.length, sides)
     M.write_acked(sides)
-    if #accepted > 0 then M.forget(accepted) end
+    M.forget(accepted)
     M.add_durations(times)
     return n
   end
@@ -4479,6 +4626,7 @@ end
 local function main(keys, args)
   -- The call state of section 2: bound here, once per call, and nowhere else.
   UNIQUE, FRESH_ACKS = args[1] == 'unique', false
+  NAMED, NAMED_IDS = nil, {}
   if UNIQUE then
     args = { unpack(args, 2) }
     local pushes = { push = 1, pushi = 1, push_later = 1, push_priority = 1, pushp = 1,

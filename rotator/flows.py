@@ -250,12 +250,9 @@ class QueueFlows:
         return keep, finished
 
     def pack(self, refs: Sequence[JobRef]) -> protocol.PackedAcks:
-        """Whole batches as batch acks, except where an ack must name each job (to delete
-        its payload)."""
-        if self.extended and self.drop_payloads:
-            tokens = protocol.encode_tokens(refs)
-            return protocol.PackedAcks(tokens, False, len(set(tokens)))
-        return self.batches.pack_refs(refs)
+        """Whole batches as batch acks; named ones where the module drops the payloads of
+        what is acked (it needs the ids)."""
+        return self.batches.pack_refs(refs, named=self.extended and self.drop_payloads)
 
     def ack_refs(self, refs: Sequence[JobRef], *, pack: bool) -> Flow[int]:
         if pack:

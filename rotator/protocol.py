@@ -158,8 +158,9 @@ class Batches:
             while len(self._sizes) > self._limit:
                 self._sizes.pop(next(iter(self._sizes)))
 
-    def pack_refs(self, refs: Sequence[JobRef]) -> PackedAcks:
-        """The acks for ``refs``: a batch among them as its batch ack, the rest as tokens."""
+    def pack_refs(self, refs: Sequence[JobRef], *, named: bool = False) -> PackedAcks:
+        """The acks for ``refs``: a batch among them as its batch ack, the rest as tokens.
+        ``named``: a batch ack names its jobs (see :func:`batch_ack`)."""
         first = refs[0] if refs else None
         if isinstance(first, Job) and first.deliveries == 1:
             token = first.token
@@ -170,12 +171,14 @@ class Batches:
             # Taken: a batch is acked whole once (threads may share this client).
             if size and len(refs) >= size and all(map(is_, jobs, refs)) and self._take(stamp):
                 # (a job of the batch named again is acked by the batch ack alone)
-                own = set(encode_tokens(jobs))
-                rest = [token for token in encode_tokens(refs[size:]) if token not in own]
-                named = size if not rest else len(set(encode_tokens(jobs)).union(rest))
-                return PackedAcks([*self.pack(rest), b"*%s/%d" % (stamp, size)], True, named)
+                own = encode_tokens(jobs)
+                mine = set(own)
+                rest = [token for token in encode_tokens(refs[size:]) if token not in mine]
+                count = size if not rest else len(mine.union(rest))
+                ack = batch_ack(stamp, own, named=named)
+                return PackedAcks([*self.pack(rest, named=named), ack], True, count)
         tokens = encode_tokens(refs)
-        args = self.pack(tokens)
+        args = self.pack(tokens, named=named)
         return PackedAcks(args, args is not tokens, len(set(tokens)))
 
     def _take(self, stamp: bytes) -> bool:
@@ -184,9 +187,9 @@ class Batches:
             self._jobs.pop(stamp, None)
             return self._sizes.pop(stamp, None) is not None
 
-    def pack(self, tokens: list[bytes]) -> list[bytes]:
-        """``tokens`` with every whole batch among them replaced by its batch ack; the very
-        list given when there is none."""
+    def pack(self, tokens: list[bytes], *, named: bool = False) -> list[bytes]:
+        """``tokens`` with every whole batch among them replaced by its batch ack (``named``:
+        naming its jobs); the very list given when there is none."""
         sizes = self._sizes
         if not sizes:
             return tokens
@@ -207,7 +210,23 @@ class Batches:
         if not whole:
             return tokens
         rest = [token for stamp, token in zip(stamps, tokens, strict=True) if stamp not in whole]
-        return rest + [b"*%s/%d" % (stamp, size) for stamp, size in whole.items()]
+        return rest + [
+            batch_ack(stamp, sorted(groups[stamp], key=place), named=named) for stamp in whole
+        ]
+
+
+def batch_ack(stamp: bytes, tokens: Sequence[bytes], *, named: bool = False) -> bytes:
+    """The batch ack of a whole batch, given its jobs' tokens in their order:
+    ``*<stamp>/<jobs>``, or ``named``, the batch's packed element ``*<stamp>*<id>*<id>...``
+    (a call that drops payloads needs the ids; the module finds that very element)."""
+    if not named:
+        return b"*%s/%d" % (stamp, len(tokens))
+    return b"*%s*%s" % (stamp, b"*".join(token[: token.find(b"*")] for token in tokens))
+
+
+def place(token: bytes) -> bytes:
+    """A first delivery's place in its batch: the token's last 5 digits."""
+    return token[-5:]
 
 
 _PACKED_BATCH = re.compile(rb"\*[0-9]+\.1\.[0-9]+")

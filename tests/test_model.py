@@ -1530,6 +1530,164 @@ def test_a_tracked_queue_behaves_like_the_id_model(server: ServerProcess) -> Non
         run_state_machine_as_test(tracked_on(client), settings=TRACKED_PROFILE)
 
 
+# -- a queue with payloads: each delivery carries its id's payload, acks take it once ----------
+
+PAYLOAD_IDS = st.lists(st.sampled_from(["a", "b", "c", "d", "e"]), min_size=1, max_size=4)
+
+
+class PayloadMachine(RuleBasedStateMachine):
+    """A queue with payloads through the Python API on the clocked module, against an
+    id-level model: the payload last pushed with each id, and the copies of it queued or in
+    flight. Pushes (an id pushed again adds a copy and replaces the payload), claims whose
+    acks ride on them (the oldest batch held, whole: a named batch ack), acks of a whole
+    batch (named) or job by job (tokens, once the batch's lease may have run out), an ack
+    sent again at once (a retried call whose reply was lost), clock moves past leases (whole
+    batches reclaimed), and sweeps.
+
+    Compared exactly: every delivery's payload is the one last pushed with its id; after
+    every step the payloads hash holds exactly the ids with a copy left, each with its
+    payload, and "<id>*" counts the copies beyond the first; acks of a young batch are
+    accepted whole. At teardown, drained: the hash is empty."""
+
+    client: redis.Redis  # set by payloads_on()
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.admin = self.client
+        self.failed = False
+        self.now = START_MS
+        self.q = clocked_rotator(
+            self.admin, f"p-{uuid.uuid4().hex[:12]}", timeout=LEASE_MS / 1000, payloads=True
+        )
+        set_clock(self.admin, self.q, START_MS)
+        self.payload: dict[str, bytes] = {}  # the payload each queued id is delivered with
+        self.copies: Counter[str] = Counter()  # copies queued or in flight, by id
+        self.held: list[list[Job]] = []  # each claim's deliveries, oldest first
+        self.versions = 0
+        self.last_acked: list[Job] = []  # acked by the last step, if it was an ack
+
+    def teardown(self) -> None:
+        try:
+            if not self.failed:
+                self.drain()
+        finally:
+            self.admin.delete(*self.q.keys.all)
+
+    def drain(self) -> None:
+        self.tick(LIVENESS_JUMP_MS)
+        self.held = []
+        for _ in range(200):
+            jobs = self.claimed(50, [])
+            if not jobs:
+                break
+            assert self.q.ack(*jobs) == len(jobs)
+            self.completed(jobs)
+        else:
+            raise AssertionError("the queue never drained")
+        assert +self.copies == Counter()
+        assert self.admin.exists(self.q.keys.payloads) == 0
+
+    def tick(self, ms: int) -> None:
+        self.now += ms
+        set_clock(self.admin, self.q, self.now)
+
+    def claimed(self, count: int, acks: list[Job]) -> list[Job]:
+        jobs = self.q.next(count, ack=acks)
+        for job in jobs:
+            assert job.payload == self.payload[job.id], (job, self.payload.get(job.id))
+        return jobs
+
+    def completed(self, jobs: list[Job]) -> None:
+        for job in jobs:
+            self.copies[job.id] -= 1
+            assert self.copies[job.id] >= 0, job
+            if self.copies[job.id] == 0:
+                del self.payload[job.id]
+
+    def young(self, jobs: list[Job]) -> bool:
+        return all(job.deadline_ms > self.now for job in jobs)
+
+    @rule(ids=PAYLOAD_IDS)
+    @checked
+    def push(self, ids: list[str]) -> None:
+        self.last_acked = []
+        for job_id in ids:  # one call each: a call's payloads are one per id
+            self.versions += 1
+            body = f"{job_id}-v{self.versions}".encode()
+            assert self.q.push_payloads({job_id: body}) == 1
+            self.payload[job_id] = body
+            self.copies[job_id] += 1
+
+    @rule(count=st.integers(1, 4), ack_oldest=st.booleans())
+    @checked
+    def claim(self, count: int, ack_oldest: bool) -> None:
+        acks: list[Job] = []
+        if ack_oldest and self.held and self.young(self.held[0]):
+            acks = self.held.pop(0)  # young: the named batch ack is accepted whole
+        jobs = self.claimed(count, acks)
+        self.completed(acks)
+        self.last_acked = []
+        if jobs:
+            self.held.append(jobs)
+
+    @precondition(lambda self: bool(self.held))
+    @rule(pick=st.integers(0, 10))
+    @checked
+    def ack(self, pick: int) -> None:
+        jobs = self.held.pop(pick % len(self.held))
+        if self.young(jobs):
+            assert self.q.ack(*jobs) == len(jobs)
+            self.completed(jobs)
+            self.last_acked = jobs
+            return
+        # Its lease may have run out, and the walk may have given the jobs to another claim:
+        # each token tells.
+        for job in jobs:
+            if self.q.ack(job) == 1:
+                self.completed([job])
+        self.last_acked = []
+
+    @precondition(lambda self: bool(self.last_acked))
+    @rule()
+    @checked
+    def ack_again(self) -> None:
+        """The same ack once more, before anything else ran (a retry after a lost reply):
+        accepted, and it takes no payload of a copy left."""
+        assert self.q.ack(*self.last_acked) == len(self.last_acked)
+
+    @rule(ms=st.sampled_from([1, 300, LEASE_MS + 1, 3 * LEASE_MS]))
+    @checked
+    def advance(self, ms: int) -> None:
+        self.tick(ms)
+
+    @rule()
+    @checked
+    def sweep(self) -> None:
+        self.last_acked = []
+        self.q.sweep()
+
+    @invariant()
+    def the_payloads_hash_holds_each_queued_id_with_its_payload(self) -> None:
+        stored = self.admin.hgetall(self.q.keys.payloads)
+        expected: dict[bytes, bytes] = {}
+        for job_id, copies in self.copies.items():
+            if copies > 0:
+                expected[job_id.encode()] = self.payload[job_id]
+            if copies > 1:
+                expected[f"{job_id}*".encode()] = str(copies - 1).encode()
+        assert stored == expected
+
+
+def payloads_on(client: redis.Redis) -> type[PayloadMachine]:
+    return type("PayloadMachineOnServer", (PayloadMachine,), {"client": client})
+
+
+@pytest.mark.timeout(MACHINE_TIMEOUT_S)
+def test_a_payload_queue_behaves_like_the_payload_model(server: ServerProcess) -> None:
+    with server.client() as client:
+        run_state_machine_as_test(payloads_on(client), settings=TRACKED_PROFILE)
+
+
 # -- arbitrary bytes in the ring -------------------------------------------------------------
 
 

@@ -240,3 +240,32 @@ def test_a_payload_queue_batch_comes_packed_and_its_acks_drop_each_payload(
     assert len(stamps) == 1  # one call's batch, as a plain queue's next_packed gives it
     assert q.next(5, ack=jobs) == []
     assert q.client.exists(q.keys.payloads) == 0
+
+
+def test_a_batch_too_deep_in_the_lease_list_to_be_found_is_acked_token_by_token(
+    redis_server: ServerProcess, queue_name: str
+) -> None:
+    """The module looks for a named batch ack's element within 100 elements of either end of
+    the lease list; a batch held while more than that were leased on both sides of it is
+    refused by name, and the client acks it token by token: its payloads go all the same."""
+    q = Rotator(redis_server.client(), queue_name, payloads=True)
+    q.push_payloads({f"j{i}": b"p" for i in range(300)})
+    before = [q.next(1) for _ in range(101)]
+    held = q.next(2)
+    after = [q.next(1) for _ in range(101)]
+    calls = calls_made(q)
+    assert q.ack(*held) == 2
+    assert calls_made(q) - calls == 2  # by name (refused), then by tokens
+    remaining = q.client.hkeys(q.keys.payloads)
+    assert {job.id.encode() for job in held}.isdisjoint(remaining)
+    assert len(remaining) == 300 - 2
+    assert q.ack(*[job for jobs in before + after for job in jobs]) == 202
+    assert q.client.hlen(q.keys.payloads) == 300 - 204
+
+
+def calls_made(q: Rotator) -> int:
+    """Module calls the server has run so far (FCALL and EVALSHA)."""
+    stats = q.client.info("commandstats")
+    return sum(
+        int(stats.get(f"cmdstat_{name}", {}).get("calls", 0)) for name in ("fcall", "evalsha")
+    )

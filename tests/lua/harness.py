@@ -157,6 +157,7 @@ class RedisStub:
             b"LRANGE": (4, self._lrange),
             b"LTRIM": (4, self._ltrim),
             b"LINDEX": (3, self._lindex),
+            b"LPOS": (-3, self._lpos),
             b"LSET": (4, self._lset),
             b"LPUSH": (-3, self._lpush),
             b"RPUSH": (-3, self._rpush),
@@ -292,6 +293,36 @@ class RedisStub:
             items[:] = [] if span is None else items[span[0] : span[1] + 1]
             self._vacuum(args[0])
         return Status(b"OK")
+
+    def _lpos(self, args: list[bytes]) -> Reply:
+        """LPOS key element [RANK r] [MAXLEN m] (COUNT, which rotator never sends, is not
+        here): the head-based index of the first match found, or nil."""
+        rank, maxlen = 1, 0
+        options = args[2:]
+        if len(options) % 2:
+            raise CommandError("ERR syntax error")
+        for name, value in zip(options[::2], options[1::2], strict=True):
+            if name.upper() == b"RANK":
+                rank = parse_int(value)
+                if rank == 0:
+                    raise CommandError("ERR RANK can't be zero")
+            elif name.upper() == b"MAXLEN":
+                maxlen = parse_int(value)
+                if maxlen < 0:
+                    raise CommandError("ERR MAXLEN can't be negative")
+            else:
+                raise StubError(f"the Redis stub's LPOS does not take {name!r}; add it with tests")
+        items = self._list(args[0]) or []
+        order = range(len(items)) if rank > 0 else range(len(items) - 1, -1, -1)
+        skip = abs(rank) - 1
+        for compared, index in enumerate(order, 1):
+            if maxlen and compared > maxlen:
+                break
+            if items[index] == args[1]:
+                if skip == 0:
+                    return index
+                skip -= 1
+        return None
 
     def _lindex(self, args: list[bytes]) -> Reply:
         index = parse_int(args[1])

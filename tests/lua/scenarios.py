@@ -1999,6 +1999,105 @@ def nextp_packed_notes_each_delivery_in_the_item_stats(b: Backend) -> None:
     assert stats[1] is None  # b: acked, its stats gone
 
 
+def named(packed: str) -> str:
+    """The named batch ack of a packed batch: the packed element itself."""
+    return packed
+
+
+@scenario
+def a_named_batch_ack_drops_its_jobs_payloads_once(b: Backend) -> None:
+    keys = payload_keys(b)
+    assert b.call_keys(keys, "pushp", "a", "pa", "b", "pb", "c", "pc") == 3
+    assert b.call_keys(keys, "pushp", "a", "pa") == 1  # a second copy of "a"
+    first = nextp_packed(b, keys, 2)
+    element = str(first[3])
+    assert element.split("*")[2:] == ["a", "b"]
+    assert b.call_keys(keys, "ackp", named(element)) == 1
+    assert b.key_state(keys[N_QUEUE_KEYS]) == ("hash", {"a": "pa", "c": "pc"})  # a's copy
+    # Sent again (a retried call) while the element waits for its walk: accepted, and drops
+    # nothing more (the other copy of "a" keeps its payload).
+    assert b.call_keys(keys, "ackp", named(element)) == 1
+    assert b.key_state(keys[N_QUEUE_KEYS]) == ("hash", {"a": "pa", "c": "pc"})
+    second = nextp_packed(b, keys, 10)
+    assert str(second[3]).split("*")[2:] == ["c", "a"]
+    assert second[4:6] == ["pc", "pa"]
+    # Riding on a claim, after the walk took the first batch away: not found, so refused.
+    third = nextp_packed(b, keys, 10, named(str(second[3])), named(element))
+    assert third[2] == 1
+    assert b.key_state(keys[N_QUEUE_KEYS]) == ("none", None)
+
+
+@scenario
+def two_copies_of_an_id_acked_in_one_call_take_its_payload(b: Backend) -> None:
+    """Found by the payload model: the copies count was read once for both, so the second
+    copy's ack took the count again and the payload stayed for good."""
+    keys = payload_keys(b)
+    for _ in range(2):
+        assert b.call_keys(keys, "pushp", "a", "pa") == 1
+    assert b.call_keys(keys, "pushp", "b", "pb") == 1
+    element = str(nextp_packed(b, keys, 3)[3])
+    assert element.split("*")[2:] == ["a", "a", "b"]
+    first, second, _ = packed_tokens(element)
+    assert b.call_keys(keys, "ackp", first, second) == 2
+    assert b.key_state(keys[N_QUEUE_KEYS]) == ("hash", {"b": "pb"})
+    for _ in range(3):
+        assert b.call_keys(keys, "pushp", "c", "pc") == 1
+    again = str(nextp_packed(b, keys, 3)[3])
+    assert b.call_keys(keys, "ackp", again) == 1  # by name: c, c, c
+    assert b.key_state(keys[N_QUEUE_KEYS]) == ("hash", {"b": "pb"})
+
+
+@scenario
+def tokens_of_a_batch_acked_by_name_drop_no_payload_again(b: Backend) -> None:
+    """A client whose other batch ack was refused sends every token of the call: those of a
+    batch its named ack already completed leave the payload of a copy pushed since alone."""
+    keys = payload_keys(b)
+    assert b.call_keys(keys, "pushp", "a", "p1", "b", "pb") == 2
+    element = str(nextp_packed(b, keys, 2)[3])
+    assert b.call_keys(keys, "ackp", element) == 1
+    assert b.call_keys(keys, "pushp", "a", "p2") == 1  # pushed again, a new payload
+    assert b.call_keys(keys, "ackp", *packed_tokens(element)) == 2
+    assert b.key_state(keys[N_QUEUE_KEYS]) == ("hash", {"a": "p2"})
+    again = nextp_packed(b, keys, 5)
+    assert str(again[3]).split("*")[2:] == ["a"]
+    assert again[4] == "p2"
+
+
+@scenario
+def a_named_batch_ack_that_names_other_ids_is_refused_and_changes_nothing(b: Backend) -> None:
+    keys = payload_keys(b)
+    assert b.call_keys(keys, "pushp", "a", "pa", "b", "pb", "x", "px") == 3
+    element = str(nextp_packed(b, keys, 2)[3])
+    stamp = element.split("*")[1]
+    before = b.snapshot()
+    for forged in (f"*{stamp}*a*x", f"*{stamp}*b*a", f"*{stamp}*a"):
+        assert b.call_keys(keys, "ackp", forged) == 0, forged
+        assert b.snapshot() == before, forged
+    # Only a batch ack that names its jobs: the bare one, or a malformed one, is refused.
+    for bad in (f"*{stamp}/2", f"*{stamp}*a**b", f"*{stamp}*a*b*", f"*{stamp}*"):
+        expect_error(b, "ROTATOR_BADTOKEN", "ackp", bad, keys=keys)
+        expect_error(b, "ROTATOR_BADTOKEN", "nextp_packed", 1, LONG, BUDGET, 0, 1, bad, keys=keys)
+    too_many = [f"*{stamp}*" + "*".join(f"i{k}" for k in range(1000))] * 6
+    expect_error(b, "ROTATOR_TOOMANY", "ackp", *too_many, keys=keys)
+    assert b.call_keys(keys, "ackp", element) == 1
+    assert b.key_state(keys[N_QUEUE_KEYS]) == ("hash", {"x": "px"})
+
+
+@scenario
+def a_named_batch_ack_of_an_expired_batch_is_refused(b: Backend) -> None:
+    keys = payload_keys(b)
+    assert b.call_keys(keys, "pushp", "a", "pa", "b", "pb") == 2
+    reply = b.call_keys(keys, "nextp_packed", 2, SHORT, BUDGET, 0, 1)
+    assert isinstance(reply, list)
+    element = str(reply[3])
+    b.sleep_ms(PAST_SHORT)
+    again = nextp_packed(b, keys, 2)  # re-leased to another consumer
+    assert str(again[3]) == ""
+    assert len(again) == 10  # two later deliveries
+    assert b.call_keys(keys, "ackp", element) == 0
+    assert b.key_state(keys[N_QUEUE_KEYS]) == ("hash", {"a": "pa", "b": "pb"})
+
+
 @scenario
 def an_ack_sent_twice_leaves_the_payload_of_another_copy(b: Backend) -> None:
     """Found by the conformance work: two copies of "a" queued, the first acked twice by

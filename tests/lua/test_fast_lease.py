@@ -45,19 +45,35 @@ def batch_ack(tokens: list[str]) -> str:
     return tokens[0][star:-5] + f"/{len(tokens)}"
 
 
+def named_ack(tokens: list[str]) -> str:
+    """The named batch ack of a call's first deliveries: its packed element."""
+    star = tokens[0].index("*")
+    return tokens[0][star:-5] + "".join("*" + t[: t.index("*")] for t in tokens)
+
+
 class Twins:
-    def __init__(self, walk_only: Path) -> None:
+    """``payloads``: a queue with payloads, called as the Python client calls one (pushp,
+    nextp_packed DROP 1 with named batch acks, ackp)."""
+
+    def __init__(self, walk_only: Path, payloads: bool = False) -> None:
         self.fast = Harness("fast-twin")
         self.walk = Harness("fast-twin", path=walk_only)
+        self.payloads = payloads
+        base = self.fast.keys[0].removesuffix(":ring")
+        self.payload_keys = [*self.fast.keys, f"{base}:payloads"]
         self.batches: list[list[str]] = []  # first deliveries of each call, newest last
         self.tokens: list[str] = []  # every token handed out, newest last
         self.shortcuts = 0
 
     def both(self, *argv: str | int) -> object:
         replies = []
+        extended = self.payloads and argv[0] in {"pushp", "nextp_packed", "ackp"}
         for harness in (self.fast, self.walk):
             try:
-                replies.append(("ok", text(harness.call(*argv))))
+                if extended:
+                    replies.append(("ok", text(harness.call_keys(self.payload_keys, *argv))))
+                else:
+                    replies.append(("ok", text(harness.call(*argv))))
             except ScriptError as error:
                 replies.append(("error", str(error)))
         assert replies[0] == replies[1], (argv, replies)
@@ -69,6 +85,21 @@ class Twins:
         self.walk.advance(ms)
 
     def next(self, count: int, acks: list[str], compact: bool) -> None:
+        if self.payloads:
+            reply = self.both("nextp_packed", count, LEASE_MS, 1000, 0, 1, *acks)
+            assert isinstance(reply, list)
+            element = reply[3]
+            assert isinstance(element, str)
+            if element:
+                star = element.index("*", 1)
+                stamp, ids = element[:star], element[star + 1 :].split("*")
+                assert reply[4 : 4 + len(ids)] == [f"p-{i}" for i in ids]
+                firsts = [f"{i}{stamp}{place:05d}" for place, i in enumerate(ids, 1)]
+                self.batches.append(firsts)
+                self.tokens += firsts
+                reply = reply[len(ids) :]
+            self.tokens += [str(t) for t in reply[4::3]]
+            return
         reply = self.both("next_packed" if compact else "next", count, LEASE_MS, 1000, 0, *acks)
         assert isinstance(reply, list)
         if compact:
@@ -99,12 +130,17 @@ def run(twins: Twins, program: list[Step]) -> None:
     for kind, a, b, flag in program:
         if kind == "push":
             n = a % 6 + 1
-            twins.both("push", *[f"job-{pushed + i}" for i in range(n)])
+            ids = [f"job-{pushed + i}" for i in range(n)]
+            if twins.payloads:
+                twins.both("pushp", *[part for i in ids for part in (i, f"p-{i}")])
+            else:
+                twins.both("push", *ids)
             pushed += n
         elif kind == "next":
             # Batch acks of the oldest calls not yet acked: what a worker sends most.
             chosen, twins.batches = twins.batches[:b], twins.batches[b:]
-            twins.next(a % 4 + 1, [batch_ack(batch) for batch in chosen], flag)
+            acked = named_ack if twins.payloads else batch_ack
+            twins.next(a % 4 + 1, [acked(batch) for batch in chosen], flag)
         elif kind == "advance":
             twins.advance(ADVANCES[a % len(ADVANCES)])
         elif kind == "sweep":
@@ -112,7 +148,7 @@ def run(twins: Twins, program: list[Step]) -> None:
         elif twins.tokens:
             token = twins.tokens[a % len(twins.tokens)]
             if kind == "ack_one":
-                twins.both("ack", token)
+                twins.both("ackp" if twins.payloads else "ack", token)
             elif kind == "nack":
                 twins.both("nack", 300 if flag else 0, token)
             else:
@@ -125,6 +161,34 @@ def test_the_short_way_writes_what_the_walk_writes(
     tmp_path_factory: pytest.TempPathFactory, program: list[Step]
 ) -> None:
     run(Twins(walk_only_module(tmp_path_factory.mktemp("fast"))), program)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(program=st.lists(step, min_size=1, max_size=120))
+def test_with_payloads_the_short_way_writes_what_the_walk_writes(
+    tmp_path_factory: pytest.TempPathFactory, program: list[Step]
+) -> None:
+    """The same, on a queue with payloads: named batch acks drop the same payloads either
+    way, and every payload delivered is the job's own."""
+    run(Twins(walk_only_module(tmp_path_factory.mktemp("fast")), payloads=True), program)
+
+
+def test_with_payloads_a_busy_queue_takes_the_short_way(tmp_path: Path) -> None:
+    twins = Twins(walk_only_module(tmp_path), payloads=True)
+    twins.both("pushp", *[part for i in range(300) for part in (f"j{i}", f"p-j{i}")])
+    for count in (1, 1, 100, 1, 50):
+        acks = [named_ack(b) for b in twins.batches]
+        twins.batches = []
+        before = len(twins.fast.stub.calls)
+        twins.next(count, acks, compact=True)
+        made = [c[0] for c in twins.fast.stub.calls[before:]]
+        assert made.count(b"LPOS") == 0, made  # the short way reads the element itself
+        assert made.count(b"HSET") == 1, made  # the meta hash only
+        twins.advance(10)
+    # Every payload acked is gone: 300 pushed, the calls of 1, 1, 100 and 1 acked.
+    assert sorted(twins.fast.stub.data[twins.payload_keys[-1].encode()]) == sorted(
+        f"j{i}".encode() for i in range(103, 300)
+    )
 
 
 def test_a_busy_queue_takes_the_short_way(tmp_path: Path) -> None:

@@ -36,8 +36,8 @@ def test_the_stub_implements_exactly_the_commands_the_module_calls() -> None:
 
 
 def test_an_unknown_command_fails_loudly_even_under_pcall() -> None:
-    script = _script("local r = redis.pcall('LPOS', KEYS[1], 'x') return 1")
-    with pytest.raises(StubError, match="LPOS"):
+    script = _script("local r = redis.pcall('LINSERT', KEYS[1], 'BEFORE', 'x', 'y') return 1")
+    with pytest.raises(StubError, match="LINSERT"):
         script.run([b"k"], [])
 
 
