@@ -264,6 +264,9 @@ class Report:
     cancel_states: dict[str, int] = field(default_factory=dict)  # found, by the state aimed at
     cancelled_ran: int = 0  # cancelled ids whose delivery before the cancel still ran to DONE
     after_cancel: list[str] = field(default_factory=list)
+    payload_run: bool = False  # every job carried its own body (see chaos_body)
+    bad_payloads: list[str] = field(default_factory=list)  # deliveries with another body
+    payloads_left: int = 0  # payload hash fields left once every job was acked
     quiescent: bool = False
     final: dict[str, int] = field(default_factory=dict)
     faults: dict[str, Any] = field(default_factory=dict)
@@ -281,6 +284,8 @@ class Report:
             or self.doubled
             or self.tick_spacing
             or self.after_cancel
+            or self.bad_payloads
+            or self.payloads_left
             or not self.quiescent
         )
 
@@ -311,6 +316,8 @@ class Report:
                 cancelled=self.cancelled,
                 after_cancel=len(self.after_cancel),
             )
+        if self.payload_run:
+            figures.update(bad_payloads=len(self.bad_payloads), payloads_left=self.payloads_left)
         return figures
 
     def summary(self) -> str:
@@ -352,6 +359,10 @@ class Report:
                 f"cancel_misses={self.cancel_misses} cancel_uncertain={self.cancel_uncertain} "
                 f"cancel_states={self.cancel_states} cancelled_ran={self.cancelled_ran} "
                 f"after_cancel={some(self.after_cancel)}"
+            )
+        if self.payload_run:
+            lines.append(
+                f"  bad_payloads={some(self.bad_payloads)} payloads_left={self.payloads_left}"
             )
         if self.notes:
             lines.append(f"  notes={self.notes}")
@@ -426,6 +437,8 @@ def check(
             if fields[2] == "1":
                 reclaims[fields[0]] += 1
                 reclaim_deliveries.append((fields[0], int(fields[3])))
+        elif kind_ == "PAYLOAD_BAD":
+            report.bad_payloads.append(f"{fields[0]}: {fields[2]}")
         elif kind_ == "DONE":
             processed[fields[0]] += 1
             report.done_lines += 1

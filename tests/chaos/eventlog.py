@@ -67,6 +67,12 @@ class EventLog:
             self._fd = -1
 
 
+def chaos_body(job_id: str) -> bytes:
+    """The payload a payload run pushes with ``job_id``: each job's own, so a worker can tell
+    a payload lost (None) or another job's from the right one."""
+    return b"body:" + job_id.encode("utf-8", "surrogateescape")
+
+
 @dataclass(frozen=True, slots=True)
 class Event:
     at: float

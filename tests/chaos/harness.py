@@ -84,8 +84,11 @@ class ChaosRun:
         seed: int,
         test: str,
         config: Mapping[str, str] | None = None,
+        payloads: bool = False,
     ) -> None:
         self.kind: Kind = kind
+        # Every job carries its own body (chaos_body): producers push it, workers check it.
+        self.payloads = payloads
         self.workdir = workdir
         self.seed = seed
         self.test = test
@@ -144,7 +147,7 @@ class ChaosRun:
             return client.execute_command(*args)
 
     def rotator(self, client: redis.Redis | None = None, lease: float = 30.0) -> Rotator:
-        return Rotator(client or self.admin(), self.queue, timeout=lease)
+        return Rotator(client or self.admin(), self.queue, timeout=lease, payloads=self.payloads)
 
     def kill9_server(self, gap: float) -> None:
         """SIGKILL the server, wait ``gap`` seconds, start it again on the same port."""
@@ -251,6 +254,7 @@ class ChaosRun:
             "--socket-timeout",
             str(socket_timeout),
             *(["--functions"] if functions else []),
+            *(["--payloads"] if self.payloads else []),
         ]
         return self._spawn("worker", "tests.chaos.worker", argv, options, env)
 
@@ -295,6 +299,7 @@ class ChaosRun:
             "--socket-timeout",
             str(socket_timeout),
             *(["--functions"] if functions else []),
+            *(["--payloads"] if self.payloads else []),
             *(
                 ["--later", str(later), "--soon", str(soon), "--spread", str(spread)]
                 if later
@@ -464,8 +469,11 @@ class ChaosRun:
             self.queue,
             timeout=lease,
             idempotency=make_idempotency(log, DoneIndex(self.logs)),
+            payloads=self.payloads,
         )
-        worker = ChaosWorker(rotator, log, random.Random(self.seed), job_ms=(0.0, 0.0))
+        worker = ChaosWorker(
+            rotator, log, random.Random(self.seed), job_ms=(0.0, 0.0), payloads=self.payloads
+        )
         give_up = time.monotonic() + timeout
         try:
             while time.monotonic() < give_up:
@@ -516,6 +524,10 @@ class ChaosRun:
             lossy_restarts=self.kills if self.lossy else (),
             **options,
         )
+        if self.payloads:
+            # Every job was acked: every payload must be gone with it, copies' counts too.
+            report.payload_run = True
+            report.payloads_left = int(self.admin().hlen(self.rotator().keys.payloads))
         report.notes.update(self.notes)
         report.notes["drained"] = drained
         exits = self.unexpected_exits()

@@ -37,7 +37,13 @@ from redis.exceptions import RedisError
 
 from rotator import Rotator, RotatorError
 from rotator.protocol import check_due
-from tests.chaos.eventlog import EventLog, chaos_client, error_kind, stop_with_parent
+from tests.chaos.eventlog import (
+    EventLog,
+    chaos_body,
+    chaos_client,
+    error_kind,
+    stop_with_parent,
+)
 
 BACKOFF_FIRST = 0.05
 BACKOFF_CAP = 1.0
@@ -57,15 +63,17 @@ class Producer:
         stop: threading.Event | None = None,
         functions: bool = False,
         unique: bool = False,
+        payloads: bool = False,
     ) -> None:
         self.log = log
         self.unique = unique
+        self.payloads = payloads
         self.rng = rng or random.Random(0)
         self.stop = stop or threading.Event()
         self.batch_no = 0
         self._current = 0
         client = chaos_client(url, socket_timeout=socket_timeout, on_failure=self._on_failure)
-        self.rotator = Rotator(client, queue, functions=functions)
+        self.rotator = Rotator(client, queue, functions=functions, payloads=payloads)
 
     def _on_failure(self, error: Exception) -> None:
         self.log.write("PUSH_RETRY", self._current, error_kind(error))
@@ -93,7 +101,11 @@ class Producer:
                 )
             self.log.write("PUSH_INVOKE", *fields)
             try:
-                self.rotator.push(*ids, delay=delay, at=at, unique=self.unique)
+                if self.payloads:
+                    bodies = {job_id: chaos_body(job_id) for job_id in ids}
+                    self.rotator.push_payloads(bodies, delay=delay, at=at, unique=self.unique)
+                else:
+                    self.rotator.push(*ids, delay=delay, at=at, unique=self.unique)
             except (RedisError, RotatorError) as error:
                 self.log.write("PUSH_FAIL", self.batch_no, error_kind(error))
                 if self.stop.is_set() or time.monotonic() > give_up:
@@ -160,6 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--soon", type=float, default=0.0, help="of those, fraction due at once")
     parser.add_argument("--spread", type=float, default=0.0, help="seconds the rest spread over")
     parser.add_argument("--unique", action="store_true", help="push with unique=True")
+    parser.add_argument("--payloads", action="store_true", help="push each id with its body")
     args = parser.parse_args(argv)
 
     log = EventLog(args.log)
@@ -180,6 +193,7 @@ def main(argv: list[str] | None = None) -> int:
         stop=stop,
         functions=args.functions,
         unique=args.unique,
+        payloads=args.payloads,
     )
     ids = [f"{args.prefix}{n:06d}" for n in range(args.start, args.start + args.count)]
     log.write("BOOT", "producer", len(ids))

@@ -41,7 +41,14 @@ from redis.exceptions import RedisError
 
 from rotator import Job, Rotator, RotatorError
 from rotator.protocol import JobRef
-from tests.chaos.eventlog import DoneIndex, EventLog, chaos_client, error_kind, stop_with_parent
+from tests.chaos.eventlog import (
+    DoneIndex,
+    EventLog,
+    chaos_body,
+    chaos_client,
+    error_kind,
+    stop_with_parent,
+)
 
 CRASH_POINTS = ("after_claim", "mid_job", "after_done_before_ack", "after_ack")
 BACKOFF_FIRST = 0.05  # seconds before retrying after an error
@@ -121,6 +128,7 @@ class ChaosWorker:
         crash_at: str | None = None,
         crash_on_nth: int = 1,
         stop: threading.Event | None = None,
+        payloads: bool = False,
     ) -> None:
         if crash_at is not None and crash_at not in CRASH_POINTS:
             raise SystemExit(f"RQ_CRASH_AT must be one of {CRASH_POINTS}, got {crash_at!r}")
@@ -135,6 +143,7 @@ class ChaosWorker:
         self.stop = stop or threading.Event()
         self.backoff = Backoff(rng)
         self.jobs_seen = 0
+        self.payloads = payloads
 
     # -- one job ---------------------------------------------------------------------------
 
@@ -148,6 +157,10 @@ class ChaosWorker:
         """Everything up to and including DONE: the job's side effect."""
         self.jobs_seen += 1
         self.log.write("FETCH", job.id, job.token, int(job.reclaimed), job.deliveries)
+        if self.payloads and job.payload != chaos_body(job.id):
+            self.log.write(
+                "PAYLOAD_BAD", job.id, job.token, repr(job.payload)[:40].replace(" ", "")
+            )
         self._crash("after_claim")
         self.log.write("START", job.id, job.token)
         duration = self.rng.uniform(*self.job_ms) / 1000
@@ -244,6 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mode", choices=("loop", "work"), default="loop")
     parser.add_argument("--idempotency", choices=("log", "none"), default="log")
     parser.add_argument("--functions", action="store_true", help="FCALL instead of EVALSHA")
+    parser.add_argument("--payloads", action="store_true", help="jobs carry bodies: check them")
     args = parser.parse_args(argv)
 
     crash_at = os.environ.get("RQ_CRASH_AT") or None
@@ -273,6 +287,7 @@ def main(argv: list[str] | None = None) -> int:
         timeout=args.lease,
         idempotency=idempotency,
         functions=args.functions,
+        payloads=args.payloads,
     )
     if args.mode == "work":
         rotator.events = log
@@ -286,6 +301,7 @@ def main(argv: list[str] | None = None) -> int:
         crash_at=crash_at,
         crash_on_nth=int(os.environ.get("RQ_CRASH_ON_NTH", "1")),
         stop=stop,
+        payloads=args.payloads,
     )
     if connect(rotator, log, stop, rng):
         log.write("BOOT", args.mode, "fcall" if args.functions else "evalsha", os.getpid())
