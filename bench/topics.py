@@ -7,8 +7,10 @@ leasing 100 and acking the previous batch in the same call (rotator ``next(ack=.
 includes the acked elements' cleanup lap) vs XREADGROUP COUNT 100 + XACK. Server time per
 message is from INFO commandstats (top-level commands only, so script sub-commands are not
 counted twice). A queue with payloads (``push_payloads`` of 100, then ``next(100, ack=...)``,
-whose acks name each job so that its payload goes) is set beside the Stream read by one group,
-whose entries carry the same bodies. Each figure is the median of interleaved rounds.
+whose batch acks name their jobs so that their payloads go) is set beside the Stream read by
+one group, whose entries carry the same bodies. Memory once published (MEMORY USAGE, every
+element): bytes per retained message, and per entry a group has still to deliver. Each
+figure is the median of interleaved rounds, with its range.
 
     .venv/bin/python -m bench.topics [--messages 20000] [--rounds 3] [--servers redis,valkey]
         [--smoke]
@@ -68,9 +70,25 @@ def rotator_run(client: redis.Redis, groups: int, messages: int) -> dict[str, An
             consumer.next(1)  # the lap that removes the last acked batch
 
     published = timed(client, publish)
+    # Memory once published, nothing consumed: what each message keeps (its body and log
+    # entry) and what each group holds per message it has still to deliver (its ring's id).
+    retained = memory_of(client, [topic.keys.bodies, topic.keys.log]) / messages
+    waiting = memory_of(client, [topic.keys.group(name).ring for name in names])
     consumed = timed(client, consume)
     topic.delete()
-    return row("rotator-topic", groups, messages, publish=published, consume=consumed)
+    return row(
+        "rotator-topic",
+        groups,
+        messages,
+        publish=published,
+        consume=consumed,
+        memory=(retained, waiting / (messages * groups)),
+    )
+
+
+def memory_of(client: redis.Redis, keys: list[str]) -> int:
+    """Bytes the server holds for ``keys`` (``MEMORY USAGE ... SAMPLES 0``: every element)."""
+    return sum(int(client.memory_usage(key, samples=0) or 0) for key in keys)
 
 
 def payload_queue_run(client: redis.Redis, messages: int) -> dict[str, Any]:
@@ -88,9 +106,18 @@ def payload_queue_run(client: redis.Redis, messages: int) -> dict[str, Any]:
         queue.next(1)  # the lap that removes the last acked batch
 
     pushed = timed(client, push)
+    # Each pending job: its id in the ring and its payload in the payloads hash.
+    kept = memory_of(client, [queue.keys.all[0], queue.keys.payloads]) / messages
     consumed = timed(client, consume)
     queue.delete()
-    return row("rotator-payload-queue", 1, messages, publish=pushed, consume=consumed)
+    return row(
+        "rotator-payload-queue",
+        1,
+        messages,
+        publish=pushed,
+        consume=consumed,
+        memory=(kept, 0.0),
+    )
 
 
 def streams_run(client: redis.Redis, groups: int, messages: int) -> dict[str, Any]:
@@ -117,12 +144,18 @@ def streams_run(client: redis.Redis, groups: int, messages: int) -> dict[str, An
                 client.xack(stream, name, *[entry_id for entry_id, _ in entries])
 
     published = timed(client, publish)
+    # A Stream keeps each entry once; a group's undelivered entries are only its last id.
+    retained = memory_of(client, [stream]) / messages
     consumed = timed(client, consume)
     client.delete(stream)
-    return row("streams", groups, messages, publish=published, consume=consumed)
+    return row(
+        "streams", groups, messages, publish=published, consume=consumed, memory=(retained, 0.0)
+    )
 
 
 FIGURES = (
+    "retained_bytes_per_msg",
+    "undelivered_bytes_per_entry",
     "publish_msgs_per_s",
     "publish_server_us_per_msg",
     "consume_deliveries_per_s",
@@ -137,11 +170,19 @@ def row(
     *,
     publish: tuple[float, int],
     consume: tuple[float, int],
+    memory: tuple[float, float] | None = None,
 ) -> dict[str, Any]:
-    """One result: ``publish`` and ``consume`` are (wall seconds, server usec)."""
+    """One result: ``publish`` and ``consume`` are (wall seconds, server usec); ``memory``
+    (bytes per retained message, per undelivered group entry) where measured."""
     (publish_s, publish_us), (consume_s, consume_us) = publish, consume
     deliveries = messages * groups
-    return {
+    extra = {}
+    if memory is not None:
+        extra = {
+            "retained_bytes_per_msg": round(memory[0], 1),
+            "undelivered_bytes_per_entry": round(memory[1], 1),
+        }
+    return extra | {
         "pattern": pattern,
         "groups": groups,
         "messages": messages,
@@ -178,6 +219,8 @@ def median_row(results: list[dict[str, Any]]) -> dict[str, Any]:
     """The first round's row with each rate the median of the rounds', and their ranges."""
     merged = dict(results[0], rounds=len(results))
     for field in FIGURES:
+        if field not in merged:
+            continue
         values = [r[field] for r in results]
         merged[field] = round(statistics.median(values), 2)
         merged[f"{field}_range"] = [min(values), max(values)]

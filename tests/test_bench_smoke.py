@@ -378,3 +378,7 @@ def test_bench_topics_smoke(tmp_path: Path) -> None:
         low, high = row["consume_deliveries_per_s_range"]
         assert 0 < low <= row["consume_deliveries_per_s"] <= high
         assert row["publish_server_us_per_msg"] > 0
+        assert row["retained_bytes_per_msg"] > 64  # each body is 64 bytes
+    for groups in (1, 3, 10):
+        assert rows[("rotator-topic", groups)]["undelivered_bytes_per_entry"] > 0
+        assert rows[("streams", groups)]["undelivered_bytes_per_entry"] == 0

@@ -11,7 +11,6 @@ import sys
 import threading
 import time
 from collections import Counter
-from pathlib import Path
 
 import pytest
 import redis
@@ -497,24 +496,6 @@ def test_the_asyncio_topic_fans_out_replays_and_reports(
             await client.aclose()
 
     asyncio.run(scenario())
-
-
-def test_the_topic_bench_runs_end_to_end(tmp_path: Path) -> None:
-    out = tmp_path / "topics.json"
-    done = subprocess.run(
-        [sys.executable, "-m", "bench.topics", "--smoke", "--servers", "redis", "--out", str(out)],
-        cwd=Path(__file__).resolve().parent.parent,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    rows = json.loads(out.read_text())["results"]["redis"]
-    assert {(r["pattern"], r["groups"]) for r in rows} == {
-        (pattern, groups) for pattern in ("rotator-topic", "streams") for groups in (1, 3, 10)
-    }
-    assert all(r["publish_msgs_per_s"] > 0 and r["consume_deliveries_per_s"] > 0 for r in rows)
 
 
 def test_subscribing_from_the_earliest_to_an_empty_topic_replays_nothing_later_published(
