@@ -102,7 +102,40 @@ export function place(k: number): string {
  */
 export function decodeNextPacked(reply: unknown): NextReply {
   const raw = reply as [number, number, number, string, ...Array<string | number>];
-  const packed = raw[3] ?? "";
+  const { jobs, stamp } = packedJobs(raw[3] ?? "");
+  const batchJobs = jobs.length;
+  for (let i = 4; i + 1 < raw.length; i += 2) {
+    jobs.push(jobFromToken(String(raw[i]), Number(raw[i + 1]) === 1));
+  }
+  return { idle: Number(raw[0]) === 1, waitMs: Number(raw[1]), acked: Number(raw[2]), jobs, batch: stamp, batchJobs };
+}
+
+/**
+ * A nextp_packed reply {idle, wait_ms, acked, packed, payload1, ..., payloadK, token,
+ * reclaimed, payload, ...}: next_packed's head, the payloads of the packed jobs in their
+ * order, then each later delivery as nextp sends it.
+ */
+export function decodeNextPackedPayloads(reply: unknown): NextReply {
+  const raw = reply as Array<string | number | null>;
+  const { jobs, stamp } = packedJobs(String(raw[3] ?? ""));
+  const batchJobs = jobs.length;
+  if (raw.length < 4 + batchJobs) {
+    throw new InvalidToken(`server returned ${raw.length - 4} payloads for a batch of ${batchJobs}`);
+  }
+  const withPayloads: Job[] = jobs.map((job, i) => {
+    const payload = raw[4 + i];
+    return { ...job, payload: payload === null || payload === undefined ? null : String(payload) };
+  });
+  for (let i = 4 + batchJobs; i + 2 < raw.length; i += 3) {
+    const payload = raw[i + 2];
+    withPayloads.push(jobFromToken(String(raw[i]), Number(raw[i + 1]) === 1, payload === null ? null : String(payload)));
+  }
+  return { idle: Number(raw[0]) === 1, waitMs: Number(raw[1]), acked: Number(raw[2]), jobs: withPayloads, batch: stamp, batchJobs };
+}
+
+/** The jobs of a packed element "*<deadline>.1.<seq>*<id>*<id>..." (none for ""), and its
+ * stamp "<deadline>.1.<seq>". */
+function packedJobs(packed: string): { jobs: Job[]; stamp: string } {
   const jobs: Job[] = [];
   let stamp = "";
   if (packed) {
@@ -119,22 +152,7 @@ export function decodeNextPacked(reply: unknown): NextReply {
       jobs.push({ id, token: `${id}${batch}${place(i + 1)}`, deliveries: 1, reclaimed: false, deadline });
     });
   }
-  const batchJobs = jobs.length;
-  for (let i = 4; i + 1 < raw.length; i += 2) {
-    jobs.push(jobFromToken(String(raw[i]), Number(raw[i + 1]) === 1));
-  }
-  return { idle: Number(raw[0]) === 1, waitMs: Number(raw[1]), acked: Number(raw[2]), jobs, batch: stamp, batchJobs };
-}
-
-/** A nextp reply {idle, wait_ms, acked, token1, reclaimed1, payload1, ...}. */
-export function decodeNextPayloads(reply: unknown): NextReply {
-  const raw = reply as Array<string | number | null>;
-  const jobs: Job[] = [];
-  for (let i = 3; i + 2 < raw.length; i += 3) {
-    const payload = raw[i + 2];
-    jobs.push(jobFromToken(String(raw[i]), Number(raw[i + 1]) === 1, payload === null ? null : String(payload)));
-  }
-  return { idle: Number(raw[0]) === 1, waitMs: Number(raw[1]), acked: Number(raw[2]), jobs, batch: "", batchJobs: 0 };
+  return { jobs, stamp };
 }
 
 /** "<deadline>.<deliveries>.<call seq>" of a token: its stamp less the 5-digit place. */

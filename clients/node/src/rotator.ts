@@ -19,7 +19,7 @@ import {
   checkError,
   chunks,
   decodeNextPacked,
-  decodeNextPayloads,
+  decodeNextPackedPayloads,
   encodeId,
   encodeToken,
   secondsToMs,
@@ -51,7 +51,7 @@ export interface RotatorOptions {
   prefix?: string;
   /** Keys to use instead of the queue's own (a topic group). */
   keys?: QueueKeys;
-  /** Read each job's payload with it (nextp); a topic group's are its messages. */
+  /** Read each job's payload with it (nextp_packed); a topic group's are its messages. */
   payloads?: boolean;
 }
 
@@ -227,7 +227,7 @@ export class Rotator {
     for (;;) {
       const args = this.nextArgs(count, acks);
       const raw = wakeWait === null ? await this.call(args, this.nextKeys) : await this.afterWake(wakeWait, args);
-      const reply: NextReply = this.payloads ? decodeNextPayloads(raw) : decodeNextPacked(raw);
+      const reply: NextReply = this.payloads ? decodeNextPackedPayloads(raw) : decodeNextPacked(raw);
       wakeWait = null;
       if (packed && reply.acked < acks.length) await this.ackTokens(refs, false); // a batch ack was refused
       packed = false;
@@ -252,17 +252,13 @@ export class Rotator {
 
   private nextArgs(count: number, acks: readonly string[]): Arg[] {
     const head = [count, this.leaseMs, this.budget, this.maxDeliveries];
-    // A topic group's acks keep the payloads (they belong to the topic's retention).
-    return this.payloads ? ["nextp", ...head, 0, ...acks] : ["next_packed", ...head, ...acks];
+    // A topic group's acks keep the payloads (DROP 0: they belong to the topic's retention),
+    // so its whole batches are acked by plain batch acks.
+    return this.payloads ? ["nextp_packed", ...head, 0, ...acks] : ["next_packed", ...head, ...acks];
   }
 
-  /** The acks for `tokens`: whole batches as batch acks, except on a queue with payloads
-   * (nextp takes no batch acks). */
+  /** The acks for `tokens`: whole batches as batch acks. */
   private packed(tokens: readonly string[]): { args: string[]; packed: boolean; jobs: number } {
-    if (this.payloads) {
-      const args = [...new Set(tokens)];
-      return { args, packed: false, jobs: args.length };
-    }
     return this.batches.pack(tokens);
   }
 

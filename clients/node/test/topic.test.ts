@@ -124,6 +124,27 @@ for (const kind of KINDS) {
       assert.equal((await t.stats()).groups["workers"]?.inFlight, 0);
     });
 
+    test("a claim's batch comes packed with its payloads, and is acked whole by one batch ack", async () => {
+      const t = new Topic(redis, uniqueName("packed"));
+      await t.subscribe("g");
+      const ids = await t.publish("p0", "p1", "p2");
+      const g = consumer(t, "g");
+      const [nacked] = await g.next({ count: 1 });
+      const [first] = await g.next({ count: 1 });
+      assert.equal(await g.nack(nacked!), 1); // the oldest lease: the next walk reaches it
+      const jobs = await g.next({ count: 10 }); // the packed batch, then the later delivery
+      assert.deepEqual(jobs.map((job) => [job.id, job.payload, job.deliveries]), [
+        [ids[2], "p2", 1],
+        [ids[0], "p0", 2],
+      ]);
+      assert.equal(jobs[0]?.token, `${ids[2]}*${jobs[0]?.token.split("*")[1]}`);
+      const before = Number((await redis.info("commandstats")).match(/cmdstat_evalsha:calls=(\d+)/)?.[1] ?? 0);
+      assert.equal(await g.ack(first!, ...jobs), 3);
+      const after = Number((await redis.info("commandstats")).match(/cmdstat_evalsha:calls=(\d+)/)?.[1] ?? 0);
+      assert.equal(after - before, 1); // the batch acks were all accepted: no token-by-token retry
+      assert.equal((await t.stats()).groups["g"]?.inFlight, 0);
+    });
+
     test("nack gives a message back, with its payload, to the next claim", async () => {
       const t = new Topic(redis, uniqueName("nack"));
       await t.subscribe("g");
