@@ -667,8 +667,8 @@ local UNIQUE
 -- tokens acked for the first time, so an ack sent twice drops nothing twice.
 local FRESH_ACKS
 -- The call names its batch acks (ackp, nextp DROP 1): check_tokens turned each named batch ack
--- into its batch ack "<batch>/<jobs>" and keeps here what it named (the packed element); the
--- ids of those accepted for the first time go to NAMED_IDS, whose payloads are dropped.
+-- into its batch ack "<batch>/<jobs>" and keeps here what it named ({element, ids}); the ids
+-- of those accepted for the first time go to NAMED_IDS, whose payloads are dropped.
 local NAMED, NAMED_IDS
 local T, NGROUPS
 -- Zero-padded places ("00042"), each formatted once: a token's seq is the call's first visit
@@ -795,8 +795,9 @@ function M.check_tokens(first, required, batches)
         or byte(token) == BYTE_STAR or not find(token, '^%d+%.%d+%.%d+$', star + 1) then
       local jobs
       if batches == 'named' then
-        jobs = M.name_batch(token, star)
-        if jobs then named[i] = jobs end
+        local ids = M.name_batch(token, star)
+        jobs = ids and #ids
+        named[i] = ids
       else
         jobs = batches and #token <= LIMIT.batch_ack_bytes
           and string.match(token, '^%*%d+%.1%.%d+/(%d+)$')
@@ -808,42 +809,41 @@ function M.check_tokens(first, required, batches)
     end
   end
   local ids = #A - first + 1
-  for _, jobs in pairs(named) do ids = ids + jobs - 1 end
+  for _, named_ids in pairs(named) do ids = ids + #named_ids - 1 end
   if ids > LIMIT.batch then -- (their payloads are looked up in one call)
     M.refuse('ROTATOR_TOOMANY', 'at most ' .. LIMIT.batch .. ' jobs named per call, got ' .. ids)
   end
   -- (rewritten once every argument passed: a refused call leaves A as it came)
   for i = first, #A do
-    local jobs = named[i]
-    if jobs then M.rename_batch_ack(i, jobs) end
+    if named[i] then M.rename_batch_ack(i, named[i]) end
   end
 end
 
--- A[i], a named batch ack of `jobs` jobs, becomes its batch ack (see NAMED).
-function M.rename_batch_ack(i, jobs)
+-- A[i], a named batch ack of the jobs `ids`, becomes its batch ack (see NAMED).
+function M.rename_batch_ack(i, ids)
   local batch = string.sub(A[i], 1, string.find(A[i], '*', 2, true) - 1)
+  local ack = batch .. '/' .. #ids
   NAMED = NAMED or {}
-  NAMED[batch .. '/' .. jobs] = A[i]
-  A[i] = batch .. '/' .. jobs
+  NAMED[ack] = { element = A[i], ids = ids }
+  A[i] = ack
 end
 
--- The job count of a named batch ack "*<deadline>.1.<call seq>*<id>*<id>..." (`star`: its
--- second "*"), nil when it is not one: a batch name, then 1..LIMIT.count valid ids whose
--- bytes stay within what one call's batch may hold.
+-- The ids of a named batch ack "*<deadline>.1.<call seq>*<id>*<id>..." (`star`: its second
+-- "*"), nil when it is not one: a batch name, then 1..LIMIT.count valid ids whose bytes stay
+-- within what one call's batch may hold.
 function M.name_batch(token, star)
-  if not star or star - 1 > LIMIT.stamp_bytes or not string.find(token, '^%*%d+%.1%.%d+%*')
-      or #token - star > LIMIT.batch_bytes + LIMIT.id_bytes + LIMIT.count then
-    return nil
+  local find = string.find
+  if not star or star - 1 > LIMIT.stamp_bytes or not find(token, '^%*%d+%.1%.%d+%*')
+      or #token - star > LIMIT.batch_bytes + LIMIT.id_bytes + LIMIT.count
+      or find(token, '**', star, true) or string.byte(token, -1) == BYTE_STAR then
+    return nil -- (or an empty id: "**", or an ending "*")
   end
-  local jobs = 0
+  local ids = {}
   for id in string.gmatch(string.sub(token, star + 1), '[^*]+') do
-    if #id > LIMIT.id_bytes then return nil end
-    jobs = jobs + 1
+    if #id > LIMIT.id_bytes or #ids == LIMIT.count then return nil end
+    ids[#ids + 1] = id
   end
-  -- (an empty id, "**" or an ending "*", shows as a star too many)
-  local stars = select(2, string.gsub(token, '%*', ''))
-  if jobs < 1 or jobs > LIMIT.count or stars ~= jobs + 1 then return nil end
-  return jobs
+  return ids
 end
 
 -- Splits "<id>*<deadline>.<n>.<seq>"; nil for anything that is not a well-formed lease.
@@ -1309,9 +1309,10 @@ function M.check_named(first, refused, sides)
   local batches, acks, seen = {}, {}, {}
   for i = first, #A do
     local ack = A[i]
-    local element = NAMED[ack]
-    if element and not refused[ack] and not seen[ack] then
+    local named = NAMED[ack]
+    if named and not refused[ack] and not seen[ack] then
       seen[ack] = true
+      local element = named.element
       if not rcall('LPOS', K.leases, element, 'MAXLEN', LIMIT.named_look)
           and not rcall('LPOS', K.leases, element, 'RANK', -1, 'MAXLEN', LIMIT.named_look) then
         refused[ack] = true
@@ -1331,10 +1332,8 @@ function M.check_named(first, refused, sides)
   end
   for i = 1, #batches do
     if not before[i] then
-      local element = NAMED[acks[i]]
-      for id in string.gmatch(string.sub(element, #batches[i] + 2), '[^*]+') do
-        NAMED_IDS[#NAMED_IDS + 1] = id
-      end
+      local ids = NAMED[acks[i]].ids
+      for j = 1, #ids do NAMED_IDS[#NAMED_IDS + 1] = ids[j] end
     end
   end
 end
@@ -2826,12 +2825,15 @@ function M.fast_lease(first, count, lease, budget, compact, state)
       local batch = string.sub(element, 1, star - 1)
       local jobs = jobs_of[batch]
       if not jobs or not M.own_deadline(element, batch) then return nil end
-      -- A named batch ack names this very element (no marks: acked for the first time).
-      if NAMED and NAMED[batch .. '/' .. jobs] ~= element then return nil end
       local ids = 0
-      for id in string.gmatch(string.sub(element, #batch + 2), '[^*]+') do
-        ids = ids + 1
-        if NAMED then named_ids[#named_ids + 1] = id end
+      if NAMED then
+        -- A named batch ack names this very element (no marks: acked for the first time).
+        local named = NAMED[batch .. '/' .. jobs]
+        if not named or named.element ~= element then return nil end
+        ids = #named.ids
+        for j = 1, ids do named_ids[#named_ids + 1] = named.ids[j] end
+      else
+        for _ in string.gmatch(string.sub(element, #batch + 2), '[^*]+') do ids = ids + 1 end
       end
       if ids ~= jobs then return nil end
       jobs_of[batch] = nil -- (each batch once)
