@@ -28,12 +28,13 @@ from typing import Any
 
 import redis
 
-from bench.harness import started
+from bench.harness import run_clients, started
 from rotator import Job, Retention, Rotator, Topic
 
 BATCH = 100
 PAYLOAD = b"x" * 64
 GROUP_COUNTS = (1, 3, 10)
+CLIENTS = 4  # the consumers of the many-client rows, each a process of its own
 TOP_LEVEL = ("evalsha", "fcall", "hkeys", "xadd", "xreadgroup", "xack", "xgroup|create", "xgroup")
 
 
@@ -153,6 +154,66 @@ def streams_run(client: redis.Redis, groups: int, messages: int) -> dict[str, An
     )
 
 
+# -- many consumers: a queue with payloads, and a Stream with bodies read by one group --------
+
+
+def payload_queue_loop(url: str, name: str, batch: int, _: Any) -> list[float]:
+    """One consumer process of a queue with payloads: next(batch, ack=previous) until empty."""
+    queue = Rotator.from_url(url, name, timeout=300, payloads=True)
+    previous: list[Job] = []
+    while jobs := queue.next(batch, ack=previous):
+        previous = jobs
+    queue.ack(*previous)
+    queue.client.close()
+    return []
+
+
+def stream_bodies_loop(url: str, name: str, batch: int, _: Any) -> list[float]:
+    """One consumer of the Stream's group: XREADGROUP COUNT batch, then XACK, until empty."""
+    client = redis.Redis.from_url(url)
+    consumer = f"c{time.perf_counter_ns()}"
+    while True:
+        reply: Any = client.xreadgroup("workers", consumer, {name: ">"}, count=batch)
+        entries = reply[0][1] if reply else []
+        if not entries:
+            break
+        client.xack(name, "workers", *[entry_id for entry_id, _ in entries])
+    client.close()
+    return []
+
+
+def many_clients_run(client: redis.Redis, url: str, pattern: str, messages: int) -> dict[str, Any]:
+    """``CLIENTS`` consumer processes drain ``messages`` preloaded jobs (``pattern``
+    "rotator-payload-queue") or Stream entries ("streams"), bodies of PAYLOAD."""
+    name = f"bench-many-{pattern}-{time.time_ns()}"
+    ids = [f"m-{i:012d}" for i in range(messages)]
+    if pattern == "streams":
+        for start in range(0, messages, 1000):
+            pipe = client.pipeline(transaction=False)
+            for job_id in ids[start : start + 1000]:
+                pipe.xadd(name, {"id": job_id, "p": PAYLOAD})
+            pipe.execute()
+        client.xgroup_create(name, "workers", id="0")
+        loop = stream_bodies_loop
+    else:
+        queue = Rotator(client, name, payloads=True)
+        for start in range(0, messages, 1000):
+            queue.push_payloads(dict.fromkeys(ids[start : start + 1000], PAYLOAD))
+        loop = payload_queue_loop
+    client.config_resetstat()
+    seconds, _ = run_clients(loop, url, name, batch=BATCH, clients=CLIENTS)
+    usec = server_usec(client)  # (only the consumers ran since the reset)
+    client.delete(*client.keys(f"*{name}*"))
+    return {
+        "pattern": pattern,
+        "groups": 1,
+        "clients": CLIENTS,
+        "messages": messages,
+        "consume_deliveries_per_s": round(messages / seconds, 1),
+        "consume_server_us_per_delivery": round(usec / messages, 2),
+    }
+
+
 FIGURES = (
     "retained_bytes_per_msg",
     "undelivered_bytes_per_entry",
@@ -185,6 +246,7 @@ def row(
     return extra | {
         "pattern": pattern,
         "groups": groups,
+        "clients": 1,
         "messages": messages,
         "publish_msgs_per_s": round(messages / publish_s, 1),
         "publish_server_us_per_msg": round(publish_us / messages, 2),
@@ -195,7 +257,7 @@ def row(
 
 def run(kind: str, messages: int, rounds: int) -> list[dict[str, Any]]:
     """The median of ``rounds`` interleaved rounds of every row, with each round's figures."""
-    measured: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    measured: dict[tuple[str, int, int], list[dict[str, Any]]] = {}
     with tempfile.TemporaryDirectory() as workdir, started(kind, Path(workdir)) as server:
         client = server.client()
         for _ in range(rounds):
@@ -209,8 +271,11 @@ def run(kind: str, messages: int, rounds: int) -> list[dict[str, Any]]:
                         streams_run(client, groups, messages),
                     )
                 ),
+                many_clients_run(client, server.url, "rotator-payload-queue", messages),
+                many_clients_run(client, server.url, "streams", messages),
             ):
-                measured.setdefault((result["pattern"], result["groups"]), []).append(result)
+                key = (result["pattern"], result["groups"], result["clients"])
+                measured.setdefault(key, []).append(result)
         client.close()
     return [median_row(results) for results in measured.values()]
 

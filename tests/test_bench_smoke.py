@@ -363,22 +363,34 @@ def test_bench_sharded_smoke(tmp_path: Path) -> None:
 
 
 def test_bench_topics_smoke(tmp_path: Path) -> None:
-    """bench.topics (issue 23) on tiny sizes: a row per pattern and group count, each a
-    median with its range, the payload queue beside the Stream whose entries carry bodies."""
+    """bench.topics (issue 23) on tiny sizes: a row per pattern, group count and consumer
+    count, each a median with its range, the payload queue beside the Stream whose entries
+    carry bodies, with one consumer and with four."""
     out = tmp_path / "topics.json"
-    run_smoke("bench.topics", out, timeout=120)
+    run_smoke("bench.topics", out, timeout=180)
     data = json.loads(out.read_text())
-    rows = {(row["pattern"], row["groups"]): row for row in data["results"]["redis"]}
+    rows = {
+        (row["pattern"], row["groups"], row["clients"]): row for row in data["results"]["redis"]
+    }
     assert set(rows) == {
-        ("rotator-payload-queue", 1),
-        *((pattern, groups) for pattern in ("rotator-topic", "streams") for groups in (1, 3, 10)),
+        ("rotator-payload-queue", 1, 1),
+        ("rotator-payload-queue", 1, 4),
+        ("streams", 1, 4),
+        *(
+            (pattern, groups, 1)
+            for pattern in ("rotator-topic", "streams")
+            for groups in (1, 3, 10)
+        ),
     }
     for row in rows.values():
         assert row["rounds"] == 1
         low, high = row["consume_deliveries_per_s_range"]
         assert 0 < low <= row["consume_deliveries_per_s"] <= high
-        assert row["publish_server_us_per_msg"] > 0
-        assert row["retained_bytes_per_msg"] > 64  # each body is 64 bytes
+        assert row["consume_server_us_per_delivery"] > 0
+    for (_, _, clients), row in rows.items():
+        if clients == 1:
+            assert row["publish_server_us_per_msg"] > 0
+            assert row["retained_bytes_per_msg"] > 64  # each body is 64 bytes
     for groups in (1, 3, 10):
-        assert rows[("rotator-topic", groups)]["undelivered_bytes_per_entry"] > 0
-        assert rows[("streams", groups)]["undelivered_bytes_per_entry"] == 0
+        assert rows[("rotator-topic", groups, 1)]["undelivered_bytes_per_entry"] > 0
+        assert rows[("streams", groups, 1)]["undelivered_bytes_per_entry"] == 0
