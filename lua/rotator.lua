@@ -4079,9 +4079,20 @@ function M.define_extensions()
   function M.read_group(g)
     local keys = M.group_keys(g)
     local length = M.read('LLEN', keys.ring)
-    local meta = M.read_meta(keys)
+    local meta = M.read_push_meta(keys)
     local head = M.read_push_keys(keys)
     return { keys = keys, length = length, meta = meta, head = head }
+  end
+
+  -- Of read_meta's fields, those push_group reads and writes (record_push, expire_backlog):
+  -- a publish reads every group's, so it reads 6 fields a group instead of all of them.
+  function M.read_push_meta(keys)
+    local m = M.read('HMGET', keys.meta, 'seq', 'origin', 'pushed', 'taken', 'lapnext', 'layout')
+    local seq = tonumber(m[1]) or M.now_ms()
+    return {
+      seq = seq, origin = tonumber(m[2]) or (m[1] and 0 or seq), pushed = tonumber(m[3]) or 0,
+      taken = tonumber(m[4]) or 0, lapnext = tonumber(m[5]), layout = m[6],
+    }
   end
 
   -- Pushes ids onto a group's ring as `push` does (read_group read its keys first); with
