@@ -312,7 +312,7 @@ def pushp(
     return ModuleCall(keys, [b"unique", *args] if unique else args, _int, True)
 
 
-def nextp(
+def nextp_packed(
     keys: Keys,
     count: int,
     lease_ms: int,
@@ -320,15 +320,12 @@ def nextp(
     max_deliveries: int,
     drop: bool,
     acks: list[bytes],
-    *,
-    packed: bool = True,
 ) -> ModuleCall[NextReply]:
-    """``nextp_packed`` (``packed``, what the client calls) or ``nextp``."""
-    name = b"nextp_packed" if packed else b"nextp"
+    """``nextp_packed`` (KEYS 1..14, or 1..15): ``next_packed`` with each job's payload."""
     return ModuleCall(
         keys,
-        [name, count, lease_ms, budget, max_deliveries, int(drop), *acks],
-        decode_next_packed_payloads if packed else decode_next_payloads,
+        [b"nextp_packed", count, lease_ms, budget, max_deliveries, int(drop), *acks],
+        decode_next_packed_payloads,
     )
 
 
@@ -410,12 +407,6 @@ def decode_next_packed(reply: Sequence[Any]) -> NextReply:
         for token, flag in zip(reply[4::2], reply[5::2], strict=True)
     )
     return NextReply(int(reply[0]) == 1, int(reply[1]), int(reply[2]), jobs, stamp, size)
-
-
-def decode_next_payloads(reply: Sequence[Any]) -> NextReply:
-    """A ``nextp`` reply: like ``next`` with a payload after each token's reclaimed flag."""
-    jobs = _payload_jobs(reply, 3)
-    return NextReply(int(reply[0]) == 1, int(reply[1]), int(reply[2]), jobs)
 
 
 def decode_next_packed_payloads(reply: Sequence[Any]) -> NextReply:

@@ -234,7 +234,7 @@ class QueueFlows:
         head = (count, self.lease_ms, self.budget, self.max_deliveries)
         if not self.extended:
             return commands.next_packed(self.plain_keys, *head, acks)
-        return commands.nextp(self.extended_keys, *head, self.drop_payloads, acks, packed=True)
+        return commands.nextp_packed(self.extended_keys, *head, self.drop_payloads, acks)
 
     def _screen(self, jobs: list[Job]) -> Flow[tuple[list[Job], list[bytes]]]:
         """Splits reclaimed jobs the idempotency callback says are done from the rest."""
