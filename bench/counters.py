@@ -2,7 +2,7 @@
 
     .venv/bin/python -m bench.counters [--smoke | --quick] [--servers redis,valkey]
         [--via fcall,evalsha] [--phases a,b,...] [--before FILE] [--after FILE]
-        [--out DIR] [--table]
+        [--isolate] [--out DIR] [--table]
 
 Issue 17 asks that the counters (completed, redelivered, reclaimed, lettered in the meta
 hash, written in the walk's ``write_meta``, the short way ``M.fast_lease`` and ``nack``, which
@@ -35,8 +35,11 @@ difference AFTER - BEFORE (with times - without) per call in ns, the median of t
 differences and their range ("within noise" when they do not all have the same sign), and
 the median and quartiles of the chunk-by-chunk differences. Also each side's commands issued
 per call (the counters add none but nack's ``HINCRBY``), and AFTER's counters as ``stats``
-reads them after the loop (so the measured path did count). ``--before`` / ``--after`` compare
-other module files (e.g. one ``git show`` wrote, to split a difference between commits).
+reads them after the loop (so the measured path did count). ``--before`` / ``--after``
+compare other module files (e.g. one ``git show`` wrote, to split a difference between
+commits). ``--isolate`` sets BEFORE to AFTER with its counters neither read nor written, so
+the difference is what the counters themselves cost now, apart from everything else the
+module gained since the baseline.
 
 Results: ``bench/results/counters.json`` and ``counters.md`` (``--out``); ``--table`` prints
 the table of an earlier run. This machine (2 vCPUs) is shared with other work: the spread
@@ -48,6 +51,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 import statistics
 import sys
 import tempfile
@@ -109,6 +113,47 @@ def modules(before: Path | None = None, after: Path | None = None) -> tuple[Modu
     old = (before or BEFORE_MODULE).read_text(encoding="utf-8")
     new = after.read_text(encoding="utf-8") if after else module_source()
     return Module("before", old), Module("after", new)
+
+
+# The module's counts of what happened to its jobs (completed, redelivered, reclaimed,
+# lettered): read with the meta hash (fields 30..33 of read_meta's HMGET) and written by
+# M.write_meta when changed. ``without_counters`` takes out both.
+_COUNT_NAMES = ("completed", "redelivered", "reclaimed", "lettered")
+_READ = (
+    "    'rate_ms', 'rate_tat', 'completed', 'redelivered', 'reclaimed', 'lettered', 'track_ids',\n"
+)
+_READ_WITHOUT = "    'rate_ms', 'rate_tat', 'track_ids',\n"
+_KEPT = (
+    "    completed = tonumber(m[30]) or 0, redelivered = tonumber(m[31]) or 0,\n"
+    "    reclaimed = tonumber(m[32]) or 0, lettered = tonumber(m[33]) or 0,\n"
+)
+_READ_META = re.compile(r"^function M\.read_meta\(K\)\n.*?^end\n", re.M | re.S)
+
+
+def without_counters(source: str) -> str:
+    """``source`` with its counters neither read nor written (``--isolate``: BEFORE, against
+    the same module with them, so the difference is what the counters themselves cost now).
+    Each edit must apply exactly once, or the module changed and this must follow it."""
+
+    def once(text: str, old: str, new: str) -> str:
+        if text.count(old) != 1:
+            raise SystemExit(f"without_counters: {old.strip()[:60]!r} is not in the module once")
+        return text.replace(old, new)
+
+    found = _READ_META.findall(source)
+    if len(found) != 1:
+        raise SystemExit(f"without_counters: expected one M.read_meta, found {len(found)}")
+    body = once(
+        once(found[0], _READ, _READ_WITHOUT),
+        _KEPT,
+        "    completed = 0, redelivered = 0, reclaimed = 0, lettered = 0,\n",
+    )
+    for index in range(34, 39):  # the fields after the four move up
+        body = body.replace(f"m[{index}]", f"m[{index - 4}]")
+    source = source.replace(found[0], body)
+    for name in _COUNT_NAMES:
+        source = once(source, f"  changed('{name}', s.{name}, was.{name})\n", "")
+    return source
 
 
 def describe_modules(
@@ -559,6 +604,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--before", type=Path, help="BEFORE's module (default: the baseline)")
     parser.add_argument("--after", type=Path, help="AFTER's module (default: lua/rotator.lua)")
+    parser.add_argument(
+        "--isolate",
+        action="store_true",
+        help="BEFORE is AFTER without its counters: what the counters alone cost",
+    )
     args = parser.parse_args(argv)
     if args.table:
         print(markdown(json.loads((args.out / "counters.json").read_text())))
@@ -576,6 +626,10 @@ def main(argv: list[str] | None = None) -> int:
 
     began = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="rotator-counters-") as tmp:
+        if args.isolate:
+            source = args.after.read_text(encoding="utf-8") if args.after else module_source()
+            args.before = Path(tmp) / "rotator-without-counters.lua"
+            args.before.write_text(without_counters(source), encoding="utf-8")
         data = run(
             args.servers.split(","), mode, vias, Path(tmp), args.out, log=log, phases=phases,
             before=args.before, after=args.after,

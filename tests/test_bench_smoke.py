@@ -7,6 +7,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+from bench.counters import without_counters
+from rotator.script import module_source
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -213,6 +216,31 @@ def test_bench_counters_smoke(tmp_path: Path) -> None:
     report = (tmp_path / "counters.md").read_text()
     assert "| a. `next_packed 1` + batch ack | before " in report
     assert "FCALL: server µs per call" in printed
+
+
+def test_bench_counters_isolate_runs_the_module_without_its_counters(tmp_path: Path) -> None:
+    """--isolate: BEFORE is the module with its counters neither read nor written, and it
+    leases and acks as the module does (the counts stay 0 on its side)."""
+    source = module_source()
+    bare = without_counters(source)
+    assert "'completed', 'redelivered', 'reclaimed', 'lettered'" in source
+    assert "'completed'" not in bare.split("function M.read_meta(K)", 1)[1].split("\nend\n")[0]
+    assert "changed('completed'" not in bare
+    options = ["--phases", "a", "--via", "fcall", "--isolate", "--out", str(tmp_path)]
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.counters", "--smoke", "--servers", "redis", *options],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    data = json.loads((tmp_path / "counters.json").read_text())
+    assert "rotator-without-counters.lua" in data["modules"]["before"]
+    [row] = data["results"]["redis"]["rows"]
+    assert row["base"]["leased"] > 0
+    assert row["test"]["counted"]["completed"] > 0
 
 
 def test_bench_unique_quick(tmp_path: Path) -> None:
