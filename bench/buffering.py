@@ -33,7 +33,6 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -46,12 +45,18 @@ from typing import Any
 import redis
 import redis.asyncio as aredis
 
-from bench.harness import delete_run_keys, server_usec, size_mode, sized_parser, started
+from bench.harness import (
+    delete_run_keys,
+    git_commit,
+    server_usec,
+    size_mode,
+    sized_parser,
+    started,
+)
 from rotator import Job, Rotator
 from rotator.aio import AsyncRotator
 from rotator.script import module_source
 
-ROOT = Path(__file__).resolve().parent.parent
 RESULTS = Path(__file__).resolve().parent / "results"
 SCRIPT_COMMANDS = ("evalsha", "fcall")
 LOAD_CHUNK = 5000  # ids a call when loading a queue to drain (the module's most)
@@ -88,25 +93,6 @@ class Measured:
     @property
     def jobs_per_s(self) -> float:
         return self.jobs / self.seconds if self.seconds > 0 else 0.0
-
-
-def git_commit() -> str:
-    """The commit measured, ``+changes`` when the module or the buffering differ from it."""
-    head = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    dirty = subprocess.run(
-        ["git", "status", "--porcelain", "lua/rotator.lua", "rotator/buffering.py"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    return (head.stdout.strip() or "unknown") + ("+changes" if dirty.stdout.strip() else "")
 
 
 def ids(prefix: str, n: int) -> list[str]:
@@ -363,7 +349,7 @@ def run(kinds: Sequence[str], mode: str, workdir: Path, out: Path, log: Log) -> 
     module = {
         "path": "lua/rotator.lua",
         "sha1": hashlib.sha1(module_source().encode()).hexdigest(),
-        "commit": git_commit(),
+        "commit": git_commit("lua/rotator.lua", "rotator/buffering.py"),
     }
     results = {kind: run_server(kind, sizes, workdir, log) for kind in kinds}
     machine["load_after"] = round(os.getloadavg()[0], 2)

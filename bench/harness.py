@@ -44,24 +44,17 @@ def sized_parser(doc: str | None, out: Path, results: str) -> argparse.ArgumentP
 # -- what a result file records -----------------------------------------------------------
 
 
-def git_commit() -> str:
-    """The commit measured, ``+changes`` when the module differs from it."""
-    done = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    dirty = subprocess.run(
-        ["git", "status", "--porcelain", "lua/rotator.lua"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    commit = done.stdout.strip() or "unknown"
-    return commit + ("+changes" if dirty.stdout.strip() else "")
+def git_commit(*watched: str) -> str:
+    """The commit measured, ``+changes`` when one of the ``watched`` files (by default the
+    module) differs from it."""
+    commit = _git("rev-parse", "--short", "HEAD") or "unknown"
+    dirty = _git("status", "--porcelain", *(watched or ("lua/rotator.lua",)))
+    return commit + ("+changes" if dirty else "")
+
+
+def _git(*args: str) -> str:
+    done = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=False)
+    return done.stdout.strip()
 
 
 def module_info() -> dict[str, str]:
