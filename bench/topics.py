@@ -63,12 +63,7 @@ def rotator_run(client: redis.Redis, groups: int, messages: int) -> dict[str, An
 
     def consume() -> None:
         for name in names:
-            consumer = topic.group(name)
-            previous: list[Job] = []
-            while jobs := consumer.next(BATCH, ack=previous):
-                previous = jobs
-            consumer.ack(*previous)
-            consumer.next(1)  # the lap that removes the last acked batch
+            drain(topic.group(name))
 
     published = timed(client, publish)
     # Memory once published, nothing consumed: what each message keeps (its body and log
@@ -87,6 +82,16 @@ def rotator_run(client: redis.Redis, groups: int, messages: int) -> dict[str, An
     )
 
 
+def drain(queue: Rotator) -> None:
+    """Leases BATCH, acking the previous batch in the same call, until nothing is left; then
+    the last ack and the lap that removes its batch."""
+    previous: list[Job] = []
+    while jobs := queue.next(BATCH, ack=previous):
+        previous = jobs
+    queue.ack(*previous)
+    queue.next(1)
+
+
 def memory_of(client: redis.Redis, keys: list[str]) -> int:
     """Bytes the server holds for ``keys`` (``MEMORY USAGE ... SAMPLES 0``: every element)."""
     return sum(int(client.memory_usage(key, samples=0) or 0) for key in keys)
@@ -99,17 +104,10 @@ def payload_queue_run(client: redis.Redis, messages: int) -> dict[str, Any]:
         for start in range(0, messages, BATCH):
             queue.push_payloads({f"m-{start + i:012d}": PAYLOAD for i in range(BATCH)})
 
-    def consume() -> None:
-        previous: list[Job] = []
-        while jobs := queue.next(BATCH, ack=previous):
-            previous = jobs
-        queue.ack(*previous)
-        queue.next(1)  # the lap that removes the last acked batch
-
     pushed = timed(client, push)
     # Each pending job: its id in the ring and its payload in the payloads hash.
     kept = memory_of(client, [queue.keys.all[0], queue.keys.payloads]) / messages
-    consumed = timed(client, consume)
+    consumed = timed(client, lambda: drain(queue))
     queue.delete()
     return row(
         "rotator-payload-queue",

@@ -13,11 +13,12 @@ from rotator.script import module_source
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def run_smoke(module: str, out: Path, timeout: float) -> str:
-    """`python -m <module> --smoke` on Redis, its results written to `out`: it must succeed.
-    Returns what it printed."""
+def run_smoke(module: str, out: Path, timeout: float, *options: str) -> str:
+    """`python -m <module> --smoke [options]` on Redis, its results written to `out`: it must
+    succeed. Returns what it printed."""
+    command = [sys.executable, "-m", module, "--smoke", "--servers", "redis", "--out", str(out)]
     done = subprocess.run(
-        [sys.executable, "-m", module, "--smoke", "--servers", "redis", "--out", str(out)],
+        [*command, *options],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -226,16 +227,7 @@ def test_bench_counters_isolate_runs_the_module_without_its_counters(tmp_path: P
     assert "'completed', 'redelivered', 'reclaimed', 'lettered'" in source
     assert "'completed'" not in bare.split("function M.read_meta(K)", 1)[1].split("\nend\n")[0]
     assert "changed('completed'" not in bare
-    options = ["--phases", "a", "--via", "fcall", "--isolate", "--out", str(tmp_path)]
-    done = subprocess.run(
-        [sys.executable, "-m", "bench.counters", "--smoke", "--servers", "redis", *options],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    run_smoke("bench.counters", tmp_path, 120, "--phases", "a", "--via", "fcall", "--isolate")
     data = json.loads((tmp_path / "counters.json").read_text())
     assert "rotator-without-counters.lua" in data["modules"]["before"]
     [row] = data["results"]["redis"]["rows"]
