@@ -13,7 +13,6 @@ acked no payload may be left (``payloads_left``).
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 
 import pytest
@@ -55,12 +54,12 @@ def test_payloads_stay_with_their_jobs_through_kills_and_lost_replies(chaos: Mak
         ]
         run.wait_booted(workers)
         proxy.set_mode(Mode(drop_after=0.02, drop_before=0.01))
-        faults_end = time.monotonic() + 5.0
-        while time.monotonic() < faults_end:
-            time.sleep(run.rng.uniform(0.4, 0.8))
+
+        def kill_one() -> None:
             victim, _ = run.kill_busy(workers)
             workers[workers.index(victim)] = run.respawn(victim)
-            run.snapshot()
+
+        run.run_for(5.0, every=0.6, action=kill_one)
         proxy.set_mode(PASS)
         assert run.wait_exit(producer, 40) == 0, run.stderr(producer)
         assert run.wait_exit(again, 20) == 0, run.stderr(again)
