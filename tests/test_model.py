@@ -327,7 +327,7 @@ class Series:
 
 
 class RotatorMachine(RuleBasedStateMachine):
-    client: redis.Redis  # set by machine_on()
+    client: redis.Redis  # set by on_server()
 
     def __init__(self) -> None:
         super().__init__()
@@ -1241,14 +1241,18 @@ def test_the_clocked_variant_differs_from_the_module_only_in_its_clock() -> None
     assert _NOW_MS.sub("", source) == _NOW_MS.sub("", clocked)
 
 
-def machine_on(client: redis.Redis) -> type[RotatorMachine]:
-    return type("RotatorMachineOnServer", (RotatorMachine,), {"client": client})
+Machine = TypeVar("Machine", bound=RuleBasedStateMachine)
+
+
+def on_server(machine: type[Machine], client: redis.Redis) -> type[Machine]:
+    """``machine`` bound to ``client`` (Hypothesis makes the instances itself)."""
+    return type(f"{machine.__name__}OnServer", (machine,), {"client": client})
 
 
 @pytest.mark.timeout(MACHINE_TIMEOUT_S)
 def test_the_module_behaves_like_the_model(server: ServerProcess) -> None:
     with server.client() as client:
-        run_state_machine_as_test(machine_on(client), settings=PROFILE)
+        run_state_machine_as_test(on_server(RotatorMachine, client), settings=PROFILE)
 
 
 # -- a queue that tracks ids: unique pushes and cancel ------------------------------------------
@@ -1280,7 +1284,7 @@ class TrackedMachine(RuleBasedStateMachine):
     of both lists whole (`sweep_whole`), and at teardown, once drained, every copy pushed
     and not cancelled was completed exactly once and the ids hash is empty."""
 
-    client: redis.Redis  # set by tracked_on()
+    client: redis.Redis  # set by on_server()
 
     def __init__(self) -> None:
         super().__init__()
@@ -1520,14 +1524,10 @@ class TrackedMachine(RuleBasedStateMachine):
         assert not self.t.copies  # the cancelled ones went with the sweeps
 
 
-def tracked_on(client: redis.Redis) -> type[TrackedMachine]:
-    return type("TrackedMachineOnServer", (TrackedMachine,), {"client": client})
-
-
 @pytest.mark.timeout(MACHINE_TIMEOUT_S)
 def test_a_tracked_queue_behaves_like_the_id_model(server: ServerProcess) -> None:
     with server.client() as client:
-        run_state_machine_as_test(tracked_on(client), settings=TRACKED_PROFILE)
+        run_state_machine_as_test(on_server(TrackedMachine, client), settings=TRACKED_PROFILE)
 
 
 # -- a queue with payloads: each delivery carries its id's payload, acks take it once ----------
@@ -1549,7 +1549,7 @@ class PayloadMachine(RuleBasedStateMachine):
     payload, and "<id>*" counts the copies beyond the first; acks of a young batch are
     accepted whole. At teardown, drained: the hash is empty."""
 
-    client: redis.Redis  # set by payloads_on()
+    client: redis.Redis  # set by on_server()
 
     def __init__(self) -> None:
         super().__init__()
@@ -1678,14 +1678,10 @@ class PayloadMachine(RuleBasedStateMachine):
         assert stored == expected
 
 
-def payloads_on(client: redis.Redis) -> type[PayloadMachine]:
-    return type("PayloadMachineOnServer", (PayloadMachine,), {"client": client})
-
-
 @pytest.mark.timeout(MACHINE_TIMEOUT_S)
 def test_a_payload_queue_behaves_like_the_payload_model(server: ServerProcess) -> None:
     with server.client() as client:
-        run_state_machine_as_test(payloads_on(client), settings=TRACKED_PROFILE)
+        run_state_machine_as_test(on_server(PayloadMachine, client), settings=TRACKED_PROFILE)
 
 
 # -- arbitrary bytes in the ring -------------------------------------------------------------
@@ -1782,7 +1778,7 @@ def test_a_claim_moves_at_most_1000_due_jobs_earliest_first_as_the_model_does(
     stays at the earliest left (due already), and the next claim moves the rest; every reply
     and key as the model has them, and the queue then drains."""
     with server.client() as client:
-        machine = machine_on(client)()
+        machine = on_server(RotatorMachine, client)()
         try:
             bulk = [b"x%04d" % i for i in range(spec.PROMOTE + 1)]
             machine.push_later_raw(b"AT", 0, bulk[::-1])  # due now
