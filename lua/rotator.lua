@@ -786,7 +786,7 @@ function M.check_tokens(first, required, batches)
   if required and #A < first then M.refuse('ROTATOR_BADTOKEN', 'no token given') end
   M.check_count(first, 'tokens')
   local find, byte, BYTE_STAR = string.find, string.byte, BYTE_STAR
-  local named = {}
+  local named -- (batches 'named': each named batch ack's ids, by argument)
   for i = first, #A do
     local token = A[i]
     -- A plain search for "*" (memchr), then a pattern over the short stamp only.
@@ -797,6 +797,7 @@ function M.check_tokens(first, required, batches)
       if batches == 'named' then
         local ids = M.name_batch(token, star)
         jobs = ids and #ids
+        named = named or {}
         named[i] = ids
       else
         jobs = batches and #token <= LIMIT.batch_ack_bytes
@@ -808,24 +809,28 @@ function M.check_tokens(first, required, batches)
       end
     end
   end
-  local ids = #A - first + 1
-  for _, named_ids in pairs(named) do ids = ids + #named_ids - 1 end
-  if ids > LIMIT.batch then -- (their payloads are looked up in one call)
-    M.refuse('ROTATOR_TOOMANY', 'at most ' .. LIMIT.batch .. ' jobs named per call, got ' .. ids)
-  end
   -- (rewritten once every argument passed: a refused call leaves A as it came)
-  for i = first, #A do
-    if named[i] then M.rename_batch_ack(i, named[i]) end
-  end
+  if named then M.take_names(first, named) end
 end
 
--- A[i], a named batch ack of the jobs `ids`, becomes its batch ack (see NAMED).
-function M.rename_batch_ack(i, ids)
-  local batch = string.sub(A[i], 1, string.find(A[i], '*', 2, true) - 1)
-  local ack = batch .. '/' .. #ids
-  NAMED = NAMED or {}
-  NAMED[ack] = { element = A[i], ids = ids }
-  A[i] = ack
+-- Each named batch ack of A[first..] (`named`: argument -> the ids it names, all checked)
+-- becomes its batch ack, what it named kept in NAMED; a call naming more than LIMIT.batch
+-- jobs, tokens and ids together, is refused (their payloads are looked up in one call).
+function M.take_names(first, named)
+  local jobs = #A - first + 1
+  for _, ids in pairs(named) do jobs = jobs + #ids - 1 end
+  if jobs > LIMIT.batch then
+    M.refuse('ROTATOR_TOOMANY', 'at most ' .. LIMIT.batch .. ' jobs named per call, got ' .. jobs)
+  end
+  NAMED = {}
+  for i = first, #A do
+    local ids = named[i]
+    if ids then
+      local ack = string.sub(A[i], 1, string.find(A[i], '*', 2, true) - 1) .. '/' .. #ids
+      NAMED[ack] = { element = A[i], ids = ids }
+      A[i] = ack
+    end
+  end
 end
 
 -- The ids of a named batch ack "*<deadline>.1.<call seq>*<id>*<id>..." (`star`: its second
@@ -881,6 +886,13 @@ end
 -- ensure_ring, record_push, and queue_stats in section 7) take the queue's keys as their first
 -- parameter, K; everything else works on this call's own queue, K of section 2.
 
+-- A queue's seq and origin from their meta fields (strings or nil): a queue without a seq
+-- starts at now, and its origin is its first seq.
+function M.seq_origin(seq_field, origin_field)
+  local seq = tonumber(seq_field) or M.now_ms()
+  return seq, tonumber(origin_field) or (seq_field and 0 or seq)
+end
+
 -- A queue without a seq (new, or its keys deleted by hand) starts counting visits at the
 -- server's time in ms, not at 0: its tokens then carry seqs beyond those of a queue of the same
 -- name deleted before (unless that one visited more than an element per ms since it began).
@@ -892,10 +904,10 @@ function M.read_meta(K)
     'lmin', 'lstop', 'lpass', 'lskip', 'rpasses', 'lpasses', 'smin', 'paused', 'rate_n',
     'rate_ms', 'rate_tat', 'completed', 'redelivered', 'reclaimed', 'lettered', 'track_ids',
     'prio', 'pseq', 'stale', 'layout')
-  local seq = tonumber(m[1]) or M.now_ms()
+  local seq, origin = M.seq_origin(m[1], m[10])
   return {
     -- origin: the first seq of the queue as it is now (see refused_among)
-    seq = seq, seeded = not m[1], origin = tonumber(m[10]) or (m[1] and 0 or seq),
+    seq = seq, seeded = not m[1], origin = origin,
     fence_ms = tonumber(m[11]) or LIMIT.fence_ms, fence_max = tonumber(m[12]) or LIMIT.fence_max,
     dead_max = tonumber(m[13]) or LIMIT.dead_max,
     dead_age_ms = tonumber(m[14]) or LIMIT.dead_age_ms,
@@ -4088,10 +4100,10 @@ function M.define_extensions()
   -- a publish reads every group's, so it reads 6 fields a group instead of all of them.
   function M.read_push_meta(keys)
     local m = M.read('HMGET', keys.meta, 'seq', 'origin', 'pushed', 'taken', 'lapnext', 'layout')
-    local seq = tonumber(m[1]) or M.now_ms()
+    local seq, origin = M.seq_origin(m[1], m[2])
     return {
-      seq = seq, origin = tonumber(m[2]) or (m[1] and 0 or seq), pushed = tonumber(m[3]) or 0,
-      taken = tonumber(m[4]) or 0, lapnext = tonumber(m[5]), layout = m[6],
+      seq = seq, origin = origin, pushed = tonumber(m[3]) or 0, taken = tonumber(m[4]) or 0,
+      lapnext = tonumber(m[5]), layout = m[6],
     }
   end
 
