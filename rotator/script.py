@@ -277,28 +277,24 @@ def module_caller(client: Any, functions: bool | None) -> Any:
     """What calls the module for ``client``: FCALL of the library (True), redis-py's Script
     (False), or the faster of the two that the server allows (None). On Redis Cluster an
     FCALL goes to the master of its keys' slot (:class:`ClusterFunctionCall`)."""
-    if isinstance(client, RedisCluster):
-        if functions is None:
-            return ClusterAutoCall(client)
-        return ClusterFunctionCall(client) if functions else client.register_script(module_source())
+    cluster = isinstance(client, RedisCluster)
     if functions is None:
-        return AutoCall(client)
-    return FunctionCall(client) if functions else client.register_script(module_source())
+        return (ClusterAutoCall if cluster else AutoCall)(client)
+    if functions:
+        return (ClusterFunctionCall if cluster else FunctionCall)(client)
+    return client.register_script(module_source())
 
 
 def async_module_caller(client: Any, functions: bool | None) -> Any:
     # Imported here, so that sync callers never load redis.asyncio.
     from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster  # noqa: PLC0415
 
-    if isinstance(client, AsyncRedisCluster):
-        if functions is None:
-            return AsyncClusterAutoCall(client)
-        if functions:
-            return AsyncClusterFunctionCall(client)
-        return client.register_script(module_source())
+    cluster = isinstance(client, AsyncRedisCluster)
     if functions is None:
-        return AsyncAutoCall(client)
-    return AsyncFunctionCall(client) if functions else client.register_script(module_source())
+        return (AsyncClusterAutoCall if cluster else AsyncAutoCall)(client)
+    if functions:
+        return (AsyncClusterFunctionCall if cluster else AsyncFunctionCall)(client)
+    return client.register_script(module_source())
 
 
 def _function_missing(error: ResponseError) -> bool:
