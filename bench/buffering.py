@@ -28,10 +28,7 @@ calls only) and the module calls per job. Results: ``bench/results/buffering.jso
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
-import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -47,7 +44,9 @@ import redis.asyncio as aredis
 
 from bench.harness import (
     delete_run_keys,
-    git_commit,
+    load_now,
+    machine_info,
+    module_info,
     server_usec,
     size_mode,
     sized_parser,
@@ -55,7 +54,6 @@ from bench.harness import (
 )
 from rotator import Job, Rotator
 from rotator.aio import AsyncRotator
-from rotator.script import module_source
 
 RESULTS = Path(__file__).resolve().parent / "results"
 SCRIPT_COMMANDS = ("evalsha", "fcall")
@@ -338,21 +336,10 @@ def table(data: dict[str, Any]) -> str:
 def run(kinds: Sequence[str], mode: str, workdir: Path, out: Path, log: Log) -> dict[str, Any]:
     """Measures every case on each server in ``kinds``; writes ``out/buffering.json``."""
     sizes = SIZES[mode]
-    machine = {
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "cpus": os.cpu_count(),
-        "mode": mode,
-        "date": time.strftime("%Y-%m-%d"),
-        "load_before": round(os.getloadavg()[0], 2),
-    }
-    module = {
-        "path": "lua/rotator.lua",
-        "sha1": hashlib.sha1(module_source().encode()).hexdigest(),
-        "commit": git_commit("lua/rotator.lua", "rotator/buffering.py"),
-    }
+    machine = machine_info(mode)
+    module = module_info("lua/rotator.lua", "rotator/buffering.py")
     results = {kind: run_server(kind, sizes, workdir, log) for kind in kinds}
-    machine["load_after"] = round(os.getloadavg()[0], 2)
+    machine["load_after"] = load_now()
     data: dict[str, Any] = {
         "machine": machine,
         "module": module,

@@ -49,8 +49,6 @@ says how much to trust a difference.
 from __future__ import annotations
 
 import json
-import os
-import platform
 import re
 import statistics
 import sys
@@ -64,7 +62,15 @@ from typing import Any
 import redis
 
 from bench.bounds import BUDGET, CHUNK, Module, job_ids, wait_lazyfree
-from bench.harness import git_commit, size_mode, sized_parser, started
+from bench.harness import (
+    git_commit,
+    load_now,
+    machine_info,
+    size_mode,
+    sized_parser,
+    started,
+    write_results,
+)
 from rotator.keys import queue_keys
 from rotator.script import module_source
 
@@ -568,20 +574,12 @@ def run(
     sizes = SIZES[mode]
     pair = modules(before, after)
     chosen = tuple(p for p in PHASES if not phases or p.key in phases)
-    machine = {
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "cpus": os.cpu_count(),
-        "mode": mode,
-        "date": time.strftime("%Y-%m-%d"),
-        "load_before": round(os.getloadavg()[0], 2),
-        "shared": True,  # other work ran on this machine during the run
-    }
+    machine = machine_info(mode, shared=True)  # (other work ran on this machine meanwhile)
     results = {
         kind: run_server(kind, pair, sizes, vias=vias, phases=chosen, workdir=workdir, log=log)
         for kind in kinds
     }
-    machine["load_after"] = round(os.getloadavg()[0], 2)
+    machine["load_after"] = load_now()
     data: dict[str, Any] = {
         "machine": machine,
         "modules": describe_modules(pair, before, after),
@@ -590,10 +588,7 @@ def run(
         "target": TARGET,
         "results": results,
     }
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "counters.json").write_text(json.dumps(data, indent=2) + "\n")
-    (out / "counters.md").write_text(report(data))
-    return data
+    return write_results(out, "counters", data, report)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -57,12 +57,12 @@ def _git(*args: str) -> str:
     return done.stdout.strip()
 
 
-def module_info() -> dict[str, str]:
-    """The module the servers will load (read before the run)."""
+def module_info(*watched: str) -> dict[str, str]:
+    """The module the servers will load (read before the run); ``watched``: as git_commit."""
     return {
         "path": "lua/rotator.lua",
         "sha1": hashlib.sha1(module_source().encode()).hexdigest(),
-        "commit": git_commit(),
+        "commit": git_commit(*watched),
     }
 
 
