@@ -10,6 +10,7 @@ one partition at once, and a journal row whose write failed.
 from __future__ import annotations
 
 import threading
+import time
 import zlib
 from collections import Counter
 from collections.abc import Iterable, Iterator
@@ -19,6 +20,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner, Result
+from pyspark import TaskContext
 from redis.cluster import RedisCluster
 from redis.exceptions import ResponseError
 
@@ -92,11 +94,36 @@ def tag_of(key: str) -> str:
 _SIDE: dict[str, RedisCluster] = {}
 
 
-def note_run(url: str, key: str, job_id: str) -> None:
-    """Records on the cluster that a handler ran (one client per executor process)."""
+def side(url: str) -> RedisCluster:
+    """The cluster, from a handler (one client per executor process)."""
     if url not in _SIDE:
         _SIDE[url] = RedisCluster.from_url(url)
-    _SIDE[url].rpush(key, job_id)
+    return _SIDE[url]
+
+
+def note_run(url: str, key: str, job_id: str) -> None:
+    """Records on the cluster that a handler ran."""
+    side(url).rpush(key, job_id)
+
+
+_JOINED: set[tuple[str, int]] = set()  # (key, partition) of the tasks of this process that met
+
+
+def meet(url: str, key: str, tasks: int, timeout: float = 30.0) -> None:
+    """Holds a drain task's first job until ``tasks`` tasks each hold one, so that every task
+    takes work however late Spark starts one (on a loaded machine the first task once drained
+    the whole queue before the second began)."""
+    context = TaskContext.get()
+    assert context is not None, "meet() runs in a Spark task"
+    partition = context.partitionId()
+    if (key, partition) in _JOINED:
+        return
+    cluster = side(url)
+    cluster.sadd(key, partition)
+    deadline = time.monotonic() + timeout
+    while cluster.scard(key) < tasks and time.monotonic() < deadline:
+        time.sleep(0.01)
+    _JOINED.add((key, partition))
 
 
 def invoke(*args: str) -> Result:
@@ -306,6 +333,7 @@ def test_drain_completes_every_job_once_and_leaves_every_shard_drained(
     runs = f"{queue_name}:runs"
 
     def handler(job: Job) -> None:
+        meet(url, f"{runs}:tasks", 2)
         note_run(url, runs, job.id)
 
     results = rspark.drain(
