@@ -21,7 +21,9 @@ KEYS
                             (touched, see below)
   KEYS[5]  marks_old  HASH  marks written before the last lap (swept at the next lap)
   KEYS[6]  revoked    ZSET  token -> ms it was revoked (re-leased, nacked or dead-lettered);
-                            "<batch>*": every token of that batch (its expiry re-leased them)
+                            "<batch>*": every token of that batch (its expiry re-leased them);
+                            "<token>+", "<batch>+": an ack that dropped payloads (ackp), kept
+                            a minute at most, and refusing nothing
   KEYS[7]  dead       LIST  dead letters "<reason>*<deliveries>*<ms>*<element>", oldest first;
                             reason "failed" (bury): element "<id>*<error>"
   KEYS[8]  wake       LIST  wake-up tokens that idle consumers block on (BLPOP)
@@ -401,16 +403,18 @@ COMMANDS (ARGV[1]; numbers are decimal integers)
     errors: as nextp
   ackp TOKEN [TOKEN ...]                                            (KEYS 1..14, or 1..15)
     ack, and deletes the payloads (and stats) of the accepted tokens' ids, or, for an id
-    pushed more than once, counts one copy less (the payload stays for the others). A token
-    acked again while its ack is in a done set deletes nothing more (one sent again after
-    the walk removed its lease is not told apart: with two copies of an id queued, it may
-    take the other's payload). A TOKEN may be a named batch ack: the packed element
+    pushed more than once, counts one copy less (the payload stays for the others). An ack
+    sent again (a call retried after its reply was lost) deletes nothing more: while its lease
+    waits for the walk, the done set or the batch's mark tells; once the walk removed it, the
+    call's memory of what it dropped: "<token>+" and "<batch>+" in KEYS[6], kept for the fence
+    window, at most a minute (sent again later than that, with a copy of its id queued, it
+    would take the copy's payload). A TOKEN may be a named batch ack: the packed element
     "*<deadline>.1.<seq>*<id1>*<id2>..." a next_packed or nextp_packed reply sent. It is
-    accepted as that batch's batch ack (see ack) when that very element is in the lease
-    list, within LIMIT.named_look (100) elements of either end, so the ids are the batch's
-    own; otherwise refused (ack the tokens). Its payloads go the first time it is accepted;
-    sent again before the walk removed the element, it deletes nothing more. At most 5000
-    jobs named per call, tokens and named ids together.
+    accepted as that batch's batch ack (see ack) when that very element is in the lease list,
+    within LIMIT.named_look (100) elements of either end, so the ids are the batch's own;
+    otherwise refused (ack the tokens). Its payloads go the first time it is accepted, never
+    again (its tokens sent after it are known as above). At most 5000 jobs named per call,
+    tokens and named ids together.
     reply: number accepted (a named batch ack counts once)
     errors: ROTATOR_BADTOKEN (a bare batch ack "*<stamp>/<jobs>" too: the ids are needed),
       ROTATOR_TOOMANY
@@ -560,6 +564,9 @@ local LIMIT = {
   dead_age_ms = 7 * 86400000, dead_age_ms_range = { 0, 3650 * 86400000 }, -- 0: no age limit
   track_ids = 0, track_ids_range = { 0, 1 }, -- see IDS
   trim_step = 1000, -- refused tokens or dead letters one call drops beyond what it adds
+  -- How long an ack that dropped payloads is remembered at most (M.remember_dropped): a
+  -- call retried after its reply was lost comes again within this.
+  drop_memory_ms = 60000,
   -- The meta hash's field `layout`, written at a queue's first push: a value longer than the
   -- servers' hash-max-listpack-value (64 bytes) makes the hash a hash table for good, where
   -- the HMGET of some 38 fields every claim makes does not search a listpack field by field.
@@ -647,6 +654,9 @@ local BYTE_E = 101 -- 'e': opens the mark of an extended lease ("e<deadline ms>"
 local BYTE_F = 102 -- 'f': opens the mark of a buried job ("f<error>")
 local BYTE_HASH = 35 -- '#': opens the processing times a next or an ack may carry
 local BYTE_S = 115 -- 's': opens an id index entry of a scheduled job
+-- Ends the name of an ack remembered in K.revoked as having dropped payloads (see
+-- M.remember_dropped); no token, batch or batch fence ends so.
+local DROPPED_MARK = '+'
 
 -- next takes the short way (M.fast_lease) where it applies. A test flips this to compare the
 -- two ways key by key (tests/lua/test_fast_lease.py).
@@ -668,8 +678,9 @@ local UNIQUE
 local FRESH_ACKS
 -- The call names its batch acks (ackp, nextp DROP 1): check_tokens turned each named batch ack
 -- into its batch ack "<batch>/<jobs>" and keeps here what it named ({element, ids}); the ids
--- of those accepted for the first time go to NAMED_IDS, whose payloads are dropped.
-local NAMED, NAMED_IDS
+-- of those accepted for the first time go to DROPPED.ids, whose payloads are dropped, and
+-- their batch names to DROPPED.batches, which the call remembers (M.remember_dropped).
+local NAMED, DROPPED
 local T, NGROUPS
 -- Zero-padded places ("00042"), each formatted once: a token's seq is the call's first visit
 -- number followed by the job's place in the call's batch (or among the call's later
@@ -746,6 +757,16 @@ function M.call_all(command, key, items)
     total = total + rcall(command, key, unpack(items, i, math.min(i + LIMIT.batch - 1, #items)))
   end
   return total
+end
+
+-- ZMSCORE of any number of members, LIMIT.batch at a time.
+function M.zmscore_all(key, members)
+  local scores = {}
+  for i = 1, #members, LIMIT.batch do
+    local part = rcall('ZMSCORE', key, unpack(members, i, math.min(i + LIMIT.batch - 1, #members)))
+    for j = 1, #part do scores[i + j - 1] = part[j] end
+  end
+  return scores
 end
 
 -- HMGET of any number of fields, LIMIT.batch at a time.
@@ -1315,8 +1336,8 @@ end
 -- The named batch acks (see NAMED) not refused yet: refused unless their packed element is
 -- in the lease list as named, near one of its ends (LIMIT.named_look elements), so the ids
 -- are the batch's own; the ids of those not acked whole before (no "a" mark) go to
--- NAMED_IDS. A batch acked and removed before is not found: its ack is refused, and the
--- client acks token by token.
+-- DROPPED. A batch acked and removed before is not found: its ack is refused, and the client
+-- acks token by token (which not_acked_yet then knows, from the call's memory of it).
 function M.check_named(first, refused, sides)
   local batches, acks, seen = {}, {}, {}
   for i = first, #A do
@@ -1342,17 +1363,20 @@ function M.check_named(first, refused, sides)
       end
     end
   end
+  local dropped_ids, dropped_batches = DROPPED.ids, DROPPED.batches
   for i = 1, #batches do
     if not before[i] then
       local ids = NAMED[acks[i]].ids
-      for j = 1, #ids do NAMED_IDS[#NAMED_IDS + 1] = ids[j] end
+      for j = 1, #ids do dropped_ids[#dropped_ids + 1] = ids[j] end
+      dropped_batches[#dropped_batches + 1] = batches[i]
     end
   end
 end
 
 -- Of `tokens`, those in neither done set, nor of a batch acked whole (an "a" mark: a named
 -- batch ack took its payloads, and a client whose other batch ack was refused sends the
--- tokens of both): acked now for the first time.
+-- tokens of both), nor remembered with their batch as dropped (M.remember_dropped: acked,
+-- and their lease removed since): acked now for the first time.
 function M.not_acked_yet(tokens, sides)
   local fresh, seen = {}, {}
   for _, key in ipairs({ K.done, K.done_old }) do
@@ -1379,10 +1403,49 @@ function M.not_acked_yet(tokens, sides)
       end
     end
   end
+  if #tokens > 0 and (sides.revoked or 1) > 0 then
+    local names, of = {}, {}
+    for i = 1, #tokens do
+      local token = tokens[i]
+      if not seen[token] then
+        names[#names + 1], of[#names + 1] = token .. DROPPED_MARK, token
+        local batch = M.batch_of(token)
+        if batch then names[#names + 1], of[#names + 1] = batch .. DROPPED_MARK, token end
+      end
+    end
+    local scores = M.zmscore_all(K.revoked, names)
+    for i = 1, #names do
+      if scores[i] then seen[of[i]] = true end
+    end
+  end
   for i = 1, #tokens do
     if not seen[tokens[i]] then fresh[#fresh + 1] = tokens[i] end
   end
   return fresh
+end
+
+-- Remembers the acks whose payloads this call dropped (`tokens`, and `batches` acked whole by
+-- name) in K.revoked as "<name>+", which names no ack, so refused_among never meets one: an
+-- ack sent again (its reply lost, the call retried) after the walk removed its lease would
+-- otherwise be taken for a first one, and drop the payload of a copy of its id queued since.
+-- They are kept for the fence window, at most LIMIT.drop_memory_ms: scored that much before
+-- a refusal made now, so the fence's own trim (trim_revoked) drops them in time.
+function M.remember_dropped(tokens, batches)
+  local n = #tokens + #batches
+  if n == 0 then return end
+  local m = rcall('HMGET', K.meta, 'fence_ms', 'fence_max')
+  local fence = { fence_ms = tonumber(m[1]) or LIMIT.fence_ms,
+    fence_max = tonumber(m[2]) or LIMIT.fence_max }
+  local now = M.now_ms()
+  local score = now - fence.fence_ms + math.min(fence.fence_ms, LIMIT.drop_memory_ms)
+  local args = {}
+  for _, names in ipairs({ tokens, batches }) do
+    for i = 1, #names do
+      args[#args + 1], args[#args + 2] = score, names[i] .. DROPPED_MARK
+    end
+  end
+  M.call_all('ZADD', K.revoked, args)
+  M.trim_revoked(fence, now, n, rcall('ZCARD', K.revoked))
 end
 
 -- The lease list's walk stopped at a young lease that was live (meta lstop, its deadline), and
@@ -1434,13 +1497,9 @@ function M.refused_among(first, sides)
       end
       if batch then names[#names + 1], of[#names + 1] = batch .. '*', arg end
     end
-    -- (up to two names a token: sliced, as unpack takes at most LIMIT.batch values)
-    for from = 1, #names, LIMIT.batch do
-      local scores = rcall('ZMSCORE', K.revoked,
-        unpack(names, from, math.min(from + LIMIT.batch - 1, #names)))
-      for i = 1, #scores do
-        if scores[i] then refused[of[from + i - 1]] = true end
-      end
+    local scores = M.zmscore_all(K.revoked, names) -- (up to two names a token)
+    for i = 1, #names do
+      if scores[i] then refused[of[i]] = true end
     end
   end
   return refused
@@ -2804,7 +2863,7 @@ function M.fast_lease(first, count, lease, budget, compact, state)
   if marked[1] + marked[2] + marked[3] + marked[4] ~= 0 then return nil end
   local now, seq = state.now, meta.seq
   -- The acks: batch acks of distinct batches, every one accepted.
-  local jobs_of, names, named_ids = {}, {}, {}
+  local jobs_of, names, named_ids, named_batches = {}, {}, {}, {}
   for i = first, #A do
     local arg = A[i]
     if string.byte(arg) ~= BYTE_STAR then return nil end
@@ -2844,6 +2903,7 @@ function M.fast_lease(first, count, lease, budget, compact, state)
         if not named or named.element ~= element then return nil end
         ids = #named.ids
         for j = 1, ids do named_ids[#named_ids + 1] = named.ids[j] end
+        named_batches[#named_batches + 1] = batch
       else
         for _ in string.gmatch(string.sub(element, #batch + 2), '[^*]+') do ids = ids + 1 end
       end
@@ -2906,7 +2966,7 @@ function M.fast_lease(first, count, lease, budget, compact, state)
     if bytes >= most then break end
   end
   -- Writes (the walk's finish_walk, note_leases and write_meta, in that order).
-  NAMED_IDS = named_ids
+  DROPPED = { ids = named_ids, batches = named_batches }
   local leased = #batch
   local deadline = now + lease
   local first_stamp = '*' .. deadline .. '.1.' .. seq
@@ -3746,8 +3806,9 @@ function M.define_extensions()
   -- but of an id with copies still in the queue only one copy's count.
   function M.forget(accepted)
     local ids = M.token_ids(accepted or {})
-    for i = 1, #NAMED_IDS do ids[#ids + 1] = NAMED_IDS[i] end
+    for i = 1, #DROPPED.ids do ids[#ids + 1] = DROPPED.ids[i] end
     if #ids == 0 then return end
+    M.remember_dropped(accepted or {}, DROPPED.batches)
     local fields = {}
     for i = 1, #ids do fields[i] = M.copies_field(ids[i]) end
     local copies = rcall('HMGET', K.payloads, unpack(fields))
@@ -4651,7 +4712,7 @@ end
 local function main(keys, args)
   -- The call state of section 2: bound here, once per call, and nowhere else.
   UNIQUE, FRESH_ACKS = args[1] == 'unique', false
-  NAMED, NAMED_IDS = nil, {}
+  NAMED, DROPPED = nil, { ids = {}, batches = {} }
   if UNIQUE then
     args = { unpack(args, 2) }
     local pushes = { push = 1, pushi = 1, push_later = 1, push_priority = 1, pushp = 1,

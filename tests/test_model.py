@@ -95,6 +95,7 @@ START_MS = 1_700_000_000_000
 LEASE_MS = 1000  # the API queue's lease
 MAX_DELIVERIES = 3  # the API queue's max_deliveries
 BUDGET = 3  # the API queue's budget: small, so laps take several calls
+DROPPED_MEMORY_MS = 60_000  # how long an ack that dropped payloads is remembered (LIMIT)
 LIVENESS_JUMP_MS = 3 * 86_400_000  # past every lease, nack delay and the revoked memory
 MAX_STAMPED_DELIVERIES = 999_999_999  # the most deliveries a token may carry (9 digits)
 # A consumer told idle = 1 blocks for wait_ms: it must not be told so while a job is there.
@@ -1541,8 +1542,9 @@ class PayloadMachine(RuleBasedStateMachine):
     flight. Pushes (an id pushed again adds a copy and replaces the payload), claims whose
     acks ride on them (the oldest batch held, whole: a named batch ack), acks of a whole
     batch (named) or job by job (tokens, once the batch's lease may have run out), an ack
-    sent again at once (a retried call whose reply was lost), clock moves past leases (whole
-    batches reclaimed), and sweeps.
+    sent again (a retried call whose reply was lost: at once, or after pushes of its ids,
+    claims and sweeps that removed its batch, within the module's memory of it), clock moves
+    past leases (whole batches reclaimed), and sweeps.
 
     Compared exactly: every delivery's payload is the one last pushed with its id; after
     every step the payloads hash holds exactly the ids with a copy left, each with its
@@ -1564,7 +1566,8 @@ class PayloadMachine(RuleBasedStateMachine):
         self.copies: Counter[str] = Counter()  # copies queued or in flight, by id
         self.held: list[list[Job]] = []  # each claim's deliveries, oldest first
         self.versions = 0
-        self.last_acked: list[Job] = []  # acked by the last step, if it was an ack
+        self.last_acked: list[Job] = []  # acked whole by the last ack, while remembered
+        self.acked_at = START_MS
 
     def teardown(self) -> None:
         try:
@@ -1610,7 +1613,6 @@ class PayloadMachine(RuleBasedStateMachine):
     @rule(ids=PAYLOAD_IDS)
     @checked
     def push(self, ids: list[str]) -> None:
-        self.last_acked = []
         for job_id in ids:  # one call each: a call's payloads are one per id
             self.versions += 1
             body = f"{job_id}-v{self.versions}".encode()
@@ -1626,7 +1628,8 @@ class PayloadMachine(RuleBasedStateMachine):
             acks = self.held.pop(0)  # young: the named batch ack is accepted whole
         jobs = self.claimed(count, acks)
         self.completed(acks)
-        self.last_acked = []
+        if acks:
+            self.acked(acks)
         if jobs:
             self.held.append(jobs)
 
@@ -1638,7 +1641,7 @@ class PayloadMachine(RuleBasedStateMachine):
         if self.young(jobs):
             assert self.q.ack(*jobs) == len(jobs)
             self.completed(jobs)
-            self.last_acked = jobs
+            self.acked(jobs)
             return
         # Its lease may have run out, and the walk may have given the jobs to another claim:
         # each token tells.
@@ -1647,12 +1650,18 @@ class PayloadMachine(RuleBasedStateMachine):
                 self.completed([job])
         self.last_acked = []
 
-    @precondition(lambda self: bool(self.last_acked))
+    def acked(self, jobs: list[Job]) -> None:
+        self.last_acked, self.acked_at = jobs, self.now
+
+    @precondition(
+        lambda self: bool(self.last_acked) and self.now - self.acked_at < DROPPED_MEMORY_MS
+    )
     @rule()
     @checked
     def ack_again(self) -> None:
-        """The same ack once more, before anything else ran (a retry after a lost reply):
-        accepted, and it takes no payload of a copy left."""
+        """The last whole ack once more (a retry after a lost reply), whatever ran since: its
+        batch may be removed, and its ids pushed, claimed and acked again. Accepted, and it
+        takes no payload of a copy left."""
         assert self.q.ack(*self.last_acked) == len(self.last_acked)
 
     @rule(ms=st.sampled_from([1, 300, LEASE_MS + 1, 3 * LEASE_MS]))
@@ -1663,7 +1672,6 @@ class PayloadMachine(RuleBasedStateMachine):
     @rule()
     @checked
     def sweep(self) -> None:
-        self.last_acked = []
         self.q.sweep()
 
     @invariant()

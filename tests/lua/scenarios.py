@@ -2116,6 +2116,59 @@ def an_ack_sent_twice_leaves_the_payload_of_another_copy(b: Backend) -> None:
 
 
 @scenario
+def an_ack_sent_again_after_its_lease_was_removed_drops_nothing(b: Backend) -> None:
+    """Found by the chaos payload run: a named batch ack whose reply was lost came again after
+    a claim had removed its batch. Refused (the element was gone), the client acked its
+    tokens, which were taken for first acks and dropped the payload of a copy queued since.
+    The same held for a token acked, removed and sent again."""
+    keys = payload_keys(b)
+    for _ in range(2):
+        assert b.call_keys(keys, "pushp", "a", "pa") == 1  # two copies of "a"
+    element = str(nextp_packed(b, keys, 1)[3])
+    # Acked by name on the next claim, which removes the batch and leases the copy.
+    second = nextp_packed(b, keys, 1, named(element))
+    assert (second[2], str(second[3]).split("*")[2:], second[4]) == (1, ["a"], "pa")
+    assert b.state("leases") == ("list", [str(second[3])])
+    # The call again: by name it is refused; its tokens are accepted, and drop nothing.
+    assert b.call_keys(keys, "ackp", named(element)) == 0
+    assert b.call_keys(keys, "ackp", *packed_tokens(element)) == 1
+    assert b.key_state(keys[N_QUEUE_KEYS]) == ("hash", {"a": "pa"})
+    # By token: the copy's ack drops the payload; "a" is pushed again with a new one, and a
+    # claim removes the acked lease and leases the new job. The token sent again drops
+    # nothing of it.
+    (token,) = packed_tokens(str(second[3]))
+    assert b.call_keys(keys, "ackp", token) == 1
+    assert b.key_state(keys[N_QUEUE_KEYS]) == ("none", None)
+    assert b.call_keys(keys, "pushp", "a", "p2") == 1
+    third = nextp_packed(b, keys, 1)
+    assert (third[2], third[4]) == (0, "p2")
+    assert b.state("leases") == ("list", [str(third[3])])
+    assert b.call_keys(keys, "ackp", token) == 1
+    assert b.key_state(keys[N_QUEUE_KEYS]) == ("hash", {"a": "p2"})
+    assert b.call_keys(keys, "ackp", named(str(third[3]))) == 1
+    assert b.key_state(keys[N_QUEUE_KEYS]) == ("none", None)
+
+
+@scenario
+def acks_that_dropped_payloads_are_remembered_for_the_fence_window_at_most(b: Backend) -> None:
+    keys = payload_keys(b)
+    b.call("configure", "fence_ms", 1000)
+    assert b.call_keys(keys, "pushp", "a", "pa", "b", "pb") == 2
+    element = str(nextp_packed(b, keys, 1)[3])
+    assert b.call_keys(keys, "ackp", named(element)) == 1
+    (token,) = packed_tokens(str(nextp_packed(b, keys, 1)[3]))
+    assert b.call_keys(keys, "ackp", token) == 1
+    batch = element[: element.index("*", 1)]
+    remembered = b.zscores("revoked")
+    assert set(remembered) == {batch + "+", token + "+"}
+    # Scored a fence window before the ack, plus the memory kept: trimmed by the fence.
+    assert all(score <= b.now_ms() for score in remembered.values())
+    b.sleep_ms(1100)
+    nextp_packed(b, keys, 1)  # a claim's walk trims the fence
+    assert not [name for name in b.zscores("revoked") if name.endswith("+")]
+
+
+@scenario
 def payload_commands_check_arguments_keys_and_types_before_writing(b: Backend) -> None:
     keys = payload_keys(b)
     push(b, "x")
