@@ -681,6 +681,8 @@ local FRESH_ACKS
 -- of those accepted for the first time go to DROPPED.ids, whose payloads are dropped, and
 -- their batch names to DROPPED.batches, which the call remembers (M.remember_dropped).
 local NAMED, DROPPED
+-- The call has trimmed the revoked set (M.trim_revoked): a call trims it once.
+local TRIMMED
 local T, NGROUPS
 -- Zero-padded places ("00042"), each formatted once: a token's seq is the call's first visit
 -- number followed by the job's place in the call's batch (or among the call's later
@@ -1429,14 +1431,12 @@ end
 -- ack sent again (its reply lost, the call retried) after the walk removed its lease would
 -- otherwise be taken for a first one, and drop the payload of a copy of its id queued since.
 -- They are kept for the fence window, at most LIMIT.drop_memory_ms: scored that much before
--- a refusal made now, so the fence's own trim (trim_revoked) drops them in time.
-function M.remember_dropped(tokens, batches)
+-- a refusal made now, so the fence's own trim (trim_revoked) drops them in time. `call`:
+-- what the call read, {fence = its fence_ms and fence_max, now = ms, revoked = the set's size}.
+function M.remember_dropped(tokens, batches, call)
   local n = #tokens + #batches
   if n == 0 then return end
-  local m = rcall('HMGET', K.meta, 'fence_ms', 'fence_max')
-  local fence = { fence_ms = tonumber(m[1]) or LIMIT.fence_ms,
-    fence_max = tonumber(m[2]) or LIMIT.fence_max }
-  local now = M.now_ms()
+  local fence, now = call.fence, call.now
   local score = now - fence.fence_ms + math.min(fence.fence_ms, LIMIT.drop_memory_ms)
   local args = {}
   for _, names in ipairs({ tokens, batches }) do
@@ -1445,7 +1445,8 @@ function M.remember_dropped(tokens, batches)
     end
   end
   M.call_all('ZADD', K.revoked, args)
-  M.trim_revoked(fence, now, n, rcall('ZCARD', K.revoked))
+  -- (a claim trimmed already, LIMIT.trim_step at least: more than most calls add)
+  if not TRIMMED or n > LIMIT.trim_step then M.trim_revoked(fence, now, n, call.revoked + n) end
 end
 
 -- The lease list's walk stopped at a young lease that was live (meta lstop, its deadline), and
@@ -2228,6 +2229,7 @@ end
 -- work in proportion to it. A token forgotten is no longer refused (README, "Guarantees").
 -- `size`: at most how many the set holds now (its size before the call plus what it added).
 function M.trim_revoked(meta, now, added, size)
+  TRIMMED = true
   if size == 0 then return end -- the common case of a queue without failures: no command
   local step = added + LIMIT.trim_step
   local old = rcall('ZRANGEBYSCORE', K.revoked, '-inf', '(' .. (now - meta.fence_ms),
@@ -2561,8 +2563,9 @@ function M.add_durations(adds)
 end
 
 -- next's work, with the ack tokens starting at A[first] (batch acks among them when
--- `batches`); also returns the accepted tokens. `compact`: the reply carries this call's
--- first deliveries as their packed element (next_packed) instead of a token each.
+-- `batches`); also returns the accepted tokens, and the state it read (read_walk_state).
+-- `compact`: the reply carries this call's first deliveries as their packed element
+-- (next_packed) instead of a token each.
 function M.lease(first, batches, compact)
   local count = M.int_arg(2, 'COUNT', 1, LIMIT.count)
   local lease = M.int_arg(3, 'LEASE_MS', 1, LIMIT.lease_ms)
@@ -2570,20 +2573,28 @@ function M.lease(first, batches, compact)
   local max_deliveries = M.int_arg(5, 'MAX_DELIVERIES', 0, LIMIT.max_deliveries)
   M.check_tokens(first, false, batches)
   local state = M.read_walk_state()
-  if state.meta.paused then return M.lease_held(first, compact, state, -1) end
+  if state.meta.paused then
+    local reply, accepted = M.lease_held(first, compact, state, -1)
+    return reply, accepted, state
+  end
   if state.meta.smin and state.meta.smin <= state.now then
     M.promote(state.meta, state.length, state.now)
     state = M.read_walk_state()
   end
   if not state.meta.rate_n then
-    return M.lease_now(first, count, lease, budget, max_deliveries, compact, state)
+    local reply, accepted = M.lease_now(first, count, lease, budget, max_deliveries, compact,
+      state)
+    return reply, accepted, state
   end
   local rate = M.rate_allowance(state.meta, state.now)
-  if rate.allowed < 1 then return M.lease_held(first, compact, state, rate.wait) end
+  if rate.allowed < 1 then
+    local reply, accepted = M.lease_held(first, compact, state, rate.wait)
+    return reply, accepted, state
+  end
   local reply, accepted = M.lease_now(first, math.min(count, rate.allowed), lease, budget,
     max_deliveries, compact, state)
   M.note_rate(rate, M.leased_count(reply, compact))
-  return reply, accepted
+  return reply, accepted, state
 end
 
 -- lease's work once the queue may lease: the short way, or the walk.
@@ -3042,12 +3053,15 @@ end
 -- Notes in `sides` the call seqs this queue has issued tokens with (origin <= seq < seq)
 -- and the marks' counts (read_marked), in one read.
 function M.read_issued(sides)
-  local m = M.read('HMGET', K.meta, 'origin', 'seq', 'lstop', unpack(MARK_COUNTS))
+  local m = M.read('HMGET', K.meta, 'origin', 'seq', 'lstop', 'fence_ms', 'fence_max',
+    unpack(MARK_COUNTS))
   sides.seq = tonumber(m[2]) or 0
   sides.origin = tonumber(m[1]) or 0
   sides.lstop = tonumber(m[3])
+  sides.fence_ms = tonumber(m[4]) or LIMIT.fence_ms
+  sides.fence_max = tonumber(m[5]) or LIMIT.fence_max
   local counts = {}
-  for i = 1, 4 do counts[i] = tonumber(m[i + 3]) or 0 end
+  for i = 1, 4 do counts[i] = tonumber(m[i + 5]) or 0 end
   return M.read_marked(sides, counts)
 end
 
@@ -3803,12 +3817,13 @@ function M.define_extensions()
   end
 
   -- Deletes the payloads (and item stats) of the jobs whose tokens were accepted as acked,
-  -- but of an id with copies still in the queue only one copy's count.
-  function M.forget(accepted)
+  -- but of an id with copies still in the queue only one copy's count, and remembers the
+  -- acks that did (`call`: see M.remember_dropped).
+  function M.forget(accepted, call)
     local ids = M.token_ids(accepted or {})
     for i = 1, #DROPPED.ids do ids[#ids + 1] = DROPPED.ids[i] end
     if #ids == 0 then return end
-    M.remember_dropped(accepted or {}, DROPPED.batches)
+    M.remember_dropped(accepted or {}, DROPPED.batches, call)
     local fields = {}
     for i = 1, #ids do fields[i] = M.copies_field(ids[i]) end
     local copies = rcall('HMGET', K.payloads, unpack(fields))
@@ -3998,7 +4013,7 @@ function M.define_extensions()
     if K.items then M.read('HLEN', K.items) end
     -- Dropping payloads needs each acked job's id: batch acks only where they are kept.
     FRESH_ACKS = drop == 1
-    local reply, accepted = M.lease(7, drop == 0 or 'named', compact)
+    local reply, accepted, state = M.lease(7, drop == 0 or 'named', compact)
     local at = compact and 5 or 4 -- the first token in reply
     local out = { unpack(reply, 1, at - 1) }
     local ids, packed = M.leased_ids(reply, compact)
@@ -4013,7 +4028,9 @@ function M.define_extensions()
       end
     end
     M.delivered(reply, ids, packed, at)
-    if drop == 1 then M.forget(accepted) end
+    if drop == 1 then
+      M.forget(accepted, { fence = state.meta, now = state.now, revoked = state.sides.revoked })
+    end
     M.add_durations(times)
     return out
   end
@@ -4035,7 +4052,7 @@ function M.define_extensions()
     FRESH_ACKS = true
     local n, accepted = M.ack_tokens(2, sides.length, sides)
     M.write_acked(sides)
-    M.forget(accepted)
+    M.forget(accepted, { fence = sides, now = M.now_ms(), revoked = sides.revoked })
     M.add_durations(times)
     return n
   end
@@ -4712,7 +4729,7 @@ end
 local function main(keys, args)
   -- The call state of section 2: bound here, once per call, and nowhere else.
   UNIQUE, FRESH_ACKS = args[1] == 'unique', false
-  NAMED, DROPPED = nil, { ids = {}, batches = {} }
+  NAMED, DROPPED, TRIMMED = nil, { ids = {}, batches = {} }, false
   if UNIQUE then
     args = { unpack(args, 2) }
     local pushes = { push = 1, pushi = 1, push_later = 1, push_priority = 1, pushp = 1,
