@@ -20,7 +20,14 @@ import pytest
 import redis
 import redis.asyncio as aredis
 
-from rotator import InvalidArgument, InvalidJobId, Rotator, RotatorError, WrongKeyType
+from rotator import (
+    InvalidArgument,
+    InvalidJobId,
+    NotTracked,
+    Rotator,
+    RotatorError,
+    WrongKeyType,
+)
 from rotator import buffering as b
 from rotator.aio import AsyncRotator
 from rotator.commands import AfterWake, ModuleCall, Request
@@ -289,6 +296,165 @@ def test_many_tasks_push_through_one_async_producer(server: ServerProcess, queue
 
             await asyncio.gather(*(pusher(t) for t in range(5)))
         assert (p.sent, (await q.stats()).pending) == (1500, 1500)
+
+    run_async(server, scenario)
+
+
+# -- producer: unique pushes ------------------------------------------------------------------
+
+
+def tracked(client: redis.Redis, name: str, **options: Any) -> Rotator:
+    q = Rotator(client, name, **options)
+    assert q.configure(track_ids=True).track_ids
+    return q
+
+
+def push_name(request: Request) -> str | None:
+    """The command of a push of any kind (a unique one's starts ``unique``); None: not one."""
+    if not isinstance(request, ModuleCall):
+        return None
+    name = request.args[0]
+    if isinstance(name, bytes) and (b"push" in name or name == b"unique"):
+        return name.decode()
+    return None
+
+
+@contextmanager
+def replies_lost(q: Rotator, lose: int) -> Iterator[list[str]]:
+    """The next ``lose`` pushes ``q`` sends run on the server and then raise ConnectionError,
+    as when the connection drops after the server ran the call and before its reply came."""
+    pushes: list[str] = []
+    perform = q._sender.perform
+
+    def spy(request: Request) -> Any:
+        reply = perform(request)
+        if (name := push_name(request)) is not None:
+            pushes.append(name)
+            if len(pushes) <= lose:
+                raise redis.ConnectionError("reply lost")
+        return reply
+
+    q._sender.perform = spy  # type: ignore[method-assign]
+    try:
+        yield pushes
+    finally:
+        del q._sender.perform
+
+
+def test_a_unique_push_through_the_producer_skips_the_ids_the_queue_holds(
+    client: redis.Redis, queue_name: str
+) -> None:
+    q = tracked(client, queue_name)
+    q.push("in-flight")
+    [taken] = q.next(1)
+    q.push("waiting")
+    q.push("scheduled", delay=3600)
+    with q.producer(max_batch=500, max_delay=60) as p:
+        p.push("waiting", "scheduled", "in-flight", "new-1", unique=True)
+        p.push("new-1", "new-2", unique=True)  # again within the buffer: held once
+        p.push("low", "waiting", priority=2, unique=True)
+        p.push("later", "scheduled", delay=3600, unique=True)
+        p.flush()
+        assert (p.sent, p.pending) == (10, 0)  # sent: what went, added or skipped
+    stats = q.stats()
+    assert (stats.pending, stats.scheduled, stats.in_flight) == (4, 2, 1)
+    assert q.push("in-flight", unique=True) == 0
+    q.ack(taken)
+    assert drain(q) == ["waiting", "new-1", "new-2", "low"]  # level 0 before level 2
+    assert q.push("in-flight", "waiting", unique=True) == 2  # acked: free again
+
+
+def test_a_unique_flush_sent_again_after_a_lost_reply_adds_nothing_twice(
+    client: redis.Redis, queue_name: str
+) -> None:
+    q = tracked(client, queue_name)
+    pushed = ids("order", 30)
+    with q.producer(max_batch=10, max_delay=60) as p, replies_lost(q, lose=2) as calls:
+        p.push(*pushed[:10], unique=True)  # a full batch: run, its reply lost, kept
+        assert (p.sent, p.pending) == (0, 10)
+        with pytest.raises(redis.ConnectionError):
+            p.push("refused", unique=True)  # raises the flush's error, takes nothing
+        with pytest.raises(redis.ConnectionError):
+            p.flush()  # the kept ten sent again: run again (adding nothing), reply lost again
+        assert (p.sent, p.pending) == (0, 10)
+        p.push(*pushed[10:], unique=True)  # the ten a third time, then the twenty new
+    assert (p.sent, p.pending) == (30, 0)
+    assert len(calls) == 5  # the first ten three times (two replies lost), then 10 + 10
+    assert q.stats().pending == 30
+    assert drain(q) == pushed
+
+
+def test_without_unique_a_flush_sent_again_after_a_lost_reply_pushes_twice(
+    client: redis.Redis, queue_name: str
+) -> None:
+    # What the producer's docstring says of a lost reply on a queue that does not track ids:
+    # the contrast that makes the unique test above mean something.
+    q = Rotator(client, queue_name)
+    with q.producer(max_batch=5, max_delay=60) as p, replies_lost(q, lose=1):
+        p.push(*ids("job", 5))
+        with pytest.raises(redis.ConnectionError):
+            p.flush()
+    assert drain(q) == ids("job", 5) * 2
+
+
+def test_a_unique_push_to_a_queue_that_does_not_track_ids_is_kept_and_raised(
+    client: redis.Redis, queue_name: str
+) -> None:
+    q = Rotator(client, queue_name)
+    with q.producer(max_batch=500, max_delay=60) as p:
+        p.push("a", "b", unique=True)
+        with pytest.raises(NotTracked):
+            p.flush()  # refused, nothing written: kept, never dropped
+        assert (p.pending, q.exists()) == (2, False)
+        assert q.configure(track_ids=True).track_ids  # still empty: it may track ids now
+        p.push("a", unique=True)
+    assert (p.sent, p.pending) == (3, 0)
+    assert drain(q) == ["a", "b"]
+
+
+def test_a_unique_push_payload_through_the_producer_keeps_the_payload_held(
+    client: redis.Redis, queue_name: str
+) -> None:
+    q = tracked(client, queue_name, payloads=True)
+    q.push_payloads({"a": b"first"})
+    with q.producer(max_batch=500, max_delay=60) as p:
+        p.push_payload("a", b"second", unique=True)
+        p.push_payload("b", b"only", unique=True)
+    jobs = q.next(10)
+    assert [(job.id, job.payload) for job in jobs] == [("a", b"first"), ("b", b"only")]
+
+
+def test_the_async_producer_skips_held_ids_and_a_lost_reply_adds_nothing_twice(
+    server: ServerProcess, queue_name: str
+) -> None:
+    async def scenario(client: aredis.Redis) -> None:
+        q = AsyncRotator(client, queue_name)
+        assert (await q.configure(track_ids=True)).track_ids
+        await q.push("held")
+        perform = q._sender.perform
+        lost: list[str] = []
+
+        async def spy(request: Request) -> Any:
+            reply = await perform(request)
+            if (name := push_name(request)) is not None and not lost:
+                lost.append(name)
+                raise redis.ConnectionError("reply lost")
+            return reply
+
+        q._sender.perform = spy  # type: ignore[method-assign]
+        async with q.producer(max_batch=4, max_delay=60) as p:
+            await p.push("held", "a", "b", "c", unique=True)  # full: run, reply lost, kept
+            assert (p.sent, p.pending) == (0, 4)
+            with pytest.raises(redis.ConnectionError):
+                await p.push("refused", unique=True)
+            await p.push("a", "d", unique=True)
+        assert (p.sent, p.pending) == (6, 0)
+        del q._sender.perform
+        got = []
+        while jobs := await q.next(100):
+            got += [job.id for job in jobs]
+            await q.ack(*jobs)
+        assert got == ["held", "a", "b", "c", "d"]
 
     run_async(server, scenario)
 
