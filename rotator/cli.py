@@ -381,8 +381,9 @@ shards_option = click.option(
 def open_sharded(
     ctx: click.Context, name: str, shards: int, *, must_exist: bool = True, **options: Any
 ) -> Rotator:
-    """A sharded queue (rotator.sharded), seen through the Rotator methods that push, next,
-    stats and work call: ShardedRotator has each of them."""
+    """A sharded queue (rotator.sharded), seen through the Rotator methods the commands
+    that take --shards call: ShardedRotator has each of them (the commands whose operation
+    it lacks refuse --shards: see refuse_shards)."""
     queue_keys(name)  # a bad name fails before any connection is made
     with cluster_errors(ctx):
         url = cluster_url(ctx, "--shards")
@@ -390,6 +391,24 @@ def open_sharded(
         if must_exist and not sharded.exists():
             fail(f"unknown queue {name!r} on {where(ctx)}")
     return cast("Rotator", sharded)
+
+
+def open_either(
+    ctx: click.Context, name: str, shards: int | None, *, must_exist: bool = True, **options: Any
+) -> Rotator:
+    """QUEUE as a plain queue, or as a sharded queue of ``shards`` shards (--shards)."""
+    if shards is None:
+        return open_queue(ctx, name, must_exist=must_exist, **options)
+    return open_sharded(ctx, name, shards, must_exist=must_exist, **options)
+
+
+def refuse_shards(ctx: click.Context, shards: int | None, what: str, method: str) -> None:
+    """--shards on a command whose operation ShardedRotator does not offer: a usage error
+    saying so, before anything is sent."""
+    if shards is not None:
+        raise click.UsageError(
+            f"--shards: sharded queues do not offer {what} (ShardedRotator has no {method})", ctx
+        )
 
 
 @main.command()
@@ -446,11 +465,7 @@ def push(
     """
     if delay is not None and at is not None:
         raise click.UsageError("give --delay or --at, not both")
-    q = (
-        open_queue(ctx, queue, must_exist=False)
-        if shards is None
-        else open_sharded(ctx, queue, shards, must_exist=False)
-    )
+    q = open_either(ctx, queue, shards, must_exist=False)
     meter = PushMeter(ids)
     total = 0
     batch: list[str] = []
@@ -492,9 +507,12 @@ class Rate(click.ParamType[tuple[int, float] | None, Any]):
 @main.command()
 @click.argument("queue")
 @click.argument("rate", type=Rate())
+@shards_option
 @json_option
 @click.pass_context
-def limit(ctx: click.Context, queue: str, rate: tuple[int, float] | None, json: bool) -> None:
+def limit(
+    ctx: click.Context, queue: str, rate: tuple[int, float] | None, shards: int | None, json: bool
+) -> None:
     """Hand out at most RATE jobs of QUEUE (100/s, 5/m, 10/30s), across every consumer, or
     lift the limit (off).
 
@@ -503,6 +521,7 @@ def limit(ctx: click.Context, queue: str, rate: tuple[int, float] | None, json: 
       rotator limit orders 100/s
       rotator limit orders off
     """
+    refuse_shards(ctx, shards, "rate limits", "set_rate_limit")
     q = open_queue(ctx, queue, must_exist=False)
     if rate is None:
         q.set_rate_limit(None)
@@ -515,9 +534,10 @@ def limit(ctx: click.Context, queue: str, rate: tuple[int, float] | None, json: 
 
 @main.command()
 @click.argument("queue")
+@shards_option
 @json_option
 @click.pass_context
-def pause(ctx: click.Context, queue: str, json: bool) -> None:
+def pause(ctx: click.Context, queue: str, shards: int | None, json: bool) -> None:
     """Stop QUEUE handing out jobs until `rotator resume`, for every consumer.
 
     Pushes, acks and leases already out go on; blocked consumers stay blocked.
@@ -526,31 +546,33 @@ def pause(ctx: click.Context, queue: str, json: bool) -> None:
     Example:
       rotator pause orders
     """
-    changed = open_queue(ctx, queue, must_exist=False).pause()
+    changed = open_either(ctx, queue, shards, must_exist=False).pause()
     emit(ctx, {"paused": True, "changed": changed}, "paused" if changed else "already paused")
 
 
 @main.command()
 @click.argument("queue")
+@shards_option
 @json_option
 @click.pass_context
-def resume(ctx: click.Context, queue: str, json: bool) -> None:
+def resume(ctx: click.Context, queue: str, shards: int | None, json: bool) -> None:
     """Let a paused QUEUE hand out jobs again, waking blocked consumers.
 
     \b
     Example:
       rotator resume orders
     """
-    changed = open_queue(ctx, queue, must_exist=False).resume()
+    changed = open_either(ctx, queue, shards, must_exist=False).resume()
     emit(ctx, {"paused": False, "changed": changed}, "resumed" if changed else "not paused")
 
 
 @main.command(name="track-ids")
 @click.argument("queue")
 @click.argument("state", type=click.Choice(["on", "off"]))
+@shards_option
 @json_option
 @click.pass_context
-def track_ids(ctx: click.Context, queue: str, state: str, json: bool) -> None:
+def track_ids(ctx: click.Context, queue: str, state: str, shards: int | None, json: bool) -> None:
     """Make QUEUE keep an index of its ids (on), which unique pushes and cancel need, or
     drop it (off). On only while the queue holds no job.
 
@@ -559,16 +581,20 @@ def track_ids(ctx: click.Context, queue: str, state: str, json: bool) -> None:
       rotator track-ids emails on
       rotator track-ids emails off
     """
-    settings = open_queue(ctx, queue, must_exist=False).configure(track_ids=state == "on")
+    q = open_either(ctx, queue, shards, must_exist=False)
+    settings = q.configure(track_ids=state == "on")
     emit(ctx, {"track_ids": settings.track_ids}, "on" if settings.track_ids else "off")
 
 
 @main.command()
 @click.argument("queue")
 @click.argument("ids", nargs=-1, required=True)
+@shards_option
 @json_option
 @click.pass_context
-def cancel(ctx: click.Context, queue: str, ids: tuple[str, ...], json: bool) -> None:
+def cancel(
+    ctx: click.Context, queue: str, ids: tuple[str, ...], shards: int | None, json: bool
+) -> None:
     """Cancel jobs of QUEUE by id: scheduled, waiting or in flight, none is delivered again
     (an in-flight job's ack is refused). Prints how many were found. Needs a queue that
     tracks ids (rotator track-ids). `-` reads one id per line from stdin.
@@ -577,7 +603,7 @@ def cancel(ctx: click.Context, queue: str, ids: tuple[str, ...], json: bool) -> 
     Example:
       rotator cancel emails mail-7 mail-8
     """
-    found = open_queue(ctx, queue, must_exist=False).cancel(*read_ids(ids))
+    found = open_either(ctx, queue, shards, must_exist=False).cancel(*read_ids(ids))
     emit(ctx, {"cancelled": found}, str(found))
 
 
@@ -641,10 +667,7 @@ def next_(
       rotator next orders --count 10 --timeout 60
       rotator next orders --block 30 --json
     """
-    if shards is not None:
-        q = open_sharded(ctx, queue, shards, must_exist=block is None, timeout=timeout)
-    else:
-        q = open_queue(ctx, queue, must_exist=block is None, timeout=timeout)
+    q = open_either(ctx, queue, shards, must_exist=block is None, timeout=timeout)
     lease_jobs(ctx, q, count, block)
 
 
@@ -657,9 +680,12 @@ def settle(ctx: click.Context, done: int, tokens: Sequence[str], key: str) -> No
 @main.command()
 @click.argument("queue")
 @click.argument("tokens", nargs=-1, required=True)
+@shards_option
 @json_option
 @click.pass_context
-def ack(ctx: click.Context, queue: str, tokens: tuple[str, ...], json: bool) -> None:
+def ack(
+    ctx: click.Context, queue: str, tokens: tuple[str, ...], shards: int | None, json: bool
+) -> None:
     """Complete deliveries of QUEUE by token; prints how many were accepted.
 
     Exits 1 when a token was refused (its lease was re-issued, nacked or dead-lettered).
@@ -668,39 +694,57 @@ def ack(ctx: click.Context, queue: str, tokens: tuple[str, ...], json: bool) -> 
     Example:
       rotator ack orders 'order-1*1732233600000.1.2'
     """
-    settle(ctx, open_queue(ctx, queue).ack(*tokens), tokens, "acked")
+    settle(ctx, open_either(ctx, queue, shards).ack(*tokens), tokens, "acked")
 
 
 @main.command()
 @click.argument("queue")
 @click.argument("tokens", nargs=-1, required=True)
 @delay_option
+@shards_option
 @json_option
 @click.pass_context
-def nack(ctx: click.Context, queue: str, tokens: tuple[str, ...], delay: float, json: bool) -> None:
+def nack(
+    ctx: click.Context,
+    queue: str,
+    tokens: tuple[str, ...],
+    delay: float,
+    shards: int | None,
+    json: bool,
+) -> None:
     """Give deliveries of QUEUE back, to be delivered again after --delay seconds.
 
     \b
     Example:
       rotator nack orders 'order-2*1732233600000.1.3' --delay 5
     """
-    settle(ctx, open_queue(ctx, queue).nack(*tokens, delay=delay), tokens, "nacked")
+    q = open_either(ctx, queue, shards)
+    settle(ctx, q.nack(*tokens, delay=delay), tokens, "nacked")
 
 
 @main.command()
 @click.argument("queue")
 @click.argument("tokens", nargs=-1, required=True)
 @click.option("--error", default="", help="Why, kept in the dead letter (at most 4096 bytes).")
+@shards_option
 @json_option
 @click.pass_context
-def bury(ctx: click.Context, queue: str, tokens: tuple[str, ...], error: str, json: bool) -> None:
+def bury(
+    ctx: click.Context,
+    queue: str,
+    tokens: tuple[str, ...],
+    error: str,
+    shards: int | None,
+    json: bool,
+) -> None:
     """Send deliveries of QUEUE to the dead letters now, keeping --error in each letter.
 
     \b
     Example:
       rotator bury orders 'order-2*1732233600000.1.3' --error 'card declined'
     """
-    settle(ctx, open_queue(ctx, queue).bury(*tokens, error=error), tokens, "buried")
+    q = open_either(ctx, queue, shards)
+    settle(ctx, q.bury(*tokens, error=error), tokens, "buried")
 
 
 def stats_table(title: str, values: dict[str, Any]) -> str:
@@ -755,7 +799,7 @@ def stats(
       rotator stats orders --watch --interval 5
       rotator --url redis://node-1:7000 stats orders --shards 12   (all shards added up)
     """
-    q = open_queue(ctx, queue) if shards is None else open_sharded(ctx, queue, shards)
+    q = open_either(ctx, queue, shards)
     before: tuple[float, dict[str, Any]] | None = None
     while True:
         q_stats = q.stats()
@@ -819,15 +863,17 @@ limit_option = click.option(
 @main.command()
 @click.argument("queue")
 @limit_option
+@shards_option
 @json_option
 @click.pass_context
-def peek(ctx: click.Context, queue: str, limit: int, json: bool) -> None:
+def peek(ctx: click.Context, queue: str, limit: int, shards: int | None, json: bool) -> None:
     """Show the elements of QUEUE next in line, with their state, changing nothing.
 
     \b
     Example:
       rotator peek orders --limit 50
     """
+    refuse_shards(ctx, shards, "peek", "peek")
     entries = open_queue(ctx, queue).peek(limit)
     now_ms = int(time.time() * 1000)
 
@@ -879,10 +925,17 @@ def dead_letter_line(letter: DeadLetter) -> str:
     show_default=True,
     help="Most letters to list.",
 )
+@shards_option
 @json_option
 @click.pass_context
 def dead(
-    ctx: click.Context, queue: str, ids: tuple[str, ...], requeue: bool, limit: int, json: bool
+    ctx: click.Context,
+    queue: str,
+    ids: tuple[str, ...],
+    requeue: bool,
+    limit: int,
+    shards: int | None,
+    json: bool,
 ) -> None:
     """List the dead letters of QUEUE (`ID<TAB>REASON<TAB>DELIVERIES[<TAB>ERROR]`), or requeue them.
 
@@ -894,7 +947,7 @@ def dead(
       rotator dead orders
       rotator dead orders --requeue order-7
     """
-    dead_letters(ctx, open_queue(ctx, queue), ids, requeue, limit)
+    dead_letters(ctx, open_either(ctx, queue, shards), ids, requeue, limit)
 
 
 def counts_line(values: dict[str, Any]) -> str:
@@ -1070,9 +1123,10 @@ def brief(stats: Stats) -> str:
 @main.command()
 @click.argument("queue")
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+@shards_option
 @json_option
 @click.pass_context
-def delete(ctx: click.Context, queue: str, yes: bool, json: bool) -> None:
+def delete(ctx: click.Context, queue: str, yes: bool, shards: int | None, json: bool) -> None:
     """Delete QUEUE and everything in it: pending, leased and dead jobs, payloads.
 
     Asks first, unless --yes. Workers holding its jobs will find their leases gone.
@@ -1082,7 +1136,7 @@ def delete(ctx: click.Context, queue: str, yes: bool, json: bool) -> None:
       rotator delete orders
       rotator delete orders --yes
     """
-    q = open_queue(ctx, queue)
+    q = open_either(ctx, queue, shards)
     confirm(f"Delete queue {queue!r} ({brief(q.stats())}) on {where(ctx)}?", yes)
     deleted = q.delete()
     emit(ctx, {"deleted": deleted}, f"deleted {queue}")
@@ -1241,11 +1295,7 @@ def work(
     shards: int | None,
 ) -> None:
     options: dict[str, Any] = {"timeout": timeout, "max_deliveries": max_deliveries or None}
-    q = (
-        open_queue(ctx, queue, must_exist=False, **options)
-        if shards is None
-        else open_sharded(ctx, queue, shards, must_exist=False, **options)
-    )
+    q = open_either(ctx, queue, shards, must_exist=False, **options)
     run_commands(
         ctx,
         q,
@@ -1329,6 +1379,7 @@ cleanly removes its entry."""
 @main.command()
 @click.argument("queue")
 @click.option("--all", "show_all", is_flag=True, help="Include stale workers (likely gone).")
+@shards_option
 @json_option
 @click.pass_context
 @doc(
@@ -1336,8 +1387,9 @@ cleanly removes its entry."""
     WORKERS_HELP,
     "\b\nExamples:\n  rotator workers orders\n  rotator workers orders --all --json",
 )
-def workers(ctx: click.Context, queue: str, show_all: bool, json: bool) -> None:
-    show_workers(ctx, open_queue(ctx, queue, must_exist=False), f"queue {queue}", show_all)
+def workers(ctx: click.Context, queue: str, show_all: bool, shards: int | None, json: bool) -> None:
+    q = open_either(ctx, queue, shards, must_exist=False)
+    show_workers(ctx, q, f"queue {queue}", show_all)
 
 
 # -- scripts, demo, the embedded server ----------------------------------------------------------
@@ -1784,6 +1836,7 @@ def schedule_group() -> None:
 @click.option("--cron", help="A tick at each time of this cron expression (5 or 6 fields).")
 @click.option("--tz", help="The cron expression's time zone.  [default: UTC]")
 @click.option("--job-id", help="The id the ticks' jobs start with.  [default: NAME]")
+@shards_option
 @json_option
 @click.pass_context
 def schedule_add(
@@ -1794,6 +1847,7 @@ def schedule_add(
     cron: str | None,
     tz: str | None,
     job_id: str | None,
+    shards: int | None,
     json: bool,
 ) -> None:
     """Add (or replace) the schedule NAME on QUEUE; adding it again as it is changes nothing.
@@ -1806,6 +1860,7 @@ def schedule_add(
       rotator schedule add reports nightly --cron '0 2 * * *' --tz Europe/Paris
       rotator schedule add reports heartbeat --every 60 --job-id hb
     """
+    refuse_shards(ctx, shards, "schedules", "schedule")
     if (every is None) == (cron is None):
         raise click.UsageError("give --every or --cron, one of them")
     changed = open_queue(ctx, queue, must_exist=False).schedule(
@@ -1822,15 +1877,17 @@ def moment_text(unix: float | None) -> str:
 
 @schedule_group.command("list")
 @click.argument("queue")
+@shards_option
 @json_option
 @click.pass_context
-def schedule_list(ctx: click.Context, queue: str, json: bool) -> None:
+def schedule_list(ctx: click.Context, queue: str, shards: int | None, json: bool) -> None:
     """The schedules of QUEUE: NAME  SPEC  NEXT  LAST  JOB_ID (times in local time).
 
     \b
     Example:
       rotator schedule list reports
     """
+    refuse_shards(ctx, shards, "schedules", "schedules")
     found = open_queue(ctx, queue, must_exist=False).schedules()
     rows = [
         "  ".join(
@@ -1850,15 +1907,17 @@ def schedule_list(ctx: click.Context, queue: str, json: bool) -> None:
 @schedule_group.command("rm")
 @click.argument("queue")
 @click.argument("name")
+@shards_option
 @json_option
 @click.pass_context
-def schedule_rm(ctx: click.Context, queue: str, name: str, json: bool) -> None:
+def schedule_rm(ctx: click.Context, queue: str, name: str, shards: int | None, json: bool) -> None:
     """Remove the schedule NAME from QUEUE (jobs it pushed stay).
 
     \b
     Example:
       rotator schedule rm reports nightly
     """
+    refuse_shards(ctx, shards, "schedules", "unschedule")
     if not open_queue(ctx, queue, must_exist=False).unschedule(name):
         fail(f"no schedule {name!r} on queue {queue!r}")
     emit(ctx, {"removed": True}, f"removed {name}")

@@ -450,6 +450,105 @@ def test_the_cli_pushes_leases_and_counts_a_sharded_queue(
     assert "stored with 6 shards" in refused.output
 
 
+def sharded_cli(cluster: ClusterProcess) -> Callable[..., Result]:
+    def cli(*args: str) -> Result:
+        return CliRunner().invoke(main, ["--url", url_of(cluster), *args], catch_exceptions=False)
+
+    return cli
+
+
+@pytest.mark.cluster
+def test_the_cli_settles_a_sharded_queues_deliveries_with_shards(
+    cluster: ClusterProcess, cluster_client: RedisCluster, queue_name: str
+) -> None:
+    """Tokens leased by `rotator next --shards` are acked, nacked and buried from the CLI
+    (each finds its id's shard); dead letters are listed and requeued, ids cancelled, the
+    queue paused, resumed and deleted, all with --shards."""
+    cli = sharded_cli(cluster)
+
+    def ok(*args: str) -> Any:
+        done = cli(*args, "--shards", "6", "--json")
+        assert done.exit_code == 0, (args, done.stdout, done.stderr)
+        return json.loads(done.stdout)
+
+    ids = [f"c{i}" for i in range(8)]
+    assert ok("track-ids", queue_name, "on") == {"track_ids": True}
+    assert ok("push", queue_name, *ids) == {"pushed": 8}
+    assert ok("cancel", queue_name, "c7") == {"cancelled": 1}
+    leased = {job["id"]: job["token"] for job in ok("next", queue_name, "--count", "7")}
+    assert sorted(leased) == ids[:7]
+    queue = sharded(cluster_client, queue_name)
+    assert len({queue.shard_of(job_id) for job_id in leased}) > 2  # tokens of several shards
+    assert ok("ack", queue_name, *(leased[i] for i in ids[:4])) == {"acked": 4}
+    assert ok("nack", queue_name, leased["c4"]) == {"nacked": 1}
+    assert ok("bury", queue_name, leased["c5"], leased["c6"], "--error", "bad") == {"buried": 2}
+    refused = cli("nack", queue_name, leased["c0"], "--shards", "6")  # acked already
+    assert refused.exit_code == 1
+    assert "1 of 1 tokens refused" in refused.stderr
+    queue.sweep()  # buried leases go to the dead letters when the walk meets them
+    letters = ok("dead", queue_name)
+    assert sorted(letter["id"] for letter in letters) == ["c5", "c6"]
+    assert {letter["error"] for letter in letters} == {"bad"}
+    assert ok("dead", queue_name, "--requeue", "c5") == {"requeued": 1}
+    assert ok("pause", queue_name) == {"paused": True, "changed": True}
+    assert ok("next", queue_name) == []  # every shard paused
+    assert ok("resume", queue_name) == {"paused": False, "changed": True}
+    again = ok("next", queue_name, "--count", "5")
+    assert sorted(job["id"] for job in again) == ["c4", "c5"]
+    assert ok("ack", queue_name, *(job["token"] for job in again)) == {"acked": 2}
+    queue.sweep()  # and acked ones are counted completed then
+    counts = ok("stats", queue_name)
+    assert (counts["length"], counts["completed"], counts["cancelled"], counts["dead"]) == (0, 6, 1, 1)
+    assert ok("workers", queue_name) == []
+    assert ok("delete", queue_name, "--yes") == {"deleted": True}
+    assert not queue.exists()
+
+
+@pytest.mark.cluster
+def test_the_cli_refuses_shards_where_a_sharded_queue_lacks_the_operation(
+    cluster: ClusterProcess, queue_name: str
+) -> None:
+    cli = sharded_cli(cluster)
+    for args, what in [
+        (("limit", queue_name, "10/s"), "rate limits (ShardedRotator has no set_rate_limit)"),
+        (("peek", queue_name), "peek (ShardedRotator has no peek)"),
+        (("schedule", "add", queue_name, "s", "--every", "60"), "schedules"),
+        (("schedule", "list", queue_name), "schedules"),
+        (("schedule", "rm", queue_name, "s"), "schedules"),
+    ]:
+        refused = cli(*args, "--shards", "6")
+        assert refused.exit_code == 2, (args, refused.stderr)
+        assert f"--shards: sharded queues do not offer {what}" in refused.stderr
+    wrong = cli("ack", queue_name, "x*1.1.1", "--shards", "6")  # no such queue
+    assert wrong.exit_code == 1
+    assert "unknown queue" in wrong.stderr
+
+
+@pytest.mark.cluster
+def test_rotator_work_with_shards_runs_a_command_per_job_of_every_shard(
+    cluster: ClusterProcess, cluster_client: RedisCluster, queue_name: str, tmp_path: Path
+) -> None:
+    ids = [f"w{i}" for i in range(30)]
+    queue = sharded(cluster_client, queue_name, timeout=30)
+    assert queue.push(*ids) == 30
+    assert len({queue.shard_of(job_id) for job_id in ids}) == 6
+    done = tmp_path / "done"
+    rotator = str(Path(sys.executable).parent / "rotator")
+    worked = subprocess.run(
+        [rotator, "--url", url_of(cluster), "work", queue_name, "--shards", "6",
+         "--concurrency", "2", "--until-empty", "--json", "--", "sh", "-c",
+         f"echo {{}} >> {done}"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert worked.returncode == 0, worked.stderr
+    assert json.loads(worked.stdout)["completed"] == 30
+    assert sorted(done.read_text().split()) == sorted(ids)
+    stats = queue.stats()
+    assert (stats.completed, stats.pending, stats.in_flight) == (30, 0, 0)
+    assert all(part.completed for part in queue.shard_stats())
+    assert queue.delete()
+
+
 # -- failover and slot migration on 3 masters with a replica each ------------------------------
 
 LONG_WORKER = """
