@@ -487,34 +487,70 @@ ERRORS (replies start with the code)
 REDIS-CLI
   SHA=$(redis-cli -x SCRIPT LOAD < lua/rotator.lua)
   Q="rotator:{orders}:ring rotator:{orders}:done rotator:{orders}:done_old rotator:{orders}:marks rotator:{orders}:marks_old rotator:{orders}:revoked rotator:{orders}:dead rotator:{orders}:wake rotator:{orders}:meta rotator:{orders}:pushlog rotator:{orders}:leases rotator:{orders}:scheduled rotator:{orders}:ids"
-  redis-cli EVALSHA $SHA 13 $Q push job-1 job-2
-  redis-cli EVALSHA $SHA 13 $Q next 10 30000 1000 5
-  redis-cli EVALSHA $SHA 13 $Q ack 'job-1*1732233600000.1.000001'
-  redis-cli EVALSHA $SHA 13 $Q ack '*1732233600000.1.0/2'     # job-1 and job-2 at once
+  redis-cli EVALSHA $SHA 13 $Q push job-1 job-2 job-3 job-4     # 4
+  # next replies {idle, wait_ms, acked, token1, reclaimed1, ...}: line 4 is the first token,
+  # "job-1*<deadline>.1.<seq>" (e.g. 'job-1*1732233600000.1.173223357000000001')
+  TOKEN1=$(redis-cli EVALSHA $SHA 13 $Q next 1 30000 1000 5 | sed -n 4p)
+  TOKEN2=$(redis-cli EVALSHA $SHA 13 $Q next 1 30000 1000 5 | sed -n 4p)
+  redis-cli EVALSHA $SHA 13 $Q extend 60000 "$TOKEN1"     # {deadline_ms, 1}
+  redis-cli EVALSHA $SHA 13 $Q ack "$TOKEN1"              # 1
+  redis-cli EVALSHA $SHA 13 $Q nack 60000 "$TOKEN2"       # {1}: job-2 again in a minute
+  # next_packed's line 4 is the packed batch "*<deadline>.1.<seq>*job-3*job-4"; its batch ack
+  # is "*<deadline>.1.<seq>/2" (e.g. '*1732233600000.1.1732233570000/2')
+  BATCH=$(redis-cli EVALSHA $SHA 13 $Q next_packed 2 30000 1000 5 | sed -n 4p | cut -d'*' -f2)
+  redis-cli EVALSHA $SHA 13 $Q ack "*$BATCH/2"            # 1: job-3 and job-4 at once
+  redis-cli EVALSHA $SHA 13 $Q push job-5
+  TOKEN5=$(redis-cli EVALSHA $SHA 13 $Q next 1 30000 1000 5 | sed -n 4p)
+  redis-cli EVALSHA $SHA 13 $Q bury 'bad input' "$TOKEN5" # {1}
+  redis-cli EVALSHA $SHA 13 $Q sweep 1000                 # {visited, removed, length}
+  redis-cli EVALSHA $SHA 13 $Q dead 0 10                  # failed*1*<ms>*job-5*bad input
+  redis-cli EVALSHA $SHA 13 $Q requeue_dead 10            # 1: job-5 pending again
+  redis-cli EVALSHA $SHA 13 $Q requeue_dead_from 0 10     # {0, -1}: no letter left
   redis-cli EVALSHA $SHA 13 $Q stats
-  redis-cli EVALSHA $SHA 13 $Q push_later IN 30000 job-5     # delivered in 30 s
-  redis-cli EVALSHA $SHA 13 $Q push_later AT 1764579600000 job-6
+  redis-cli EVALSHA $SHA 13 $Q peek 10
+  redis-cli EVALSHA $SHA 13 $Q scan 0 100 100
+  redis-cli EVALSHA $SHA 13 $Q push_later IN 30000 job-6           # delivered in 30 s
+  redis-cli EVALSHA $SHA 13 $Q push_later AT 1893488400000 job-7   # 2030-01-01 09:00 UTC
+  redis-cli EVALSHA $SHA 13 $Q push_priority 3 IN 0 job-8         # behind the pending ids
   redis-cli EVALSHA $SHA 13 $Q schedule SET nightly report 86400000 'every day'
+  redis-cli EVALSHA $SHA 13 $Q schedule SET at-nine report 0 '0 9 * * *' 1893488400000
   redis-cli EVALSHA $SHA 13 $Q schedules
+  redis-cli EVALSHA $SHA 13 $Q unschedule at-nine         # 1
   redis-cli EVALSHA $SHA 13 $Q pause
   redis-cli EVALSHA $SHA 13 $Q resume
-  redis-cli EVALSHA $SHA 13 $Q push_priority 3 IN 0 job-8     # behind the pending ids
-  redis-cli EVALSHA $SHA 13 $Q configure track_ids 1         # on an empty queue
-  redis-cli EVALSHA $SHA 13 $Q unique push job-7 job-7       # 1: each id once
-  redis-cli EVALSHA $SHA 13 $Q cancel job-7
+  redis-cli EVALSHA $SHA 13 $Q rate_limit 100 1000        # 100 jobs per second; 0 lifts it
+  redis-cli EVALSHA $SHA 13 $Q durations 90 6 2           # two jobs took 32-64 ms, 90 in all
+  redis-cli EVALSHA $SHA 14 $Q rotator:{orders}:load-1 push_chunk 0 60000 job-9   # {1, 1}
   P="$Q rotator:{orders}:payloads"
-  redis-cli EVALSHA $SHA 14 $P pushp job-3 '{"n":3}'
-  redis-cli EVALSHA $SHA 14 $P nextp 10 30000 1000 5 1
+  redis-cli EVALSHA $SHA 14 $P pushp job-10 '{"n":10}'
+  redis-cli EVALSHA $SHA 14 $P pushp_later IN 60000 job-11 '{"n":11}'
+  # nextp_packed's line 4 is its packed batch (job-5 job-9 job-10 job-8), then the payloads;
+  # ackp takes the packed batch itself as the ack of all its jobs, and drops their payloads
+  PACKED=$(redis-cli EVALSHA $SHA 14 $P nextp_packed 10 30000 1000 5 1 | sed -n 4p)
+  redis-cli EVALSHA $SHA 14 $P ackp "$PACKED"             # 1
   I="$P rotator:{orders}:items"
-  redis-cli EVALSHA $SHA 15 $I pushi job-4
-  redis-cli EVALSHA $SHA 15 $I items job-4
+  redis-cli EVALSHA $SHA 15 $I pushi job-12
+  TOKEN12=$(redis-cli EVALSHA $SHA 15 $I nextp 1 30000 1000 5 1 | sed -n 4p)
+  redis-cli EVALSHA $SHA 15 $I nackp 60000 'timed out' "$TOKEN12"     # {1}
+  redis-cli EVALSHA $SHA 15 $I items job-12               # <enqueued ms>:1:<ms>:timed out
+  # unique and cancel need a queue that tracks ids, set on an empty queue: another one
+  U=$(for r in ring done done_old marks marks_old revoked dead wake meta pushlog leases scheduled ids; do
+        printf 'rotator:{emails}:%s ' $r; done)
+  redis-cli EVALSHA $SHA 13 $U configure track_ids 1 > /dev/null
+  redis-cli EVALSHA $SHA 13 $U unique push mail-1 mail-1 mail-2   # 2: each id once
+  redis-cli EVALSHA $SHA 13 $U cancel mail-2                     # 1 found
+  redis-cli EVALSHA $SHA 13 $U delete                            # 1: only its seq stays
   T="rotator:{news}:topic:meta rotator:{news}:topic:groups"
   T="$T rotator:{news}:topic:log rotator:{news}:topic:bodies"
   G=$(for r in ring done done_old marks marks_old revoked dead wake meta pushlog leases scheduled ids; do
         printf 'rotator:{news}:group:mail:%s ' $r; done)
   redis-cli EVALSHA $SHA 17 $T $G tsubscribe mail
   redis-cli EVALSHA $SHA 17 $T $G tpublish 100000 0 'hello' 'world'
-  redis-cli EVALSHA $SHA 4 $T tseek 1732233600000
+  redis-cli EVALSHA $SHA 17 $T $G treplay mail 1 0 100    # {2, 3, 2}
+  redis-cli EVALSHA $SHA 4 $T tseek 1732233600000         # 1
+  redis-cli EVALSHA $SHA 4 $T ttrim 1 0 2000              # 1: keeps the last message
+  redis-cli EVALSHA $SHA 17 $T $G tstats
+  redis-cli EVALSHA $SHA 17 $T $G tunsubscribe mail       # 1
 ]]
 
 -- SECTIONS, in this order
