@@ -340,6 +340,46 @@ def test_bench_priorities_smoke(tmp_path: Path) -> None:
     assert "| memory, 300 jobs " in printed
 
 
+def test_bench_buffering_smoke(tmp_path: Path) -> None:
+    """bench.buffering (issue 16) end to end on tiny sizes: every case once, each drain
+    checked by the bench itself (it fails otherwise), the module calls a job takes one by
+    one and buffered, never a timing bound."""
+    printed = run_smoke("bench.buffering", tmp_path, timeout=120)
+    data = json.loads((tmp_path / "buffering.json").read_text())
+    assert set(data) == {"machine", "module", "sizes", "targets", "results"}
+    assert data["machine"]["mode"] == "smoke"
+    assert len(data["module"]["sha1"]) == 40
+    assert data["module"]["commit"]
+    assert data["targets"] == {"producer_ratio_min": 20.0}
+    assert set(data["results"]) == {"redis"}
+    rows = {row["case"]: row for row in data["results"]["redis"]["rows"]}
+    one_by_one = {"q.push(id)": 1, "await aq.push(id)": 1, "next(1, ack=previous)": 1}
+    one_by_one["next(1) + ack(job)"] = 2
+    buffered = {
+        "p.push(id)": "q.push(id)",
+        "p.push(id), 4 threads": "q.push(id)",
+        "await p.push(id)": "await aq.push(id)",
+        "consumer, c.ack(job)": "next(1, ack=previous)",
+        "async consumer, await c.ack(job)": "next(1, ack=previous)",
+    }
+    assert set(rows) == set(one_by_one) | set(buffered)
+    sizes = data["sizes"]
+    for case, calls in one_by_one.items():
+        row = rows[case]
+        assert row["jobs"] == sizes["one_by_one"]
+        assert calls <= row["calls_per_job"] < calls + 0.1, row  # one call (two) a job
+    for case, base in buffered.items():
+        row = rows[case]
+        assert row["jobs"] == sizes["buffered"]
+        assert (row["part"], row["vs"]) == (rows[base]["part"], base)
+        assert 0 < row["calls_per_job"] < 0.1, row  # batched: 500 (100) jobs a call
+        assert row["ratio"] > 0
+    assert rows["next(1) + ack(job)"]["vs"] == "next(1, ack=previous)"
+    assert all(row["jobs_per_s"] > 0 and row["server_us_per_job"] > 0 for row in rows.values())
+    assert all(len(row["seconds"]) == sizes["rounds"] for row in rows.values())
+    assert "Target: p.push(id) 20x q.push(id)." in printed
+
+
 def test_bench_sharded_smoke(tmp_path: Path) -> None:
     """bench.sharded (issue 19) end to end on tiny sizes: both clusters, every setup and
     section, the model's figures, never a timing bound."""
