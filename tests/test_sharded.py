@@ -17,6 +17,7 @@ import time
 import zlib
 from collections import Counter
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -323,6 +324,85 @@ def test_a_delayed_push_is_claimed_when_due(cluster_client: RedisCluster, queue_
     assert 0.2 < time.monotonic() - began < 2.0  # woken by the due time, not the block
 
 
+@pytest.mark.cluster
+def test_prioritized_pushes_are_delivered_most_urgent_first_within_each_shard(
+    cluster_client: RedisCluster, queue_name: str
+) -> None:
+    queue = sharded(cluster_client, queue_name, timeout=30)
+    levels = {9: [f"p9-{i}" for i in range(24)], 5: [f"p5-{i}" for i in range(24)]}
+    levels[0] = [f"p0-{i}" for i in range(24)]
+    for priority, ids in levels.items():  # the least urgent pushed first
+        assert queue.push(*ids, priority=priority) == 24
+    assert queue.stats().prioritized == 48
+    per_shard: dict[int, list[int]] = {}
+    while jobs := queue.next(1):
+        (job,) = jobs
+        per_shard.setdefault(queue.shard_of(job.id), []).append(int(job.id[1]))
+        queue.ack(job)
+    assert len(per_shard) == 6
+    assert sum(map(len, per_shard.values())) == 72
+    for k, order in per_shard.items():
+        assert order == sorted(order), (k, order)  # 0s, then 5s, then 9s, on every shard
+        assert set(order) == {0, 5, 9}, (k, order)
+
+
+@pytest.mark.cluster
+def test_delayed_and_at_pushes_wait_for_their_time_on_every_shard(
+    cluster_client: RedisCluster, queue_name: str
+) -> None:
+    queue = sharded(cluster_client, queue_name, timeout=30)
+    now = time.time()
+    soon = [f"d{i}" for i in range(12)]
+    later = [f"a{i}" for i in range(12)]
+    assert queue.push(*soon, delay=0.6) == 12
+    assert queue.push_many(later, at=datetime.fromtimestamp(now + 1.2, UTC)) == 12
+    assert queue.push("now") == 1
+    assert len({queue.shard_of(i) for i in soon}) > 3
+    assert len({queue.shard_of(i) for i in later}) > 3
+    assert queue.stats().scheduled == 24
+    (first,) = queue.next(30)
+    assert first.id == "now"  # nothing scheduled is delivered before its time
+    queue.ack(first)
+    delivered: dict[str, float] = {}
+    while len(delivered) < 24:
+        jobs = queue.next(30, block=3)
+        assert jobs, delivered
+        at = time.time()
+        delivered.update((job.id, at) for job in jobs)
+        queue.ack(*jobs)
+    assert sorted(delivered) == sorted(soon + later)
+    slack = 0.05  # the server's clock against ours (the same machine)
+    assert all(delivered[i] >= now + 0.6 - slack for i in soon)
+    assert all(delivered[i] >= now + 1.2 - slack for i in later)
+    assert min(delivered[i] for i in soon) < now + 1.2  # when due, not with the last ones
+    assert queue.stats().scheduled == 0
+
+
+@pytest.mark.cluster
+def test_claims_start_at_the_next_shard_each_call_and_consumers_start_apart(
+    cluster_client: RedisCluster, queue_name: str
+) -> None:
+    """ShardedFlows.next starts at a random shard per consumer and moves on one shard per
+    call: one consumer's consecutive one-job claims take each shard in turn, and several
+    consumers' first claims land on several shards, not all on one."""
+    queue = sharded(cluster_client, queue_name, timeout=30)
+    ids = [f"r{i}" for i in range(240)]
+    assert queue.push(*ids) == 240
+    assert min(part.pending for part in queue.shard_stats()) >= 12
+    consumer = sharded(cluster_client, queue_name, timeout=30)
+    visited = [queue.shard_of(consumer.next(1)[0].id) for _ in range(12)]
+    first = visited[0]
+    assert visited == [(first + step) % 6 for step in range(12)], visited
+    starts = [
+        queue.shard_of(sharded(cluster_client, queue_name, timeout=30).next(1)[0].id)
+        for _ in range(12)
+    ]
+    # 12 consumers with a uniform random start each: all on 2 shards or fewer has odds
+    # below 1 in 30,000.
+    assert len(set(starts)) >= 3, starts
+    assert queue.delete()
+
+
 def wake_latencies(
     consumer: Any, push: Any, rounds: int, ids: list[str] | None = None
 ) -> list[float]:
@@ -498,7 +578,12 @@ def test_the_cli_settles_a_sharded_queues_deliveries_with_shards(
     assert ok("ack", queue_name, *(job["token"] for job in again)) == {"acked": 2}
     queue.sweep()  # and acked ones are counted completed then
     counts = ok("stats", queue_name)
-    assert (counts["length"], counts["completed"], counts["cancelled"], counts["dead"]) == (0, 6, 1, 1)
+    assert (counts["length"], counts["completed"], counts["cancelled"], counts["dead"]) == (
+        0,
+        6,
+        1,
+        1,
+    )
     assert ok("workers", queue_name) == []
     assert ok("delete", queue_name, "--yes") == {"deleted": True}
     assert not queue.exists()
