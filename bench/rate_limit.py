@@ -26,8 +26,6 @@ from __future__ import annotations
 import bisect
 import json
 import multiprocessing
-import os
-import platform
 import sys
 import tempfile
 import time
@@ -36,7 +34,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.harness import size_mode, sized_parser, started
+from bench.harness import (
+    load_now,
+    machine_info,
+    module_info,
+    size_mode,
+    sized_parser,
+    started,
+    write_results,
+)
 from rotator import Rotator
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -175,28 +181,24 @@ def report(data: dict[str, Any]) -> str:
 
 
 def run(mode: str, servers: list[str], out: Path, log: Log) -> dict[str, Any]:
+    """Measures every limit on each server in ``servers``; writes ``out/rate_limit.json``
+    (with the machine and the module measured) and ``out/rate_limit.md``."""
     sizes = SIZES[mode]
-    machine = {
-        "mode": mode,
-        "cpus": os.cpu_count(),
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "date": time.strftime("%Y-%m-%d"),
-    }
+    module = module_info()
+    machine = machine_info(mode)
     results = {}
     with tempfile.TemporaryDirectory(prefix="rotator-rate-") as tmp:
         for kind in servers:
             results[kind] = run_server(kind, sizes, Path(tmp) / kind, log)
+    machine["load_after"] = load_now()
     data = {
         "machine": machine,
+        "module": module,
         "sizes": asdict(sizes),
         "target_error_pct": TARGET_ERROR_PCT,
         "results": results,
     }
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "rate_limit.json").write_text(json.dumps(data, indent=2) + "\n")
-    (out / "rate_limit.md").write_text(report(data))
-    return data
+    return write_results(out, "rate_limit", data, report)
 
 
 def main(argv: list[str] | None = None) -> int:

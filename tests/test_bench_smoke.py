@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from itertools import pairwise
 from pathlib import Path
 
 from bench.counters import without_counters
@@ -166,18 +167,37 @@ def test_bench_scheduled_smoke(tmp_path: Path) -> None:
         assert row["promotion_us_per_job"] is not None
         assert row["worst_call_ms"] > 0
     ticks = {row["case"]: row for row in result["ticks"]}
-    assert set(ticks) == {"load", "idle", "idle_hz100"}
+    recurring = {"schedule_load", "schedule_idle", "schedule_idle_hz100"}
+    assert set(ticks) == {"load", "idle", "idle_hz100"} | recurring
     assert ticks["load"]["received"] == ticks["load"]["scheduled"] == data["sizes"]["tick_jobs"]
     assert ticks["load"]["background_claimed"] > 0
     for row in ticks.values():
         assert row["p50_ms"] is not None
         assert row["max_ms"] is not None
         assert len(row["delays_ms"]) == row["received"] > 0
-    assert ticks["idle_hz100"]["hz"] == 100
+    assert ticks["idle_hz100"]["hz"] == ticks["schedule_idle_hz100"]["hz"] == 100
+    # A recurring schedule's ticks: as many as asked, each delivered at or after its tick
+    # (the job id's tick ms, server TIME; received on the same host's clock), the ticks on
+    # the schedule's grid, one job each (a skipped tick would mean a catch-up job).
+    assert ticks["schedule_load"]["ticks"] == data["sizes"]["schedule_ticks"]
+    assert ticks["schedule_idle"]["ticks"] == data["sizes"]["idle_rounds"]
+    assert ticks["schedule_load"]["background_claimed"] > 0
+    for case in recurring:
+        row = ticks[case]
+        assert row["received"] == row["ticks"], case
+        assert row["min_ms"] >= 0, case
+        every_ms = round(row["every_s"] * 1000)
+        ticks_ms = row["ticks_ms"]
+        assert len(ticks_ms) == row["received"]
+        assert all(b > a and (b - a) % every_ms == 0 for a, b in pairwise(ticks_ms)), case
+        assert row["skipped"] == sum((b - a) // every_ms - 1 for a, b in pairwise(ticks_ms))
     report = (tmp_path / "scheduled.md").read_text()
     assert "| ratio 5,000 / 0 scheduled, batch 1 (wall / server) |" in report
+    assert "| recurring `schedule(every=0.373)` tick lateness, 4 ticks under a load" in report
+    assert "| recurring tick lateness, idle, hz 100, 2 ticks |" in report
     assert "| ratio " in printed
     assert "delay after due" in printed
+    assert "tick schedule_load" in printed
 
 
 def test_bench_counters_smoke(tmp_path: Path) -> None:
@@ -297,8 +317,9 @@ def test_bench_rate_limit_smoke(tmp_path: Path) -> None:
     """bench.rate_limit (issue 16) end to end on tiny sizes: every field, sane counts."""
     printed = run_smoke("bench.rate_limit", tmp_path, timeout=120)
     data = json.loads((tmp_path / "rate_limit.json").read_text())
-    assert set(data) == {"machine", "sizes", "target_error_pct", "results"}
+    assert set(data) == {"machine", "module", "sizes", "target_error_pct", "results"}
     assert data["machine"]["mode"] == "smoke"
+    assert len(data["module"]["sha1"]) == 40
     assert set(data["results"]) == {"redis"}
     [row] = data["results"]["redis"]["limits"]
     assert row["limit_jobs"] == 50
