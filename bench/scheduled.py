@@ -36,6 +36,12 @@ where the server allows it, as by default):
      forward), finds nothing due and blocks on the wake list until the due time; that
      BLPOP's timeout fires at the server's next cron tick (every 1000 / hz ms), so at the
      default hz 10 it is 0-100 ms late. The same again with ``hz 100`` shows that bound.
+   The same for a recurring schedule, ``q.schedule("every", every=0.373)`` (373 ms: ticks
+   fall at every phase of the server's 100 or 10 ms cron ticks): a tick's lateness is when
+   the consumer's ``next`` returned its job less the tick time its id ``every@<tick ms>``
+   carries; under the same load and consumer (``schedule_ticks`` ticks), and idle, one
+   consumer in ``next(1, block=5, ack=...)`` for ``idle_rounds`` ticks, at hz 10 and 100.
+   ``skipped`` counts ticks that made no job of their own (a catch-up job stands for them).
 
 Results: ``bench/results/scheduled.json`` and ``scheduled.md`` (``--out``); ``--table`` prints
 the table of an earlier run. Full sizes take about 3.5 minutes on this 2-core VM.
@@ -55,6 +61,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +92,8 @@ DRAIN_BATCH = 100  # next(count) of the promotion drains
 PUSH_CHUNK = 1000
 LOAD_EVERY_S = 0.01  # the background producer pushes every 10 ms
 IDLE_BLOCK_S = 5.0
+SCHEDULE = "every"  # the recurring schedule's name, and its jobs' id before "@<tick ms>"
+SCHEDULE_EVERY_S = 0.373  # no multiple of 10 ms: its ticks fall at every phase of cron's
 TARGETS = {"claim_ratio_max": 1.25}
 Log = Callable[[str], None]
 
@@ -102,13 +111,16 @@ class Sizes:
     tick_jobs: int  # scheduled jobs under load
     tick_spread_s: float  # over how long their due times are spread
     load_rate: int  # background ready jobs pushed per second
-    idle_rounds: int  # idle consumer rounds, per hz
+    idle_rounds: int  # idle consumer rounds (and idle recurring ticks), per hz
+    schedule_ticks: int  # recurring ticks under load
 
 
 SIZES = {
-    "full": Sizes(20_000, (1, 100), 1_000_000, 5, 10_000, 200_000, 20_000, 3, 200, 3.0, 5000, 20),
-    "quick": Sizes(5000, (1, 100), 100_000, 2, 2000, 50_000, 5000, 2, 100, 2.0, 2000, 6),
-    "smoke": Sizes(300, (1, 100), 5000, 1, 100, 2000, 1500, 1, 20, 0.5, 500, 2),
+    "full": Sizes(
+        20_000, (1, 100), 1_000_000, 5, 10_000, 200_000, 20_000, 3, 200, 3.0, 5000, 20, 40
+    ),
+    "quick": Sizes(5000, (1, 100), 100_000, 2, 2000, 50_000, 5000, 2, 100, 2.0, 2000, 6, 15),
+    "smoke": Sizes(300, (1, 100), 5000, 1, 100, 2000, 1500, 1, 20, 0.5, 500, 2, 4),
 }
 
 
@@ -432,12 +444,61 @@ def delays_row(case: str, delays: list[float], **extra: Any) -> dict[str, Any]:
     }
 
 
+def tick_ms(job_id: str) -> float | None:
+    """The tick a job of the recurring schedule carries in its id (None: another job)."""
+    name, at, tick = job_id.partition("@")
+    return float(tick) if at and name == SCHEDULE else None
+
+
+@dataclass
+class Consumed:
+    delays: list[float]  # ms from each due job's due time to when ``next`` returned it
+    dues: list[float]  # their due times, in the order received
+    others: int  # jobs claimed that ``due_of`` knows no due time for (the background load)
+
+
+def consume(
+    q: Rotator,
+    due_of: Callable[[str], float | None],
+    wanted: int,
+    give_up_s: float,
+    *,
+    count: int,
+    block: float,
+) -> Consumed:
+    """One consumer claiming everything with ``next(count, block=block, ack=<the previous
+    batch>)`` until ``wanted`` jobs with a due time (``due_of`` their id) came, or
+    ``give_up_s`` passed."""
+    got = Consumed([], [], 0)
+    give_up = time.monotonic() + give_up_s
+    finished: list[Job] = []
+    while len(got.delays) < wanted and time.monotonic() < give_up:
+        jobs = q.next(count, block=block, ack=finished)
+        received = now_ms()
+        for job in jobs:
+            due = due_of(job.id)
+            if due is None:
+                got.others += 1
+            else:
+                got.delays.append(received - due)
+                got.dues.append(due)
+        finished = jobs
+    q.ack(*finished)
+    return got
+
+
+def skipped_ticks(ticks: list[float]) -> int:
+    """Ticks between those received that made no job of their own (a catch-up job stands
+    for them: it carries the first tick it missed)."""
+    every_ms = round(SCHEDULE_EVERY_S * 1000)
+    gaps = [b - a for a, b in pairwise(ticks)]
+    return sum(max(0, round(gap / every_ms) - 1) for gap in gaps)
+
+
 def tick_under_load(client: redis.Redis, url: str, sizes: Sizes, hz: int) -> dict[str, Any]:
     name = "sched-tick-load"
     q = Rotator.from_url(url, name, timeout=60)
     due: dict[str, float] = {}
-    delays: list[float] = []
-    background = 0
     spread_ms = int(sizes.tick_spread_s * 1000)
     jitter = random.Random(15)
     with producing(url, name, sizes.load_rate) as load:
@@ -448,28 +509,17 @@ def tick_under_load(client: redis.Redis, url: str, sizes: Sizes, hz: int) -> dic
         # The due times as the module keeps them (its ZSET's scores), exact to the ms.
         scores = client.zmscore(q.keys.scheduled, wanted)
         due = {job_id: float(s) for job_id, s in zip(wanted, scores, strict=True) if s}
-        give_up = time.monotonic() + sizes.tick_spread_s + 15
-        finished: list[Job] = []
-        while len(delays) < len(due) and time.monotonic() < give_up:
-            jobs = q.next(DRAIN_BATCH, block=1.0, ack=finished)
-            received = now_ms()
-            for job in jobs:
-                if job.id in due:
-                    delays.append(received - due[job.id])
-                else:
-                    background += 1
-            finished = jobs
-        q.ack(*finished)
+        got = consume(q, due.get, len(due), sizes.tick_spread_s + 15, count=DRAIN_BATCH, block=1.0)
     row = delays_row(
         "load",
-        delays,
+        got.delays,
         hz=hz,
         scheduled=len(due),
         spread_s=sizes.tick_spread_s,
         consumer=f"next({DRAIN_BATCH}, block=1, ack=...)",
         load_rate=sizes.load_rate,
         background_pushed=load["pushed"],
-        background_claimed=background,
+        background_claimed=got.others,
         seconds=load["seconds"],
     )
     q.delete()
@@ -521,18 +571,82 @@ def tick_idle(client: redis.Redis, url: str, sizes: Sizes, hz: int, case: str) -
     )
 
 
+def schedule_under_load(client: redis.Redis, url: str, sizes: Sizes, hz: int) -> dict[str, Any]:
+    """The recurring schedule's tick lateness under the load and consumer of the "load" row."""
+    name = "sched-every-load"
+    q = Rotator.from_url(url, name, timeout=60)
+    with producing(url, name, sizes.load_rate) as load:
+        q.schedule(SCHEDULE, every=SCHEDULE_EVERY_S)
+        got = consume(
+            q,
+            tick_ms,
+            sizes.schedule_ticks,
+            sizes.schedule_ticks * SCHEDULE_EVERY_S + 15,
+            count=DRAIN_BATCH,
+            block=1.0,
+        )
+        q.unschedule(SCHEDULE)
+    row = delays_row(
+        "schedule_load",
+        got.delays,
+        hz=hz,
+        every_s=SCHEDULE_EVERY_S,
+        ticks=sizes.schedule_ticks,
+        skipped=skipped_ticks(got.dues),
+        ticks_ms=got.dues,
+        consumer=f"next({DRAIN_BATCH}, block=1, ack=...)",
+        load_rate=sizes.load_rate,
+        background_pushed=load["pushed"],
+        background_claimed=got.others,
+        seconds=load["seconds"],
+    )
+    q.delete()
+    q.client.close()
+    return row
+
+
+def schedule_idle(
+    client: redis.Redis, url: str, sizes: Sizes, hz: int, case: str
+) -> dict[str, Any]:
+    """The recurring schedule's tick lateness with one consumer blocked between ticks."""
+    name = f"sched-every-idle-{hz}-{time.time_ns()}"
+    q = Rotator(redis.Redis.from_url(url, socket_timeout=IDLE_BLOCK_S + 1), name)
+    q.schedule(SCHEDULE, every=SCHEDULE_EVERY_S)
+    wanted = sizes.idle_rounds
+    got = consume(q, tick_ms, wanted, wanted * SCHEDULE_EVERY_S + 15, count=1, block=IDLE_BLOCK_S)
+    q.delete()
+    q.client.close()
+    return delays_row(
+        case,
+        got.delays,
+        hz=hz,
+        every_s=SCHEDULE_EVERY_S,
+        ticks=wanted,
+        skipped=skipped_ticks(got.dues),
+        ticks_ms=got.dues,
+        consumer=f"next(1, block={IDLE_BLOCK_S:g}, ack=...)",
+    )
+
+
 def tick_rows(client: redis.Redis, url: str, sizes: Sizes, log: Log) -> list[dict[str, Any]]:
     hz = int(client.config_get("hz")["hz"] or 10)
-    rows = [tick_under_load(client, url, sizes, hz), tick_idle(client, url, sizes, hz, "idle")]
+    rows = [
+        tick_under_load(client, url, sizes, hz),
+        schedule_under_load(client, url, sizes, hz),
+        tick_idle(client, url, sizes, hz, "idle"),
+        schedule_idle(client, url, sizes, hz, "schedule_idle"),
+    ]
     client.config_set("hz", 100)
     try:
         rows.append(tick_idle(client, url, sizes, 100, "idle_hz100"))
+        rows.append(schedule_idle(client, url, sizes, 100, "schedule_idle_hz100"))
     finally:
         client.config_set("hz", hz)
     for row in rows:
+        skipped = f", {row['skipped']} skipped" if "skipped" in row else ""
         log(
-            f"  tick {row['case']:<4} hz {row['hz']:>3}: p50 {row['p50_ms']} ms, p99 "
-            f"{row['p99_ms']} ms, max {row['max_ms']} ms ({row['received']} received)"
+            f"  tick {row['case']:<19} hz {row['hz']:>3}: p50 {row['p50_ms']} ms, p99 "
+            f"{row['p99_ms']} ms, max {row['max_ms']} ms ({row['received']} received{skipped})"
         )
     return rows
 
@@ -679,6 +793,17 @@ def markdown(data: dict[str, Any]) -> str:
     hz = results[0]["config"].get("hz", "10")
     add(f"delay after due, idle `next(1, block=5)`, hz {hz}, {rounds} rounds", tick("idle"))
     add(f"delay after due, idle, hz 100, {rounds} rounds", tick("idle_hz100"))
+    every = f"`schedule(every={SCHEDULE_EVERY_S:g})`"
+    add(
+        f"recurring {every} tick lateness, {sizes['schedule_ticks']} ticks under a load of "
+        f"{sizes['load_rate']:,} jobs/s, `next(100, block=1)` (p50 / p99 / max ms)",
+        tick("schedule_load"),
+    )
+    add(
+        f"recurring tick lateness, idle `next(1, block=5)`, hz {hz}, {rounds} ticks",
+        tick("schedule_idle"),
+    )
+    add(f"recurring tick lateness, idle, hz 100, {rounds} ticks", tick("schedule_idle_hz100"))
     return "\n".join(lines)
 
 
