@@ -5,7 +5,7 @@ export type { QueueKeys, TopicKeys, KeyRole } from "./keys";
 export { decodeNextPacked, encodeId, encodeToken, parseToken } from "./protocol";
 export type { Job, JobRef, NextReply } from "./protocol";
 export { DEFAULT_BUDGET, DEFAULT_LEASE_TIMEOUT, Rotator, decodeStats } from "./rotator";
-export type { JobId, NextOptions, PushOptions, RotatorOptions, Stats } from "./rotator";
+export type { Claim, JobId, NextOptions, PushOptions, RotatorOptions, Stats } from "./rotator";
 export { MODULE_PATH, ModuleCaller, moduleSha, moduleSource } from "./script";
 export type { Client } from "./script";
 export { retryDelay } from "./worker";

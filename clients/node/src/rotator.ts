@@ -77,6 +77,13 @@ export interface NextOptions {
   ack?: readonly JobRef[];
 }
 
+/** A claim's jobs, and how many of the jobs it was to ack were accepted. */
+export interface Claim {
+  jobs: Job[];
+  /** Distinct deliveries of `ack` accepted (a lease lost meanwhile is refused). */
+  acked: number;
+}
+
 export interface Stats {
   length: number;
   pending: number;
@@ -215,9 +222,19 @@ export class Rotator {
    * one packed element, and acking them all later goes as one batch ack.
    */
   async next(options: NextOptions = {}): Promise<Job[]> {
+    return (await this.claim(options)).jobs;
+  }
+
+  /**
+   * next, also saying how many of the `ack` jobs were accepted: the reply's count, in
+   * deliveries (a batch ack accepted counts its jobs; when one was refused, its tokens are
+   * acked one by one and that call's count is taken, as ack does).
+   */
+  async claim(options: NextOptions = {}): Promise<Claim> {
     const count = whole(options.count ?? 1, "count", 1, MAX_COUNT);
     const refs = (options.ack ?? []).map(encodeToken);
-    let { args: acks, packed } = this.packed(refs);
+    let { args: acks, packed, jobs: named } = this.packed(refs);
+    let acked: number | null = null; // of the caller's acks: the first call's
     const block = options.block;
     if (block !== undefined && (typeof block !== "number" || !Number.isFinite(block) || block < 0)) {
       throw new InvalidArgument(`block must be a finite number of seconds >= 0, got ${String(block)}`);
@@ -229,19 +246,23 @@ export class Rotator {
       const raw = wakeWait === null ? await this.call(args, this.nextKeys) : await this.afterWake(wakeWait, args);
       const reply: NextReply = this.payloads ? decodeNextPackedPayloads(raw) : decodeNextPacked(raw);
       wakeWait = null;
-      if (packed && reply.acked < acks.length) await this.ackTokens(refs, false); // a batch ack was refused
+      if (acked === null) {
+        if (!packed) acked = reply.acked;
+        else if (reply.acked < acks.length) acked = await this.ackTokens(refs, false); // a batch ack was refused
+        else acked = named;
+      }
       packed = false;
       this.batches.note(reply);
       const { keep, finished } = await this.screen(reply.jobs);
       acks = finished;
       if (keep.length > 0) {
         if (finished.length > 0) await this.ackTokens(finished, false);
-        return keep;
+        return { jobs: keep, acked };
       }
       if (acks.length > 0 || !reply.idle) continue;
-      if (giveUp === null) return [];
+      if (giveUp === null) return { jobs: [], acked };
       const remaining = (giveUp - Date.now()) / 1000;
-      if (remaining <= 0) return [];
+      if (remaining <= 0) return { jobs: [], acked };
       wakeWait = reply.waitMs < 0 ? remaining : Math.min(remaining, reply.waitMs / 1000);
     }
   }

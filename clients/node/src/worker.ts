@@ -154,8 +154,10 @@ export async function work(queue: Rotator, handler: Handler, options: WorkOption
       try {
         // (stopWhenEmpty: no wait, so "empty" means nothing ready now)
         const block = options.stopWhenEmpty ? undefined : poll;
-        jobs = await queue.next({ count: concurrency - running.size, block, ack: riding });
-        summary.completed += riding.length;
+        const claim = await queue.claim({ count: concurrency - running.size, block, ack: riding });
+        jobs = claim.jobs;
+        summary.completed += claim.acked; // a lease lost meanwhile: its ack was refused
+        summary.leasesLost += Math.max(riding.length - claim.acked, 0);
         retryMs = CLAIM_RETRY_FIRST;
       } catch (error) {
         acks = [...riding, ...acks];

@@ -94,6 +94,26 @@ for (const kind of KINDS) {
       assert.equal(stats.inFlight + stats.pending, 0);
     });
 
+    test("claim says how many of its acks were accepted: a batch ack, tokens, refused ones", async () => {
+      const q = queue("claim-acked");
+      const byToken = new Rotator(redis, q.name); // knows none of q's batches: acks by token
+      queues.push(byToken);
+      await q.push("a", "b", "c", "d", "e");
+      const first = await q.claim({ count: 2 });
+      assert.deepEqual([first.jobs.map((job) => job.id), first.acked], [["a", "b"], 0]);
+      const second = await q.claim({ count: 1, ack: first.jobs }); // one batch ack for both
+      assert.deepEqual([second.jobs.map((job) => job.id), second.acked], [["c"], 2]);
+      assert.equal(await byToken.nack(second.jobs), 1); // given back: its batch ack is refused
+      const third = await q.claim({ count: 2, ack: second.jobs });
+      assert.deepEqual([third.jobs.length, third.acked], [2, 0]);
+      assert.equal(await byToken.nack(third.jobs[0]!), 1);
+      const fourth = await byToken.claim({ count: 5, ack: third.jobs }); // tokens: one refused
+      assert.equal(fourth.acked, 1);
+      assert.equal((await byToken.claim({ count: 5, ack: fourth.jobs })).acked, fourth.jobs.length);
+      const stats = await q.stats();
+      assert.equal(stats.pending + stats.inFlight + stats.deferred, 0);
+    });
+
     test("an expired lease is reclaimed and its old token refused", async () => {
       const q = queue("expiry", { timeout: 0.2 });
       await q.push("a");
