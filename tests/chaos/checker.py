@@ -88,6 +88,7 @@ from tests.chaos.eventlog import Event, read_logs
 
 SENTINEL = "*lap"
 TOKEN = re.compile(r"^[^*]{1,1024}\*(\d{1,15})\.(\d{1,9})\.\d+$")
+PRIORITIZED = re.compile(r"^\*([1-9])\*(.+)$", re.DOTALL)  # *<level>*<id>
 SHOWN = 10  # ids listed per category in a summary
 
 
@@ -110,8 +111,20 @@ class QueueState:
         return {m: due for m, due in self.scheduled.items() if not m.startswith("*")}
 
     @property
+    def prioritized(self) -> dict[str, int]:
+        """Ids waiting at a priority level (members ``*<level>*<id>`` of the scheduled set,
+        scored below 0; see PRIORITIES in the module) -> their level."""
+        found: dict[str, int] = {}
+        for member, score in self.scheduled.items():
+            match = PRIORITIZED.match(member)
+            if match and score < 0:
+                found[match.group(2)] = int(match.group(1))
+        return found
+
+    @property
     def quiet(self) -> bool:
-        """Only the sentinel (or nothing) left, and no acks, marks or scheduled jobs waiting."""
+        """Only the sentinel (or nothing) left, and no acks, marks, scheduled jobs or jobs
+        waiting at a priority."""
         return (
             all(element == SENTINEL for element in self.ring)
             and len(self.ring) <= 1
@@ -120,6 +133,7 @@ class QueueState:
             and self.marks == 0
             and self.marks_old == 0
             and not self.scheduled_jobs
+            and not self.prioritized
         )
 
 
@@ -496,6 +510,7 @@ def check(
         report, read.events, fetches, states, processed=set(processed), leases=leases or {}
     )
     ring_ids = {element_id(e) for e in final.ring if e != SENTINEL} | set(final.scheduled_jobs)
+    ring_ids |= set(final.prioritized)
     uncertain = attempted - confirmed
     report.attempted = len(attempted)
     report.pushed = len(confirmed)
@@ -687,6 +702,7 @@ def judge_unique(
                 firsts[element_id(element)].add(element)
     untaken = Counter(e for e in states[-1].ring if "*" not in e)
     untaken.update(states[-1].scheduled_jobs)
+    untaken.update(list(states[-1].prioritized))
     for job_id in sorted(attempted):
         enqueues = len(firsts[job_id]) + untaken[job_id]
         report.reenqueued += enqueues > 1

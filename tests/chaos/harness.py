@@ -15,7 +15,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -276,9 +276,10 @@ class ChaosRun:
         later: float = 0.0,
         soon: float = 0.0,
         spread: float = 0.0,
+        priorities: Sequence[int] = (),
     ) -> Proc:
-        """A producer process; ``later``, ``soon`` and ``spread``: scheduled pushes (see
-        ``producer.py``)."""
+        """A producer process; ``later``, ``soon`` and ``spread``: scheduled pushes;
+        ``priorities``: the levels its batches take in turn (see ``producer.py``)."""
         argv = [
             "--url",
             url or self.url,
@@ -305,6 +306,7 @@ class ChaosRun:
                 if later
                 else []
             ),
+            *(["--priorities", ",".join(map(str, priorities))] if priorities else []),
         ]
         return self._spawn("producer", "tests.chaos.producer", argv, {}, None)
 

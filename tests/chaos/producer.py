@@ -19,6 +19,10 @@ Unique pushes (``--unique``): every push is sent with ``unique=True``, for a que
 its ids (``configure(track_ids=True)``); the lines logged are the same, and a failed batch is
 tried again just the same (the retry of a push whose reply was lost then adds nothing that the
 queue still holds).
+
+Priorities (``--priorities 0,3,9``): batch ``n`` (from 1) is pushed with ``priority`` the
+``(n - 1) % len``-th of the levels, every attempt of it alike, so a test reads each id's level
+from its batch number in PUSH_INVOKE (:func:`level_of`); the lines logged are the same.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
 
@@ -49,6 +54,11 @@ BACKOFF_FIRST = 0.05
 BACKOFF_CAP = 1.0
 
 
+def level_of(batch_no: int, priorities: Sequence[int]) -> int:
+    """The priority batch ``batch_no`` (from 1) is pushed with: 0 when there are no levels."""
+    return priorities[(batch_no - 1) % len(priorities)] if priorities else 0
+
+
 class Producer:
     """Pushes batches and logs each attempt; used by producer processes and by tests inline."""
 
@@ -64,10 +74,14 @@ class Producer:
         functions: bool = False,
         unique: bool = False,
         payloads: bool = False,
+        priorities: Sequence[int] = (),
     ) -> None:
+        if payloads and any(priorities):
+            raise ValueError("jobs with payloads take no priority")
         self.log = log
         self.unique = unique
         self.payloads = payloads
+        self.priorities = tuple(priorities)
         self.rng = rng or random.Random(0)
         self.stop = stop or threading.Event()
         self.batch_no = 0
@@ -105,7 +119,8 @@ class Producer:
                     bodies = {job_id: chaos_body(job_id) for job_id in ids}
                     self.rotator.push_payloads(bodies, delay=delay, at=at, unique=self.unique)
                 else:
-                    self.rotator.push(*ids, delay=delay, at=at, unique=self.unique)
+                    level = level_of(self.batch_no, self.priorities)
+                    self.rotator.push(*ids, delay=delay, at=at, priority=level, unique=self.unique)
             except (RedisError, RotatorError) as error:
                 self.log.write("PUSH_FAIL", self.batch_no, error_kind(error))
                 if self.stop.is_set() or time.monotonic() > give_up:
@@ -173,6 +188,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--spread", type=float, default=0.0, help="seconds the rest spread over")
     parser.add_argument("--unique", action="store_true", help="push with unique=True")
     parser.add_argument("--payloads", action="store_true", help="push each id with its body")
+    parser.add_argument(
+        "--priorities", default="", help="levels the batches take in turn, e.g. 0,3,9"
+    )
     args = parser.parse_args(argv)
 
     log = EventLog(args.log)
@@ -194,6 +212,7 @@ def main(argv: list[str] | None = None) -> int:
         functions=args.functions,
         unique=args.unique,
         payloads=args.payloads,
+        priorities=[int(level) for level in args.priorities.split(",") if level],
     )
     ids = [f"{args.prefix}{n:06d}" for n in range(args.start, args.start + args.count)]
     log.write("BOOT", "producer", len(ids))
