@@ -41,6 +41,7 @@ from rotator.models import (
 from rotator.protocol import JobRef, When
 from rotator.registry import WorkerInfo
 from rotator.sending import Sender
+from rotator.sharded import cluster_client
 
 if TYPE_CHECKING:
     from rotator.buffering import Consumer, Producer
@@ -102,8 +103,13 @@ class Rotator(QueueView):
 
     @classmethod
     def from_url(cls, url: str, name: str, *, cluster: bool = False, **options: Any) -> Rotator:
-        """A Rotator on a new client for ``url`` (``redis://``, ``rediss://``, ``unix://``)."""
-        client: Client = RedisCluster.from_url(url) if cluster else redis.Redis.from_url(url)
+        """A Rotator on a new client for ``url`` (``redis://``, ``rediss://``, ``unix://``).
+
+        ``cluster=True``: ``url`` is any node of a Redis Cluster, and the client is the one
+        :func:`rotator.sharded.cluster_client` makes: redis-py's own retries off and socket
+        timeouts set (1 s to connect, 5 s a reply), so that a call to a master that died or
+        hangs raises within them instead of waiting unbounded."""
+        client: Client = cluster_client(url) if cluster else redis.Redis.from_url(url)
         return cls(client, name, **options)
 
     @classmethod

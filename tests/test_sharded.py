@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import statistics
 import subprocess
 import sys
@@ -27,6 +28,7 @@ from redis.cluster import RedisCluster
 from redis.crc import key_slot
 from redis.exceptions import ClusterDownError, ClusterError
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from rotator import (
     Durability,
@@ -41,7 +43,15 @@ from rotator import (
 )
 from rotator.cli import main
 from rotator.commands import push_chunk, push_ids
-from rotator.sharded import RetryingSender, retryable, shard_names, shard_of_id
+from rotator.sending import cluster_socket_timeout
+from rotator.sharded import (
+    CONNECT_TIMEOUT,
+    SOCKET_TIMEOUT,
+    RetryingSender,
+    retryable,
+    shard_names,
+    shard_of_id,
+)
 from tests.servers import ClusterProcess, ReplicatedClusterProcess
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -108,6 +118,39 @@ def test_a_call_retries_cluster_errors_for_retry_for_seconds_and_no_longer() -> 
 
 
 # -- on the cluster -------------------------------------------------------------------------
+
+
+@pytest.mark.cluster
+@pytest.mark.timeout(60)
+def test_a_rotator_from_url_on_a_cluster_fails_fast_on_a_dead_or_frozen_master(
+    tmp_path: Path,
+) -> None:
+    """``Rotator.from_url(url, cluster=True)`` makes its client as ``cluster_client`` does:
+    a call whose master was killed (no replica to take over) raises ConnectionError at once,
+    and one whose master is frozen (SIGSTOP: it accepts connections and never answers, as a
+    host gone from the network does) raises TimeoutError after the documented 5 s socket
+    timeout, where redis-py's default client waits until the master comes back."""
+    with ClusterProcess(tmp_path / "own") as own:  # a master dies: not the session's cluster
+        queue = Rotator.from_url(url_of(own), "from-url", cluster=True)
+        assert cluster_socket_timeout(queue.client) == SOCKET_TIMEOUT
+        assert queue.push("a") == 1
+        frozen = own.master_of_slot(key_slot(queue.keys.ring.encode()))
+        frozen._signal(signal.SIGSTOP)
+        try:
+            began = time.monotonic()
+            with pytest.raises(RedisTimeoutError):
+                queue.stats()
+            took = time.monotonic() - began
+        finally:
+            frozen._signal(signal.SIGCONT)
+        assert SOCKET_TIMEOUT - 0.5 < took < SOCKET_TIMEOUT + CONNECT_TIMEOUT + 1, took
+        assert queue.stats().pending == 1  # back: the client carries on
+        frozen.kill9()
+        began = time.monotonic()
+        with pytest.raises(RedisConnectionError, match="Connection refused"):
+            Rotator.from_url(url_of(own), "from-url", cluster=True).stats()
+        assert time.monotonic() - began < CONNECT_TIMEOUT + 1
+        queue.client.close()
 
 
 @pytest.mark.cluster
