@@ -49,10 +49,23 @@ In each round, in an order that rotates from round to round, each setup runs:
    CPU per push, and the wake list master's extra (its CPU beyond its shards' share at the
    other masters' cost per routed push).
 
+Then, once per server kind, on the 3-master cluster:
+
+4. **Wake latency.** A consumer (this process) blocks in ``next(1, block=5)`` on an empty
+   queue; a pusher process pauses ``WAKE_PAUSE_S`` (the consumer is blocked by then), notes
+   the time (``time.monotonic``: one clock for every process) and pushes one id; the
+   latency is from that note to the consumer's return with the job. Two setups, sample by
+   sample in turn: one plain queue (the consumer blocks on its own wake list, in its slot),
+   and the ``SHARDS``-shard queue with ids whose shards are on masters other than the one
+   of the queue's wake list (the consumer blocks on the wake list's master; the push goes
+   to another master, then adds the wake token). ``wake_samples`` of each: p50, p99, max,
+   and the sharded p99 against the plain queue's (tests/test_sharded.py asserts, from 40
+   samples, that it is below ``max(2 x the plain queue's, 20 ms)``).
+
 The model (in the markdown) is computed from these figures. Results:
 ``bench/results/sharded.json`` and ``sharded.md`` (``--out``); ``--table`` prints the
 table of an earlier run. Full sizes (``redis,valkey``) should take about 5 minutes on this
-2-core VM (10 at most); smoke about 25 s, 10 s on Redis alone.
+2-core VM (10 at most); smoke about 30 s, 12 s on Redis alone.
 """
 
 from __future__ import annotations
@@ -80,6 +93,7 @@ from bench.harness import (
     load_now,
     machine_info,
     module_info,
+    percentile,
     standard_main,
     write_results,
 )
@@ -101,6 +115,8 @@ SETUP_LABELS = {
     "sharded-3m": f"{SHARDS} shards, 3 masters",
 }
 NIC_BYTES_PER_S = 1.25e9  # a 10 Gb/s network interface, for the model
+WAKE_PAUSE_S = 0.02  # a wake sample's pusher waits this long: the consumer is blocked by then
+WAKE_SETUPS = ("single", "sharded")
 Log = Callable[[str], None]
 
 
@@ -112,12 +128,13 @@ class Sizes:
     consumers: int  # consumer processes
     idle_laps: int  # non-blocking claims of the empty queue per round
     push_one: int  # ids pushed one a call per round
+    wake_samples: int  # wake-ups measured of each wake setup (once, on 3 masters)
 
 
 SIZES = {
-    "full": Sizes(3, 300_000, 2, 2, 200, 3000),
-    "quick": Sizes(2, 60_000, 2, 2, 100, 1000),
-    "smoke": Sizes(1, 3000, 1, 2, 20, 100),
+    "full": Sizes(3, 300_000, 2, 2, 200, 3000, 200),
+    "quick": Sizes(2, 60_000, 2, 2, 100, 1000, 100),
+    "smoke": Sizes(1, 3000, 1, 2, 20, 100, 20),
 }
 
 
@@ -514,6 +531,115 @@ def push_one(setup: Setup, sizes: Sizes, rnd: int) -> dict[str, Any]:
     }
 
 
+# -- 4. wake latency ------------------------------------------------------------------------------
+
+
+def wake_pusher(spec: Spec, conn: Any) -> None:
+    """A wake sample's pusher (a process of its own): for each id it is sent, pauses, notes
+    the time and pushes it, then sends the time back; None ends it."""
+    q = open_queue(spec)
+    q.stats()
+    conn.send("ready")
+    while (job_id := conn.recv()) is not None:
+        time.sleep(WAKE_PAUSE_S)
+        stamp = time.monotonic()
+        q.push(job_id)
+        conn.send(stamp)
+    q.client.close()
+
+
+def far_ids(q: ShardedRotator, wake_port: int, n: int) -> list[str]:
+    """``n`` ids whose shards are on masters other than ``wake_port`` (the wake list's)."""
+    ports = [int(address.rsplit(":", 1)[1]) for address in q.placement()]
+    found: list[str] = []
+    i = 0
+    while len(found) < n:
+        job_id = f"wake-{i:06d}"
+        if ports[q.shard_of(job_id)] != wake_port:
+            found.append(job_id)
+        i += 1
+    return found
+
+
+def wake_latency(cluster: ClusterProcess, sizes: Sizes) -> dict[str, Any]:
+    """Section 4: wake-ups of a consumer blocked on one plain queue and on the sharded queue
+    (pushes to shards on other masters than the wake list's), sample by sample in turn."""
+    url = url_of(cluster)
+    stamp = time.time_ns()
+    specs = {
+        "single": Spec(url, f"bench-wake-single-{stamp}", 0),
+        "sharded": Spec(url, f"bench-wake-sharded-{stamp}", SHARDS),
+    }
+    consumers = {name: open_queue(spec) for name, spec in specs.items()}
+    for q in consumers.values():
+        q.stats()
+    sharded = cast(ShardedRotator, consumers["sharded"])
+    wake_port = port_of(sharded, sharded.keys.wake)
+    n = sizes.wake_samples
+    ids = {"single": [f"wake-{i:06d}" for i in range(n)], "sharded": far_ids(sharded, wake_port, n)}
+    placement = sharded.placement()
+    pushed_to = Counter(placement[sharded.shard_of(job_id)] for job_id in ids["sharded"])
+    context = get_context("spawn")
+    pipes = {}
+    procs = []
+    for name, spec in specs.items():
+        ours, theirs = context.Pipe()
+        proc = context.Process(target=wake_pusher, args=(spec, theirs))
+        proc.start()
+        procs.append(proc)
+        pipes[name] = ours
+    try:
+        for name, pipe in pipes.items():
+            if not pipe.poll(60) or pipe.recv() != "ready":
+                raise RuntimeError(f"wake pusher {name} did not start")
+        found: dict[str, list[float]] = {name: [] for name in WAKE_SETUPS}
+        for i in range(n):
+            for name in WAKE_SETUPS if i % 2 == 0 else WAKE_SETUPS[::-1]:
+                q, pipe = consumers[name], pipes[name]
+                pipe.send(ids[name][i])
+                jobs = q.next(1, block=5)
+                returned = time.monotonic()
+                pushed = pipe.recv()
+                if [job.id for job in jobs] != [ids[name][i]]:
+                    raise RuntimeError(f"wake {name}: got {jobs} for {ids[name][i]}")
+                q.ack(*jobs)
+                found[name].append(returned - pushed)
+    finally:
+        for pipe in pipes.values():
+            pipe.send(None)
+        for proc in procs:
+            proc.join(timeout=30)
+        for q in consumers.values():
+            q.delete(forget=True)
+            q.client.close()
+
+    def figures(samples: list[float]) -> dict[str, Any]:
+        ms = [s * 1000 for s in samples]
+        return {
+            "samples": len(ms),
+            "p50_ms": round(percentile(ms, 50) or 0.0, 3),
+            "p99_ms": round(percentile(ms, 99) or 0.0, 3),
+            "max_ms": round(max(ms), 3),
+            "mean_ms": round(statistics.fmean(ms), 3),
+        }
+
+    single, shards = figures(found["single"]), figures(found["sharded"])
+    return {
+        "masters": 3,
+        "shards": SHARDS,
+        "pause_s": WAKE_PAUSE_S,
+        "wake_list_master": f"127.0.0.1:{wake_port}",
+        "sharded_pushed_to": dict(sorted(pushed_to.items())),
+        "single": single,
+        "sharded": shards,
+        "p50_ratio": round(shards["p50_ms"] / single["p50_ms"], 2),
+        "p99_ratio": round(shards["p99_ms"] / single["p99_ms"], 2),
+        # the test's assertion (from 40 samples there): p99 < max(2 x one queue's, 20 ms)
+        "within_test_bound": shards["p99_ms"] < max(2 * single["p99_ms"], 20.0),
+        "samples_ms": {name: [round(s * 1000, 3) for s in found[name]] for name in WAKE_SETUPS},
+    }
+
+
 # -- one server kind ------------------------------------------------------------------------------
 
 
@@ -620,6 +746,12 @@ def run_server(kind: Kind, sizes: Sizes, workdir: Path, log: Log) -> dict[str, A
         for setup in made.values():
             for client in setup.masters:
                 client.close()
+        wake = wake_latency(found["3m"], sizes)
+        log(
+            f"  wake latency, 3 masters: one queue p50 {wake['single']['p50_ms']:.2f} ms, p99 "
+            f"{wake['single']['p99_ms']:.2f} ms; {SHARDS} shards (push to another master) p50 "
+            f"{wake['sharded']['p50_ms']:.2f} ms, p99 {wake['sharded']['p99_ms']:.2f} ms"
+        )
         flow_ratios = [
             ratios(flows, "sharded-3m", "sharded-1m"),
             ratios(flows, "sharded-1m", "single-1m"),
@@ -645,6 +777,7 @@ def run_server(kind: Kind, sizes: Sizes, workdir: Path, log: Log) -> dict[str, A
                 },
             },
             "idle": {"rows": idles, "medians": summary(idles, IDLE_FIELDS)},
+            "wake": wake,
             "push_one": {
                 "rows": ones,
                 "medians": summary(ones, ONE_FIELDS),
@@ -882,7 +1015,45 @@ def markdown(data: dict[str, Any]) -> str:
         return f"{value:.2f}"
 
     add("one id a push call: the wake list master's extra CPU µs a push (3 masters)", wake)
+
+    def woken(setup: str, field: str) -> Callable[[dict[str, Any]], str]:
+        def cell(r: dict[str, Any]) -> str:
+            found = r.get("wake")
+            return "-" if found is None else f"{found[setup][field]:.2f}"
+
+        return cell
+
+    def wake_ratio(r: dict[str, Any]) -> str:
+        found = r.get("wake")
+        return "-" if found is None else f"{found['p50_ratio']:.2f}x / {found['p99_ratio']:.2f}x"
+
+    add("wake latency ms, one queue, 3 masters: p50", woken("single", "p50_ms"))
+    add("wake latency ms, one queue, 3 masters: p99", woken("single", "p99_ms"))
+    add(f"wake latency ms, {SHARDS} shards, 3 masters, push to another master: p50", woken(
+        "sharded", "p50_ms"))  # fmt: skip
+    add(f"wake latency ms, {SHARDS} shards, 3 masters, push to another master: p99", woken(
+        "sharded", "p99_ms"))  # fmt: skip
+    add("wake latency, sharded over one queue (p50 / p99)", wake_ratio)
     return "\n".join(lines)
+
+
+def wake_text(data: dict[str, Any]) -> str:
+    """What the wake latency rows measured (none in results recorded before they were)."""
+    found = [r["wake"] for r in data["results"].values() if "wake" in r]
+    if not found:
+        return ""
+    samples = data["sizes"].get("wake_samples", found[0]["single"]["samples"])
+    return (
+        "Wake latency (the last rows): a consumer blocked in `next(1, block=5)` on the 3-master "
+        f"cluster, woken by one push from a process of its own ({samples} wake-ups of each "
+        "setup, the two setups in turn); from just before the push to the consumer's return "
+        "with the job. One queue: the consumer blocks on its own wake list, in the queue's "
+        f"slot. {SHARDS} shards: every id pushed goes to a shard on a master other than the "
+        "one of the queue's wake list, where the consumer blocks (the push goes to that "
+        "master, then adds the wake token; the consumer then claims from the shard the "
+        "token names). tests/test_sharded.py asserts, from 40 wake-ups, a sharded p99 below "
+        "max(2 x one queue's, 20 ms).\n\n"
+    )
 
 
 def report(data: dict[str, Any]) -> str:
@@ -910,6 +1081,7 @@ def report(data: dict[str, Any]) -> str:
         f"{' / '.join(SETUP_LABELS[n] for n in SETUPS)}; per-master cells are the 3 "
         "masters in port order.\n\n"
         f"{markdown(data)}\n\n"
+        f"{wake_text(data)}"
         "## The model: how far it goes on 10 and 100 nodes\n\n"
         f"{models}"
     )
