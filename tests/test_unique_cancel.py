@@ -4,6 +4,7 @@ through the Python API (sync and async), the worker loop and the CLI, on real se
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 
@@ -146,7 +147,23 @@ def test_payloads_of_a_unique_push_stay_with_the_job_held(
     assert {job.id: job.payload for job in jobs} == {"a": b"first", "b": b"b"}
 
 
-def test_a_worker_stops_a_job_cancelled_while_it_runs(client: redis.Redis, queue_name: str) -> None:
+# What a worker loop logs (rotator/worker.py, Ledger.lost_because) when its heartbeat's
+# extend finds that the job it runs was cancelled.
+CANCELLED_LOG = "job long was cancelled: stopped keeping it, not acked, not retried"
+
+
+def cancel_logged(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [
+        record.getMessage()
+        for record in caplog.records
+        if record.name == "rotator.worker" and record.getMessage() == CANCELLED_LOG
+    ]
+
+
+def test_a_worker_stops_a_job_cancelled_while_it_runs(
+    client: redis.Redis, queue_name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="rotator.worker")
     q = tracked(client, queue_name, timeout=0.4)
     q.push("long", "short")
     started = threading.Event()
@@ -168,11 +185,60 @@ def test_a_worker_stops_a_job_cancelled_while_it_runs(client: redis.Redis, queue
     canceller.join()
     assert sorted(seen) == ["long", "short"]  # "long" ran once, and was not retried
     assert (summary.leases_lost, summary.cancelled) == (1, 1)
+    assert cancel_logged(caplog) == [CANCELLED_LOG]  # once: the heartbeat stopped keeping it
     time.sleep(0.5)
     assert q.next(10) == []
     q.sweep()
     stats = q.stats()
     assert (stats.length, stats.cancelled, stats.completed) == (0, 1, 1)
+
+
+def test_an_async_worker_stops_a_job_cancelled_while_it_runs(
+    server: ServerProcess, queue_name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """AsyncRotator.work: the heartbeat's extend (extend_due_async) gets JobCancelled for the
+    running job; the worker stops keeping its lease, logs it, counts it as cancelled, and
+    neither acks nor retries it (its late ack is refused: it is not completed)."""
+    caplog.set_level(logging.WARNING, logger="rotator.worker")
+
+    async def scenario() -> None:
+        client = aredis.Redis.from_url(server.url)
+        try:
+            q = AsyncRotator(client, queue_name, timeout=0.4)
+            assert (await q.configure(track_ids=True)).track_ids
+            await q.push("long", "short")
+            started = asyncio.Event()
+            seen: list[str] = []
+
+            async def handler(job: Job) -> None:
+                seen.append(job.id)
+                if job.id == "long":
+                    started.set()
+                    await asyncio.sleep(1.2)  # the heartbeat extends it, and learns of the cancel
+
+            async def cancel_it() -> int:
+                await asyncio.wait_for(started.wait(), 10)
+                return await q.cancel("long")
+
+            canceller = asyncio.ensure_future(cancel_it())
+            summary = await q.work(
+                handler, stop_when_empty=True, poll=0.05, install_signal_handlers=False
+            )
+            assert await canceller == 1
+            assert sorted(seen) == ["long", "short"]  # "long" ran once, and was not retried
+            assert (summary.failed, summary.retried, summary.dead) == (0, 0, 0)
+            assert (summary.leases_lost, summary.cancelled) == (1, 1)
+            await asyncio.sleep(0.5)  # past the lease "long" had: nothing comes back
+            assert await q.next(10) == []
+            await q.sweep()
+            stats = await q.stats()
+            assert (stats.length, stats.cancelled, stats.completed) == (0, 1, 1)
+            assert (stats.retried, stats.reclaimed, stats.dead_lettered) == (0, 0, 0)
+        finally:
+            await client.aclose()
+
+    asyncio.run(scenario())
+    assert cancel_logged(caplog) == [CANCELLED_LOG]
 
 
 def test_the_async_client_pushes_unique_jobs_and_cancels(
