@@ -410,7 +410,7 @@ def test_bench_sharded_smoke(tmp_path: Path) -> None:
     assert data["machine"]["mode"] == "smoke"
     assert set(data["results"]) == {"redis"}
     result = data["results"]["redis"]
-    assert set(result) == {"version", "flow", "idle", "push_one"}
+    assert set(result) == {"version", "flow", "idle", "push_one", "wake"}
     setups = {"single-1m", "sharded-1m", "sharded-3m"}
     rounds = data["sizes"]["rounds"]
     flows = result["flow"]["rows"]
@@ -433,6 +433,11 @@ def test_bench_sharded_smoke(tmp_path: Path) -> None:
     pushes = {r["setup"]: r for r in result["push_one"]["rows"]}
     assert set(pushes) == setups
     assert pushes["sharded-3m"]["wake_master_extra_cpu_us_per_push"] is not None
+    wake = result["wake"]
+    for setup in ("single", "sharded"):
+        assert wake[setup]["samples"] == data["sizes"]["wake_samples"]
+        assert 0 < wake[setup]["p50_ms"] <= wake[setup]["p99_ms"] <= wake[setup]["max_ms"]
+    assert wake["wake_list_master"] not in wake["sharded_pushed_to"]  # pushes to other masters
     model = data["model"]["redis"]
     assert set(model["nodes"]) == {"1", "3", "10", "100"}
     assert model["nodes"]["100"]["shards"] == 100
@@ -441,6 +446,7 @@ def test_bench_sharded_smoke(tmp_path: Path) -> None:
     assert "## The model: how far it goes on 10 and 100 nodes" in report
     assert "| end to end jobs/s (one queue, 1 master / 12 shards, 1 master / 12 shards, 3" in report
     assert "sharded-3m / sharded-1m: throughput" in printed
+    assert "| wake latency ms, 12 shards, 3 masters, push to another master: p99 |" in report
 
 
 def test_bench_topics_smoke(tmp_path: Path) -> None:
