@@ -250,8 +250,15 @@ class AsyncRotator(QueueView):
     def from_url(
         cls, url: str, name: str, *, cluster: bool = False, **options: Any
     ) -> AsyncRotator:
-        client: AsyncClient = RedisCluster.from_url(url) if cluster else aredis.Redis.from_url(url)
-        return cls(client, name, **options)
+        """As :meth:`rotator.Rotator.from_url`; ``cluster=True`` makes the client with
+        :func:`rotator.sharded_aio.async_cluster_client` (redis-py's retries off, socket
+        timeouts set)."""
+        if not cluster:
+            return cls(aredis.Redis.from_url(url), name, **options)
+        # (sharded_aio builds on this module: imported when called)
+        from rotator.sharded_aio import async_cluster_client  # noqa: PLC0415
+
+        return cls(async_cluster_client(url), name, **options)
 
     @classmethod
     def embedded(cls, name: str, *, data_dir: str | None = None, **options: Any) -> AsyncRotator:

@@ -991,7 +991,7 @@ def open_cluster(ctx: click.Context) -> RedisCluster:
     from the slot map (as ``Rotator.from_url(url, name, cluster=True)``)."""
     url = cluster_url(ctx)
     with cluster_errors(ctx):
-        return RedisCluster.from_url(url)
+        return cluster_client(url)
 
 
 def refuse_cluster_node(ctx: click.Context, client: redis.Redis) -> None:

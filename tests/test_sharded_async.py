@@ -35,6 +35,7 @@ from rotator import (
     ShardedRotator,
     ShardsMismatch,
 )
+from rotator.aio import AsyncRotator
 from rotator.commands import push_chunk, push_ids
 from rotator.sharded import CONNECT_TIMEOUT, SOCKET_TIMEOUT, layout_key
 from rotator.sharded_aio import AsyncRetryingSender, AsyncShardedRotator, async_cluster_client
@@ -203,6 +204,34 @@ def test_from_url_makes_a_client_with_the_sharded_settings_and_shards_spread_ove
             shard = queue.shard(queue.shard_of("x"))  # an ordinary AsyncRotator on the shard
             assert (await shard.stats()).pending == 1
             assert repr(queue) == f"AsyncShardedRotator({queue_name!r}, shards=6, timeout=30.0)"
+            assert await queue.delete()
+        finally:
+            await queue.client.aclose()
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.cluster
+def test_an_async_rotator_from_url_on_a_cluster_has_the_bounded_settings(
+    cluster: ClusterProcess, queue_name: str
+) -> None:
+    """``AsyncRotator.from_url(url, cluster=True)`` makes its client as
+    ``async_cluster_client`` does (redis-py's default has its own retries and no socket
+    timeout, so a call to a frozen master would wait for it), and works on it."""
+
+    async def scenario() -> None:
+        queue = AsyncRotator.from_url(cluster.nodes[0].url, queue_name, cluster=True)
+        try:
+            client = queue.client
+            assert isinstance(client, AsyncRedisCluster)
+            assert client.retry.get_retries() == 0
+            kwargs = client.nodes_manager.connection_kwargs
+            assert (kwargs["socket_timeout"], kwargs["socket_connect_timeout"]) == (
+                SOCKET_TIMEOUT,
+                CONNECT_TIMEOUT,
+            )
+            assert await queue.push("x") == 1
+            assert (await queue.stats()).pending == 1
             assert await queue.delete()
         finally:
             await queue.client.aclose()
