@@ -194,15 +194,22 @@ class Ledger:
         with self._lock:
             return job.token in self._lost
 
-    def handled(self, job: Job, seconds: float | None = None) -> None:
-        """Counts a job completed here; ``seconds``: how long its handler ran."""
+    def handled(self, job: Job, seconds: float | None = None) -> bool:
+        """Counts a job completed here (``seconds``: how long its handler ran), and True: ack
+        it. False when its lease was found lost while the handler ran (cancelled, or taken
+        over): its ack would be refused, so it is neither counted nor acked, only released."""
         with self._lock:
+            if job.token in self._lost:
+                self._held.pop(job.token, None)
+                self._lost.discard(job.token)
+                return False
             self._handled.add(job.token)
             self._processed += 1
             if seconds is not None:
                 self._durations.append(seconds)
             if self._retrying:
                 self._retrying.discard(job.id)
+        return True
 
     def take_durations(self) -> list[float]:
         """The processing times noted since the last call (for the queue's histogram)."""
@@ -488,8 +495,7 @@ class Worker:
             self._give_back([job], delay=delay, reason=failure_reason(error), dead=dead)
             self._ledger.failed(job, dead)
             return False
-        self._ledger.handled(job, time.monotonic() - started)
-        return True
+        return self._ledger.handled(job, time.monotonic() - started)
 
     def _heartbeat(self) -> None:
         """Extends every held lease that is half used, so slow batches keep their jobs, and
@@ -710,8 +716,7 @@ class AsyncWorker:
             await self._give_back([job], delay=delay, reason=failure_reason(error), dead=dead)
             self._ledger.failed(job, dead)
             return False
-        self._ledger.handled(job, time.monotonic() - started)
-        return True
+        return self._ledger.handled(job, time.monotonic() - started)
 
     async def _heartbeat(self) -> None:
         ledger = self._ledger

@@ -185,6 +185,7 @@ def test_a_worker_stops_a_job_cancelled_while_it_runs(
     canceller.join()
     assert sorted(seen) == ["long", "short"]  # "long" ran once, and was not retried
     assert (summary.leases_lost, summary.cancelled) == (1, 1)
+    assert summary.processed == 1  # "short": the cancelled job is neither counted nor acked
     assert cancel_logged(caplog) == [CANCELLED_LOG]  # once: the heartbeat stopped keeping it
     time.sleep(0.5)
     assert q.next(10) == []
@@ -228,6 +229,7 @@ def test_an_async_worker_stops_a_job_cancelled_while_it_runs(
             assert sorted(seen) == ["long", "short"]  # "long" ran once, and was not retried
             assert (summary.failed, summary.retried, summary.dead) == (0, 0, 0)
             assert (summary.leases_lost, summary.cancelled) == (1, 1)
+            assert summary.processed == 1  # "short": the cancelled job is neither counted nor acked
             await asyncio.sleep(0.5)  # past the lease "long" had: nothing comes back
             assert await q.next(10) == []
             await q.sweep()
