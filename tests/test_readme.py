@@ -58,13 +58,15 @@ def test_the_redis_cli_example_runs_verbatim(
     assert stats["cancelled"] == "0"
     assert out[105:110] == ["1", "1", "1", "1", "1"]  # push_later ... rate_limit
     assert out[110:137] == ["0"] * 6 + ["2"] + ["0"] * 19 + ["90"]  # durations
-    assert out[137:] == ["2", "1", "1", ""]  # unique push, cancel, push_priority
+    # unique push, cancel, push_priority, unschedule, pushp_later
+    assert out[137:] == ["2", "1", "1", "1", "1", ""]
     assert client.hgetall("rotator:{emails}:ids") == {
         b"mail-1": b"p",
         b"*mail-2": b"1",
         b"mail-9": b"q3",
     }
-    assert client.zcard("rotator:{orders}:scheduled") == 2  # job-3 and the schedule's tick
+    assert client.zcard("rotator:{orders}:scheduled") == 2  # job-3 and job-4 (pushp_later)
+    assert client.hgetall("rotator:{orders}:payloads") == {b"job-4": b'{"n":4}'}
     assert client.llen("rotator:{orders}:ring") == 1  # its sentinel: both jobs are leased
     assert client.llen("rotator:{orders}:leases") == 2
 
