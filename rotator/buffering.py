@@ -9,10 +9,12 @@ A flush that fails keeps its jobs, ahead of later ones, for the next flush to se
 and its error is raised by the next ``push``, ``push_payload``, ``flush`` or exit.
 
 :class:`Consumer` (``q.consumer()``) claims ``prefetch`` jobs a call and hands them out one
-at a time; the acks it is given ride on its next claim (``next(..., ack=...)``), nacks go at
-once. Every job it holds (prefetched, handed out, or acked with the ack not yet sent) is in
-a :class:`rotator.worker.Ledger`, whose half-used leases a background thread extends. On
-exit it sends the acks still buffered and gives back (nack, no delay) every job not acked.
+at a time; the acks it is given ride on its next claim (``next(..., ack=...)``), and the
+nacks go in the same round trip as that claim (:meth:`rotator.flows.QueueFlows.next`'s
+``nacks``). Every job it holds (prefetched, handed out, or acked or nacked with the call not
+yet sent) is in a :class:`rotator.worker.Ledger`, whose half-used leases a background thread
+extends. On exit it sends the acks and nacks still buffered and gives back (nack, no delay)
+every job neither acked nor nacked.
 
 :class:`AsyncProducer` and :class:`AsyncConsumer` are the asyncio twins (a task instead of
 the thread). What they decide alike (what is buffered, what a flush sends and keeps, what is
@@ -575,10 +577,15 @@ class AsyncProducer:
 # -- consuming --------------------------------------------------------------------------------
 
 
+# Nacks a consumer holds for its next claim: (jobs, delay in ms) groups, in the order taken.
+Nacks = list[tuple[list[Job], int]]
+
+
 class Prefetch:
     """A consumer's jobs, without I/O: claimed and not handed out yet (in order), handed
-    out and neither acked nor nacked, and acked with the ack still to send. All of them are
-    held in :attr:`ledger`, which says whose leases are due for an extend. Thread-safe."""
+    out and neither acked nor nacked, and acked or nacked with the call still to send. All
+    of them are held in :attr:`ledger`, which says whose leases are due for an extend.
+    Thread-safe."""
 
     def __init__(self, timeout: float, prefetch: int) -> None:
         self.ledger = Ledger(timeout, prefetch)
@@ -587,6 +594,10 @@ class Prefetch:
         self._out: dict[str, Job] = {}  # token -> job
         self._acks: list[Job] = []
         self._acking: set[str] = set()  # their tokens: a job acked twice is sent once
+        self._nacks: dict[int, list[Job]] = {}  # delay_ms -> jobs, in the order nacked
+        # Tokens of the nacks taken and not yet sent (those of a claim on its way too): a
+        # job nacked is neither nacked again nor acked.
+        self._nacking: set[str] = set()
         self._closed = False
 
     @property
@@ -613,12 +624,32 @@ class Prefetch:
             if self._closed:
                 return False
             for job in jobs:
-                if job.token not in self._acking:
+                if job.token not in self._acking and job.token not in self._nacking:
                     self._acking.add(job.token)
                     self._acks.append(job)
                     self._out.pop(job.token, None)
                     self.ledger.handled(job)
             return True
+
+    def nack(self, jobs: Sequence[Job], delay_ms: int) -> tuple[int, list[Job]] | None:
+        """Buffers nacks for the next claim, the jobs held until they are sent; None when
+        closed (send them at once). Returns (how many were taken: the jobs handed out and
+        neither acked nor nacked, the jobs this consumer never held, to give back now)."""
+        with self._lock:
+            if self._closed:
+                return None
+            taken = 0
+            foreign: list[Job] = []
+            for job in jobs:
+                token = job.token
+                if token in self._out:
+                    del self._out[token]
+                    self._nacking.add(token)
+                    self._nacks.setdefault(delay_ms, []).append(job)
+                    taken += 1
+                elif token not in self._acking and token not in self._nacking:
+                    foreign.append(job)
+            return taken, foreign
 
     def given_back(self, jobs: Sequence[Job]) -> None:
         with self._lock:
@@ -632,34 +663,75 @@ class Prefetch:
             self._acking.clear()
             return acks
 
-    def claimed(self, acks: list[Job], jobs: list[Job]) -> None:
-        """A claim that carried ``acks`` returned ``jobs``."""
+    def take_nacks(self) -> Nacks:
+        """The nacks buffered, for a claim to carry (their jobs stay held until it lands)."""
+        with self._lock:
+            nacks, self._nacks = self._nacks, {}
+            return [(jobs, delay_ms) for delay_ms, jobs in nacks.items()]
+
+    def claimed(self, acks: list[Job], nacks: Nacks, jobs: list[Job]) -> None:
+        """A claim that carried ``acks`` and ``nacks`` returned ``jobs``."""
+        given = [job for group, _ in nacks for job in group]
         self.ledger.release(acks)
+        self.ledger.release(given)
         self.ledger.hold(jobs)
         with self._lock:
+            self._nacking.difference_update(job.token for job in given)
             self._ready += jobs
 
-    def claim_failed(self, acks: list[Job]) -> None:
-        """A claim raised: its acks ride on the next one (sent twice, if it had run: a
-        second ack of a job changes nothing)."""
+    def claim_failed(self, acks: list[Job], nacks: Nacks) -> None:
+        """A claim raised: its acks and nacks ride on the next one, ahead of those given
+        since (sent twice, if it had run: a second ack or nack of a job changes nothing)."""
         with self._lock:
             self._acks[:0] = acks
             self._acking.update(job.token for job in acks)
+            groups = {delay_ms: list(group) for group, delay_ms in nacks}
+            for delay_ms, group in self._nacks.items():
+                groups.setdefault(delay_ms, []).extend(group)
+            self._nacks = groups
 
-    def close(self) -> tuple[list[Job], list[Job]]:
-        """Closes; returns (the acks to send, the jobs to give back: prefetched, or handed
-        out and neither acked nor nacked)."""
+    def close(self) -> tuple[list[Job], Nacks, list[Job]]:
+        """Closes; returns (the acks to send, the nacks to send, the jobs to give back:
+        prefetched, or handed out and neither acked nor nacked)."""
         with self._lock:
             self._closed = True
             acks, self._acks = self._acks, []
             self._acking.clear()
+            nacks = [(jobs, delay_ms) for delay_ms, jobs in self._nacks.items()]
+            self._nacks = {}
+            self._nacking.clear()
             back = [*self._out.values(), *self._ready]
             self._out.clear()
             self._ready.clear()
-            return acks, back
+            return acks, nacks, back
 
     def release(self, jobs: list[Job]) -> None:
         self.ledger.release(jobs)
+
+
+class Finishing(NamedTuple):
+    """One call of a consumer's close: its flow, and the jobs it lets go of."""
+
+    flow: Flow[int]
+    jobs: list[Job]
+
+
+def finishing(flows: QueueFlows, acks: list[Job], nacks: Nacks, back: list[Job]) -> list[Finishing]:
+    """What a consumer's close sends, in order: the acks, the nacks with their delays, and
+    then the give-back (no delay) of the jobs neither acked nor nacked."""
+    sends = [Finishing(flows.ack_refs(acks, pack=True), acks)] if acks else []
+    sends += [Finishing(give_back(flows, jobs, delay_ms), jobs) for jobs, delay_ms in nacks]
+    if back:
+        sends.append(Finishing(give_back(flows, back, 0), back))
+    return sends
+
+
+def give_back(flows: QueueFlows, jobs: list[Job], delay_ms: int) -> Flow[int]:
+    """Nacks ``jobs``, to come back ``delay_ms`` later; how many were given back."""
+    given = 0
+    for call in flows.nack_calls(jobs, delay_ms):
+        given += yield call
+    return given
 
 
 def check_consumer(prefetch: int, block: float, stop_when_empty: bool) -> float:
@@ -690,17 +762,19 @@ class Consumer:
     :meth:`rotator.Rotator.consumer`.
 
     Iterating claims ``prefetch`` jobs a call (``next(prefetch, block)``) whenever the jobs
-    in hand run out, and yields them one by one. :meth:`ack` buffers: the acks ride on the
-    next claim (whole batches as one batch ack). :meth:`nack` goes at once, in its own call.
-    A background thread extends the lease of every job held (prefetched, handed out, or
-    acked and not yet sent) once it has used half of it; a prefetched job whose lease was
-    lost anyway is skipped. Iteration ends on :meth:`stop` (any thread; a claim that is
-    blocked returns first, within ``block`` seconds), on close, and, with
-    ``stop_when_empty``, when a claim finds nothing. Exit sends the acks still buffered and
-    gives back (nack, no delay) every job not acked: the prefetched ones and those handed
-    out and neither acked nor nacked. Thread-safe: threads may iterate and ack.
+    in hand run out, and yields them one by one. :meth:`ack` and :meth:`nack` buffer: the
+    acks ride on the next claim (whole batches as one batch ack), and the nacks go in the
+    same round trip as that claim (pipelined ahead of it). A background thread extends the
+    lease of every job held (prefetched, handed out, or acked or nacked and not yet sent)
+    once it has used half of it; a prefetched job whose lease was lost anyway is skipped.
+    Iteration ends on :meth:`stop` (any thread; a claim that is blocked returns first,
+    within ``block`` seconds), on close, and, with ``stop_when_empty``, when a claim finds
+    nothing. Exit sends the acks and nacks still buffered (with their delays), then gives
+    back (nack, no delay) every job neither acked nor nacked: the prefetched ones and those
+    handed out. Thread-safe: threads may iterate, ack and nack.
 
-    A claim that raises raises from the iteration; its acks stay buffered for the next.
+    A claim that raises raises from the iteration; its acks and nacks stay buffered for the
+    next.
     """
 
     def __init__(
@@ -747,10 +821,20 @@ class Consumer:
             self.rotator.ack(*jobs)
 
     def nack(self, *jobs: Job, delay: float = 0.0) -> int:
-        """Gives jobs back now (see :meth:`rotator.Rotator.nack`); how many were."""
-        given = self.rotator.nack(*jobs, delay=delay)
-        self._state.given_back(jobs)
-        return given
+        """Gives jobs back with the next claim (in its round trip), or at close, to be
+        delivered again ``delay`` seconds after that (see :meth:`rotator.Rotator.nack`);
+        their leases are kept until then. Returns how many it took: the jobs it handed out
+        and holds, neither acked nor nacked (a job given twice counts once). Jobs it never
+        held go at once, and count when the server gave them back; so does everything
+        after close."""
+        delay_ms = protocol.seconds_to_ms(delay, "delay", allow_zero=True)
+        taken = self._state.nack(jobs, delay_ms)
+        if taken is None:
+            given = self.rotator.nack(*jobs, delay=delay)
+            self._state.given_back(jobs)
+            return given
+        count, foreign = taken
+        return count + (self.rotator.nack(*foreign, delay=delay) if foreign else 0)
 
     def stop(self) -> None:
         """Ends the iteration (every thread's) before the next job; jobs still prefetched
@@ -758,17 +842,17 @@ class Consumer:
         self._stopped.set()
 
     def close(self) -> None:
-        """Stops, sends the acks still buffered, gives back every job not acked, and stops
-        keeping leases. Raises what those calls raised (the jobs concerned come back when
-        their leases run out). Idempotent."""
+        """Stops, sends the acks and nacks still buffered, gives back every job neither acked
+        nor nacked, and stops keeping leases. Raises what those calls raised (the jobs
+        concerned come back when their leases run out). Idempotent."""
         self._stopped.set()
         with self._claiming:  # a claim on its way lands first
             if self._closed:
                 return
             self._closed = True
-            acks, back = self._state.close()
+            acks, nacks, back = self._state.close()
             try:
-                self._finish(acks, back)
+                self._finish(acks, nacks, back)
             finally:
                 self._done.set()
                 if self._keeper is not None:
@@ -801,25 +885,26 @@ class Consumer:
             )
             self._keeper.start()
             weakref.finalize(self, self._done.set)  # dropped unclosed: the leases run out
-        acks = self._state.take_acks()
+        state, rotator = self._state, self.rotator
+        acks = state.take_acks()
+        nacks = state.take_nacks()
         try:
-            jobs = self.rotator.next(self.prefetch, self.block, ack=acks)
+            # Rotator.next's flow, with the nacks that go in the claim's round trip.
+            jobs = rotator._run(rotator._flows.next(self.prefetch, self.block, acks, nacks=nacks))
         except BaseException:
-            self._state.claim_failed(acks)
+            state.claim_failed(acks, nacks)
             raise
-        self._state.claimed(acks, jobs)
+        state.claimed(acks, nacks, jobs)
         return bool(jobs)
 
-    def _finish(self, acks: list[Job], back: list[Job]) -> None:
+    def _finish(self, acks: list[Job], nacks: Nacks, back: list[Job]) -> None:
         failed: Exception | None = None
-        for call, jobs in ((self.rotator.ack, acks), (self.rotator.nack, back)):
-            if not jobs:
-                continue
+        for sent in finishing(self.rotator._flows, acks, nacks, back):
             try:
-                call(*jobs)
+                self.rotator._run(sent.flow)
             except Exception as error:
                 failed = failed or error
-            self._state.release(jobs)
+            self._state.release(sent.jobs)
         if failed is not None:
             raise failed
 
@@ -870,9 +955,15 @@ class AsyncConsumer:
             await self.rotator.ack(*jobs)
 
     async def nack(self, *jobs: Job, delay: float = 0.0) -> int:
-        given = await self.rotator.nack(*jobs, delay=delay)
-        self._state.given_back(jobs)
-        return given
+        """As :meth:`Consumer.nack`: with the next claim, or at close."""
+        delay_ms = protocol.seconds_to_ms(delay, "delay", allow_zero=True)
+        taken = self._state.nack(jobs, delay_ms)
+        if taken is None:
+            given = await self.rotator.nack(*jobs, delay=delay)
+            self._state.given_back(jobs)
+            return given
+        count, foreign = taken
+        return count + (await self.rotator.nack(*foreign, delay=delay) if foreign else 0)
 
     def stop(self) -> None:
         self._stopped = True
@@ -883,9 +974,9 @@ class AsyncConsumer:
             if self._closed:
                 return
             self._closed = True
-            acks, back = self._state.close()
+            acks, nacks, back = self._state.close()
             try:
-                await self._finish(acks, back)
+                await self._finish(acks, nacks, back)
             finally:
                 if self._keeper is not None:
                     self._keeper.cancel()
@@ -913,25 +1004,26 @@ class AsyncConsumer:
                 keep_leases_async(self.rotator, self._state.ledger)
             )
             weakref.finalize(self, self._keeper.cancel)  # dropped unclosed: the leases run out
-        acks = self._state.take_acks()
+        state, rotator = self._state, self.rotator
+        acks = state.take_acks()
+        nacks = state.take_nacks()
+        flow = rotator._flows.next(self.prefetch, self.block, acks, nacks=nacks)
         try:
-            jobs = await self.rotator.next(self.prefetch, self.block, ack=acks)
+            jobs = await rotator._run(flow)
         except BaseException:
-            self._state.claim_failed(acks)
+            state.claim_failed(acks, nacks)
             raise
-        self._state.claimed(acks, jobs)
+        state.claimed(acks, nacks, jobs)
         return bool(jobs)
 
-    async def _finish(self, acks: list[Job], back: list[Job]) -> None:
+    async def _finish(self, acks: list[Job], nacks: Nacks, back: list[Job]) -> None:
         failed: Exception | None = None
-        for call, jobs in ((self.rotator.ack, acks), (self.rotator.nack, back)):
-            if not jobs:
-                continue
+        for sent in finishing(self.rotator._flows, acks, nacks, back):
             try:
-                await call(*jobs)
+                await self.rotator._run(sent.flow)
             except Exception as error:
                 failed = failed or error
-            self._state.release(jobs)
+            self._state.release(sent.jobs)
         if failed is not None:
             raise failed
 

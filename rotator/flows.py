@@ -195,20 +195,32 @@ class QueueFlows:
         block: float | None,
         ack: Iterable[JobRef],
         durations: Iterable[float] = (),
+        nacks: Sequence[tuple[Sequence[JobRef], int]] = (),
     ) -> Flow[list[Job]]:
+        """The claim of :meth:`rotator.Rotator.next`. ``nacks``: jobs to give back first, as
+        ``(jobs, delay_ms)`` groups (a buffering consumer's); their nack calls and the first
+        claim go as one :class:`rotator.commands.Together`, in one round trip, each call
+        whose reply was an error made again on its own (a nack sent twice gives back
+        nothing more). A group with no delay may be claimed again by that very claim."""
         count = protocol.check_count(count)
         refs = list(ack)
         times = protocol.encode_durations(durations)  # rides on the first call only
         acks, packed, _ = self.pack(refs)
         waited = protocol.check_block(block)
+        gives = [call for jobs, delay_ms in nacks for call in self.nack_calls(jobs, delay_ms)]
         give_up = None if waited is None else time.monotonic() + waited
         wake_wait: float | None = None
         while True:
             call = self._next_call(count, acks if times is None else [*acks, times])
             times = None
-            reply: NextReply = yield (
-                call if wake_wait is None else AfterWake(self.keys.wake, wake_wait, call)
-            )
+            reply: NextReply
+            if gives:  # only ever the first call: it has no wake to wait on
+                *_, reply = yield commands.Together((*gives, call))
+                gives = []
+            else:
+                reply = yield (
+                    call if wake_wait is None else AfterWake(self.keys.wake, wake_wait, call)
+                )
             wake_wait = None
             if packed and reply.acked < len(acks):
                 yield from self.ack_refs(refs, pack=False)  # a batch ack was refused
@@ -273,9 +285,16 @@ class QueueFlows:
     def nack(self, refs: Sequence[JobRef], delay: float) -> Flow[int]:
         delay_ms = protocol.seconds_to_ms(delay, "delay", allow_zero=True)
         given_back = 0
-        for part in chunks(protocol.encode_tokens(refs), MAX_BATCH):
-            given_back += yield commands.nack(self.plain_keys, delay_ms, part)
+        for call in self.nack_calls(refs, delay_ms):
+            given_back += yield call
         return given_back
+
+    def nack_calls(self, refs: Sequence[JobRef], delay_ms: int) -> list[ModuleCall[int]]:
+        """The calls that give ``refs`` back, ``delay_ms`` (checked) before their return."""
+        tokens = protocol.encode_tokens(refs)
+        return [
+            commands.nack(self.plain_keys, delay_ms, part) for part in chunks(tokens, MAX_BATCH)
+        ]
 
     def fail(self, refs: Sequence[JobRef], error: str, delay: float) -> Flow[int]:
         if not self.item_stats:

@@ -30,7 +30,7 @@ from rotator import (
 )
 from rotator import buffering as b
 from rotator.aio import AsyncRotator
-from rotator.commands import AfterWake, ModuleCall, Request
+from rotator.commands import AfterWake, ModuleCall, Request, Together
 from tests.helpers import drain, wait_until
 from tests.servers import ServerProcess
 
@@ -38,14 +38,16 @@ from tests.servers import ServerProcess
 @contextmanager
 def counting(q: Rotator | AsyncRotator) -> Iterator[list[str]]:
     """The module commands ``q`` sends meanwhile (``push``, ``next_packed``, ``ack``...), in
-    order; lease extends (the lease keeping's, on its own clock) and the test's own ``stats``
-    are left out."""
+    order, calls sent together as one (``nack+next_packed``); lease extends (the lease
+    keeping's, on its own clock) and the test's own ``stats`` are left out."""
     sent: list[str] = []
     perform = q._sender.perform
 
     def spy(request: Request) -> Any:
         call = request.call if isinstance(request, AfterWake) else request
-        if isinstance(call, ModuleCall) and call.args[0] not in {b"extend", b"stats"}:
+        if isinstance(call, Together):
+            sent.append("+".join(part.args[0].decode() for part in call.calls))
+        elif isinstance(call, ModuleCall) and call.args[0] not in {b"extend", b"stats"}:
             sent.append(call.args[0].decode())
         return perform(request)
 
@@ -54,6 +56,64 @@ def counting(q: Rotator | AsyncRotator) -> Iterator[list[str]]:
         yield sent
     finally:
         del q._sender.perform
+
+
+# Module commands a round trip may carry that tests leave out: the lease keeping's extends,
+# on its own clock, and the test's own stats.
+UNCOUNTED = {"extend", "stats"}
+
+
+def command_name(args: tuple[Any, ...]) -> str | None:
+    """The module command ``args`` (a client command) calls, or ``blpop``; None for others."""
+    head = protocol_text(args[0]).upper()
+    if head in {"FCALL", "EVALSHA", "EVAL"}:
+        return protocol_text(args[3 + int(args[2])])
+    return "blpop" if head == "BLPOP" else None
+
+
+def protocol_text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def note_trip(trips: list[tuple[str, ...]], commands: list[tuple[Any, ...]]) -> None:
+    names = tuple(name for args in commands if (name := command_name(args)) is not None)
+    if names and not set(names) <= UNCOUNTED:
+        trips.append(names)
+
+
+@contextmanager
+def round_trips(client: redis.Redis | aredis.Redis) -> Iterator[list[tuple[str, ...]]]:
+    """The round trips ``client`` makes meanwhile that call the module: each a command of
+    its own, or a pipeline's ``execute``, noted as the module commands it carried, in order
+    (``("nack", "next_packed")``; a BLPOP as ``blpop``). Trips of lease extends and stats
+    only are left out. Sync or asyncio client; wraps its ``execute_command`` and
+    ``pipeline`` on the instance, so whatever sends through them is seen."""
+    trips: list[tuple[str, ...]] = []
+    execute_command = client.execute_command
+    pipeline = client.pipeline
+
+    def one(*args: Any, **options: Any) -> Any:
+        note_trip(trips, [args])
+        return execute_command(*args, **options)
+
+    def piped(*args: Any, **options: Any) -> Any:
+        pipe = pipeline(*args, **options)
+        execute = pipe.execute
+
+        def run(*run_args: Any, **run_options: Any) -> Any:
+            note_trip(trips, [command for command, _ in pipe.command_stack])
+            return execute(*run_args, **run_options)
+
+        pipe.execute = run  # type: ignore[method-assign]
+        return pipe
+
+    client.execute_command = one  # type: ignore[method-assign]
+    client.pipeline = piped  # type: ignore[method-assign]
+    try:
+        yield trips
+    finally:
+        del client.execute_command
+        del client.pipeline
 
 
 def acked(q: Rotator) -> int:
@@ -553,7 +613,7 @@ def test_an_error_in_the_loop_gives_back_the_job_and_is_not_hidden(
     assert sorted(job.id for job in q.next(10)) == ["b", "c"]
 
 
-def test_nack_goes_at_once_and_stop_ends_the_iteration(
+def test_a_nack_waits_for_the_next_claim_and_stop_ends_the_iteration(
     client: redis.Redis, queue_name: str
 ) -> None:
     q = Rotator(client, queue_name)
@@ -561,8 +621,8 @@ def test_nack_goes_at_once_and_stop_ends_the_iteration(
     with counting(q) as calls, q.consumer(prefetch=6, block=0.05) as c:
         first = next(c)
         assert c.nack(first, delay=3600) == 1
-        assert calls == ["next_packed", "nack"]
-        assert q.stats().deferred == 1
+        assert calls == ["next_packed"]  # buffered: nothing sent
+        assert (q.stats().deferred, q.stats().in_flight) == (0, 6)
         second = next(c)
         c.ack(second)
         threading.Timer(0.05, c.stop).start()
@@ -570,10 +630,65 @@ def test_nack_goes_at_once_and_stop_ends_the_iteration(
         assert len(rest) <= 4
         for job in rest:
             c.ack(job)
+    assert "nack" not in calls[1:2]  # the claim after it carried it, or the exit sent it
     assert acked(q) == 1 + len(rest)
     stats = q.stats()
-    assert stats.pending == 4 - len(rest)  # what stop left prefetched went back
-    assert stats.in_flight == 0
+    assert (stats.deferred + stats.pending, stats.in_flight) == (5 - len(rest), 0)
+    back = q.next(10)  # what stop left prefetched went back; first waits its delay
+    assert sorted(job.id for job in back) == sorted(set(ids("job", 6)[2:]) - {j.id for j in rest})
+
+
+def test_a_nack_rides_on_the_next_claim_in_one_round_trip_and_comes_back_after_its_delay(
+    client: redis.Redis, queue_name: str
+) -> None:
+    q = Rotator(client, queue_name, timeout=1.0)
+    other = Rotator(client, queue_name, timeout=1.0)
+    q.push("a", "b")
+    with round_trips(client) as trips, q.consumer(prefetch=2, block=0.05) as c:
+        a = next(c)
+        assert c.nack(a, delay=0.5) == 1
+        assert c.nack(a) == 0  # taken once, with its first delay
+        c.ack(a)  # nacked: not acked as well
+        assert trips == [("next_packed",)]
+        time.sleep(2.5)  # two and a half leases: a's kept until its nack is sent
+        assert other.next(5) == []
+        stats = q.stats()
+        assert (stats.in_flight, stats.deferred, stats.reclaimed) == (2, 0, 0)
+        q.push("c", "d")
+        trips.clear()  # other's claim, and the push
+        b = next(c)  # prefetched: no claim
+        c.ack(b)
+        assert trips == []
+        third = next(c)  # the claim: a's nack and the claim (carrying b's ack), one trip
+        assert trips == [("nack", "next_packed")]
+        assert third.id == "c"
+        stats = q.stats()
+        assert (stats.deferred, stats.in_flight, acked(q)) == (1, 2, 1)
+        c.ack(third, next(c))
+        again = next(c)  # a, once its delay has passed
+        assert (again.id, again.deliveries) == ("a", 2)
+        c.ack(again)
+    assert acked(q) == 4
+    assert (q.stats().in_flight, q.stats().deferred, q.stats().pending) == (0, 0, 0)
+
+
+def test_close_sends_the_buffered_nacks_with_their_delays_then_gives_back_the_rest(
+    client: redis.Redis, queue_name: str
+) -> None:
+    q = Rotator(client, queue_name)
+    q.push("a", "b", "c", "d")
+    with round_trips(client) as trips, q.consumer(prefetch=4, block=0.05) as c:
+        a, b, done = next(c), next(c), next(c)
+        assert c.nack(a, delay=3600) + c.nack(b) == 2
+        c.ack(done)
+        assert q.stats().in_flight == 4
+    # The ack, a's nack, b's, then the give-back of d (prefetched, never handed out).
+    assert trips == [("next_packed",), ("ack",), ("nack",), ("nack",), ("nack",)]
+    stats = q.stats()  # a nacked job counts as deferred until a claim reaches it, delay or not
+    assert (stats.deferred + stats.pending, stats.in_flight, acked(q)) == (3, 0, 1)
+    assert c.nack(a) == 0  # after close: at once (and refused, a was given back)
+    assert trips[-1] == ("nack",)
+    assert sorted((job.id, job.deliveries) for job in q.next(10)) == [("b", 2), ("d", 2)]
 
 
 def test_several_threads_take_jobs_from_one_consumer(client: redis.Redis, queue_name: str) -> None:
@@ -598,11 +713,11 @@ def test_several_threads_take_jobs_from_one_consumer(client: redis.Redis, queue_
     assert acked(q) == 600
 
 
-def test_a_claim_that_fails_keeps_its_acks_for_the_next(
+def test_a_claim_that_fails_keeps_its_acks_and_nacks_for_the_next(
     client: redis.Redis, queue_name: str
 ) -> None:
     q = Rotator(client, queue_name)
-    q.push("a", "b")
+    q.push("a", "b", "n")
     with q.consumer(prefetch=1, block=0.05, stop_when_empty=True) as c:
         c.ack(next(c))
         perform = q._sender.perform
@@ -617,9 +732,19 @@ def test_a_claim_that_fails_keeps_its_acks_for_the_next(
         with pytest.raises(redis.ConnectionError):
             next(c)
         del q._sender.perform
-        c.ack(next(c))  # the retried claim carries the first ack
+        second = next(c)  # the retried claim carries the first ack
         assert acked(q) == 1
+        assert c.nack(second, delay=3600) == 1
+        failures.append(redis.ConnectionError("dropped"))
+        q._sender.perform = flaky  # type: ignore[method-assign]
+        with pytest.raises(redis.ConnectionError):
+            next(c)
+        del q._sender.perform
+        assert (q.stats().deferred, q.stats().in_flight) == (0, 1)  # kept, and held
+        c.ack(next(c))  # the retried claim carries the nack
+        assert q.stats().deferred == 1
     assert acked(q) == 2
+    assert q.stats().deferred == 1
 
 
 def test_the_async_consumer_acks_on_claims_keeps_leases_and_gives_back(
@@ -643,8 +768,44 @@ def test_the_async_consumer_acks_on_claims_keeps_leases_and_gives_back(
         again = await q.next(10)
         assert [job.id for job in again] == ids("job", 12)[7:]
         async with q.consumer(prefetch=6, block=0.05, stop_when_empty=True) as c:
-            await c.nack(*again)  # not ours: given back all the same
+            assert await c.nack(*again) == 5  # not ours: given back at once all the same
             assert [job.id async for job in c] == ids("job", 12)[7:]
+
+    run_async(server, scenario)
+
+
+def test_the_async_consumer_sends_its_nacks_with_the_next_claim_or_at_close(
+    server: ServerProcess, queue_name: str
+) -> None:
+    async def scenario(client: aredis.Redis) -> None:
+        q = AsyncRotator(client, queue_name)
+        await q.push("a", "b", "c", "d", "e")
+        with round_trips(client) as trips:
+            async with q.consumer(prefetch=2, block=0.05) as c:
+                a = await anext(c)
+                assert await c.nack(a, delay=0.5) == 1
+                assert await c.nack(a) == 0
+                stats = await q.stats()
+                assert (stats.in_flight, stats.deferred) == (2, 0)  # not sent yet
+                await c.ack(await anext(c))  # prefetched: no claim
+                assert trips == [("next_packed",)]
+                third = await anext(c)  # a's nack and the claim, one round trip
+                assert trips == [("next_packed",), ("nack", "next_packed")]
+                assert third.id == "c"
+                assert (await q.stats()).deferred == 1
+                await c.ack(third, await anext(c))
+                out = {job.id: job for job in [await anext(c), await anext(c)]}
+                assert sorted((job.id, job.deliveries) for job in out.values()) == [
+                    ("a", 2),  # once its delay passed
+                    ("e", 1),
+                ]
+                assert await c.nack(out["e"], delay=3600) == 1
+                trips.clear()
+            # Exit: the acks (none), e's nack with its delay, a given back (never acked).
+            assert trips == [("nack",), ("nack",)]
+        stats = await q.stats()
+        assert (stats.deferred + stats.pending, stats.in_flight) == (2, 0)
+        assert [(job.id, job.deliveries) for job in await q.next(10)] == [("a", 3)]
 
     run_async(server, scenario)
 
