@@ -196,7 +196,7 @@ class AsyncSender:
     async def _after_wake(self, request: AfterWake[Any]) -> Any:
         wait = wake_wait(request.seconds, self._socket_timeout)
         call = request.call
-        if not self._pipelines:
+        if not self._pipelines or (call.durable and self.durability is not None):
             await self.client.blpop([request.wake], timeout=wait)
             return await self.perform(call)
         async with self.client.pipeline(transaction=False) as pipe:

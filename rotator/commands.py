@@ -204,6 +204,7 @@ def next_packed(
         keys,
         [b"next_packed", count, lease_ms, budget, max_deliveries, *acks],
         decode_next_packed,
+        True,  # durable: a lease the replicas never had would be lost in a failover
     )
 
 
@@ -326,6 +327,7 @@ def nextp_packed(
         keys,
         [b"nextp_packed", count, lease_ms, budget, max_deliveries, int(drop), *acks],
         decode_next_packed_payloads,
+        True,
     )
 
 

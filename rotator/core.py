@@ -57,9 +57,10 @@ class Rotator(QueueView):
     another consumer. ``idempotency(job_id) -> bool`` is asked about every job whose lease
     expired before it is handed out again: True means the job was already done (it is acked
     and not returned). ``max_deliveries`` moves a job that was delivered that many times to
-    the dead letters instead of leasing it again. With ``durability``, push, ack, nack and
-    requeue_dead return only once their writes are persisted/replicated as it asks (raising
-    NotDurable, after the write, when that is not confirmed in time). The module is
+    the dead letters instead of leasing it again. With ``durability``, push, ack, nack,
+    requeue_dead and claims (``next`` and the acks riding on it) return only once their
+    writes are persisted/replicated as it asks (raising NotDurable, after the write, when
+    that is not confirmed in time: a claim's jobs then come back after their leases). The module is
     called with FCALL where the server and the ACL allow it (Redis 7+ / Valkey), else with
     EVALSHA, chosen at the client's first call; ``functions=True`` forces FCALL (a worker's
     ACL can then allow FCALL of this library without allowing arbitrary scripts),

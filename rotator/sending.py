@@ -194,7 +194,8 @@ class Sender:
         the pipelined call as soon as BLPOP returns (woken by a push, or timed out)."""
         wait = wake_wait(request.seconds, self._socket_timeout)
         call = request.call
-        if not self._pipelines:
+        if not self._pipelines or (call.durable and self.durability is not None):
+            # (a durable call goes with its own wait: after the BLPOP, not pipelined with it)
             self.client.blpop([request.wake], timeout=wait)
             return self.perform(call)
         pipe: Any = self.client.pipeline(transaction=False)

@@ -820,11 +820,11 @@ class ShardedRotator(ShardedView):
     connection of the shard's master (see :func:`rotator.durability.durable_flow`). A
     write that is not confirmed within ``durability.timeout`` raises NotDurable: it was
     applied, and is not retried; the shards after it in that call are not written. The
-    timeout must be shorter than the client's socket timeout. Claims are not durable
-    calls, nor the acks that ride on them (``next(ack=...)``, which ``work()`` uses):
-    ``ack()`` is. After a failover, a lease the promoted replica never had is gone: its
-    job is delivered again, and a durable ack of it is accepted there yet completes
-    nothing.
+    timeout must be shorter than the client's socket timeout. Claims are durable calls
+    too, with the acks that ride on them (``next(ack=...)``, which ``work()`` uses): a
+    lease the promoted replica never had would be gone after a failover, and a confirmed
+    ack of its job would complete nothing there. A claim that raises NotDurable has leased
+    its jobs; they come back when their leases run out.
 
     Options as for Rotator: ``timeout``, ``idempotency``, ``max_deliveries``, ``budget``,
     ``prefix``, ``functions``. ``functions`` defaults to False here (EVALSHA): pushes go in

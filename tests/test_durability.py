@@ -68,6 +68,29 @@ def test_an_unconfirmed_write_raises_not_durable_after_it_was_applied(
     assert q.stats().pending == 1
 
 
+def test_a_claim_is_a_durable_call_and_so_are_the_acks_riding_on_it(
+    server: ServerProcess, queue_name: str
+) -> None:
+    """A lease the replicas never had would be gone after a failover, and the ack of its
+    job would complete nothing there: claims wait for their writes too. No replica will
+    answer: the claim is applied (the job leased, the ack riding on it taken), then
+    reported as not durable."""
+    plain = Rotator(server.client(), queue_name)
+    assert plain.push("a", "b") == 2
+    (first,) = plain.next()
+    q = Rotator(
+        server.client(),
+        queue_name,
+        durability=Durability(local_aof=False, replicas=1, timeout=0.1),
+    )
+    with pytest.raises(NotDurable, match="asked for 0 and 1"):
+        q.next(ack=[first])
+    stats = plain.stats()
+    assert (stats.completed, stats.in_flight, stats.pending) == (1, 1, 0)
+    with pytest.raises(NotDurable):  # a claim that finds nothing writes too (its lap)
+        q.next()
+
+
 def test_asking_for_local_aof_on_a_server_without_aof_is_not_durable(
     valkey_server: ServerProcess, queue_name: str
 ) -> None:
