@@ -35,6 +35,7 @@ from tests.chaos.eventlog import (
     error_kind,
     tail_event,
 )
+from tests.chaos.faultproxy import PASS, FaultProxy, Mode
 from tests.chaos.producer import Producer
 from tests.chaos.worker import ChaosWorker, make_idempotency
 from tests.servers import Kind, ServerProcess
@@ -360,6 +361,26 @@ class ChaosRun:
         victim = self.rng.choice(busy or booted or live)
         return victim, self.kill9(victim)
 
+    def replace_busy(self, workers: list[Proc]) -> tuple[Proc, str | None]:
+        """SIGKILL a worker as :meth:`kill_busy` does, and start another in its place in
+        ``workers``; the killed worker and its last event."""
+        victim, last = self.kill_busy(workers)
+        workers[workers.index(victim)] = self.respawn(victim)
+        return victim, last
+
+    def kill_clients(self) -> None:
+        """Kills every client connection but the admin's (CLIENT KILL TYPE normal)."""
+        self.admin_call("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes")
+        self.faults["client_kills"] += 1
+
+    def blackhole(self, proxy: FaultProxy, seconds: float = 1.5) -> None:
+        """``proxy`` answers nothing for ``seconds`` (longer than the clients' socket
+        timeout), then passes everything."""
+        proxy.set_mode(Mode(blackhole=True))
+        time.sleep(seconds)
+        proxy.set_mode(PASS)
+        self.faults["blackholes"] += 1
+
     def signal(self, proc: Proc, sig: signal.Signals) -> None:
         if proc.alive:
             os.kill(proc.pid, sig)
@@ -448,7 +469,7 @@ class ChaosRun:
             time.sleep(0.1)
         return False
 
-    def run_for(self, seconds: float, every: float, action: Callable[[], None]) -> None:
+    def run_for(self, seconds: float, every: float, action: Callable[[], object]) -> None:
         """Calls ``action`` every ``every`` seconds (jittered) for ``seconds``, snapshotting."""
         give_up = time.monotonic() + seconds
         while time.monotonic() < give_up:

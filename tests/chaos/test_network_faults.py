@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import pytest
 
-from tests.chaos.faultproxy import PASS, FaultProxy, Mode, RequestFramer
+from tests.chaos.faultproxy import FaultProxy, Mode, RequestFramer
 from tests.chaos.harness import ChaosRun
 
 AOF_EVERYSEC = {"appendonly": "yes", "appendfsync": "everysec"}
@@ -41,13 +41,9 @@ def test_lost_replies_and_dropped_connections_lose_nothing(chaos: MakeRun) -> No
         faults_end = time.monotonic() + 5.0
         while time.monotonic() < faults_end:
             time.sleep(run.rng.uniform(0.7, 1.3))
-            run.admin_call("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes")
-            run.faults["client_kills"] += 1
+            run.kill_clients()
             run.snapshot()
-        proxy.set_mode(Mode(blackhole=True))  # longer than the clients' socket timeout
-        time.sleep(1.5)
-        proxy.set_mode(PASS)
-        run.faults["blackholes"] += 1
+        run.blackhole(proxy)
         assert run.wait_exit(producer, 40) == 0, run.stderr(producer)
         run.notes["settled"] = run.settle(timeout=15)
         report = run.check(allow_leftovers=True)

@@ -55,11 +55,7 @@ def test_payloads_stay_with_their_jobs_through_kills_and_lost_replies(chaos: Mak
         run.wait_booted(workers)
         proxy.set_mode(Mode(drop_after=0.02, drop_before=0.01))
 
-        def kill_one() -> None:
-            victim, _ = run.kill_busy(workers)
-            workers[workers.index(victim)] = run.respawn(victim)
-
-        run.run_for(5.0, every=0.6, action=kill_one)
+        run.run_for(5.0, every=0.6, action=lambda: run.replace_busy(workers))
         proxy.set_mode(PASS)
         assert run.wait_exit(producer, 40) == 0, run.stderr(producer)
         assert run.wait_exit(again, 20) == 0, run.stderr(again)

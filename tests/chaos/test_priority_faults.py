@@ -31,7 +31,7 @@ import pytest
 
 from tests.chaos.checker import SENTINEL, deadline_of, deliveries_of, read_state
 from tests.chaos.eventlog import read_logs
-from tests.chaos.faultproxy import PASS, FaultProxy, Mode
+from tests.chaos.faultproxy import FaultProxy, Mode
 from tests.chaos.harness import ChaosRun, Proc
 
 AOF_EVERYSEC = {"appendonly": "yes", "appendfsync": "everysec"}
@@ -133,18 +133,13 @@ def test_priorities_lose_nothing_and_keep_their_order_through_kills_and_lost_rep
         for fault in faults:
             time.sleep(run.rng.uniform(0.4, 0.8))
             if fault == "worker":
-                victim, _ = run.kill_busy(workers)
-                workers[workers.index(victim)] = run.respawn(victim)
+                run.replace_busy(workers)
             elif fault == "clients":
-                run.admin_call("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes")
-                run.faults["client_kills"] += 1
+                run.kill_clients()
             else:
                 waiting = freeze_workers(run, workers)
             run.snapshot()
-        proxy.set_mode(Mode(blackhole=True))  # longer than the clients' socket timeout
-        time.sleep(1.5)
-        proxy.set_mode(PASS)
-        run.faults["blackholes"] += 1
+        run.blackhole(proxy)
         assert run.wait_exit(producer, 40) == 0, run.stderr(producer)
         run.notes["settled"] = run.settle(timeout=20)
         report = run.check(allow_leftovers=True)

@@ -128,8 +128,7 @@ def test_scheduled_jobs_and_ticks_survive_worker_kills(chaos: MakeRun) -> None:
     producer, workers = begin(run)
     for _ in range(6):
         time.sleep(run.rng.uniform(0.3, 0.7))
-        victim, _ = run.kill_busy(workers)
-        workers[workers.index(victim)] = run.respawn(victim)
+        run.replace_busy(workers)
         run.snapshot()
 
     report = finish(run, producer, allow_leftovers=False)
@@ -157,8 +156,7 @@ def test_scheduled_jobs_and_ticks_survive_server_kill9_with_appendfsync_always(
             gaps.append(round(run.rng.uniform(0.1, 1.0), 3))
             run.kill9_server(gaps[-1])
         else:
-            victim, _ = run.kill_busy(workers)
-            workers[workers.index(victim)] = run.respawn(victim)
+            run.replace_busy(workers)
         run.snapshot()
     run.notes["restart_gaps"] = gaps
 

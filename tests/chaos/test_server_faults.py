@@ -47,8 +47,7 @@ def test_server_kill9_with_appendfsync_always_loses_no_confirmed_job(chaos: Make
             gaps.append(round(run.rng.uniform(0.1, 1.0), 3))
             run.kill9_server(gaps[-1])
         else:
-            victim, _ = run.kill_busy(workers)
-            workers[workers.index(victim)] = run.respawn(victim)
+            run.replace_busy(workers)
         run.snapshot()
     run.notes["restart_gaps"] = gaps
     assert run.wait_exit(producer, 30) == 0, run.stderr(producer)

@@ -45,7 +45,7 @@ from rotator import Rotator, RotatorError
 from rotator.protocol import text
 from tests.chaos.checker import Report
 from tests.chaos.eventlog import EventLog, chaos_client, error_kind, read_logs
-from tests.chaos.faultproxy import PASS, FaultProxy, Mode
+from tests.chaos.faultproxy import FaultProxy, Mode
 from tests.chaos.harness import ChaosRun, Proc
 
 AOF_ALWAYS = {"appendonly": "yes", "appendfsync": "always"}
@@ -227,8 +227,7 @@ def kill_worker(run: ChaosRun, workers: list[Proc], canceller: Canceller) -> Non
     """SIGKILLs a worker mid-job, replaces it, and cancels the job it held: the first time
     (so that every run cancels a job in flight whenever a kill lands mid-job), then now and
     then."""
-    victim, last = run.kill_busy(workers)
-    workers[workers.index(victim)] = run.respawn(victim)
+    victim, last = run.replace_busy(workers)
     if last == "START" and (not canceller.cancelled_running or run.rng.random() < 0.5):
         canceller.cancelled_running = True
         canceller.cancel_running(victim)
@@ -294,15 +293,11 @@ def test_unique_pushes_and_cancels_through_lost_replies_and_worker_kills(
             for fault in faults:
                 time.sleep(run.rng.uniform(0.5, 1.0))
                 if fault == "clients":
-                    run.admin_call("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes")
-                    run.faults["client_kills"] += 1
+                    run.kill_clients()
                 else:
                     kill_worker(run, workers, canceller)
                 run.snapshot()
-            proxy.set_mode(Mode(blackhole=True))  # longer than the clients' socket timeout
-            time.sleep(1.5)
-            proxy.set_mode(PASS)
-            run.faults["blackholes"] += 1
+            run.blackhole(proxy)
             report = finish(run, producers, canceller)
     finally:
         proxy.stop()

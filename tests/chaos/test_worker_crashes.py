@@ -52,8 +52,7 @@ def test_workers_killed_mid_job_lose_nothing_and_every_duplicate_is_explained(
     run.wait_booted(workers)
     for _ in range(8):
         time.sleep(run.rng.uniform(0.2, 0.5))
-        victim, _ = run.kill_busy(workers)
-        workers[workers.index(victim)] = run.respawn(victim)
+        run.replace_busy(workers)
         run.snapshot()
     assert run.wait_exit(producer, 30) == 0
     run.notes["settled"] = run.settle(timeout=20)
