@@ -428,6 +428,18 @@ def producing(url: str, name: str, rate: int) -> Iterator[dict[str, Any]]:
         proc.join(30)
 
 
+def under_load(sizes: Sizes, load: dict[str, Any], claimed: int) -> dict[str, Any]:
+    """What a row measured under the background load says of it: the consumer, the load's
+    rate, what it pushed, what of it the consumer claimed (``claimed``), and for how long."""
+    return {
+        "consumer": f"next({DRAIN_BATCH}, block=1, ack=...)",
+        "load_rate": sizes.load_rate,
+        "background_pushed": load["pushed"],
+        "background_claimed": claimed,
+        "seconds": load["seconds"],
+    }
+
+
 def delays_row(case: str, delays: list[float], **extra: Any) -> dict[str, Any]:
     def ms(value: float | None) -> float | None:
         return None if value is None else round(value, 1)
@@ -516,11 +528,7 @@ def tick_under_load(client: redis.Redis, url: str, sizes: Sizes, hz: int) -> dic
         hz=hz,
         scheduled=len(due),
         spread_s=sizes.tick_spread_s,
-        consumer=f"next({DRAIN_BATCH}, block=1, ack=...)",
-        load_rate=sizes.load_rate,
-        background_pushed=load["pushed"],
-        background_claimed=got.others,
-        seconds=load["seconds"],
+        **under_load(sizes, load, got.others),
     )
     q.delete()
     q.client.close()
@@ -594,11 +602,7 @@ def schedule_under_load(client: redis.Redis, url: str, sizes: Sizes, hz: int) ->
         ticks=sizes.schedule_ticks,
         skipped=skipped_ticks(got.dues),
         ticks_ms=got.dues,
-        consumer=f"next({DRAIN_BATCH}, block=1, ack=...)",
-        load_rate=sizes.load_rate,
-        background_pushed=load["pushed"],
-        background_claimed=got.others,
-        seconds=load["seconds"],
+        **under_load(sizes, load, got.others),
     )
     q.delete()
     q.client.close()
