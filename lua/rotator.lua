@@ -3065,14 +3065,15 @@ function M.ack()
 end
 
 -- What ack_tokens needs to know of the side structures (reading them checks their types),
--- the range of call seqs this queue issued, and the length of both lists.
-function M.ack_sides()
+-- the range of call seqs this queue issued, and the length of both lists; `fence`: the
+-- fence settings too (fence_ms, fence_max), for a call that drops payloads (ackp).
+function M.ack_sides(fence)
   local sides = {
     length = M.read('LLEN', K.ring) + M.read('LLEN', K.leases),
     [K.done] = M.read('SCARD', K.done), [K.marks] = M.read('HLEN', K.marks),
     [K.marks_old] = M.read('HLEN', K.marks_old), revoked = M.read('ZCARD', K.revoked),
   }
-  M.read_issued(sides)
+  M.read_issued(sides, fence)
   sides.lstop_was = sides.lstop
   return sides
 end
@@ -3087,17 +3088,23 @@ function M.write_acked(sides)
 end
 
 -- Notes in `sides` the call seqs this queue has issued tokens with (origin <= seq < seq)
--- and the marks' counts (read_marked), in one read.
-function M.read_issued(sides)
-  local m = M.read('HMGET', K.meta, 'origin', 'seq', 'lstop', 'fence_ms', 'fence_max',
-    unpack(MARK_COUNTS))
+-- and the marks' counts (read_marked), in one read; with `fence`, the fence settings too
+-- (only ackp needs them: a plain ack reads two fields less).
+function M.read_issued(sides, fence)
+  local c = MARK_COUNTS
+  local m = fence
+    and M.read('HMGET', K.meta, 'origin', 'seq', 'lstop', c[1], c[2], c[3], c[4], 'fence_ms',
+      'fence_max')
+    or M.read('HMGET', K.meta, 'origin', 'seq', 'lstop', c[1], c[2], c[3], c[4])
   sides.seq = tonumber(m[2]) or 0
   sides.origin = tonumber(m[1]) or 0
   sides.lstop = tonumber(m[3])
-  sides.fence_ms = tonumber(m[4]) or LIMIT.fence_ms
-  sides.fence_max = tonumber(m[5]) or LIMIT.fence_max
+  if fence then
+    sides.fence_ms = tonumber(m[8]) or LIMIT.fence_ms
+    sides.fence_max = tonumber(m[9]) or LIMIT.fence_max
+  end
   local counts = {}
-  for i = 1, 4 do counts[i] = tonumber(m[i + 5]) or 0 end
+  for i = 1, 4 do counts[i] = tonumber(m[i + 3]) or 0 end
   return M.read_marked(sides, counts)
 end
 
@@ -4082,7 +4089,7 @@ function M.define_extensions()
   function M.ackp()
     local times = M.durations_arg(2)
     M.check_tokens(2, true, 'named')
-    local sides = M.ack_sides()
+    local sides = M.ack_sides(true)
     M.read('HLEN', K.payloads)
     if K.items then M.read('HLEN', K.items) end
     FRESH_ACKS = true
