@@ -49,7 +49,6 @@ says how much to trust a difference.
 from __future__ import annotations
 
 import json
-import re
 import statistics
 import sys
 import tempfile
@@ -71,7 +70,7 @@ from bench.harness import (
     started,
     write_results,
 )
-from rotator.keys import queue_keys
+from rotator.keys import KEY_ROLES, queue_keys
 from rotator.script import module_source
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -91,6 +90,7 @@ TARGET = "no extra round trip, a few hundred ns per call at most (issue 17)"
 @dataclass(frozen=True)
 class Sizes:
     one: int  # jobs (= calls) of the next_packed 1 loops
+    parts: int  # iterations of each server-side loop of PARTS
     batch: int  # jobs of the next_packed 100 loops
     long: int  # jobs of the next 100 + token acks loop
     nacks: int  # next + nack cycles of the nack-heavy loop
@@ -98,9 +98,9 @@ class Sizes:
 
 
 SIZES = {
-    "full": Sizes(one=5000, batch=200_000, long=100_000, nacks=3000, rounds=5),
-    "quick": Sizes(one=1500, batch=50_000, long=30_000, nacks=1000, rounds=3),
-    "smoke": Sizes(one=60, batch=600, long=400, nacks=40, rounds=2),
+    "full": Sizes(one=5000, parts=200_000, batch=200_000, long=100_000, nacks=3000, rounds=5),
+    "quick": Sizes(one=1500, parts=100_000, batch=50_000, long=30_000, nacks=1000, rounds=3),
+    "smoke": Sizes(one=60, parts=1000, batch=600, long=400, nacks=40, rounds=2),
 }
 
 
@@ -122,52 +122,31 @@ def modules(before: Path | None = None, after: Path | None = None) -> tuple[Modu
 
 
 # The module's counts of what happened to its jobs (completed, redelivered, reclaimed,
-# lettered): read with the meta hash (fields 30..33 of read_meta's HMGET) and written by
-# M.write_meta when changed. ``without_counters`` takes out both.
-_COUNT_NAMES = ("completed", "redelivered", "reclaimed", "lettered")
-_READ = (
-    "    'rate_ms', 'rate_tat', 'completed', 'redelivered', 'reclaimed', 'lettered', 'track_ids',\n"
-)
-_READ_WITHOUT = "    'rate_ms', 'rate_tat', 'track_ids',\n"
-_KEPT = (
-    "    completed = tonumber(m[30]) or 0, redelivered = tonumber(m[31]) or 0,\n"
-    "    reclaimed = tonumber(m[32]) or 0, lettered = tonumber(m[33]) or 0,\n"
-)
-_READ_META = re.compile(r"^function M\.read_meta\(K\)\n.*?^end\n", re.M | re.S)
+# lettered): never read by the calls, added to by M.write_meta's call of M.add_counts, with
+# an HINCRBY of each that the call changed. ``without_counters`` takes that call out.
+_ADD_COUNTS = "  M.add_counts(s)\n"
+ISOLATED_NAME = "rotator-without-counters.lua"  # --isolate's BEFORE
 
 
 def without_counters(source: str) -> str:
-    """``source`` with its counters neither read nor written (``--isolate``: BEFORE, against
-    the same module with them, so the difference is what the counters themselves cost now).
-    Each edit must apply exactly once, or the module changed and this must follow it."""
-
-    def once(text: str, old: str, new: str) -> str:
-        if text.count(old) != 1:
-            raise SystemExit(f"without_counters: {old.strip()[:60]!r} is not in the module once")
-        return text.replace(old, new)
-
-    found = _READ_META.findall(source)
-    if len(found) != 1:
-        raise SystemExit(f"without_counters: expected one M.read_meta, found {len(found)}")
-    body = once(
-        once(found[0], _READ, _READ_WITHOUT),
-        _KEPT,
-        "    completed = 0, redelivered = 0, reclaimed = 0, lettered = 0,\n",
-    )
-    for index in range(34, 39):  # the fields after the four move up
-        body = body.replace(f"m[{index}]", f"m[{index - 4}]")
-    source = source.replace(found[0], body)
-    for name in _COUNT_NAMES:
-        source = once(source, f"  changed('{name}', s.{name}, was.{name})\n", "")
-    return source
+    """``source`` with its counters not written (``--isolate``: BEFORE, against the same
+    module with them, so the difference is what the counters themselves cost now). The edit
+    must apply exactly once, or the module changed and this must follow it."""
+    if source.count(_ADD_COUNTS) != 1:
+        raise SystemExit(f"without_counters: {_ADD_COUNTS.strip()!r} is not in the module once")
+    return source.replace(_ADD_COUNTS, "")
 
 
 def describe_modules(
     pair: tuple[Module, Module], before: Path | None, after: Path | None
 ) -> dict[str, str]:
+    isolated = before is not None and before.name == ISOLATED_NAME
     return {
         "before": (
-            f"{before} (sha1 {pair[0].sha})"
+            f"{ISOLATED_NAME} (`--isolate`: AFTER less its counters, by "
+            f"bench.counters.without_counters; sha1 {pair[0].sha})"
+            if isolated
+            else f"{before} (sha1 {pair[0].sha})"
             if before
             else f"bench/baseline/rotator-before-counters.lua ({BEFORE_COMMIT}'s "
             f"lua/rotator.lua; sha1 {pair[0].sha})"
@@ -498,8 +477,92 @@ def run_server(
         rows = run_phases(client, pair, sizes, vias=vias, phases=phases, log=log)
         for r in rows:
             log(describe(r))
+        parts = measure_parts(client, pair[1], sizes)
+        log(
+            f"  parts: a call that changes a counter {parts['call_now_changed']} ns now, "
+            f"{parts['call_before_changed']} ns before; one that changes none "
+            f"{parts['call_now_unchanged']} ns now, {parts['call_before_unchanged']} ns before"
+        )
         client.close()
-        return {"version": server.version, "rows": rows}
+        return {"version": server.version, "rows": rows, "parts": parts}
+
+
+# -- the parts, alone -----------------------------------------------------------------------
+
+# What the counters' own commands cost, each run in a loop inside one script on a real
+# queue's meta hash: precise to a few ns, where a whole call's time moves by a microsecond from
+# round to round. Lua for one iteration of each; KEYS[1] is the meta hash.
+PARTS = (
+    ("loop", "an empty iteration (subtracted from the others)", "local x = i"),
+    (
+        "add",
+        "now, a call that changes a counter: one HINCRBY",
+        "redis.call('HINCRBY', KEYS[1], 'completed', 1)",
+    ),
+    (
+        "add_none",
+        "now, a call that changes none: four comparisons",
+        "local c, d, r, l = 1, 0, 0, 0 "
+        "if c ~= 0 and d ~= 0 then x = 1 end if r ~= 0 then x = 2 end if l ~= 0 then x = 3 end",
+    ),
+    (
+        "read_before",
+        "before, every call: the four counters read with the meta hash, as numbers",
+        "local m = redis.call('HMGET', KEYS[1], 'completed', 'redelivered', 'reclaimed', "
+        "'lettered') local c, d, r, l = tonumber(m[1]) or 0, tonumber(m[2]) or 0, "
+        "tonumber(m[3]) or 0, tonumber(m[4]) or 0",
+    ),
+    (
+        "read_before_base",
+        "(the same HMGET with no field: its call, not the counters)",
+        "local m = redis.call('HMGET', KEYS[1], 'seq')",
+    ),
+    (
+        "write_before",
+        "before, a call that changed one: its field and sum in the meta HSET",
+        "redis.call('HSET', KEYS[1], 'seq', 'x', 'completed', i)",
+    ),
+    (
+        "write_before_base",
+        "(the same HSET without it)",
+        "redis.call('HSET', KEYS[1], 'seq', 'x')",
+    ),
+)
+
+
+def measure_parts(client: redis.Redis, m: Module, sizes: Sizes) -> dict[str, Any]:
+    """ns per iteration of each of PARTS (median of the rounds' loops, the empty loop taken
+    off) on the meta hash of a queue ``m`` used, and from them what the counters cost a call
+    now and before."""
+    keys = queue_keys("counters-parts")
+    push_all(m, client, "fcall", keys.all, 100)
+    busy = Loop(m, client, "fcall", keys.all, phase=PHASES[1], times=b"", cycles=0)
+    for _ in range(10):  # the meta hash as a busy queue's: every field the calls write
+        busy.step()
+    n, meta = sizes.parts, keys.all[KEY_ROLES.index("meta")]
+    samples: dict[str, list[float]] = {key: [] for key, _, _ in PARTS}
+    for _ in range(sizes.rounds):
+        for key, _, body in PARTS:
+            script = f"local x for i = 1, {n} do {body} end return 0"
+            began = time.perf_counter_ns()
+            client.eval(script, 1, meta)
+            samples[key].append((time.perf_counter_ns() - began) / n)
+    ns = {key: statistics.median(values) for key, values in samples.items()}
+    loop = ns["loop"]
+    each = {key: round(value - loop) for key, value in ns.items() if key != "loop"}
+    return {
+        "iterations": n,
+        "encoding": client.object("encoding", meta).decode(),
+        "ns": each,
+        "what": {key: what for key, what, _ in PARTS},
+        "call_now_changed": each["add"] + each["add_none"],
+        "call_now_unchanged": each["add_none"],
+        "call_before_changed": each["read_before"]
+        - each["read_before_base"]
+        + each["write_before"]
+        - each["write_before_base"],
+        "call_before_unchanged": each["read_before"] - each["read_before_base"],
+    }
 
 
 # -- the table ------------------------------------------------------------------------------------
@@ -543,7 +606,30 @@ def markdown(data: dict[str, Any]) -> str:
                     f"| {base['commands_per_call']:g} / {test['commands_per_call']:g} "
                     f"| {r['verdict']} |"
                 )
+        if "parts" in result:
+            lines += ["", *parts_table(kind, result["version"], result["parts"])]
     return "\n".join(lines).lstrip("\n")
+
+
+def parts_table(kind: str, version: str, parts: dict[str, Any]) -> list[str]:
+    """The counters' own commands, each alone (measure_parts)."""
+    ns = parts["ns"]
+    lines = [
+        f"{kind} {version}: the counters' own work, each in a server-side loop of "
+        f"{parts['iterations']:,} on a busy queue's meta hash ({parts['encoding']}), ns an "
+        "iteration, median of the rounds",
+        "",
+        "| | ns |",
+        "|---|---:|",
+    ]
+    lines += [f"| {parts['what'][key]} | {value:,} |" for key, value in ns.items()]
+    lines += [
+        f"| **a call that changes one counter: now (HINCRBY) / before (read, sum, HSET)** "
+        f"| **{parts['call_now_changed']:,} / {parts['call_before_changed']:,}** |",
+        f"| **a call that changes none: now / before (read)** "
+        f"| **{parts['call_now_unchanged']:,} / {parts['call_before_unchanged']:,}** |",
+    ]
+    return lines
 
 
 def report(data: dict[str, Any]) -> str:
@@ -623,7 +709,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="rotator-counters-") as tmp:
         if args.isolate:
             source = args.after.read_text(encoding="utf-8") if args.after else module_source()
-            args.before = Path(tmp) / "rotator-without-counters.lua"
+            args.before = Path(tmp) / ISOLATED_NAME
             args.before.write_text(without_counters(source), encoding="utf-8")
         data = run(
             args.servers.split(","), mode, vias, Path(tmp), args.out, log=log, phases=phases,

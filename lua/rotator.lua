@@ -34,8 +34,9 @@ KEYS
                             dead_dropped, expired (a topic group's), smin paused (see
                             SCHEDULED), schedules ticking and "schedule:<name>" (see
                             SCHEDULES), rate_n rate_ms rate_tat (see rate_limit), d0..d25
-                            dsum (see durations), prio pseq (see PRIORITIES), cancelled,
-                            stale (see IDS), layout (written once: keeps it a hash table,
+                            dsum (see durations), prio pseq (see PRIORITIES), completed
+                            redelivered reclaimed lettered retried cancelled (added to by
+                            the calls that change them, read by stats alone), stale (see IDS), layout (written once: keeps it a hash table,
                             see LIMIT.meta_layout); settings (configure)
   KEYS[10] pushlog    LIST  "<pushed>:<ms>" push checkpoints, newest first (pending age)
   KEYS[11] leases     LIST  the jobs in flight: leases and packed batches, newest at the head,
@@ -961,8 +962,7 @@ function M.read_meta(K)
     'lapguess', 'qlen', 'packed', 'origin', 'fence_ms', 'fence_max', 'dead_max', 'dead_age_ms',
     'marked_n', 'marked_a', 'marked_n_old', 'marked_a_old',
     'lmin', 'lstop', 'lpass', 'lskip', 'rpasses', 'lpasses', 'smin', 'paused', 'rate_n',
-    'rate_ms', 'rate_tat', 'completed', 'redelivered', 'reclaimed', 'lettered', 'track_ids',
-    'prio', 'pseq', 'stale', 'layout')
+    'rate_ms', 'rate_tat', 'track_ids', 'prio', 'pseq', 'stale', 'layout')
   local seq, origin = M.seq_origin(m[1], m[10])
   return {
     -- origin: the first seq of the queue as it is now (see refused_among)
@@ -982,17 +982,13 @@ function M.read_meta(K)
     smin = tonumber(m[25]), paused = m[26] == '1',
     -- The rate limit (see rate_limit): jobs per ms, and where its cell rate has got to.
     rate_n = tonumber(m[27]), rate_ms = tonumber(m[28]), rate_tat = tonumber(m[29]),
-    -- What has happened to the queue's jobs, counted where it happens (stats): jobs acked
-    -- and removed, deliveries after the first, of them those of expired leases, letters.
-    completed = tonumber(m[30]) or 0, redelivered = tonumber(m[31]) or 0,
-    reclaimed = tonumber(m[32]) or 0, lettered = tonumber(m[33]) or 0,
     -- Whether K.ids indexes the queue's ids (see IDS).
-    track_ids = tonumber(m[34]) or 0, tracked = m[34] == '1',
+    track_ids = tonumber(m[30]) or 0, tracked = m[30] == '1',
     -- Jobs waiting at a priority level (in K.scheduled, below 0), and their push order so far
     -- (see PRIORITIES).
-    prio = tonumber(m[35]) or 0, pseq = tonumber(m[36]) or 0,
-    stale = tonumber(m[37]) or 0, -- cancelled copies recorded (see parse_stale)
-    layout = m[38], -- see LIMIT.meta_layout
+    prio = tonumber(m[31]) or 0, pseq = tonumber(m[32]) or 0,
+    stale = tonumber(m[33]) or 0, -- cancelled copies recorded (see parse_stale)
+    layout = m[34], -- see LIMIT.meta_layout
     lapnext = tonumber(m[2]), qstart = tonumber(m[3]),
     qmin = tonumber(m[4]), pushed = tonumber(m[5]) or 0, taken = tonumber(m[6]) or 0,
     lapguess = m[7] == '1' or not tonumber(m[2]), qlen = tonumber(m[8]),
@@ -1624,8 +1620,8 @@ function M.start_walk(lease, max_deliveries, state)
     packed = meta.packed, released = 0, count = 0, expanded = 0, batch_bytes = 0,
     srem = { [K.done] = {}, [K.done_old] = {} }, hdel = { [K.marks] = {}, [K.marks_old] = {} },
     visited = 0, leased = 0, soonest = nil, sweeping = false,
-    completed = meta.completed, redelivered = meta.redelivered, reclaimed = meta.reclaimed,
-    lettered = meta.lettered,
+    -- What this call adds to the queue's counters (see add_counts).
+    completed = 0, redelivered = 0, reclaimed = 0, lettered = 0,
     -- On a queue that tracks ids: copies gone (id, and the stamp the index must still hold
     -- for its entry to go) and leases made (id, stamp), written by write_ids.
     tracked = meta.tracked, gone = {}, gone_stamp = {}, leased_ids = {},
@@ -2322,14 +2318,21 @@ function M.write_meta(s)
   changed('lskip', s.lskip or '', was.lskip or '')
   changed('rpasses', s.rpasses, was.rpasses)
   changed('lpasses', s.lpasses, was.lpasses)
-  changed('completed', s.completed, was.completed)
-  changed('redelivered', s.redelivered, was.redelivered)
-  changed('reclaimed', s.reclaimed, was.reclaimed)
-  changed('lettered', s.lettered, was.lettered)
   changed('prio', s.prio, was.prio)
   changed('stale', s.stale_count or was.stale, was.stale)
   M.marked_fields(s.sides, fields)
   rcall('HSET', K.meta, unpack(fields))
+  M.add_counts(s)
+end
+
+-- The counters (see stats) are added to, never read, by the calls that change them: reading
+-- four fields and formatting their sums cost every call about 1 us, an HINCRBY of the ones
+-- that changed costs only the calls that change them about 0.4 us each.
+function M.add_counts(s)
+  if s.completed ~= 0 then rcall('HINCRBY', K.meta, 'completed', s.completed) end
+  if s.redelivered ~= 0 then rcall('HINCRBY', K.meta, 'redelivered', s.redelivered) end
+  if s.reclaimed ~= 0 then rcall('HINCRBY', K.meta, 'reclaimed', s.reclaimed) end
+  if s.lettered ~= 0 then rcall('HINCRBY', K.meta, 'lettered', s.lettered) end
 end
 
 -- 7. QUEUE COMMANDS -----------------------------------------------------------------------------
@@ -2929,7 +2932,7 @@ function M.fast_lease(first, count, lease, budget, compact, state)
   end
   local lmin, lpass, lskip = meta.lmin, meta.lpass, meta.lskip
   local rpasses, lpasses = meta.rpasses, meta.lpasses
-  local packed, completed = meta.packed, meta.completed
+  local packed, completed = meta.packed, 0
   if k > 0 then
     -- The acked batches are the tail's k elements, whole and well formed, within the walk's
     -- byte budget; the element before them, if any, a lease still young by its own deadline.
@@ -3037,8 +3040,8 @@ function M.fast_lease(first, count, lease, budget, compact, state)
     packed = packed + leased - 1, qstart = qstart + k, qlen = qlen,
     lapnext = lapnext + k, lapguess = meta.lapguess, qmin = qmin, lmin = lmin,
     lstop = lstop, lpass = lpass, lskip = lskip, rpasses = rpasses, lpasses = lpasses,
-    sides = sides, completed = completed, redelivered = meta.redelivered,
-    reclaimed = meta.reclaimed, lettered = meta.lettered, prio = meta.prio,
+    sides = sides, completed = completed, redelivered = 0, reclaimed = 0, lettered = 0,
+    prio = meta.prio,
   })
   local reply = { 0, -1, k }
   if compact then

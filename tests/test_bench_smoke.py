@@ -234,22 +234,31 @@ def test_bench_counters_smoke(tmp_path: Path) -> None:
     assert labels["e1"] == ("without times", "with times")
     counted = next(r for r in rows if r["phase"] == "a")["test"]["counted"]
     assert set(counted) >= {"completed", "retried", "reclaimed", "dead_lettered"}
+    parts = data["results"]["redis"]["parts"]
+    assert set(parts["ns"]) == {
+        "add", "add_none", "read_before", "read_before_base", "write_before",
+        "write_before_base",
+    }  # fmt: skip
+    assert parts["encoding"] == "hashtable"  # a busy queue's meta hash, as the calls see it
+    assert parts["call_now_changed"] == parts["ns"]["add"] + parts["ns"]["add_none"]
     report = (tmp_path / "counters.md").read_text()
     assert "| a. `next_packed 1` + batch ack | before " in report
+    assert "| **a call that changes one counter: now (HINCRBY)" in report
     assert "FCALL: server µs per call" in printed
 
 
 def test_bench_counters_isolate_runs_the_module_without_its_counters(tmp_path: Path) -> None:
-    """--isolate: BEFORE is the module with its counters neither read nor written, and it
-    leases and acks as the module does (the counts stay 0 on its side)."""
+    """--isolate: BEFORE is the module with its counters not written, and it leases and
+    acks as the module does (the counts stay 0 on its side)."""
     source = module_source()
     bare = without_counters(source)
-    assert "'completed', 'redelivered', 'reclaimed', 'lettered'" in source
-    assert "'completed'" not in bare.split("function M.read_meta(K)", 1)[1].split("\nend\n")[0]
-    assert "changed('completed'" not in bare
+    assert "\n  M.add_counts(s)\n" in source
+    assert "\n  M.add_counts(s)\n" not in bare
+    # No call reads a counter: they are only added to.
+    assert "'completed'" not in source.split("function M.read_meta(K)", 1)[1].split("\nend\n")[0]
     run_smoke("bench.counters", tmp_path, 120, "--phases", "a", "--via", "fcall", "--isolate")
     data = json.loads((tmp_path / "counters.json").read_text())
-    assert "rotator-without-counters.lua" in data["modules"]["before"]
+    assert data["modules"]["before"].startswith("rotator-without-counters.lua (`--isolate`")
     [row] = data["results"]["redis"]["rows"]
     assert row["base"]["leased"] > 0
     assert row["test"]["counted"]["completed"] > 0
