@@ -4369,14 +4369,17 @@ function M.define_extensions()
     for g = 1, NGROUPS do groups[g] = M.read_group(g) end
     local now = M.now_ms()
     local ms = math.max(now, topic.ms)
-    local ids, bodies, log = {}, {}, {}
+    -- Each seq is formatted once, for the id and as its log score: formatting a number (in
+    -- Lua, or by Redis for a number argument) costs about 0.2 us, a good part of a message.
+    local ids, bodies, log, prefix = {}, {}, {}, ms .. '-'
     for i = 1, n do
       local payload = A[3 + i]
       topic.seq = topic.seq + 1
-      local id = ms .. '-' .. topic.seq
+      local seq = tostring(topic.seq)
+      local id = prefix .. seq
       ids[i] = id
       bodies[#bodies + 1], bodies[#bodies + 2] = id, payload
-      log[#log + 1], log[#log + 2] = topic.seq, id
+      log[#log + 1], log[#log + 2] = seq, id
       topic.bytes = topic.bytes + #payload
     end
     rcall('HSET', T.bodies, unpack(bodies))
