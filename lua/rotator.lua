@@ -1635,7 +1635,7 @@ end
 -- to `count` jobs; visits plus the leases of broken-up batches stay within `budget`.
 function M.walk(s, count, limit, budget)
   local PAD, SENTINEL, BYTE_STAR = PAD, SENTINEL, BYTE_STAR
-  local byte, id_bytes = string.byte, LIMIT.id_bytes
+  local byte, find, id_bytes = string.byte, string.find, LIMIT.id_bytes
   -- A pending id's first delivery: its token is id .. first .. PAD[its place in the batch].
   local first, compact = s.first, s.compact
   local rotated, reply, batch = s.rotated, s.reply, s.batch
@@ -1649,25 +1649,30 @@ function M.walk(s, count, limit, budget)
       count - s.leased + extra, LIMIT.batch)
     extra = extra * 2
     local slice = rcall('LRANGE', K.ring, -(s.visited + want), -(s.visited + 1))
+    -- Where the slice's acks and marks are (look_up) is needed only once the walk meets an
+    -- element that is not a pending id; a slice of pending ids alone never looks them up.
     local stamped, done_in, mark, mark_in, packed = {}, {}, {}, {}, {}
-    M.look_up(slice, s.sides, stamped, done_in, mark, mark_in, packed)
-    local stale = s.tracked and M.stale_pending(s, slice, stamped, packed) or {}
+    local looked, stale = false, {}
+    if s.tracked then
+      M.look_up(slice, s.sides, stamped, done_in, mark, mark_in, packed)
+      looked, stale = true, M.stale_pending(s, slice, stamped, packed)
+    end
     local i = #slice
     while true do
       if not s.sweeping then
-        -- The common case first, with the counters in locals: a run of pending ids within
-        -- the lap, each leased into this call's batch. Anything else ends the run and is
-        -- visited below.
-        local visited, leased, live, taken = s.visited, s.leased, s.live, s.taken
+        -- The common case first: a run of pending ids within the lap (no "*" in them), each
+        -- leased into this call's batch, the counters moved once for the run. Anything else
+        -- ends the run and is visited below.
         local last = math.min(budget - s.expanded, s.lapnext - s.seq - 1) -- visits allowed
         local place, bytes, most = #batch, s.batch_bytes, LIMIT.batch_bytes
-        while i >= 1 and leased < count and visited < last do
+        local from = i
+        local lowest = math.max(i - math.min(count - s.leased, last - s.visited), 0)
+        while i > lowest do
           local element = slice[i]
-          if stamped[i] or packed[i] or element == '' or #element > id_bytes
-              or byte(element) == BYTE_STAR or stale[i] then
+          if element == '' or #element > id_bytes or find(element, '*', 1, true)
+              or stale[i] then
             break
           end
-          visited, leased, live, taken = visited + 1, leased + 1, live - 1, taken + 1
           place = place + 1
           batch[place] = element
           if not compact then
@@ -1675,13 +1680,20 @@ function M.walk(s, count, limit, budget)
             n_reply = n_reply + 2
           end
           bytes = bytes + #element
-          if bytes >= most then count = leased end -- the batch is big enough: no more
           i = i - 1
+          if bytes >= most then break end
         end
-        s.visited, s.leased, s.live, s.taken = visited, leased, live, taken
+        local run = from - i
+        s.visited, s.leased = s.visited + run, s.leased + run
+        s.live, s.taken = s.live - run, s.taken + run
+        if bytes >= most then count = s.leased end -- the batch is big enough: no more
         s.batch_bytes, s.count = bytes, count
       end
       if i < 1 or s.leased >= count or s.visited + s.expanded >= budget then break end
+      if not looked then
+        M.look_up(slice, s.sides, stamped, done_in, mark, mark_in, packed)
+        looked = true
+      end
       local element = slice[i]
       local visited = s.visited + 1
       s.visited = visited
@@ -1847,21 +1859,26 @@ function M.visit_packed(s, element, batch, m, m_key)
     M.keep(s, element, due)
     return
   end
-  local ids = {}
-  for id in string.gmatch(string.sub(element, #batch + 2), '[^*]+') do ids[#ids + 1] = id end
+  local listed = string.sub(element, #batch + 2)
   -- A batch ack names its batch's size: one naming another size (a hand-written ack) acks
   -- nothing, and counts as a touch.
-  local acked = m and string.byte(m) == BYTE_A and tonumber(string.sub(m, 2)) == #ids
-  if acked then
+  local jobs = M.count_ids(listed)
+  if m and string.byte(m) == BYTE_A and tonumber(string.sub(m, 2)) == jobs then
     M.unmark(s, m_key, batch, m)
     s.live = s.live - 1
-    s.packed = s.packed - (#ids - 1)
-    s.completed = s.completed + #ids
+    s.packed = s.packed - (jobs - 1)
+    s.completed = s.completed + jobs
     if s.tracked then
-      for k = 1, #ids do M.forget_id(s, ids[k], string.sub(batch, 2) .. PAD[k]) end
+      local k = 0
+      for id in string.gmatch(listed, '[^*]+') do
+        k = k + 1
+        M.forget_id(s, id, string.sub(batch, 2) .. PAD[k])
+      end
     end
     return
   end
+  local ids = {}
+  for id in string.gmatch(listed, '[^*]+') do ids[#ids + 1] = id end
   if not m and not s.sweeping and s.count - s.leased >= #ids then
     -- Expired and never touched: none of its jobs was acked, given back or extended on its
     -- own (each would have touched it), so every one is leased again, and one revocation
@@ -1891,6 +1908,13 @@ function M.visit_packed(s, element, batch, m, m_key)
     end
   end
   s.in_place = s.sweeping
+end
+
+-- How many ids a packed element lists after its batch name (`listed`), counted in C: a Lua
+-- loop over a batch of 100 cost a few thousand VM instructions a visit.
+function M.count_ids(listed)
+  local _, ids = string.gsub(listed, '[^*]+', '')
+  return ids
 end
 
 -- An acked lease leaves, and its token its done set (`key`; false: that generation is gone).
@@ -2955,7 +2979,7 @@ function M.fast_lease(first, count, lease, budget, compact, state)
         for j = 1, ids do named_ids[#named_ids + 1] = named.ids[j] end
         named_batches[#named_batches + 1] = batch
       else
-        for _ in string.gmatch(string.sub(element, #batch + 2), '[^*]+') do ids = ids + 1 end
+        ids = M.count_ids(string.sub(element, #batch + 2))
       end
       if ids ~= jobs then return nil end
       jobs_of[batch] = nil -- (each batch once)
@@ -3007,12 +3031,15 @@ function M.fast_lease(first, count, lease, budget, compact, state)
     return nil
   end
   local ids = rcall('LRANGE', K.ring, -count, -1)
-  local batch, bytes, most, id_bytes = {}, 0, LIMIT.batch_bytes, LIMIT.id_bytes
+  local batch, bytes, most, id_bytes, find = {}, 0, LIMIT.batch_bytes, LIMIT.id_bytes, string.find
+  local n = 0
   for i = #ids, 1, -1 do
     local id = ids[i]
-    if id == '' or #id > id_bytes or string.find(id, '*', 1, true) then return nil end
-    batch[#batch + 1] = id
-    bytes = bytes + #id
+    local size = #id
+    if size == 0 or size > id_bytes or find(id, '*', 1, true) then return nil end
+    n = n + 1
+    batch[n] = id
+    bytes = bytes + size
     if bytes >= most then break end
   end
   -- Writes (the walk's finish_walk, note_leases and write_meta, in that order).
