@@ -2353,10 +2353,17 @@ end
 -- four fields and formatting their sums cost every call about 1 us, an HINCRBY of the ones
 -- that changed costs only the calls that change them about 0.4 us each.
 function M.add_counts(s)
-  if s.completed ~= 0 then rcall('HINCRBY', K.meta, 'completed', s.completed) end
-  if s.redelivered ~= 0 then rcall('HINCRBY', K.meta, 'redelivered', s.redelivered) end
-  if s.reclaimed ~= 0 then rcall('HINCRBY', K.meta, 'reclaimed', s.reclaimed) end
-  if s.lettered ~= 0 then rcall('HINCRBY', K.meta, 'lettered', s.lettered) end
+  if s.completed ~= 0 then M.add_count(K.meta, 'completed', s.completed) end
+  if s.redelivered ~= 0 then M.add_count(K.meta, 'redelivered', s.redelivered) end
+  if s.reclaimed ~= 0 then M.add_count(K.meta, 'reclaimed', s.reclaimed) end
+  if s.lettered ~= 0 then M.add_count(K.meta, 'lettered', s.lettered) end
+end
+
+-- Adds n to a counter. One that is not a whole number (written by hand) starts again from n:
+-- the call has written the rest already, and must not fail now.
+function M.add_count(key, field, n)
+  local added = redis.pcall('HINCRBY', key, field, n)
+  if type(added) == 'table' and added.err then rcall('HSET', key, field, n) end
 end
 
 -- 7. QUEUE COMMANDS -----------------------------------------------------------------------------
@@ -3186,7 +3193,7 @@ function M.give_back(first, before_write)
     local lstop = M.frees_tail(given, meta.lstop) and '' or (meta.lstop or '')
     rcall('HSET', K.meta, 'qmin', qmin, 'lmin', lmin, 'lstop', lstop, 'qstart', meta.seq,
       'qlen', rcall('LLEN', K.ring), 'seq', meta.seq, 'origin', meta.origin)
-    rcall('HINCRBY', K.meta, 'retried', #given)
+    M.add_count(K.meta, 'retried', #given)
     M.wake_one()
     local added = 2 * (#A - first + 1) -- each token, and maybe its batch
     M.trim_revoked(meta, now, added, sides.revoked + added)
@@ -3431,7 +3438,7 @@ function M.cancel()
     -- (the walk waits at a young live lease: one of these may be it, and is done with)
     if M.frees_tail(tokens, meta.lstop) then rcall('HSET', K.meta, 'lstop', '') end
   end
-  rcall('HINCRBY', K.meta, 'cancelled', found)
+  M.add_count(K.meta, 'cancelled', found)
   return found
 end
 

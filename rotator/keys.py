@@ -61,6 +61,10 @@ class QueueKeys:
         return self.all[6]
 
     @property
+    def meta(self) -> str:
+        return self.all[8]
+
+    @property
     def leases(self) -> str:
         return self.all[10]
 

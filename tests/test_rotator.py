@@ -380,6 +380,24 @@ def test_stats_follow_a_job_through_its_life(client: redis.Redis, queue_name: st
     assert s.as_dict()["deferred"] == 1
 
 
+def test_a_counter_written_by_hand_starts_again_and_fails_no_call(
+    client: redis.Redis, queue_name: str
+) -> None:
+    """The calls add to the counters without reading them (HINCRBY): one that is not a whole
+    number, written by hand, must not fail a call that has already written its other changes
+    (stats reads it as 0, and the next change starts it again from what it adds)."""
+    q = short_lease(client, queue_name)
+    q.push("a", "b", "c")
+    client.hset(q.keys.meta, mapping={"completed": "garbage", "retried": "1.5"})
+    a, b = q.next(2)
+    assert q.nack(b) == 1  # would fail after revoking b's token, had it not been handled
+    q.ack(a)
+    assert {j.id for j in q.next(2)} == {"b", "c"}  # the walk removes a: completed 1
+    s = q.stats()
+    assert (s.completed, s.retried, s.pushed, s.delivered) == (1, 1, 3, 4)
+    assert client.hmget(q.keys.meta, "completed", "retried") == [b"1", b"1"]
+
+
 def test_peek_shows_states_and_changes_nothing(client: redis.Redis, q: Rotator) -> None:
     q.push("a", "b", "c")
     a, b = q.next(2)

@@ -130,6 +130,9 @@ class Backend(ABC):
     @abstractmethod
     def raw_del(self, role: str) -> None: ...
 
+    @abstractmethod
+    def raw_hset(self, role: str, field: str, value: str) -> None: ...
+
     # -- shared on top of the primitives --
 
     def key(self, role: str) -> str:
@@ -251,6 +254,9 @@ class StubBackend(Backend):
     def raw_del(self, role: str) -> None:
         self._raw("DEL", self.key(role))
 
+    def raw_hset(self, role: str, field: str, value: str) -> None:
+        self._raw("HSET", self.key(role), field, value)
+
 
 class RealBackend(Backend):
     """The module on a real Redis/Valkey, by EVALSHA of the source loaded with SCRIPT LOAD."""
@@ -322,6 +328,9 @@ class RealBackend(Backend):
 
     def raw_del(self, role: str) -> None:
         self.client.delete(self.key(role))
+
+    def raw_hset(self, role: str, field: str, value: str) -> None:
+        self.client.hset(self.key(role), field, value)
 
     def cleanup(self) -> None:
         """Delete the queue's keys and its fresh() siblings' (tests share a server, not queues)."""

@@ -439,10 +439,14 @@ class RedisStub:
         fields = self._hash(key)
         if fields is None:
             fields = self.data[key] = Hash()
+        increment = parse_int(by)
         try:
-            value = int(fields.get(name, b"0")) + int(by)
-        except ValueError:
+            value = parse_int(fields.get(name, b"0")) + increment
+        except CommandError:
+            # (as Redis's string2ll: no spaces, no leading zeros, within 64 bits)
             raise CommandError("ERR hash value is not an integer") from None
+        if not INT64_MIN <= value <= INT64_MAX:
+            raise CommandError("ERR increment or decrement would overflow")
         fields[name] = str(value).encode()
         return value
 

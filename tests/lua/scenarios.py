@@ -1277,6 +1277,33 @@ def the_counters_count_what_happened(b: Backend) -> None:
 
 
 @scenario
+def a_counter_written_by_hand_starts_again_and_fails_no_call(b: Backend) -> None:
+    # The calls add to the counters (HINCRBY) after their other writes: one that is not a
+    # whole number must not fail them; the next change starts it again from what it adds.
+    for field, value in (("completed", "x"), ("redelivered", "1.5"), ("reclaimed", "-")):
+        b.raw_hset("meta", field, value)
+    b.raw_hset("meta", "retried", "9" * 30)  # past a 64-bit integer
+    push(b, "a", "b", "c")
+    first = nxt(b, 3, SHORT)
+    assert counters(b)["completed"] == 0
+    assert b.call("nack", 0, first.tokens[1]) == [1]
+    assert ack(b, first.tokens[0]) == 1
+    b.sleep_ms(PAST_SHORT)
+    again = nxt(b, 10, LONG, max_deliveries=2)  # b (given back) and c (expired)
+    assert sorted(again.ids) == ["b", "c"]
+    assert counters(b) == {
+        "pushed": 3,
+        "delivered": 5,
+        "completed": 1,
+        "retried": 1,
+        "reclaimed": 1,
+        "dead_lettered": 0,
+        "cancelled": 0,
+    }
+    assert b.hgetall("meta")["redelivered"] == "2"
+
+
+@scenario
 def durations_add_to_the_histogram_and_check_every_pair_first(b: Backend) -> None:
     assert ints(b.call("durations")) == [0] * 27
     got = ints(b.call("durations", 20_000_060, 0, 3, 5, 2, 25, 1, 5, 1))
