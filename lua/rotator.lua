@@ -770,6 +770,12 @@ function M.read(name, key, ...)
   return reply
 end
 
+-- A write the server may refuse for what it finds there (a counter written by hand that is not
+-- a whole number): its error reply, where rcall would fail the call.
+function M.attempt(name, key, ...)
+  return redis.pcall(name, key, ...)
+end
+
 function M.now_ms()
   local t = rcall('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -2363,7 +2369,7 @@ end
 -- Adds n to a counter. One that is not a whole number (written by hand) starts again from n:
 -- the call has written the rest already, and must not fail now.
 function M.add_count(key, field, n)
-  local added = redis.pcall('HINCRBY', key, field, n)
+  local added = M.attempt('HINCRBY', key, field, n)
   if type(added) == 'table' and added.err then rcall('HSET', key, field, n) end
 end
 

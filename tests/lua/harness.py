@@ -22,9 +22,9 @@ from rotator.keys import KEY_ROLES
 
 ROOT = Path(__file__).resolve().parents[2]
 MODULE_PATH = ROOT / "lua" / "rotator.lua"
-# How the module names a Redis command: rcall('X', ...), its guarded read M.read('X', ...) or
-# its sliced call M.call_all('X', ...).
-COMMAND_CALL = re.compile(r"\b(?:rcall|M\.read|M\.call_all)\(\s*'([A-Za-z]+)'")
+# How the module names a Redis command: rcall('X', ...), its guarded read M.read('X', ...), its
+# write that may be refused M.attempt('X', ...) or its sliced call M.call_all('X', ...).
+COMMAND_CALL = re.compile(r"\b(?:rcall|M\.read|M\.attempt|M\.call_all)\(\s*'([A-Za-z]+)'")
 
 
 def called_commands(source: str) -> list[str]:
