@@ -70,7 +70,7 @@ from bench.harness import (
     started,
     write_results,
 )
-from rotator.keys import KEY_ROLES, queue_keys
+from rotator.keys import queue_keys
 from rotator.script import module_source
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -539,7 +539,7 @@ def measure_parts(client: redis.Redis, m: Module, sizes: Sizes) -> dict[str, Any
     busy = Loop(m, client, "fcall", keys.all, phase=PHASES[1], times=b"", cycles=0)
     for _ in range(10):  # the meta hash as a busy queue's: every field the calls write
         busy.step()
-    n, meta = sizes.parts, keys.all[KEY_ROLES.index("meta")]
+    n, meta = sizes.parts, keys.meta
     samples: dict[str, list[float]] = {key: [] for key, _, _ in PARTS}
     for _ in range(sizes.rounds):
         for key, _, body in PARTS:

@@ -29,7 +29,6 @@ from rotator.defaults import (
 from rotator.durability import server_warnings
 from rotator.errors import GroupsChanged, InvalidArgument, JobCancelled, LeaseLost
 from rotator.keys import (
-    KEY_ROLES,
     QueueKeys,
     TopicKeys,
     queue_keys,
@@ -634,7 +633,7 @@ class TopicFlows:
 
     def expired(self, group: str) -> Flow[int]:
         """How many ids the group's backlog bound dropped (its meta's ``expired``)."""
-        meta = self.keys.group(group).all[KEY_ROLES.index("meta")]
+        meta = self.keys.group(group).meta
         raw = yield ClientCall("hget", (meta, "expired"))
         return int(raw or 0)
 

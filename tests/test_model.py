@@ -153,7 +153,7 @@ def clocked_rotator(client: redis.Redis, name: str, **options: Any) -> Rotator:
 
 
 def set_clock(client: redis.Redis, queue: Rotator, ms: int) -> None:
-    client.hset(queue.keys.all[8], CLOCK_FIELD, ms)
+    client.hset(queue.keys.meta, CLOCK_FIELD, ms)
 
 
 # What the module's error codes become in the Python API.

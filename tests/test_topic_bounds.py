@@ -10,7 +10,6 @@ from rotator import Job, ProtocolError, Retention, Topic
 from rotator.defaults import MAX_TRIM_BUDGET
 from rotator.keys import KEY_ROLES, QueueKeys
 
-META = KEY_ROLES.index("meta")
 MARGIN = 16  # how far past the bound a backlog may be before a publish brings it back
 
 
@@ -19,7 +18,7 @@ def text(value: bytes | str) -> str:
 
 
 def meta_of(client: redis.Redis, keys: QueueKeys) -> dict[str, str]:
-    raw = client.hgetall(keys.all[META])
+    raw = client.hgetall(keys.meta)
     return {text(k): text(v) for k, v in raw.items()}
 
 
