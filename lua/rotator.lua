@@ -253,9 +253,9 @@ COMMANDS (ARGV[1]; numbers are decimal integers)
     The last ACK_TOKEN may instead be processing times, "#<total ms>,<bucket>:<count>,..."
     (one or more buckets, as durations takes them): the acked jobs' times, added to the
     queue's histogram in the same call (nextp, ack and ackp take them too).
-    The call a busy queue makes most (batch acks of the oldest batches in flight, nothing
-    else to repair, pending ids at the ring's tail) takes a short way, M.fast_lease, that
-    writes exactly what the walk writes without building its state.
+    The call a busy queue makes most (batch acks, in order or not, nothing else to repair,
+    pending ids at the ring's tail) takes a short way, M.fast_lease, that writes exactly
+    what the walk writes without building its state.
   next_packed COUNT LEASE_MS BUDGET MAX_DELIVERIES [ACK_TOKEN ...]
     next, with this call's first deliveries sent as their packed element instead of a
     token each (what the Python client calls: less work on both sides of the wire).
@@ -2932,107 +2932,118 @@ function M.leases_due(s)
 end
 
 -- THE SHORT WAY of next, for the call a busy queue makes most: its acks (if any) are batch
--- acks of the packed elements at the lease list's tail, nothing waits to be repaired (no
--- acks or marks, no revoked tokens), the element behind the acked ones is a young lease,
--- and `count` pending ids lie at the ring's tail within the lap. In that state the walk
--- (ack_tokens, walk_leases, walk, finish_walk) would write the acks as marks, meet them at
--- the tail and drop them, stop at the young lease, and lease the pending ids; this does the
--- same writes without building the walk's state. Returns the reply, or nil (nothing
--- written) when the state is any other, for the walk to handle.
+-- acks, nothing waits to be repaired but batches acked whole (no token acks, no nacked jobs,
+-- no revoked tokens among the acks), the lease list's tail holds acked batches (or none)
+-- and then a young lease, and `count` pending ids lie at the ring's tail within the lap. In
+-- that state the walk (ack_tokens, walk_leases, walk, finish_walk) would write the acks as
+-- marks, meet the acked batches at the tail and drop them, stop at the young lease, and
+-- lease the pending ids; this does the same writes without building the walk's state. A
+-- batch acked out of order (several consumers) stays marked, as the walk leaves it, until
+-- the tail reaches it. Returns the reply, or nil (nothing written) when the state is any
+-- other, for the walk to handle.
 function M.fast_lease(first, count, lease, budget, compact, state)
   local length, lease_length, meta, sides = state.length, state.lease_length, state.meta,
     state.sides
   local k = #A - first + 1
+  local marked = sides.marked
   if length == 0 or k > LIMIT.fast_acks or k >= budget
-      or sides[K.done] + sides[K.done_old] + sides[K.marks] + sides[K.marks_old] > 0 then
+      or sides[K.done] + sides[K.done_old] + marked[K.marks][1] + marked[K.marks_old][1] > 0 then
     return nil
   end
-  local marked = meta.marked
-  if marked[1] + marked[2] + marked[3] + marked[4] ~= 0 then return nil end
   local now, seq = state.now, meta.seq
   -- The acks: batch acks of distinct batches, every one accepted.
-  local jobs_of, names, named_ids, named_batches = {}, {}, {}, {}
+  local jobs_of, jobs_text, names = {}, {}, {}
   for i = first, #A do
     local arg = A[i]
     if string.byte(arg) ~= BYTE_STAR then return nil end
     local batch, jobs = M.split_batch_ack(arg)
     if jobs_of[batch] then return nil end
-    jobs_of[batch], names[#names + 1] = tonumber(jobs), batch
+    jobs_of[batch], jobs_text[batch], names[#names + 1] = tonumber(jobs), jobs, batch
   end
   if next(M.refused_among(first, sides)) then return nil end
-  -- The walk's work: a lease that may be due, or an unknown earliest deadline. With acks,
-  -- the walk must visit the lease list (leases_due): its tail is not held by lstop.
+  -- The walk's work: a lease that may be due, or an unknown earliest deadline. Whether it
+  -- walks the lease list at all is leases_due's rule, with the acks written as marks.
   local lstop = meta.lstop
   if M.frees_tail(names, lstop) then lstop = nil end
   if meta.lmin and meta.lmin <= now or lease_length > 0 and not meta.lmin
-      or k > 0 and (lstop or lease_length == 0) then
+      or k > 0 and lease_length == 0 then
     return nil
   end
+  local walks = lease_length > 0 and not lstop
+    and (k > 0 or marked[K.marks][2] + marked[K.marks_old][2] > 0)
+  local places, found = {}, {}
+  if walks or (NAMED and k > 0) then
+    places, found = M.fast_window(k, lease_length, sides)
+    if not places then return nil end
+  end
+  -- A named ack names its element, near the tail (check_named); an acked batch marked
+  -- already (an ack sent again) is the walk's.
+  local marks = M.fast_marks(names, places, sides)
+  if not marks then return nil end
+  for i = 1, k do
+    local batch = names[i]
+    if marks[batch] or NAMED
+        and found[batch] ~= NAMED[batch .. '/' .. jobs_text[batch]].element then
+      return nil
+    end
+  end
+  local visited, dropped, unmarks = 0, 0, {} -- (unmarks: places marked acked, dropped)
   local lmin, lpass, lskip = meta.lmin, meta.lpass, meta.lskip
   local rpasses, lpasses = meta.rpasses, meta.lpasses
   local packed, completed = meta.packed, 0
-  if k > 0 then
-    -- The acked batches are the tail's k elements, whole and well formed, within the walk's
-    -- byte budget; the element before them, if any, a lease still young by its own deadline.
-    local tail = rcall('LRANGE', K.leases, -(k + 1), -1)
-    if #tail < k then return nil end
-    local bytes = 0
-    for j = #tail - k + 1, #tail do
-      local element = tail[j]
-      local star = string.find(element, '*', 2, true)
-      if not star or string.byte(element) ~= BYTE_STAR then return nil end
-      local batch = string.sub(element, 1, star - 1)
-      local jobs = jobs_of[batch]
-      if not jobs or not M.own_deadline(element, batch) then return nil end
-      local ids = 0
-      if NAMED then
-        -- A named batch ack names this very element (no marks: acked for the first time).
-        local named = NAMED[batch .. '/' .. jobs]
-        if not named or named.element ~= element then return nil end
-        ids = #named.ids
-        for j = 1, ids do named_ids[#named_ids + 1] = named.ids[j] end
-        named_batches[#named_batches + 1] = batch
-      else
-        ids = M.count_ids(string.sub(element, #batch + 2))
+  if walks then
+    -- The acked batches at the tail go, with the batches marked acked behind them, up to
+    -- the first young lease; anything else there is the walk's.
+    local bytes, stop = 0, nil
+    for j = #places, 1, -1 do
+      local place = places[j]
+      if visited >= budget or bytes > LIMIT.lease_bytes then return nil end
+      local jobs = place.batch and jobs_of[place.batch]
+      local m = place.mark
+      if not m and not jobs then
+        if not place.deadline or place.deadline <= now then return nil end
+        stop = place.deadline
+        break
       end
-      if ids ~= jobs then return nil end
-      jobs_of[batch] = nil -- (each batch once)
-      bytes = bytes + #element
-      packed = packed - (ids - 1)
-      completed = completed + ids
+      if not place.batch or not place.deadline then return nil end
+      local ids = M.count_ids(string.sub(place.element, #place.batch + 2))
+      if jobs then
+        if jobs ~= ids then return nil end
+        jobs_of[place.batch], dropped = nil, dropped + 1 -- (each batch once)
+      elseif string.byte(m) ~= BYTE_A or tonumber(string.sub(m, 2)) ~= ids then
+        return nil
+      else
+        unmarks[#unmarks + 1] = place
+      end
+      visited, bytes = visited + 1, bytes + #place.element
+      packed, completed = packed - (ids - 1), completed + ids
     end
-    if bytes > LIMIT.lease_bytes then return nil end
-    local stop = nil
-    local young = tail[#tail - k]
-    if young then
-      local star = string.find(young, '*', 2, true)
-      if not star then return nil end
-      stop = M.own_deadline(young, string.byte(young) == BYTE_STAR and
-        string.sub(young, 1, star - 1) or nil)
-      if not stop or stop <= now then return nil end
-    end
-    -- The pass counting of walk_leases for its k visits (end_lease_pass, may_age: ageing with
-    -- every side structure empty renames nothing).
+    if not stop and #places < lease_length then return nil end -- (more than it read)
+    -- The pass counting of walk_leases for its visits (end_lease_pass, may_age: ageing
+    -- renames nothing when no side structure holds anything).
     local skip = lskip or 0
     if not lpass or lpass <= 0 then lpass, skip = lease_length, 0 end
     local pass_ended, aged = false, false
-    local function end_pass(visited) -- end_lease_pass
+    local function end_pass(so_far) -- end_lease_pass
       pass_ended, lpasses = true, lpasses + 1
-      if not aged and M.walked_whole(rpasses, lpasses, length, lease_length - visited) then
+      if not aged and M.walked_whole(rpasses, lpasses, length, lease_length - so_far) then
         aged, lpasses, rpasses = true, 0, -1
       end
     end
-    for visited = 1, k do
+    for so_far = 1, visited do
       if skip > 0 then
         skip = skip - 1
       elseif not pass_ended then
         lpass = lpass - 1
-        if lpass <= 0 then end_pass(visited) end
+        if lpass <= 0 then end_pass(so_far) end
       end
     end
-    if not pass_ended and k == lease_length then end_pass(k) end
+    if not pass_ended and visited == lease_length then end_pass(visited) end
+    if aged and (sides[K.marks] + sides[K.marks_old] > 0 or dropped < k) then
+      return nil -- (ageing would rename marks: the walk's)
+    end
     if pass_ended then
-      lpass, lskip = lease_length - k, 0
+      lpass, lskip = lease_length - visited, 0
     else
       lskip = skip
     end
@@ -3041,7 +3052,7 @@ function M.fast_lease(first, count, lease, budget, compact, state)
   -- The ring: `count` pending ids at its tail, within the lap and the budget, the sentinel
   -- behind them; the batch stops early once its ids reach LIMIT.batch_bytes.
   local lapnext = meta.lapnext or (seq + length + 1)
-  if count >= length or count > lapnext - seq - 1 or count > budget - k then
+  if count >= length or count > lapnext - seq - 1 or count > budget - visited then
     return nil
   end
   local ids = rcall('LRANGE', K.ring, -count, -1)
@@ -3056,14 +3067,39 @@ function M.fast_lease(first, count, lease, budget, compact, state)
     bytes = bytes + size
     if bytes >= most then break end
   end
-  -- Writes (the walk's finish_walk, note_leases and write_meta, in that order).
-  DROPPED = { ids = named_ids, batches = named_batches }
+  -- Writes (the walk's ack_tokens, finish_walk, note_leases and write_meta, in that order).
+  local new_marks = {}
+  for i = 1, k do
+    local batch = names[i]
+    if NAMED then -- (none marked before: each is dropped now)
+      local ids, dropped_ids = NAMED[batch .. '/' .. jobs_text[batch]].ids, DROPPED.ids
+      for j = 1, #ids do dropped_ids[#dropped_ids + 1] = ids[j] end
+      DROPPED.batches[#DROPPED.batches + 1] = batch
+    end
+    if jobs_of[batch] then -- acked out of order: marked until the walk reaches it
+      local m = 'a' .. jobs_text[batch]
+      new_marks[#new_marks + 1], new_marks[#new_marks + 2] = batch, m
+      M.count_mark(sides, K.marks, m, 1)
+    end
+  end
+  if #new_marks > 0 then
+    sides[K.marks] = sides[K.marks] + M.call_all('HSET', K.marks, new_marks)
+  end
+  local hdel = { [K.marks] = {}, [K.marks_old] = {} }
+  for i = 1, #unmarks do
+    local place = unmarks[i]
+    table.insert(hdel[place.mark_in], place.batch)
+    M.count_mark(sides, place.mark_in, place.mark, -1)
+  end
+  for key, fields in pairs(hdel) do
+    if #fields > 0 then sides[key] = sides[key] - M.call_all('HDEL', key, fields) end
+  end
   local leased = #batch
   local deadline = now + lease
   local first_stamp = '*' .. deadline .. '.1.' .. seq
   local element = first_stamp .. '*' .. table.concat(batch, '*')
   rcall('LTRIM', K.ring, 0, -(leased + 1))
-  if k > 0 then rcall('LTRIM', K.leases, 0, -(k + 1)) end
+  if visited > 0 then rcall('LTRIM', K.leases, 0, -(visited + 1)) end
   rcall('LPUSH', K.leases, element)
   M.trim_revoked(meta, now, 0, sides.revoked)
   if state.dead_length > 0 then M.trim_dead(meta, now, state.dead_length, 0) end
@@ -3075,11 +3111,11 @@ function M.fast_lease(first, count, lease, budget, compact, state)
     M.wake_one()
   end
   if not lmin or deadline < lmin then lmin = deadline end
-  if lease_length - k == 0 then lstop = lmin end -- the list holds this call's batch only
+  if lease_length - visited == 0 then lstop = lmin end -- the list holds this call's batch only
   M.write_meta({
-    meta = meta, seq = seq + k + leased, taken = meta.taken + leased,
-    packed = packed + leased - 1, qstart = qstart + k, qlen = qlen,
-    lapnext = lapnext + k, lapguess = meta.lapguess, qmin = qmin, lmin = lmin,
+    meta = meta, seq = seq + visited + leased, taken = meta.taken + leased,
+    packed = packed + leased - 1, qstart = qstart + visited, qlen = qlen,
+    lapnext = lapnext + visited, lapguess = meta.lapguess, qmin = qmin, lmin = lmin,
     lstop = lstop, lpass = lpass, lskip = lskip, rpasses = rpasses, lpasses = lpasses,
     sides = sides, completed = completed, redelivered = 0, reclaimed = 0, lettered = 0,
     prio = meta.prio,
@@ -3096,6 +3132,69 @@ function M.fast_lease(first, count, lease, budget, compact, state)
   local soonest = M.soonest(qmin, lmin, meta.smin)
   if soonest then reply[2] = soonest - now end
   return reply
+end
+
+-- The lease list's tail as the short way reads it: the k acked batches may lie there, then
+-- the batches marked acked behind them (at most LIMIT.fast_acks of them: a longer run is
+-- the walk's), then a young lease; named acks are looked for that far in any case. Returns
+-- its places from the head of the window to the tail, each {element, batch (packed) or
+-- name (a token), deadline (nil: corrupt)}, and the window's packed elements by batch; nil
+-- when a batch is there twice.
+function M.fast_window(k, lease_length, sides)
+  local behind = sides[K.marks] + sides[K.marks_old]
+  if NAMED or behind > LIMIT.fast_acks then behind = LIMIT.fast_acks end
+  local slice = rcall('LRANGE', K.leases, -math.min(lease_length, k + 1 + behind), -1)
+  local places, found = {}, {}
+  for j = 1, #slice do
+    local element = slice[j]
+    local star = string.find(element, '*', 2, true)
+    local place = { element = element }
+    if star and string.byte(element) == BYTE_STAR then
+      place.batch = string.sub(element, 1, star - 1)
+      place.deadline = M.own_deadline(element, place.batch)
+      if found[place.batch] then return nil end -- (a copy written by hand: the walk's)
+      found[place.batch] = element
+    elseif star then
+      place.name = element
+      place.deadline = M.own_deadline(element)
+    end
+    places[j] = place
+  end
+  return places, found
+end
+
+-- The marks of the acked batches (`names`) and of the places read (fast_window), into each
+-- place's `mark` and `mark_in` as look_up finds them. Returns the marks by name, or nil when
+-- a name is marked in both generations (the walk's to sort out).
+function M.fast_marks(names, places, sides)
+  local marks = {}
+  if sides[K.marks] + sides[K.marks_old] == 0 then return marks end
+  local look = {}
+  for i = 1, #names do look[i] = names[i] end
+  for j = 1, #places do
+    local name = places[j].batch or places[j].name
+    if name then look[#look + 1] = name end
+  end
+  if #look == 0 then return marks end
+  local mark_in = {}
+  for _, key in ipairs({ K.marks, K.marks_old }) do
+    if sides[key] > 0 then
+      local values = rcall('HMGET', key, unpack(look))
+      for j = 1, #look do
+        local name, value = look[j], values[j]
+        if value then
+          if mark_in[name] and mark_in[name] ~= key then return nil end
+          marks[name], mark_in[name] = value, key
+        end
+      end
+    end
+  end
+  for j = 1, #places do
+    local place = places[j]
+    local name = place.batch or place.name
+    place.mark, place.mark_in = name and marks[name], name and mark_in[name]
+  end
+  return marks
 end
 
 function M.ack()

@@ -170,6 +170,8 @@ class Batches:
             # The batch's very Job objects, first and in order: nothing to check per job.
             # Taken: a batch is acked whole once (threads may share this client).
             if size and len(refs) >= size and all(map(is_, jobs, refs)) and self._take(stamp):
+                if len(refs) == size:  # the batch alone, the common loop: no token encoded
+                    return PackedAcks([whole_batch_ack(stamp, jobs, named=named)], True, size)
                 # (a job of the batch named again is acked by the batch ack alone)
                 own = encode_tokens(jobs)
                 mine = set(own)
@@ -222,6 +224,14 @@ def batch_ack(stamp: bytes, tokens: Sequence[bytes], *, named: bool = False) -> 
     if not named:
         return b"*%s/%d" % (stamp, len(tokens))
     return b"*%s*%s" % (stamp, b"*".join(token[: token.find(b"*")] for token in tokens))
+
+
+def whole_batch_ack(stamp: bytes, jobs: Sequence[Job], *, named: bool = False) -> bytes:
+    """:func:`batch_ack` of a batch's very jobs, in their order, from their ids."""
+    if not named:
+        return b"*%s/%d" % (stamp, len(jobs))
+    ids = "*".join([job.id for job in jobs]).encode("utf-8", BYTES_ERRORS)
+    return b"*%s*%s" % (stamp, ids)
 
 
 def place(token: bytes) -> bytes:

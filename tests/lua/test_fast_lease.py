@@ -4,7 +4,8 @@ Two harnesses run the same random programs: one with the module as it ships, one
 short way switched off (FAST_LEASE = false), so every `next` takes the walk. After every
 step the replies and every key (the meta hash's counters included) must be equal. The
 programs lean towards what the short way handles (one job or a batch per call, batch acks
-of the previous calls) and mix in what sends a call the long way (tokens acked one by one,
+of the previous calls, in order as one consumer sends them or out of order as several do)
+and mix in what sends a call the long way (tokens acked one by one,
 nacks, extensions, expiry, sweeps, pushes into a ring that is running dry), so both the
 taking and the declining of the short way are compared.
 """
@@ -120,7 +121,10 @@ class Twins:
 
 
 Step = tuple[str, int, int, bool]
-KINDS = ["push", "next", "next", "next", "next", "ack_one", "nack", "extend", "advance", "sweep"]
+KINDS = [
+    "push", "next", "next", "next", "next_any", "next_any", "ack_one", "nack", "extend",
+    "advance", "sweep",
+]  # fmt: skip
 step = st.tuples(st.sampled_from(KINDS), st.integers(0, 50), st.integers(0, 3), st.booleans())
 ADVANCES = [1, 200, 900, 1500, 5000]
 
@@ -141,6 +145,16 @@ def run(twins: Twins, program: list[Step]) -> None:
             chosen, twins.batches = twins.batches[:b], twins.batches[b:]
             acked = named_ack if twins.payloads else batch_ack
             twins.next(a % 4 + 1, [acked(batch) for batch in chosen], flag)
+        elif kind == "next_any":
+            # Batch acks of calls other than the oldest: several consumers finishing out of
+            # order, so batches are acked before the one at the lease list's tail.
+            picked = sorted(
+                {(a + 3 * i) % len(twins.batches) for i in range(b)} if twins.batches else set()
+            )
+            chosen = [twins.batches[i] for i in picked]
+            twins.batches = [batch for i, batch in enumerate(twins.batches) if i not in picked]
+            acked = named_ack if twins.payloads else batch_ack
+            twins.next(a % 4 + 1, [acked(batch) for batch in reversed(chosen)], flag)
         elif kind == "advance":
             twins.advance(ADVANCES[a % len(ADVANCES)])
         elif kind == "sweep":
@@ -207,3 +221,42 @@ def test_a_busy_queue_takes_the_short_way(tmp_path: Path) -> None:
         assert b"HDEL" not in made, made
         assert b"SMISMEMBER" not in made, made
         twins.advance(10)
+
+
+def short_way_taken(twins: Twins, count: int, since: int) -> bool:
+    """The short way reads exactly `count` ids off the ring's tail; the walk reads a slice
+    a little larger than it wants."""
+    ring = twins.fast.keys[0].encode()
+    return any(
+        call[:4] == (b"LRANGE", ring, str(-count).encode(), b"-1")
+        for call in twins.fast.stub.calls[since:]
+    )
+
+
+@pytest.mark.parametrize("payloads", [False, True], ids=["plain", "payloads"])
+def test_consumers_acking_out_of_order_take_the_short_way(tmp_path: Path, payloads: bool) -> None:
+    """Four consumers, each acking its previous batch as it asks for the next, in an order
+    that changes every round: a batch acked before the one at the lease list's tail is
+    marked, and dropped when the tail reaches it, the short way (and as the walk would)."""
+    twins = Twins(walk_only_module(tmp_path), payloads=payloads)
+    ids = [f"j{i}" for i in range(400)]
+    if payloads:
+        twins.both("pushp", *[part for i in ids for part in (i, f"p-{i}")])
+    else:
+        twins.both("push", *ids)
+    acked = named_ack if payloads else batch_ack
+    held: dict[int, list[str]] = {}
+    taken = calls = 0
+    for order in ([0, 1, 2, 3], [1, 0, 3, 2], [3, 2, 1, 0], [2, 0, 3, 1], [0, 3, 1, 2]):
+        for consumer in order:
+            acks = [acked(held[consumer])] if consumer in held else []
+            before = len(twins.fast.stub.calls)
+            twins.next(10, acks, compact=True)
+            held[consumer] = twins.batches.pop()
+            calls += 1
+            taken += short_way_taken(twins, 10, before)
+            twins.advance(5)
+    assert calls == 20
+    assert taken == calls, f"{taken} of {calls} calls took the short way"
+    marks = twins.fast.stub.data.get(twins.fast.keys[3].encode(), {})
+    assert len(marks) <= 3  # at most the batches acked ahead of the tail's
