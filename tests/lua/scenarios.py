@@ -889,6 +889,26 @@ def corrupt_elements_are_dead_lettered_and_do_not_block_the_others(b: Backend) -
 
 
 @scenario
+def a_batch_with_empty_ids_written_by_hand_counts_only_its_ids(b: Backend) -> None:
+    """A packed batch's jobs are its runs of bytes other than "*": "a**b" and "a**b*" list
+    two. Marked acked as two, it goes, two jobs completed; marked acked as any other number
+    (the three or four a count of its "*" would give), it is broken up and its two jobs
+    leased again."""
+    for listed in ("a**b", "a**b*"):
+        for mark in ("a2", "a3", "a4"):
+            q = b.fresh(f"{len(listed)}{mark}")
+            batch = "*1.1.5"  # expired long ago
+            q.raw_rpush("leases", f"{batch}*{listed}")
+            q.raw_hset("marks", batch, mark)
+            got = nxt(q, 10, LONG)
+            acked_whole = mark == "a2"
+            assert sorted(got.ids) == ([] if acked_whole else ["a", "b"]), (listed, mark)
+            assert counters(q)["completed"] == (2 if acked_whole else 0), (listed, mark)
+            assert q.hgetall("marks") == {}, (listed, mark)
+            assert all(not element.startswith(batch) for element in q.leases()), (listed, mark)
+
+
+@scenario
 def what_the_module_never_writes_in_the_lease_list_is_dead_lettered(b: Backend) -> None:
     token = lease_one(b, "a", SHORT)
     b.raw_rpush("leases", "x*nan", "plain", SENTINEL)  # at the tail: visited first
