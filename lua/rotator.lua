@@ -37,8 +37,8 @@ KEYS
                             dsum (see durations), prio pseq (see PRIORITIES), completed
                             redelivered reclaimed lettered retried cancelled (added to by
                             the calls that change them, read by stats alone), stale (see
-                            IDS), layout (written once: keeps it a hash table, see
-                            LIMIT.meta_layout); settings (configure)
+                            IDS), copies (see pushp), layout (written once: keeps it a
+                            hash table, see LIMIT.meta_layout); settings (configure)
   KEYS[10] pushlog    LIST  "<pushed>:<ms>" push checkpoints, newest first (pending age)
   KEYS[11] leases     LIST  the jobs in flight: leases and packed batches, newest at the head,
                             walked from the tail in deadline order (see LEASES)
@@ -385,7 +385,10 @@ COMMANDS (ARGV[1]; numbers are decimal integers)
     reply: {requeued, next}  call again with START = next until next is -1
   pushp ID PAYLOAD [ID PAYLOAD ...]                                (KEYS 1..14, or 1..15)
     push, and stores each payload under its id in KEYS[14] (an id pushed again gets the new
-    payload). At most 2500 pairs; all or nothing. With KEYS[15]: starts each id's stats.
+    payload; while a copy of it is queued, the field "<id>*" counts the copies beyond the
+    first, and its payload stays until the last is acked; meta copies counts those fields,
+    from a push that found KEYS[14] empty). At most 2500 pairs; all or nothing. With
+    KEYS[15]: starts each id's stats.
     reply: number pushed
     errors: ROTATOR_BADARG, ROTATOR_BADID, ROTATOR_TOOMANY
   nextp COUNT LEASE_MS BUDGET MAX_DELIVERIES DROP [ACK_TOKEN ...]   (KEYS 1..14, or 1..15)
@@ -721,6 +724,9 @@ local FRESH_ACKS
 local NAMED, DROPPED
 -- The call has trimmed the revoked set (M.trim_revoked): a call trims it once.
 local TRIMMED
+-- The packed element this call made ({element, ids}: its ids in order), so that a call that
+-- reads their payloads (M.leased_ids) does not split the element it has just joined.
+local PACKED
 local T, NGROUPS
 -- Zero-padded places ("00042"), each formatted once: a token's seq is the call's first visit
 -- number followed by the job's place in the call's batch (or among the call's later
@@ -2227,6 +2233,7 @@ function M.finish_walk(s)
     batch[0] = s.first -- (one string made, not a list and then the element)
     s.packed_element = table.concat(batch, '*', 0, #batch)
     batch[0] = nil
+    PACKED = { element = s.packed_element, ids = batch }
     to_leases[#to_leases + 1] = s.packed_element
     s.packed = s.packed + #batch - 1
   end
@@ -3111,6 +3118,7 @@ function M.fast_lease(first, count, lease, budget, compact, state)
   batch[0] = first_stamp -- (one string made, not a list and then the element)
   local element = table.concat(batch, '*', 0, leased)
   batch[0] = nil
+  PACKED = { element = element, ids = batch }
   rcall('LTRIM', K.ring, 0, -(leased + 1))
   if visited > 0 then rcall('LTRIM', K.leases, 0, -(visited + 1)) end
   rcall('LPUSH', K.leases, element)
@@ -4010,9 +4018,18 @@ function M.define_extensions()
 
   -- An id pushed again while it is in the queue (a push retried after a lost reply) shares
   -- its payload: the field "<id>*" (no id holds "*") counts the copies beyond the first, and
-  -- the payload stays until the last copy is acked.
+  -- the payload stays until the last copy is acked. Meta `copies` counts those fields, once
+  -- a push has found the payloads hash empty (before that, on a queue of an older module or
+  -- whose meta was deleted alone, it is absent: unknown), so that an ack on a queue without
+  -- copies, the common case, need not look for each id's.
   function M.copies_field(id)
     return id .. '*'
+  end
+
+  -- Meta `copies` (the meta hash read, and so type-checked, before): a number, or nil when
+  -- unknown.
+  function M.copies_known()
+    return tonumber(rcall('HGET', K.meta, 'copies'))
   end
 
   -- Deletes the payloads (and item stats) of the jobs whose tokens were accepted as acked,
@@ -4023,6 +4040,27 @@ function M.define_extensions()
     for i = 1, #DROPPED.ids do ids[#ids + 1] = DROPPED.ids[i] end
     if #ids == 0 then return end
     M.remember_dropped(accepted or {}, DROPPED.batches, call)
+    local known = M.copies_known()
+    local gone = known == 0 and M.distinct(ids) or M.forget_copies(ids, known)
+    if #gone == 0 then return end
+    rcall('HDEL', K.payloads, unpack(gone))
+    if K.items then rcall('HDEL', K.items, unpack(gone)) end
+  end
+
+  -- `ids`, each once, in their order.
+  function M.distinct(ids)
+    local once, seen = {}, {}
+    for i = 1, #ids do
+      local id = ids[i]
+      if not seen[id] then once[#once + 1], seen[id] = id, true end
+    end
+    return once
+  end
+
+  -- forget's acked ids where copies may be (`known`: their fields counted, or nil): takes one
+  -- copy each from the ids that have some, and returns the ids that had none left, whose
+  -- payloads go.
+  function M.forget_copies(ids, known)
     local fields = {}
     for i = 1, #ids do fields[i] = M.copies_field(ids[i]) end
     local copies = rcall('HMGET', K.payloads, unpack(fields))
@@ -4055,23 +4093,28 @@ function M.define_extensions()
       end
     end
     if #counts > 0 then rcall('HSET', K.payloads, unpack(counts)) end
-    if #drops > 0 then rcall('HDEL', K.payloads, unpack(drops)) end
-    if #gone == 0 then return end
-    rcall('HDEL', K.payloads, unpack(gone))
-    if K.items then rcall('HDEL', K.items, unpack(gone)) end
+    if #drops > 0 then
+      rcall('HDEL', K.payloads, unpack(drops))
+      if known then rcall('HSET', K.meta, 'copies', math.max(known - #drops, 0)) end
+    end
+    return gone
   end
 
-  -- Counts the copies of ids pushed while a payload of theirs is stored (see copies_field).
-  function M.count_copies(ids)
-    local stored = rcall('HMGET', K.payloads, unpack(ids))
-    local seen = {}
+  -- Counts the copies of ids pushed while a payload of theirs is stored (see copies_field);
+  -- `stored`: how many fields the payloads hash held before this push.
+  function M.count_copies(ids, stored)
+    local known = M.copies_known()
+    if not known and stored == 0 then known = 0 end -- (an empty hash: no copies, counted now)
+    local had = rcall('HMGET', K.payloads, unpack(ids))
+    local seen, made = {}, 0
     for i = 1, #ids do
       local id = ids[i]
-      if stored[i] or seen[id] then
-        rcall('HINCRBY', K.payloads, M.copies_field(id), 1)
+      if had[i] or seen[id] then
+        if rcall('HINCRBY', K.payloads, M.copies_field(id), 1) == 1 then made = made + 1 end
       end
       seen[id] = true
     end
+    if known and (made > 0 or stored == 0) then rcall('HSET', K.meta, 'copies', known + made) end
   end
 
   function M.refuse_id(value)
@@ -4093,7 +4136,7 @@ function M.define_extensions()
     local length = M.read('LLEN', K.ring)
     local meta = M.read_meta(K)
     local head = M.read_push_keys(K)
-    M.read('HLEN', K.payloads)
+    local stored = M.read('HLEN', K.payloads)
     if K.items then M.read('HLEN', K.items) end
     M.check_unique(meta)
     local now = M.now_ms()
@@ -4104,7 +4147,7 @@ function M.define_extensions()
       if #ids == 0 then return 0 end
     end
     M.ensure_ring(K, length)
-    M.count_copies(ids)
+    M.count_copies(ids, stored)
     M.call_all('HSET', K.payloads, pairs_)
     M.call_all('LPUSH', K.ring, ids)
     M.record_push(K, meta, #ids, now, head)
@@ -4141,7 +4184,7 @@ function M.define_extensions()
     end
     if #ids == 0 then return 0 end
     local smin = M.read_schedule_keys()
-    M.read('HLEN', K.payloads)
+    local stored = M.read('HLEN', K.payloads)
     if K.items then M.read('HLEN', K.items) end
     local pairs_ = { unpack(A, 4) }
     if M.read_tracked() then -- each id once (see IDS)
@@ -4155,7 +4198,7 @@ function M.define_extensions()
       if not scheduled[i] and not seen[ids[i]] then fresh[#fresh + 1] = ids[i] end
       seen[ids[i]] = true
     end
-    if #fresh > 0 then M.count_copies(fresh) end
+    if #fresh > 0 then M.count_copies(fresh, stored) end
     M.call_all('HSET', K.payloads, pairs_)
     M.schedule_ids(ids, due, smin)
     M.enqueued(ids, now)
@@ -4167,7 +4210,9 @@ function M.define_extensions()
   -- next_packed's reply, whose packed element "<batch>*<id1>*<id2>..." comes first).
   function M.leased_ids(reply, compact)
     local ids, first = {}, 4
-    if compact then
+    if compact and PACKED and PACKED.element == reply[4] then
+      first, ids = 5, PACKED.ids -- (taken over: nothing else reads them after the lease)
+    elseif compact then
       first = 5
       local star = string.find(reply[4], '*', 2, true)
       if star then
@@ -4931,7 +4976,7 @@ end
 local function main(keys, args)
   -- The call state of section 2: bound here, once per call, and nowhere else.
   UNIQUE, FRESH_ACKS = args[1] == 'unique', false
-  NAMED, DROPPED, TRIMMED = nil, { ids = {}, batches = {} }, false
+  NAMED, DROPPED, TRIMMED, PACKED = nil, { ids = {}, batches = {} }, false, nil
   if UNIQUE then
     args = { unpack(args, 2) }
     local pushes = { push = 1, pushi = 1, push_later = 1, push_priority = 1, pushp = 1,

@@ -2075,6 +2075,42 @@ def a_named_batch_ack_drops_its_jobs_payloads_once(b: Backend) -> None:
 
 
 @scenario
+def meta_counts_the_copies_and_a_queue_without_the_count_still_looks_them_up(b: Backend) -> None:
+    """Meta `copies` counts the "<id>*" fields once a push found the payloads hash empty, so
+    that an ack of a queue with none skips looking for them; a queue without the count (its
+    meta written by an older module) looks them up as before, and keeps a copy's payload."""
+    keys = payload_keys(b)
+
+    def copies() -> str | None:
+        return b.hgetall("meta").get("copies")
+
+    assert b.call_keys(keys, "pushp", "a", "pa", "b", "pb") == 2
+    assert copies() == "0"  # counted from the first push into an empty hash
+    assert b.call_keys(keys, "pushp", "a", "pa") == 1
+    assert copies() == "1"  # "a*": one copy beyond the first
+    first = nextp_packed(b, keys, 1)
+    assert str(first[3]).split("*")[2:] == ["a"]
+    assert b.call_keys(keys, "ackp", named(str(first[3]))) == 1
+    assert b.key_state(keys[N_QUEUE_KEYS]) == ("hash", {"a": "pa", "b": "pb"})  # a's copy
+    assert copies() == "0"
+    assert b.call_keys(keys, "pushp", "b", "pb") == 1
+    assert copies() == "1"
+    b.raw_hset("meta", "copies", "")  # unknown, as on a queue of an older module
+    second = nextp_packed(b, keys, 2)
+    assert str(second[3]).split("*")[2:] == ["b", "a"]
+    b_token, a_token = packed_tokens(str(second[3]))
+    assert b.call_keys(keys, "ackp", b_token) == 1
+    assert b.key_state(keys[N_QUEUE_KEYS]) == ("hash", {"a": "pa", "b": "pb"})  # b's copy
+    assert copies() == ""  # (still unknown: only a push into an empty hash counts again)
+    assert b.call_keys(keys, "ackp", a_token) == 1
+    third = nextp_packed(b, keys, 1)
+    assert b.call_keys(keys, "ackp", named(str(third[3]))) == 1
+    assert b.key_state(keys[N_QUEUE_KEYS]) == ("none", None)
+    assert b.call_keys(keys, "pushp", "c", "pc") == 1
+    assert copies() == "0"
+
+
+@scenario
 def two_copies_of_an_id_acked_in_one_call_take_its_payload(b: Backend) -> None:
     """Found by the payload model: the copies count was read once for both, so the second
     copy's ack took the count again and the payload stayed for good."""
