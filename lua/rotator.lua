@@ -4036,25 +4036,20 @@ function M.define_extensions()
   -- but of an id with copies still in the queue only one copy's count, and remembers the
   -- acks that did (`call`: see M.remember_dropped).
   function M.forget(accepted, call)
-    local ids = M.token_ids(accepted or {})
-    for i = 1, #DROPPED.ids do ids[#ids + 1] = DROPPED.ids[i] end
+    accepted = accepted or {}
+    local ids = DROPPED.ids -- (the batches acked by name: taken over, nothing else reads them)
+    if #accepted > 0 then
+      ids = M.token_ids(accepted)
+      for i = 1, #DROPPED.ids do ids[#ids + 1] = DROPPED.ids[i] end
+    end
     if #ids == 0 then return end
-    M.remember_dropped(accepted or {}, DROPPED.batches, call)
+    M.remember_dropped(accepted, DROPPED.batches, call)
     local known = M.copies_known()
-    local gone = known == 0 and M.distinct(ids) or M.forget_copies(ids, known)
+    -- (without copies, every id's payload goes; HDEL takes an id given twice as once)
+    local gone = known == 0 and ids or M.forget_copies(ids, known)
     if #gone == 0 then return end
     rcall('HDEL', K.payloads, unpack(gone))
     if K.items then rcall('HDEL', K.items, unpack(gone)) end
-  end
-
-  -- `ids`, each once, in their order.
-  function M.distinct(ids)
-    local once, seen = {}, {}
-    for i = 1, #ids do
-      local id = ids[i]
-      if not seen[id] then once[#once + 1], seen[id] = id, true end
-    end
-    return once
   end
 
   -- forget's acked ids where copies may be (`known`: their fields counted, or nil): takes one
