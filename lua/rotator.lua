@@ -1392,9 +1392,7 @@ function M.check_named(first, refused, sides)
     local named = NAMED[ack]
     if named and not refused[ack] and not seen[ack] then
       seen[ack] = true
-      local element = named.element
-      if not rcall('LPOS', K.leases, element, 'MAXLEN', LIMIT.named_look)
-          and not rcall('LPOS', K.leases, element, 'RANK', -1, 'MAXLEN', LIMIT.named_look) then
+      if not M.near_an_end(named.element) then
         refused[ack] = true
       else
         batches[#batches + 1], acks[#batches + 1] = M.split_batch_ack(ack), ack
@@ -1418,6 +1416,13 @@ function M.check_named(first, refused, sides)
       dropped_batches[#dropped_batches + 1] = batches[i]
     end
   end
+end
+
+-- Whether a packed element is in the lease list near one of its ends (LIMIT.named_look
+-- elements), where a named batch ack looks for it: compared by the server, not read.
+function M.near_an_end(element)
+  return rcall('LPOS', K.leases, element, 'MAXLEN', LIMIT.named_look)
+    or rcall('LPOS', K.leases, element, 'RANK', -1, 'MAXLEN', LIMIT.named_look)
 end
 
 -- Of `tokens`, those in neither done set, nor of a batch acked whole (an "a" mark: a named
@@ -2990,20 +2995,19 @@ function M.fast_lease(first, count, lease, budget, compact, state)
   local walks = lease_length > 0 and not lstop
     and (k > 0 or marked[K.marks][2] + marked[K.marks_old][2] > 0)
   local places, found = {}, {}
-  if walks or (NAMED and k > 0) then
+  if walks then
     places, found = M.fast_window(k, lease_length, sides)
     if not places then return nil end
   end
-  -- A named ack names its element, near the tail (check_named); an acked batch marked
-  -- already (an ack sent again) is the walk's.
+  -- A named ack names its element, near an end of the list (check_named: read at the tail,
+  -- or found by the server); an acked batch marked already (an ack sent again) is the walk's.
   local marks = M.fast_marks(names, places, sides)
   if not marks then return nil end
   for i = 1, k do
     local batch = names[i]
-    if marks[batch] or NAMED
-        and found[batch] ~= NAMED[batch .. '/' .. jobs_text[batch]].element then
-      return nil
-    end
+    if marks[batch] then return nil end
+    local named = NAMED and NAMED[batch .. '/' .. jobs_text[batch]].element
+    if named and found[batch] ~= named and not M.near_an_end(named) then return nil end
   end
   local visited, dropped, unmarks = 0, 0, {} -- (unmarks: places marked acked, dropped)
   local lmin, lpass, lskip = meta.lmin, meta.lpass, meta.lskip
@@ -3157,13 +3161,12 @@ end
 
 -- The lease list's tail as the short way reads it: the k acked batches may lie there, then
 -- the batches marked acked behind them (at most LIMIT.fast_acks of them: a longer run is
--- the walk's), then a young lease; named acks are looked for that far in any case. Returns
+-- the walk's), then a young lease. Returns
 -- its places from the head of the window to the tail, each {element, batch (packed) or
 -- name (a token), deadline (nil: corrupt)}, and the window's packed elements by batch; nil
 -- when a batch is there twice.
 function M.fast_window(k, lease_length, sides)
-  local behind = sides[K.marks] + sides[K.marks_old]
-  if NAMED or behind > LIMIT.fast_acks then behind = LIMIT.fast_acks end
+  local behind = math.min(sides[K.marks] + sides[K.marks_old], LIMIT.fast_acks)
   local slice = rcall('LRANGE', K.leases, -math.min(lease_length, k + 1 + behind), -1)
   local places, found = {}, {}
   for j = 1, #slice do
