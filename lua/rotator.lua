@@ -724,9 +724,9 @@ local FRESH_ACKS
 local NAMED, DROPPED
 -- The call has trimmed the revoked set (M.trim_revoked): a call trims it once.
 local TRIMMED
--- The packed element this call made ({element, ids}: its ids in order), so that a call that
--- reads their payloads (M.leased_ids) does not split the element it has just joined.
-local PACKED
+-- The packed element this call made, and its ids in order, so that a call that reads their
+-- payloads (M.leased_ids) does not split the element it has just joined.
+local PACKED, PACKED_IDS
 local T, NGROUPS
 -- Zero-padded places ("00042"), each formatted once: a token's seq is the call's first visit
 -- number followed by the job's place in the call's batch (or among the call's later
@@ -1878,9 +1878,9 @@ function M.visit_packed(s, element, batch, m, m_key)
     return
   end
   -- A batch ack names its batch's size: one naming another size (a hand-written ack) acks
-  -- nothing, and counts as a touch.
-  local jobs = M.count_ids(element, #batch + 2)
-  if m and string.byte(m) == BYTE_A and tonumber(string.sub(m, 2)) == jobs then
+  -- nothing, and counts as a touch. (Counted only for a batch ack: a break-up splits them.)
+  local jobs = m and string.byte(m) == BYTE_A and M.count_ids(element, #batch + 2)
+  if jobs and tonumber(string.sub(m, 2)) == jobs then
     M.unmark(s, m_key, batch, m)
     s.live = s.live - 1
     s.packed = s.packed - (jobs - 1)
@@ -2238,7 +2238,7 @@ function M.finish_walk(s)
     batch[0] = s.first -- (one string made, not a list and then the element)
     s.packed_element = table.concat(batch, '*', 0, #batch)
     batch[0] = nil
-    PACKED = { element = s.packed_element, ids = batch }
+    PACKED, PACKED_IDS = s.packed_element, batch
     to_leases[#to_leases + 1] = s.packed_element
     s.packed = s.packed + #batch - 1
   end
@@ -3122,7 +3122,7 @@ function M.fast_lease(first, count, lease, budget, compact, state)
   batch[0] = first_stamp -- (one string made, not a list and then the element)
   local element = table.concat(batch, '*', 0, leased)
   batch[0] = nil
-  PACKED = { element = element, ids = batch }
+  PACKED, PACKED_IDS = element, batch
   rcall('LTRIM', K.ring, 0, -(leased + 1))
   if visited > 0 then rcall('LTRIM', K.leases, 0, -(visited + 1)) end
   rcall('LPUSH', K.leases, element)
@@ -4102,7 +4102,8 @@ function M.define_extensions()
   -- `stored`: how many fields the payloads hash held before this push.
   function M.count_copies(ids, stored)
     local known = M.copies_known()
-    if not known and stored == 0 then known = 0 end -- (an empty hash: no copies, counted now)
+    local starts = not known and stored == 0 -- (an empty hash: no copies, counted from now)
+    if starts then known = 0 end
     local had = rcall('HMGET', K.payloads, unpack(ids))
     local seen, made = {}, 0
     for i = 1, #ids do
@@ -4112,7 +4113,7 @@ function M.define_extensions()
       end
       seen[id] = true
     end
-    if known and (made > 0 or stored == 0) then rcall('HSET', K.meta, 'copies', known + made) end
+    if known and (made > 0 or starts) then rcall('HSET', K.meta, 'copies', known + made) end
   end
 
   function M.refuse_id(value)
@@ -4208,8 +4209,8 @@ function M.define_extensions()
   -- next_packed's reply, whose packed element "<batch>*<id1>*<id2>..." comes first).
   function M.leased_ids(reply, compact)
     local ids, first = {}, 4
-    if compact and PACKED and PACKED.element == reply[4] then
-      first, ids = 5, PACKED.ids -- (taken over: nothing else reads them after the lease)
+    if compact and PACKED and PACKED == reply[4] then
+      first, ids = 5, PACKED_IDS -- (taken over: nothing else reads them after the lease)
     elseif compact then
       first = 5
       local star = string.find(reply[4], '*', 2, true)
@@ -4974,7 +4975,8 @@ end
 local function main(keys, args)
   -- The call state of section 2: bound here, once per call, and nowhere else.
   UNIQUE, FRESH_ACKS = args[1] == 'unique', false
-  NAMED, DROPPED, TRIMMED, PACKED = nil, { ids = {}, batches = {} }, false, nil
+  NAMED, DROPPED, TRIMMED = nil, { ids = {}, batches = {} }, false
+  PACKED, PACKED_IDS = nil, nil
   if UNIQUE then
     args = { unpack(args, 2) }
     local pushes = { push = 1, pushi = 1, push_later = 1, push_priority = 1, pushp = 1,
