@@ -1019,6 +1019,15 @@ function M.read_sides()
   }
 end
 
+-- read_sides, and the dead letters' count. Usually none of them exists (batch acks leave
+-- nothing behind): one EXISTS says so, and a key that does not exist has no wrong type.
+function M.read_sides_and_dead()
+  if rcall('EXISTS', K.done, K.done_old, K.marks, K.marks_old, K.revoked, K.dead) == 0 then
+    return { [K.done] = 0, [K.done_old] = 0, [K.marks] = 0, [K.marks_old] = 0, revoked = 0 }, 0
+  end
+  return M.read_sides(), M.read('LLEN', K.dead)
+end
+
 -- What the marks hashes hold, counted as stats counts it, kept in the meta hash so that stats
 -- reads no hash whole: per hash, its deferred jobs ("n" marks) and the jobs of its batch acks
 -- ("a<jobs>" marks). Every write of a mark goes through count_mark; when the marks age the
@@ -1602,9 +1611,9 @@ function M.read_walk_state()
   local length = M.read('LLEN', K.ring)
   local lease_length = M.read('LLEN', K.leases)
   local meta = M.read_meta(K)
-  local sides = M.read_marked(M.read_sides(), meta.marked)
+  local sides, dead_length = M.read_sides_and_dead()
+  M.read_marked(sides, meta.marked)
   sides.origin, sides.seq, sides.lstop = meta.origin, meta.seq, meta.lstop
-  local dead_length = M.read('LLEN', K.dead)
   M.read('LLEN', K.wake) -- an idle call deletes it
   return { length = length, lease_length = lease_length, meta = meta, sides = sides,
     dead_length = dead_length, now = M.now_ms() }

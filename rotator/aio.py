@@ -19,6 +19,7 @@ from collections.abc import (
     Sequence,
 )
 from contextlib import asynccontextmanager
+from functools import cached_property
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import redis.asyncio as aredis
@@ -125,11 +126,18 @@ class AsyncSender:
     def __init__(self, client: Any, functions: bool | None, durability: Durability | None) -> None:
         self.client = client
         self.script: Any = async_module_caller(client, functions)
-        self._socket_timeout = socket_timeout(client)
-        self.durability = check_durability(durability, self._socket_timeout)
+        self.durability = (
+            None if durability is None else check_durability(durability, self._socket_timeout)
+        )
         self._pipelines = isinstance(client, aredis.Redis)
         self._cluster = client if isinstance(client, RedisCluster) else None
         self.waitaof: dict[str, bool] = {} if durability is None else waitaof_memo(client)
+
+    @cached_property
+    def _socket_timeout(self) -> float | None:
+        """Asked on first use (a block or a durability check), not when the client is made:
+        reading a URL client's default makes a connection object, which costs milliseconds."""
+        return socket_timeout(self.client)
 
     async def run(self, flow: Flow[T]) -> T:
         return await drive_async(flow, self.perform)

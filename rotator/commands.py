@@ -403,11 +403,12 @@ def decode_next_packed(reply: Sequence[Any]) -> NextReply:
     in 5 digits), then the later deliveries as ``next`` sends them. Batch jobs come first."""
     jobs, stamp = _packed_jobs(reply[3])
     size = len(jobs)
-    stamps: dict[str, tuple[int, int]] = {}
-    jobs.extend(
-        job_from_token(token, flag == 1, None, stamps)
-        for token, flag in zip(reply[4::2], reply[5::2], strict=True)
-    )
+    if len(reply) > 4:  # (most replies hold the packed batch alone)
+        stamps: dict[str, tuple[int, int]] = {}
+        jobs.extend(
+            job_from_token(token, flag == 1, None, stamps)
+            for token, flag in zip(reply[4::2], reply[5::2], strict=True)
+        )
     return NextReply(int(reply[0]) == 1, int(reply[1]), int(reply[2]), jobs, stamp, size)
 
 

@@ -203,7 +203,7 @@ class QueueFlows:
         nothing more). A group with no delay may be claimed again by that very claim."""
         count = protocol.check_count(count)
         refs = list(ack)
-        times = protocol.encode_durations(durations)  # rides on the first call only
+        times = protocol.encode_durations(durations) if durations else None  # (first call only)
         acks, packed, _ = self.pack(refs)
         waited = protocol.check_block(block)
         gives = [call for jobs, delay_ms in nacks for call in self.nack_calls(jobs, delay_ms)]

@@ -211,9 +211,8 @@ class DeadLetter:
     error: str | None = None  # what the last delivery failed with (reason failed)
 
 
-@dataclass(frozen=True, slots=True)
-class NextReply:
-    """What one `next` script call answered."""
+class NextReply(NamedTuple):
+    """What one `next` script call answered (a tuple: one is made per call)."""
 
     idle: bool
     wait_ms: int

@@ -139,11 +139,14 @@ class Batches:
         if not reply.batch:
             self.note_jobs(reply.jobs)
             return
-        self._remember(reply.batch, reply.batch_jobs)
-        jobs = tuple(reply.jobs[: reply.batch_jobs])
+        batch, size = reply.batch, reply.batch_jobs
+        jobs = tuple(reply.jobs[:size])
         with self._lock:
-            self._jobs[reply.batch] = jobs
-            while len(self._jobs) > self._kept:
+            self._sizes[batch] = size
+            if len(self._sizes) > self._limit:
+                self._sizes.pop(next(iter(self._sizes)))
+            self._jobs[batch] = jobs
+            if len(self._jobs) > self._kept:
                 self._jobs.pop(next(iter(self._jobs)))
 
     def note_jobs(self, jobs: list[Job]) -> None:

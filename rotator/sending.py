@@ -8,6 +8,7 @@ written once, as a flow (see :mod:`rotator.commands` and :mod:`rotator.flows`).
 from __future__ import annotations
 
 from collections.abc import Callable, Generator, Sequence
+from functools import cached_property
 from typing import Any, TypeVar
 
 import redis
@@ -80,14 +81,25 @@ def socket_timeout(client: Any) -> float | None:
     if pool is None:
         return cluster_socket_timeout(client)
     limit = pool.connection_kwargs.get("socket_timeout")
-    if limit is None:
-        # redis-py 8 leaves a URL client's default out of the pool's kwargs: its connections
-        # have it (made as the pool makes them; nothing connects here).
-        try:
-            limit = pool.connection_class(**pool.connection_kwargs).socket_timeout
+    if limit is None and "socket_timeout" not in pool.connection_kwargs:
+        limit = _default_socket_timeout(pool.connection_class, pool.connection_kwargs)
+    return float(limit) if limit else None
+
+
+# A connection class's own socket timeout, by class: redis-py 8 leaves a URL client's
+# default out of the pool's kwargs, and making a connection to read it costs milliseconds
+# (redis-py looks its own version up), so each class is asked once per process.
+_DEFAULT_SOCKET_TIMEOUTS: dict[type, Any] = {}
+
+
+def _default_socket_timeout(connection_class: type, kwargs: dict[str, Any]) -> Any:
+    if connection_class not in _DEFAULT_SOCKET_TIMEOUTS:
+        try:  # (made as the pool makes them; nothing connects here)
+            limit = connection_class(**kwargs).socket_timeout
         except (AttributeError, TypeError):
             limit = None
-    return float(limit) if limit else None
+        _DEFAULT_SOCKET_TIMEOUTS[connection_class] = limit
+    return _DEFAULT_SOCKET_TIMEOUTS[connection_class]
 
 
 def cluster_socket_timeout(client: Any) -> float | None:
@@ -131,12 +143,19 @@ class Sender:
     def __init__(self, client: Any, functions: bool | None, durability: Durability | None) -> None:
         self.client = client
         self.script: Any = module_caller(client, functions)
-        self._socket_timeout = socket_timeout(client)
-        self.durability = check_durability(durability, self._socket_timeout)
+        self.durability = (
+            None if durability is None else check_durability(durability, self._socket_timeout)
+        )
         self._pipelines = isinstance(client, redis.Redis)  # a cluster client: no pipelined wake
         self._cluster = client if isinstance(client, RedisCluster) else None
         # Which of the client's servers have WAITAOF (learned by durable_flow).
         self.waitaof: dict[str, bool] = {} if durability is None else waitaof_memo(client)
+
+    @cached_property
+    def _socket_timeout(self) -> float | None:
+        """Asked on first use (a block or a durability check), not when the client is made:
+        reading a URL client's default makes a connection object, which costs milliseconds."""
+        return socket_timeout(self.client)
 
     def run(self, flow: Flow[T]) -> T:
         """Drives ``flow`` to its end; its result, or the error it raised."""

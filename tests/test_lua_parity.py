@@ -69,6 +69,10 @@ SNIPPETS = [
     "redis.call('HSTRLEN', KEYS[1], 'no'), redis.call('HGETALL', KEYS[1]), "
     "redis.call('HGETALL', KEYS[1] .. 'x')}",
     "return redis.call('LRANGE', KEYS[1], '01', 2)",
+    "local before = redis.call('EXISTS', KEYS[1], KEYS[1] .. 'x') "
+    "redis.call('SADD', KEYS[1], 'a') redis.call('HSET', KEYS[1] .. 'x', 'f', 1) "
+    "return {before, redis.call('EXISTS', KEYS[1]), redis.call('EXISTS', KEYS[1], KEYS[1], "
+    "KEYS[1] .. 'x', KEYS[1] .. 'y')}",
     "redis.call('RPUSH', KEYS[1], 'a') return redis.call('LSET', KEYS[1], 5, 'x')",
     "return redis.call('RENAME', KEYS[1], KEYS[1] .. 'x')",
     "redis.call('RPUSH', KEYS[1], 'a', 'b') return {redis.call('RPOP', KEYS[1]), "

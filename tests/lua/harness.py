@@ -151,6 +151,7 @@ class RedisStub:
             b"TIME": (1, self._time),
             b"TYPE": (2, self._type),
             b"DEL": (-2, self._del),
+            b"EXISTS": (-2, self._exists),
             b"UNLINK": (-2, self._del),
             b"RENAME": (3, self._rename),
             b"LLEN": (2, self._llen),
@@ -254,6 +255,9 @@ class RedisStub:
             if type(value) is kind:
                 return Status(name)
         return Status(b"none")
+
+    def _exists(self, args: list[bytes]) -> Reply:
+        return sum(1 for key in args if key in self.data)  # (a key named twice counts twice)
 
     def _del(self, args: list[bytes]) -> Reply:
         for key in args:
