@@ -1010,6 +1010,20 @@ function M.read_meta(K)
   }
 end
 
+-- Of read_meta's fields, those a push reads and writes (push_ids, pushp, and a topic's
+-- push_group: record_push, expire_backlog): a push reads none of the claim's state, so it does
+-- not pay for it, and a publish reads 7 fields a group instead of all of them.
+function M.read_push_meta(K)
+  local m = M.read('HMGET', K.meta, 'seq', 'origin', 'pushed', 'taken', 'lapnext', 'track_ids',
+    'layout')
+  local seq, origin = M.seq_origin(m[1], m[2])
+  return {
+    seq = seq, origin = origin, pushed = tonumber(m[3]) or 0, taken = tonumber(m[4]) or 0,
+    lapnext = tonumber(m[5]), track_ids = tonumber(m[6]) or 0, tracked = m[6] == '1',
+    layout = m[7],
+  }
+end
+
 -- The sizes of the side structures; reading them is also their type check.
 function M.read_sides()
   return {
@@ -1119,7 +1133,8 @@ function M.read_push_keys(K)
 end
 
 -- Notes `n` more pending ids: counters, the push checkpoint for ages, and a wake-up.
-function M.record_push(K, meta, n, now, head)
+-- `length`: the ring's length now, where the caller knows it.
+function M.record_push(K, meta, n, now, head, length)
   local pushlog = K.pushlog
   meta.pushed = meta.pushed + n
   local head_ms = head and tonumber(string.match(head, ':(%d+)$'))
@@ -1136,13 +1151,21 @@ function M.record_push(K, meta, n, now, head)
   end
   -- Something new is available: consumers must visit every element the ring holds now (the
   -- new ones come last) before they may idle.
-  rcall('HSET', K.meta, 'pushed', meta.pushed, 'qstart', meta.seq, 'qlen', rcall('LLEN', K.ring),
+  rcall('HSET', K.meta, 'pushed', meta.pushed, 'qstart', meta.seq, 'qlen',
+    length or rcall('LLEN', K.ring),
     'seq', meta.seq, 'origin', meta.origin)
   if not meta.layout then rcall('HSET', K.meta, 'layout', LIMIT.meta_layout) end
+  M.add_wake_tokens(K, n)
+end
+
+-- Wakes up to n idle consumers of the queue K: a token each, the list kept at most
+-- LIMIT.wake_tokens long (trimmed only when this push made it longer).
+function M.add_wake_tokens(K, n)
   local tokens = {}
   for i = 1, math.min(n, LIMIT.wake_tokens) do tokens[i] = '1' end
-  rcall('LPUSH', K.wake, unpack(tokens))
-  rcall('LTRIM', K.wake, 0, LIMIT.wake_tokens - 1)
+  if rcall('LPUSH', K.wake, unpack(tokens)) > LIMIT.wake_tokens then
+    rcall('LTRIM', K.wake, 0, LIMIT.wake_tokens - 1)
+  end
 end
 
 -- A queue that tracks ids (configure track_ids 1, see IDS): K.ids names where each id's
@@ -2292,8 +2315,7 @@ end
 
 -- One more wake-up token (the list kept short).
 function M.wake_one()
-  rcall('LPUSH', K.wake, '1')
-  rcall('LTRIM', K.wake, 0, LIMIT.wake_tokens - 1)
+  M.add_wake_tokens(K, 1)
 end
 
 -- The earliest deadline the lease list may hold now: what its walk left (see walk_leases),
@@ -2419,7 +2441,7 @@ function M.push_ids(first, before_write)
   local n = #A - first + 1
   if n == 0 then return 0 end
   local length = M.read('LLEN', K.ring)
-  local meta = M.read_meta(K)
+  local meta = M.read_push_meta(K)
   local head = M.read_push_keys(K)
   M.check_unique(meta)
   if before_write then before_write() end
@@ -2431,14 +2453,15 @@ function M.push_ids(first, before_write)
     if n == 0 then return 0, now, ids end
   end
   M.ensure_ring(K, length)
+  local pushed_to = nil -- (the ring's length after the push, as the last LPUSH replies)
   if ids then
     M.call_all('LPUSH', K.ring, ids)
   else
     for i = first, #A, LIMIT.batch do
-      rcall('LPUSH', K.ring, unpack(A, i, math.min(i + LIMIT.batch - 1, #A)))
+      pushed_to = rcall('LPUSH', K.ring, unpack(A, i, math.min(i + LIMIT.batch - 1, #A)))
     end
   end
-  M.record_push(K, meta, n, now, head)
+  M.record_push(K, meta, n, now, head, pushed_to)
   return n, now, ids
 end
 
@@ -2617,10 +2640,7 @@ function M.resume()
   M.read('LLEN', K.wake)
   if was ~= '1' then return 0 end
   rcall('HDEL', K.meta, 'paused')
-  local tokens = {}
-  for i = 1, LIMIT.wake_tokens do tokens[i] = '1' end
-  rcall('LPUSH', K.wake, unpack(tokens))
-  rcall('LTRIM', K.wake, 0, LIMIT.wake_tokens - 1)
+  M.add_wake_tokens(K, LIMIT.wake_tokens)
   return 1
 end
 
@@ -4142,7 +4162,7 @@ function M.define_extensions()
     end
     if #ids == 0 then return 0 end
     local length = M.read('LLEN', K.ring)
-    local meta = M.read_meta(K)
+    local meta = M.read_push_meta(K)
     local head = M.read_push_keys(K)
     local stored = M.read('HLEN', K.payloads)
     if K.items then M.read('HLEN', K.items) end
@@ -4424,17 +4444,6 @@ function M.define_extensions()
     local meta = M.read_push_meta(keys)
     local head = M.read_push_keys(keys)
     return { keys = keys, length = length, meta = meta, head = head }
-  end
-
-  -- Of read_meta's fields, those push_group reads and writes (record_push, expire_backlog):
-  -- a publish reads every group's, so it reads 6 fields a group instead of all of them.
-  function M.read_push_meta(keys)
-    local m = M.read('HMGET', keys.meta, 'seq', 'origin', 'pushed', 'taken', 'lapnext', 'layout')
-    local seq, origin = M.seq_origin(m[1], m[2])
-    return {
-      seq = seq, origin = origin, pushed = tonumber(m[3]) or 0, taken = tonumber(m[4]) or 0,
-      lapnext = tonumber(m[5]), layout = m[6],
-    }
   end
 
   -- Pushes ids onto a group's ring as `push` does (read_group read its keys first); with
