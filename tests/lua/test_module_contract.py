@@ -204,3 +204,12 @@ def test_the_redis_cli_example_uses_the_thirteen_keys_in_order() -> None:
     assert [k.rsplit(":", 1)[1] for k in keys] == [name for _, name, _ in header_keys()[:13]]
     assert len({k.split(":")[1] for k in keys}) == 1  # one hash tag for all
     assert "EVALSHA $SHA 13 $Q" in example
+
+
+def test_no_function_of_the_module_is_defined_twice() -> None:
+    # The extensions are defined on first use, into the same table: one of theirs named as a
+    # core function would silently replace it for every later call of the library.
+    names = re.findall(r"^\s*function M\.(\w+)\(", BODY, re.MULTILINE)
+    assert len(names) > 100  # (the pattern finds them)
+    twice = sorted({name for name in names if names.count(name) > 1})
+    assert twice == []
