@@ -22,32 +22,33 @@ In each round, in an order that rotates from round to round, each setup runs:
 
 1. **Flow** (the measurement). ``producers`` processes push ``jobs`` 16-byte ids between
    them, ``push_many`` of ``PUSH_BATCH`` ids a call (a sharded push splits a call into one
-   call per shard, about ``PUSH_BATCH / SHARDS`` ids each, plus the wake list's LPUSH and
-   LTRIM); at the same time ``consumers`` processes claim with
-   ``next(CLAIM, block=BLOCK_S, ack=<the previous batch>)`` until every job was claimed,
-   then ack their last batch. Every client is a process of its own (spawned, connected
-   and warmed before the clock starts), so one GIL bounds nothing; the machine's 2 cores
-   do: 3 masters and 4 client processes share them, so the wall-clock scaling measured
-   here is the machine's, not the cluster's. End to end jobs/s is ``jobs`` over the time
-   from the start to the last ack. Server CPU per job is the sum over the masters of the
-   ``INFO cpu`` deltas (``used_cpu_user + used_cpu_sys``: the whole process, main thread
-   and background threads) over ``jobs``; each master's share is also given per job
-   routed to it (its shards' jobs, from ``crc32(id) % SHARDS`` and where the shards are),
-   with ``INFO commandstats`` (EVALSHA calls and µs per call: time inside the server, which
-   counts the waits of a preempted server on an oversubscribed machine; BLPOP calls; the
-   LPUSH and LTRIM of the wake list are not told apart from the module's own, as scripts'
-   commands count there too) and ``INFO stats`` network bytes. Client CPU per job is the
-   sum of every client process's CPU time (``time.process_time``) over ``jobs``. Checked
-   after each run: every job pushed and delivered exactly once, nothing left pending or in
-   flight.
+   call per shard, about ``PUSH_BATCH / SHARDS`` ids each, plus the wake list's LPUSH, and
+   its LTRIM when that made it longer than its 16 tokens); at the same time ``consumers``
+   processes claim with ``next(CLAIM, block=BLOCK_S, ack=<the previous batch>)`` until every
+   job was claimed, then ack their last batch. Every client is a process of its own
+   (spawned, connected and warmed before the clock starts), so one GIL bounds nothing; the
+   machine's 2 cores do: 3 masters and 4 client processes share them, so the wall-clock
+   scaling measured here is the machine's, not the cluster's. End to end jobs/s is ``jobs``
+   over the time from the start to the last ack. Server CPU per job is the sum over the
+   masters of the ``INFO cpu`` deltas (``used_cpu_user + used_cpu_sys``: the whole process,
+   main thread and background threads) over ``jobs``; each master's share is also given per
+   job routed to it (its shards' jobs, from ``crc32(id) % SHARDS`` and where the shards
+   are), with ``INFO commandstats`` (EVALSHA calls and µs per call: time inside the server,
+   which counts the waits of a preempted server on an oversubscribed machine; BLPOP calls;
+   the LPUSH (and LTRIM) of the wake list are not told apart from the module's own, as
+   scripts' commands count there too) and ``INFO stats`` network bytes. Client CPU per job
+   is the sum of every client process's CPU time (``time.process_time``) over ``jobs``.
+   Checked after each run: every job pushed and delivered exactly once, nothing left pending
+   or in flight.
 2. **Idle laps.** One client (this process) calls ``next(CLAIM)`` without blocking on the
    drained queue ``idle_laps`` times: what a claim costs that finds no job (on a sharded
    queue it visits every shard: one module call each), in server CPU and wall time.
 3. **One id a call.** One client pushes ``push_one`` ids one ``push`` call each: on a
-   sharded queue each call is one module call on the id's shard plus an LPUSH and an LTRIM
-   of the queue's one wake list, whose slot (``{NAME}``) is on one master. Each master's
-   CPU per push, and the wake list master's extra (its CPU beyond its shards' share at the
-   other masters' cost per routed push).
+   sharded queue each call is one module call on the id's shard plus an LPUSH (and, when
+   that made it longer than its 16 tokens, an LTRIM) of the queue's one wake list, whose
+   slot (``{NAME}``) is on one master. Each master's CPU per push, and the wake list
+   master's extra (its CPU beyond its shards' share at the other masters' cost per routed
+   push).
 
 Then, once per server kind, on the 3-master cluster:
 
@@ -903,7 +904,7 @@ def model_text(kind: str, result: dict[str, Any], data: dict[str, Any]) -> str:
         "this figure too: by hand, an empty claim cost 110-129 µs by EVALSHA and 85-96 by "
         "FCALL, standalone or cluster-enabled alike); the rest (the jobs themselves, the "
         "wake list's "
-        f"LPUSH and LTRIM, the BLPOPs) came to {m['rest_cpu_us_per_job']:.2f} µs a job. "
+        f"LPUSH (and LTRIM), the BLPOPs) came to {m['rest_cpu_us_per_job']:.2f} µs a job. "
         f"A push_many of {PUSH_BATCH} ids makes one call per shard it hits: "
         f"with {n10['shards']} shards for 10 masters a job costs about "
         f"{n10['server_us_per_job']:.1f} µs ({n10['jobs_per_s']:,} jobs/s in all), with "
@@ -918,8 +919,9 @@ def model_text(kind: str, result: dict[str, Any], data: dict[str, Any]) -> str:
         f"{n10['client_cores']:,} client cores to feed 10 masters at full rate, "
         f"{n100['client_cores']:,} for 100. A push_many sends chunk i of every shard in "
         "one cluster pipeline: a round trip per master, the masters in parallel.\n"
-        f"- **The wake list.** Every push call adds an LPUSH and an LTRIM to the queue's one "
-        f"wake list, on the master of the `{{NAME}}` slot: {wake_line}. Pushes of "
+        "- **The wake list.** Every push call adds an LPUSH (and an LTRIM when that made it "
+        "longer than its 16 tokens) to the queue's one wake list, on the master of the "
+        f"`{{NAME}}` slot: {wake_line}. Pushes of "
         f"{PUSH_BATCH} ids a call make that {m['wake_cpu_us_per_push_call'] / PUSH_BATCH:.3f} "
         "µs a job; pushes of one id a call make it the bound "
         "of the whole queue, whatever the node count. Blocked consumers wait on the same "

@@ -515,8 +515,9 @@ class ShardedFlows:
         if not tokens:
             return
         tokens = tokens[:WAKE_TOKENS]
-        yield ClientCall("lpush", (self.keys.wake, *tokens))
-        yield ClientCall("ltrim", (self.keys.wake, 0, WAKE_TOKENS - 1))
+        length: int = yield ClientCall("lpush", (self.keys.wake, *tokens))
+        if length > WAKE_TOKENS:  # (a second round trip only when the list grew past it)
+            yield ClientCall("ltrim", (self.keys.wake, 0, WAKE_TOKENS - 1))
 
     def cancel(self, ids: Iterable[str | int]) -> Flow[int]:
         raw = protocol.encode_ids(ids)

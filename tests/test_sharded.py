@@ -47,6 +47,7 @@ from rotator.sending import cluster_socket_timeout
 from rotator.sharded import (
     CONNECT_TIMEOUT,
     SOCKET_TIMEOUT,
+    WAKE_TOKENS,
     RetryingSender,
     retryable,
     shard_names,
@@ -182,6 +183,33 @@ def test_an_id_goes_to_one_shard_where_unique_pushes_and_cancels_find_it(
         assert queue.ack(*jobs) == len(jobs)
     assert sorted(seen) == sorted(i for i in ids if i != "job-7")
     assert queue.stats().cancelled == 2  # job-3 counts too: it was cancelled, then pushed again
+
+
+@pytest.mark.cluster
+def test_pushes_keep_the_wake_list_short_and_trim_it_only_once_it_grows_past_that(
+    cluster_client: RedisCluster, queue_name: str
+) -> None:
+    queue = sharded(cluster_client, queue_name)
+    wake = queue.keys.wake
+    calls: list[str] = []
+    real: Callable[..., Any] = cluster_client.execute_command
+
+    def counting(*args: Any, **options: Any) -> Any:
+        calls.append(str(args[0]).upper())
+        return real(*args, **options)
+
+    cluster_client.execute_command = counting  # type: ignore[method-assign]
+    try:
+        queue.push("a", "b")  # 2 tokens: no trim
+        assert cluster_client.llen(wake) == 2
+        assert calls.count("LTRIM") == 0
+        queue.push(*[f"job-{i}" for i in range(40)])  # 16 more: the list would hold 18
+        assert cluster_client.llen(wake) == WAKE_TOKENS
+        assert calls.count("LTRIM") == 1
+    finally:
+        del cluster_client.execute_command
+    while jobs := queue.next(50):
+        queue.ack(*jobs)
 
 
 @pytest.mark.cluster
