@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import cast
 
 import pytest
@@ -419,6 +419,32 @@ def test_a_client_made_from_a_url_blocks_past_its_socket_timeout(
     started = time.monotonic()
     assert q.next(1, block=5.5) == []
     assert time.monotonic() - started >= 5.5
+
+
+def test_making_a_rotator_reads_no_socket_timeout_until_it_first_blocks(
+    server: ServerProcess, queue_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Reading a URL client's socket timeout makes a connection object (milliseconds: redis-py
+    looks its own version up); a client that never blocks must not pay for it, and one that
+    blocks asks once per connection class."""
+    made: list[object] = []
+    original: Callable[..., None] = redis.Connection.__init__
+
+    def counting(self: redis.Connection, *args: object, **kwargs: object) -> None:
+        made.append(self)
+        original(self, *args, **kwargs)
+
+    monkeypatch.setattr(redis.Connection, "__init__", counting)
+    monkeypatch.setattr("rotator.sending._DEFAULT_SOCKET_TIMEOUTS", {})
+    q = Rotator.from_url(server.url, queue_name, timeout=30.0)
+    q.push("a")
+    assert [job.id for job in q.next(1)] == ["a"]
+    assert len(made) == 1  # the pool's one connection, no other
+    assert q.next(1, block=0.05) == []
+    assert len(made) == 2  # the timeout read once, on the first block
+    other = Rotator.from_url(server.url, queue_name, timeout=30.0)
+    assert other.next(1, block=0.05) == []
+    assert len(made) == 3  # the other client's own connection: the class's timeout is known
 
 
 def test_a_job_acked_twice_or_alone_then_with_its_batch_counts_once(q: Rotator) -> None:
