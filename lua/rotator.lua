@@ -1019,8 +1019,7 @@ function M.read_push_meta(K)
   local seq, origin = M.seq_origin(m[1], m[2])
   return {
     seq = seq, origin = origin, pushed = tonumber(m[3]) or 0, taken = tonumber(m[4]) or 0,
-    lapnext = tonumber(m[5]), track_ids = tonumber(m[6]) or 0, tracked = m[6] == '1',
-    layout = m[7],
+    lapnext = tonumber(m[5]), tracked = m[6] == '1', layout = m[7],
   }
 end
 
