@@ -139,15 +139,7 @@ class Batches:
         if not reply.batch:
             self.note_jobs(reply.jobs)
             return
-        batch, size = reply.batch, reply.batch_jobs
-        jobs = tuple(reply.jobs[:size])
-        with self._lock:
-            self._sizes[batch] = size
-            if len(self._sizes) > self._limit:
-                self._sizes.pop(next(iter(self._sizes)))
-            self._jobs[batch] = jobs
-            if len(self._jobs) > self._kept:
-                self._jobs.pop(next(iter(self._jobs)))
+        self._remember(reply.batch, reply.batch_jobs, tuple(reply.jobs[: reply.batch_jobs]))
 
     def note_jobs(self, jobs: list[Job]) -> None:
         """Remembers the batch among the jobs of one ``next`` reply (its first deliveries)."""
@@ -155,11 +147,16 @@ class Batches:
         if first:
             self._remember(batch_stamp(first[0].token.encode("utf-8", BYTES_ERRORS)), len(first))
 
-    def _remember(self, stamp: bytes, jobs: int) -> None:
+    def _remember(self, stamp: bytes, size: int, jobs: tuple[Job, ...] | None = None) -> None:
+        """A batch's size, and its very jobs where given (the last few kept), under one lock."""
         with self._lock:
-            self._sizes[stamp] = jobs
+            self._sizes[stamp] = size
             while len(self._sizes) > self._limit:
                 self._sizes.pop(next(iter(self._sizes)))
+            if jobs is not None:
+                self._jobs[stamp] = jobs
+                while len(self._jobs) > self._kept:
+                    self._jobs.pop(next(iter(self._jobs)))
 
     def pack_refs(self, refs: Sequence[JobRef], *, named: bool = False) -> PackedAcks:
         """The acks for ``refs``: a batch among them as its batch ack, the rest as tokens.
