@@ -547,6 +547,33 @@ def _lost(topic: str, gaps: list[tuple[int, int]], fail: bool) -> None:
     log.warning("%s; skipped (failOnDataLoss=false)", message)
 
 
+@dataclass(frozen=True)
+class _Run:
+    """One entry of a topic's log: the messages ``first`` .. ``last`` of one publish, at ``ms``."""
+
+    ms: int
+    first: int
+    last: int
+
+
+def _runs_from(client: redis.Redis, keys: TopicKeys, seq: int, size: int) -> list[_Run]:
+    """The log's runs from the one holding ``seq`` (else the oldest) on, at most ``size``, read
+    together (a run ends where the next begins, the newest at the topic's seq)."""
+    pipe = client.pipeline(transaction=True)
+    pipe.zrevrangebyscore(keys.log, seq, "-inf", start=0, num=1, withscores=True)
+    pipe.zrangebyscore(keys.log, f"({seq}", "+inf", start=0, num=size, withscores=True)
+    pipe.hget(keys.all[0], "seq")
+    holding, after, last_seq = pipe.execute()
+    entries = cast("list[tuple[bytes, float]]", [*holding, *after])
+    ends = [int(score) - 1 for _, score in entries[1:]]
+    if len(after) < size:  # the newest run is among them
+        ends.append(int(last_seq or 0))
+    return [
+        _Run(int(member.partition(b"-")[0]), int(score), end)
+        for (member, score), end in zip(entries, ends, strict=False)
+    ]
+
+
 def read_messages(
     client: redis.Redis, keys: TopicKeys, first: int, last: int
 ) -> Iterator[tuple[pa.RecordBatch, list[tuple[int, int]]]]:
@@ -554,20 +581,22 @@ def read_messages(
     before it (seqs no longer retained: a topic's seqs count up by one)."""
     expected = first
     while expected <= last:
-        page = cast(
-            "list[tuple[bytes, float]]",
-            client.zrangebyscore(
-                keys.log, expected, last, start=0, num=SPARK_READ_PAGE, withscores=True
-            ),
-        )
-        if not page:
+        runs = _runs_from(client, keys, expected, SPARK_READ_PAGE)
+        if not runs:
             break
-        ids = [protocol.text(member) for member, _ in page]
-        bodies = cast("list[bytes | None]", client.hmget(keys.bodies, ids))
+        # A page of messages from the first one retained at or after `expected`.
+        end = min(last, max(runs[0].first, expected) + SPARK_READ_PAGE - 1)
+        seqs = [
+            (seq, f"{run.ms}-{seq}")
+            for run in runs
+            for seq in range(max(run.first, expected), min(run.last, end) + 1)
+        ]
+        if not seqs:
+            break
+        bodies = cast("list[bytes | None]", client.hmget(keys.bodies, [i for _, i in seqs]))
         columns: list[list[Any]] = [[], [], [], []]
         gaps: list[tuple[int, int]] = []
-        for message_id, (_, score), body in zip(ids, page, bodies, strict=True):
-            seq = int(score)
+        for (seq, message_id), body in zip(seqs, bodies, strict=True):
             if body is None:  # trimmed between the two reads
                 continue
             if seq > expected:
@@ -575,7 +604,9 @@ def read_messages(
             expected = seq + 1
             for column, value in zip(columns, _message_row(message_id, seq, body), strict=True):
                 column.append(value)
-        expected = max(expected, int(page[-1][1]) + 1)
+        if expected <= seqs[-1][0]:  # the page's last messages were trimmed meanwhile
+            gaps.append((expected, seqs[-1][0]))
+            expected = seqs[-1][0] + 1
         yield _arrow(columns, _TOPIC_ARROW), gaps
     if expected <= last:
         yield _arrow([[], [], [], []], _TOPIC_ARROW), [(expected, last)]

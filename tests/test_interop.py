@@ -215,5 +215,6 @@ def test_the_readme_node_topic_example_runs_as_written(
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == ["hello world 2", "2 0"]
     assert not client.keys("rotator:{news}:group:*")  # unsubscribed: the group's keys went
-    assert client.zcard("rotator:{news}:topic:log") == 2  # retained for replay
+    assert client.hlen("rotator:{news}:topic:bodies") == 2  # retained for replay
+    assert client.zcard("rotator:{news}:topic:log") == 1  # one publish call: one run
     client.delete(*client.keys("rotator:{news}:*"))

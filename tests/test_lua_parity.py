@@ -69,6 +69,10 @@ SNIPPETS = [
     "redis.call('HSTRLEN', KEYS[1], 'no'), redis.call('HGETALL', KEYS[1]), "
     "redis.call('HGETALL', KEYS[1] .. 'x')}",
     "return redis.call('LRANGE', KEYS[1], '01', 2)",
+    "redis.call('ZADD', KEYS[1], 1, 'a', 4, 'b', 9, 'c') "
+    "return {redis.call('ZCOUNT', KEYS[1], '-inf', 4), redis.call('ZCOUNT', KEYS[1], '(1', 9), "
+    "redis.call('ZCOUNT', KEYS[1], 10, '+inf'), redis.call('ZCOUNT', KEYS[1] .. 'x', 0, 1), "
+    "redis.call('ZRANGE', KEYS[1], 1, 9, 'WITHSCORES')}",
     "local before = redis.call('EXISTS', KEYS[1], KEYS[1] .. 'x') "
     "redis.call('SADD', KEYS[1], 'a') redis.call('HSET', KEYS[1] .. 'x', 'f', 1) "
     "return {before, redis.call('EXISTS', KEYS[1]), redis.call('EXISTS', KEYS[1], KEYS[1], "

@@ -357,6 +357,26 @@ def test_a_topic_stream_reports_messages_that_left_retention(
     assert seqs == [1, 2, 3, 4, 5, *range(21, 31)]
 
 
+def test_reading_a_topics_seqs_expands_its_runs_in_pages_and_names_what_left(
+    conn: redis.Redis, queue_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    topic = Topic(conn, queue_name, retention=Retention(count=100))
+    ids = topic.publish_many(["a"] * 3) + topic.publish_many(["b"] * 4)  # runs: seqs 1-3, 4-7
+    ids += topic.publish_many(["c"] * 2)  # seqs 8-9
+    assert (
+        Topic(conn, queue_name, retention=Retention(count=5)).trim() == 4
+    )  # 1-4: a run and a half
+    monkeypatch.setattr(spark_source, "SPARK_READ_PAGE", 2)  # pages that begin and end inside runs
+    pages = list(spark_source.read_messages(conn, topic.keys, 2, 9))
+    rows = [row for batch, _ in pages for row in batch.to_pylist()]
+    assert [(row["id"], row["seq"], row["payload"]) for row in rows] == [
+        (ids[seq - 1], seq, b"b" if seq < 8 else b"c") for seq in range(5, 10)
+    ]
+    assert [gap for _, gaps in pages for gap in gaps] == [(2, 4)]
+    assert [row["ms"] for row in rows] == [int(ids[seq - 1].split("-")[0]) for seq in range(5, 10)]
+    topic.delete()
+
+
 def test_a_topic_stream_starts_at_a_given_seq(
     registered: SparkSession, url: str, conn: redis.Redis, queue_name: str
 ) -> None:

@@ -103,6 +103,11 @@ class Backend(ABC):
     @abstractmethod
     def raw_del_key(self, key: str) -> None: ...
 
+    @abstractmethod
+    def raw_command(self, *args: str) -> None:
+        """One write by hand on any key (a command the stub has), as an older module or a
+        person would have made it."""
+
     def zscores_of(self, key: str) -> dict[str, float]:
         """A zset's members in score order (empty when the key does not exist)."""
         kind, value = self.key_state(key)
@@ -251,6 +256,9 @@ class StubBackend(Backend):
     def raw_del_key(self, key: str) -> None:
         self._raw("DEL", key)
 
+    def raw_command(self, *args: str) -> None:
+        self._raw(*args)
+
     def raw_del(self, role: str) -> None:
         self._raw("DEL", self.key(role))
 
@@ -325,6 +333,9 @@ class RealBackend(Backend):
 
     def raw_del_key(self, key: str) -> None:
         self.client.delete(key)
+
+    def raw_command(self, *args: str) -> None:
+        self.client.execute_command(*args)  # type: ignore[no-untyped-call]  # redis-py's own
 
     def raw_del(self, role: str) -> None:
         self.client.delete(self.key(role))

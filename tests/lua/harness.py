@@ -182,6 +182,7 @@ class RedisStub:
             b"ZRANGE": (-4, self._zrange),
             b"ZREM": (-3, self._zrem),
             b"ZRANGEBYSCORE": (-4, self._zrangebyscore),
+            b"ZCOUNT": (4, self._zcount),
             b"ZREMRANGEBYRANK": (4, self._zremrangebyrank),
             b"PEXPIRE": (3, self._pexpire),
             b"LREM": (4, self._lrem),
@@ -539,6 +540,11 @@ class RedisStub:
         if not scores:
             return list[Reply](chosen)
         return [item for m in chosen for item in (m, format_double(members[m]))]
+
+    def _zcount(self, args: list[bytes]) -> Reply:
+        chosen = self._zrangebyscore(args[:3])
+        assert isinstance(chosen, list)
+        return len(chosen)
 
     def _zremrangebyrank(self, args: list[bytes]) -> Reply:
         start, stop = parse_int(args[1]), parse_int(args[2])

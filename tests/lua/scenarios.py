@@ -2343,7 +2343,8 @@ def tpublish_reaches_every_registered_group_with_ordered_ids(b: Backend) -> None
     assert group_next(b, "c") == [(ids[2], "three")]
     tkeys = topic_keys(b)
     assert b.key_state(tkeys[1])[1] == {g: group_keys(b, g)[0] for g in ("a", "b", "c")}
-    assert b.key_state(tkeys[2]) == ("zset", {ids[0]: 1.0, ids[1]: 2.0, ids[2]: 3.0})
+    # One log entry a publish: "<ms>-<first seq>-<payload bytes>", scored by the first seq.
+    assert b.key_state(tkeys[2]) == ("zset", {f"{ids[0]}-6": 1.0, f"{ids[2]}-5": 3.0})
     assert b.key_state(tkeys[0])[1] == {"seq": "3", "ms": ids[2].split("-")[0], "bytes": "11"}
 
 
@@ -2380,7 +2381,8 @@ def retention_by_count_drops_the_oldest_payloads(b: Backend) -> None:
     assert b.key_state(topic_keys(b)[3]) == ("hash", {ids[1]: "b", ids[2]: "c", ids[3]: "d"})
     assert b.key_state(topic_keys(b)[0])[1]["bytes"] == "3"  # type: ignore[index]
     ids += publish(b, ("g",), "e", keep=2)
-    assert list(b.zscores_of(topic_keys(b)[2])) == ids[3:]
+    # The first publish's run lost its first three messages, so it begins at seq 4.
+    assert b.zscores_of(topic_keys(b)[2]) == {f"{ids[3]}-1": 4.0, f"{ids[4]}-1": 5.0}
     # The group still gets every id (its backlog is within the bound's margin of 16); those
     # past retention come without a payload.
     assert group_next(b, "g") == [
@@ -2431,7 +2433,7 @@ def ttrim_drops_by_age_and_tseek_finds_the_first_message_at_a_time(b: Backend) -
     b.sleep_ms(30)
     age = b.now_ms() - int(old[0].split("-")[0]) - 20  # the old two, not the new one
     assert b.call_keys(tkeys, "ttrim", 0, age, 100) == 2
-    assert list(b.zscores_of(tkeys[2])) == new
+    assert list(b.zscores_of(tkeys[2])) == [f"{new[0]}-2"]
     assert b.call_keys(tkeys, "ttrim", 1, 0, 100) == 0
     expect = "ROTATOR_BADARG"
     for argv in [("ttrim", 0, 0, 0), ("tseek", "x")]:
@@ -2441,9 +2443,56 @@ def ttrim_drops_by_age_and_tseek_finds_the_first_message_at_a_time(b: Backend) -
 
 
 @scenario
+def the_log_keeps_a_run_a_publish_and_retention_splits_a_run_it_drops_in_part(b: Backend) -> None:
+    tkeys = topic_keys(b)
+    subscribe(b, "g")
+    first = publish(b, ("g",), *["aa"] * 5)  # seqs 1-5, 10 bytes
+    second = publish(b, ("g",), "b", "b", "b")  # seqs 6-8, 3 bytes
+    assert b.zscores_of(tkeys[2]) == {f"{first[0]}-10": 1.0, f"{second[0]}-3": 6.0}
+    assert b.call_keys(tkeys, "ttrim", 6, 0, 100) == 2  # seqs 1 and 2: part of the first run
+    assert b.zscores_of(tkeys[2]) == {f"{first[2]}-6": 3.0, f"{second[0]}-3": 6.0}
+    assert b.key_state(tkeys[0])[1]["bytes"] == "9"  # type: ignore[index]
+    assert b.call_keys(tkeys, "ttrim", 2, 0, 100) == 4  # the rest of the first, seq 6
+    assert b.zscores_of(tkeys[2]) == {f"{second[1]}-2": 7.0}
+    assert b.key_state(tkeys[3])[1] == {second[1]: "b", second[2]: "b"}
+    assert b.key_state(tkeys[0])[1]["bytes"] == "2"  # type: ignore[index]
+    stats = b.call_keys(with_groups(b, "g"), "tstats")
+    assert isinstance(stats, list)
+    assert stats[:6] == ["retained", 2, "bytes", 2, "last_seq", 8]
+    assert b.call_keys(tkeys, "tseek", 0) == 7
+    assert b.call_keys(tkeys, "ttrim", 0, 0, 100) == 0  # no limit: nothing goes
+
+
+@scenario
+def a_log_written_a_message_an_entry_is_read_as_runs_of_one(b: Backend) -> None:
+    """A topic published by a module before runs: entries "<ms>-<seq>", bytes unknown."""
+    tkeys = topic_keys(b)
+    subscribe(b, "g")
+    ms = b.now_ms() - 1000
+    for seq, body in ((1, "xyz"), (2, "pq")):
+        b.raw_command("ZADD", tkeys[2], str(seq), f"{ms}-{seq}")
+        b.raw_command("HSET", tkeys[3], f"{ms}-{seq}", body)
+    b.raw_command("HSET", tkeys[0], "seq", "2", "ms", str(ms), "bytes", "5")
+    ids = publish(b, ("g",), "new")
+    assert ids[0].endswith("-3")
+    assert b.call_keys(tkeys, "tseek", ms) == 1
+    assert b.call_keys(tkeys, "tseek", ms + 1) == 3
+    drained = group_next(b, "g")
+    assert drained == [(ids[0], "new")]
+    assert ints(b.call_keys(with_groups(b, "g"), "treplay", "g", 2, 0, 10)) == [2, 4, 3]
+    assert group_next(b, "g") == [(f"{ms}-2", "pq"), (ids[0], "new")]
+    assert b.call_keys(tkeys, "ttrim", 1, 0, 100) == 2  # their bytes read one by one
+    assert b.zscores_of(tkeys[2]) == {f"{ids[0]}-3": 3.0}
+    assert b.key_state(tkeys[0])[1]["bytes"] == "3"  # type: ignore[index]
+
+
+@scenario
 def treplay_pushes_the_retained_range_in_pages(b: Backend) -> None:
     subscribe(b, "g")
-    ids = publish(b, ("g",), *[f"p{i}" for i in range(7)])
+    # Three runs in the log (seqs 1-3, 4-5, 6-7): pages begin and end inside them.
+    ids = publish(b, ("g",), "p0", "p1", "p2")
+    ids += publish(b, ("g",), "p3", "p4")
+    ids += publish(b, ("g",), "p5", "p6")
     assert len(group_next(b, "g")) == 7
     keys = with_groups(b, "g")
     assert ints(b.call_keys(keys, "treplay", "g", 3, 0, 2)) == [2, 5, 7]

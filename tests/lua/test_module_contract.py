@@ -77,6 +77,7 @@ READ_TYPES = {
     "HVALS": "hash",
     "ZCARD": "zset",
     "ZRANGEBYSCORE": "zset",
+    "ZCOUNT": "zset",
     "HGETALL": "hash",
 }
 
