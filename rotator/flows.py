@@ -548,21 +548,28 @@ class TopicFlows:
         self.keys: TopicKeys = topic_keys(name, prefix)
         self.retention = retention if retention is not None else Retention()
         self.max_len, self.max_age_ms = retention_args(self.retention)
+        # The KEYS of a call naming every group, as last read: reused until the module says
+        # the groups changed (ROTATOR_STALE, nothing written), which it checks on every call.
+        self._every_group: Keys | None = None
 
     def _group_keys(self, group: str) -> Keys:
         return (*self.keys.all, *self.keys.group(group).all)
 
     def _with_every_group(self, call: Callable[[Keys], ModuleCall[T]]) -> Flow[T]:
-        """Makes a call that names every registered group (``call(keys)`` builds it),
-        reading the groups again when they changed on the way."""
+        """Makes a call that names every registered group (``call(keys)`` builds it), with the
+        groups read the last time; reads them again when they changed meanwhile."""
         for _ in range(TOPIC_STALE_RETRIES):
-            names = yield from self.groups()
-            keys = [key for name in names for key in self.keys.group(name).all]
+            keys = self._every_group
+            if keys is None:
+                names = yield from self.groups()
+                keys = (*self.keys.all, *(k for name in names for k in self.keys.group(name).all))
             try:
-                reply: T = yield call((*self.keys.all, *keys))
-                return reply
+                reply: T = yield call(keys)
             except GroupsChanged:
+                self._every_group = None
                 continue
+            self._every_group = keys
+            return reply
         raise GroupsChanged(f"topic {self.name!r}: groups kept changing during the call")
 
     def exists(self) -> Flow[bool]:
@@ -577,6 +584,7 @@ class TopicFlows:
         validate_group_name(group)
         first = start_seq(start)
         added, last_seq = yield commands.tsubscribe(self._group_keys(group), group)
+        self._every_group = None
         # Messages after last_seq reach the group by publishing (0: there were none before).
         if added and first is not None and last_seq > 0:
             yield from self.replay_seqs(group, first, last_seq)
@@ -585,6 +593,7 @@ class TopicFlows:
     def unsubscribe(self, group: str) -> Flow[bool]:
         validate_group_name(group)
         reply: bool = yield commands.tunsubscribe(self._group_keys(group), group)
+        self._every_group = None
         yield ClientCall("unlink", (self.keys.group(group).workers,))  # as QueueFlows.delete
         return reply
 

@@ -301,6 +301,33 @@ def test_subscribing_while_publishing_loses_nothing_and_never_fails(
     topic.delete()
 
 
+def test_publishing_reads_the_groups_once_and_again_only_after_they_changed(
+    client: redis.Redis, queue_name: str
+) -> None:
+    def group_reads() -> int:
+        return int(client.info("commandstats").get("cmdstat_hkeys", {}).get("calls", 0))
+
+    publisher, other = Topic(client, queue_name), Topic(client, queue_name)
+    other.subscribe("a")
+    before = group_reads()
+    first = [publisher.publish("1"), *publisher.publish_many(["2", "3"]), publisher.publish("4")]
+    assert group_reads() - before == 1  # then the module's check of every call is enough
+    other.subscribe("b")  # another client: this publisher's groups are stale
+    fifth = publisher.publish("5")  # refused (nothing written), groups read again, sent again
+    assert group_reads() - before == 2
+    other.unsubscribe("a")
+    sixth = publisher.publish("6")
+    assert group_reads() - before == 3
+    publisher.subscribe("c")  # its own changes: it reads them before the next publish
+    seventh = publisher.publish("7")
+    assert group_reads() - before == 4
+    assert [j.id for j in drain(publisher, "b")] == [fifth, sixth, seventh]
+    assert [j.id for j in drain(publisher, "c")] == [seventh]
+    assert [message_seq(i) for i in first] == [1, 2, 3, 4]
+    assert publisher.stats().last_seq == 7  # nothing published twice
+    publisher.delete()
+
+
 def test_a_topic_exists_from_its_first_subscribe_or_publish_until_it_is_deleted(
     client: redis.Redis, queue_name: str
 ) -> None:

@@ -144,6 +144,9 @@ export class Topic {
   private readonly maxLen: number;
   private readonly maxAgeMs: number;
   private readonly module: ModuleCaller;
+  /** The KEYS of a call naming every group, as last read: reused until the module says the
+   * groups changed (ROTATOR_STALE, nothing written), which it checks on every call. */
+  private everyGroup: string[] | null = null;
 
   constructor(
     readonly redis: Client,
@@ -172,15 +175,21 @@ export class Topic {
   }
 
   /** A call naming every registered group (the topic's keys, then each group's thirteen,
-   * sorted by name), reading the groups again while the module says they changed. */
+   * sorted by name) as last read, reading the groups again while the module says they changed. */
   private async withEveryGroup(args: readonly Arg[]): Promise<unknown> {
     for (let attempt = 0; attempt < TOPIC_STALE_RETRIES; attempt += 1) {
-      const keys = [...this.keys.all];
-      for (const group of await this.groups()) keys.push(...this.groupKeys(group).all);
+      let keys = this.everyGroup;
+      if (keys === null) {
+        keys = [...this.keys.all];
+        for (const group of await this.groups()) keys.push(...this.groupKeys(group).all);
+      }
       try {
-        return await this.call(args, keys);
+        const reply = await this.call(args, keys);
+        this.everyGroup = keys;
+        return reply;
       } catch (error) {
         if (!(error instanceof GroupsChanged)) throw error;
+        this.everyGroup = null;
       }
     }
     throw new GroupsChanged(`topic ${JSON.stringify(this.name)}: groups kept changing during the call`);
@@ -207,6 +216,7 @@ export class Topic {
     const start = options.start ?? "latest";
     const first = start === "latest" ? null : start === "earliest" ? 0 : messageSeq(start);
     const [added, lastSeq] = (await this.call(["tsubscribe", group], this.withGroup(group))) as [number, number];
+    this.everyGroup = null;
     // Messages after lastSeq reach the group by publishing (0: there were none before).
     if (Number(added) === 1 && first !== null && Number(lastSeq) > 0) {
       await this.replaySeqs(group, first, Number(lastSeq));
@@ -218,6 +228,7 @@ export class Topic {
   async unsubscribe(group: string): Promise<boolean> {
     validateGroupName(group);
     const reply = Number(await this.call(["tunsubscribe", group], this.withGroup(group))) === 1;
+    this.everyGroup = null;
     const ring = keyOf(this.groupKeys(group), "ring");
     await this.redis.unlink(`${ring.slice(0, ring.lastIndexOf(":"))}:workers`); // as Python's
     return reply;
