@@ -1128,15 +1128,16 @@ function M.ensure_ring(K, length)
   end
 end
 
--- Reads (and so type-checks) what record_push will write.
+-- Reads (and so type-checks) what record_push will write: the push log's head, and the wake
+-- list's length (for add_wake_tokens, while nothing else is pushed onto it in between).
 function M.read_push_keys(K)
-  M.read('LLEN', K.wake)
-  return M.read('LINDEX', K.pushlog, 0)
+  local wake = M.read('LLEN', K.wake)
+  return M.read('LINDEX', K.pushlog, 0), wake
 end
 
 -- Notes `n` more pending ids: counters, the push checkpoint for ages, and a wake-up.
--- `length`: the ring's length now, where the caller knows it.
-function M.record_push(K, meta, n, now, head, length)
+-- `length`: the ring's length now, where the caller knows it; `wake`: see add_wake_tokens.
+function M.record_push(K, meta, n, now, head, length, wake)
   local pushlog = K.pushlog
   meta.pushed = meta.pushed + n
   local head_ms = head and tonumber(string.match(head, ':(%d+)$'))
@@ -1157,14 +1158,18 @@ function M.record_push(K, meta, n, now, head, length)
     length or rcall('LLEN', K.ring),
     'seq', meta.seq, 'origin', meta.origin)
   if not meta.layout then rcall('HSET', K.meta, 'layout', LIMIT.meta_layout) end
-  M.add_wake_tokens(K, n)
+  M.add_wake_tokens(K, n, wake)
 end
 
 -- Wakes up to n idle consumers of the queue K: a token each, the list kept at most
--- LIMIT.wake_tokens long (trimmed only when this push made it longer).
-function M.add_wake_tokens(K, n)
+-- LIMIT.wake_tokens long (trimmed only when this push made it longer). `wake`: the list's
+-- length where the caller read it and nothing was pushed onto it since; then only the tokens
+-- that fit go (the same list as pushing all and trimming), and none onto a full list.
+function M.add_wake_tokens(K, n, wake)
+  local want = math.min(n, LIMIT.wake_tokens - (wake or 0))
+  if want <= 0 then return end
   local tokens = {}
-  for i = 1, math.min(n, LIMIT.wake_tokens) do tokens[i] = '1' end
+  for i = 1, want do tokens[i] = '1' end
   if rcall('LPUSH', K.wake, unpack(tokens)) > LIMIT.wake_tokens then
     rcall('LTRIM', K.wake, 0, LIMIT.wake_tokens - 1)
   end
@@ -4444,8 +4449,8 @@ function M.define_extensions()
     local keys = M.group_keys(g)
     local length = M.read('LLEN', keys.ring)
     local meta = M.read_push_meta(keys)
-    local head = M.read_push_keys(keys)
-    return { keys = keys, length = length, meta = meta, head = head }
+    local head, wake = M.read_push_keys(keys)
+    return { keys = keys, length = length, meta = meta, head = head, wake = wake }
   end
 
   -- Pushes ids onto a group's ring as `push` does (read_group read its keys first); with
@@ -4455,9 +4460,9 @@ function M.define_extensions()
     local keys = group.keys
     M.ensure_ring(keys, group.length)
     if group.length == 0 then group.meta.lapnext = nil end -- ensure_ring restarted the laps
-    M.call_all('LPUSH', keys.ring, ids)
-    if cap then M.expire_backlog(group, #ids, cap, look) end
-    M.record_push(keys, group.meta, #ids, now, group.head)
+    local length = rcall('LPUSH', keys.ring, unpack(ids)) -- at most LIMIT.batch ids
+    if cap then length = length - M.expire_backlog(group, #ids, cap, look) end
+    M.record_push(keys, group.meta, #ids, now, group.head, length, group.wake)
   end
 
   -- A group nobody consumes would keep every id published to it: once its backlog (pending

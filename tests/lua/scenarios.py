@@ -2443,6 +2443,19 @@ def ttrim_drops_by_age_and_tseek_finds_the_first_message_at_a_time(b: Backend) -
 
 
 @scenario
+def a_publish_tops_each_groups_wake_list_up_to_sixteen_tokens(b: Backend) -> None:
+    subscribe(b, "g")
+    wake = group_keys(b, "g")[QUEUE_ROLES.index("wake")]
+    publish(b, ("g",), "a", "b", "c")
+    assert b.key_state(wake) == ("list", ["1"] * 3)
+    publish(b, ("g",), *["x"] * 20)
+    assert b.key_state(wake) == ("list", ["1"] * 16)
+    publish(b, ("g",), "y")  # a full list: it stays as it is
+    assert b.key_state(wake) == ("list", ["1"] * 16)
+    assert len(group_next(b, "g")) == 24
+
+
+@scenario
 def the_log_keeps_a_run_a_publish_and_retention_splits_a_run_it_drops_in_part(b: Backend) -> None:
     tkeys = topic_keys(b)
     subscribe(b, "g")
