@@ -2,15 +2,16 @@
 
 One client process, batches of 100 on both sides, on a server of our own (persistence off).
 Publish: rotator ``Topic.publish_many`` (one Lua call per 100 messages, every group's ring
-included) vs pipelined XADDs (100 per round trip). Consume: each group drains everything,
-leasing 100 and acking the previous batch in the same call (rotator ``next(ack=...)``, which
-includes the acked elements' cleanup lap) vs XREADGROUP COUNT 100 + XACK. Server time per
-message is from INFO commandstats (top-level commands only, so script sub-commands are not
-counted twice). A queue with payloads (``push_payloads`` of 100, then ``next(100, ack=...)``,
-whose batch acks name their jobs so that their payloads go) is set beside the Stream read by
-one group, whose entries carry the same bodies. Memory once published (MEMORY USAGE, every
-element): bytes per retained message, and per entry a group has still to deliver. Each
-figure is the median of interleaved rounds, with its range.
+included) vs pipelined XADDs (100 per round trip), and again with 1000 a call (a pipeline of
+1000 XADDs) into a fresh topic and Stream read by the same groups. Consume: each group
+drains everything, leasing 100 and acking the previous batch in the same call (rotator
+``next(ack=...)``, which includes the acked elements' cleanup lap) vs XREADGROUP COUNT 100 +
+XACK. Server time per message is from INFO commandstats (top-level commands only, so script
+sub-commands are not counted twice). A queue with payloads (``push_payloads`` of 100, then
+``next(100, ack=...)``, whose batch acks name their jobs so that their payloads go) is set
+beside the Stream read by one group, whose entries carry the same bodies. Memory once
+published (MEMORY USAGE, every element): bytes per retained message, and per entry a group
+has still to deliver. Each figure is the median of interleaved rounds, with its range.
 
     .venv/bin/python -m bench.topics [--messages 20000] [--rounds 3] [--servers redis,valkey]
         [--smoke]
@@ -32,6 +33,7 @@ from bench.harness import run_clients, started
 from rotator import Job, Retention, Rotator, Topic
 
 BATCH = 100
+PUBLISH_LARGE = 1_000  # the publish rows' second batch size: one call (or pipeline) per 1000
 PAYLOAD = b"x" * 64
 GROUP_COUNTS = (1, 3, 10)
 CLIENTS = 4  # the consumers of the many-client rows, each a process of its own
@@ -72,6 +74,16 @@ def rotator_run(client: redis.Redis, groups: int, messages: int) -> dict[str, An
     waiting = memory_of(client, [topic.keys.group(name).ring for name in names])
     consumed = timed(client, consume)
     topic.delete()
+    large = Topic(client, f"bench-topic-large-{groups}", retention=Retention(count=messages))
+    for name in names:
+        large.subscribe(name)
+
+    def publish_large() -> None:
+        for _ in range(0, messages, PUBLISH_LARGE):
+            large.publish_many([PAYLOAD] * PUBLISH_LARGE)
+
+    published_large = timed(client, publish_large)
+    large.delete()
     return row(
         "rotator-topic",
         groups,
@@ -79,6 +91,7 @@ def rotator_run(client: redis.Redis, groups: int, messages: int) -> dict[str, An
         publish=published,
         consume=consumed,
         memory=(retained, waiting / (messages * groups)),
+        publish_large=published_large,
     )
 
 
@@ -126,10 +139,10 @@ def streams_run(client: redis.Redis, groups: int, messages: int) -> dict[str, An
     for name in names:
         client.xgroup_create(stream, name, id="0", mkstream=True)
 
-    def publish() -> None:
-        for _ in range(0, messages, BATCH):
+    def publish(batch: int = BATCH) -> None:
+        for _ in range(0, messages, batch):
             pipe = client.pipeline(transaction=False)
-            for _ in range(BATCH):
+            for _ in range(batch):
                 pipe.xadd(stream, {"p": PAYLOAD}, maxlen=messages, approximate=True)
             pipe.execute()
 
@@ -147,8 +160,18 @@ def streams_run(client: redis.Redis, groups: int, messages: int) -> dict[str, An
     retained = memory_of(client, [stream]) / messages
     consumed = timed(client, consume)
     client.delete(stream)
+    for name in names:
+        client.xgroup_create(stream, name, id="0", mkstream=True)
+    published_large = timed(client, lambda: publish(PUBLISH_LARGE))
+    client.delete(stream)
     return row(
-        "streams", groups, messages, publish=published, consume=consumed, memory=(retained, 0.0)
+        "streams",
+        groups,
+        messages,
+        publish=published,
+        consume=consumed,
+        memory=(retained, 0.0),
+        publish_large=published_large,
     )
 
 
@@ -217,6 +240,8 @@ FIGURES = (
     "undelivered_bytes_per_entry",
     "publish_msgs_per_s",
     "publish_server_us_per_msg",
+    "publish_1000_msgs_per_s",
+    "publish_1000_server_us_per_msg",
     "consume_deliveries_per_s",
     "consume_server_us_per_delivery",
 )
@@ -230,17 +255,23 @@ def row(
     publish: tuple[float, int],
     consume: tuple[float, int],
     memory: tuple[float, float] | None = None,
+    publish_large: tuple[float, int] | None = None,
 ) -> dict[str, Any]:
     """One result: ``publish`` and ``consume`` are (wall seconds, server usec); ``memory``
-    (bytes per retained message, per undelivered group entry) where measured."""
+    (bytes per retained message, per undelivered group entry) where measured;
+    ``publish_large`` the publish by PUBLISH_LARGE a call, where measured."""
     (publish_s, publish_us), (consume_s, consume_us) = publish, consume
     deliveries = messages * groups
-    extra = {}
+    extra: dict[str, Any] = {}
     if memory is not None:
         extra = {
             "retained_bytes_per_msg": round(memory[0], 1),
             "undelivered_bytes_per_entry": round(memory[1], 1),
         }
+    if publish_large is not None:
+        large_s, large_us = publish_large
+        extra["publish_1000_msgs_per_s"] = round(messages / large_s, 1)
+        extra["publish_1000_server_us_per_msg"] = round(large_us / messages, 2)
     return extra | {
         "pattern": pattern,
         "groups": groups,

@@ -6,10 +6,11 @@ topic's hash tag, so every guarantee of :class:`rotator.Rotator` holds per group
 instances share its ring, so one message goes to one instance of each group at a time.
 
 ``publish`` is one Lua call that stores the payloads and pushes their ids onto every
-registered group's ring. It names every group's keys, as the topic last read them; the module
-refuses the call (``GroupsChanged``, nothing written) when the set it got is not the
-registered set, and ``publish`` reads the groups again and retries. So a message published while a group
-registers is either in the group's ring or was published before the group existed.
+registered group's ring. It names every group's keys, as the topic last read them; the
+module refuses the call (``GroupsChanged``, nothing written) when the set it got is not the
+registered set, and ``publish`` reads the groups again and retries. So a message published
+while a group registers is either in the group's ring or was published before the group
+existed.
 
 Retention decides when a payload is deleted, not acks: a message leaves the topic (payload
 and log entry) once it is beyond the retained count or older than the retained age, trimmed by

@@ -483,10 +483,14 @@ def test_bench_topics_smoke(tmp_path: Path) -> None:
         low, high = row["consume_deliveries_per_s_range"]
         assert 0 < low <= row["consume_deliveries_per_s"] <= high
         assert row["consume_server_us_per_delivery"] > 0
-    for (_, _, clients), row in rows.items():
+    for (pattern, _, clients), row in rows.items():
         if clients == 1:
             assert row["publish_server_us_per_msg"] > 0
             assert row["retained_bytes_per_msg"] > 64  # each body is 64 bytes
+        if clients == 1 and pattern != "rotator-payload-queue":  # publish 1000 a call too
+            assert row["publish_1000_server_us_per_msg"] > 0
+            low, high = row["publish_1000_msgs_per_s_range"]
+            assert 0 < low <= row["publish_1000_msgs_per_s"] <= high
     for groups in (1, 3, 10):
         assert rows[("rotator-topic", groups, 1)]["undelivered_bytes_per_entry"] > 0
         assert rows[("streams", groups, 1)]["undelivered_bytes_per_entry"] == 0
