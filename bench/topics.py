@@ -45,12 +45,16 @@ def server_usec(client: redis.Redis) -> int:
     return sum(int(stats.get(f"cmdstat_{name}", {}).get("usec", 0)) for name in TOP_LEVEL)
 
 
-def timed(client: redis.Redis, work: Any) -> tuple[float, int]:
-    """(wall seconds, server usec) of ``work()``."""
+# (wall seconds, server usec, client CPU seconds) of a phase
+Timing = tuple[float, int, float]
+
+
+def timed(client: redis.Redis, work: Any) -> Timing:
+    """(wall seconds, server usec, this process's CPU seconds) of ``work()``."""
     client.config_resetstat()
-    began = time.perf_counter()
+    began, cpu = time.perf_counter(), time.process_time()
     work()
-    return time.perf_counter() - began, server_usec(client)
+    return time.perf_counter() - began, server_usec(client), time.process_time() - cpu
 
 
 def rotator_run(client: redis.Redis, groups: int, messages: int) -> dict[str, Any]:
@@ -179,28 +183,34 @@ def streams_run(client: redis.Redis, groups: int, messages: int) -> dict[str, An
 
 
 def payload_queue_loop(url: str, name: str, batch: int, _: Any) -> list[float]:
-    """One consumer process of a queue with payloads: next(batch, ack=previous) until empty."""
+    """One consumer process of a queue with payloads: next(batch, ack=previous) until empty.
+    Returns its CPU seconds in the loop."""
     queue = Rotator.from_url(url, name, timeout=300, payloads=True)
     previous: list[Job] = []
+    cpu = time.process_time()
     while jobs := queue.next(batch, ack=previous):
         previous = jobs
     queue.ack(*previous)
+    used = time.process_time() - cpu
     queue.client.close()
-    return []
+    return [used]
 
 
 def stream_bodies_loop(url: str, name: str, batch: int, _: Any) -> list[float]:
-    """One consumer of the Stream's group: XREADGROUP COUNT batch, then XACK, until empty."""
+    """One consumer of the Stream's group: XREADGROUP COUNT batch, then XACK, until empty.
+    Returns its CPU seconds in the loop."""
     client = redis.Redis.from_url(url)
     consumer = f"c{time.perf_counter_ns()}"
+    cpu = time.process_time()
     while True:
         reply: Any = client.xreadgroup("workers", consumer, {name: ">"}, count=batch)
         entries = reply[0][1] if reply else []
         if not entries:
             break
         client.xack(name, "workers", *[entry_id for entry_id, _ in entries])
+    used = time.process_time() - cpu
     client.close()
-    return []
+    return [used]
 
 
 def many_clients_run(client: redis.Redis, url: str, pattern: str, messages: int) -> dict[str, Any]:
@@ -222,7 +232,7 @@ def many_clients_run(client: redis.Redis, url: str, pattern: str, messages: int)
             queue.push_payloads(dict.fromkeys(ids[start : start + 1000], PAYLOAD))
         loop = payload_queue_loop
     client.config_resetstat()
-    seconds, _ = run_clients(loop, url, name, batch=BATCH, clients=CLIENTS)
+    seconds, cpus = run_clients(loop, url, name, batch=BATCH, clients=CLIENTS)
     usec = server_usec(client)  # (only the consumers ran since the reset)
     client.delete(*client.keys(f"*{name}*"))
     return {
@@ -232,6 +242,7 @@ def many_clients_run(client: redis.Redis, url: str, pattern: str, messages: int)
         "messages": messages,
         "consume_deliveries_per_s": round(messages / seconds, 1),
         "consume_server_us_per_delivery": round(usec / messages, 2),
+        "consume_client_us_per_delivery": round(sum(cpus) * 1e6 / messages, 2),
     }
 
 
@@ -244,6 +255,7 @@ FIGURES = (
     "publish_1000_server_us_per_msg",
     "consume_deliveries_per_s",
     "consume_server_us_per_delivery",
+    "consume_client_us_per_delivery",
 )
 
 
@@ -252,15 +264,16 @@ def row(
     groups: int,
     messages: int,
     *,
-    publish: tuple[float, int],
-    consume: tuple[float, int],
+    publish: Timing,
+    consume: Timing,
     memory: tuple[float, float] | None = None,
-    publish_large: tuple[float, int] | None = None,
+    publish_large: Timing | None = None,
 ) -> dict[str, Any]:
-    """One result: ``publish`` and ``consume`` are (wall seconds, server usec); ``memory``
-    (bytes per retained message, per undelivered group entry) where measured;
-    ``publish_large`` the publish by PUBLISH_LARGE a call, where measured."""
-    (publish_s, publish_us), (consume_s, consume_us) = publish, consume
+    """One result: ``publish`` and ``consume`` are Timings (of the consume phase, the
+    client's CPU per delivery is reported too); ``memory`` (bytes per retained message, per
+    undelivered group entry) where measured; ``publish_large`` the publish by PUBLISH_LARGE
+    a call, where measured."""
+    (publish_s, publish_us, _), (consume_s, consume_us, consume_cpu) = publish, consume
     deliveries = messages * groups
     extra: dict[str, Any] = {}
     if memory is not None:
@@ -269,7 +282,7 @@ def row(
             "undelivered_bytes_per_entry": round(memory[1], 1),
         }
     if publish_large is not None:
-        large_s, large_us = publish_large
+        large_s, large_us, _ = publish_large
         extra["publish_1000_msgs_per_s"] = round(messages / large_s, 1)
         extra["publish_1000_server_us_per_msg"] = round(large_us / messages, 2)
     return extra | {
@@ -281,6 +294,7 @@ def row(
         "publish_server_us_per_msg": round(publish_us / messages, 2),
         "consume_deliveries_per_s": round(deliveries / consume_s, 1),
         "consume_server_us_per_delivery": round(consume_us / deliveries, 2),
+        "consume_client_us_per_delivery": round(consume_cpu * 1e6 / deliveries, 2),
     }
 
 
