@@ -38,6 +38,7 @@ from redis.exceptions import (
 )
 
 from rotator.errors import error_from_reply
+from rotator.lane import Lane
 
 _PACKAGED = ("lua", "rotator.lua")  # where the wheel carries the module
 _SOURCE_TREE = Path(__file__).resolve().parent.parent / "lua" / "rotator.lua"
@@ -74,16 +75,21 @@ def library_source() -> str:
 
 
 class FunctionCall:
-    """Calls the module with FCALL, loading the library when the server does not have it."""
+    """Calls the module with FCALL, loading the library when the server does not have it.
+    On a plain ``redis.Redis``, through the fast lane (:mod:`rotator.lane`)."""
 
     def __init__(self, client: Any) -> None:
         self.client = client
         self.name = function_name()
+        self.lane = Lane.serving(client, "FCALL", self.name)
 
     def load(self) -> None:
         self.client.function_load(library_source(), replace=True)
 
     def fcall(self, keys: tuple[str, ...], args: list[Any]) -> Any:
+        lane = self.lane
+        if lane is not None and lane.ready():
+            return lane.call(keys, args)
         return self.client.fcall(self.name, len(keys), *keys, *args)
 
     def __call__(self, keys: tuple[str, ...], args: list[Any]) -> Any:
@@ -100,6 +106,11 @@ class FunctionCall:
 
 
 class AsyncFunctionCall(FunctionCall):
+    def __init__(self, client: Any) -> None:
+        self.client = client
+        self.name = function_name()
+        self.lane = None  # (redis.asyncio has no lane)
+
     async def load(self) -> None:  # type: ignore[override]
         await self.client.function_load(library_source(), replace=True)
 

@@ -483,6 +483,7 @@ def test_bench_topics_smoke(tmp_path: Path) -> None:
         low, high = row["consume_deliveries_per_s_range"]
         assert 0 < low <= row["consume_deliveries_per_s"] <= high
         assert row["consume_server_us_per_delivery"] > 0
+        assert row["consume_client_us_per_delivery"] > 0
     for (pattern, _, clients), row in rows.items():
         if clients == 1:
             assert row["publish_server_us_per_msg"] > 0
@@ -531,3 +532,21 @@ def test_bench_node_smoke(tmp_path: Path) -> None:
     assert "| redis " in report
     assert "BullMQ `Worker`, concurrency 100" in report
     assert "python-batch:" in printed
+
+
+def test_bench_lane_smoke(tmp_path: Path) -> None:
+    run_smoke("bench.lane", tmp_path, 300, "--rounds", "2")
+    (run,) = json.loads((tmp_path / "lane.json").read_text())
+    sides = {(row["side"], row["batch"]) for row in run["head_to_head"]}
+    assert sides == {
+        (side, batch)
+        for side in ("rotator-fcall", "rotator-fcall-redispy", "streams")
+        for batch in (1, 10)
+    }
+    assert all(len(row["vs_streams_by_round"]) == 2 for row in run["head_to_head"])
+    assert all(row["vs_streams"] > 0 for row in run["head_to_head"])
+    profiled = {row["side"]: row for row in run["one_job"]}
+    assert set(profiled) == {"rotator-fcall", "rotator-fcall-redispy", "floor", "streams"}
+    assert all(row["wall_us"] > row["client_cpu_us"] > 0 for row in profiled.values())
+    assert all(row["commands_us"] > 0 for row in profiled.values())
+    assert "| redis | batch 1, 1 client(s) |" in (tmp_path / "lane.md").read_text()
