@@ -105,6 +105,8 @@ class Lane:
     def call(self, keys: tuple[Any, ...], args: Sequence[Any]) -> Any:
         """Sends the command and returns its reply; raises what ``execute_command`` raises
         (an argument the packer refuses: redis-py's DataError, from its own path)."""
+        if type(keys) is not tuple:
+            keys = tuple(keys)
         try:
             command = self.pack(keys, args)
         except TypeError:

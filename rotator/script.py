@@ -24,7 +24,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+import redis
 from redis.cluster import RedisCluster
+from redis.commands.core import Script
 from redis.exceptions import (
     ClusterDownError,
     ConnectionError,
@@ -129,6 +131,31 @@ class AsyncFunctionCall(FunctionCall):
         return await self.client.eval(module_source(), len(keys), *keys, *args)
 
 
+class LaneScript(Script):
+    """redis-py's Script of the module (EVALSHA, reloaded once on NOSCRIPT), its calls sent
+    by the fast lane (:mod:`rotator.lane`) where the client has one."""
+
+    def __init__(self, client: Any, source: str) -> None:
+        super().__init__(client, source)
+        self.lane = Lane.serving(client, "EVALSHA", self.sha)
+
+    def __call__(self, keys: Any = None, args: Any = None, client: Any = None) -> Any:
+        lane = self.lane
+        if lane is not None and client is None and lane.ready() and lane.name == self.sha:
+            try:
+                return lane.call(keys or (), args or ())
+            except NoScriptError:
+                pass  # (nothing ran) loaded and sent again the usual way
+        return super().__call__(keys, args, client)
+
+
+def module_script(client: Any) -> Any:
+    """redis-py's Script of the module: by the fast lane on a sync ``redis.Redis``."""
+    if isinstance(client, redis.Redis):
+        return LaneScript(client, module_source())
+    return client.register_script(module_source())
+
+
 # Errors after which redis-py, routing a command itself, refreshes its slot map and tries again.
 _CLUSTER_RETRIED = (ConnectionError, TimeoutError, ClusterDownError, SlotNotCoveredError)
 
@@ -210,7 +237,7 @@ class AutoCall:
     def __init__(self, client: Any) -> None:
         self.client = client
         self.function = self.FUNCTION_CALL(client)
-        self.script = client.register_script(module_source())
+        self.script = module_script(client)
 
     @property
     def mode(self) -> str | None:
@@ -293,7 +320,7 @@ def module_caller(client: Any, functions: bool | None) -> Any:
         return (ClusterAutoCall if cluster else AutoCall)(client)
     if functions:
         return (ClusterFunctionCall if cluster else FunctionCall)(client)
-    return client.register_script(module_source())
+    return module_script(client)
 
 
 def async_module_caller(client: Any, functions: bool | None) -> Any:

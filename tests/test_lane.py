@@ -15,7 +15,7 @@ from redis.retry import Retry
 import rotator.lane
 from rotator import Rotator
 from rotator.lane import Lane
-from rotator.script import AutoCall, FunctionCall, function_name
+from rotator.script import AutoCall, FunctionCall, LaneScript, function_name
 from tests.helpers import drain
 from tests.servers import ServerProcess
 
@@ -218,3 +218,20 @@ def test_the_heads_kept_are_bounded(client: redis.Redis, monkeypatch: pytest.Mon
     for i in range(10):
         lane.pack((f"k{i}",), ["a"])
     assert 1 <= len(lane._heads) <= 4
+
+
+def test_evalsha_goes_by_the_lane_and_reloads_a_flushed_script(
+    client: redis.Redis, queue_name: str
+) -> None:
+    q = Rotator(client, queue_name, functions=False)
+    script = q._sender.script
+    assert isinstance(script, LaneScript)
+    assert script.lane is not None
+    q.push("a", "b")
+    client.script_flush()
+    jobs = q.next(2)
+    assert [j.id for j in jobs] == ["a", "b"]
+    before = int(client.info("commandstats")["cmdstat_evalsha"]["calls"])
+    assert q.ack(*jobs) == 2
+    assert int(client.info("commandstats")["cmdstat_evalsha"]["calls"]) == before + 1
+    assert drain(q) == []
