@@ -47,13 +47,14 @@ ENABLED = True
 MAX_HEADS = 1024
 
 
-def _unwrapped(client: Any) -> bool:
-    """True when ``client``'s class sends commands with redis-py's own ``execute_command``:
-    a replaced or wrapped one (a tracer's) must see every call, so it keeps them all."""
+def _unwrapped(client: Any, module: str) -> bool:
+    """True when ``client``'s class sends commands with redis-py's own ``execute_command``
+    (defined in ``module``): a replaced or wrapped one (a tracer's) must see every call, so it
+    keeps them all."""
     method = getattr(type(client), "execute_command", None)
     return (
         type(method) is types.FunctionType
-        and method.__module__ == "redis.client"
+        and method.__module__ == module
         and not hasattr(method, "__wrapped__")
     )
 
@@ -61,7 +62,7 @@ def _unwrapped(client: Any) -> bool:
 class Lane:
     """Sends ``<verb> <name> <numkeys> <keys...> <args...>`` on ``client``'s pool."""
 
-    def __init__(self, client: redis.Redis, verb: str, name: str) -> None:
+    def __init__(self, client: Any, verb: str, name: str) -> None:
         self.client: Any = client  # (redis-py's methods are untyped)
         self.verb, self.name = verb, name
         self._heads: dict[tuple[Any, ...], tuple[int, bytes]] = {}
@@ -74,7 +75,7 @@ class Lane:
             or pack_command is None
             or not isinstance(client, redis.Redis)
             or getattr(client, "connection", None) is not None  # single_connection_client
-            or not _unwrapped(client)
+            or not _unwrapped(client, "redis.client")
         ):
             return None
         return cls(client, verb, name)
@@ -124,3 +125,49 @@ class Lane:
     def _send(conn: Any, command: bytes) -> Any:
         conn.send_packed_command([command])
         return conn.read_response()
+
+
+class AsyncLane(Lane):
+    """The lane of a ``redis.asyncio.Redis``: the same, awaited (as its ``execute_command``
+    awaits the pool, the retries and the reply)."""
+
+    @classmethod
+    def serving(cls, client: Any, verb: str, name: str) -> AsyncLane | None:
+        # (imported here, so that sync callers never load redis.asyncio)
+        from redis.asyncio import Redis as AsyncRedis  # noqa: PLC0415
+
+        if (
+            not ENABLED
+            or pack_command is None
+            or not isinstance(client, AsyncRedis)
+            or client.single_connection_client
+            or not _unwrapped(client, "redis.asyncio.client")
+        ):
+            return None
+        return cls(client, verb, name)
+
+    async def ready(self) -> bool:  # type: ignore[override]
+        from redis.asyncio.observability.recorder import is_enabled  # noqa: PLC0415
+
+        return not await is_enabled()
+
+    async def call(self, keys: tuple[Any, ...], args: Sequence[Any]) -> Any:
+        if type(keys) is not tuple:
+            keys = tuple(keys)
+        try:
+            command = self.pack(keys, args)
+        except TypeError:
+            return await self.client.execute_command(self.verb, self.name, len(keys), *keys, *args)
+        pool = self.client.connection_pool
+        conn = await pool.get_connection()
+        try:
+            return await conn.retry.call_with_retry(
+                lambda: self._send_async(conn, command), lambda _error: conn.disconnect()
+            )
+        finally:
+            await pool.release(conn)
+
+    @staticmethod
+    async def _send_async(conn: Any, command: bytes) -> Any:
+        await conn.send_packed_command([command])
+        return await conn.read_response()

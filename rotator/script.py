@@ -40,7 +40,7 @@ from redis.exceptions import (
 )
 
 from rotator.errors import error_from_reply
-from rotator.lane import Lane
+from rotator.lane import AsyncLane, Lane
 
 _PACKAGED = ("lua", "rotator.lua")  # where the wheel carries the module
 _SOURCE_TREE = Path(__file__).resolve().parent.parent / "lua" / "rotator.lua"
@@ -83,7 +83,7 @@ class FunctionCall:
     def __init__(self, client: Any) -> None:
         self.client = client
         self.name = function_name()
-        self.lane = Lane.serving(client, "FCALL", self.name)
+        self.lane: Any = Lane.serving(client, "FCALL", self.name)
 
     def load(self) -> None:
         self.client.function_load(library_source(), replace=True)
@@ -111,12 +111,15 @@ class AsyncFunctionCall(FunctionCall):
     def __init__(self, client: Any) -> None:
         self.client = client
         self.name = function_name()
-        self.lane = None  # (redis.asyncio has no lane)
+        self.lane: Any = AsyncLane.serving(client, "FCALL", self.name)
 
     async def load(self) -> None:  # type: ignore[override]
         await self.client.function_load(library_source(), replace=True)
 
     async def fcall(self, keys: tuple[str, ...], args: list[Any]) -> Any:
+        lane = self.lane
+        if lane is not None and await lane.ready():
+            return await lane.call(keys, args)
         return await self.client.fcall(self.name, len(keys), *keys, *args)
 
     async def __call__(self, keys: tuple[str, ...], args: list[Any]) -> Any:

@@ -31,6 +31,7 @@ from rotator import (
 from rotator import buffering as b
 from rotator.aio import AsyncRotator
 from rotator.commands import AfterWake, ModuleCall, Request, Together
+from rotator.lane import AsyncLane, Lane
 from tests.helpers import drain, wait_until
 from tests.servers import ServerProcess
 
@@ -87,10 +88,22 @@ def round_trips(client: redis.Redis | aredis.Redis) -> Iterator[list[tuple[str, 
     its own, or a pipeline's ``execute``, noted as the module commands it carried, in order
     (``("nack", "next_packed")``; a BLPOP as ``blpop``). Trips of lease extends and stats
     only are left out. Sync or asyncio client; wraps its ``execute_command`` and
-    ``pipeline`` on the instance, so whatever sends through them is seen."""
+    ``pipeline`` on the instance, and the fast lane's calls on it (rotator.lane), so
+    whatever sends through them is seen."""
     trips: list[tuple[str, ...]] = []
     execute_command = client.execute_command
     pipeline = client.pipeline
+    lane_call, async_lane_call = Lane.call, AsyncLane.call
+
+    def by_lane(lane: Lane, keys: tuple[Any, ...], args: Any) -> Any:
+        if lane.client is client:
+            note_trip(trips, [(lane.verb, lane.name, len(keys), *keys, *args)])
+        return lane_call(lane, keys, args)
+
+    async def by_async_lane(lane: AsyncLane, keys: tuple[Any, ...], args: Any) -> Any:
+        if lane.client is client:
+            note_trip(trips, [(lane.verb, lane.name, len(keys), *keys, *args)])
+        return await async_lane_call(lane, keys, args)
 
     def one(*args: Any, **options: Any) -> Any:
         note_trip(trips, [args])
@@ -109,11 +122,15 @@ def round_trips(client: redis.Redis | aredis.Redis) -> Iterator[list[tuple[str, 
 
     client.execute_command = one  # type: ignore[method-assign]
     client.pipeline = piped  # type: ignore[method-assign]
+    Lane.call = by_lane  # type: ignore[method-assign, assignment]
+    AsyncLane.call = by_async_lane  # type: ignore[method-assign, assignment]
     try:
         yield trips
     finally:
         del client.execute_command
         del client.pipeline
+        Lane.call = lane_call  # type: ignore[method-assign]
+        AsyncLane.call = async_lane_call  # type: ignore[method-assign]
 
 
 def acked(q: Rotator) -> int:

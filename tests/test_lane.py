@@ -4,6 +4,7 @@ retries, the same errors. Clients it cannot serve keep redis-py's path."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from typing import Any
 
@@ -40,7 +41,8 @@ def lane_of(q: Rotator) -> Lane | None:
     caller = q._sender.script
     function = caller.function if isinstance(caller, AutoCall) else caller
     assert isinstance(function, FunctionCall)
-    return function.lane
+    lane: Lane | None = function.lane
+    return lane
 
 
 def test_a_plain_client_sends_module_calls_by_the_lane(
@@ -235,3 +237,42 @@ def test_evalsha_goes_by_the_lane_and_reloads_a_flushed_script(
     assert q.ack(*jobs) == 2
     assert int(client.info("commandstats")["cmdstat_evalsha"]["calls"]) == before + 1
     assert drain(q) == []
+
+
+def test_an_async_rotator_sends_module_calls_by_its_lane(
+    server: ServerProcess, queue_name: str
+) -> None:
+    import redis.asyncio as aredis  # noqa: PLC0415
+
+    from rotator.aio import AsyncRotator  # noqa: PLC0415
+    from rotator.lane import AsyncLane  # noqa: PLC0415
+
+    async def scenario() -> None:
+        client = aredis.Redis(port=server.port)
+        single = aredis.Redis(port=server.port, single_connection_client=True)
+        sent: list[Any] = []
+        real: Any = client.execute_command
+
+        async def spy(*args: Any, **options: Any) -> Any:
+            sent.append(args[0])
+            return await real(*args, **options)
+
+        client.execute_command = spy  # type: ignore[method-assign]
+        try:
+            assert AsyncLane.serving(single, "FCALL", "x") is None
+            q = AsyncRotator(client, queue_name, functions=True)
+            await q.push("a", "b")
+            jobs = await q.next(2)
+            assert [j.id for j in jobs] == ["a", "b"]
+            assert await q.ack(*jobs) == 2
+            assert "FCALL" not in sent
+            await client.function_flush()
+            await q.push("c")
+            (job,) = await q.next()
+            assert job.id == "c"
+            assert await q.ack(job) == 1
+        finally:
+            await client.aclose()
+            await single.aclose()
+
+    asyncio.run(scenario())
