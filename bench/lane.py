@@ -139,11 +139,8 @@ def report(runs: list[dict[str, Any]]) -> str:
                 r = by[(side, batch, clients)]
                 low, high = min(r["vs_streams_by_round"]), max(r["vs_streams_by_round"])
                 cells.append(f"{r['vs_streams']:.2f}x ({low:.2f}-{high:.2f})")
-            lines.append(
-                f"| {run['server']} | batch {batch}, {clients} client(s) | "
-                + " | ".join(cells)
-                + " |"
-            )
+            who = "1 client" if clients == 1 else f"{clients} clients"
+            lines.append(f"| {run['server']} | batch {batch}, {who} | " + " | ".join(cells) + " |")
     lines += [
         "",
         "One-job call, one consumer (µs per call, medians):",
@@ -154,8 +151,8 @@ def report(runs: list[dict[str, Any]]) -> str:
     for run in runs:
         for r in run["one_job"]:
             lines.append(
-                f"| {run['server']} | {r['side']} | {r['wall_us']} | {r['client_cpu_us']} | "
-                f"{r['commands_us']:.1f} |"
+                f"| {run['server']} | {r['side']} | {r['wall_us']:.1f} | "
+                f"{r['client_cpu_us']:.1f} | {r['commands_us']:.1f} |"
             )
     return "\n".join(lines) + "\n"
 

@@ -549,4 +549,4 @@ def test_bench_lane_smoke(tmp_path: Path) -> None:
     assert set(profiled) == {"rotator-fcall", "rotator-fcall-redispy", "floor", "streams"}
     assert all(row["wall_us"] > row["client_cpu_us"] > 0 for row in profiled.values())
     assert all(row["commands_us"] > 0 for row in profiled.values())
-    assert "| redis | batch 1, 1 client(s) |" in (tmp_path / "lane.md").read_text()
+    assert "| redis | batch 1, 1 client |" in (tmp_path / "lane.md").read_text()

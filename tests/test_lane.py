@@ -276,3 +276,21 @@ def test_an_async_rotator_sends_module_calls_by_its_lane(
             await single.aclose()
 
     asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("options", [{"decode_responses": True}, {"protocol": 3}])
+def test_the_lane_serves_decoding_and_resp3_clients_alike(
+    server: ServerProcess, queue_name: str, options: dict[str, Any]
+) -> None:
+    with redis.Redis(port=server.port, **options) as client:
+        q = Rotator(client, queue_name, functions=True, payloads=True)
+        assert lane_of(q) is not None
+        # (a payload that is not UTF-8 cannot reach a decode_responses client: redis-py's
+        # parser raises, with or without the lane)
+        q.push_payloads({"a": "bödy".encode(), "b": b"plain"})
+        jobs = q.next(2)
+        assert [(j.id, j.payload) for j in jobs] == [("a", "bödy".encode()), ("b", b"plain")]
+        assert q.ack(*jobs) == 2
+        stats = q.stats()
+        assert (stats.pending, stats.in_flight, stats.done) == (0, 0, 2)
+        assert drain(q) == []
