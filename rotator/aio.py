@@ -47,6 +47,7 @@ from rotator.durability import (
 )
 from rotator.flows import GroupView, QueueFlows, QueueView, TopicFlows, TopicView
 from rotator.keys import TopicKeys, validate_group_name
+from rotator.lane import RAW
 from rotator.models import (
     AsyncHandler,
     DeadLetter,
@@ -102,7 +103,7 @@ async def client_pipeline(client: aredis.Redis, commands: Sequence[tuple[Any, ..
     """As :func:`rotator.sending.node_pipeline`, on a ``redis.asyncio.Redis``."""
     async with client.pipeline(transaction=False) as pipe:
         for command in commands:
-            pipe.execute_command(*command)
+            pipe.execute_command(*command, **RAW)
         return list(await pipe.execute(raise_on_error=False))
 
 
@@ -111,7 +112,7 @@ async def node_pipeline(node: Any, commands: Sequence[tuple[Any, ...]]) -> list[
     ``redis.asyncio`` ClusterNode. Its pipeline keeps a connection error as the reply of
     the command it met (and of those after it): raised here, as the sync client raises
     it."""
-    stack = [PipelineCommand(i, *command) for i, command in enumerate(commands)]
+    stack = [PipelineCommand(i, *command, **RAW) for i, command in enumerate(commands)]
     await node.execute_pipeline(stack)
     replies = [command.result for command in stack]
     for reply in replies:
@@ -167,7 +168,7 @@ class AsyncSender:
         try:
             async with self.client.pipeline(transaction=False) as pipe:
                 for call in calls:
-                    pipe.execute_command(*module_command(self.script, call.keys, call.args))
+                    pipe.execute_command(*module_command(self.script, call.keys, call.args), **RAW)
                 replies = await pipe.execute(raise_on_error=False)
         except Exception:  # which calls ran is unknown, and none matters
             replies = [UNSENT] * len(calls)
@@ -209,7 +210,7 @@ class AsyncSender:
             return await self.perform(call)
         async with self.client.pipeline(transaction=False) as pipe:
             pipe.blpop([request.wake], timeout=wait)
-            pipe.execute_command(*module_command(self.script, call.keys, call.args))
+            pipe.execute_command(*module_command(self.script, call.keys, call.args), **RAW)
             woken, reply = await pipe.execute(raise_on_error=False)
         if isinstance(woken, Exception):
             raise woken

@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import redis
+from redis.client import NEVER_DECODE
 
 pack_command: Any
 try:
@@ -41,6 +42,11 @@ except ImportError:  # redis-py before 8 records nothing
 # False: every call goes through redis-py's execute_command (for clients made after; the
 # benchmark measures both ways with it).
 ENABLED = True
+
+# Module replies are read as bytes whatever a client's decode_responses says: rotator decodes
+# them itself (rotator.protocol), and a payload that is not UTF-8 must reach it as it is (a
+# decoding parser would raise on it, and the claim that delivered it would fail every time).
+RAW: dict[str, Any] = {NEVER_DECODE: True}
 
 # Heads packed per key list; a client's queues are few, but a bound keeps a process that
 # names a new queue per call from growing without end.
@@ -111,7 +117,7 @@ class Lane:
         try:
             command = self.pack(keys, args)
         except TypeError:
-            return self.client.execute_command(self.verb, self.name, len(keys), *keys, *args)
+            return self.client.execute_command(self.verb, self.name, len(keys), *keys, *args, **RAW)
         pool = self.client.connection_pool
         conn = pool.get_connection()
         try:
@@ -124,7 +130,7 @@ class Lane:
     @staticmethod
     def _send(conn: Any, command: bytes) -> Any:
         conn.send_packed_command([command])
-        return conn.read_response()
+        return conn.read_response(disable_decoding=True)
 
 
 class AsyncLane(Lane):
@@ -170,4 +176,4 @@ class AsyncLane(Lane):
     @staticmethod
     async def _send_async(conn: Any, command: bytes) -> Any:
         await conn.send_packed_command([command])
-        return await conn.read_response()
+        return await conn.read_response(disable_decoding=True)

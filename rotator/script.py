@@ -24,9 +24,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import redis
 from redis.cluster import RedisCluster
-from redis.commands.core import Script
 from redis.exceptions import (
     ClusterDownError,
     ConnectionError,
@@ -40,7 +38,7 @@ from redis.exceptions import (
 )
 
 from rotator.errors import error_from_reply
-from rotator.lane import AsyncLane, Lane
+from rotator.lane import RAW, AsyncLane, Lane
 
 _PACKAGED = ("lua", "rotator.lua")  # where the wheel carries the module
 _SOURCE_TREE = Path(__file__).resolve().parent.parent / "lua" / "rotator.lua"
@@ -92,7 +90,7 @@ class FunctionCall:
         lane = self.lane
         if lane is not None and lane.ready():
             return lane.call(keys, args)
-        return self.client.fcall(self.name, len(keys), *keys, *args)
+        return self.client.execute_command("FCALL", self.name, len(keys), *keys, *args, **RAW)
 
     def __call__(self, keys: tuple[str, ...], args: list[Any]) -> Any:
         for attempt in range(2):
@@ -104,7 +102,7 @@ class FunctionCall:
             if attempt == 0:
                 self.load()
         # Flushed again between the load and the retry: run the same module as a script.
-        return self.client.eval(module_source(), len(keys), *keys, *args)
+        return self.client.execute_command("EVAL", module_source(), len(keys), *keys, *args, **RAW)
 
 
 class AsyncFunctionCall(FunctionCall):
@@ -120,7 +118,7 @@ class AsyncFunctionCall(FunctionCall):
         lane = self.lane
         if lane is not None and await lane.ready():
             return await lane.call(keys, args)
-        return await self.client.fcall(self.name, len(keys), *keys, *args)
+        return await self.client.execute_command("FCALL", self.name, len(keys), *keys, *args, **RAW)
 
     async def __call__(self, keys: tuple[str, ...], args: list[Any]) -> Any:
         for attempt in range(2):
@@ -131,32 +129,63 @@ class AsyncFunctionCall(FunctionCall):
                     raise
             if attempt == 0:
                 await self.load()
-        return await self.client.eval(module_source(), len(keys), *keys, *args)
+        return await self.client.execute_command(
+            "EVAL", module_source(), len(keys), *keys, *args, **RAW
+        )
 
 
-class LaneScript(Script):
-    """redis-py's Script of the module (EVALSHA, reloaded once on NOSCRIPT), its calls sent
-    by the fast lane (:mod:`rotator.lane`) where the client has one."""
+class ModuleScript:
+    """The module by EVALSHA, loaded again and sent once more when the server answers
+    NOSCRIPT (nothing ran), its replies read undecoded (:data:`rotator.lane.RAW`); by the fast
+    lane (:mod:`rotator.lane`) where the client has one. Any sync client, cluster too."""
 
-    def __init__(self, client: Any, source: str) -> None:
-        super().__init__(client, source)
-        self.lane = Lane.serving(client, "EVALSHA", self.sha)
+    def __init__(self, client: Any) -> None:
+        self.registered_client = client
+        self.script = module_source()
+        self.sha = module_sha()
+        self.lane: Any = Lane.serving(client, "EVALSHA", self.sha)
 
-    def __call__(self, keys: Any = None, args: Any = None, client: Any = None) -> Any:
+    def evalsha(self, keys: tuple[str, ...], args: list[Any]) -> Any:
         lane = self.lane
-        if lane is not None and client is None and lane.ready() and lane.name == self.sha:
-            try:
-                return lane.call(keys or (), args or ())
-            except NoScriptError:
-                pass  # (nothing ran) loaded and sent again the usual way
-        return super().__call__(keys, args, client)
+        if lane is not None and lane.ready():
+            return lane.call(keys, args)
+        return self.registered_client.execute_command(
+            "EVALSHA", self.sha, len(keys), *keys, *args, **RAW
+        )
+
+    def __call__(self, keys: tuple[str, ...] = (), args: list[Any] | None = None) -> Any:
+        args = args or []
+        try:
+            return self.evalsha(keys, args)
+        except NoScriptError:
+            self.registered_client.script_load(self.script)
+            return self.evalsha(keys, args)
 
 
-def module_script(client: Any) -> Any:
-    """redis-py's Script of the module: by the fast lane on a sync ``redis.Redis``."""
-    if isinstance(client, redis.Redis):
-        return LaneScript(client, module_source())
-    return client.register_script(module_source())
+class AsyncModuleScript(ModuleScript):
+    """:class:`ModuleScript` on ``redis.asyncio`` (cluster too)."""
+
+    def __init__(self, client: Any) -> None:
+        self.registered_client = client
+        self.script = module_source()
+        self.sha = module_sha()
+        self.lane = AsyncLane.serving(client, "EVALSHA", self.sha)
+
+    async def evalsha(self, keys: tuple[str, ...], args: list[Any]) -> Any:
+        lane = self.lane
+        if lane is not None and await lane.ready():
+            return await lane.call(keys, args)
+        return await self.registered_client.execute_command(
+            "EVALSHA", self.sha, len(keys), *keys, *args, **RAW
+        )
+
+    async def __call__(self, keys: tuple[str, ...] = (), args: list[Any] | None = None) -> Any:
+        args = args or []
+        try:
+            return await self.evalsha(keys, args)
+        except NoScriptError:
+            await self.registered_client.script_load(self.script)
+            return await self.evalsha(keys, args)
 
 
 # Errors after which redis-py, routing a command itself, refreshes its slot map and tries again.
@@ -187,7 +216,7 @@ class ClusterFunctionCall(FunctionCall):
             return super().fcall(keys, args)
         try:
             return self.client.execute_command(
-                "FCALL", self.name, len(keys), *keys, *args, target_nodes=node
+                "FCALL", self.name, len(keys), *keys, *args, target_nodes=node, **RAW
             )
         except _CLUSTER_RETRIED:
             if not self.client.retry.get_retries():
@@ -204,7 +233,7 @@ class AsyncClusterFunctionCall(AsyncFunctionCall):
             return await super().fcall(keys, args)
         try:
             return await self.client.execute_command(
-                "FCALL", self.name, len(keys), *keys, *args, target_nodes=node
+                "FCALL", self.name, len(keys), *keys, *args, target_nodes=node, **RAW
             )
         except _CLUSTER_RETRIED:
             if not self.client.retry.get_retries():
@@ -236,11 +265,12 @@ class AutoCall:
     chosen at the first call on the client, and kept for it."""
 
     FUNCTION_CALL: type[FunctionCall] = FunctionCall
+    SCRIPT: type[ModuleScript] = ModuleScript
 
     def __init__(self, client: Any) -> None:
         self.client = client
         self.function = self.FUNCTION_CALL(client)
-        self.script = module_script(client)
+        self.script = self.SCRIPT(client)
 
     @property
     def mode(self) -> str | None:
@@ -275,7 +305,9 @@ class AutoCall:
         try:
             return self.script(keys=keys, args=args)
         except NoScriptError:
-            return self.client.eval(module_source(), len(keys), *keys, *args)
+            return self.client.execute_command(
+                "EVAL", module_source(), len(keys), *keys, *args, **RAW
+            )
 
 
 class ClusterAutoCall(AutoCall):
@@ -284,6 +316,7 @@ class ClusterAutoCall(AutoCall):
 
 class AsyncAutoCall(AutoCall):
     FUNCTION_CALL = AsyncFunctionCall
+    SCRIPT = AsyncModuleScript
 
     async def __call__(self, keys: tuple[str, ...], args: list[Any]) -> Any:
         if self.mode != "evalsha":
@@ -298,7 +331,9 @@ class AsyncAutoCall(AutoCall):
         try:
             return await self.script(keys=keys, args=args)
         except NoScriptError:
-            return await self.client.eval(module_source(), len(keys), *keys, *args)
+            return await self.client.execute_command(
+                "EVAL", module_source(), len(keys), *keys, *args, **RAW
+            )
 
 
 class AsyncClusterAutoCall(AsyncAutoCall):
@@ -323,7 +358,7 @@ def module_caller(client: Any, functions: bool | None) -> Any:
         return (ClusterAutoCall if cluster else AutoCall)(client)
     if functions:
         return (ClusterFunctionCall if cluster else FunctionCall)(client)
-    return module_script(client)
+    return ModuleScript(client)
 
 
 def async_module_caller(client: Any, functions: bool | None) -> Any:
@@ -335,7 +370,7 @@ def async_module_caller(client: Any, functions: bool | None) -> Any:
         return (AsyncClusterAutoCall if cluster else AsyncAutoCall)(client)
     if functions:
         return (AsyncClusterFunctionCall if cluster else AsyncFunctionCall)(client)
-    return client.register_script(module_source())
+    return AsyncModuleScript(client)
 
 
 def _function_missing(error: ResponseError) -> bool:
@@ -377,7 +412,9 @@ def run(script: Any, keys: tuple[str, ...], args: list[Any]) -> Any:
         try:
             return script(keys=keys, args=args)
         except NoScriptError:
-            return script.registered_client.eval(script.script, len(keys), *keys, *args)
+            return script.registered_client.execute_command(
+                "EVAL", script.script, len(keys), *keys, *args, **RAW
+            )
     except ResponseError as error:
         raise error_from_reply(error) from error
 
@@ -387,6 +424,8 @@ async def run_async(script: Any, keys: tuple[str, ...], args: list[Any]) -> Any:
         try:
             return await script(keys=keys, args=args)
         except NoScriptError:
-            return await script.registered_client.eval(script.script, len(keys), *keys, *args)
+            return await script.registered_client.execute_command(
+                "EVAL", script.script, len(keys), *keys, *args, **RAW
+            )
     except ResponseError as error:
         raise error_from_reply(error) from error

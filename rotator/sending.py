@@ -23,6 +23,7 @@ from rotator.durability import (
     durable_flow,
     waitaof_memo,
 )
+from rotator.lane import RAW
 from rotator.models import Durability
 from rotator.script import (
     module_caller,
@@ -59,7 +60,7 @@ def node_pipeline(client: Any, commands: Sequence[tuple[Any, ...]]) -> list[Any]
     replies as exceptions (a connection error is raised)."""
     pipe = client.pipeline(transaction=False)
     for command in commands:
-        pipe.execute_command(*command)
+        pipe.execute_command(*command, **RAW)
     return list(pipe.execute(raise_on_error=False))
 
 
@@ -183,7 +184,7 @@ class Sender:
             return [self.perform(call) for call in calls]
         pipe: Any = self.client.pipeline(transaction=False)
         for call in calls:
-            pipe.execute_command(*module_command(self.script, call.keys, call.args))
+            pipe.execute_command(*module_command(self.script, call.keys, call.args), **RAW)
         try:
             replies = pipe.execute(raise_on_error=False)
         except Exception:  # e.g. a node lost: which calls ran is unknown, and none matters
@@ -219,7 +220,7 @@ class Sender:
             return self.perform(call)
         pipe: Any = self.client.pipeline(transaction=False)
         pipe.blpop([request.wake], timeout=wait)
-        pipe.execute_command(*module_command(self.script, call.keys, call.args))
+        pipe.execute_command(*module_command(self.script, call.keys, call.args), **RAW)
         woken, reply = pipe.execute(raise_on_error=False)
         if isinstance(woken, Exception):
             raise woken

@@ -103,7 +103,7 @@ def test_only_calls_that_are_harmless_twice_are_retried_after_a_lost_connection(
 class _DownCluster:
     """A client whose every command gets CLUSTERDOWN."""
 
-    def fcall(self, *args: Any) -> Any:
+    def execute_command(self, *args: Any, **options: Any) -> Any:
         raise ClusterDownError("CLUSTERDOWN The cluster is down")
 
     def register_script(self, source: str) -> Any:

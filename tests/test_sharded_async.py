@@ -110,7 +110,7 @@ class _FakeCluster:
         self.tries = 0
         self.replaced = 0
 
-    async def fcall(self, *args: Any) -> Any:
+    async def execute_command(self, *args: Any, **options: Any) -> Any:
         self.tries += 1
         raise self.error
 
