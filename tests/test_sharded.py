@@ -159,7 +159,9 @@ def test_shards_spread_over_every_master(cluster_client: RedisCluster, queue_nam
     queue = sharded(cluster_client, queue_name)
     placement = queue.placement()
     assert len(set(placement)) == 3, placement
-    assert Counter(placement).most_common(1)[0][1] == 2  # two shards per master
+    # two shards per master, give or take the one whose slot range starts at 10922, the
+    # second master's last slot (which side it lands on depends on the random name)
+    assert Counter(placement).most_common(1)[0][1] in {2, 3}
 
 
 @pytest.mark.cluster
@@ -553,7 +555,10 @@ def test_four_worker_processes_complete_30000_jobs_on_12_shards_each_once(
     queue = sharded(cluster_client, queue_name, shards=SHARDS, timeout=10)
     placement = queue.placement()
     assert set(placement) == {f"{node.host}:{node.port}" for node in cluster.nodes}
-    assert set(Counter(placement).values()) == {SHARDS // 3}  # 4 shards on each master
+    # 4 shards on each master, give or take the one whose slot range straddles a master's
+    # first or last slot (shard 8's range starts at 10922, the second master's last slot):
+    # which side it lands on depends on the queue's name, random here.
+    assert set(Counter(placement).values()) <= {SHARDS // 3 - 1, SHARDS // 3, SHARDS // 3 + 1}
     ids = [f"job-{i}" for i in range(JOBS)]
     began = time.monotonic()
     assert queue.push_many(ids) == JOBS

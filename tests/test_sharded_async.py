@@ -199,7 +199,9 @@ def test_from_url_makes_a_client_with_the_sharded_settings_and_shards_spread_ove
             )
             placement = await queue.placement()
             assert len(set(placement)) == 3, placement
-            assert Counter(placement).most_common(1)[0][1] == 2  # two shards per master
+            # two shards per master, give or take the one whose slot range starts at 10922, the
+            # second master's last slot (which side it lands on depends on the random name)
+            assert Counter(placement).most_common(1)[0][1] in {2, 3}
             assert await queue.push("x") == 1
             shard = queue.shard(queue.shard_of("x"))  # an ordinary AsyncRotator on the shard
             assert (await shard.stats()).pending == 1
