@@ -53,6 +53,15 @@ RAW: dict[str, Any] = {NEVER_DECODE: True}
 MAX_HEADS = 1024
 
 
+def send_undecoded(
+    client: Any, verb: str, name: str, keys: Sequence[Any], args: Sequence[Any]
+) -> Any:
+    """``<verb> <name> <numkeys> <keys...> <args...>`` by the client's own
+    ``execute_command``, its reply read undecoded (:data:`RAW`): the path of a client without
+    a lane, sync or asyncio (then awaited by the caller)."""
+    return client.execute_command(verb, name, len(keys), *keys, *args, **RAW)
+
+
 def _unwrapped(client: Any, module: str) -> bool:
     """True when ``client``'s class sends commands with redis-py's own ``execute_command``
     (defined in ``module``): a replaced or wrapped one (a tracer's) must see every call, so it
@@ -109,15 +118,19 @@ class Lane:
         tail: bytes = pack_command(tuple(args))
         return b"*%d\r\n%b%b" % (count + len(args), head, tail[tail.index(b"\r\n") + 2 :])
 
-    def call(self, keys: tuple[Any, ...], args: Sequence[Any]) -> Any:
-        """Sends the command and returns its reply; raises what ``execute_command`` raises
-        (an argument the packer refuses: redis-py's DataError, from its own path)."""
-        if type(keys) is not tuple:
-            keys = tuple(keys)
+    def packed(self, keys: Sequence[Any], args: Sequence[Any]) -> bytes | None:
+        """:meth:`pack`, or None for an argument the packer refuses (which then goes by
+        redis-py's own path, to get its DataError)."""
         try:
-            command = self.pack(keys, args)
+            return self.pack(keys if type(keys) is tuple else tuple(keys), args)
         except TypeError:
-            return self.client.execute_command(self.verb, self.name, len(keys), *keys, *args, **RAW)
+            return None
+
+    def call(self, keys: tuple[Any, ...], args: Sequence[Any]) -> Any:
+        """Sends the command and returns its reply; raises what ``execute_command`` raises."""
+        command = self.packed(keys, args)
+        if command is None:
+            return send_undecoded(self.client, self.verb, self.name, keys, args)
         pool = self.client.connection_pool
         conn = pool.get_connection()
         try:
@@ -158,12 +171,9 @@ class AsyncLane(Lane):
         return not await is_enabled()
 
     async def call(self, keys: tuple[Any, ...], args: Sequence[Any]) -> Any:
-        if type(keys) is not tuple:
-            keys = tuple(keys)
-        try:
-            command = self.pack(keys, args)
-        except TypeError:
-            return await self.client.execute_command(self.verb, self.name, len(keys), *keys, *args)
+        command = self.packed(keys, args)
+        if command is None:
+            return await send_undecoded(self.client, self.verb, self.name, keys, args)
         pool = self.client.connection_pool
         conn = await pool.get_connection()
         try:

@@ -38,7 +38,7 @@ from redis.exceptions import (
 )
 
 from rotator.errors import error_from_reply
-from rotator.lane import RAW, AsyncLane, Lane
+from rotator.lane import RAW, AsyncLane, Lane, send_undecoded
 
 _PACKAGED = ("lua", "rotator.lua")  # where the wheel carries the module
 _SOURCE_TREE = Path(__file__).resolve().parent.parent / "lua" / "rotator.lua"
@@ -78,10 +78,12 @@ class FunctionCall:
     """Calls the module with FCALL, loading the library when the server does not have it.
     On a plain ``redis.Redis``, through the fast lane (:mod:`rotator.lane`)."""
 
+    LANE: type[Lane] = Lane
+
     def __init__(self, client: Any) -> None:
         self.client = client
         self.name = function_name()
-        self.lane: Any = Lane.serving(client, "FCALL", self.name)
+        self.lane: Any = self.LANE.serving(client, "FCALL", self.name)
 
     def load(self) -> None:
         self.client.function_load(library_source(), replace=True)
@@ -90,7 +92,7 @@ class FunctionCall:
         lane = self.lane
         if lane is not None and lane.ready():
             return lane.call(keys, args)
-        return self.client.execute_command("FCALL", self.name, len(keys), *keys, *args, **RAW)
+        return send_undecoded(self.client, "FCALL", self.name, keys, args)
 
     def __call__(self, keys: tuple[str, ...], args: list[Any]) -> Any:
         for attempt in range(2):
@@ -102,14 +104,11 @@ class FunctionCall:
             if attempt == 0:
                 self.load()
         # Flushed again between the load and the retry: run the same module as a script.
-        return self.client.execute_command("EVAL", module_source(), len(keys), *keys, *args, **RAW)
+        return send_undecoded(self.client, "EVAL", module_source(), keys, args)
 
 
 class AsyncFunctionCall(FunctionCall):
-    def __init__(self, client: Any) -> None:
-        self.client = client
-        self.name = function_name()
-        self.lane: Any = AsyncLane.serving(client, "FCALL", self.name)
+    LANE = AsyncLane
 
     async def load(self) -> None:  # type: ignore[override]
         await self.client.function_load(library_source(), replace=True)
@@ -118,7 +117,7 @@ class AsyncFunctionCall(FunctionCall):
         lane = self.lane
         if lane is not None and await lane.ready():
             return await lane.call(keys, args)
-        return await self.client.execute_command("FCALL", self.name, len(keys), *keys, *args, **RAW)
+        return await send_undecoded(self.client, "FCALL", self.name, keys, args)
 
     async def __call__(self, keys: tuple[str, ...], args: list[Any]) -> Any:
         for attempt in range(2):
@@ -129,9 +128,7 @@ class AsyncFunctionCall(FunctionCall):
                     raise
             if attempt == 0:
                 await self.load()
-        return await self.client.execute_command(
-            "EVAL", module_source(), len(keys), *keys, *args, **RAW
-        )
+        return await send_undecoded(self.client, "EVAL", module_source(), keys, args)
 
 
 class ModuleScript:
@@ -139,19 +136,19 @@ class ModuleScript:
     NOSCRIPT (nothing ran), its replies read undecoded (:data:`rotator.lane.RAW`); by the fast
     lane (:mod:`rotator.lane`) where the client has one. Any sync client, cluster too."""
 
+    LANE: type[Lane] = Lane
+
     def __init__(self, client: Any) -> None:
         self.registered_client = client
         self.script = module_source()
         self.sha = module_sha()
-        self.lane: Any = Lane.serving(client, "EVALSHA", self.sha)
+        self.lane: Any = self.LANE.serving(client, "EVALSHA", self.sha)
 
     def evalsha(self, keys: tuple[str, ...], args: list[Any]) -> Any:
         lane = self.lane
         if lane is not None and lane.ready():
             return lane.call(keys, args)
-        return self.registered_client.execute_command(
-            "EVALSHA", self.sha, len(keys), *keys, *args, **RAW
-        )
+        return send_undecoded(self.registered_client, "EVALSHA", self.sha, keys, args)
 
     def __call__(self, keys: tuple[str, ...] = (), args: list[Any] | None = None) -> Any:
         args = args or []
@@ -165,19 +162,13 @@ class ModuleScript:
 class AsyncModuleScript(ModuleScript):
     """:class:`ModuleScript` on ``redis.asyncio`` (cluster too)."""
 
-    def __init__(self, client: Any) -> None:
-        self.registered_client = client
-        self.script = module_source()
-        self.sha = module_sha()
-        self.lane = AsyncLane.serving(client, "EVALSHA", self.sha)
+    LANE = AsyncLane
 
     async def evalsha(self, keys: tuple[str, ...], args: list[Any]) -> Any:
         lane = self.lane
         if lane is not None and await lane.ready():
             return await lane.call(keys, args)
-        return await self.registered_client.execute_command(
-            "EVALSHA", self.sha, len(keys), *keys, *args, **RAW
-        )
+        return await send_undecoded(self.registered_client, "EVALSHA", self.sha, keys, args)
 
     async def __call__(self, keys: tuple[str, ...] = (), args: list[Any] | None = None) -> Any:
         args = args or []
@@ -305,9 +296,7 @@ class AutoCall:
         try:
             return self.script(keys=keys, args=args)
         except NoScriptError:
-            return self.client.execute_command(
-                "EVAL", module_source(), len(keys), *keys, *args, **RAW
-            )
+            return send_undecoded(self.client, "EVAL", module_source(), keys, args)
 
 
 class ClusterAutoCall(AutoCall):
@@ -331,9 +320,7 @@ class AsyncAutoCall(AutoCall):
         try:
             return await self.script(keys=keys, args=args)
         except NoScriptError:
-            return await self.client.execute_command(
-                "EVAL", module_source(), len(keys), *keys, *args, **RAW
-            )
+            return await send_undecoded(self.client, "EVAL", module_source(), keys, args)
 
 
 class AsyncClusterAutoCall(AsyncAutoCall):
@@ -412,9 +399,7 @@ def run(script: Any, keys: tuple[str, ...], args: list[Any]) -> Any:
         try:
             return script(keys=keys, args=args)
         except NoScriptError:
-            return script.registered_client.execute_command(
-                "EVAL", script.script, len(keys), *keys, *args, **RAW
-            )
+            return send_undecoded(script.registered_client, "EVAL", script.script, keys, args)
     except ResponseError as error:
         raise error_from_reply(error) from error
 
@@ -424,8 +409,6 @@ async def run_async(script: Any, keys: tuple[str, ...], args: list[Any]) -> Any:
         try:
             return await script(keys=keys, args=args)
         except NoScriptError:
-            return await script.registered_client.execute_command(
-                "EVAL", script.script, len(keys), *keys, *args, **RAW
-            )
+            return await send_undecoded(script.registered_client, "EVAL", script.script, keys, args)
     except ResponseError as error:
         raise error_from_reply(error) from error

@@ -92,6 +92,24 @@ def test_an_argument_the_packer_refuses_gets_redis_pys_error(client: redis.Redis
         lane.call(("{q}:ring",), [object()])
 
 
+def test_an_argument_the_packer_refuses_gets_redis_pys_error_asyncio_too(
+    server: ServerProcess,
+) -> None:
+    import redis.asyncio as aredis  # noqa: PLC0415
+
+    from rotator.lane import AsyncLane  # noqa: PLC0415
+
+    async def scenario() -> None:
+        client = aredis.Redis(port=server.port)
+        try:
+            with pytest.raises(redis.DataError):
+                await AsyncLane(client, "FCALL", "lib").call(("{q}:ring",), [object()])
+        finally:
+            await client.aclose()
+
+    asyncio.run(scenario())
+
+
 def test_clients_it_cannot_serve_as_redis_py_would_keep_redis_pys_path(
     server: ServerProcess, queue_name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
