@@ -17,7 +17,11 @@ deadline less the lease, the same for every worker, so the deadlines order the c
 every waiting level-0 job's is at or before every waiting level-3 job's, and those at or
 before every waiting level-9 job's. A job whose first delivery nobody saw (its claim's reply
 lost: it comes back as delivery 2 once its lease runs out, when it goes as any job) is left
-out of that comparison.
+out of that comparison, and so is a job whose push may have run twice (a batch tried again
+or replayed by redis-py): its second copy, pushed after the first was acked, goes at its own
+level later, and its first delivery may be the only one seen. Of the others, a job's claim is
+its earliest first delivery made after the freeze (by the server's clock), not the first one
+the logs happen to list (they are read file by file).
 """
 
 from __future__ import annotations
@@ -43,29 +47,50 @@ FREEZE = 1.0  # seconds every worker is stopped, the producer pushing on
 MakeRun = Callable[..., ChaosRun]
 
 
-def freeze_workers(run: ChaosRun, workers: list[Proc]) -> dict[str, int]:
+def freeze_workers(run: ChaosRun, workers: list[Proc]) -> tuple[dict[str, int], int]:
     """Stops every worker for FREEZE seconds; returns the jobs waiting at the end of it,
-    id -> level, read in one MULTI before the workers go on."""
+    id -> level, read in one MULTI before the workers go on, and the server's time (ms) just
+    after that read, while no worker can claim yet."""
     for worker in workers:
         run.signal(worker, signal.SIGSTOP)
     time.sleep(FREEZE)
     state = read_state(run.admin(), run.rotator())
+    seconds, micros = run.admin().time()
     waiting = {e: 0 for e in state.ring if e != SENTINEL and "*" not in e}
     waiting.update(state.prioritized)
     run.notes["frozen_prioritized_stat"] = run.rotator().stats().prioritized
     for worker in workers:
         run.signal(worker, signal.SIGCONT)
     run.faults["freezes"] += 1
-    return waiting
+    return waiting, seconds * 1000 + micros // 1000
 
 
-def first_claims(run: ChaosRun) -> dict[str, int]:
-    """Each id's first delivery seen (deliveries 1): its deadline (server ms)."""
+def first_claims(run: ChaosRun, since_ms: int) -> dict[str, int]:
+    """Each id's earliest first delivery seen (deliveries 1) claimed at or after `since_ms`
+    (server ms): its deadline. A claim's server time is its deadline less the lease."""
     firsts: dict[str, int] = {}
     for event in read_logs(run.logs).events:
         if event.kind in ("FETCH", "CLAIM") and deliveries_of(event.fields[1]) == 1:
-            firsts.setdefault(event.fields[0], deadline_of(event.fields[1]))
+            deadline = deadline_of(event.fields[1])
+            if deadline - LEASE * 1000 >= since_ms:
+                job_id = event.fields[0]
+                firsts[job_id] = min(deadline, firsts.get(job_id, deadline))
     return firsts
+
+
+def pushed_twice(run: ChaosRun) -> set[str]:
+    """The ids of every batch the producer may have enqueued more than once: tried again
+    (two PUSH_INVOKEs) or replayed by redis-py (PUSH_RETRY)."""
+    batches: dict[str, list[str]] = {}
+    twice: set[str] = set()
+    for event in read_logs(run.logs).events:
+        if event.kind == "PUSH_INVOKE":
+            if event.fields[0] in batches:
+                twice.add(event.fields[0])
+            batches[event.fields[0]] = event.fields[1].split(",")
+        elif event.kind == "PUSH_RETRY":
+            twice.add(event.fields[0])
+    return {job_id for batch in twice for job_id in batches.get(batch, ())}
 
 
 def priority_order(waiting: dict[str, int], firsts: dict[str, int]) -> dict[str, object]:
@@ -130,6 +155,7 @@ def test_priorities_lose_nothing_and_keep_their_order_through_kills_and_lost_rep
         faults = ["worker"] * 4 + ["clients"] * 2 + ["freeze"]
         run.rng.shuffle(faults)
         waiting: dict[str, int] = {}
+        frozen_ms = 0
         for fault in faults:
             time.sleep(run.rng.uniform(0.4, 0.8))
             if fault == "worker":
@@ -137,7 +163,7 @@ def test_priorities_lose_nothing_and_keep_their_order_through_kills_and_lost_rep
             elif fault == "clients":
                 run.kill_clients()
             else:
-                waiting = freeze_workers(run, workers)
+                waiting, frozen_ms = freeze_workers(run, workers)
             run.snapshot()
         run.blackhole(proxy)
         assert run.wait_exit(producer, 40) == 0, run.stderr(producer)
@@ -146,7 +172,10 @@ def test_priorities_lose_nothing_and_keep_their_order_through_kills_and_lost_rep
     finally:
         proxy.stop()
     report.notes["proxy"] = {k: v for k, v in sorted(proxy.stats.items()) if ":" not in k}
-    order = priority_order(waiting, first_claims(run))
+    twice = pushed_twice(run)
+    once = {job_id: level for job_id, level in waiting.items() if job_id not in twice}
+    order = priority_order(once, first_claims(run, frozen_ms))
+    order["pushed_twice"] = len(waiting) - len(once)
     report.notes["priority_order"] = order
     report.notes["prioritized_at_end"] = run.rotator().stats().prioritized
     report.write(run.workdir / "report.json")
