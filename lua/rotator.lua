@@ -16,9 +16,10 @@ KEYS
                             rotate tail -> head
   KEYS[2]  done       SET   tokens acked since the last lap, awaiting removal
   KEYS[3]  done_old   SET   tokens acked before the last lap (swept at the next lap)
-  KEYS[4]  marks      HASH  token -> "e<deadline ms>" (extended), "n<due ms>" (nacked) or
-                            "f<error>" (buried); batch -> "a<jobs>" (acked whole) or "t"
-                            (touched, see below)
+  KEYS[4]  marks      HASH  token -> "e<deadline ms>" (extended), "w<deadline ms>" (extended
+                            and moved to the lease list's head, see LEASES), "n<due ms>"
+                            (nacked) or "f<error>" (buried); batch -> "a<jobs>" (acked
+                            whole) or "t" (touched, see below)
   KEYS[5]  marks_old  HASH  marks written before the last lap (swept at the next lap)
   KEYS[6]  revoked    ZSET  token -> ms it was revoked (re-leased, nacked or dead-lettered);
                             "<batch>*": every token of that batch (its expiry re-leased them);
@@ -98,9 +99,11 @@ LEASES (how a claim avoids the jobs in flight)
   lstop: its deadline; an ack or nack with that deadline clears it). The walk removes acked
   leases and batches, leases expired ones again (or dead-letters them), breaks up touched or
   expired batches, moves a nacked job to the ring to wait (or leases it again when due),
-  moves an extended lease to the head, and stops at the first lease young by its own
-  deadline: young leases are never visited one by one, so a claim costs the same however
-  many are in flight. The price: a lease made shorter than one before it (a smaller
+  moves an extended lease to the head (marked "w": it waits there by its new deadline, until
+  another extend marks it "e" again; one extended beyond this call's own deadline waits in
+  the ring instead, as a nacked job does, so that it holds up no lease behind it), and stops
+  at the first lease young by its own deadline (a "w" lease: by its new one): young leases
+  are never visited one by one, so a claim costs the same however many are in flight. The price: a lease made shorter than one before it (a smaller
   LEASE_MS, an extend that shortens), or a job nacked behind a younger lease, is reached
   when the walk gets there, at the latest when the leases before it fall due. A sweep does
   not stop at young leases: it puts them back at the tail in their places.
@@ -695,6 +698,7 @@ local BYTE_STAR = 42 -- '*': opens the sentinel, a packed batch and a batch ack;
 local BYTE_A = 97 -- 'a': opens the mark of a batch acked whole ("a<jobs>")
 local BYTE_N = 110 -- 'n': opens the mark of a nacked job ("n<due ms>")
 local BYTE_E = 101 -- 'e': opens the mark of an extended lease ("e<deadline ms>")
+local BYTE_W = 119 -- 'w': an extended lease moved to the lease list's head ("w<deadline ms>")
 local BYTE_F = 102 -- 'f': opens the mark of a buried job ("f<error>")
 local BYTE_HASH = 35 -- '#': opens the processing times a next or an ack may carry
 local BYTE_S = 115 -- 's': opens an id index entry of a scheduled job
@@ -919,10 +923,32 @@ function M.name_batch(token, star)
       or find(token, '**', star, true) or string.byte(token, -1) == BYTE_STAR then
     return nil -- (or an empty id: "**", or an ending "*")
   end
-  local ids = {}
-  for id in string.gmatch(string.sub(token, star + 1), '[^*]+') do
-    if #id > LIMIT.id_bytes or #ids == LIMIT.count then return nil end
-    ids[#ids + 1] = id
+  local ids = M.split_ids(token, star + 1)
+  if #ids > LIMIT.count then return nil end
+  for i = 1, #ids do
+    if #ids[i] > LIMIT.id_bytes then return nil end
+  end
+  return ids
+end
+
+-- The runs of `s` between its "*"s from byte `at` on, empty ones skipped (what gmatch with
+-- '[^*]+' gives), appended to `ids` (or a new table): by plain find, which is about a third
+-- cheaper than the pattern (8 against 12 us for a batch of 100 ids on this project's machine).
+function M.split_ids(s, at, ids)
+  ids = ids or {}
+  local find, sub, n, size = string.find, string.sub, #ids, #s
+  while at <= size do
+    local star = find(s, '*', at, true)
+    if not star then
+      n = n + 1
+      ids[n] = sub(s, at)
+      break
+    end
+    if star > at then
+      n = n + 1
+      ids[n] = sub(s, at, star - 1)
+    end
+    at = star + 1
   end
   return ids
 end
@@ -1637,6 +1663,9 @@ end
 
 -- The state of one walk over the tail of the ring, shared by next and sweep. Reading the
 -- ring's length and the side structures' sizes also checks every key the walk may write.
+-- The state a walk starts from. The wake list, which a claim writes only when it idles or
+-- makes the earliest deadline, is checked by check_wake where that may happen, not here: a
+-- claim that leases behind other leases reads one key less.
 function M.read_walk_state()
   local length = M.read('LLEN', K.ring)
   local lease_length = M.read('LLEN', K.leases)
@@ -1644,13 +1673,22 @@ function M.read_walk_state()
   local sides, dead_length = M.read_sides_and_dead()
   M.read_marked(sides, meta.marked)
   sides.origin, sides.seq, sides.lstop = meta.origin, meta.seq, meta.lstop
-  M.read('LLEN', K.wake) -- an idle call deletes it
   return { length = length, lease_length = lease_length, meta = meta, sides = sides,
     dead_length = dead_length, now = M.now_ms() }
 end
 
+-- Reads (and so type-checks) the wake list, once a call, before the first write of a call
+-- that may write it (an idle call deletes it, a push or an early deadline adds a token).
+function M.check_wake(state)
+  if not state.wake_checked then
+    M.read('LLEN', K.wake)
+    state.wake_checked = true
+  end
+end
+
 function M.start_walk(lease, max_deliveries, state)
   state = state or M.read_walk_state()
+  M.check_wake(state) -- (every walk may write it)
   local length, lease_length, meta = state.length, state.lease_length, state.meta
   local sides, dead_length, now = state.sides, state.dead_length, state.now
   local lapnext = meta.lapnext or (meta.seq + length + 1)
@@ -1869,7 +1907,7 @@ end
 function M.visit_lease(s, element, m, m_key)
   local kind = m and string.sub(m, 1, 1)
   local id, deadline, n = M.parse_token(element)
-  local when = m and tonumber(string.match(m, '^[en](%d+)$'))
+  local when = m and tonumber(string.match(m, '^[enw](%d+)$'))
   if not id then
     M.unmark(s, m_key, element, m)
     M.dead_letter(s, 'corrupt', 0, element)
@@ -1886,11 +1924,16 @@ function M.visit_lease(s, element, m, m_key)
     if stamp then M.forget_id(s, id, stamp) end
     return
   end
-  if when and kind == 'e' then deadline = when end
+  if when and (kind == 'e' or kind == 'w') then deadline = when end
   local due = (when and kind == 'n') and when or deadline
   if due > s.now or s.sweeping or s.leased >= s.count
       or (kind ~= 'n' and #s.revoke >= LIMIT.revokes) then
-    M.keep(s, element, due, m, m_key, kind == 'n')
+    -- A lease extended beyond a lease made now (this call's deadline) would hold up the
+    -- lease list behind it: it waits in the ring instead, as a nacked job does, visited once
+    -- a lap, until it is near enough to go to the lease list in its order (see keep).
+    local waits = kind == 'n'
+      or ((kind == 'e' or kind == 'w') and not s.sweeping and due > s.deadline)
+    M.keep(s, element, due, m, m_key, waits)
   else
     -- (a deferred job's copy was never handed out: its token needs no fencing)
     if kind ~= 'n' then s.revoke[#s.revoke + 1] = element end
@@ -1925,16 +1968,12 @@ function M.visit_packed(s, element, batch, m, m_key)
     s.packed = s.packed - (jobs - 1)
     s.completed = s.completed + jobs
     if s.tracked then
-      local k = 0
-      for id in string.gmatch(string.sub(element, #batch + 2), '[^*]+') do
-        k = k + 1
-        M.forget_id(s, id, string.sub(batch, 2) .. PAD[k])
-      end
+      local ids = M.split_ids(element, #batch + 2)
+      for k = 1, #ids do M.forget_id(s, ids[k], string.sub(batch, 2) .. PAD[k]) end
     end
     return
   end
-  local ids = {}
-  for id in string.gmatch(string.sub(element, #batch + 2), '[^*]+') do ids[#ids + 1] = id end
+  local ids = M.split_ids(element, #batch + 2)
   if not m and not s.sweeping and s.count - s.leased >= #ids then
     -- Expired and never touched: none of its jobs was acked, given back or extended on its
     -- own (each would have touched it), so every one is leased again, and one revocation
@@ -2027,11 +2066,20 @@ function M.keep(s, element, at, m, m_key, deferred)
     if not s.pushed_min or at < s.pushed_min then s.pushed_min = at end
     s.live = s.live - 1
   end
-  if m and m_key ~= K.marks then
+  -- An extended lease moved to the lease list's head is marked "w" (its deadline kept): there
+  -- it is in deadline order, and the walk stops at it while it is young. Marked "e" still, it
+  -- was moved again each time it came round, and with more extended leases than a call's
+  -- budget (a heartbeat extends every held job) every claim spent its budget moving them, and
+  -- the ring's pending jobs waited. A later extend marks it "e" again: one move per extend.
+  local kept = m
+  if m and list == s.to_leases and string.byte(m) == BYTE_E then kept = 'w' .. string.sub(m, 2) end
+  if m and (m_key ~= K.marks or kept ~= m) then
     s.keep_marks[#s.keep_marks + 1] = element
-    s.keep_marks[#s.keep_marks + 1] = m
-    M.count_mark(s.sides, K.marks, m, 1)
-    M.unmark(s, m_key, element, m)
+    s.keep_marks[#s.keep_marks + 1] = kept
+    if m_key ~= K.marks then
+      M.count_mark(s.sides, K.marks, kept, 1)
+      M.unmark(s, m_key, element, m)
+    end
   end
 end
 
@@ -2161,7 +2209,9 @@ function M.walk_leases(s, budget)
       -- and its live ones wait at the tail in its place).
       local gone = done_in[i] ~= nil
         or (m and (byte(m) == BYTE_N or byte(m) == BYTE_E or byte(m) == BYTE_F or packed[i]))
-      local deadline = not gone and M.own_deadline(element, packed[i])
+      -- (an extended lease moved here already waits by its new deadline, see keep)
+      local deadline = not gone and (m and byte(m) == BYTE_W and tonumber(string.sub(m, 2))
+        or M.own_deadline(element, packed[i]))
       if deadline and deadline > now and not s.sweeping then
         stop = deadline
         break
@@ -2714,6 +2764,7 @@ function M.lease(first, batches, compact)
     return reply, accepted, state
   end
   if state.meta.smin and state.meta.smin <= state.now then
+    M.check_wake(state) -- (promote pushes, and wakes)
     M.promote(state.meta, state.length, state.now)
     state = M.read_walk_state()
   end
@@ -2782,6 +2833,7 @@ end
 -- and idles for `wait_ms` (-1: until woken). Wake-ups pushed meanwhile would only spin the
 -- idle consumers: resume wakes them, and the rate limit's wait ends by itself.
 function M.lease_held(first, compact, state, wait_ms)
+  M.check_wake(state)
   local sides = state.sides
   sides.lstop_was = sides.lstop
   local acked, accepted = M.ack_tokens(first, state.length + state.lease_length, sides)
@@ -3058,9 +3110,13 @@ function M.fast_lease(first, count, lease, budget, compact, state)
       if visited >= budget or bytes > LIMIT.lease_bytes then return nil end
       local jobs = place.batch and jobs_of[place.batch]
       local m = place.mark
-      if not m and not jobs then
-        if not place.deadline or place.deadline <= now then return nil end
-        stop = place.deadline
+      -- (an extended lease moved here waits by its new deadline, as the walk has it)
+      local moved = m and not place.batch and string.byte(m) == BYTE_W
+        and tonumber(string.sub(m, 2))
+      if (not m or moved) and not jobs then
+        local deadline = moved or place.deadline
+        if not deadline or deadline <= now then return nil end
+        stop = deadline
         break
       end
       if not place.batch or not place.deadline then return nil end
@@ -3113,18 +3169,33 @@ function M.fast_lease(first, count, lease, budget, compact, state)
   if count >= length or count > lapnext - seq - 1 or count > budget - visited then
     return nil
   end
-  local ids = rcall('LRANGE', K.ring, -count, -1)
+  -- Popped, not read and trimmed: one command less. What the batch does not take goes back
+  -- (all of it when the short way gives up: an element that is not a pending id).
+  local ids = rcall('RPOP', K.ring, count) -- (the tail first)
   local batch, bytes, most, id_bytes, find = {}, 0, LIMIT.batch_bytes, LIMIT.id_bytes, string.find
   local n = 0
-  for i = #ids, 1, -1 do
+  for i = 1, #ids do
     local id = ids[i]
     local size = #id
-    if size == 0 or size > id_bytes or find(id, '*', 1, true) then return nil end
+    if size == 0 or size > id_bytes or find(id, '*', 1, true) then
+      M.unpop(ids, 1)
+      return nil
+    end
     n = n + 1
     batch[n] = id
     bytes = bytes + size
     if bytes >= most then break end
   end
+  if n < #ids then M.unpop(ids, n + 1) end
+  local leased = #batch
+  local deadline = now + lease
+  local qmin, qstart, qlen = meta.qmin, meta.qstart or seq, meta.qlen or length
+  if qmin and qmin <= now then qmin, qstart, qlen = nil, seq, length end
+  local before = meta.lmin
+  if qmin and (not before or qmin < before) then before = qmin end
+  -- The earliest deadline yet: an idle consumer is woken to wait for it (note_leases).
+  local wakes = not before or deadline < before
+  if wakes then M.check_wake(state) end
   -- Writes (the walk's ack_tokens, finish_walk, note_leases and write_meta, in that order).
   local new_marks = {}
   for i = 1, k do
@@ -3152,25 +3223,16 @@ function M.fast_lease(first, count, lease, budget, compact, state)
   for key, fields in pairs(hdel) do
     if #fields > 0 then sides[key] = sides[key] - M.call_all('HDEL', key, fields) end
   end
-  local leased = #batch
-  local deadline = now + lease
   local first_stamp = '*' .. deadline .. '.1.' .. seq
   batch[0] = first_stamp -- (one string made, not a list and then the element)
   local element = table.concat(batch, '*', 0, leased)
   batch[0] = nil
   PACKED, PACKED_IDS = element, batch
-  rcall('LTRIM', K.ring, 0, -(leased + 1))
   if visited > 0 then rcall('LTRIM', K.leases, 0, -(visited + 1)) end
   rcall('LPUSH', K.leases, element)
   M.trim_revoked(meta, now, 0, sides.revoked)
   if state.dead_length > 0 then M.trim_dead(meta, now, state.dead_length, 0) end
-  local qmin, qstart, qlen = meta.qmin, meta.qstart or seq, meta.qlen or length
-  if qmin and qmin <= now then qmin, qstart, qlen = nil, seq, length end
-  local before = meta.lmin
-  if qmin and (not before or qmin < before) then before = qmin end
-  if not before or deadline < before then
-    M.wake_one()
-  end
+  if wakes then M.wake_one() end
   if not lmin or deadline < lmin then lmin = deadline end
   if lease_length - visited == 0 then lstop = lmin end -- the list holds this call's batch only
   M.write_meta({
@@ -3193,6 +3255,14 @@ function M.fast_lease(first, count, lease, budget, compact, state)
   local soonest = M.soonest(qmin, lmin, meta.smin)
   if soonest then reply[2] = soonest - now end
   return reply
+end
+
+-- Puts back at the ring's tail what RPOP took from it, from ids[from] on (ids: in the order
+-- popped, the tail first), so that the ring is as it was before.
+function M.unpop(ids, from)
+  local back = {}
+  for i = #ids, from, -1 do back[#back + 1] = ids[i] end
+  M.call_all('RPUSH', K.ring, back)
 end
 
 -- The lease list's tail as the short way reads it: the k acked batches may lie there, then
@@ -3805,7 +3875,7 @@ function M.overdue(K, now, length, any_done)
       end
       local ids = {}
       if deadline and batch then
-        for id in string.gmatch(string.sub(element, #batch + 2), '[^*]+') do ids[#ids + 1] = id end
+        M.split_ids(element, #batch + 2, ids)
       end
       if bytes + #element > LIMIT.batch_bytes or #names + #ids + 1 > LIMIT.count then
         capped = true
@@ -3842,7 +3912,8 @@ function M.overdue(K, now, length, any_done)
     for j = 1, n do
       local m = marks[j]
       if m and (string.byte(m) == BYTE_N or string.byte(m) == BYTE_F
-          or (string.byte(m) == BYTE_E and (tonumber(string.sub(m, 2)) or 0) > now)) then
+          or ((string.byte(m) == BYTE_E or string.byte(m) == BYTE_W)
+            and (tonumber(string.sub(m, 2)) or 0) > now)) then
         gone[j] = true
       end
     end
@@ -3913,10 +3984,9 @@ function M.ring_rows(slice, sides, count, room)
     local element, batch = slice[i], packed[i]
     local before = #rows
     if batch and string.find(batch, '^%*%d+%.1%.%d+$') then
-      local k = 0
-      for id in string.gmatch(string.sub(element, #batch + 2), '[^*]+') do
-        k = k + 1
-        rows[#rows + 1] = id .. batch .. PAD[k]
+      local ids = M.split_ids(element, #batch + 2)
+      for k = 1, #ids do
+        rows[#rows + 1] = ids[k] .. batch .. PAD[k]
         batch_acked[#rows] = mark[i] and string.byte(mark[i]) == BYTE_A
       end
     else
@@ -3940,7 +4010,7 @@ function M.ring_rows(slice, sides, count, room)
       state = 'lap'
     elseif string.find(element, '*', 1, true) or not M.valid_id(element) then
       local id, deadline = M.parse_token(element)
-      local when = mark[i] and tonumber(string.match(mark[i], '^[en](%d+)$'))
+      local when = mark[i] and tonumber(string.match(mark[i], '^[enw](%d+)$'))
       if not id then
         state = 'corrupt'
       elseif done_in[i] or batch_acked[i] then
@@ -4251,7 +4321,7 @@ function M.define_extensions()
       first = 5
       local star = string.find(reply[4], '*', 2, true)
       if star then
-        for id in string.gmatch(string.sub(reply[4], star + 1), '[^*]+') do ids[#ids + 1] = id end
+        M.split_ids(reply[4], star + 1, ids)
       end
     end
     local packed = #ids
@@ -4294,7 +4364,8 @@ function M.define_extensions()
     FRESH_ACKS = drop == 1
     local reply, accepted, state = M.lease(7, drop == 0 or 'named', compact)
     local at = compact and 5 or 4 -- the first token in reply
-    local out = { unpack(reply, 1, at - 1) }
+    -- (a reply of the packed batch alone, the common one, takes its payloads after it)
+    local out = #reply < at and reply or { unpack(reply, 1, at - 1) }
     local ids, packed = M.leased_ids(reply, compact)
     if #ids > 0 then
       local bodies = rcall('HMGET', K.payloads, unpack(ids))

@@ -81,7 +81,7 @@ FENCE_TOKENS_NOT_IN_RING = False
 _TOKEN_STAMP = re.compile(rb"(\d+)\.(\d+)\.\d+")
 _BATCH = re.compile(rb"\*(\d+)\.1\.\d+")
 _BATCH_ACK = re.compile(rb"\*\d+\.1\.\d+/(\d+)")
-_MARK = re.compile(rb"([en])(\d+)")
+_MARK = re.compile(rb"([enw])(\d+)")
 _DEAD_LETTER = re.compile(rb"[^*]*\*\d+\*\d+\*(.*)", re.DOTALL)
 _TOKEN_DEADLINE = re.compile(rb"\*(\d+)\.")
 _PUSHLOG = re.compile(rb"(\d+):(\d+)")
@@ -885,7 +885,7 @@ class RotatorModel:
                 token in self.done
                 or token in self.done_old
                 or any(m.startswith((b"n", b"f")) for m in marks)
-                or any(m.startswith(b"e") and int(m[1:]) > self.now for m in marks)
+                or any(m.startswith((b"e", b"w")) and int(m[1:]) > self.now for m in marks)
             )
             if not gone and batch not in acked_whole:
                 overdue += 1
@@ -1263,7 +1263,9 @@ class RotatorModel:
             gone = done or (
                 mark is not None and (mark[:1] in (b"n", b"e", b"f") or parts is not None)
             )
-            deadline = None if gone else own_deadline(element)
+            moved = _MARK.fullmatch(mark) if mark and mark[:1] == b"w" else None
+            # (an extended lease moved here waits by its new deadline)
+            deadline = None if gone else int(moved[2]) if moved else own_deadline(element)
             if deadline is not None and deadline > w.now and not w.sweeping:
                 stop = deadline
                 break
@@ -1440,7 +1442,7 @@ class RotatorModel:
             self._dead_letter(w, b"failed", n, job_id + b"*" + mark[1:])
             return
         when = _MARK.fullmatch(mark) if mark else None
-        if when and when[1] == b"e":
+        if when and when[1] in (b"e", b"w"):
             deadline = int(when[2])
         deferred = bool(when and when[1] == b"n")
         due = int(when[2]) if deferred and when else deadline
@@ -1450,7 +1452,10 @@ class RotatorModel:
             or w.leased >= w.count
             or (not deferred and w.revokes >= REVOKES)
         ):
-            self._keep(w, element, due, mark, marks, deferred)
+            # Extended beyond a lease made now: it waits in the ring, as a nacked job does.
+            extended = mark is not None and mark[:1] in (b"e", b"w")
+            waits = deferred or (extended and not w.sweeping and due > w.deadline)
+            self._keep(w, element, due, mark, marks, waits)
             return
         if marks is not None:
             del marks[element]
@@ -1500,8 +1505,15 @@ class RotatorModel:
                 w.back_young = at if w.back_young is None else min(w.back_young, at)
             w.pushed_min = at if w.pushed_min is None else min(w.pushed_min, at)
             w.live -= 1
-        if mark is not None and marks is self.marks_old:
-            self.marks[element] = self.marks_old.pop(element)
+        # An extended lease moved to the lease list's head is marked "w": there it waits in
+        # deadline order, and the walk stops at it while it is young.
+        if mark is not None:
+            kept = b"w" + mark[1:] if where == "head" and mark[:1] == b"e" else mark
+            if marks is self.marks_old:
+                del self.marks_old[element]
+                self.marks[element] = kept
+            elif kept != mark:
+                self.marks[element] = kept
 
     def _hand_out(self, w: Walk, job_id: bytes, deliveries: int, reclaimed: int) -> None:
         w.released += 1
@@ -1590,7 +1602,8 @@ class RotatorModel:
         ring's stamped elements (deferred jobs), and the lease list's from its tail up to the
         first live lease still young by its own deadline, which stops the walk (the list is in
         deadline order; a lease behind a younger one waits for it, see the README's "How it
-        works"). Nacked and extended leases, and marked batches, do not stop it."""
+        works"). Nacked and extended leases, and marked batches, do not stop it; an extended
+        lease moved to the head ("w") stops it by its new deadline."""
         held = self.held()
         dues = [held[e][1] for e in unpacked(self.ring) if e in held]
         for element in reversed(self.leases):
@@ -1600,7 +1613,8 @@ class RotatorModel:
             else:
                 marked = (self._mark_of(element)[0] or b"")[:1] in (b"n", b"e")
             live = [job for job in unpacked([element]) if job in held]
-            own = own_deadline(element)
+            moved = _MARK.fullmatch(self._mark_of(element)[0] or b"") if parts is None else None
+            own = int(moved[2]) if moved and moved[1] == b"w" else own_deadline(element)
             if live and own is not None and own > self.now and not marked:
                 dues.append(own)
                 break

@@ -139,3 +139,74 @@ def test_a_consumer_idle_before_a_lease_was_taken_reclaims_it_soon_after_its_dea
     assert (job_id, reclaimed) == ("job", True)
     # Long before its 8 s block would have ended (bench/leases.py measures how soon).
     assert at - deadline < 3.0, f"reclaimed {at - deadline:.3f} s after the deadline"
+
+
+def extended_leases(q: Counting, n: int, extend_ms: int) -> list[bytes]:
+    """`n` single leases of 1 s, each then extended by `extend_ms`; returns their tokens once
+    their own deadlines have passed (only the extension keeps them)."""
+    single_leases(q, n, lease_ms=1000)
+    tokens: list[bytes] = q.client.lrange(q.keys[10], 0, -1)  # type: ignore[assignment]
+    for start in range(0, n, 1000):
+        assert q("extend", extend_ms, *tokens[start : start + 1000])[1:] == [1] * len(
+            tokens[start : start + 1000]
+        )
+    time.sleep(1.1)
+    return tokens
+
+
+def test_more_extended_leases_than_a_budget_do_not_starve_the_ring(
+    client: redis.Redis, queue_name: str
+) -> None:
+    """3,000 held jobs a heartbeat has extended, a budget of 1,000 a call. Each extended lease
+    is moved to the lease list's head once ("w"), in its new deadline's order; it was moved
+    again each time it came round ("e"), so every claim spent its budget moving them, the
+    fresh job was never reached and the consumer was told to call again at once."""
+    q = Counting(client, queue_name)
+    extended_leases(q, 3000, extend_ms=30_000)
+    q("push", "fresh")
+    claimed, reads = [], []
+    for _ in range(5):
+        reply, read = q.read_by("next_packed", 1, 30_000, 1000, 0)
+        reads.append(read)
+        if reply[3]:
+            claimed.append(reply[3])
+            break
+    assert claimed, reads
+    assert claimed[0].endswith(b"*fresh")
+    marks: list[Any] = client.hvals(q.keys[3]) + client.hvals(q.keys[4])
+    assert len(marks) == 3000
+    assert all(m.startswith(b"w") for m in marks)
+    # Moved once: the next claim of a fresh job reads the ring alone.
+    q("push", "fresher")
+    reply, read = q.read_by("next_packed", 1, 30_000, 1000, 0)
+    assert reply[3].endswith(b"*fresher")
+    assert read <= 2
+    assert client.llen(q.keys[10]) == 3002
+
+
+def test_a_lease_extended_far_waits_in_the_ring_and_holds_up_no_lease_behind_it(
+    client: redis.Redis, queue_name: str
+) -> None:
+    """A job extended by an hour on a queue of 1 s leases: moved to the lease list's head it
+    would stop the walk for that hour, and a crashed worker's lease behind it would wait as
+    long. It waits in the ring instead (as a nacked job does), and is leased again at its
+    deadline, not before."""
+    q = Counting(client, queue_name)
+    q("push", "long")
+    far = q("next_packed", 1, 1000, 1000, 0)[3]
+    long_token = far.split(b"*")[2] + far[: far.index(b"*", 1)] + b"00001"
+    assert q("extend", 3_600_000, long_token)[1] == 1
+    q("push", "crashed")
+    q("next_packed", 1, 1000, 1000, 0)  # its worker dies holding it
+    time.sleep(1.1)
+    q("push", "fresh")
+    reply = q("next_packed", 2, 1000, 1000, 0)
+    tokens = reply[4::2]
+    assert [t.split(b"*")[0] for t in tokens] == [b"crashed"]
+    assert reply[5] == 1  # reclaimed
+    assert reply[3].endswith(b"*fresh")
+    assert long_token in client.lrange(q.keys[0], 0, -1)  # waiting in the ring
+    mark: Any = client.hget(q.keys[3], long_token)
+    assert mark.startswith(b"e")
+    # Still held: an ack of it is taken, and the walk removes it from the ring.
+    assert q("ack", long_token) == 1

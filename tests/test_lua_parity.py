@@ -81,6 +81,9 @@ SNIPPETS = [
     "return redis.call('RENAME', KEYS[1], KEYS[1] .. 'x')",
     "redis.call('RPUSH', KEYS[1], 'a', 'b') return {redis.call('RPOP', KEYS[1]), "
     "redis.call('RPOP', KEYS[1]), redis.call('RPOP', KEYS[1]), redis.call('LLEN', KEYS[1])}",
+    "redis.call('RPUSH', KEYS[1], 'a', 'b', 'c', 'd') return {redis.call('RPOP', KEYS[1], 3), "
+    "redis.call('RPOP', KEYS[1], 3), redis.call('RPOP', KEYS[1], 2), "
+    "redis.call('EXISTS', KEYS[1])}",
     "return redis.call('LPUSH', KEYS[1])",
     "leaked = 1 return 1",
     "KEYS = {} return 1",

@@ -381,14 +381,21 @@ class RedisStub:
         return removed
 
     def _rpop(self, args: list[bytes]) -> Reply:
-        if len(args) != 1:
-            raise StubError("RPOP with a count is not implemented in the stub")
+        if len(args) > 2:
+            raise StubError("RPOP takes a key and at most a count")
+        count = parse_int(args[1]) if len(args) == 2 else None
+        if count is not None and count < 1:
+            raise StubError("RPOP with a count below 1 is not implemented in the stub")
         items = self._list(args[0])
         if not items:
             return None
-        value = items.pop()
+        if count is None:
+            value = items.pop()
+            self._vacuum(args[0])
+            return value
+        popped: list[Reply] = [items.pop() for _ in range(min(count, len(items)))]  # tail first
         self._vacuum(args[0])
-        return value
+        return popped
 
     # -- sets --
 
