@@ -103,9 +103,10 @@ LEASES (how a claim avoids the jobs in flight)
   another extend marks it "e" again; one extended beyond this call's own deadline waits in
   the ring instead, as a nacked job does, so that it holds up no lease behind it), and stops
   at the first lease young by its own deadline (a "w" lease: by its new one): young leases
-  are never visited one by one, so a claim costs the same however many are in flight. The price: a lease made shorter than one before it (a smaller
-  LEASE_MS, an extend that shortens), or a job nacked behind a younger lease, is reached
-  when the walk gets there, at the latest when the leases before it fall due. A sweep does
+  are never visited one by one, so a claim costs the same however many are in flight. The
+  price: a lease made shorter than one before it (a smaller LEASE_MS, an extend that
+  shortens), or a job nacked behind a younger lease, is reached when the walk gets there, at
+  the latest when the leases before it fall due. A sweep does
   not stop at young leases: it puts them back at the tail in their places.
   Acks and marks age (done -> done_old, marks -> marks_old, the old ones dropped) once both
   lists have been walked whole since the last ageing: the ring from sentinel to sentinel
@@ -1662,10 +1663,9 @@ end
 -- to lease it), a deferred job to the ring's head.
 
 -- The state of one walk over the tail of the ring, shared by next and sweep. Reading the
--- ring's length and the side structures' sizes also checks every key the walk may write.
--- The state a walk starts from. The wake list, which a claim writes only when it idles or
--- makes the earliest deadline, is checked by check_wake where that may happen, not here: a
--- claim that leases behind other leases reads one key less.
+-- ring's length and the side structures' sizes also checks the keys the walk may write; the
+-- wake list, which a claim writes only when it idles or makes the earliest deadline, is
+-- checked by check_wake where that may happen: a claim behind other leases reads one key less.
 function M.read_walk_state()
   local length = M.read('LLEN', K.ring)
   local lease_length = M.read('LLEN', K.leases)
@@ -1675,6 +1675,12 @@ function M.read_walk_state()
   sides.origin, sides.seq, sides.lstop = meta.origin, meta.seq, meta.lstop
   return { length = length, lease_length = lease_length, meta = meta, sides = sides,
     dead_length = dead_length, now = M.now_ms() }
+end
+
+-- The deadline a "w" mark holds: an extended lease moved to the lease list's head waits by it
+-- (see keep); nil for any other mark.
+function M.moved_deadline(m)
+  return m and string.byte(m) == BYTE_W and tonumber(string.sub(m, 2)) or nil
 end
 
 -- Reads (and so type-checks) the wake list, once a call, before the first write of a call
@@ -2072,7 +2078,9 @@ function M.keep(s, element, at, m, m_key, deferred)
   -- budget (a heartbeat extends every held job) every claim spent its budget moving them, and
   -- the ring's pending jobs waited. A later extend marks it "e" again: one move per extend.
   local kept = m
-  if m and list == s.to_leases and string.byte(m) == BYTE_E then kept = 'w' .. string.sub(m, 2) end
+  if m and list == s.to_leases and string.byte(m) == BYTE_E then
+    kept = 'w' .. string.sub(m, 2)
+  end
   if m and (m_key ~= K.marks or kept ~= m) then
     s.keep_marks[#s.keep_marks + 1] = element
     s.keep_marks[#s.keep_marks + 1] = kept
@@ -2209,9 +2217,7 @@ function M.walk_leases(s, budget)
       -- and its live ones wait at the tail in its place).
       local gone = done_in[i] ~= nil
         or (m and (byte(m) == BYTE_N or byte(m) == BYTE_E or byte(m) == BYTE_F or packed[i]))
-      -- (an extended lease moved here already waits by its new deadline, see keep)
-      local deadline = not gone and (m and byte(m) == BYTE_W and tonumber(string.sub(m, 2))
-        or M.own_deadline(element, packed[i]))
+      local deadline = not gone and (M.moved_deadline(m) or M.own_deadline(element, packed[i]))
       if deadline and deadline > now and not s.sweeping then
         stop = deadline
         break
@@ -3110,9 +3116,7 @@ function M.fast_lease(first, count, lease, budget, compact, state)
       if visited >= budget or bytes > LIMIT.lease_bytes then return nil end
       local jobs = place.batch and jobs_of[place.batch]
       local m = place.mark
-      -- (an extended lease moved here waits by its new deadline, as the walk has it)
-      local moved = m and not place.batch and string.byte(m) == BYTE_W
-        and tonumber(string.sub(m, 2))
+      local moved = not place.batch and M.moved_deadline(m) -- (as the walk has it)
       if (not m or moved) and not jobs then
         local deadline = moved or place.deadline
         if not deadline or deadline <= now then return nil end

@@ -82,6 +82,7 @@ _TOKEN_STAMP = re.compile(rb"(\d+)\.(\d+)\.\d+")
 _BATCH = re.compile(rb"\*(\d+)\.1\.\d+")
 _BATCH_ACK = re.compile(rb"\*\d+\.1\.\d+/(\d+)")
 _MARK = re.compile(rb"([enw])(\d+)")
+
 _DEAD_LETTER = re.compile(rb"[^*]*\*\d+\*\d+\*(.*)", re.DOTALL)
 _TOKEN_DEADLINE = re.compile(rb"\*(\d+)\.")
 _PUSHLOG = re.compile(rb"(\d+):(\d+)")
@@ -89,6 +90,13 @@ _SCHEDULE_NAME = re.compile(rb"[A-Za-z0-9._:@/-]+")
 _TIMES = re.compile(rb"#(\d{1,15})((?:,\d{1,2}:\d{1,10})+)")
 _TIMES_BUCKET = re.compile(rb",(\d+):(\d+)")
 _RANKED = re.compile(rb"\*([1-9])\*(.+)", re.DOTALL)  # "*<level>*<id>" (Lua's "." is any byte)
+
+
+def moved_deadline(mark: bytes | None) -> int | None:
+    """The deadline a "w" mark holds: an extended lease moved to the lease list's head waits by
+    it (the module's moved_deadline); None for any other mark."""
+    found = _MARK.fullmatch(mark) if mark else None
+    return int(found[2]) if found and found[1] == b"w" else None
 
 
 class Refused(Exception):
@@ -1263,9 +1271,8 @@ class RotatorModel:
             gone = done or (
                 mark is not None and (mark[:1] in (b"n", b"e", b"f") or parts is not None)
             )
-            moved = _MARK.fullmatch(mark) if mark and mark[:1] == b"w" else None
-            # (an extended lease moved here waits by its new deadline)
-            deadline = None if gone else int(moved[2]) if moved else own_deadline(element)
+            moved = moved_deadline(mark)
+            deadline = None if gone else moved if moved is not None else own_deadline(element)
             if deadline is not None and deadline > w.now and not w.sweeping:
                 stop = deadline
                 break
@@ -1613,8 +1620,8 @@ class RotatorModel:
             else:
                 marked = (self._mark_of(element)[0] or b"")[:1] in (b"n", b"e")
             live = [job for job in unpacked([element]) if job in held]
-            moved = _MARK.fullmatch(self._mark_of(element)[0] or b"") if parts is None else None
-            own = int(moved[2]) if moved and moved[1] == b"w" else own_deadline(element)
+            moved = moved_deadline(self._mark_of(element)[0]) if parts is None else None
+            own = moved if moved is not None else own_deadline(element)
             if live and own is not None and own > self.now and not marked:
                 dues.append(own)
                 break
