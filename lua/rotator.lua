@@ -572,23 +572,25 @@ REDIS-CLI
 --    4. Queue state       counters, side-structure sizes and pushes, on any queue's keys
 --    5. Acks              acking tokens and batch acks, for ack, next and ackp
 --    6. The walk engine   one walk over the ring's tail, for next, next_packed and sweep
---    7. Queue commands    push push_chunk push_later pause resume rate_limit durations next
---                         next_packed ack nack
---                         extend cancel sweep delete
---                         configure stats peek scan dead requeue_dead requeue_dead_from
---    8. Payloads          pushp pushp_later nextp ackp, and item stats: pushi nackp items
---    9. Topics            tpublish tsubscribe tunsubscribe treplay tseek ttrim tstats,
---                         and recurring schedules: schedule unschedule schedules
---                         (8 and 9 are defined on first use, by M.define_extensions)
---   10. Dispatch          the command table, the KEYS by name, main
+--    7. Queue commands    a worker's: push next next_packed ack nack bury extend
+--    8. On first use      tracked ids; push_chunk push_later push_priority pause resume; rate
+--                         limits and durations; scheduled and prioritized jobs; cancel sweep
+--                         delete configure stats peek scan dead requeue_dead
+--                         requeue_dead_from; recurring schedules: schedule unschedule schedules
+--    9. Payloads          pushp pushp_later nextp ackp, and item stats: pushi nackp items
+--   10. Topics            tpublish tsubscribe tunsubscribe treplay tseek ttrim tstats
+--                         (8 is defined on first use by M.define_later, 9 and 10 by
+--                         M.define_extensions: see ON_FIRST_USE)
+--   11. Dispatch          the command table, the KEYS by name, main
 --
 -- Two ways to run: EVAL/EVALSHA run this whole chunk on every call, so it defines its
--- functions each time (creating closures is a good part of a call's cost); FUNCTION LOAD runs
--- it once to register `main`, and each FCALL only runs `main`. Functions live in one table (M)
--- and key types are checked by the reads a command needs anyway (M.read), not by TYPE.
+-- functions each time (creating closures and filling M is a good part of a call's cost, which
+-- is why sections 8-10 are defined only by a call that needs them); FUNCTION LOAD runs it once
+-- to register `main`, and each FCALL only runs `main`. Functions live in one table (M) and key
+-- types are checked by the reads a command needs anyway (M.read), not by TYPE.
 local M = {}
 
--- 1. CONSTANTS ----------------------------------------------------------------------------------
+-- 1. CONSTANTS ------------------------------------------------------------------------------------
 
 -- Limits, and the widths of the element grammar (ELEMENTS OF THE RING, above), as fields of
 -- one table rather than a local each: every file-level local that a function uses costs an
@@ -711,7 +713,7 @@ local DROPPED_MARK = '+'
 -- two ways key by key (tests/lua/test_fast_lease.py).
 local FAST_LEASE = true
 
--- 2. CALL STATE ---------------------------------------------------------------------------------
+-- 2. CALL STATE -----------------------------------------------------------------------------------
 
 -- Bound by main at the start of every call, and never rebound during it: this call's
 -- arguments (A), all its KEYS (KS), and the command function (which a library may not touch
@@ -736,6 +738,8 @@ local TRIMMED
 -- payloads (M.leased_ids) does not split the element it has just joined.
 local PACKED, PACKED_IDS
 local T, NGROUPS
+-- The call's KEYS layout (see COMMANDS), nil for an unknown command.
+local LAYOUT
 -- Zero-padded places ("00042"), each formatted once: a token's seq is the call's first visit
 -- number followed by the job's place in the call's batch (or among the call's later
 -- deliveries), which spares formatting a number per job.
@@ -755,7 +759,7 @@ function M.make_pad()
   })
 end
 
--- 3. SHARED HELPERS: errors, guarded reads, time, arguments, tokens ------------------------------
+-- 3. SHARED HELPERS: errors, guarded reads, time, arguments, tokens -------------------------------
 
 function M.fail(code, message)
   return { err = code .. ' ' .. message }
@@ -984,7 +988,7 @@ function M.split_batch_ack(arg)
   return string.sub(arg, 1, slash - 1), string.sub(arg, slash + 1)
 end
 
--- 4. QUEUE STATE: counters, side structures, pushes -------------------------------------------
+-- 4. QUEUE STATE: counters, side structures, pushes -----------------------------------------------
 -- The helpers a topic also applies to its groups' queues (read_meta, read_push_keys,
 -- ensure_ring, record_push, and queue_stats in section 7) take the queue's keys as their first
 -- parameter, K; everything else works on this call's own queue, K of section 2.
@@ -1202,208 +1206,15 @@ function M.add_wake_tokens(K, n, wake)
   end
 end
 
--- A queue that tracks ids (configure track_ids 1, see IDS): K.ids names where each id's
--- one copy is. These run only on such a queue.
-
--- Of `ids` (checked, in order), those the queue may take now as `value` ("p": pushed to the
--- ring, "s"/"s<level>": scheduled, "q<level>": waiting at a priority): an id is taken once
--- however often it is given, and not while the queue holds it, except that a job scheduled
--- may be scheduled again (it moves: its old member goes). Writes the index for them and
--- returns them.
-function M.admit(ids, value)
-  local held = M.hmget_all(K.ids, ids)
-  local acked = M.acked_copies(ids, held)
-  local fresh, writes, seen, moved = {}, {}, {}, {}
-  local scheduling = string.byte(value) == BYTE_S
-  for i = 1, #ids do
-    local id, v = ids[i], held[i]
-    if not seen[id] then
-      seen[id] = true
-      local rescheduled = v and scheduling and string.byte(v) == BYTE_S
-      if not v or acked[i] or rescheduled then
-        fresh[#fresh + 1] = id
-        writes[#writes + 1], writes[#writes + 2] = id, value
-        if rescheduled and v ~= value then moved[#moved + 1] = M.waiting_member(id, v) end
-      end
-    end
-  end
-  M.call_all('HSET', K.ids, writes)
-  M.call_all('ZREM', K.scheduled, moved)
-  return fresh
-end
-
--- The member of K.scheduled that holds `id`, by its index value: "s" (scheduled) is the id
--- itself, "s<level>" and "q<level>" (scheduled, or waiting, at a priority) "*<level>*<id>".
-function M.waiting_member(id, v)
-  local level = string.sub(v, 2)
-  return level == '' and id or '*' .. level .. '*' .. id
-end
-
--- Which of `ids` the index `held` (their values) places in a lease that is acked already:
--- its token in a done set, or its batch acked whole. Such a copy is complete, though its
--- element may wait for a walk to remove it. A set of indexes into `ids`.
-function M.acked_copies(ids, held)
-  local tokens, at, batches, of = {}, {}, {}, {}
-  for i = 1, #ids do
-    local v = held[i]
-    if v and string.find(v, '^%d') then
-      local token = ids[i] .. '*' .. v
-      tokens[#tokens + 1], at[#tokens + 1] = token, i
-      local batch = M.batch_of(token)
-      if batch then batches[#batches + 1], of[#batches + 1] = batch, i end
-    end
-  end
-  local acked = {}
-  if #tokens == 0 then return acked end
-  for _, key in ipairs({ K.done, K.done_old }) do
-    local flags = M.read('SMISMEMBER', key, unpack(tokens))
-    for j = 1, #flags do
-      if flags[j] == 1 then acked[at[j]] = true end
-    end
-  end
-  if #batches > 0 then
-    for _, key in ipairs({ K.marks, K.marks_old }) do
-      local marks = M.read('HMGET', key, unpack(batches))
-      for j = 1, #marks do
-        if marks[j] and string.byte(marks[j]) == BYTE_A then acked[of[j]] = true end
-      end
-    end
-  end
-  return acked
-end
-
--- Notes in the walk's state that the copy of `id` whose token ends in `stamp` has left the
--- queue (acked and removed, dead-lettered, dropped): its index entry goes, unless it already
--- names another copy (the id pushed again once this one was acked or cancelled).
-function M.forget_id(s, id, stamp)
-  if not s.tracked then return end
-  s.gone[#s.gone + 1], s.gone_stamp[#s.gone + 1] = id, stamp
-end
-
--- Notes that `id` is now in flight with the token `id*stamp`.
+-- Notes that `id` is now in flight with the token `id*stamp`, on a queue that tracks ids (see
+-- IDS; the index's other functions, which a plain queue never calls, are in section 8).
 function M.note_id(s, id, stamp)
   if not s.tracked then return end
   s.leased_ids[#s.leased_ids + 1] = id
   s.leased_ids[#s.leased_ids + 1] = stamp
 end
 
--- Writes what the walk noted: entries of copies gone (each only if it still names that
--- copy), then the stamps of this call's leases.
-function M.write_ids(s)
-  local gone, batch = s.gone, s.batch
-  if #gone > 0 then
-    local held = M.hmget_all(K.ids, gone)
-    local drop = {}
-    for i = 1, #gone do
-      if held[i] == s.gone_stamp[i] then drop[#drop + 1] = gone[i] end
-    end
-    M.call_all('HDEL', K.ids, drop)
-  end
-  local writes = s.leased_ids
-  local stamp = string.sub(s.first, 2)
-  for k = 1, #batch do
-    writes[#writes + 1], writes[#writes + 2] = batch[k], stamp .. PAD[k]
-  end
-  M.call_all('HSET', K.ids, writes)
-end
-
--- A cancelled copy that still has an element (a pending id in the ring, a lease or a deferred
--- job) is recorded under the field "*<id>" of K.ids (no id holds "*"): "<n>" pending copies,
--- then ",<stamp>" for each lease or deferred job, until the walk meets and drops it; meta
--- `stale` counts what all records hold, so a walk reads them only while there are some.
--- A record as the walk keeps it: {n = pending copies, stamps = {stamp = true}, dirty}.
-function M.parse_stale(raw)
-  local rec = { n = 0, stamps = {} }
-  if not raw then return rec end
-  local first = true
-  for part in string.gmatch(raw, '[^,]+') do
-    if first then
-      rec.n, first = tonumber(part) or 0, false
-    else
-      rec.stamps[part] = true
-    end
-  end
-  return rec
-end
-
-function M.format_stale(rec)
-  local parts = { tostring(rec.n) }
-  for stamp in pairs(rec.stamps) do parts[#parts + 1] = stamp end
-  if #parts == 1 and rec.n == 0 then return nil end
-  return table.concat(parts, ',')
-end
-
--- The record of `id` as this walk has it (`raw`: its field, when the caller read it), read
--- once per walk.
-function M.stale_of(s, id, raw)
-  local rec = s.stale_recs[id]
-  if not rec then
-    if raw == nil then raw = rcall('HMGET', K.ids, '*' .. id)[1] end
-    rec = M.parse_stale(raw)
-    s.stale_recs[id] = rec
-  end
-  return rec
-end
-
--- For a slice of the ring on a tracked queue with records: index -> true for each pending id
--- with a cancelled pending copy recorded (one HMGET for the slice). Which of its copies the
--- walk drops does not matter: they are the same id.
-function M.stale_pending(s, slice, stamped, packed)
-  local stale = {}
-  if s.stale_count <= 0 then return stale end
-  local fields, at = {}, {}
-  for i = 1, #slice do
-    local element = slice[i]
-    if not stamped[i] and not packed[i] and element ~= SENTINEL and element ~= ''
-        and string.byte(element) ~= BYTE_STAR and not s.stale_recs[element] then
-      fields[#fields + 1], at[#fields + 1] = '*' .. element, i
-    end
-  end
-  local raws = #fields > 0 and M.hmget_all(K.ids, fields) or {}
-  for j = 1, #fields do M.stale_of(s, slice[at[j]], raws[j]) end
-  for i = 1, #slice do
-    local rec = not stamped[i] and not packed[i] and s.stale_recs[slice[i]]
-    if rec and rec.n > 0 then stale[i] = true end
-  end
-  return stale
-end
-
--- Whether the walk drops this element of `id` (stamp: its token after "*", or nil for a
--- pending id) as a cancelled copy; if so, the record no longer holds it.
-function M.take_stale(s, id, stamp, raw)
-  if s.stale_count <= 0 then return false end
-  local rec = M.stale_of(s, id, raw)
-  if stamp then
-    if not rec.stamps[stamp] then return false end
-    rec.stamps[stamp] = nil
-  else
-    if rec.n <= 0 then return false end
-    rec.n = rec.n - 1
-  end
-  rec.dirty, s.stale_count = true, s.stale_count - 1
-  s.live = s.live - 1
-  if not stamp then s.taken = s.taken + 1 end -- (a pending one was counted as pending)
-  return true
-end
-
--- Writes the records the walk changed.
-function M.write_stale(s)
-  local writes, drops = {}, {}
-  for id, rec in pairs(s.stale_recs) do
-    if rec.dirty then
-      local value = M.format_stale(rec)
-      if value then
-        writes[#writes + 1], writes[#writes + 2] = '*' .. id, value
-      else
-        drops[#drops + 1] = '*' .. id
-      end
-    end
-  end
-  M.call_all('HSET', K.ids, writes)
-  M.call_all('HDEL', K.ids, drops)
-end
-
--- 5. ACKS: for ack, next (its ACK_TOKENs) and ackp ---------------------------------------------
+-- 5. ACKS: for ack, next (its ACK_TOKENs) and ackp ------------------------------------------------
 -- nack and extend share revoked_among and touch.
 
 -- Acks A[first..] (already checked); returns how many were accepted, and the accepted
@@ -1653,7 +1464,7 @@ function M.touch(batches, sides)
   end
 end
 
--- 6. THE WALK ENGINE ----------------------------------------------------------------------------
+-- 6. THE WALK ENGINE ------------------------------------------------------------------------------
 -- next and sweep walk two lists from their tails: start_walk reads the state; walk_leases
 -- visits the lease list while what it finds there is due or done with (LEASES in the header);
 -- walk visits a budget of ring elements (leasing pending ids into the call's batch, leasing
@@ -2490,7 +2301,7 @@ function M.add_count(key, field, n)
   if type(added) == 'table' and added.err then rcall('HSET', key, field, n) end
 end
 
--- 7. QUEUE COMMANDS -----------------------------------------------------------------------------
+-- 7. QUEUE COMMANDS -------------------------------------------------------------------------------
 
 function M.push()
   return (M.push_ids(2))
@@ -2535,176 +2346,6 @@ function M.check_unique(meta)
     M.refuse('ROTATOR_UNTRACKED', 'unique pushes need a queue that tracks ids: configure ' ..
       'track_ids 1 (on an empty queue) first')
   end
-end
-
--- push, once per chunk of a bulk load whose progress the marker hash (the fourteenth key) records in
--- its field `chunks`: a retried or duplicated loader (a Spark task run twice) pushes nothing
--- twice, however its attempts interleave.
-function M.push_chunk()
-  local chunk = M.int_arg(2, 'CHUNK', 0, LIMIT.no_bound)
-  local ttl = M.int_arg(3, 'TTL_MS', 1, LIMIT.no_bound)
-  local marker = K.payloads -- the fourteenth key: push_chunk takes its marker hash there
-  local chunks = tonumber(M.read('HMGET', marker, 'chunks')[1]) or 0
-  if chunks > chunk then
-    M.check_ids(4)
-    -- A write, so that a WAIT after a retried call also covers the first try's push.
-    rcall('PEXPIRE', marker, ttl)
-    return { 0, chunks }
-  end
-  if chunks < chunk then
-    M.refuse('ROTATOR_BADARG', 'chunk ' .. chunk .. ' comes after chunk ' .. chunks ..
-      ', which the marker does not record: it expired or was deleted')
-  end
-  local pushed = M.push_ids(4)
-  rcall('HSET', marker, 'chunks', chunk + 1)
-  rcall('PEXPIRE', marker, ttl)
-  return { pushed, chunk + 1 }
-end
-
--- push_later's arguments: the due time (ms, server TIME) of IN DELAY_MS or AT AT_MS at
--- A[2..3], checked, and the time now.
-function M.due_arg(at)
-  at = at or 2
-  local mode = A[at]
-  if mode ~= 'IN' and mode ~= 'AT' then
-    M.refuse('ROTATOR_BADARG', 'expected IN DELAY_MS or AT AT_MS, got ' .. M.printable(mode))
-  end
-  local most = LIMIT.schedule_ms
-  local time = M.int_arg(at + 1, mode == 'IN' and 'DELAY_MS' or 'AT_MS', 0,
-    mode == 'IN' and most or LIMIT.no_bound)
-  local now = M.now_ms()
-  local due = mode == 'IN' and now + time or time
-  if due > now + most then
-    M.refuse('ROTATOR_BADARG', 'AT_MS ' .. time .. ' is more than ' .. most ..
-      ' ms after the server\'s time ' .. now)
-  end
-  return due, now
-end
-
-function M.push_later()
-  local due, now = M.due_arg()
-  M.check_ids(4)
-  local ids = { unpack(A, 4) }
-  if #ids == 0 then return 0 end
-  local smin = M.read_schedule_keys()
-  if K.items then M.read('HLEN', K.items) end
-  if M.read_tracked() then
-    ids = M.admit(ids, 's')
-    if #ids == 0 then return 0 end
-  end
-  M.schedule_ids(ids, due, smin)
-  M.enqueued(ids, now)
-  return #ids
-end
-
--- Whether the queue tracks ids (see IDS), for a command that reads no other meta; refuses a
--- unique push on a queue that does not (check_unique).
-function M.read_tracked()
-  local meta = { tracked = M.read('HMGET', K.meta, 'track_ids')[1] == '1' }
-  M.read('HLEN', K.ids)
-  M.check_unique(meta)
-  return meta.tracked
-end
-
--- Starts the per-item stats (the fifteenth key) of ids just pushed
--- (or scheduled): enqueued now, no delivery.
-function M.enqueued(ids, now)
-  if not K.items then return end
-  local fresh = now .. ':0:0:'
-  local pairs_ = {}
-  for i = 1, #ids do
-    pairs_[#pairs_ + 1], pairs_[#pairs_ + 2] = ids[i], fresh
-    if #pairs_ >= LIMIT.batch then
-      rcall('HSET', K.items, unpack(pairs_))
-      pairs_ = {}
-    end
-  end
-  if #pairs_ > 0 then rcall('HSET', K.items, unpack(pairs_)) end
-end
-
--- Reads (and so checks) what schedule_ids writes.
-function M.read_schedule_keys()
-  M.read('ZCARD', K.scheduled)
-  M.read('LLEN', K.wake)
-  return tonumber(M.read('HMGET', K.meta, 'smin')[1])
-end
-
--- Schedules `ids` (checked) for `due`: an id scheduled already moves to `due`. A due time
--- sooner than any before (`smin`, from read_schedule_keys) wakes an idle consumer, which
--- then waits for it.
-function M.schedule_ids(ids, due, smin)
-  local args = {}
-  for i = 1, #ids do
-    args[#args + 1] = due
-    args[#args + 1] = ids[i]
-  end
-  M.call_all('ZADD', K.scheduled, args)
-  if not smin or due < smin then
-    rcall('HSET', K.meta, 'smin', due)
-    M.wake_one()
-  end
-end
-
--- push_priority LEVEL IN|AT TIME ID...: ids that wait at priority LEVEL (1..9, behind the
--- ring's pending ids, which are level 0), now or once due (see PRIORITIES).
-function M.push_priority()
-  local level = M.int_arg(2, 'LEVEL', 1, LIMIT.priority_levels)
-  local due, now = M.due_arg(3)
-  M.check_ids(5)
-  local ids = { unpack(A, 5) }
-  if #ids == 0 then return 0 end
-  local length = M.read('LLEN', K.ring)
-  local meta = M.read_meta(K)
-  local head = M.read_push_keys(K)
-  local smin = M.read_schedule_keys()
-  M.read('HLEN', K.ids)
-  if K.items then M.read('HLEN', K.items) end
-  M.check_unique(meta)
-  local later = due > now
-  if meta.tracked then -- each id once (see IDS)
-    ids = M.admit(ids, (later and 's' or 'q') .. level)
-    if #ids == 0 then return 0 end
-  end
-  local members = {}
-  for i = 1, #ids do members[i] = '*' .. level .. '*' .. ids[i] end
-  M.enqueued(ids, now)
-  if later then
-    -- A job waiting at this level leaves it for the schedule: no longer pending (as if
-    -- taken), to be pushed again when due.
-    local scores = rcall('ZMSCORE', K.scheduled, unpack(members))
-    local waiting, seen = 0, {}
-    for i = 1, #scores do
-      if scores[i] and tonumber(scores[i]) < 0 and not seen[members[i]] then
-        waiting, seen[members[i]] = waiting + 1, true
-      end
-    end
-    if waiting > 0 then
-      rcall('HSET', K.meta, 'prio', meta.prio - waiting, 'taken', meta.taken + waiting)
-    end
-    M.schedule_ids(members, due, smin)
-    return #ids
-  end
-  local jobs = {}
-  for i = 1, #ids do jobs[i] = { level, ids[i], members[i] } end
-  M.ensure_ring(K, length) -- (a claim of a queue without a ring answers idle at once)
-  local added = M.rank(meta, jobs)
-  if added > 0 then M.record_push(K, meta, added, now, head) end
-  return added
-end
-
-function M.pause()
-  local was = M.read('HMGET', K.meta, 'paused')[1]
-  rcall('HSET', K.meta, 'paused', '1')
-  return was == '1' and 0 or 1
-end
-
-function M.resume()
-  local was = M.read('HMGET', K.meta, 'paused')[1]
-  M.read('LLEN', K.wake)
-  if was ~= '1' then return 0 end
-  rcall('HDEL', K.meta, 'paused')
-  M.add_wake_tokens(K, LIMIT.wake_tokens)
-  return 1
 end
 
 function M.next()
@@ -2833,167 +2474,6 @@ function M.soonest(a, b, c)
   if b and (not soonest or b < soonest) then soonest = b end
   if c and (not soonest or c < soonest) then soonest = c end
   return soonest
-end
-
--- next on a queue that may lease nothing now (paused, or at its rate limit): takes the acks
--- and idles for `wait_ms` (-1: until woken). Wake-ups pushed meanwhile would only spin the
--- idle consumers: resume wakes them, and the rate limit's wait ends by itself.
-function M.lease_held(first, compact, state, wait_ms)
-  M.check_wake(state)
-  local sides = state.sides
-  sides.lstop_was = sides.lstop
-  local acked, accepted = M.ack_tokens(first, state.length + state.lease_length, sides)
-  M.write_acked(sides)
-  rcall('DEL', K.wake)
-  return compact and { 1, wait_ms, acked, '' } or { 1, wait_ms, acked }, accepted
-end
-
--- The rate limit (rate_limit) as a generic cell rate: each job leased moves the theoretical
--- arrival time `tat` on by per / jobs ms, and a call may lease while tat stays within `per`
--- ahead of now, so at most `jobs` go in any burst and `jobs` per `per` on average, across
--- every consumer. Returns {allowed, wait (ms until one more may go), tat, step}.
-function M.rate_allowance(meta, now)
-  local step, per = meta.rate_ms / meta.rate_n, meta.rate_ms
-  local tat = math.max(meta.rate_tat or now, now)
-  -- (tat near 1.7e12 ms is exact to about 2e-4 ms: the wait is checked with the very sum
-  -- the allowance makes, so a consumer told to wait is not held again when it comes)
-  local function allowed_at(t) return math.floor((t + per - tat) / step + 1e-9) end
-  local wait = math.max(math.ceil(tat + step - per - now), 1)
-  while allowed_at(now + wait) < 1 do wait = wait + 1 end
-  return { allowed = math.max(allowed_at(now), 0), wait = wait, tat = tat, step = step }
-end
-
-function M.note_rate(rate, leased)
-  if leased > 0 then rcall('HSET', K.meta, 'rate_tat', rate.tat + leased * rate.step) end
-end
-
--- How many jobs a next reply leased (next_packed's packed element holds its first ones).
-function M.leased_count(reply, compact)
-  if not compact then return (#reply - 3) / 2 end
-  local packed = reply[4] ~= '' and select(2, string.gsub(reply[4], '%*', '')) - 1 or 0
-  return packed + (#reply - 4) / 2
-end
-
-function M.durations()
-  if #A == 2 or (#A > 1 and #A % 2 == 1) then
-    M.refuse('ROTATOR_BADARG', 'durations takes TOTAL_MS and BUCKET COUNT pairs, or nothing')
-  end
-  local adds = {}
-  if #A > 1 then adds[1] = { 'dsum', M.int_arg(2, 'TOTAL_MS', 0, LIMIT.no_bound) } end
-  for i = 3, #A, 2 do
-    local bucket = M.int_arg(i, 'BUCKET', 0, LIMIT.duration_buckets - 1)
-    adds[#adds + 1] = { 'd' .. bucket, M.int_arg(i + 1, 'COUNT', 1, LIMIT.rate_jobs) }
-  end
-  local fields = {}
-  for b = 0, LIMIT.duration_buckets - 1 do fields[#fields + 1] = 'd' .. b end
-  fields[#fields + 1] = 'dsum'
-  M.read('HLEN', K.meta)
-  for i = 1, #adds do rcall('HINCRBY', K.meta, adds[i][1], adds[i][2]) end
-  local counts = rcall('HMGET', K.meta, unpack(fields))
-  for i = 1, #counts do counts[i] = tonumber(counts[i]) or 0 end
-  return counts
-end
-
-function M.rate_limit()
-  local jobs = M.int_arg(2, 'JOBS', 0, LIMIT.rate_jobs)
-  local per = M.int_arg(3, 'PER_MS', 1, LIMIT.lease_ms)
-  M.read('HLEN', K.meta)
-  if jobs == 0 then
-    rcall('HDEL', K.meta, 'rate_n', 'rate_ms', 'rate_tat')
-  else
-    rcall('HSET', K.meta, 'rate_n', jobs, 'rate_ms', per)
-  end
-  return 1
-end
-
--- Moves the scheduled jobs that are due (at most LIMIT.promote, earliest first) to the ring,
--- as push does, and notes the next due time. `length`: the ring's length.
-function M.promote(meta, length, now)
-  local found = M.read('ZRANGEBYSCORE', K.scheduled, 0, now, 'WITHSCORES', 'LIMIT', 0,
-    LIMIT.promote)
-  local head = M.read_push_keys(K)
-  local due, members, ticks, ranked = {}, {}, {}, {}
-  for i = 1, #found, 2 do
-    local member = found[i]
-    local level, id = M.ranked_member(member)
-    if level then -- scheduled at a priority level: now waiting at it
-      ranked[#ranked + 1] = { level, id, member }
-    elseif string.byte(member) == BYTE_STAR then
-      members[#members + 1] = member
-      ticks[#ticks + 1] = string.sub(member, 2)
-      ticks[#ticks + 1] = string.format('%.0f', tonumber(found[i + 1]))
-    else
-      members[#members + 1] = member
-      due[#due + 1] = member
-    end
-  end
-  if #members > 0 then rcall('ZREM', K.scheduled, unpack(members)) end
-  if #ticks > 0 then
-    if not M.LAYOUT then M.define_extensions() end
-    local ids = M.tick(ticks, now)
-    for i = 1, #ids do due[#due + 1] = ids[i] end
-  end
-  if #due + #ranked > 0 then
-    M.ensure_ring(K, length)
-    if #due > 0 then rcall('LPUSH', K.ring, unpack(due)) end
-    M.rank(meta, ranked)
-    M.record_push(K, meta, #due + #ranked, now, head)
-    if meta.tracked then -- scheduled ("s") or a tick's new id: now waiting
-      local writes = {}
-      for i = 1, #due do writes[#writes + 1], writes[#writes + 2] = due[i], 'p' end
-      for i = 1, #ranked do
-        writes[#writes + 1], writes[#writes + 2] = ranked[i][2], 'q' .. ranked[i][1]
-      end
-      rcall('HSET', K.ids, unpack(writes))
-    end
-  end
-  M.note_scheduled()
-end
-
--- The level and id of a member "*<level>*<id>" of K.scheduled (see PRIORITIES); nil for
--- another member.
-function M.ranked_member(member)
-  local level, id = string.match(member, '^%*([1-9])%*(.+)$')
-  return tonumber(level), id
-end
-
--- Puts jobs ({level, id, member} each) to wait at their levels, in this order, behind the
--- jobs waiting there: their members scored (level - 10) * prio_span + their push order.
--- Counts them in meta prio (meta.prio and meta.pseq move on); returns how many were not
--- waiting at a priority already (an id waiting again moves to the back of its level).
-function M.rank(meta, jobs)
-  if #jobs == 0 then return 0 end
-  local args, members, seen = {}, {}, {}
-  for i = 1, #jobs do
-    local level, member = jobs[i][1], jobs[i][3]
-    if not seen[member] then -- (an id given twice waits once)
-      seen[member] = true
-      members[#members + 1] = member
-      args[#args + 1] = (level - 10) * LIMIT.prio_span + meta.pseq + i
-      args[#args + 1] = member
-    end
-  end
-  -- (ZMSCORE tells members waiting already, below 0, from those scheduled, at or above it)
-  local scores = rcall('ZMSCORE', K.scheduled, unpack(members))
-  local added = 0
-  for i = 1, #scores do
-    if not scores[i] or tonumber(scores[i]) >= 0 then added = added + 1 end
-  end
-  M.call_all('ZADD', K.scheduled, args)
-  meta.prio, meta.pseq = meta.prio + added, meta.pseq + #jobs
-  rcall('HSET', K.meta, 'prio', meta.prio, 'pseq', meta.pseq)
-  return added
-end
-
--- Notes in meta smin the earliest due time of the scheduled jobs (none: no field).
-function M.note_scheduled()
-  -- (the jobs waiting at a priority, scored below 0, are not scheduled)
-  local first = rcall('ZRANGEBYSCORE', K.scheduled, 0, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
-  if first[2] then
-    rcall('HSET', K.meta, 'smin', first[2])
-  else
-    rcall('HDEL', K.meta, 'smin')
-  end
 end
 
 -- A call's walks: the lease list's when it is due, then the ring's, within one budget.
@@ -3586,539 +3066,1234 @@ function M.extend()
   return reply
 end
 
--- extend's reply on a queue that tracks ids: a lease lost (0) because its job was cancelled
--- is -1, so the worker stops the job. `reply[i - first + 2]` answers A[i].
-function M.note_cancelled(reply, first)
-  local ids, at = {}, {}
-  for i = first, #A do
-    local token = A[i]
-    local star = reply[i - first + 2] == 0 and string.find(token, '*', 2, true)
-    if star then ids[#ids + 1], at[#ids + 1] = string.sub(token, 1, star - 1), i end
-  end
-  if #ids == 0 then return end
-  local fields = {}
-  for j = 1, #ids do fields[j] = '*' .. ids[j] end
-  local raws = M.read('HMGET', K.ids, unpack(fields))
-  for j = 1, #ids do
-    local stamp = string.sub(A[at[j]], #ids[j] + 2)
-    if M.parse_stale(raws[j]).stamps[stamp] then reply[at[j] - first + 2] = -1 end
-  end
-end
+-- 8. ON FIRST USE: tracked ids, scheduled and prioritized jobs, flow control, administration ------
 
--- Records cancelled copies (`ids`, with their `stamps`, nil for a pending one) in their ids'
--- stale records, drops their index entries, and counts them in meta `stale`.
-function M.record_stale(ids, stamps)
-  local fields = {}
-  for j = 1, #ids do fields[j] = '*' .. ids[j] end
-  local raws = M.hmget_all(K.ids, fields)
-  local writes = {}
-  for j = 1, #ids do
-    local rec = M.parse_stale(raws[j])
-    if stamps[j] then rec.stamps[stamps[j]] = true else rec.n = rec.n + 1 end
-    writes[#writes + 1], writes[#writes + 2] = fields[j], M.format_stale(rec)
-  end
-  M.call_all('HSET', K.ids, writes)
-  M.call_all('HDEL', K.ids, ids)
-  rcall('HINCRBY', K.meta, 'stale', #ids)
-end
+-- What a worker's push, next, ack, nack, bury and extend never call on a plain queue:
+-- defined on first use (M's lookup of a function it does not hold yet, see ON_FIRST_USE), so
+-- an EVAL call of those commands does not create these functions each time.
+function M.define_later()
+  -- A queue that tracks ids (configure track_ids 1, see IDS): K.ids names where each id's
+  -- one copy is. These run only on such a queue.
 
--- Cancels jobs by id on a queue that tracks ids (see IDS): a scheduled one leaves at once; a
--- waiting one is marked, and the walk drops it at its visit; one in flight has its token
--- revoked (and its batch touched, so no batch ack covers it), and its lease is dropped at
--- the walk's visit instead of being leased again. Returns how many were found.
-function M.cancel()
-  M.check_ids(2)
-  local meta = M.read_meta(K)
-  local sides = M.read_sides()
-  M.read('ZCARD', K.scheduled)
-  if not meta.tracked then
-    M.refuse('ROTATOR_UNTRACKED', 'cancel needs a queue that tracks ids: configure ' ..
-      'track_ids 1 (on an empty queue) first')
-  end
-  local ids, seen = {}, {}
-  for i = 2, #A do
-    if not seen[A[i]] then ids[#ids + 1], seen[A[i]] = A[i], true end
-  end
-  local held = M.hmget_all(K.ids, ids)
-  local acked = M.acked_copies(ids, held)
-  local now = M.now_ms()
-  local scheduled, copies, stamps, revoke, touched, gone, waiting = {}, {}, {}, {}, {}, {}, 0
-  for i = 1, #ids do
-    local id, v = ids[i], held[i]
-    local kind = v and string.sub(v, 1, 1)
-    if kind == 's' or kind == 'q' then -- scheduled, or waiting at a priority: gone at once
-      gone[#gone + 1], scheduled[#scheduled + 1] = id, M.waiting_member(id, v)
-      if kind == 'q' then waiting = waiting + 1 end
-    elseif v == 'p' then -- its element waits in the ring: recorded, dropped at its visit
-      copies[#copies + 1], stamps[#copies + 1] = id, nil
-    elseif v and string.find(v, '^%d') and not acked[i] then -- in flight, or deferred
-      local token = id .. '*' .. v
-      copies[#copies + 1], stamps[#copies + 1] = id, v
-      revoke[#revoke + 1], revoke[#revoke + 2] = now, token
-      local batch = M.batch_of(token)
-      if batch then touched[batch] = true end
-    end
-  end
-  local found = #scheduled + #copies
-  if found == 0 then return 0 end
-  if #copies > 0 then M.record_stale(copies, stamps) end
-  if #scheduled > 0 then
-    M.call_all('ZREM', K.scheduled, scheduled)
-    M.call_all('HDEL', K.ids, gone)
-    if waiting > 0 then -- (no longer waiting, nor pushed: as if leased and gone)
-      rcall('HSET', K.meta, 'prio', meta.prio - waiting, 'taken', meta.taken + waiting)
-    end
-  end
-  if #revoke > 0 then
-    M.call_all('ZADD', K.revoked, revoke)
-    M.trim_revoked(meta, now, #revoke / 2, sides.revoked + #revoke / 2)
-    M.touch(touched, sides)
-    local tokens = {}
-    for j = 2, #revoke, 2 do tokens[#tokens + 1] = revoke[j] end
-    -- (the walk waits at a young live lease: one of these may be it, and is done with)
-    if M.frees_tail(tokens, meta.lstop) then rcall('HSET', K.meta, 'lstop', '') end
-  end
-  M.add_count(K.meta, 'cancelled', found)
-  return found
-end
-
-function M.sweep()
-  local budget = M.int_arg(2, 'BUDGET', 1, LIMIT.budget)
-  local s = M.start_walk(0, 0)
-  if s.length == 0 and s.lease_length == 0 then return { 0, 0, 0 } end
-  s.sweeping = true
-  local packed = s.packed
-  M.walk_lists(s, 1, budget)
-  -- A sweep leases nothing, so what it passed may still be pending: consumers must look at
-  -- a whole lap again before they idle.
-  s.qstart, s.qlen = s.seq + s.visited, s.live
-  M.finish_walk(s)
-  -- In jobs, not elements (a packed batch holds several).
-  local leases = M.leases_left(s)
-  local before = s.length + s.lease_length + packed
-  local after = math.max(s.live, 0) + leases + s.packed
-  return { s.visited + s.lease_visited, math.max(before - after, 0),
-    math.max(after - (s.live > 0 and 1 or 0), 0) }
-end
-
--- Removes the queue, in the background (UNLINK), but for its seq: a queue made again under
--- its name goes on numbering visits from there, so no token of this one is handed out again
--- and a late ack from before cannot complete a new delivery.
-function M.delete()
-  local forget = #A >= 2 and M.int_arg(2, 'FORGET', 0, 1) == 1
-  local seq = not forget and M.read('HMGET', K.meta, 'seq')[1] or nil
-  local fields = M.read('HLEN', K.meta)
-  local others = {}
-  for i = 1, #KS do
-    if KS[i] ~= K.meta then others[#others + 1] = KS[i] end
-  end
-  local removed = rcall('UNLINK', unpack(others))
-  rcall('UNLINK', K.meta)
-  -- Tokens of the queue as it was are refused from now on (origin), and none repeats (seq).
-  if seq then rcall('HSET', K.meta, 'seq', seq, 'origin', seq) end
-  return (removed > 0 or fields > (seq and 1 or 0)) and 1 or 0
-end
-
--- The queue's settings, stored in its meta hash: NAME VALUE pairs set (each checked before
--- any is written), then all of them answered, each with its value or its default.
-local SETTINGS = { 'fence_ms', 'fence_max', 'dead_max', 'dead_age_ms', 'track_ids' }
-
--- configure's track_ids (see IDS): turned on only while the queue holds no job, so the index
--- knows every id from the start; turned off, the index goes.
-function M.change_tracking(meta, writes)
-  local wanted = nil
-  for i = 1, #writes, 2 do
-    if writes[i] == 'track_ids' then wanted = writes[i + 1] end
-  end
-  M.read('HLEN', K.ids)
-  if wanted == nil or wanted == meta.track_ids then return end
-  if wanted == 0 then
-    rcall('UNLINK', K.ids)
-    rcall('HDEL', K.meta, 'stale')
-    return
-  end
-  local ring = M.read('LLEN', K.ring)
-  local jobs = M.read('LLEN', K.leases) + M.read('ZCARD', K.scheduled)
-    - (tonumber(M.read('HMGET', K.meta, 'ticking')[1]) or 0)
-  if ring > 1 or (ring == 1 and M.read('LINDEX', K.ring, 0) ~= SENTINEL) or jobs > 0 then
-    M.refuse('ROTATOR_BADARG', 'track_ids 1 needs a queue that holds no job (nothing ' ..
-      'pending, in flight, deferred or scheduled): the index must know every id')
-  end
-end
-
-function M.configure()
-  if #A % 2 == 0 then M.refuse('ROTATOR_BADARG', 'configure takes NAME VALUE pairs') end
-  local writes = {}
-  for i = 2, #A, 2 do
-    local range = nil
-    for _, name in ipairs(SETTINGS) do
-      if A[i] == name then range = LIMIT[name .. '_range'] end
-    end
-    if not range then
-      M.refuse('ROTATOR_BADARG', 'no setting ' .. M.printable(A[i]) .. ': one of ' ..
-        table.concat(SETTINGS, ' '))
-    end
-    local value = M.int_arg(i + 1, A[i], range[1], range[2])
-    if A[i] == 'dead_age_ms' and value > 0 and value < 1000 then
-      M.refuse('ROTATOR_BADARG', 'dead_age_ms must be 0 (no limit) or at least 1000')
-    end
-    writes[#writes + 1], writes[#writes + 2] = A[i], value
-  end
-  local meta = M.read_meta(K)
-  M.change_tracking(meta, writes)
-  if #writes > 0 then rcall('HSET', K.meta, unpack(writes)) end
-  local reply = {}
-  for _, name in ipairs(SETTINGS) do
-    local value = meta[name]
-    for i = 1, #writes, 2 do
-      if writes[i] == name then value = writes[i + 1] end
-    end
-    reply[#reply + 1], reply[#reply + 2] = name, value
-  end
-  return reply
-end
-
-function M.stats()
-  local reply = M.queue_stats(K)
-  local m = M.read('HMGET', K.meta, 'paused', 'ticking', 'schedules', 'rate_n', 'rate_ms',
-    'pushed', 'taken', 'redelivered', 'completed', 'retried', 'reclaimed', 'lettered',
-    'cancelled', 'prio')
-  -- (the members of ticking schedules are no jobs; jobs waiting at a priority are pending)
-  local prioritized = tonumber(m[14]) or 0
-  local scheduled = M.read('ZCARD', K.scheduled) - (tonumber(m[2]) or 0) - prioritized
-  reply[#reply + 1], reply[#reply + 2] = 'scheduled', math.max(scheduled, 0)
-  reply[#reply + 1], reply[#reply + 2] = 'paused', m[1] == '1' and 1 or 0
-  reply[#reply + 1], reply[#reply + 2] = 'schedules', tonumber(m[3]) or 0
-  reply[#reply + 1], reply[#reply + 2] = 'rate_limit_jobs', tonumber(m[4]) or 0
-  reply[#reply + 1], reply[#reply + 2] = 'rate_limit_ms', tonumber(m[5]) or 0
-  -- Counts since the queue was made (see read_meta): every delivery, first or not.
-  local counts = {}
-  for i = 6, 13 do counts[i] = tonumber(m[i]) or 0 end
-  local totals = { 'pushed', counts[6], 'delivered', counts[7] + counts[8],
-    'completed', counts[9], 'retried', counts[10], 'reclaimed', counts[11],
-    'dead_lettered', counts[12], 'cancelled', counts[13], 'prioritized', prioritized }
-  for i = 1, #totals do reply[#reply + 1] = totals[i] end
-  -- The processing-time histogram (see durations): d0..d25, then dsum.
-  local buckets = {}
-  for b = 0, LIMIT.duration_buckets - 1 do buckets[#buckets + 1] = 'd' .. b end
-  buckets[#buckets + 1] = 'dsum'
-  local counts_of = rcall('HMGET', K.meta, unpack(buckets))
-  for i = 1, #buckets do
-    reply[#reply + 1], reply[#reply + 2] = buckets[i], tonumber(counts_of[i]) or 0
-  end
-  return reply
-end
-
--- stats of the queue whose keys are K (this call's, or a topic group's for tstats).
-function M.queue_stats(K)
-  local now = M.now_ms()
-  local meta = M.read_meta(K)
-  local ring_length = M.read('LLEN', K.ring)
-  -- The marks' counts (see read_marked), not the marks: O(1) however many are deferred.
-  M.read('HLEN', K.marks)
-  M.read('HLEN', K.marks_old)
-  local marked = meta.marked
-  -- Jobs, not elements: a packed batch holds several.
-  local lease_length = M.read('LLEN', K.leases)
-  local elements = math.max(ring_length - 1, 0) + lease_length
-  -- (jobs waiting at a priority wait outside the ring, and are pending)
-  local length = elements + meta.packed + meta.prio
-  local pending = math.max(0, math.min(length, meta.pushed - meta.taken))
-  local done = M.read('SCARD', K.done)
-  local done_old = M.read('SCARD', K.done_old)
-  local acked = done + done_old + marked[2] + marked[4]
-  local deferred = marked[1] + marked[3]
-  local overdue, capped = 0, false
-  if lease_length > 0 then
-    overdue, capped = M.overdue(K, now, lease_length, done + done_old > 0)
-  end
-  local in_flight = math.max(0, length - pending - acked - deferred - overdue)
-  -- The push log holds cumulative push counts, newest first: the oldest pending job was
-  -- pushed in the oldest checkpoint whose count exceeds what was taken. Binary search.
-  local oldest = -1
-  local lo, hi = 0, M.read('LLEN', K.pushlog) - 1
-  local found = nil
-  while pending > 0 and lo <= hi do
-    local mid = math.floor((lo + hi) / 2)
-    local pushed, at = string.match(rcall('LINDEX', K.pushlog, mid) or '', '^(%d+):(%d+)$')
-    if pushed and tonumber(pushed) > meta.taken then
-      found, lo = tonumber(at), mid + 1
-    else
-      hi = mid - 1
-    end
-  end
-  if found then oldest = math.max(0, now - found) end
-  return {
-    'length', length, 'pending', pending, 'in_flight', in_flight, 'done', acked,
-    'deferred', deferred, 'dead', M.read('LLEN', K.dead), 'oldest_pending_age_ms', oldest,
-    'overdue', overdue, 'overdue_capped', capped and 1 or 0,
-  }
-end
-
--- Leased jobs whose deadline has passed and that no consumer has reclaimed yet (nor acked,
--- given back or extended), counted from the lease list's tail, where the earliest deadlines
--- are, up to its first young lease: an expired lease waits there for the next claim. Reads at
--- most LIMIT.overdue_look elements (a few at first: the tail is young in a healthy queue),
--- LIMIT.batch_bytes of them and LIMIT.count tokens; `capped` when it stopped for these bounds
--- (the count is then a lower bound). A lease behind a young one (a shorter LEASE_MS after a
--- longer) is not counted, as the walk does not reach it yet either.
-function M.overdue(K, now, length, any_done)
-  local names, owner, batches = {}, {}, {} -- tokens to look up, then batch names
-  local seen, bytes, want, young, capped = 0, 0, 1, false, false
-  while not young and not capped and seen < math.min(length, LIMIT.overdue_look) do
-    want = math.min(want, LIMIT.overdue_look - seen)
-    local slice = rcall('LRANGE', K.leases, -(seen + want), -(seen + 1))
-    for i = #slice, 1, -1 do
-      local element = slice[i]
-      local star = string.find(element, '*', 2, true)
-      local batch = star and string.byte(element) == BYTE_STAR and string.sub(element, 1, star - 1)
-      local deadline = star and M.own_deadline(element, batch or nil)
-      if deadline and deadline > now then
-        young = true
-        break
-      end
-      local ids = {}
-      if deadline and batch then
-        M.split_ids(element, #batch + 2, ids)
-      end
-      if bytes + #element > LIMIT.batch_bytes or #names + #ids + 1 > LIMIT.count then
-        capped = true
-        break
-      end
-      seen, bytes = seen + 1, bytes + #element
-      if deadline and batch then
-        batches[#batches + 1] = batch
-        for k = 1, #ids do
-          names[#names + 1], owner[#names + 1] = ids[k] .. batch .. PAD[k], batch
+  -- Of `ids` (checked, in order), those the queue may take now as `value` ("p": pushed to the
+  -- ring, "s"/"s<level>": scheduled, "q<level>": waiting at a priority): an id is taken once
+  -- however often it is given, and not while the queue holds it, except that a job scheduled
+  -- may be scheduled again (it moves: its old member goes). Writes the index for them and
+  -- returns them.
+  function M.admit(ids, value)
+    local held = M.hmget_all(K.ids, ids)
+    local acked = M.acked_copies(ids, held)
+    local fresh, writes, seen, moved = {}, {}, {}, {}
+    local scheduling = string.byte(value) == BYTE_S
+    for i = 1, #ids do
+      local id, v = ids[i], held[i]
+      if not seen[id] then
+        seen[id] = true
+        local rescheduled = v and scheduling and string.byte(v) == BYTE_S
+        if not v or acked[i] or rescheduled then
+          fresh[#fresh + 1] = id
+          writes[#writes + 1], writes[#writes + 2] = id, value
+          if rescheduled and v ~= value then moved[#moved + 1] = M.waiting_member(id, v) end
         end
-      elseif deadline then
-        names[#names + 1] = element
       end
     end
-    want = want * 4
+    M.call_all('HSET', K.ids, writes)
+    M.call_all('ZREM', K.scheduled, moved)
+    return fresh
   end
-  if not young and not capped and seen < length then capped = true end
-  local n = #names
-  if n == 0 then return 0, capped end
-  local gone = {} -- acked, given back, or extended past now
-  if any_done then
+
+  -- The member of K.scheduled that holds `id`, by its index value: "s" (scheduled) is the id
+  -- itself, "s<level>" and "q<level>" (scheduled, or waiting, at a priority) "*<level>*<id>".
+  function M.waiting_member(id, v)
+    local level = string.sub(v, 2)
+    return level == '' and id or '*' .. level .. '*' .. id
+  end
+
+  -- Which of `ids` the index `held` (their values) places in a lease that is acked already:
+  -- its token in a done set, or its batch acked whole. Such a copy is complete, though its
+  -- element may wait for a walk to remove it. A set of indexes into `ids`.
+  function M.acked_copies(ids, held)
+    local tokens, at, batches, of = {}, {}, {}, {}
+    for i = 1, #ids do
+      local v = held[i]
+      if v and string.find(v, '^%d') then
+        local token = ids[i] .. '*' .. v
+        tokens[#tokens + 1], at[#tokens + 1] = token, i
+        local batch = M.batch_of(token)
+        if batch then batches[#batches + 1], of[#batches + 1] = batch, i end
+      end
+    end
+    local acked = {}
+    if #tokens == 0 then return acked end
     for _, key in ipairs({ K.done, K.done_old }) do
-      local flags = rcall('SMISMEMBER', key, unpack(names))
-      for j = 1, n do
-        if flags[j] == 1 then gone[j] = true end
+      local flags = M.read('SMISMEMBER', key, unpack(tokens))
+      for j = 1, #flags do
+        if flags[j] == 1 then acked[at[j]] = true end
       end
     end
-  end
-  for j = 1, #batches do names[n + j] = batches[j] end
-  local acked_whole = {}
-  for _, key in ipairs({ K.marks, K.marks_old }) do
-    local marks = rcall('HMGET', key, unpack(names))
-    for j = 1, n do
-      local m = marks[j]
-      if m and (string.byte(m) == BYTE_N or string.byte(m) == BYTE_F
-          or ((string.byte(m) == BYTE_E or string.byte(m) == BYTE_W)
-            and (tonumber(string.sub(m, 2)) or 0) > now)) then
-        gone[j] = true
+    if #batches > 0 then
+      for _, key in ipairs({ K.marks, K.marks_old }) do
+        local marks = M.read('HMGET', key, unpack(batches))
+        for j = 1, #marks do
+          if marks[j] and string.byte(marks[j]) == BYTE_A then acked[of[j]] = true end
+        end
       end
     end
-    for j = 1, #batches do
-      local m = marks[n + j]
-      if m and string.byte(m) == BYTE_A then acked_whole[batches[j]] = true end
-    end
+    return acked
   end
-  local overdue = 0
-  for j = 1, n do
-    if not gone[j] and not (owner[j] and acked_whole[owner[j]]) then overdue = overdue + 1 end
-  end
-  return overdue, capped
-end
 
-function M.peek()
-  local count = M.int_arg(2, 'COUNT', 1, LIMIT.count)
-  local sides = M.read_sides()
-  local rows = M.ring_rows(M.read('LRANGE', K.ring, -count, -1), sides, count)
-  local room = count - #rows / 3
-  if room > 0 then
-    local leases = M.ring_rows(M.read('LRANGE', K.leases, -room, -1), sides, room)
-    for i = 1, #leases do rows[#rows + 1] = leases[i] end
+  -- Notes in the walk's state that the copy of `id` whose token ends in `stamp` has left the
+  -- queue (acked and removed, dead-lettered, dropped): its index entry goes, unless it already
+  -- names another copy (the id pushed again once this one was acked or cancelled).
+  function M.forget_id(s, id, stamp)
+    if not s.tracked then return end
+    s.gone[#s.gone + 1], s.gone_stamp[#s.gone + 1] = id, stamp
   end
-  for i = #rows, count * 3 + 1, -1 do rows[i] = nil end
-  return rows
-end
 
--- The elements START..STOP-1 counted from the ring's tail on into the lease list's (0: the
--- next to be visited), as peek shows them: read page by page, both lists in bounded calls.
-function M.scan()
-  local start = M.int_arg(2, 'START', 0, LIMIT.no_bound)
-  local stop = M.int_arg(3, 'STOP', 0, LIMIT.no_bound)
-  local count = M.int_arg(4, 'COUNT', 1, LIMIT.count)
-  local ring_length = M.read('LLEN', K.ring)
-  local length = ring_length + M.read('LLEN', K.leases)
-  local sides = M.read_sides()
-  local meta = M.read_meta(K)
-  stop = math.min(stop, length)
-  -- At most COUNT elements, and fewer where packed batches bring the rows past COUNT (a
-  -- first element alone gives all its rows: a batch holds at most LIMIT.count jobs).
-  local rows, at = {}, start
-  while at < stop and #rows < count * 3 do
-    local key, from, ends = K.ring, at, ring_length
-    if at >= ring_length then key, from, ends = K.leases, at - ring_length, length end
-    local want = math.min(math.min(stop, ends) - at, count - #rows / 3)
-    local slice = rcall('LRANGE', key, -(from + want), -(from + 1))
-    local page = M.ring_rows(slice, sides, nil, count * 3 - #rows)
-    for i = 1, #page do rows[#rows + 1] = page[i] end
-    at = at + (page.elements or #slice)
-    if page.elements and page.elements < #slice then break end
-  end
-  local reply = { math.max(at, start), length, meta.seq, meta.pushed }
-  for i = 1, #rows do reply[#reply + 1] = rows[i] end
-  return reply
-end
-
--- Rows {element, state, time, ...} for a slice of the ring (tail last), tail first. A packed
--- batch shows as the leases it stands for, first job first. With `count`, stops at count
--- rows; with `room`, stops before an element whose rows would not fit in `room` reply
--- entries (the first always fits), and says in rows.elements how many elements it showed.
-function M.ring_rows(slice, sides, count, room)
-  local mark, packed = {}, {}
-  M.look_up(slice, sides, {}, {}, mark, {}, packed)
-  local rows, batch_acked = {}, {}
-  local elements = 0
-  for i = #slice, 1, -1 do
-    local element, batch = slice[i], packed[i]
-    local before = #rows
-    if batch and string.find(batch, '^%*%d+%.1%.%d+$') then
-      local ids = M.split_ids(element, #batch + 2)
-      for k = 1, #ids do
-        rows[#rows + 1] = ids[k] .. batch .. PAD[k]
-        batch_acked[#rows] = mark[i] and string.byte(mark[i]) == BYTE_A
+  -- Writes what the walk noted: entries of copies gone (each only if it still names that
+  -- copy), then the stamps of this call's leases.
+  function M.write_ids(s)
+    local gone, batch = s.gone, s.batch
+    if #gone > 0 then
+      local held = M.hmget_all(K.ids, gone)
+      local drop = {}
+      for i = 1, #gone do
+        if held[i] == s.gone_stamp[i] then drop[#drop + 1] = gone[i] end
       end
-    else
-      rows[#rows + 1] = element
+      M.call_all('HDEL', K.ids, drop)
     end
-    if room and elements > 0 and #rows * 3 > room then
-      for j = #rows, before + 1, -1 do rows[j] = nil end
-      break
+    local writes = s.leased_ids
+    local stamp = string.sub(s.first, 2)
+    for k = 1, #batch do
+      writes[#writes + 1], writes[#writes + 2] = batch[k], stamp .. PAD[k]
     end
-    elements = elements + 1
-    if count and #rows >= count then break end
+    M.call_all('HSET', K.ids, writes)
   end
-  local done_in = {}
-  mark = {}
-  M.look_up(rows, sides, {}, done_in, mark, {}, {})
-  local reply = { elements = elements }
-  for i = 1, #rows do
-    local element = rows[i]
-    local state, at = 'pending', 0
-    if element == SENTINEL then
-      state = 'lap'
-    elseif string.find(element, '*', 1, true) or not M.valid_id(element) then
-      local id, deadline = M.parse_token(element)
-      local when = mark[i] and tonumber(string.match(mark[i], '^[enw](%d+)$'))
-      if not id then
-        state = 'corrupt'
-      elseif done_in[i] or batch_acked[i] then
-        state = 'done'
-      elseif when and string.sub(mark[i], 1, 1) == 'n' then
-        state, at = 'deferred', when
-      elseif mark[i] and string.byte(mark[i]) == BYTE_F then
-        state = 'buried'
+
+  -- A cancelled copy that still has an element (a pending id in the ring, a lease or a deferred
+  -- job) is recorded under the field "*<id>" of K.ids (no id holds "*"): "<n>" pending copies,
+  -- then ",<stamp>" for each lease or deferred job, until the walk meets and drops it; meta
+  -- `stale` counts what all records hold, so a walk reads them only while there are some.
+  -- A record as the walk keeps it: {n = pending copies, stamps = {stamp = true}, dirty}.
+  function M.parse_stale(raw)
+    local rec = { n = 0, stamps = {} }
+    if not raw then return rec end
+    local first = true
+    for part in string.gmatch(raw, '[^,]+') do
+      if first then
+        rec.n, first = tonumber(part) or 0, false
       else
-        state, at = 'leased', when or deadline
+        rec.stamps[part] = true
       end
     end
-    reply[#reply + 1] = element
-    reply[#reply + 1] = state
-    reply[#reply + 1] = at
+    return rec
   end
-  return reply
-end
 
-function M.dead()
-  local start = M.int_arg(2, 'START', 0, LIMIT.no_bound)
-  local count = M.int_arg(3, 'COUNT', 1, LIMIT.count)
-  return M.read('LRANGE', K.dead, start, start + count - 1)
-end
-
-function M.requeue_dead()
-  return (M.requeue_letters(0, 2))
-end
-
-function M.requeue_dead_from()
-  local start = M.int_arg(2, 'START', 0, LIMIT.no_bound)
-  local requeued, following = M.requeue_letters(start, 3)
-  return { requeued, following }
-end
-
--- requeue_dead's work on the dead letters from index START on, COUNT at A[at] and the ids
--- after it: examines at most LIMIT.dead_scan letters, so a call stays short however many
--- there are. Returns how many were requeued, and where to go on (-1: the list's end).
-function M.requeue_letters(start, at)
-  local count = M.int_arg(at, 'COUNT', 1, LIMIT.batch)
-  M.check_ids(at + 1)
-  local wanted = nil
-  if #A > at then
-    wanted = {}
-    for i = at + 1, #A do wanted[A[i]] = true end
+  function M.format_stale(rec)
+    local parts = { tostring(rec.n) }
+    for stamp in pairs(rec.stamps) do parts[#parts + 1] = stamp end
+    if #parts == 1 and rec.n == 0 then return nil end
+    return table.concat(parts, ',')
   end
-  local dead_length = M.read('LLEN', K.dead)
-  local letters = M.read('LRANGE', K.dead, start, start + LIMIT.dead_scan - 1)
-  local length = M.read('LLEN', K.ring)
-  local meta = M.read_meta(K)
-  local head = M.read_push_keys(K)
-  local ids, places = {}, {}
-  for i = 1, #letters do
-    local id = #ids < count and M.dead_letter_id(letters[i])
-    if id and (not wanted or wanted[id]) then
-      ids[#ids + 1], places[#places + 1] = id, start + i - 1
+
+  -- The record of `id` as this walk has it (`raw`: its field, when the caller read it), read
+  -- once per walk.
+  function M.stale_of(s, id, raw)
+    local rec = s.stale_recs[id]
+    if not rec then
+      if raw == nil then raw = rcall('HMGET', K.ids, '*' .. id)[1] end
+      rec = M.parse_stale(raw)
+      s.stale_recs[id] = rec
+    end
+    return rec
+  end
+
+  -- For a slice of the ring on a tracked queue with records: index -> true for each pending id
+  -- with a cancelled pending copy recorded (one HMGET for the slice). Which of its copies the
+  -- walk drops does not matter: they are the same id.
+  function M.stale_pending(s, slice, stamped, packed)
+    local stale = {}
+    if s.stale_count <= 0 then return stale end
+    local fields, at = {}, {}
+    for i = 1, #slice do
+      local element = slice[i]
+      if not stamped[i] and not packed[i] and element ~= SENTINEL and element ~= ''
+          and string.byte(element) ~= BYTE_STAR and not s.stale_recs[element] then
+        fields[#fields + 1], at[#fields + 1] = '*' .. element, i
+      end
+    end
+    local raws = #fields > 0 and M.hmget_all(K.ids, fields) or {}
+    for j = 1, #fields do M.stale_of(s, slice[at[j]], raws[j]) end
+    for i = 1, #slice do
+      local rec = not stamped[i] and not packed[i] and s.stale_recs[slice[i]]
+      if rec and rec.n > 0 then stale[i] = true end
+    end
+    return stale
+  end
+
+  -- Whether the walk drops this element of `id` (stamp: its token after "*", or nil for a
+  -- pending id) as a cancelled copy; if so, the record no longer holds it.
+  function M.take_stale(s, id, stamp, raw)
+    if s.stale_count <= 0 then return false end
+    local rec = M.stale_of(s, id, raw)
+    if stamp then
+      if not rec.stamps[stamp] then return false end
+      rec.stamps[stamp] = nil
+    else
+      if rec.n <= 0 then return false end
+      rec.n = rec.n - 1
+    end
+    rec.dirty, s.stale_count = true, s.stale_count - 1
+    s.live = s.live - 1
+    if not stamp then s.taken = s.taken + 1 end -- (a pending one was counted as pending)
+    return true
+  end
+
+  -- Writes the records the walk changed.
+  function M.write_stale(s)
+    local writes, drops = {}, {}
+    for id, rec in pairs(s.stale_recs) do
+      if rec.dirty then
+        local value = M.format_stale(rec)
+        if value then
+          writes[#writes + 1], writes[#writes + 2] = '*' .. id, value
+        else
+          drops[#drops + 1] = '*' .. id
+        end
+      end
+    end
+    M.call_all('HSET', K.ids, writes)
+    M.call_all('HDEL', K.ids, drops)
+  end
+
+  -- push, once per chunk of a bulk load whose progress the marker hash (the fourteenth key)
+  -- records in its field `chunks`: a retried or duplicated loader (a Spark task run twice)
+  -- pushes nothing twice, however its attempts interleave.
+  function M.push_chunk()
+    local chunk = M.int_arg(2, 'CHUNK', 0, LIMIT.no_bound)
+    local ttl = M.int_arg(3, 'TTL_MS', 1, LIMIT.no_bound)
+    local marker = K.payloads -- the fourteenth key: push_chunk takes its marker hash there
+    local chunks = tonumber(M.read('HMGET', marker, 'chunks')[1]) or 0
+    if chunks > chunk then
+      M.check_ids(4)
+      -- A write, so that a WAIT after a retried call also covers the first try's push.
+      rcall('PEXPIRE', marker, ttl)
+      return { 0, chunks }
+    end
+    if chunks < chunk then
+      M.refuse('ROTATOR_BADARG', 'chunk ' .. chunk .. ' comes after chunk ' .. chunks ..
+        ', which the marker does not record: it expired or was deleted')
+    end
+    local pushed = M.push_ids(4)
+    rcall('HSET', marker, 'chunks', chunk + 1)
+    rcall('PEXPIRE', marker, ttl)
+    return { pushed, chunk + 1 }
+  end
+
+  -- push_later's arguments: the due time (ms, server TIME) of IN DELAY_MS or AT AT_MS at
+  -- A[2..3], checked, and the time now.
+  function M.due_arg(at)
+    at = at or 2
+    local mode = A[at]
+    if mode ~= 'IN' and mode ~= 'AT' then
+      M.refuse('ROTATOR_BADARG', 'expected IN DELAY_MS or AT AT_MS, got ' .. M.printable(mode))
+    end
+    local most = LIMIT.schedule_ms
+    local time = M.int_arg(at + 1, mode == 'IN' and 'DELAY_MS' or 'AT_MS', 0,
+      mode == 'IN' and most or LIMIT.no_bound)
+    local now = M.now_ms()
+    local due = mode == 'IN' and now + time or time
+    if due > now + most then
+      M.refuse('ROTATOR_BADARG', 'AT_MS ' .. time .. ' is more than ' .. most ..
+        ' ms after the server\'s time ' .. now)
+    end
+    return due, now
+  end
+
+  function M.push_later()
+    local due, now = M.due_arg()
+    M.check_ids(4)
+    local ids = { unpack(A, 4) }
+    if #ids == 0 then return 0 end
+    local smin = M.read_schedule_keys()
+    if K.items then M.read('HLEN', K.items) end
+    if M.read_tracked() then
+      ids = M.admit(ids, 's')
+      if #ids == 0 then return 0 end
+    end
+    M.schedule_ids(ids, due, smin)
+    if K.items then M.enqueued(ids, now) end -- (item stats: section 9)
+    return #ids
+  end
+
+  -- Whether the queue tracks ids (see IDS), for a command that reads no other meta; refuses a
+  -- unique push on a queue that does not (check_unique).
+  function M.read_tracked()
+    local meta = { tracked = M.read('HMGET', K.meta, 'track_ids')[1] == '1' }
+    M.read('HLEN', K.ids)
+    M.check_unique(meta)
+    return meta.tracked
+  end
+
+  -- Reads (and so checks) what schedule_ids writes.
+  function M.read_schedule_keys()
+    M.read('ZCARD', K.scheduled)
+    M.read('LLEN', K.wake)
+    return tonumber(M.read('HMGET', K.meta, 'smin')[1])
+  end
+
+  -- Schedules `ids` (checked) for `due`: an id scheduled already moves to `due`. A due time
+  -- sooner than any before (`smin`, from read_schedule_keys) wakes an idle consumer, which
+  -- then waits for it.
+  function M.schedule_ids(ids, due, smin)
+    local args = {}
+    for i = 1, #ids do
+      args[#args + 1] = due
+      args[#args + 1] = ids[i]
+    end
+    M.call_all('ZADD', K.scheduled, args)
+    if not smin or due < smin then
+      rcall('HSET', K.meta, 'smin', due)
+      M.wake_one()
     end
   end
-  local examined = #ids < count and #letters or places[#places] - start + 1
-  local following = start + examined - #ids
-  if start + examined >= dead_length then following = -1 end
-  if #ids == 0 then return 0, following end
-  -- The requeued letters leave the list where they are: marked, then removed by LREM, which
-  -- walks the list only as far as the last of them.
-  local tomb = '*requeued*' .. M.now_ms()
-  for i = 1, #places do rcall('LSET', K.dead, places[i], tomb) end
-  rcall('LREM', K.dead, #places, tomb)
-  local requeued = #ids
-  -- (a letter whose id the queue holds again goes all the same: that job will run)
-  if meta.tracked then ids = M.admit(ids, 'p') end
-  if #ids > 0 then
-    M.ensure_ring(K, length)
-    M.call_all('LPUSH', K.ring, ids)
-    M.record_push(K, meta, #ids, M.now_ms(), head)
+
+  -- push_priority LEVEL IN|AT TIME ID...: ids that wait at priority LEVEL (1..9, behind the
+  -- ring's pending ids, which are level 0), now or once due (see PRIORITIES).
+  function M.push_priority()
+    local level = M.int_arg(2, 'LEVEL', 1, LIMIT.priority_levels)
+    local due, now = M.due_arg(3)
+    M.check_ids(5)
+    local ids = { unpack(A, 5) }
+    if #ids == 0 then return 0 end
+    local length = M.read('LLEN', K.ring)
+    local meta = M.read_meta(K)
+    local head = M.read_push_keys(K)
+    local smin = M.read_schedule_keys()
+    M.read('HLEN', K.ids)
+    if K.items then M.read('HLEN', K.items) end
+    M.check_unique(meta)
+    local later = due > now
+    if meta.tracked then -- each id once (see IDS)
+      ids = M.admit(ids, (later and 's' or 'q') .. level)
+      if #ids == 0 then return 0 end
+    end
+    local members = {}
+    for i = 1, #ids do members[i] = '*' .. level .. '*' .. ids[i] end
+    if K.items then M.enqueued(ids, now) end -- (item stats: section 9)
+    if later then
+      -- A job waiting at this level leaves it for the schedule: no longer pending (as if
+      -- taken), to be pushed again when due.
+      local scores = rcall('ZMSCORE', K.scheduled, unpack(members))
+      local waiting, seen = 0, {}
+      for i = 1, #scores do
+        if scores[i] and tonumber(scores[i]) < 0 and not seen[members[i]] then
+          waiting, seen[members[i]] = waiting + 1, true
+        end
+      end
+      if waiting > 0 then
+        rcall('HSET', K.meta, 'prio', meta.prio - waiting, 'taken', meta.taken + waiting)
+      end
+      M.schedule_ids(members, due, smin)
+      return #ids
+    end
+    local jobs = {}
+    for i = 1, #ids do jobs[i] = { level, ids[i], members[i] } end
+    M.ensure_ring(K, length) -- (a claim of a queue without a ring answers idle at once)
+    local added = M.rank(meta, jobs)
+    if added > 0 then M.record_push(K, meta, added, now, head) end
+    return added
   end
-  return requeued, following
+
+  function M.pause()
+    local was = M.read('HMGET', K.meta, 'paused')[1]
+    rcall('HSET', K.meta, 'paused', '1')
+    return was == '1' and 0 or 1
+  end
+
+  function M.resume()
+    local was = M.read('HMGET', K.meta, 'paused')[1]
+    M.read('LLEN', K.wake)
+    if was ~= '1' then return 0 end
+    rcall('HDEL', K.meta, 'paused')
+    M.add_wake_tokens(K, LIMIT.wake_tokens)
+    return 1
+  end
+
+  -- next on a queue that may lease nothing now (paused, or at its rate limit): takes the acks
+  -- and idles for `wait_ms` (-1: until woken). Wake-ups pushed meanwhile would only spin the
+  -- idle consumers: resume wakes them, and the rate limit's wait ends by itself.
+  function M.lease_held(first, compact, state, wait_ms)
+    M.check_wake(state)
+    local sides = state.sides
+    sides.lstop_was = sides.lstop
+    local acked, accepted = M.ack_tokens(first, state.length + state.lease_length, sides)
+    M.write_acked(sides)
+    rcall('DEL', K.wake)
+    return compact and { 1, wait_ms, acked, '' } or { 1, wait_ms, acked }, accepted
+  end
+
+  -- The rate limit (rate_limit) as a generic cell rate: each job leased moves the theoretical
+  -- arrival time `tat` on by per / jobs ms, and a call may lease while tat stays within `per`
+  -- ahead of now, so at most `jobs` go in any burst and `jobs` per `per` on average, across
+  -- every consumer. Returns {allowed, wait (ms until one more may go), tat, step}.
+  function M.rate_allowance(meta, now)
+    local step, per = meta.rate_ms / meta.rate_n, meta.rate_ms
+    local tat = math.max(meta.rate_tat or now, now)
+    -- (tat near 1.7e12 ms is exact to about 2e-4 ms: the wait is checked with the very sum
+    -- the allowance makes, so a consumer told to wait is not held again when it comes)
+    local function allowed_at(t) return math.floor((t + per - tat) / step + 1e-9) end
+    local wait = math.max(math.ceil(tat + step - per - now), 1)
+    while allowed_at(now + wait) < 1 do wait = wait + 1 end
+    return { allowed = math.max(allowed_at(now), 0), wait = wait, tat = tat, step = step }
+  end
+
+  function M.note_rate(rate, leased)
+    if leased > 0 then rcall('HSET', K.meta, 'rate_tat', rate.tat + leased * rate.step) end
+  end
+
+  -- How many jobs a next reply leased (next_packed's packed element holds its first ones).
+  function M.leased_count(reply, compact)
+    if not compact then return (#reply - 3) / 2 end
+    local packed = reply[4] ~= '' and select(2, string.gsub(reply[4], '%*', '')) - 1 or 0
+    return packed + (#reply - 4) / 2
+  end
+
+  function M.durations()
+    if #A == 2 or (#A > 1 and #A % 2 == 1) then
+      M.refuse('ROTATOR_BADARG', 'durations takes TOTAL_MS and BUCKET COUNT pairs, or nothing')
+    end
+    local adds = {}
+    if #A > 1 then adds[1] = { 'dsum', M.int_arg(2, 'TOTAL_MS', 0, LIMIT.no_bound) } end
+    for i = 3, #A, 2 do
+      local bucket = M.int_arg(i, 'BUCKET', 0, LIMIT.duration_buckets - 1)
+      adds[#adds + 1] = { 'd' .. bucket, M.int_arg(i + 1, 'COUNT', 1, LIMIT.rate_jobs) }
+    end
+    local fields = {}
+    for b = 0, LIMIT.duration_buckets - 1 do fields[#fields + 1] = 'd' .. b end
+    fields[#fields + 1] = 'dsum'
+    M.read('HLEN', K.meta)
+    for i = 1, #adds do rcall('HINCRBY', K.meta, adds[i][1], adds[i][2]) end
+    local counts = rcall('HMGET', K.meta, unpack(fields))
+    for i = 1, #counts do counts[i] = tonumber(counts[i]) or 0 end
+    return counts
+  end
+
+  function M.rate_limit()
+    local jobs = M.int_arg(2, 'JOBS', 0, LIMIT.rate_jobs)
+    local per = M.int_arg(3, 'PER_MS', 1, LIMIT.lease_ms)
+    M.read('HLEN', K.meta)
+    if jobs == 0 then
+      rcall('HDEL', K.meta, 'rate_n', 'rate_ms', 'rate_tat')
+    else
+      rcall('HSET', K.meta, 'rate_n', jobs, 'rate_ms', per)
+    end
+    return 1
+  end
+
+  -- Moves the scheduled jobs that are due (at most LIMIT.promote, earliest first) to the ring,
+  -- as push does, and notes the next due time. `length`: the ring's length.
+  function M.promote(meta, length, now)
+    local found = M.read('ZRANGEBYSCORE', K.scheduled, 0, now, 'WITHSCORES', 'LIMIT', 0,
+      LIMIT.promote)
+    local head = M.read_push_keys(K)
+    local due, members, ticks, ranked = {}, {}, {}, {}
+    for i = 1, #found, 2 do
+      local member = found[i]
+      local level, id = M.ranked_member(member)
+      if level then -- scheduled at a priority level: now waiting at it
+        ranked[#ranked + 1] = { level, id, member }
+      elseif string.byte(member) == BYTE_STAR then
+        members[#members + 1] = member
+        ticks[#ticks + 1] = string.sub(member, 2)
+        ticks[#ticks + 1] = string.format('%.0f', tonumber(found[i + 1]))
+      else
+        members[#members + 1] = member
+        due[#due + 1] = member
+      end
+    end
+    if #members > 0 then rcall('ZREM', K.scheduled, unpack(members)) end
+    if #ticks > 0 then
+      local ids = M.tick(ticks, now)
+      for i = 1, #ids do due[#due + 1] = ids[i] end
+    end
+    if #due + #ranked > 0 then
+      M.ensure_ring(K, length)
+      if #due > 0 then rcall('LPUSH', K.ring, unpack(due)) end
+      M.rank(meta, ranked)
+      M.record_push(K, meta, #due + #ranked, now, head)
+      if meta.tracked then -- scheduled ("s") or a tick's new id: now waiting
+        local writes = {}
+        for i = 1, #due do writes[#writes + 1], writes[#writes + 2] = due[i], 'p' end
+        for i = 1, #ranked do
+          writes[#writes + 1], writes[#writes + 2] = ranked[i][2], 'q' .. ranked[i][1]
+        end
+        rcall('HSET', K.ids, unpack(writes))
+      end
+    end
+    M.note_scheduled()
+  end
+
+  -- The level and id of a member "*<level>*<id>" of K.scheduled (see PRIORITIES); nil for
+  -- another member.
+  function M.ranked_member(member)
+    local level, id = string.match(member, '^%*([1-9])%*(.+)$')
+    return tonumber(level), id
+  end
+
+  -- Puts jobs ({level, id, member} each) to wait at their levels, in this order, behind the
+  -- jobs waiting there: their members scored (level - 10) * prio_span + their push order.
+  -- Counts them in meta prio (meta.prio and meta.pseq move on); returns how many were not
+  -- waiting at a priority already (an id waiting again moves to the back of its level).
+  function M.rank(meta, jobs)
+    if #jobs == 0 then return 0 end
+    local args, members, seen = {}, {}, {}
+    for i = 1, #jobs do
+      local level, member = jobs[i][1], jobs[i][3]
+      if not seen[member] then -- (an id given twice waits once)
+        seen[member] = true
+        members[#members + 1] = member
+        args[#args + 1] = (level - 10) * LIMIT.prio_span + meta.pseq + i
+        args[#args + 1] = member
+      end
+    end
+    -- (ZMSCORE tells members waiting already, below 0, from those scheduled, at or above it)
+    local scores = rcall('ZMSCORE', K.scheduled, unpack(members))
+    local added = 0
+    for i = 1, #scores do
+      if not scores[i] or tonumber(scores[i]) >= 0 then added = added + 1 end
+    end
+    M.call_all('ZADD', K.scheduled, args)
+    meta.prio, meta.pseq = meta.prio + added, meta.pseq + #jobs
+    rcall('HSET', K.meta, 'prio', meta.prio, 'pseq', meta.pseq)
+    return added
+  end
+
+  -- Notes in meta smin the earliest due time of the scheduled jobs (none: no field).
+  function M.note_scheduled()
+    -- (the jobs waiting at a priority, scored below 0, are not scheduled)
+    local first = rcall('ZRANGEBYSCORE', K.scheduled, 0, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
+    if first[2] then
+      rcall('HSET', K.meta, 'smin', first[2])
+    else
+      rcall('HDEL', K.meta, 'smin')
+    end
+  end
+
+  -- extend's reply on a queue that tracks ids: a lease lost (0) because its job was cancelled
+  -- is -1, so the worker stops the job. `reply[i - first + 2]` answers A[i].
+  function M.note_cancelled(reply, first)
+    local ids, at = {}, {}
+    for i = first, #A do
+      local token = A[i]
+      local star = reply[i - first + 2] == 0 and string.find(token, '*', 2, true)
+      if star then ids[#ids + 1], at[#ids + 1] = string.sub(token, 1, star - 1), i end
+    end
+    if #ids == 0 then return end
+    local fields = {}
+    for j = 1, #ids do fields[j] = '*' .. ids[j] end
+    local raws = M.read('HMGET', K.ids, unpack(fields))
+    for j = 1, #ids do
+      local stamp = string.sub(A[at[j]], #ids[j] + 2)
+      if M.parse_stale(raws[j]).stamps[stamp] then reply[at[j] - first + 2] = -1 end
+    end
+  end
+
+  -- Records cancelled copies (`ids`, with their `stamps`, nil for a pending one) in their ids'
+  -- stale records, drops their index entries, and counts them in meta `stale`.
+  function M.record_stale(ids, stamps)
+    local fields = {}
+    for j = 1, #ids do fields[j] = '*' .. ids[j] end
+    local raws = M.hmget_all(K.ids, fields)
+    local writes = {}
+    for j = 1, #ids do
+      local rec = M.parse_stale(raws[j])
+      if stamps[j] then rec.stamps[stamps[j]] = true else rec.n = rec.n + 1 end
+      writes[#writes + 1], writes[#writes + 2] = fields[j], M.format_stale(rec)
+    end
+    M.call_all('HSET', K.ids, writes)
+    M.call_all('HDEL', K.ids, ids)
+    rcall('HINCRBY', K.meta, 'stale', #ids)
+  end
+
+  -- Cancels jobs by id on a queue that tracks ids (see IDS): a scheduled one leaves at once; a
+  -- waiting one is marked, and the walk drops it at its visit; one in flight has its token
+  -- revoked (and its batch touched, so no batch ack covers it), and its lease is dropped at
+  -- the walk's visit instead of being leased again. Returns how many were found.
+  function M.cancel()
+    M.check_ids(2)
+    local meta = M.read_meta(K)
+    local sides = M.read_sides()
+    M.read('ZCARD', K.scheduled)
+    if not meta.tracked then
+      M.refuse('ROTATOR_UNTRACKED', 'cancel needs a queue that tracks ids: configure ' ..
+        'track_ids 1 (on an empty queue) first')
+    end
+    local ids, seen = {}, {}
+    for i = 2, #A do
+      if not seen[A[i]] then ids[#ids + 1], seen[A[i]] = A[i], true end
+    end
+    local held = M.hmget_all(K.ids, ids)
+    local acked = M.acked_copies(ids, held)
+    local now = M.now_ms()
+    local scheduled, copies, stamps, revoke, touched, gone, waiting = {}, {}, {}, {}, {}, {}, 0
+    for i = 1, #ids do
+      local id, v = ids[i], held[i]
+      local kind = v and string.sub(v, 1, 1)
+      if kind == 's' or kind == 'q' then -- scheduled, or waiting at a priority: gone at once
+        gone[#gone + 1], scheduled[#scheduled + 1] = id, M.waiting_member(id, v)
+        if kind == 'q' then waiting = waiting + 1 end
+      elseif v == 'p' then -- its element waits in the ring: recorded, dropped at its visit
+        copies[#copies + 1], stamps[#copies + 1] = id, nil
+      elseif v and string.find(v, '^%d') and not acked[i] then -- in flight, or deferred
+        local token = id .. '*' .. v
+        copies[#copies + 1], stamps[#copies + 1] = id, v
+        revoke[#revoke + 1], revoke[#revoke + 2] = now, token
+        local batch = M.batch_of(token)
+        if batch then touched[batch] = true end
+      end
+    end
+    local found = #scheduled + #copies
+    if found == 0 then return 0 end
+    if #copies > 0 then M.record_stale(copies, stamps) end
+    if #scheduled > 0 then
+      M.call_all('ZREM', K.scheduled, scheduled)
+      M.call_all('HDEL', K.ids, gone)
+      if waiting > 0 then -- (no longer waiting, nor pushed: as if leased and gone)
+        rcall('HSET', K.meta, 'prio', meta.prio - waiting, 'taken', meta.taken + waiting)
+      end
+    end
+    if #revoke > 0 then
+      M.call_all('ZADD', K.revoked, revoke)
+      M.trim_revoked(meta, now, #revoke / 2, sides.revoked + #revoke / 2)
+      M.touch(touched, sides)
+      local tokens = {}
+      for j = 2, #revoke, 2 do tokens[#tokens + 1] = revoke[j] end
+      -- (the walk waits at a young live lease: one of these may be it, and is done with)
+      if M.frees_tail(tokens, meta.lstop) then rcall('HSET', K.meta, 'lstop', '') end
+    end
+    M.add_count(K.meta, 'cancelled', found)
+    return found
+  end
+
+  function M.sweep()
+    local budget = M.int_arg(2, 'BUDGET', 1, LIMIT.budget)
+    local s = M.start_walk(0, 0)
+    if s.length == 0 and s.lease_length == 0 then return { 0, 0, 0 } end
+    s.sweeping = true
+    local packed = s.packed
+    M.walk_lists(s, 1, budget)
+    -- A sweep leases nothing, so what it passed may still be pending: consumers must look at
+    -- a whole lap again before they idle.
+    s.qstart, s.qlen = s.seq + s.visited, s.live
+    M.finish_walk(s)
+    -- In jobs, not elements (a packed batch holds several).
+    local leases = M.leases_left(s)
+    local before = s.length + s.lease_length + packed
+    local after = math.max(s.live, 0) + leases + s.packed
+    return { s.visited + s.lease_visited, math.max(before - after, 0),
+      math.max(after - (s.live > 0 and 1 or 0), 0) }
+  end
+
+  -- Removes the queue, in the background (UNLINK), but for its seq: a queue made again under
+  -- its name goes on numbering visits from there, so no token of this one is handed out again
+  -- and a late ack from before cannot complete a new delivery.
+  function M.delete()
+    local forget = #A >= 2 and M.int_arg(2, 'FORGET', 0, 1) == 1
+    local seq = not forget and M.read('HMGET', K.meta, 'seq')[1] or nil
+    local fields = M.read('HLEN', K.meta)
+    local others = {}
+    for i = 1, #KS do
+      if KS[i] ~= K.meta then others[#others + 1] = KS[i] end
+    end
+    local removed = rcall('UNLINK', unpack(others))
+    rcall('UNLINK', K.meta)
+    -- Tokens of the queue as it was are refused from now on (origin), and none repeats (seq).
+    if seq then rcall('HSET', K.meta, 'seq', seq, 'origin', seq) end
+    return (removed > 0 or fields > (seq and 1 or 0)) and 1 or 0
+  end
+
+  -- The queue's settings, stored in its meta hash: NAME VALUE pairs set (each checked before
+  -- any is written), then all of them answered, each with its value or its default.
+  local SETTINGS = { 'fence_ms', 'fence_max', 'dead_max', 'dead_age_ms', 'track_ids' }
+
+  -- configure's track_ids (see IDS): turned on only while the queue holds no job, so the index
+  -- knows every id from the start; turned off, the index goes.
+  function M.change_tracking(meta, writes)
+    local wanted = nil
+    for i = 1, #writes, 2 do
+      if writes[i] == 'track_ids' then wanted = writes[i + 1] end
+    end
+    M.read('HLEN', K.ids)
+    if wanted == nil or wanted == meta.track_ids then return end
+    if wanted == 0 then
+      rcall('UNLINK', K.ids)
+      rcall('HDEL', K.meta, 'stale')
+      return
+    end
+    local ring = M.read('LLEN', K.ring)
+    local jobs = M.read('LLEN', K.leases) + M.read('ZCARD', K.scheduled)
+      - (tonumber(M.read('HMGET', K.meta, 'ticking')[1]) or 0)
+    if ring > 1 or (ring == 1 and M.read('LINDEX', K.ring, 0) ~= SENTINEL) or jobs > 0 then
+      M.refuse('ROTATOR_BADARG', 'track_ids 1 needs a queue that holds no job (nothing ' ..
+        'pending, in flight, deferred or scheduled): the index must know every id')
+    end
+  end
+
+  function M.configure()
+    if #A % 2 == 0 then M.refuse('ROTATOR_BADARG', 'configure takes NAME VALUE pairs') end
+    local writes = {}
+    for i = 2, #A, 2 do
+      local range = nil
+      for _, name in ipairs(SETTINGS) do
+        if A[i] == name then range = LIMIT[name .. '_range'] end
+      end
+      if not range then
+        M.refuse('ROTATOR_BADARG', 'no setting ' .. M.printable(A[i]) .. ': one of ' ..
+          table.concat(SETTINGS, ' '))
+      end
+      local value = M.int_arg(i + 1, A[i], range[1], range[2])
+      if A[i] == 'dead_age_ms' and value > 0 and value < 1000 then
+        M.refuse('ROTATOR_BADARG', 'dead_age_ms must be 0 (no limit) or at least 1000')
+      end
+      writes[#writes + 1], writes[#writes + 2] = A[i], value
+    end
+    local meta = M.read_meta(K)
+    M.change_tracking(meta, writes)
+    if #writes > 0 then rcall('HSET', K.meta, unpack(writes)) end
+    local reply = {}
+    for _, name in ipairs(SETTINGS) do
+      local value = meta[name]
+      for i = 1, #writes, 2 do
+        if writes[i] == name then value = writes[i + 1] end
+      end
+      reply[#reply + 1], reply[#reply + 2] = name, value
+    end
+    return reply
+  end
+
+  function M.stats()
+    local reply = M.queue_stats(K)
+    local m = M.read('HMGET', K.meta, 'paused', 'ticking', 'schedules', 'rate_n', 'rate_ms',
+      'pushed', 'taken', 'redelivered', 'completed', 'retried', 'reclaimed', 'lettered',
+      'cancelled', 'prio')
+    -- (the members of ticking schedules are no jobs; jobs waiting at a priority are pending)
+    local prioritized = tonumber(m[14]) or 0
+    local scheduled = M.read('ZCARD', K.scheduled) - (tonumber(m[2]) or 0) - prioritized
+    reply[#reply + 1], reply[#reply + 2] = 'scheduled', math.max(scheduled, 0)
+    reply[#reply + 1], reply[#reply + 2] = 'paused', m[1] == '1' and 1 or 0
+    reply[#reply + 1], reply[#reply + 2] = 'schedules', tonumber(m[3]) or 0
+    reply[#reply + 1], reply[#reply + 2] = 'rate_limit_jobs', tonumber(m[4]) or 0
+    reply[#reply + 1], reply[#reply + 2] = 'rate_limit_ms', tonumber(m[5]) or 0
+    -- Counts since the queue was made (see read_meta): every delivery, first or not.
+    local counts = {}
+    for i = 6, 13 do counts[i] = tonumber(m[i]) or 0 end
+    local totals = { 'pushed', counts[6], 'delivered', counts[7] + counts[8],
+      'completed', counts[9], 'retried', counts[10], 'reclaimed', counts[11],
+      'dead_lettered', counts[12], 'cancelled', counts[13], 'prioritized', prioritized }
+    for i = 1, #totals do reply[#reply + 1] = totals[i] end
+    -- The processing-time histogram (see durations): d0..d25, then dsum.
+    local buckets = {}
+    for b = 0, LIMIT.duration_buckets - 1 do buckets[#buckets + 1] = 'd' .. b end
+    buckets[#buckets + 1] = 'dsum'
+    local counts_of = rcall('HMGET', K.meta, unpack(buckets))
+    for i = 1, #buckets do
+      reply[#reply + 1], reply[#reply + 2] = buckets[i], tonumber(counts_of[i]) or 0
+    end
+    return reply
+  end
+
+  -- stats of the queue whose keys are K (this call's, or a topic group's for tstats).
+  function M.queue_stats(K)
+    local now = M.now_ms()
+    local meta = M.read_meta(K)
+    local ring_length = M.read('LLEN', K.ring)
+    -- The marks' counts (see read_marked), not the marks: O(1) however many are deferred.
+    M.read('HLEN', K.marks)
+    M.read('HLEN', K.marks_old)
+    local marked = meta.marked
+    -- Jobs, not elements: a packed batch holds several.
+    local lease_length = M.read('LLEN', K.leases)
+    local elements = math.max(ring_length - 1, 0) + lease_length
+    -- (jobs waiting at a priority wait outside the ring, and are pending)
+    local length = elements + meta.packed + meta.prio
+    local pending = math.max(0, math.min(length, meta.pushed - meta.taken))
+    local done = M.read('SCARD', K.done)
+    local done_old = M.read('SCARD', K.done_old)
+    local acked = done + done_old + marked[2] + marked[4]
+    local deferred = marked[1] + marked[3]
+    local overdue, capped = 0, false
+    if lease_length > 0 then
+      overdue, capped = M.overdue(K, now, lease_length, done + done_old > 0)
+    end
+    local in_flight = math.max(0, length - pending - acked - deferred - overdue)
+    -- The push log holds cumulative push counts, newest first: the oldest pending job was
+    -- pushed in the oldest checkpoint whose count exceeds what was taken. Binary search.
+    local oldest = -1
+    local lo, hi = 0, M.read('LLEN', K.pushlog) - 1
+    local found = nil
+    while pending > 0 and lo <= hi do
+      local mid = math.floor((lo + hi) / 2)
+      local pushed, at = string.match(rcall('LINDEX', K.pushlog, mid) or '', '^(%d+):(%d+)$')
+      if pushed and tonumber(pushed) > meta.taken then
+        found, lo = tonumber(at), mid + 1
+      else
+        hi = mid - 1
+      end
+    end
+    if found then oldest = math.max(0, now - found) end
+    return {
+      'length', length, 'pending', pending, 'in_flight', in_flight, 'done', acked,
+      'deferred', deferred, 'dead', M.read('LLEN', K.dead), 'oldest_pending_age_ms', oldest,
+      'overdue', overdue, 'overdue_capped', capped and 1 or 0,
+    }
+  end
+
+  -- Leased jobs whose deadline has passed and that no consumer has reclaimed yet (nor acked,
+  -- given back or extended), counted from the lease list's tail, where the earliest deadlines
+  -- are, up to its first young lease: an expired lease waits there for the next claim. Reads at
+  -- most LIMIT.overdue_look elements (a few at first: the tail is young in a healthy queue),
+  -- LIMIT.batch_bytes of them and LIMIT.count tokens; `capped` when it stopped for these bounds
+  -- (the count is then a lower bound). A lease behind a young one (a shorter LEASE_MS after a
+  -- longer) is not counted, as the walk does not reach it yet either.
+  function M.overdue(K, now, length, any_done)
+    local names, owner, batches = {}, {}, {} -- tokens to look up, then batch names
+    local seen, bytes, want, young, capped = 0, 0, 1, false, false
+    while not young and not capped and seen < math.min(length, LIMIT.overdue_look) do
+      want = math.min(want, LIMIT.overdue_look - seen)
+      local slice = rcall('LRANGE', K.leases, -(seen + want), -(seen + 1))
+      for i = #slice, 1, -1 do
+        local element = slice[i]
+        local star = string.find(element, '*', 2, true)
+        local batch = star and string.byte(element) == BYTE_STAR
+          and string.sub(element, 1, star - 1)
+        local deadline = star and M.own_deadline(element, batch or nil)
+        if deadline and deadline > now then
+          young = true
+          break
+        end
+        local ids = {}
+        if deadline and batch then
+          M.split_ids(element, #batch + 2, ids)
+        end
+        if bytes + #element > LIMIT.batch_bytes or #names + #ids + 1 > LIMIT.count then
+          capped = true
+          break
+        end
+        seen, bytes = seen + 1, bytes + #element
+        if deadline and batch then
+          batches[#batches + 1] = batch
+          for k = 1, #ids do
+            names[#names + 1], owner[#names + 1] = ids[k] .. batch .. PAD[k], batch
+          end
+        elseif deadline then
+          names[#names + 1] = element
+        end
+      end
+      want = want * 4
+    end
+    if not young and not capped and seen < length then capped = true end
+    local n = #names
+    if n == 0 then return 0, capped end
+    local gone = {} -- acked, given back, or extended past now
+    if any_done then
+      for _, key in ipairs({ K.done, K.done_old }) do
+        local flags = rcall('SMISMEMBER', key, unpack(names))
+        for j = 1, n do
+          if flags[j] == 1 then gone[j] = true end
+        end
+      end
+    end
+    for j = 1, #batches do names[n + j] = batches[j] end
+    local acked_whole = {}
+    for _, key in ipairs({ K.marks, K.marks_old }) do
+      local marks = rcall('HMGET', key, unpack(names))
+      for j = 1, n do
+        local m = marks[j]
+        if m and (string.byte(m) == BYTE_N or string.byte(m) == BYTE_F
+            or ((string.byte(m) == BYTE_E or string.byte(m) == BYTE_W)
+              and (tonumber(string.sub(m, 2)) or 0) > now)) then
+          gone[j] = true
+        end
+      end
+      for j = 1, #batches do
+        local m = marks[n + j]
+        if m and string.byte(m) == BYTE_A then acked_whole[batches[j]] = true end
+      end
+    end
+    local overdue = 0
+    for j = 1, n do
+      if not gone[j] and not (owner[j] and acked_whole[owner[j]]) then overdue = overdue + 1 end
+    end
+    return overdue, capped
+  end
+
+  function M.peek()
+    local count = M.int_arg(2, 'COUNT', 1, LIMIT.count)
+    local sides = M.read_sides()
+    local rows = M.ring_rows(M.read('LRANGE', K.ring, -count, -1), sides, count)
+    local room = count - #rows / 3
+    if room > 0 then
+      local leases = M.ring_rows(M.read('LRANGE', K.leases, -room, -1), sides, room)
+      for i = 1, #leases do rows[#rows + 1] = leases[i] end
+    end
+    for i = #rows, count * 3 + 1, -1 do rows[i] = nil end
+    return rows
+  end
+
+  -- The elements START..STOP-1 counted from the ring's tail on into the lease list's (0: the
+  -- next to be visited), as peek shows them: read page by page, both lists in bounded calls.
+  function M.scan()
+    local start = M.int_arg(2, 'START', 0, LIMIT.no_bound)
+    local stop = M.int_arg(3, 'STOP', 0, LIMIT.no_bound)
+    local count = M.int_arg(4, 'COUNT', 1, LIMIT.count)
+    local ring_length = M.read('LLEN', K.ring)
+    local length = ring_length + M.read('LLEN', K.leases)
+    local sides = M.read_sides()
+    local meta = M.read_meta(K)
+    stop = math.min(stop, length)
+    -- At most COUNT elements, and fewer where packed batches bring the rows past COUNT (a
+    -- first element alone gives all its rows: a batch holds at most LIMIT.count jobs).
+    local rows, at = {}, start
+    while at < stop and #rows < count * 3 do
+      local key, from, ends = K.ring, at, ring_length
+      if at >= ring_length then key, from, ends = K.leases, at - ring_length, length end
+      local want = math.min(math.min(stop, ends) - at, count - #rows / 3)
+      local slice = rcall('LRANGE', key, -(from + want), -(from + 1))
+      local page = M.ring_rows(slice, sides, nil, count * 3 - #rows)
+      for i = 1, #page do rows[#rows + 1] = page[i] end
+      at = at + (page.elements or #slice)
+      if page.elements and page.elements < #slice then break end
+    end
+    local reply = { math.max(at, start), length, meta.seq, meta.pushed }
+    for i = 1, #rows do reply[#reply + 1] = rows[i] end
+    return reply
+  end
+
+  -- Rows {element, state, time, ...} for a slice of the ring (tail last), tail first. A packed
+  -- batch shows as the leases it stands for, first job first. With `count`, stops at count
+  -- rows; with `room`, stops before an element whose rows would not fit in `room` reply
+  -- entries (the first always fits), and says in rows.elements how many elements it showed.
+  function M.ring_rows(slice, sides, count, room)
+    local mark, packed = {}, {}
+    M.look_up(slice, sides, {}, {}, mark, {}, packed)
+    local rows, batch_acked = {}, {}
+    local elements = 0
+    for i = #slice, 1, -1 do
+      local element, batch = slice[i], packed[i]
+      local before = #rows
+      if batch and string.find(batch, '^%*%d+%.1%.%d+$') then
+        local ids = M.split_ids(element, #batch + 2)
+        for k = 1, #ids do
+          rows[#rows + 1] = ids[k] .. batch .. PAD[k]
+          batch_acked[#rows] = mark[i] and string.byte(mark[i]) == BYTE_A
+        end
+      else
+        rows[#rows + 1] = element
+      end
+      if room and elements > 0 and #rows * 3 > room then
+        for j = #rows, before + 1, -1 do rows[j] = nil end
+        break
+      end
+      elements = elements + 1
+      if count and #rows >= count then break end
+    end
+    local done_in = {}
+    mark = {}
+    M.look_up(rows, sides, {}, done_in, mark, {}, {})
+    local reply = { elements = elements }
+    for i = 1, #rows do
+      local element = rows[i]
+      local state, at = 'pending', 0
+      if element == SENTINEL then
+        state = 'lap'
+      elseif string.find(element, '*', 1, true) or not M.valid_id(element) then
+        local id, deadline = M.parse_token(element)
+        local when = mark[i] and tonumber(string.match(mark[i], '^[enw](%d+)$'))
+        if not id then
+          state = 'corrupt'
+        elseif done_in[i] or batch_acked[i] then
+          state = 'done'
+        elseif when and string.sub(mark[i], 1, 1) == 'n' then
+          state, at = 'deferred', when
+        elseif mark[i] and string.byte(mark[i]) == BYTE_F then
+          state = 'buried'
+        else
+          state, at = 'leased', when or deadline
+        end
+      end
+      reply[#reply + 1] = element
+      reply[#reply + 1] = state
+      reply[#reply + 1] = at
+    end
+    return reply
+  end
+
+  function M.dead()
+    local start = M.int_arg(2, 'START', 0, LIMIT.no_bound)
+    local count = M.int_arg(3, 'COUNT', 1, LIMIT.count)
+    return M.read('LRANGE', K.dead, start, start + count - 1)
+  end
+
+  function M.requeue_dead()
+    return (M.requeue_letters(0, 2))
+  end
+
+  function M.requeue_dead_from()
+    local start = M.int_arg(2, 'START', 0, LIMIT.no_bound)
+    local requeued, following = M.requeue_letters(start, 3)
+    return { requeued, following }
+  end
+
+  -- requeue_dead's work on the dead letters from index START on, COUNT at A[at] and the ids
+  -- after it: examines at most LIMIT.dead_scan letters, so a call stays short however many
+  -- there are. Returns how many were requeued, and where to go on (-1: the list's end).
+  function M.requeue_letters(start, at)
+    local count = M.int_arg(at, 'COUNT', 1, LIMIT.batch)
+    M.check_ids(at + 1)
+    local wanted = nil
+    if #A > at then
+      wanted = {}
+      for i = at + 1, #A do wanted[A[i]] = true end
+    end
+    local dead_length = M.read('LLEN', K.dead)
+    local letters = M.read('LRANGE', K.dead, start, start + LIMIT.dead_scan - 1)
+    local length = M.read('LLEN', K.ring)
+    local meta = M.read_meta(K)
+    local head = M.read_push_keys(K)
+    local ids, places = {}, {}
+    for i = 1, #letters do
+      local id = #ids < count and M.dead_letter_id(letters[i])
+      if id and (not wanted or wanted[id]) then
+        ids[#ids + 1], places[#places + 1] = id, start + i - 1
+      end
+    end
+    local examined = #ids < count and #letters or places[#places] - start + 1
+    local following = start + examined - #ids
+    if start + examined >= dead_length then following = -1 end
+    if #ids == 0 then return 0, following end
+    -- The requeued letters leave the list where they are: marked, then removed by LREM, which
+    -- walks the list only as far as the last of them.
+    local tomb = '*requeued*' .. M.now_ms()
+    for i = 1, #places do rcall('LSET', K.dead, places[i], tomb) end
+    rcall('LREM', K.dead, #places, tomb)
+    local requeued = #ids
+    -- (a letter whose id the queue holds again goes all the same: that job will run)
+    if meta.tracked then ids = M.admit(ids, 'p') end
+    if #ids > 0 then
+      M.ensure_ring(K, length)
+      M.call_all('LPUSH', K.ring, ids)
+      M.record_push(K, meta, #ids, M.now_ms(), head)
+    end
+    return requeued, following
+  end
+
+  function M.dead_letter_id(letter)
+    local element = string.match(letter, '^[^*]*%*%d+%*%d+%*(.*)$')
+    if not element then return nil end
+    local star = string.find(element, '*', 1, true)
+    local id = star and string.sub(element, 1, star - 1) or element
+    return M.valid_id(id) and id or nil
+  end
+
+  -- SCHEDULES: recurring jobs (see the header's SCHEDULES). A schedule is the meta field
+  -- "schedule:<name>" = "<job_id>*<last tick ms>*<every ms>*<due,due,...>*<spec>" (neither a
+  -- name nor a job id holds "*"; the spec, last, may), and while it has a next tick, the
+  -- member "*<name>" of K.scheduled scored by it. meta `schedules` counts the schedules,
+  -- `ticking` the members.
+  function M.schedule_field(name)
+    return 'schedule:' .. name
+  end
+
+  function M.parse_schedule(text)
+    local job_id, last, every, dues, spec =
+      string.match(text or '', '^([^*]+)%*(%d+)%*(%d+)%*([%d,]*)%*(.*)$')
+    if not job_id then return nil end
+    local list = {}
+    for due in string.gmatch(dues, '%d+') do list[#list + 1] = tonumber(due) end
+    return { job_id = job_id, last = tonumber(last), every = tonumber(every), dues = list,
+      spec = spec }
+  end
+
+  function M.format_schedule(d)
+    return d.job_id .. '*' .. d.last .. '*' .. d.every .. '*' .. table.concat(d.dues, ',') ..
+      '*' .. d.spec
+  end
+
+  -- The schedule NAME's next tick after `after` (ms): for an interval, the first of
+  -- due + k * every beyond it; for due times, the first given beyond it (dropping those
+  -- passed), nil when none is left.
+  function M.next_tick(d, due, after)
+    if d.every > 0 then
+      return due + d.every * (math.floor((after - due) / d.every) + 1)
+    end
+    local left = {}
+    for i = 1, #d.dues do
+      if d.dues[i] > after then left[#left + 1] = d.dues[i] end
+    end
+    d.dues = left
+    return left[1]
+  end
+
+  -- Ticks of the schedules whose members promote found due ({name, due} pairs, names without
+  -- their "*"): each pushes one job "<job_id>@<due ms>" (its id names the schedule's job and
+  -- the tick) and moves the member to the next tick after now, so ticks missed while nothing
+  -- ran make one job (a catch-up), not one each. Returns the ids to push.
+  function M.tick(due_schedules, now)
+    local ids, ticking = {}, 0
+    for i = 1, #due_schedules, 2 do
+      local name, due = due_schedules[i], due_schedules[i + 1]
+      local field = M.schedule_field(name)
+      local d = M.parse_schedule(rcall('HGET', K.meta, field))
+      if d then
+        ids[#ids + 1] = d.job_id .. '@' .. due
+        d.last = due
+        local next_due = M.next_tick(d, due, now)
+        rcall('HSET', K.meta, field, M.format_schedule(d))
+        if next_due then
+          rcall('ZADD', K.scheduled, next_due, '*' .. name)
+        else
+          ticking = ticking - 1 -- due times ran out: idle until given more
+        end
+      else
+        ticking = ticking - 1 -- (a member left without its schedule: written by hand)
+      end
+    end
+    if ticking ~= 0 then rcall('HINCRBY', K.meta, 'ticking', ticking) end
+    return ids
+  end
+
+  function M.schedule()
+    local mode = A[2]
+    if mode ~= 'SET' and mode ~= 'FILL' then
+      M.refuse('ROTATOR_BADARG', 'expected SET or FILL, got ' .. M.printable(mode))
+    end
+    local name, job_id, spec = A[3] or '', A[4] or '', A[6] or ''
+    if #name > LIMIT.schedule_name or not string.find(name, '^[%w%._:@/%-]+$') then
+      M.refuse('ROTATOR_BADARG', 'schedule name must be 1..' .. LIMIT.schedule_name ..
+        ' of A-Z a-z 0-9 . _ : @ / -, got ' .. M.printable(name))
+    end
+    if not M.valid_id(job_id) or #job_id > LIMIT.id_bytes - LIMIT.int_digits - 1 then
+      M.refuse('ROTATOR_BADID', 'a schedule\'s job id must be 1..' ..
+        (LIMIT.id_bytes - LIMIT.int_digits - 1) .. ' bytes without "*", got ' ..
+        M.printable(job_id))
+    end
+    local every = M.int_arg(5, 'EVERY_MS', 0, LIMIT.schedule_ms)
+    if #spec > LIMIT.spec_bytes then
+      M.refuse('ROTATOR_BADARG', 'SPEC must be at most ' .. LIMIT.spec_bytes .. ' bytes')
+    end
+    local count = #A - 6 -- (SPEC is not optional: -1 without it)
+    if count < 0 or (every > 0) ~= (count == 0) or count > LIMIT.schedule_dues then
+      M.refuse('ROTATOR_BADARG', 'EVERY_MS > 0 takes no DUE; EVERY_MS 0 takes 1..' ..
+        LIMIT.schedule_dues .. ' DUEs, got ' .. count)
+    end
+    local now = M.now_ms()
+    local dues = {}
+    for i = 7, #A do
+      dues[#dues + 1] = M.int_arg(i, 'DUE', 0, now + LIMIT.schedule_ms)
+      if #dues > 1 and dues[#dues] <= dues[#dues - 1] then
+        M.refuse('ROTATOR_BADARG', 'DUEs must be ascending')
+      end
+    end
+    local field = M.schedule_field(name)
+    local m = M.read('HMGET', K.meta, field, 'schedules', 'smin')
+    M.read('ZCARD', K.scheduled)
+    M.read('LLEN', K.wake)
+    local old = M.parse_schedule(m[1])
+    local same = old and old.job_id == job_id and old.every == every and old.spec == spec
+    if mode == 'FILL' and not same then return 0 end
+    if not old and tonumber(m[2] or 0) >= LIMIT.schedules then
+      M.refuse('ROTATOR_TOOMANY', 'at most ' .. LIMIT.schedules .. ' schedules per queue')
+    end
+    local member = '*' .. name
+    local current = tonumber(rcall('ZSCORE', K.scheduled, member))
+    local d = { job_id = job_id, last = old and old.last or 0, every = every, dues = dues,
+      spec = spec }
+    local next_due = current
+    if not same or not current then
+      next_due = every > 0 and now + every or nil
+    end
+    if every == 0 then next_due = M.next_tick(d, 0, d.last) end
+    rcall('HSET', K.meta, field, M.format_schedule(d))
+    if not old then rcall('HINCRBY', K.meta, 'schedules', 1) end
+    if next_due then
+      rcall('ZADD', K.scheduled, next_due, member)
+      local smin = tonumber(m[3])
+      if not smin or next_due < smin then
+        rcall('HSET', K.meta, 'smin', next_due)
+        M.wake_one()
+      end
+    elseif current then
+      rcall('ZREM', K.scheduled, member)
+    end
+    local ticking = (next_due and 1 or 0) - (current and 1 or 0)
+    if ticking ~= 0 then rcall('HINCRBY', K.meta, 'ticking', ticking) end
+    return same and 0 or 1
+  end
+
+  function M.unschedule()
+    local name = A[2] or ''
+    local field = M.schedule_field(name)
+    local m = M.read('HMGET', K.meta, field)
+    M.read('ZCARD', K.scheduled)
+    if not m[1] then return 0 end
+    rcall('HDEL', K.meta, field)
+    rcall('HINCRBY', K.meta, 'schedules', -1)
+    if rcall('ZREM', K.scheduled, '*' .. name) == 1 then
+      rcall('HINCRBY', K.meta, 'ticking', -1)
+    end
+    return 1
+  end
+
+  function M.schedules()
+    local all = M.read('HGETALL', K.meta)
+    M.read('ZCARD', K.scheduled)
+    local names, defs = {}, {}
+    for i = 1, #all, 2 do
+      local name = string.match(all[i], '^schedule:(.+)$')
+      if name then
+        names[#names + 1], defs[name] = name, M.parse_schedule(all[i + 1])
+      end
+    end
+    table.sort(names)
+    local reply = {}
+    for _, name in ipairs(names) do
+      local d = defs[name]
+      if d then
+        local next_due = rcall('ZSCORE', K.scheduled, '*' .. name)
+        local row = { name, d.job_id, d.every, d.spec, tonumber(next_due) or -1, d.last, #d.dues,
+          d.dues[#d.dues] or -1 }
+        for k = 1, #row do reply[#reply + 1] = row[k] end
+      end
+    end
+    return reply
+  end
 end
 
-function M.dead_letter_id(letter)
-  local element = string.match(letter, '^[^*]*%*%d+%*%d+%*(.*)$')
-  if not element then return nil end
-  local star = string.find(element, '*', 1, true)
-  local id = star and string.sub(element, 1, star - 1) or element
-  return M.valid_id(id) and id or nil
-end
-
--- 8. PAYLOADS AND ITEM STATS -------------------------------------------------------------------
+-- 9. PAYLOADS AND ITEM STATS ----------------------------------------------------------------------
 
 -- The payload, item-stats and topic commands (this section and the next): defined on their
--- first use, so an EVAL call of a core command does not pay for creating their functions (a
--- library defines them once).
+-- first use (see ON_FIRST_USE), so an EVAL call of a core command does not pay for creating
+-- their functions (a library defines them once).
 function M.define_extensions()
-  -- The KEYS layout of each command that does not take the thirteen queue KEYS.
-  M.LAYOUT = {
-    pushp = 'payloads', nextp = 'payloads', nextp_packed = 'payloads', ackp = 'payloads',
-    pushp_later = 'payloads',
-    pushi = 'items', nackp = 'items', items = 'items',
-    tpublish = 'topic', tsubscribe = 'topic', tunsubscribe = 'topic', treplay = 'topic',
-    tseek = 'topic', ttrim = 'topic', tstats = 'topic',
-    schedule = 'queue', unschedule = 'queue', schedules = 'queue',
-  }
-
   -- pushp nextp ackp keep payloads in the fourteenth key; pushi nackp items keep per-item stats
   -- in the fifteenth, which pushp nextp ackp also keep when given it.
+
+  -- Starts the per-item stats (the fifteenth key) of ids just pushed
+  -- (or scheduled): enqueued now, no delivery.
+  function M.enqueued(ids, now)
+    if not K.items then return end
+    local fresh = now .. ':0:0:'
+    local pairs_ = {}
+    for i = 1, #ids do
+      pairs_[#pairs_ + 1], pairs_[#pairs_ + 2] = ids[i], fresh
+      if #pairs_ >= LIMIT.batch then
+        rcall('HSET', K.items, unpack(pairs_))
+        pairs_ = {}
+      end
+    end
+    if #pairs_ > 0 then rcall('HSET', K.items, unpack(pairs_)) end
+  end
 
   -- Ids of accepted tokens (checked tokens: each has a "*" after its id).
   function M.token_ids(tokens)
@@ -4310,7 +4485,7 @@ function M.define_extensions()
     if #fresh > 0 then M.count_copies(fresh, stored) end
     M.call_all('HSET', K.payloads, pairs_)
     M.schedule_ids(ids, due, smin)
-    M.enqueued(ids, now)
+    if K.items then M.enqueued(ids, now) end -- (item stats: section 9)
     return #ids
   end
 
@@ -4433,7 +4608,7 @@ function M.define_extensions()
     return M.read('HMGET', K.items, unpack(A, 2))
   end
 
-  -- 9. TOPICS ---------------------------------------------------------------------------------
+  -- 10. TOPICS ------------------------------------------------------------------------------------
   -- TOPIC KEYS, then QUEUE_KEYS per group. Every helper here serves several of the commands.
 
   -- The bound of an idle group's backlog (see expire_backlog): the pending ids a group keeps
@@ -4850,226 +5025,53 @@ function M.define_extensions()
     end
     return reply
   end
-
-  -- SCHEDULES: recurring jobs (see the header's SCHEDULES). A schedule is the meta field
-  -- "schedule:<name>" = "<job_id>*<last tick ms>*<every ms>*<due,due,...>*<spec>" (neither a
-  -- name nor a job id holds "*"; the spec, last, may), and while it has a next tick, the
-  -- member "*<name>" of K.scheduled scored by it. meta `schedules` counts the schedules,
-  -- `ticking` the members.
-  function M.schedule_field(name)
-    return 'schedule:' .. name
-  end
-
-  function M.parse_schedule(text)
-    local job_id, last, every, dues, spec =
-      string.match(text or '', '^([^*]+)%*(%d+)%*(%d+)%*([%d,]*)%*(.*)$')
-    if not job_id then return nil end
-    local list = {}
-    for due in string.gmatch(dues, '%d+') do list[#list + 1] = tonumber(due) end
-    return { job_id = job_id, last = tonumber(last), every = tonumber(every), dues = list,
-      spec = spec }
-  end
-
-  function M.format_schedule(d)
-    return d.job_id .. '*' .. d.last .. '*' .. d.every .. '*' .. table.concat(d.dues, ',') ..
-      '*' .. d.spec
-  end
-
-  -- The schedule NAME's next tick after `after` (ms): for an interval, the first of
-  -- due + k * every beyond it; for due times, the first given beyond it (dropping those
-  -- passed), nil when none is left.
-  function M.next_tick(d, due, after)
-    if d.every > 0 then
-      return due + d.every * (math.floor((after - due) / d.every) + 1)
-    end
-    local left = {}
-    for i = 1, #d.dues do
-      if d.dues[i] > after then left[#left + 1] = d.dues[i] end
-    end
-    d.dues = left
-    return left[1]
-  end
-
-  -- Ticks of the schedules whose members promote found due ({name, due} pairs, names without
-  -- their "*"): each pushes one job "<job_id>@<due ms>" (its id names the schedule's job and
-  -- the tick) and moves the member to the next tick after now, so ticks missed while nothing
-  -- ran make one job (a catch-up), not one each. Returns the ids to push.
-  function M.tick(due_schedules, now)
-    local ids, ticking = {}, 0
-    for i = 1, #due_schedules, 2 do
-      local name, due = due_schedules[i], due_schedules[i + 1]
-      local field = M.schedule_field(name)
-      local d = M.parse_schedule(rcall('HGET', K.meta, field))
-      if d then
-        ids[#ids + 1] = d.job_id .. '@' .. due
-        d.last = due
-        local next_due = M.next_tick(d, due, now)
-        rcall('HSET', K.meta, field, M.format_schedule(d))
-        if next_due then
-          rcall('ZADD', K.scheduled, next_due, '*' .. name)
-        else
-          ticking = ticking - 1 -- due times ran out: idle until given more
-        end
-      else
-        ticking = ticking - 1 -- (a member left without its schedule: written by hand)
-      end
-    end
-    if ticking ~= 0 then rcall('HINCRBY', K.meta, 'ticking', ticking) end
-    return ids
-  end
-
-  function M.schedule()
-    local mode = A[2]
-    if mode ~= 'SET' and mode ~= 'FILL' then
-      M.refuse('ROTATOR_BADARG', 'expected SET or FILL, got ' .. M.printable(mode))
-    end
-    local name, job_id, spec = A[3] or '', A[4] or '', A[6] or ''
-    if #name > LIMIT.schedule_name or not string.find(name, '^[%w%._:@/%-]+$') then
-      M.refuse('ROTATOR_BADARG', 'schedule name must be 1..' .. LIMIT.schedule_name ..
-        ' of A-Z a-z 0-9 . _ : @ / -, got ' .. M.printable(name))
-    end
-    if not M.valid_id(job_id) or #job_id > LIMIT.id_bytes - LIMIT.int_digits - 1 then
-      M.refuse('ROTATOR_BADID', 'a schedule\'s job id must be 1..' ..
-        (LIMIT.id_bytes - LIMIT.int_digits - 1) .. ' bytes without "*", got ' ..
-        M.printable(job_id))
-    end
-    local every = M.int_arg(5, 'EVERY_MS', 0, LIMIT.schedule_ms)
-    if #spec > LIMIT.spec_bytes then
-      M.refuse('ROTATOR_BADARG', 'SPEC must be at most ' .. LIMIT.spec_bytes .. ' bytes')
-    end
-    local count = #A - 6 -- (SPEC is not optional: -1 without it)
-    if count < 0 or (every > 0) ~= (count == 0) or count > LIMIT.schedule_dues then
-      M.refuse('ROTATOR_BADARG', 'EVERY_MS > 0 takes no DUE; EVERY_MS 0 takes 1..' ..
-        LIMIT.schedule_dues .. ' DUEs, got ' .. count)
-    end
-    local now = M.now_ms()
-    local dues = {}
-    for i = 7, #A do
-      dues[#dues + 1] = M.int_arg(i, 'DUE', 0, now + LIMIT.schedule_ms)
-      if #dues > 1 and dues[#dues] <= dues[#dues - 1] then
-        M.refuse('ROTATOR_BADARG', 'DUEs must be ascending')
-      end
-    end
-    local field = M.schedule_field(name)
-    local m = M.read('HMGET', K.meta, field, 'schedules', 'smin')
-    M.read('ZCARD', K.scheduled)
-    M.read('LLEN', K.wake)
-    local old = M.parse_schedule(m[1])
-    local same = old and old.job_id == job_id and old.every == every and old.spec == spec
-    if mode == 'FILL' and not same then return 0 end
-    if not old and tonumber(m[2] or 0) >= LIMIT.schedules then
-      M.refuse('ROTATOR_TOOMANY', 'at most ' .. LIMIT.schedules .. ' schedules per queue')
-    end
-    local member = '*' .. name
-    local current = tonumber(rcall('ZSCORE', K.scheduled, member))
-    local d = { job_id = job_id, last = old and old.last or 0, every = every, dues = dues,
-      spec = spec }
-    local next_due = current
-    if not same or not current then
-      next_due = every > 0 and now + every or nil
-    end
-    if every == 0 then next_due = M.next_tick(d, 0, d.last) end
-    rcall('HSET', K.meta, field, M.format_schedule(d))
-    if not old then rcall('HINCRBY', K.meta, 'schedules', 1) end
-    if next_due then
-      rcall('ZADD', K.scheduled, next_due, member)
-      local smin = tonumber(m[3])
-      if not smin or next_due < smin then
-        rcall('HSET', K.meta, 'smin', next_due)
-        M.wake_one()
-      end
-    elseif current then
-      rcall('ZREM', K.scheduled, member)
-    end
-    local ticking = (next_due and 1 or 0) - (current and 1 or 0)
-    if ticking ~= 0 then rcall('HINCRBY', K.meta, 'ticking', ticking) end
-    return same and 0 or 1
-  end
-
-  function M.unschedule()
-    local name = A[2] or ''
-    local field = M.schedule_field(name)
-    local m = M.read('HMGET', K.meta, field)
-    M.read('ZCARD', K.scheduled)
-    if not m[1] then return 0 end
-    rcall('HDEL', K.meta, field)
-    rcall('HINCRBY', K.meta, 'schedules', -1)
-    if rcall('ZREM', K.scheduled, '*' .. name) == 1 then
-      rcall('HINCRBY', K.meta, 'ticking', -1)
-    end
-    return 1
-  end
-
-  function M.schedules()
-    local all = M.read('HGETALL', K.meta)
-    M.read('ZCARD', K.scheduled)
-    local names, defs = {}, {}
-    for i = 1, #all, 2 do
-      local name = string.match(all[i], '^schedule:(.+)$')
-      if name then
-        names[#names + 1], defs[name] = name, M.parse_schedule(all[i + 1])
-      end
-    end
-    table.sort(names)
-    local reply = {}
-    for _, name in ipairs(names) do
-      local d = defs[name]
-      if d then
-        local next_due = rcall('ZSCORE', K.scheduled, '*' .. name)
-        local row = { name, d.job_id, d.every, d.spec, tonumber(next_due) or -1, d.last, #d.dues,
-          d.dues[#d.dues] or -1 }
-        for k = 1, #row do reply[#reply + 1] = row[k] end
-      end
-    end
-    return reply
-  end
 end
 
--- 10. DISPATCH ----------------------------------------------------------------------------------
+-- 11. DISPATCH ------------------------------------------------------------------------------------
 
+-- Each command, by the KEYS it takes (main checks their count and names):
+--   queue     the queue's thirteen
+--   extras    the thirteen, then its payloads and item stats when the queue keeps them
+--   chunk     the thirteen, then push_chunk's marker hash (any other key under the base)
+--   payloads  the thirteen, then its payloads (a group: the topic's bodies), then its item
+--             stats optionally
+--   items     the thirteen, its payloads and its item stats
+--   topic     the topic's four, then the thirteen of each group
 local COMMANDS = {
-  push = M.push,
-  push_priority = M.push_priority,
-  push_chunk = M.push_chunk,
-  push_later = M.push_later,
-  schedule = M.schedule,
-  unschedule = M.unschedule,
-  schedules = M.schedules,
-  rate_limit = M.rate_limit,
-  durations = M.durations,
-  pause = M.pause,
-  resume = M.resume,
-  next = M.next,
-  next_packed = M.next_packed,
-  ack = M.ack,
-  nack = M.nack,
-  bury = M.bury,
-  extend = M.extend,
-  sweep = M.sweep,
-  cancel = M.cancel,
-  delete = M.delete,
-  configure = M.configure,
-  stats = M.stats,
-  peek = M.peek,
-  scan = M.scan,
-  dead = M.dead,
-  requeue_dead = M.requeue_dead,
-  requeue_dead_from = M.requeue_dead_from,
-  pushp = M.pushp,
-  pushp_later = M.pushp_later,
-  nextp = M.nextp,
-  nextp_packed = M.nextp_packed,
-  ackp = M.ackp,
-  pushi = M.pushi,
-  nackp = M.nackp,
-  items = M.items,
-  tpublish = M.tpublish,
-  tsubscribe = M.tsubscribe,
-  tunsubscribe = M.tunsubscribe,
-  treplay = M.treplay,
-  tseek = M.tseek,
-  ttrim = M.ttrim,
-  tstats = M.tstats,
+  push = 'queue', push_priority = 'extras', push_chunk = 'chunk', push_later = 'extras',
+  schedule = 'queue', unschedule = 'queue', schedules = 'queue',
+  rate_limit = 'queue', durations = 'queue', pause = 'queue', resume = 'queue',
+  next = 'queue', next_packed = 'queue', ack = 'queue', nack = 'queue', bury = 'extras',
+  extend = 'queue', sweep = 'queue', cancel = 'queue', delete = 'extras',
+  configure = 'queue', stats = 'queue', peek = 'queue', scan = 'queue', dead = 'queue',
+  requeue_dead = 'queue', requeue_dead_from = 'queue',
+  pushp = 'payloads', pushp_later = 'payloads', nextp = 'payloads', nextp_packed = 'payloads',
+  ackp = 'payloads',
+  pushi = 'items', nackp = 'items', items = 'items',
+  tpublish = 'topic', tsubscribe = 'topic', tunsubscribe = 'topic', treplay = 'topic',
+  tseek = 'topic', ttrim = 'topic', tstats = 'topic',
+}
+
+-- M's sections defined on first use (8 by M.define_later, 9 and 10 by M.define_extensions):
+-- a lookup of a function M does not hold yet runs the definers in turn, each once, until M
+-- holds it; a payload, item-stats or topic command's section first. A library runs them
+-- once; an EVAL call only when it needs them.
+local ON_FIRST_USE = {
+  __index = function(m, name)
+    local definers = { 'define_later', 'define_extensions' }
+    if LAYOUT == 'payloads' or LAYOUT == 'items' or LAYOUT == 'topic' then
+      definers = { 'define_extensions', 'define_later' }
+    end
+    for _, definer in ipairs(definers) do
+      local define = rawget(m, definer)
+      if define then
+        m[definer] = false
+        define()
+        local found = rawget(m, name)
+        if found ~= nil then return found end
+      end
+    end
+  end,
 }
 
 -- The thirteen KEYS of a queue after keys[base], by name, in the order of the header.
@@ -5152,15 +5154,13 @@ local function main(keys, args)
   end
   A, KS = args, keys
   rcall = redis.call
-  PAD = PAD or M.make_pad()
-  local handler = COMMANDS[args[1]]
-  local layout = nil
-  if not handler then
-    -- Not a core command: the extensions (defined on first use) may know it.
-    if not M.LAYOUT then M.define_extensions() end
-    layout = M.LAYOUT[args[1]]
-    handler = layout and M[args[1]]
+  if not PAD then -- this chunk's first call: every EVAL call, a library's first FCALL
+    PAD = M.make_pad()
+    setmetatable(M, ON_FIRST_USE)
   end
+  LAYOUT = COMMANDS[args[1]]
+  local layout = LAYOUT
+  local handler = layout and M[args[1]]
   if layout == 'topic' then
     local groups = (#keys - TOPIC_KEYS) / QUEUE_KEYS
     if #keys < TOPIC_KEYS or groups ~= math.floor(groups) or groups > LIMIT.groups then
@@ -5170,20 +5170,16 @@ local function main(keys, args)
     K, NGROUPS = nil, groups
     T = { topic = keys[1], groups = keys[2], log = keys[3], bodies = keys[4] }
   else
-    local low, high = QUEUE_KEYS, QUEUE_KEYS
-    -- With payloads, the fourteenth key; with item stats, the fifteenth too.
+    local low, high = QUEUE_KEYS, QUEUE_KEYS -- 'queue', and an unknown command's
+    if layout == 'extras' then low, high = QUEUE_KEYS, QUEUE_KEYS + 2 end
+    if layout == 'chunk' then low, high = QUEUE_KEYS + 1, QUEUE_KEYS + 1 end
     if layout == 'payloads' then low, high = QUEUE_KEYS + 1, QUEUE_KEYS + 2 end
     if layout == 'items' then low, high = QUEUE_KEYS + 2, QUEUE_KEYS + 2 end
-    if handler == M.push_chunk then low, high = QUEUE_KEYS + 1, QUEUE_KEYS + 1 end
-    if handler == M.delete then low, high = QUEUE_KEYS, QUEUE_KEYS + 2 end
-    if handler == M.bury or handler == M.push_later or handler == M.push_priority then
-      low, high = QUEUE_KEYS, QUEUE_KEYS + 2
-    end
     if #keys < low or #keys > high then
       return M.fail('ROTATOR_KEYS', 'expected ' .. (low == high and low or low .. ' or ' .. high)
         .. ' keys, got ' .. #keys)
     end
-    local marker = handler == M.push_chunk
+    local marker = layout == 'chunk'
     if not M.checked_before(keys, marker) then
       local base, refused = M.check_queue_keys(keys, 0)
       if not base then return refused end

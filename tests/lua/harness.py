@@ -596,7 +596,7 @@ class RedisStub:
 
 # Builds the sandbox once per runtime: the redis table, readonly globals, a runner per chunk.
 _SANDBOX_LUA = r"""
-function(dispatch, source, chunkname)
+function(dispatch, source, chunkname, watch)
   local chunk, compile_error = loadstring(source, chunkname)
   if not chunk then return nil, compile_error end
 
@@ -628,7 +628,9 @@ function(dispatch, source, chunkname)
   local library = {
     assert = assert, error = error, ipairs = ipairs, next = next, pairs = pairs,
     pcall = pcall, rawequal = rawequal, rawget = rawget, rawset = rawset, select = select,
-    setmetatable = setmetatable, getmetatable = getmetatable, tonumber = tonumber,
+    setmetatable = watch and function(t, meta) watch(t); return setmetatable(t, meta) end
+      or setmetatable,
+    getmetatable = getmetatable, tonumber = tonumber,
     tostring = tostring, type = type, unpack = unpack, xpcall = xpcall,
     string = readonly(string, 'string'), table = readonly(table, 'table'),
     math = readonly(math, 'math'), redis = readonly(redis, 'redis'),
@@ -660,15 +662,27 @@ end
 class LuaScript:
     """One script compiled in its own Lua 5.1 runtime, run against a RedisStub."""
 
-    def __init__(self, stub: RedisStub, source: bytes, chunkname: str) -> None:
+    def __init__(
+        self,
+        stub: RedisStub,
+        source: bytes,
+        chunkname: str,
+        watch: Callable[[Any], None] | None = None,
+    ) -> None:
+        """``watch``, when given, sees every table the chunk gives a metatable (a test reads
+        the module's function table M that way)."""
         self.stub = stub
         self._lua = lupa.LuaRuntime(encoding=None, unpack_returned_tuples=True, register_eval=False)
         self._gap: StubError | None = None
         make = self._lua.eval(_SANDBOX_LUA)
-        made = make(self._dispatch, source, chunkname.encode())
+        made = make(self._dispatch, source, chunkname.encode(), watch)
         if isinstance(made, tuple):  # (nil, message): the chunk does not compile
             raise SyntaxError(made[1].decode(errors="replace"))
         self._runner = made
+
+    def rawget(self, table: Any, key: bytes) -> Any:
+        """``table[key]`` without its metatable (a table ``watch`` saw)."""
+        return self._lua.eval("rawget")(table, key)
 
     def run(self, keys: Sequence[bytes | str], argv: Sequence[bytes | str | int]) -> Reply:
         """Run the chunk with KEYS/ARGV; the reply as redis-py would see it, or ScriptError."""

@@ -131,17 +131,34 @@ def test_the_body_checks_each_key_for_the_type_the_header_gives() -> None:
     assert checked_key_types() == expected
 
 
+# The KEYS a command's header line gives (none: the thirteen) -> its layout in COMMANDS.
+LAYOUT_OF_KEYS = {
+    "(KEYS 1..13, or 1..15)": "extras",
+    "(KEYS 1..13, 1..14 or 1..15)": "extras",
+    "(KEYS 1..13, KEYS[14] a marker hash)": "chunk",
+    "(KEYS 1..14, or 1..15)": "payloads",
+    "(KEYS 1..15)": "items",
+}
+
+
 def test_header_commands_and_the_dispatch_table_agree() -> None:
     table = re.search(r"local COMMANDS = \{(.*?)\n\}", BODY, re.DOTALL)
     assert table, "no COMMANDS dispatch table in the body"
-    dispatch = dict(re.findall(r"^\s*(\w+) = ([\w.]+),?$", table[1], re.MULTILINE))
+    dispatch = dict(re.findall(r"\b(\w+) = '(\w+)'", table[1]))
     # (`unique` is no command of its own: main takes it off the push command that follows)
     assert set(dispatch) | {"unique"} == set(header_commands())
-    for handler in dispatch.values():
-        # `local function cmd_push(` or `function M.push(` (indented inside
-        # M.define_extensions for the commands defined on first use): the handler is here.
-        defined = rf"^ *(local )?function {re.escape(handler)}\("
-        assert re.search(defined, BODY, re.MULTILINE), handler
+    for name, layout in dispatch.items():
+        # `function M.push(`, or indented inside a definer of the sections defined on first
+        # use (M.define_later, M.define_extensions): the handler is here.
+        assert re.search(rf"^ *function M\.{name}\(", BODY, re.MULTILINE), name
+        first_line = header_commands()[name].splitlines()[0]
+        given = re.search(r"\((?:TOPIC )?KEYS[^)]*\)", first_line)
+        if given and given[0].startswith("(TOPIC"):
+            assert layout == "topic", name
+        elif given:
+            assert layout == LAYOUT_OF_KEYS[given[0]], name
+        elif layout not in ("topic", "payloads"):  # (some say "as nextp" further down)
+            assert layout == "queue", name
 
 
 def test_every_command_documents_its_reply() -> None:
