@@ -95,19 +95,19 @@ LEASES (how a claim avoids the jobs in flight)
   the list runs in deadline order from its tail while every lease has the same length. A
   call walks the list from its tail before it walks the ring, and only when something there
   may be done with: when meta lmin (the earliest deadline the list may hold) has come, or
-  when acks or nacked jobs wait and the tail is not a young lease known to be live (meta
-  lstop: its deadline; an ack or nack with that deadline clears it). The walk removes acked
-  leases and batches, leases expired ones again (or dead-letters them), breaks up touched or
-  expired batches, moves a nacked job to the ring to wait (or leases it again when due),
+  when acks or nacked jobs wait and the tail is not a young lease known to be live (meta lstop:
+  the deadline its tokens carry; an ack or nack with that deadline clears it). The walk removes
+  acked leases and batches, leases expired ones again (or dead-letters them), breaks up touched
+  or expired batches, moves a nacked job to the ring to wait (or leases it again when due),
   moves an extended lease to the head (marked "w": it waits there by its new deadline, until
-  another extend marks it "e" again; one extended beyond this call's own deadline waits in
-  the ring instead, as a nacked job does, so that it holds up no lease behind it), and stops
-  at the first lease young by its own deadline (a "w" lease: by its new one): young leases
-  are never visited one by one, so a claim costs the same however many are in flight. The
-  price: a lease made shorter than one before it (a smaller LEASE_MS, an extend that
-  shortens), or a job nacked behind a younger lease, is reached when the walk gets there, at
-  the latest when the leases before it fall due. A sweep does
-  not stop at young leases: it puts them back at the tail in their places.
+  another extend marks it "e" again; one extended beyond this call's own deadline waits in the
+  ring instead, as a nacked job does, so that it holds up no lease behind it), and stops at the
+  first lease young by its own deadline (a "w" lease: by its new one): young leases are never
+  visited one by one, so a claim costs the same however many are in flight. The price: a lease
+  made shorter than one before it (a smaller LEASE_MS, an extend that shortens), or a job nacked
+  behind a younger lease, is reached when the walk gets there, at the latest when the leases
+  before it fall due. A sweep does not stop at young leases: it puts them back at the tail in
+  their places.
   Acks and marks age (done -> done_old, marks -> marks_old, the old ones dropped) once both
   lists have been walked whole since the last ageing: the ring from sentinel to sentinel
   (meta rpasses), the lease list once every element it held has been visited (meta lpass,
@@ -1376,17 +1376,23 @@ function M.remember_dropped(tokens, batches, call)
   if not TRIMMED or n > LIMIT.trim_step then M.trim_revoked(fence, now, n, call.revoked + n) end
 end
 
--- The lease list's walk stopped at a young lease that was live (meta lstop, its deadline), and
--- waits for it before it looks for acked leases behind it. True when one of the tokens (or
--- batch names) acked or given back has that deadline, and so may be that lease: the walk may
--- go on at the next call.
+-- The lease list's walk stopped at a young lease that was live (meta lstop: the deadline its
+-- tokens carry), and waits for it before it looks for acked leases behind it. True when one
+-- of the tokens (or batch names) acked or given back has that deadline, and so may be that
+-- lease: the walk may go on at the next call.
 function M.frees_tail(tokens, lstop)
   if not lstop then return false end
   local deadline = tostring(lstop)
   for i = 1, #tokens do
-    if string.match(tokens[i], '%*(%d+)%.') == deadline then return true end
+    if M.named_deadline(tokens[i]) == deadline then return true end
   end
   return false
+end
+
+-- The deadline a token, a batch name or a lease list element carries, as text: the digits
+-- after its first "*" (a lease made, a batch made; an extended lease waits by its mark's).
+function M.named_deadline(text)
+  return string.match(text, '%*(%d+)%.')
 end
 
 -- Tokens (or batch acks) in A[first..] that were revoked or never issued, as a set. A batch
@@ -2009,7 +2015,9 @@ function M.walk_leases(s, budget)
   local skip = s.meta.lskip or 0
   if not s.lpass or s.lpass <= 0 then s.lpass, skip = s.lease_length, 0 end -- a pass begins
   local byte, now, want, bytes = string.byte, s.now, 2, 0
-  local stop, pass_ended = nil, false -- stop: the deadline of the young lease it stopped at
+  -- stop: the deadline of the young lease it stopped at; stop_named: the deadline its tokens
+  -- carry (meta lstop, which an ack of it clears), older when it is an extended lease ("w")
+  local stop, stop_named, pass_ended = nil, nil, false
   while true do
     local aged = false
     local slice = rcall('LRANGE', K.leases, -(s.lease_visited + want), -(s.lease_visited + 1))
@@ -2030,7 +2038,7 @@ function M.walk_leases(s, budget)
         or (m and (byte(m) == BYTE_N or byte(m) == BYTE_E or byte(m) == BYTE_F or packed[i]))
       local deadline = not gone and (M.moved_deadline(m) or M.own_deadline(element, packed[i]))
       if deadline and deadline > now and not s.sweeping then
-        stop = deadline
+        stop, stop_named = deadline, M.own_deadline(element, packed[i])
         break
       end
       s.lease_visited = s.lease_visited + 1
@@ -2075,7 +2083,7 @@ function M.walk_leases(s, budget)
   -- deadline order), now when it stopped for want of room, nothing when it ran out; and the
   -- young leases it put back at the tail, which the next walk meets first.
   s.lmin = stop or (s.lease_more and now) or nil
-  s.lstop = stop
+  s.lstop = stop_named
   if s.back_young and (not s.lstop or s.back_young < s.lstop) then
     s.lstop = s.back_young
     if not s.lmin or s.back_young < s.lmin then s.lmin = s.back_young end
@@ -2210,8 +2218,11 @@ function M.note_leases(s)
   local left = M.leases_left(s)
   if left == 0 then lmin = nil end
   -- Pushed onto an empty list, the young leases of this call are its tail: a walk for acks
-  -- need not read them before they may be due (see leases_due).
-  if left == #s.to_leases and left > 0 then s.lstop = lmin end
+  -- need not read them before they may be due (see leases_due), or before an ack names the
+  -- first of them (lstop: by the deadline its tokens carry, see frees_tail).
+  if left == #s.to_leases and left > 0 then
+    s.lstop = tonumber(M.named_deadline(s.to_leases[1]))
+  end
   s.lmin = lmin
 end
 
@@ -2590,7 +2601,7 @@ function M.fast_lease(first, count, lease, budget, compact, state)
   if walks then
     -- The acked batches at the tail go, with the batches marked acked behind them, up to
     -- the first young lease; anything else there is the walk's.
-    local bytes, stop = 0, nil
+    local bytes, stop, stop_named = 0, nil, nil -- (as in walk_leases)
     for j = #places, 1, -1 do
       local place = places[j]
       if visited >= budget or bytes > LIMIT.lease_bytes then return nil end
@@ -2600,7 +2611,7 @@ function M.fast_lease(first, count, lease, budget, compact, state)
       if (not m or moved) and not jobs then
         local deadline = moved or place.deadline
         if not deadline or deadline <= now then return nil end
-        stop = deadline
+        stop, stop_named = deadline, place.deadline
         break
       end
       if not place.batch or not place.deadline then return nil end
@@ -2645,7 +2656,7 @@ function M.fast_lease(first, count, lease, budget, compact, state)
     else
       lskip = skip
     end
-    lmin, lstop = stop, stop
+    lmin, lstop = stop, stop_named
   end
   -- The ring: `count` pending ids at its tail, within the lap and the budget, the sentinel
   -- behind them; the batch stops early once its ids reach LIMIT.batch_bytes.

@@ -1247,6 +1247,7 @@ class RotatorModel:
         if self.lpass is None or self.lpass <= 0:
             self.lpass, skip = w.lease_length, 0
         stop: int | None = None
+        stop_named: int | None = None  # (the deadline its tokens carry: see the module)
         pass_ended = False
         read = 0
         while w.lease_visited < w.lease_length:
@@ -1274,7 +1275,8 @@ class RotatorModel:
             moved = moved_deadline(mark)
             deadline = None if gone else moved if moved is not None else own_deadline(element)
             if deadline is not None and deadline > w.now and not w.sweeping:
-                stop = deadline
+                # lstop names it by the deadline its tokens carry: an ack of it clears lstop
+                stop, stop_named = deadline, own_deadline(element)
                 break
             w.lease_visited += 1
             read += len(element)
@@ -1303,7 +1305,7 @@ class RotatorModel:
         else:
             self.lskip = len(w.back) + skip
         self.lmin = stop if stop is not None else (w.now if w.lease_more else None)
-        self.lstop = stop
+        self.lstop = stop_named
         if w.back_young is not None and (self.lstop is None or w.back_young < self.lstop):
             self.lstop = w.back_young
             if self.lmin is None or w.back_young < self.lmin:
@@ -1585,7 +1587,9 @@ class RotatorModel:
         if before_count + len(w.to_leases) == 0:
             lmin = None
         if before_count == 0 and w.to_leases:
-            self.lstop = lmin
+            # (named by the deadline the tail's tokens carry, as the module's note_leases)
+            found = _TOKEN_DEADLINE.search(w.to_leases[0])
+            self.lstop = int(found[1]) if found is not None else None
         self.lmin = lmin
 
     # -- what the invariants ask ----------------------------------------------------------

@@ -184,6 +184,38 @@ def test_more_extended_leases_than_a_budget_do_not_starve_the_ring(
     assert client.llen(q.keys[10]) == 3002
 
 
+def test_an_ack_of_the_extended_lease_a_walk_stopped_at_lets_the_next_walk_go_on(
+    client: redis.Redis, queue_name: str
+) -> None:
+    """The walk stops at a young lease and claims skip the lease list until an ack or nack
+    names it (meta lstop). An extended lease ("w") waits by its new deadline but its tokens
+    carry the one it was made with: lstop must be that one, or the ack of it did not count
+    and the acked lease stayed in the list until the extension ran out."""
+    q = Counting(client, queue_name)
+    extended_leases(q, 3, extend_ms=30_000)
+    q("push", "fresh")
+    assert q("next_packed", 1, 30_000, 1000, 0)[3].endswith(b"*fresh")  # moves the three
+    marks: Any = client.hvals(q.keys[3]) + client.hvals(q.keys[4])
+    assert sorted(m[:1] for m in marks) == [b"w"] * 3
+    tail: Any = client.lrange(q.keys[10], -1, -1)[0]
+    assert q("ack", tail) == 1
+    q("push", "fresher")
+    reply, read = q.read_by("next_packed", 1, 30_000, 1000, 0)
+    assert reply[3].endswith(b"*fresher")
+    leases = client.lrange(q.keys[10], 0, -1)
+    assert tail not in leases  # removed by this claim, not 30 s later
+    assert len(leases) == 4  # two extended, fresh, fresher
+    assert read <= 2 + 4 + 2  # the acked one and the next, young, that stops the walk
+    # That walk stopped at the next extended lease: the ack of it counts as well.
+    tail = leases[-1]
+    assert q("ack", tail) == 1
+    q("push", "freshest")
+    assert q("next_packed", 1, 30_000, 1000, 0)[3].endswith(b"*freshest")
+    leases = client.lrange(q.keys[10], 0, -1)
+    assert tail not in leases
+    assert len(leases) == 4
+
+
 def test_a_lease_extended_far_waits_in_the_ring_and_holds_up_no_lease_behind_it(
     client: redis.Redis, queue_name: str
 ) -> None:
