@@ -8,9 +8,9 @@ Every run is one process of its own draining N no-op jobs from a server of our o
 
 Workers: ``bench/node_bench.js work`` times one ``Rotator.work()`` of the Node client
 (``clients/node``, built: ``npm run build`` there; each claim asks for as many jobs as there
-are free slots, by ``next_packed`` through ``EVALSHA``, and acks ride on the next claim)
-against ``bench/bullmq/bench.js``: jobs added by ``addBulk`` (``removeOnComplete``), one
-BullMQ ``Worker`` draining them, at concurrency 1 and 16.
+are free slots, by ``next_packed`` through ``FCALL``, the client's default, and acks ride on
+the next claim) against ``bench/bullmq/bench.js``: jobs added by ``addBulk``
+(``removeOnComplete``), one BullMQ ``Worker`` draining them, at concurrency 1 and 16.
 
 Batch claims: ``bench/node_bench.js batch`` loops ``next({count: 100, ack: previous})``
 (each claim acks the batch before it: one batch ack) until the queue is empty. The
@@ -19,7 +19,7 @@ set against the two nearest things BullMQ offers: a ``Worker`` at concurrency 10
 in flight, each fetched and completed on its own), and its documented manual processing, one
 job at a time (``worker.getNextJob(token, {block: false})`` then
 ``job.moveToCompleted(null, token, false)``, ``node_bench.js bullmq-manual``). The same batch
-loop in the Python client (``Rotator.next(100, ack=previous)``, redis-py, ``EVALSHA`` as the
+loop in the Python client (``Rotator.next(100, ack=previous)``, redis-py, ``FCALL`` as the
 Node client calls) is a third row.
 
 The runs of a round are interleaved, each round in the reverse order of the one before, over
@@ -66,7 +66,7 @@ from rotator import Rotator
 
 port, total, count = (int(arg) for arg in sys.argv[1:4])
 client = redis.Redis(port=port)
-q = Rotator(client, f"bench-py-{os.getpid()}-{time.time_ns()}", functions=False)
+q = Rotator(client, f"bench-py-{os.getpid()}-{time.time_ns()}")
 ids = [f"j{i}" for i in range(total)]
 for start in range(0, total, 1000):
     q.push(*ids[start : start + 1000])
@@ -212,7 +212,7 @@ def markdown(data: dict[str, Any]) -> str:
         "each fetched and completed by calls of its own), and its manual processing "
         "(`worker.getNextJob(token, {block: false})`, then `job.moveToCompleted(null, token, "
         "false)`, one job at a time: two round trips a job). The last row is the same batch "
-        "loop in the Python client (redis-py, `EVALSHA` like the Node client).",
+        "loop in the Python client (redis-py, `FCALL` like the Node client).",
         "",
         f"| server | rotator (Node, batches of {BATCH}) | against | its jobs/s | ratio |",
         "|---|---:|---|---:|---:|",

@@ -25,7 +25,7 @@ import {
   secondsToMs,
   whole,
 } from "./protocol";
-import { type Arg, type Client, ModuleCaller, isNoScript } from "./script";
+import { type Arg, type Client, ModuleCaller, isNotLoaded } from "./script";
 import { type WorkOptions, type WorkSummary, type Handler, work } from "./worker";
 
 /** Seconds a consumer holds a job before others may take it back. */
@@ -53,6 +53,10 @@ export interface RotatorOptions {
   keys?: QueueKeys;
   /** Read each job's payload with it (nextp_packed); a topic group's are its messages. */
   payloads?: boolean;
+  /** true: call the module by FCALL of its function library; false: by EVALSHA. Left out:
+   * FCALL where the server and the ACL allow it (chosen at the client's first call), else
+   * EVALSHA; always EVALSHA on a Cluster client. */
+  functions?: boolean;
 }
 
 export interface PushOptions {
@@ -163,7 +167,7 @@ export class Rotator {
     this.budget = whole(options.budget ?? DEFAULT_BUDGET, "budget", 1, MAX_BUDGET);
     this.payloads = options.payloads ?? false;
     this.idempotency = options.idempotency;
-    this.module = new ModuleCaller(redis);
+    this.module = new ModuleCaller(redis, options.functions);
   }
 
   /** One module call on this queue's thirteen keys (or more, given). */
@@ -288,15 +292,12 @@ export class Rotator {
   private async afterWake(seconds: number, args: readonly Arg[]): Promise<unknown> {
     this.blocker ??= (this.redis as Redis).duplicate();
     const keys = this.nextKeys;
-    const results = await this.blocker
-      .pipeline()
-      .blpop(keyOf(this.keys, "wake"), Math.max(seconds, 0.01).toFixed(3))
-      .evalsha(this.module.sha, keys.length, ...keys, ...args)
-      .exec();
+    const pipeline = this.blocker.pipeline().blpop(keyOf(this.keys, "wake"), Math.max(seconds, 0.01).toFixed(3));
+    const results = await this.module.pipelined(pipeline, keys, args).exec();
     const [woken, reply] = results ?? [];
     if (woken?.[0]) throw woken[0];
     if (reply?.[0]) {
-      if (isNoScript(reply[0])) return this.call(args, keys);
+      if (isNotLoaded(reply[0])) return this.call(args, keys);
       throw errorFromReply(reply[0]);
     }
     return reply?.[1];

@@ -1,18 +1,31 @@
 /**
  * The Lua module: its source (the package's copy of lua/rotator.lua), its SHA, and calling
- * it by EVALSHA with typed errors. A NOSCRIPT reply (after SCRIPT FLUSH, a restart or a
- * failover) means nothing ran: the module is loaded with SCRIPT LOAD and the call sent once
- * more; if the cache was flushed again meanwhile, the source itself goes with EVAL. So no
- * retry here can apply a command twice.
+ * it with typed errors, as rotator/script.py does for Python.
+ *
+ * By default a client's calls go by FCALL of the module loaded as a function library, where
+ * the server has functions (Redis 7+, Valkey) and the ACL allows FCALL (and FUNCTION LOAD
+ * while the library is missing): a library call does not define the module's functions
+ * again, as every EVALSHA call does. Otherwise, and always on a Cluster client, by EVALSHA.
+ * The choice is made at a client's first call and kept for it; `functions: true` forces
+ * FCALL, `functions: false` EVALSHA. The library has the Python client's name and source,
+ * so both share it.
+ *
+ * A reply saying the script or library is missing (after SCRIPT FLUSH, FUNCTION FLUSH, a
+ * restart or a failover) means nothing ran: it is loaded and the call sent once more; if it
+ * was flushed again meanwhile, the source itself goes with EVAL. A refusal of FCALL itself
+ * (no such command, NOPERM) also means nothing ran. So no retry here can apply a command
+ * twice.
  */
 import { createHash } from "node:crypto";
 import { readFileSync } from "node:fs";
 import { join } from "node:path";
-import type { Cluster, Redis } from "ioredis";
+import type { ChainableCommander, Cluster, Redis } from "ioredis";
 import { errorFromReply } from "./errors";
 
 export type Client = Redis | Cluster;
 export type Arg = string | number | Buffer;
+/** How a client calls the module. */
+export type Mode = "fcall" | "evalsha";
 
 /** Where the package carries the module: beside dist/, copied there by the build. */
 export const MODULE_PATH = join(__dirname, "..", "lua", "rotator.lua");
@@ -29,16 +42,71 @@ export function moduleSha(): string {
   return createHash("sha1").update(moduleSource(), "utf8").digest("hex");
 }
 
+/** The library and function name: versioned, so two rotator versions can share a server. */
+export function functionName(): string {
+  return `rotator_${moduleSha().slice(0, 16)}`;
+}
+
+/** The module as a function library: a shebang naming it, and the name it registers. */
+export function librarySource(): string {
+  const name = functionName();
+  return `#!lua name=${name}\nlocal FUNCTION_NAME = '${name}'\n${moduleSource()}`;
+}
+
+function lowerMessage(error: unknown): string {
+  return error instanceof Error ? error.message.toLowerCase() : "";
+}
+
 export function isNoScript(error: unknown): boolean {
   return error instanceof Error && error.message.startsWith("NOSCRIPT");
 }
 
+/** The library is not on the server (nothing ran). */
+export function isFunctionMissing(error: unknown): boolean {
+  return lowerMessage(error).includes("function not found");
+}
+
+/** A reply saying the module is not loaded, either way: call again through `call`. */
+export function isNotLoaded(error: unknown): boolean {
+  return isNoScript(error) || isFunctionMissing(error);
+}
+
+/** The server cannot run the library for this client: it has no functions, or the ACL refuses
+ * FCALL or FUNCTION LOAD (a refusal of a command the module calls is not this). */
+function isFcallRefused(error: unknown): boolean {
+  const text = lowerMessage(error);
+  if (text.startsWith("noperm")) {
+    return text.includes("'fcall'") || text.includes("'function|load'") || text.includes("'function'");
+  }
+  return text.includes("unknown command 'fcall'") || text.includes("unknown command 'function'");
+}
+
+function isCluster(client: Client): boolean {
+  return "isCluster" in client && client.isCluster;
+}
+
+/** The mode chosen at each client's first call (functions left to the default). */
+const chosen = new WeakMap<Client, Mode>();
+
 /** Calls the module on one client. */
 export class ModuleCaller {
   readonly sha: string;
+  readonly functionName: string;
 
-  constructor(readonly client: Client) {
+  /** `functions`: true forces FCALL, false EVALSHA; left out, the faster the server allows. */
+  constructor(
+    readonly client: Client,
+    readonly functions?: boolean,
+  ) {
     this.sha = moduleSha();
+    this.functionName = functionName();
+  }
+
+  /** How calls go now: "evalsha" until a default client's first call has chosen. */
+  get mode(): Mode {
+    if (this.functions === false || isCluster(this.client)) return "evalsha";
+    if (this.functions === true) return "fcall";
+    return chosen.get(this.client) ?? "evalsha";
   }
 
   /** Runs ARGV on the given KEYS; raises the module's errors as typed errors. */
@@ -50,7 +118,57 @@ export class ModuleCaller {
     }
   }
 
+  /** Adds this call to a pipeline the way calls go now (a reply saying the module is not
+   * loaded, see isNotLoaded: nothing ran, call again through `call`). */
+  pipelined(pipeline: ChainableCommander, keys: readonly string[], args: readonly Arg[]): ChainableCommander {
+    if (this.mode === "fcall") return pipeline.call("FCALL", this.functionName, keys.length, ...keys, ...args);
+    return pipeline.evalsha(this.sha, keys.length, ...keys, ...args);
+  }
+
   private async raw(keys: readonly string[], args: readonly Arg[]): Promise<unknown> {
+    const tryFcall =
+      this.functions === true ||
+      (this.functions === undefined && !isCluster(this.client) && chosen.get(this.client) !== "evalsha");
+    if (tryFcall) {
+      try {
+        const reply = await this.fcall(keys, args);
+        if (this.functions === undefined) chosen.set(this.client, "fcall");
+        return reply;
+      } catch (error) {
+        if (this.functions === true || !this.asScript(error)) throw error;
+      }
+    }
+    return await this.evalsha(keys, args);
+  }
+
+  /** After FCALL raised `error`: true when nothing ran and the call goes as a script (noting
+   * the choice), false when the error is the command's own. */
+  private asScript(error: unknown): boolean {
+    if (lowerMessage(error).startsWith("readonly")) {
+      // A read-only replica refuses FCALL of a library that may write before it runs; a
+      // script runs there, and a command that only reads succeeds (this call only).
+      return true;
+    }
+    const refused = isFcallRefused(error);
+    chosen.set(this.client, refused ? "evalsha" : "fcall");
+    return refused;
+  }
+
+  private async fcall(keys: readonly string[], args: readonly Arg[]): Promise<unknown> {
+    const client = this.client as Redis;
+    for (let attempt = 0; attempt < 2; attempt += 1) {
+      try {
+        return await client.call("FCALL", this.functionName, keys.length, ...keys, ...args);
+      } catch (error) {
+        if (!isFunctionMissing(error)) throw error;
+      }
+      if (attempt === 0) await this.loadLibrary();
+    }
+    // Flushed again between the load and the retry: run the same module as a script.
+    return await client.eval(moduleSource(), keys.length, ...keys, ...args);
+  }
+
+  private async evalsha(keys: readonly string[], args: readonly Arg[]): Promise<unknown> {
     try {
       return await this.client.evalsha(this.sha, keys.length, ...keys, ...args);
     } catch (error) {
@@ -65,10 +183,15 @@ export class ModuleCaller {
     return await this.client.eval(moduleSource(), keys.length, ...keys, ...args);
   }
 
+  /** FUNCTION LOAD of the library (REPLACE: a library of the same name is this module). */
+  async loadLibrary(): Promise<void> {
+    await (this.client as Redis).call("FUNCTION", "LOAD", "REPLACE", librarySource());
+  }
+
   /** SCRIPT LOAD on the client (a Cluster loads it on the node of the call's slot when the
    * call is sent, so there it is left to EVAL's fallback). */
   async load(client: Client = this.client): Promise<void> {
-    if ("isCluster" in client && client.isCluster) return;
+    if (isCluster(client)) return;
     await (client as Redis).script("LOAD", moduleSource());
   }
 }

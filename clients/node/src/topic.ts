@@ -43,6 +43,8 @@ export interface TopicOptions {
   retention?: Retention;
   /** Key prefix before the {name} hash tag (default "rotator"). */
   prefix?: string;
+  /** How the module is called, as RotatorOptions.functions says. */
+  functions?: boolean;
 }
 
 /** Where a new group starts: "latest" (messages published from now on), "earliest" (every
@@ -157,7 +159,7 @@ export class Topic {
     this.name = name;
     this.retention = options.retention ?? {};
     [this.maxLen, this.maxAgeMs] = retentionArgs(this.retention);
-    this.module = new ModuleCaller(redis);
+    this.module = new ModuleCaller(redis, options.functions);
   }
 
   /** One raw module call on the topic's keys (and more, given). */

@@ -1,0 +1,122 @@
+/** How the module is called: FCALL of its library by default, EVALSHA where the server or the
+ * ACL does not allow that, either one forced; against real servers, Redis 7 and Valkey 8. */
+import assert from "node:assert/strict";
+import { execFileSync } from "node:child_process";
+import { after, before, describe, test } from "node:test";
+import Redis, { type RedisOptions } from "ioredis";
+import { InvalidArgument, ModuleCaller, Rotator, functionName, librarySource, queueKeys } from "../dist/index";
+import { HOST, KINDS, ROOT, ServerProcess, python, uniqueName } from "./servers";
+
+/** The libraries the server holds, by name. */
+async function libraries(redis: Redis): Promise<string[]> {
+  const list = (await redis.call("FUNCTION", "LIST")) as unknown[][];
+  return list.map((entry) => String(entry[entry.indexOf("library_name") + 1]));
+}
+
+/** Module calls so far by each command, from INFO commandstats. */
+async function calls(redis: Redis): Promise<{ fcall: number; evalsha: number }> {
+  const info = await redis.info("commandstats");
+  const count = (name: string): number => Number(new RegExp(`cmdstat_${name}:calls=(\\d+)`).exec(info)?.[1] ?? 0);
+  return { fcall: count("fcall"), evalsha: count("evalsha") };
+}
+
+for (const kind of KINDS) {
+  describe(`calling the module on ${kind}`, () => {
+    const server = new ServerProcess(kind);
+    let redis: Redis;
+    const opened: Redis[] = [];
+    const client = (options: RedisOptions = {}): Redis => {
+      const made = new Redis({ host: HOST, port: server.port, maxRetriesPerRequest: 1, ...options });
+      opened.push(made);
+      return made;
+    };
+
+    before(async () => {
+      await server.start();
+      redis = server.client();
+    });
+    after(() => {
+      for (const made of opened) made.disconnect();
+      redis?.disconnect();
+      server.stop();
+    });
+
+    test("the library is the Python client's: the same name and source", () => {
+      const script = "from rotator.script import function_name, library_source\nimport sys\n" +
+        "sys.stdout.write(function_name() + '\\n' + library_source())";
+      const printed = execFileSync(python(), ["-c", script], { cwd: ROOT, encoding: "utf8" });
+      assert.equal(printed, `${functionName()}\n${librarySource()}`);
+    });
+
+    test("by default a client's calls go by FCALL, the library loaded at the first", async () => {
+      await redis.call("FUNCTION", "FLUSH");
+      const own = client();
+      const q = new Rotator(own, uniqueName("fcall"));
+      const before = await calls(redis);
+      assert.equal(await q.push("a", "b"), 2);
+      const jobs = await q.next({ count: 2 });
+      assert.equal(await q.ack(...jobs), 2);
+      const after = await calls(redis);
+      assert.equal(after.evalsha - before.evalsha, 0);
+      assert.ok(after.fcall - before.fcall >= 3);
+      assert.deepEqual(await libraries(redis), [functionName()]);
+      assert.equal(new ModuleCaller(own).mode, "fcall"); // chosen for the client
+    });
+
+    test("a FUNCTION FLUSH between calls costs nothing: the library is loaded again", async () => {
+      const q = new Rotator(client(), uniqueName("flush"));
+      assert.equal(await q.push("a"), 1);
+      await redis.call("FUNCTION", "FLUSH");
+      assert.deepEqual(await libraries(redis), []);
+      const [job] = await q.next();
+      assert.equal(job?.id, "a");
+      assert.deepEqual(await libraries(redis), [functionName()]);
+      // And from a blocked claim, whose call goes in a pipeline after its BLPOP.
+      await redis.call("FUNCTION", "FLUSH");
+      const waiting = q.next({ block: 5 });
+      setTimeout(() => void new Rotator(redis, q.name, { functions: false }).push("b"), 100);
+      assert.deepEqual((await waiting).map((j) => j.id), ["b"]);
+      await q.close();
+    });
+
+    test("the module's own errors come typed by FCALL too, and nothing falls back", async () => {
+      const q = new Rotator(client(), uniqueName("typed"));
+      await q.push("a");
+      const before = await calls(redis);
+      await assert.rejects(q.call(["next", 0, 30_000, 1000, 0]), InvalidArgument);
+      assert.equal((await calls(redis)).evalsha, before.evalsha);
+    });
+
+    test("a user whose ACL refuses FCALL gets EVALSHA, and keeps it", async () => {
+      const user = uniqueName("acl").replace(/-/g, "_");
+      await redis.call("ACL", "SETUSER", user, "on", ">secret", "~*", "+@all", "-fcall");
+      const refused = client({ username: user, password: "secret" });
+      const q = new Rotator(refused, uniqueName("acl"));
+      const before = await calls(redis);
+      assert.equal(await q.push("a"), 1);
+      const [job] = await q.next();
+      assert.equal(await q.ack(job!), 1);
+      const after = await calls(redis);
+      assert.equal(after.evalsha - before.evalsha, 3);
+      assert.equal(new ModuleCaller(refused).mode, "evalsha");
+      // Forced, FCALL is refused as the server refuses it: nothing ran.
+      const forced = new Rotator(refused, q.name, { functions: true });
+      await assert.rejects(forced.push("b"), /NOPERM/);
+      assert.equal((await q.stats()).pending, 0);
+    });
+
+    test("functions: false calls by EVALSHA and loads no library", async () => {
+      await redis.call("FUNCTION", "FLUSH");
+      const q = new Rotator(client(), uniqueName("evalsha"), { functions: false });
+      const before = await calls(redis);
+      assert.equal(await q.push("a"), 1);
+      const [job] = await q.next();
+      assert.equal(await q.ack(job!), 1);
+      const after = await calls(redis);
+      assert.equal(after.fcall - before.fcall, 0);
+      assert.equal(after.evalsha - before.evalsha, 3);
+      assert.deepEqual(await libraries(redis), []);
+      assert.equal(queueKeys(q.name).all.length, 13);
+    });
+  });
+}
