@@ -105,6 +105,37 @@ for (const kind of KINDS) {
       assert.equal((await q.stats()).pending, 0);
     });
 
+    test("on a read-only replica a reading call runs as a script, and the choice stays open", async () => {
+      const replica = new ServerProcess(kind);
+      await replica.start();
+      try {
+        const name = uniqueName("replica");
+        await new Rotator(redis, name).push("a", "b");
+        const replicaClient = client({ port: replica.port });
+        await replicaClient.call("REPLICAOF", HOST, String(server.port));
+        const giveUp = Date.now() + 10_000;
+        while (!/master_link_status:up/.test(await replicaClient.info("replication"))) {
+          assert.ok(Date.now() < giveUp, "the replica did not sync in 10 s");
+          await new Promise((r) => setTimeout(r, 50));
+        }
+        // The library came with the sync; FCALL of it is refused there (it may write).
+        const q = new Rotator(replicaClient, name);
+        assert.equal((await q.stats()).pending, 2);
+        assert.equal((await q.stats()).pending, 2);
+        // Each call tried FCALL (refused before it ran), then ran as a script.
+        const info = await replicaClient.info("commandstats");
+        const stat = (name: string, field: string): number =>
+          Number(new RegExp(`cmdstat_${name}:.*\\b${field}=(\\d+)`).exec(info)?.[1] ?? -1);
+        assert.equal(stat("fcall", "calls"), 0, info);
+        assert.equal(stat("fcall", "rejected_calls"), 2, info);
+        // (the first EVALSHA found no script: scripts are not replicated, the library is)
+        assert.equal(stat("evalsha", "calls") - stat("evalsha", "failed_calls"), 2, info);
+        await assert.rejects(q.push("c"), /READONLY/); // a write is the server's to refuse
+      } finally {
+        replica.stop();
+      }
+    });
+
     test("functions: false calls by EVALSHA and loads no library", async () => {
       await redis.call("FUNCTION", "FLUSH");
       const q = new Rotator(client(), uniqueName("evalsha"), { functions: false });
