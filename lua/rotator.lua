@@ -1206,6 +1206,22 @@ function M.add_wake_tokens(K, n, wake)
   end
 end
 
+-- Starts the per-item stats (the fifteenth key, when the call has it) of ids just pushed (or
+-- scheduled): enqueued now, no delivery.
+function M.enqueued(ids, now)
+  if not K.items then return end
+  local fresh = now .. ':0:0:'
+  local pairs_ = {}
+  for i = 1, #ids do
+    pairs_[#pairs_ + 1], pairs_[#pairs_ + 2] = ids[i], fresh
+    if #pairs_ >= LIMIT.batch then
+      rcall('HSET', K.items, unpack(pairs_))
+      pairs_ = {}
+    end
+  end
+  if #pairs_ > 0 then rcall('HSET', K.items, unpack(pairs_)) end
+end
+
 -- Notes that `id` is now in flight with the token `id*stamp`, on a queue that tracks ids (see
 -- IDS; the index's other functions, which a plain queue never calls, are in section 8).
 function M.note_id(s, id, stamp)
@@ -3333,7 +3349,7 @@ function M.define_later()
       if #ids == 0 then return 0 end
     end
     M.schedule_ids(ids, due, smin)
-    if K.items then M.enqueued(ids, now) end -- (item stats: section 9)
+    M.enqueued(ids, now)
     return #ids
   end
 
@@ -3391,7 +3407,7 @@ function M.define_later()
     end
     local members = {}
     for i = 1, #ids do members[i] = '*' .. level .. '*' .. ids[i] end
-    if K.items then M.enqueued(ids, now) end -- (item stats: section 9)
+    M.enqueued(ids, now)
     if later then
       -- A job waiting at this level leaves it for the schedule: no longer pending (as if
       -- taken), to be pushed again when due.
@@ -4290,22 +4306,6 @@ function M.define_extensions()
   -- pushp nextp ackp keep payloads in the fourteenth key; pushi nackp items keep per-item stats
   -- in the fifteenth, which pushp nextp ackp also keep when given it.
 
-  -- Starts the per-item stats (the fifteenth key) of ids just pushed
-  -- (or scheduled): enqueued now, no delivery.
-  function M.enqueued(ids, now)
-    if not K.items then return end
-    local fresh = now .. ':0:0:'
-    local pairs_ = {}
-    for i = 1, #ids do
-      pairs_[#pairs_ + 1], pairs_[#pairs_ + 2] = ids[i], fresh
-      if #pairs_ >= LIMIT.batch then
-        rcall('HSET', K.items, unpack(pairs_))
-        pairs_ = {}
-      end
-    end
-    if #pairs_ > 0 then rcall('HSET', K.items, unpack(pairs_)) end
-  end
-
   -- Ids of accepted tokens (checked tokens: each has a "*" after its id).
   function M.token_ids(tokens)
     local ids = {}
@@ -4496,7 +4496,7 @@ function M.define_extensions()
     if #fresh > 0 then M.count_copies(fresh, stored) end
     M.call_all('HSET', K.payloads, pairs_)
     M.schedule_ids(ids, due, smin)
-    if K.items then M.enqueued(ids, now) end -- (item stats: section 9)
+    M.enqueued(ids, now)
     return #ids
   end
 
