@@ -104,9 +104,15 @@ export class ModuleCaller {
 
   /** How calls go now: "evalsha" until a default client's first call has chosen. */
   get mode(): Mode {
+    return this.decided ?? "evalsha";
+  }
+
+  /** The mode forced, or chosen for the client; undefined while a default client's first
+   * call has yet to choose. */
+  private get decided(): Mode | undefined {
     if (this.functions === false || isCluster(this.client)) return "evalsha";
     if (this.functions === true) return "fcall";
-    return chosen.get(this.client) ?? "evalsha";
+    return chosen.get(this.client);
   }
 
   /** Runs ARGV on the given KEYS; raises the module's errors as typed errors. */
@@ -126,10 +132,7 @@ export class ModuleCaller {
   }
 
   private async raw(keys: readonly string[], args: readonly Arg[]): Promise<unknown> {
-    const tryFcall =
-      this.functions === true ||
-      (this.functions === undefined && !isCluster(this.client) && chosen.get(this.client) !== "evalsha");
-    if (tryFcall) {
+    if (this.decided !== "evalsha") {
       try {
         const reply = await this.fcall(keys, args);
         if (this.functions === undefined) chosen.set(this.client, "fcall");

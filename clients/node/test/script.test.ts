@@ -5,7 +5,7 @@ import { execFileSync } from "node:child_process";
 import { after, before, describe, test } from "node:test";
 import Redis, { type RedisOptions } from "ioredis";
 import { InvalidArgument, ModuleCaller, Rotator, functionName, librarySource, queueKeys } from "../dist/index";
-import { HOST, KINDS, ROOT, ServerProcess, python, uniqueName } from "./servers";
+import { HOST, KINDS, ROOT, ServerProcess, commandStat, python, uniqueName } from "./servers";
 
 /** The libraries the server holds, by name. */
 async function libraries(redis: Redis): Promise<string[]> {
@@ -16,8 +16,14 @@ async function libraries(redis: Redis): Promise<string[]> {
 /** Module calls so far by each command, from INFO commandstats. */
 async function calls(redis: Redis): Promise<{ fcall: number; evalsha: number }> {
   const info = await redis.info("commandstats");
-  const count = (name: string): number => Number(new RegExp(`cmdstat_${name}:calls=(\\d+)`).exec(info)?.[1] ?? 0);
-  return { fcall: count("fcall"), evalsha: count("evalsha") };
+  return { fcall: commandStat(info, "fcall"), evalsha: commandStat(info, "evalsha") };
+}
+
+/** One job through `q`, in three module calls: pushed, claimed, acked. */
+async function oneJob(q: Rotator): Promise<void> {
+  assert.equal(await q.push("a"), 1);
+  const [job] = await q.next();
+  assert.equal(await q.ack(job!), 1);
 }
 
 for (const kind of KINDS) {
@@ -93,9 +99,7 @@ for (const kind of KINDS) {
       const refused = client({ username: user, password: "secret" });
       const q = new Rotator(refused, uniqueName("acl"));
       const before = await calls(redis);
-      assert.equal(await q.push("a"), 1);
-      const [job] = await q.next();
-      assert.equal(await q.ack(job!), 1);
+      await oneJob(q);
       const after = await calls(redis);
       assert.equal(after.evalsha - before.evalsha, 3);
       assert.equal(new ModuleCaller(refused).mode, "evalsha");
@@ -124,12 +128,10 @@ for (const kind of KINDS) {
         assert.equal((await q.stats()).pending, 2);
         // Each call tried FCALL (refused before it ran), then ran as a script.
         const info = await replicaClient.info("commandstats");
-        const stat = (name: string, field: string): number =>
-          Number(new RegExp(`cmdstat_${name}:.*\\b${field}=(\\d+)`).exec(info)?.[1] ?? -1);
-        assert.equal(stat("fcall", "calls"), 0, info);
-        assert.equal(stat("fcall", "rejected_calls"), 2, info);
+        assert.equal(commandStat(info, "fcall"), 0, info);
+        assert.equal(commandStat(info, "fcall", "rejected_calls"), 2, info);
         // (the first EVALSHA found no script: scripts are not replicated, the library is)
-        assert.equal(stat("evalsha", "calls") - stat("evalsha", "failed_calls"), 2, info);
+        assert.equal(commandStat(info, "evalsha") - commandStat(info, "evalsha", "failed_calls"), 2, info);
         await assert.rejects(q.push("c"), /READONLY/); // a write is the server's to refuse
       } finally {
         replica.stop();
@@ -140,9 +142,7 @@ for (const kind of KINDS) {
       await redis.call("FUNCTION", "FLUSH");
       const q = new Rotator(client(), uniqueName("evalsha"), { functions: false });
       const before = await calls(redis);
-      assert.equal(await q.push("a"), 1);
-      const [job] = await q.next();
-      assert.equal(await q.ack(job!), 1);
+      await oneJob(q);
       const after = await calls(redis);
       assert.equal(after.fcall - before.fcall, 0);
       assert.equal(after.evalsha - before.evalsha, 3);

@@ -163,3 +163,9 @@ export function uniqueName(label: string): string {
   counter += 1;
   return `t-node-${label}-${process.pid}-${counter}-${Math.random().toString(16).slice(2, 8)}`;
 }
+
+/** A field of one command's line in INFO commandstats (`calls`, `rejected_calls`...); 0 when
+ * the command has no line yet. */
+export function commandStat(info: string, command: string, field = "calls"): number {
+  return Number(new RegExp(`cmdstat_${command}:.*\\b${field}=(\\d+)`).exec(info)?.[1] ?? 0);
+}

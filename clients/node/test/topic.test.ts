@@ -12,12 +12,11 @@ import {
   retentionArgs,
   topicKeys,
 } from "../dist/index";
-import { KINDS, ServerProcess, uniqueName } from "./servers";
+import { KINDS, ServerProcess, commandStat, uniqueName } from "./servers";
 
 /** Module calls so far, by EVALSHA and FCALL, from INFO commandstats. */
 function moduleCalls(info: string): number {
-  const calls = (name: string): number => Number(new RegExp(`cmdstat_${name}:calls=(\\d+)`).exec(info)?.[1] ?? 0);
-  return calls("evalsha") + calls("fcall");
+  return commandStat(info, "evalsha") + commandStat(info, "fcall");
 }
 
 for (const kind of KINDS) {
