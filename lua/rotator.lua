@@ -571,21 +571,23 @@ REDIS-CLI
 --    3. Shared helpers    errors, guarded reads, time, argument and token checks
 --    4. Queue state       counters, side-structure sizes and pushes, on any queue's keys
 --    5. Acks              acking tokens and batch acks, for ack, next and ackp
---    6. The walk engine   one walk over the ring's tail, for next, next_packed and sweep
---    7. Queue commands    a worker's: push next next_packed ack nack bury extend
---    8. On first use      tracked ids; push_chunk push_later push_priority pause resume; rate
+--    6. Walk state        what a claim reads first and writes back last
+--    7. Queue commands    a worker's: push next next_packed ack nack bury extend, and the
+--                         short way of next
+--    8. The walk engine   one walk over the lists' tails, for next, next_packed and sweep
+--    9. On first use      tracked ids; push_chunk push_later push_priority pause resume; rate
 --                         limits and durations; scheduled and prioritized jobs; cancel sweep
 --                         delete configure stats peek scan dead requeue_dead
 --                         requeue_dead_from; recurring schedules: schedule unschedule schedules
---    9. Payloads          pushp pushp_later nextp ackp, and item stats: pushi nackp items
---   10. Topics            tpublish tsubscribe tunsubscribe treplay tseek ttrim tstats
---                         (8 is defined on first use by M.define_later, 9 and 10 by
---                         M.define_extensions: see ON_FIRST_USE)
---   11. Dispatch          the command table, the KEYS by name, main
+--   10. Payloads          pushp pushp_later nextp ackp, and item stats: pushi nackp items
+--   11. Topics            tpublish tsubscribe tunsubscribe treplay tseek ttrim tstats
+--                         (8 is defined on first use by M.define_walk, 9 by M.define_later,
+--                         10 and 11 by M.define_extensions: see ON_FIRST_USE)
+--   12. Dispatch          the command table, the KEYS by name, main
 --
 -- Two ways to run: EVAL/EVALSHA run this whole chunk on every call, so it defines its
 -- functions each time (creating closures and filling M is a good part of a call's cost, which
--- is why sections 8-10 are defined only by a call that needs them); FUNCTION LOAD runs it once
+-- is why sections 8-11 are defined only by a call that needs them); FUNCTION LOAD runs it once
 -- to register `main`, and each FCALL only runs `main`. Functions live in one table (M) and key
 -- types are checked by the reads a command needs anyway (M.read), not by TYPE.
 local M = {}
@@ -746,8 +748,10 @@ local LAYOUT
 -- Made by main on its first call (a library may not call setmetatable while it loads), so
 -- loaded as a library it lives across calls.
 local PAD
--- The queue keys whose names the last call checked (see M.checked_before).
+-- The queue keys whose names the last call checked (see M.checked_before), and its K: kept by
+-- a library only (LIBRARY), as an EVAL call's chunk, and all it binds, ends with the call.
 local CHECKED
+local LIBRARY = false
 function M.make_pad()
   local format = LIMIT.place_format
   return setmetatable({}, {
@@ -990,7 +994,7 @@ end
 
 -- 4. QUEUE STATE: counters, side structures, pushes -----------------------------------------------
 -- The helpers a topic also applies to its groups' queues (read_meta, read_push_keys,
--- ensure_ring, record_push, and queue_stats in section 7) take the queue's keys as their first
+-- ensure_ring, record_push, and queue_stats in section 9) take the queue's keys as their first
 -- parameter, K; everything else works on this call's own queue, K of section 2.
 
 -- A queue's seq and origin from their meta fields (strings or nil): a queue without a seq
@@ -1223,7 +1227,7 @@ function M.enqueued(ids, now)
 end
 
 -- Notes that `id` is now in flight with the token `id*stamp`, on a queue that tracks ids (see
--- IDS; the index's other functions, which a plain queue never calls, are in section 8).
+-- IDS; the index's other functions, which a plain queue never calls, are in section 9).
 function M.note_id(s, id, stamp)
   if not s.tracked then return end
   s.leased_ids[#s.leased_ids + 1] = id
@@ -1486,14 +1490,10 @@ function M.touch(batches, sides)
   end
 end
 
--- 6. THE WALK ENGINE ------------------------------------------------------------------------------
--- next and sweep walk two lists from their tails: start_walk reads the state; walk_leases
--- visits the lease list while what it finds there is due or done with (LEASES in the header);
--- walk visits a budget of ring elements (leasing pending ids into the call's batch, leasing
--- due deferred jobs again, ending laps at the sentinel); both collect what to write, and
--- finish_walk writes it all at once. What a walk keeps goes where it waits: a lease to the
--- lease list's head while it is young (to its tail when it is due but this call has no room
--- to lease it), a deferred job to the ring's head.
+-- 6. WALK STATE: what a claim reads first and writes back last ------------------------------------
+-- Shared by the short way of next (section 7) and the walk (section 8): the lists' lengths,
+-- the side structures' sizes and the meta hash, read at a claim's start (read_walk_state),
+-- and the counters written back at its end (write_meta, add_counts).
 
 -- The state of one walk over the tail of the ring, shared by next and sweep. Reading the
 -- ring's length and the side structures' sizes also checks the keys the walk may write; the
@@ -1510,12 +1510,6 @@ function M.read_walk_state()
     dead_length = dead_length, now = M.now_ms() }
 end
 
--- The deadline a "w" mark holds: an extended lease moved to the lease list's head waits by it
--- (see keep); nil for any other mark.
-function M.moved_deadline(m)
-  return m and string.byte(m) == BYTE_W and tonumber(string.sub(m, 2)) or nil
-end
-
 -- Reads (and so type-checks) the wake list, once a call, before the first write of a call
 -- that may write it (an idle call deletes it, a push or an early deadline adds a token).
 function M.check_wake(state)
@@ -1523,325 +1517,6 @@ function M.check_wake(state)
     M.read('LLEN', K.wake)
     state.wake_checked = true
   end
-end
-
-function M.start_walk(lease, max_deliveries, state)
-  state = state or M.read_walk_state()
-  M.check_wake(state) -- (every walk may write it)
-  local length, lease_length, meta = state.length, state.lease_length, state.meta
-  local sides, dead_length, now = state.sides, state.dead_length, state.now
-  local lapnext = meta.lapnext or (meta.seq + length + 1)
-  -- Tokens end in this call's first visit number and the visit's place in the call (PAD):
-  -- unique, because the next call that leases starts at a higher visit number.
-  local seq_base = tostring(meta.seq)
-  local s = {
-    now = now, deadline = now + lease, max_deliveries = max_deliveries, sides = sides,
-    seq_base = seq_base, first = '*' .. (now + lease) .. '.1.' .. seq_base, meta = meta,
-    length = length, live = length, -- ring length as it is at this point of the visits
-    -- The lease list: its length, the elements the walk took from its tail, those it puts
-    -- back there and those it pushes at its head, and the earliest deadline among those.
-    lease_length = lease_length, lease_visited = 0, back = {}, to_leases = {},
-    pushed_min = nil, lmin = meta.lmin, lstop = meta.lstop, lpass = meta.lpass,
-    lskip = meta.lskip,
-    rpasses = meta.rpasses, lpasses = meta.lpasses, lease_more = false,
-    seq = meta.seq, lapnext = lapnext, qmin = meta.qmin,
-    -- With the lap position unknown (new ring, lost meta), guess that the sentinel is within
-    -- one ring length: a sentinel seen before then is accepted, none seen means it is gone.
-    lapguess = meta.lapguess,
-    qstart = meta.qstart or meta.seq, qlen = meta.qlen or length, taken = meta.taken,
-    reply = {}, rotated = {}, revoke = {}, letters = {}, keep_marks = {}, batch = {},
-    dead_length = dead_length,
-    packed = meta.packed, released = 0, count = 0, expanded = 0, batch_bytes = 0,
-    srem = { [K.done] = {}, [K.done_old] = {} }, hdel = { [K.marks] = {}, [K.marks_old] = {} },
-    visited = 0, leased = 0, soonest = nil, sweeping = false,
-    -- What this call adds to the queue's counters (see add_counts).
-    completed = 0, redelivered = 0, reclaimed = 0, lettered = 0,
-    -- On a queue that tracks ids: copies gone (id, and the stamp the index must still hold
-    -- for its entry to go) and leases made (id, stamp), written by write_ids.
-    tracked = meta.tracked, gone = {}, gone_stamp = {}, leased_ids = {},
-    stale_count = meta.stale, stale_recs = {}, -- cancelled copies' records (see parse_stale)
-    prio = meta.prio, -- jobs waiting at a priority (see PRIORITIES)
-  }
-  return s
-end
-
--- Visits at most `limit` elements from the tail (never more than the ring holds), leasing up
--- to `count` jobs; visits plus the leases of broken-up batches stay within `budget`.
-function M.walk(s, count, limit, budget)
-  local PAD, SENTINEL, BYTE_STAR = PAD, SENTINEL, BYTE_STAR
-  local byte, find, id_bytes = string.byte, string.find, LIMIT.id_bytes
-  -- A pending id's first delivery: its token is id .. first .. PAD[its place in the batch].
-  local first, compact = s.first, s.compact
-  local rotated, reply, batch = s.rotated, s.reply, s.batch
-  local n_rotated, n_reply = #rotated, #reply
-  s.count = count
-  -- Slices start just larger than what is wanted (every element fetched costs a string
-  -- conversion) and double while the walk finds elements to skip.
-  local extra = 2
-  while s.visited < limit and s.visited + s.expanded < budget and s.leased < count do
-    local want = math.min(limit - s.visited, budget - s.visited - s.expanded,
-      count - s.leased + extra, LIMIT.batch)
-    extra = extra * 2
-    local slice = rcall('LRANGE', K.ring, -(s.visited + want), -(s.visited + 1))
-    -- Where the slice's acks and marks are (look_up) is needed only once the walk meets an
-    -- element that is not a pending id; a slice of pending ids alone never looks them up.
-    local stamped, done_in, mark, mark_in, packed = {}, {}, {}, {}, {}
-    local looked, stale = false, {}
-    if s.tracked then
-      M.look_up(slice, s.sides, stamped, done_in, mark, mark_in, packed)
-      looked, stale = true, M.stale_pending(s, slice, stamped, packed)
-    end
-    local i = #slice
-    while true do
-      if not s.sweeping then
-        -- The common case first: a run of pending ids within the lap (no "*" in them), each
-        -- leased into this call's batch, the counters moved once for the run. Anything else
-        -- ends the run and is visited below.
-        local last = math.min(budget - s.expanded, s.lapnext - s.seq - 1) -- visits allowed
-        local place, bytes, most = #batch, s.batch_bytes, LIMIT.batch_bytes
-        local from = i
-        local lowest = math.max(i - math.min(count - s.leased, last - s.visited), 0)
-        while i > lowest do
-          local element = slice[i]
-          if element == '' or #element > id_bytes or find(element, '*', 1, true)
-              or stale[i] then
-            break
-          end
-          place = place + 1
-          batch[place] = element
-          if not compact then
-            reply[n_reply + 1], reply[n_reply + 2] = element .. first .. PAD[place], 0
-            n_reply = n_reply + 2
-          end
-          bytes = bytes + #element
-          i = i - 1
-          if bytes >= most then break end
-        end
-        local run = from - i
-        s.visited, s.leased = s.visited + run, s.leased + run
-        s.live, s.taken = s.live - run, s.taken + run
-        if bytes >= most then count = s.leased end -- the batch is big enough: no more
-        s.batch_bytes, s.count = bytes, count
-      end
-      if i < 1 or s.leased >= count or s.visited + s.expanded >= budget then break end
-      if not looked then
-        M.look_up(slice, s.sides, stamped, done_in, mark, mark_in, packed)
-        looked = true
-      end
-      local element = slice[i]
-      local visited = s.visited + 1
-      s.visited = visited
-      local index = s.seq + visited
-      if index > s.lapnext then
-        s.lapnext, s.lapguess = index + s.live, true -- lost track: guess again
-      end
-      if element == SENTINEL then
-        if index < s.lapnext and not s.lapguess then
-          s.live = s.live - 1 -- a second sentinel: drop it
-        else
-          M.end_lap(s, i - 1, done_in, mark_in)
-          n_rotated = #rotated
-        end
-      else
-        if index == s.lapnext then
-          -- The sentinel is missing (someone removed it): put one back just before this
-          -- element, which is then the first of the next lap.
-          s.live = s.live + 1
-          M.end_lap(s, i, done_in, mark_in)
-          n_rotated = #rotated
-          s.lapnext = s.lapnext - 1
-        end
-        if packed[i] then
-          M.visit_packed(s, element, packed[i], mark[i], mark_in[i])
-          n_rotated, n_reply = #rotated, #reply
-        elseif not stamped[i] then
-          if element == '' or #element > id_bytes or byte(element) == BYTE_STAR then
-            s.taken = s.taken + 1 -- empty, too long, or starting with "*": not an id
-            M.dead_letter(s, 'corrupt', 0, element)
-          elseif stale[i] and M.take_stale(s, element, nil) then
-            -- a cancelled copy: dropped
-          elseif s.sweeping then
-            n_rotated = n_rotated + 1
-            rotated[n_rotated] = element
-          else
-            -- Leased: it joins this call's batch, which goes back as one element.
-            s.taken = s.taken + 1
-            local place = #batch + 1
-            batch[place] = element
-            if not compact then
-              reply[n_reply + 1], reply[n_reply + 2] = element .. first .. PAD[place], 0
-              n_reply = n_reply + 2
-            end
-            s.leased = s.leased + 1
-            s.live = s.live - 1
-            s.batch_bytes = s.batch_bytes + #element
-            if s.batch_bytes >= LIMIT.batch_bytes then count, s.count = s.leased, s.leased end
-          end
-        elseif done_in[i] ~= nil then
-          M.completed(s, done_in[i], element)
-        else
-          M.visit_lease(s, element, mark[i], mark_in[i])
-          n_rotated, n_reply = #rotated, #reply
-        end
-      end
-      i = i - 1
-    end
-  end
-end
-
--- Looks up, for a slice of ring elements, where their ack and mark live. Fills, per index:
--- done_in[i] = key of the done set holding it; mark[i] = mark value; mark_in[i] = its key;
--- packed[i] = the batch name of a packed element (whose mark is its batch's: a batch ack wins
--- over a touch, whichever generation holds them). One command per structure for the whole
--- slice, whatever its size.
-function M.look_up(slice, sides, stamped, done_in, mark, mark_in, packed)
-  local find, byte, BYTE_STAR, BYTE_A = string.find, string.byte, BYTE_STAR, BYTE_A
-  local names, at = {}, {} -- tokens first (n of them), then batch names
-  local n = 0
-  local batches = {}
-  for i = 1, #slice do
-    local element = slice[i]
-    -- A "*" after the first byte: a lease, a packed batch, or a corrupt element.
-    local star = find(element, '*', 2, true)
-    if star then
-      if byte(element) == BYTE_STAR then
-        local batch = string.sub(element, 1, star - 1)
-        packed[i] = batch
-        batches[#batches + 1] = i
-      else
-        n = n + 1
-        names[n], at[n] = element, i
-        stamped[i] = true
-      end
-    end
-  end
-  for j = 1, #batches do
-    names[n + j], at[n + j] = packed[batches[j]], batches[j]
-  end
-  if #names == 0 then return end
-  for _, key in ipairs({ K.done, K.done_old }) do
-    if n > 0 and sides[key] > 0 then
-      local flags = rcall('SMISMEMBER', key, unpack(names, 1, n))
-      for j = 1, #flags do
-        if flags[j] == 1 and not done_in[at[j]] then done_in[at[j]] = key end
-      end
-    end
-  end
-  for _, key in ipairs({ K.marks, K.marks_old }) do
-    if sides[key] > 0 then
-      local values = rcall('HMGET', key, unpack(names))
-      for j = 1, #names do
-        local i, value = at[j], values[j]
-        if value and not done_in[i] and (not mark[i]
-            or (j > n and byte(value) == BYTE_A and byte(mark[i]) ~= BYTE_A)) then
-          mark[i] = value
-          mark_in[i] = key
-        end
-      end
-    end
-  end
-end
-
--- A leased element that is not acked: keep it, or lease it again once it is due.
-function M.visit_lease(s, element, m, m_key)
-  local kind = m and string.sub(m, 1, 1)
-  local id, deadline, n = M.parse_token(element)
-  local when = m and tonumber(string.match(m, '^[enw](%d+)$'))
-  if not id then
-    M.unmark(s, m_key, element, m)
-    M.dead_letter(s, 'corrupt', 0, element)
-    return
-  end
-  local stamp = s.tracked and string.sub(element, #id + 2)
-  if stamp and M.take_stale(s, id, stamp) then -- cancelled (see IDS)
-    M.unmark(s, m_key, element, m)
-    return
-  end
-  if kind == 'f' then -- buried: to the dead letters now, with its error (revoked by bury)
-    M.unmark(s, m_key, element, m)
-    M.dead_letter(s, 'failed', n, id .. '*' .. string.sub(m, 2))
-    if stamp then M.forget_id(s, id, stamp) end
-    return
-  end
-  if when and (kind == 'e' or kind == 'w') then deadline = when end
-  local due = (when and kind == 'n') and when or deadline
-  if due > s.now or s.sweeping or s.leased >= s.count
-      or (kind ~= 'n' and #s.revoke >= LIMIT.revokes) then
-    -- A lease extended beyond a lease made now (this call's deadline) would hold up the
-    -- lease list behind it: it waits in the ring instead, as a nacked job does, visited once
-    -- a lap, until it is near enough to go to the lease list in its order (see keep).
-    local waits = kind == 'n'
-      or ((kind == 'e' or kind == 'w') and not s.sweeping and due > s.deadline)
-    M.keep(s, element, due, m, m_key, waits)
-  else
-    -- (a deferred job's copy was never handed out: its token needs no fencing)
-    if kind ~= 'n' then s.revoke[#s.revoke + 1] = element end
-    M.lease_again(s, id, n, element, (kind == 'n') and 0 or 1, m, m_key)
-  end
-end
-
--- A packed batch "*<deadline>.1.<call seq>*<id>*<id>...": the first deliveries one call
--- leased, job k's token being <id k> .. batch .. PAD[k]. Acked as a whole, it leaves the ring;
--- young and untouched, it stays as it is (one visit for the whole batch); touched (one of
--- its jobs acked, nacked or extended on its own) or expired, it is broken up into the
--- elements it stands for, which are visited in its place.
-function M.visit_packed(s, element, batch, m, m_key)
-  -- Well formed: a batch name, then at least one id (a byte other than "*").
-  local due = M.own_deadline(element, batch)
-  if not due then
-    M.unmark(s, m_key, batch, m)
-    M.dead_letter(s, 'corrupt', 0, element)
-    return
-  end
-  if not m and (due > s.now or s.sweeping) then
-    -- Young and untouched, the common case: kept without reading its ids (O(1) per lap).
-    M.keep(s, element, due)
-    return
-  end
-  -- A batch ack names its batch's size: one naming another size (a hand-written ack) acks
-  -- nothing, and counts as a touch. (Counted only for a batch ack: a break-up splits them.)
-  local jobs = m and string.byte(m) == BYTE_A and M.count_ids(element, #batch + 2)
-  if jobs and tonumber(string.sub(m, 2)) == jobs then
-    M.unmark(s, m_key, batch, m)
-    s.live = s.live - 1
-    s.packed = s.packed - (jobs - 1)
-    s.completed = s.completed + jobs
-    if s.tracked then
-      local ids = M.split_ids(element, #batch + 2)
-      for k = 1, #ids do M.forget_id(s, ids[k], string.sub(batch, 2) .. PAD[k]) end
-    end
-    return
-  end
-  local ids = M.split_ids(element, #batch + 2)
-  if not m and not s.sweeping and s.count - s.leased >= #ids then
-    -- Expired and never touched: none of its jobs was acked, given back or extended on its
-    -- own (each would have touched it), so every one is leased again, and one revocation
-    -- fences all their tokens (refused_among), as a crashed worker's batch needs.
-    s.revoke[#s.revoke + 1] = batch .. '*'
-    s.live = s.live + #ids - 1
-    s.packed = s.packed - (#ids - 1)
-    s.expanded = s.expanded + #ids
-    for k = 1, #ids do M.lease_again(s, ids[k], 1, ids[k] .. batch .. PAD[k], 1) end
-    return
-  end
-  M.unmark(s, m_key, batch, m) -- the touch (or a batch ack of another size) is used up
-  s.revoke[#s.revoke + 1] = batch -- from now on its jobs are acked one by one
-  s.in_place = s.in_place or (s.leases_walk and due > s.now)
-  local tokens = {}
-  for k = 1, #ids do tokens[k] = ids[k] .. batch .. PAD[k] end
-  s.live = s.live + #ids - 1
-  s.packed = s.packed - (#ids - 1)
-  s.expanded = s.expanded + #ids
-  local stamped, done_in, marks, marks_in = {}, {}, {}, {}
-  M.look_up(tokens, s.sides, stamped, done_in, marks, marks_in, {})
-  for k = 1, #tokens do
-    if done_in[k] ~= nil then
-      M.completed(s, done_in[k], tokens[k])
-    else
-      M.visit_lease(s, tokens[k], marks[k], marks_in[k])
-    end
-  end
-  s.in_place = s.sweeping
 end
 
 -- How many ids a packed element lists from its byte `start` on (just after its batch name):
@@ -1861,253 +1536,10 @@ function M.count_ids(element, start)
   return runs
 end
 
--- An acked lease leaves, and its token its done set (`key`; false: that generation is gone).
-function M.completed(s, key, token)
-  if key then table.insert(s.srem[key], token) end
-  if s.tracked then
-    local star = string.find(token, '*', 2, true)
-    M.forget_id(s, string.sub(token, 1, star - 1), string.sub(token, star + 1))
-  end
-  s.live = s.live - 1
-  s.completed = s.completed + 1
-end
-
--- Drops the mark `m` of `field` from the marks hash `key` (nothing when the mark has no key
--- left: its generation is gone), with its count.
-function M.unmark(s, key, field, m)
-  if not key then return end
-  table.insert(s.hdel[key], field)
-  M.count_mark(s.sides, key, m, -1)
-end
-
--- An element that stays as it is for now, due at `at`. A deferred job waits at the ring's
--- head. A lease or batch met in the lease list goes back to its tail, in its place, when it
--- is due but the call has no room to lease it, or when its place is kept (a sweep, a young
--- batch broken up); at its head when it waits longer than its place says (extended). One met
--- in the ring (written there before leases had their own list) moves to the lease list's
--- head while young, or stays in the ring. A mark it still needs moves to the current
--- generation.
-function M.keep(s, element, at, m, m_key, deferred)
-  local list = s.rotated
-  if s.leases_walk and not deferred then
-    list = (at <= s.now or s.in_place) and s.back or s.to_leases
-  elseif not deferred and at > s.now then
-    list = s.to_leases
-  end
-  list[#list + 1] = element
-  if list == s.rotated then
-    if at and (not s.soonest or at < s.soonest) then s.soonest = at end
-    if s.leases_walk then s.moved = s.moved + 1 end -- a deferred job, to the ring
-  else
-    if list == s.back and at > s.now and (not s.back_young or at < s.back_young) then
-      s.back_young = at
-    end
-    if not s.pushed_min or at < s.pushed_min then s.pushed_min = at end
-    s.live = s.live - 1
-  end
-  -- An extended lease moved to the lease list's head is marked "w" (its deadline kept): there
-  -- it is in deadline order, and the walk stops at it while it is young. Marked "e" still, it
-  -- was moved again each time it came round, and with more extended leases than a call's
-  -- budget (a heartbeat extends every held job) every claim spent its budget moving them, and
-  -- the ring's pending jobs waited. A later extend marks it "e" again: one move per extend.
-  local kept = m
-  if m and list == s.to_leases and string.byte(m) == BYTE_E then
-    kept = 'w' .. string.sub(m, 2)
-  end
-  if m and (m_key ~= K.marks or kept ~= m) then
-    s.keep_marks[#s.keep_marks + 1] = element
-    s.keep_marks[#s.keep_marks + 1] = kept
-    if m_key ~= K.marks then
-      M.count_mark(s.sides, K.marks, kept, 1)
-      M.unmark(s, m_key, element, m)
-    end
-  end
-end
-
--- Hands out a new delivery of `id` (delivered `n` times so far) in place of `old_token`,
--- or dead-letters it when it has had its deliveries. The caller fences `old_token` (nil for a
--- job of a batch that expired whole: it has no mark, and a count of 1 is never corrupt).
-function M.lease_again(s, id, n, old_token, reclaimed, mark, mark_key)
-  M.unmark(s, mark_key, old_token, mark)
-  if n >= LIMIT.stamped_deliveries then
-    -- No delivery reaches this count (MAX_DELIVERIES <= LIMIT.max_deliveries): someone wrote
-    -- it by hand, and the next count would not fit the grammar.
-    M.dead_letter(s, 'corrupt', 0, old_token)
-    return
-  end
-  if s.max_deliveries > 0 and n >= s.max_deliveries then
-    s.letters[#s.letters + 1] = 'max_deliveries*' .. n .. '*' .. s.now .. '*' .. id
-    s.live = s.live - 1
-    if old_token then M.forget_id(s, id, string.sub(old_token, #id + 2)) end
-    return
-  end
-  -- Numbered apart from the batch, and counted at least 2 (a hand-written lease may say 0):
-  -- a later delivery's token never equals a first one's, nor names this call's batch.
-  s.released = s.released + 1
-  local token = id .. '*' .. s.deadline .. '.' .. (math.max(n, 1) + 1) .. '.' .. s.seq_base
-    .. PAD[s.released]
-  s.to_leases[#s.to_leases + 1] = token
-  M.note_id(s, id, string.sub(token, #id + 2))
-  s.live = s.live - 1
-  s.reply[#s.reply + 1] = token
-  s.reply[#s.reply + 1] = reclaimed
-  s.leased = s.leased + 1
-  s.redelivered = s.redelivered + 1
-  s.reclaimed = s.reclaimed + reclaimed
-end
-
-function M.dead_letter(s, reason, n, element)
-  s.letters[#s.letters + 1] = reason .. '*' .. n .. '*' .. s.now .. '*' .. element
-  s.live = s.live - 1
-end
-
--- The sentinel's visit ends a lap of the ring. Look-ups already made for slice[1..from] live
--- one generation older if the acks and marks age here (see M.may_age).
-function M.end_lap(s, from, done_in, mark_in)
-  s.rpasses = s.rpasses + 1
-  if M.may_age(s) then
-    M.age(s)
-    s.rpasses, s.lpasses = 0, -1
-    local older = { [K.done] = K.done_old, [K.marks] = K.marks_old }
-    for i = from, 1, -1 do
-      if done_in[i] then done_in[i] = older[done_in[i]] or false end
-      if mark_in[i] then mark_in[i] = older[mark_in[i]] or false end
-    end
-  end
-  s.rotated[#s.rotated + 1] = SENTINEL
-  s.lapnext, s.lapguess = s.seq + s.visited + s.live, false
-end
-
--- Whether the acks and marks may age (the current generation becoming the old one, the old
--- one going). Whatever the old generation holds was written before the last ageing; once both
--- lists have been walked whole since (a pass of each that began after it), every element it
--- could concern has been visited and has taken what it needed: what is left is a leftover
--- (late ack, stale mark). A list with nothing to walk needs no pass.
-function M.may_age(s)
-  if s.aged then return false end -- once a call: a second would be work for nothing
-  local ring = s.leases_walk and s.ring_live or s.live -- (the lease walk borrows s.live)
-  return M.walked_whole(s.rpasses, s.lpasses, ring, M.leases_left(s))
-end
-
 -- Both lists walked whole since the last ageing: the ring (or it holds at most its sentinel)
 -- and the lease list (or it is left empty).
 function M.walked_whole(rpasses, lpasses, ring_live, leases_left)
   return (rpasses >= 1 or ring_live <= 1) and (lpasses >= 1 or leases_left == 0)
-end
-
--- The lease list's length as this call leaves it, with what it has pushed there so far.
-function M.leases_left(s)
-  return s.lease_length - s.lease_visited + #s.back + #s.to_leases
-end
-
-function M.age(s)
-  s.aged = true
-  M.flush_side_writes(s)
-  -- UNLINK frees a large leftover set in the background: the call stays short.
-  rcall('UNLINK', K.done_old, K.marks_old)
-  local sides = s.sides
-  if sides[K.done] > 0 then rcall('RENAME', K.done, K.done_old) end
-  if sides[K.marks] > 0 then rcall('RENAME', K.marks, K.marks_old) end
-  sides[K.done_old], sides[K.done] = sides[K.done], 0
-  sides[K.marks_old], sides[K.marks] = sides[K.marks], 0
-  M.age_marked(sides)
-end
-
--- The lease list's walk: from its tail, where the earliest deadlines are (leases are pushed at
--- its head as they are made, so in deadline order while every lease has the same length),
--- while what it finds is done with or due. An acked lease or batch, or one given back, goes;
--- a due lease is leased again (while the call has room) or dead-lettered; a due or touched
--- batch is broken up into its leases, visited in its place. It stops at the first element
--- whose own deadline is still ahead (everything behind it is younger), at the first due one
--- the call has no room for, at the budget, or past LIMIT.lease_bytes. It never moves a young
--- lease, so a claim costs the same however many are in flight. A sweep does not stop at live
--- elements: it puts them back at the tail, in their places, and goes on.
--- A pass of the list (see M.may_age) ends once the elements it held when the pass began have
--- all been visited: `lpass` counts those left, after the `lskip` at the tail that were
--- visited and put back.
-function M.walk_leases(s, budget)
-  local live, expanded = s.live, s.expanded
-  s.leases_walk, s.in_place, s.ring_live, s.moved = true, s.sweeping, live, 0
-  local skip = s.meta.lskip or 0
-  if not s.lpass or s.lpass <= 0 then s.lpass, skip = s.lease_length, 0 end -- a pass begins
-  local byte, now, want, bytes = string.byte, s.now, 2, 0
-  -- stop: the deadline of the young lease it stopped at; stop_named: the deadline its tokens
-  -- carry (meta lstop, which an ack of it clears), older when it is an extended lease ("w")
-  local stop, stop_named, pass_ended = nil, nil, false
-  while true do
-    local aged = false
-    local slice = rcall('LRANGE', K.leases, -(s.lease_visited + want), -(s.lease_visited + 1))
-    local stamped, done_in, mark, mark_in, packed = {}, {}, {}, {}, {}
-    M.look_up(slice, s.sides, stamped, done_in, mark, mark_in, packed)
-    for i = #slice, 1, -1 do
-      if s.lease_visited + s.expanded - expanded >= budget or bytes > LIMIT.lease_bytes
-          or (s.leased >= s.count and not s.sweeping) or #s.revoke >= LIMIT.revokes then
-        s.lease_more = true
-        break
-      end
-      local element, m = slice[i], mark[i]
-      -- Acked, given back (nacked: leased again when due, else off to wait in the ring),
-      -- extended (it waits at the head: out of its place, it must not hold up those behind
-      -- it), or a batch marked (acked whole, or touched: broken up now, its acked leases go
-      -- and its live ones wait at the tail in its place).
-      local gone = done_in[i] ~= nil
-        or (m and (byte(m) == BYTE_N or byte(m) == BYTE_E or byte(m) == BYTE_F or packed[i]))
-      local deadline = not gone and (M.moved_deadline(m) or M.own_deadline(element, packed[i]))
-      if deadline and deadline > now and not s.sweeping then
-        stop, stop_named = deadline, M.own_deadline(element, packed[i])
-        break
-      end
-      s.lease_visited = s.lease_visited + 1
-      bytes = bytes + #element
-      if deadline and deadline > now then
-        M.keep(s, element, deadline, m, mark_in[i]) -- a sweep: back in its place
-      elseif done_in[i] ~= nil then
-        M.completed(s, done_in[i], element)
-      elseif packed[i] then
-        M.visit_packed(s, element, packed[i], m, mark_in[i])
-      elseif stamped[i] then
-        M.visit_lease(s, element, m, mark_in[i])
-      elseif element ~= SENTINEL then
-        M.dead_letter(s, 'corrupt', 0, element) -- nothing the module writes here
-      end
-      if skip > 0 then
-        skip = skip - 1
-      elseif not pass_ended then
-        s.lpass = s.lpass - 1
-        if s.lpass <= 0 then
-          -- The look-ups of this slice may be a generation off now: read on afresh.
-          pass_ended, aged = M.end_lease_pass(s), true
-          break
-        end
-      end
-    end
-    if stop or s.lease_more or (#slice < want and not aged) then break end
-    if not aged then want = math.min(want * 2, LIMIT.budget) end
-  end
-  if not pass_ended and s.lease_visited == s.lease_length then
-    pass_ended = M.end_lease_pass(s) -- the whole list was visited, whatever the count said
-  end
-  s.live, s.leases_walk, s.in_place = live + s.moved, nil, nil
-  if pass_ended then
-    -- The next pass counts everything the list holds after this call, put back or not
-    -- (visited or not: counting more than needed only makes a pass longer).
-    s.lpass, s.lskip = M.leases_left(s), 0
-  else
-    s.lskip = #s.back + skip
-  end
-  -- What the list may hold that is due soonest: the element it stopped at (the list is in
-  -- deadline order), now when it stopped for want of room, nothing when it ran out; and the
-  -- young leases it put back at the tail, which the next walk meets first.
-  s.lmin = stop or (s.lease_more and now) or nil
-  s.lstop = stop_named
-  if s.back_young and (not s.lstop or s.back_young < s.lstop) then
-    s.lstop = s.back_young
-    if not s.lmin or s.back_young < s.lmin then s.lmin = s.back_young end
-  end
-  -- The visits count as the ring's do (they number this call's tokens): the ring's own
-  -- positions, counted in the same sequence, move along.
-  local n = s.lease_visited
-  s.seq, s.lapnext, s.qstart = s.seq + n, s.lapnext + n, s.qstart + n
 end
 
 -- The deadline a lease or packed batch was made with (its place in the lease list), nil for
@@ -2125,121 +1557,9 @@ function M.own_deadline(element, batch)
   return deadline
 end
 
--- Every element a pass of the lease list began with has been visited: the acks and marks may
--- age. Returns true.
-function M.end_lease_pass(s)
-  s.lpasses = s.lpasses + 1
-  if M.may_age(s) then
-    M.age(s)
-    s.lpasses, s.rpasses = 0, -1
-  end
-  return true
-end
-
--- Applies the side-structure writes collected so far by a walk, keeping the sizes in
--- s.sides true (end_lap renames only what exists).
-function M.flush_side_writes(s)
-  local sides, srem, hdel = s.sides, s.srem, s.hdel
-  for key, list in pairs(srem) do
-    if #list > 0 then
-      sides[key] = sides[key] - M.call_all('SREM', key, list)
-      srem[key] = {}
-    end
-  end
-  for key, list in pairs(hdel) do
-    if #list > 0 then
-      sides[key] = sides[key] - M.call_all('HDEL', key, list)
-      hdel[key] = {}
-    end
-  end
-  if #s.keep_marks > 0 then
-    sides[K.marks] = sides[K.marks] + M.call_all('HSET', K.marks, s.keep_marks)
-    s.keep_marks = {}
-  end
-end
-
--- Writes what a walk decided: the ring and the lease list (visited tails dropped, what stays
--- pushed back at the heads in visit order, due leases the call had no room for back at the
--- lease list's tail), side structures, revocations, dead letters and counters.
-function M.finish_walk(s)
-  local batch, to_leases = s.batch, s.to_leases
-  if #batch > 0 then
-    -- The call's first deliveries, packed into one element: "<first>*<id>*<id>...".
-    batch[0] = s.first -- (one string made, not a list and then the element)
-    s.packed_element = table.concat(batch, '*', 0, #batch)
-    batch[0] = nil
-    PACKED, PACKED_IDS = s.packed_element, batch
-    to_leases[#to_leases + 1] = s.packed_element
-    s.packed = s.packed + #batch - 1
-  end
-  if s.length > 0 and s.live <= 0 and #s.rotated == 0 then
-    -- The ring had no sentinel (someone removed it) and is left empty: it gets one back.
-    s.rotated[1], s.lapnext, s.lapguess = SENTINEL, s.seq + s.visited + 1, false
-  end
-  rcall('LTRIM', K.ring, 0, -(s.visited + 1))
-  M.call_all('LPUSH', K.ring, s.rotated)
-  if s.lease_visited > 0 then rcall('LTRIM', K.leases, 0, -(s.lease_visited + 1)) end
-  local back = s.back
-  if #back > 0 then
-    local reversed = {} -- the first put back is the next visited
-    for i = #back, 1, -1 do reversed[#reversed + 1] = back[i] end
-    M.call_all('RPUSH', K.leases, reversed)
-  end
-  M.call_all('LPUSH', K.leases, to_leases)
-  M.flush_side_writes(s)
-  if #s.revoke > 0 then
-    local args = {}
-    for j = 1, #s.revoke do
-      args[#args + 1] = s.now
-      args[#args + 1] = s.revoke[j]
-    end
-    M.call_all('ZADD', K.revoked, args)
-  end
-  M.trim_revoked(s.meta, s.now, #s.revoke, s.sides.revoked + #s.revoke)
-  if s.tracked then
-    M.write_ids(s)
-    M.write_stale(s)
-  end
-  if #s.letters > 0 then M.call_all('RPUSH', K.dead, s.letters) end
-  s.lettered = s.lettered + #s.letters
-  if s.dead_length + #s.letters > 0 then
-    M.trim_dead(s.meta, s.now, s.dead_length + #s.letters, #s.letters)
-  end
-  s.seq = s.seq + s.visited
-  if s.soonest and (not s.qmin or s.soonest < s.qmin) then s.qmin = s.soonest end
-  M.note_leases(s)
-  M.write_meta(s)
-end
-
 -- One more wake-up token (the list kept short).
 function M.wake_one()
   M.add_wake_tokens(K, 1)
-end
-
--- The earliest deadline the lease list may hold now: what its walk left (see walk_leases),
--- and what this call pushed. A call whose new leases fall due before anything known so far
--- wakes an idle consumer, which then waits for them rather than for what it was told.
-function M.note_leases(s)
-  local lmin = s.lmin
-  if s.leased > 0 then
-    local before = s.meta.lmin
-    if s.qmin and (not before or s.qmin < before) then before = s.qmin end
-    if not before or s.deadline < before then
-      M.wake_one()
-    end
-    if not lmin or s.deadline < lmin then lmin = s.deadline end
-  end
-  local pushed = s.pushed_min
-  if pushed and (not lmin or pushed < lmin) then lmin = pushed end
-  local left = M.leases_left(s)
-  if left == 0 then lmin = nil end
-  -- Pushed onto an empty list, the young leases of this call are its tail: a walk for acks
-  -- need not read them before they may be due (see leases_due), or before an ack names the
-  -- first of them (lstop: by the deadline its tokens carry, see frees_tail).
-  if left == #s.to_leases and left > 0 then
-    s.lstop = tonumber(M.named_deadline(s.to_leases[1]))
-  end
-  s.lmin = lmin
 end
 
 -- Forgets refused tokens past the fencing window, oldest first, and beyond its count: at most
@@ -2257,24 +1577,6 @@ function M.trim_revoked(meta, now, added, size)
     drop = math.min(step, math.max(drop, rcall('ZCARD', K.revoked) - meta.fence_max))
   end
   if drop > 0 then rcall('ZREMRANGEBYRANK', K.revoked, 0, drop - 1) end
-end
-
--- Drops the oldest dead letters beyond the count kept or older than the age kept, at most
--- what this call added plus LIMIT.trim_step. `length`: the dead list's length now.
-function M.trim_dead(meta, now, length, added)
-  local drop = math.min(math.max(length - meta.dead_max, 0), added + LIMIT.trim_step)
-  if meta.dead_age_ms > 0 then
-    local cutoff = now - meta.dead_age_ms
-    while drop < length and drop < added + LIMIT.trim_step do
-      local died = tonumber(string.match(rcall('LINDEX', K.dead, drop) or '', '^[^*]*%*%d+%*(%d+)%*'))
-      if not died or died >= cutoff then break end
-      drop = drop + 1
-    end
-  end
-  if drop > 0 then
-    rcall('LTRIM', K.dead, drop, -1)
-    rcall('HINCRBY', K.meta, 'dead_dropped', drop)
-  end
 end
 
 -- Writes the counters a walk changed (only those: formatting numbers is a good part of a
@@ -2501,58 +1803,6 @@ function M.soonest(a, b, c)
   if b and (not soonest or b < soonest) then soonest = b end
   if c and (not soonest or c < soonest) then soonest = c end
   return soonest
-end
-
--- A call's walks: the lease list's when it is due, then the ring's, within one budget.
-function M.walk_lists(s, count, budget)
-  s.count = count
-  if M.leases_due(s) then M.walk_leases(s, budget) end
-  local left = budget - s.lease_visited
-  M.walk(s, count, math.min(left, s.length), left)
-end
-
--- After the ring's walk: leases jobs waiting at a priority (see PRIORITIES) into the call's
--- batch, the most urgent first, while the call has room, once no pending id is left in the
--- ring (the counters say none is, or the walk visited the whole ring). O(log n) per job.
-function M.lease_prioritized(s)
-  if s.prio <= 0 or s.sweeping or s.leased >= s.count then return end
-  if s.meta.pushed - s.taken - s.prio > 0 and s.visited < s.length then return end
-  local found = rcall('ZRANGEBYSCORE', K.scheduled, '-inf', '(0', 'LIMIT', 0,
-    s.count - s.leased)
-  if #found == 0 then return end
-  local batch, reply, first, compact = s.batch, s.reply, s.first, s.compact
-  local taken = {}
-  for i = 1, #found do
-    local member = found[i]
-    taken[i] = member
-    local _, id = M.ranked_member(member)
-    if id and M.valid_id(id) then
-      local place = #batch + 1
-      batch[place] = id
-      if not compact then
-        reply[#reply + 1], reply[#reply + 2] = id .. first .. PAD[place], 0
-      end
-      s.leased = s.leased + 1
-      s.batch_bytes = s.batch_bytes + #id
-      if s.batch_bytes >= LIMIT.batch_bytes then break end
-    else -- (a member written by hand)
-      s.letters[#s.letters + 1] = 'corrupt*0*' .. s.now .. '*' .. member
-    end
-  end
-  rcall('ZREM', K.scheduled, unpack(taken))
-  s.taken, s.prio = s.taken + #taken, s.prio - #taken
-end
-
--- Whether this call walks the lease list: when its earliest deadline may have come, or when
--- acks wait for their elements (or jobs given back for theirs) and the list's tail is not a
--- young lease known to be live, whose deadline the walk would wait for (see ack_tokens).
-function M.leases_due(s)
-  if s.lease_length == 0 then return false end
-  if s.sweeping or not s.lmin or s.lmin <= s.now then return true end
-  if s.lstop then return false end
-  local sides, marked = s.sides, s.sides.marked
-  return sides[K.done] + sides[K.done_old] + marked[K.marks][1] + marked[K.marks][2]
-    + marked[K.marks_old][1] + marked[K.marks_old][2] > 0
 end
 
 -- THE SHORT WAY of next, for the call a busy queue makes most: its acks (if any) are batch
@@ -3093,7 +2343,772 @@ function M.extend()
   return reply
 end
 
--- 8. ON FIRST USE: tracked ids, scheduled and prioritized jobs, flow control, administration ------
+-- 8. ON FIRST USE: THE WALK ENGINE ----------------------------------------------------------------
+-- next and sweep walk two lists from their tails: start_walk reads the state; walk_leases
+-- visits the lease list while what it finds there is due or done with (LEASES in the header);
+-- walk visits a budget of ring elements (leasing pending ids into the call's batch, leasing
+-- due deferred jobs again, ending laps at the sentinel); both collect what to write, and
+-- finish_walk writes it all at once. What a walk keeps goes where it waits: a lease to the
+-- lease list's head while it is young (to its tail when it is due but this call has no room
+-- to lease it), a deferred job to the ring's head.
+--
+-- Defined on first use (see ON_FIRST_USE): a worker's call on a busy queue takes the short
+-- way of next (M.fast_lease), which never walks, so an EVAL call of it does not create
+-- these functions each time.
+function M.define_walk()
+  -- The deadline a "w" mark holds: an extended lease moved to the lease list's head waits by it
+  -- (see keep); nil for any other mark.
+  function M.moved_deadline(m)
+    return m and string.byte(m) == BYTE_W and tonumber(string.sub(m, 2)) or nil
+  end
+
+  function M.start_walk(lease, max_deliveries, state)
+    state = state or M.read_walk_state()
+    M.check_wake(state) -- (every walk may write it)
+    local length, lease_length, meta = state.length, state.lease_length, state.meta
+    local sides, dead_length, now = state.sides, state.dead_length, state.now
+    local lapnext = meta.lapnext or (meta.seq + length + 1)
+    -- Tokens end in this call's first visit number and the visit's place in the call (PAD):
+    -- unique, because the next call that leases starts at a higher visit number.
+    local seq_base = tostring(meta.seq)
+    local s = {
+      now = now, deadline = now + lease, max_deliveries = max_deliveries, sides = sides,
+      seq_base = seq_base, first = '*' .. (now + lease) .. '.1.' .. seq_base, meta = meta,
+      length = length, live = length, -- ring length as it is at this point of the visits
+      -- The lease list: its length, the elements the walk took from its tail, those it puts
+      -- back there and those it pushes at its head, and the earliest deadline among those.
+      lease_length = lease_length, lease_visited = 0, back = {}, to_leases = {},
+      pushed_min = nil, lmin = meta.lmin, lstop = meta.lstop, lpass = meta.lpass,
+      lskip = meta.lskip,
+      rpasses = meta.rpasses, lpasses = meta.lpasses, lease_more = false,
+      seq = meta.seq, lapnext = lapnext, qmin = meta.qmin,
+      -- With the lap position unknown (new ring, lost meta), guess that the sentinel is within
+      -- one ring length: a sentinel seen before then is accepted, none seen means it is gone.
+      lapguess = meta.lapguess,
+      qstart = meta.qstart or meta.seq, qlen = meta.qlen or length, taken = meta.taken,
+      reply = {}, rotated = {}, revoke = {}, letters = {}, keep_marks = {}, batch = {},
+      dead_length = dead_length,
+      packed = meta.packed, released = 0, count = 0, expanded = 0, batch_bytes = 0,
+      srem = { [K.done] = {}, [K.done_old] = {} }, hdel = { [K.marks] = {}, [K.marks_old] = {} },
+      visited = 0, leased = 0, soonest = nil, sweeping = false,
+      -- What this call adds to the queue's counters (see add_counts).
+      completed = 0, redelivered = 0, reclaimed = 0, lettered = 0,
+      -- On a queue that tracks ids: copies gone (id, and the stamp the index must still hold
+      -- for its entry to go) and leases made (id, stamp), written by write_ids.
+      tracked = meta.tracked, gone = {}, gone_stamp = {}, leased_ids = {},
+      stale_count = meta.stale, stale_recs = {}, -- cancelled copies' records (see parse_stale)
+      prio = meta.prio, -- jobs waiting at a priority (see PRIORITIES)
+    }
+    return s
+  end
+
+  -- Visits at most `limit` elements from the tail (never more than the ring holds), leasing up
+  -- to `count` jobs; visits plus the leases of broken-up batches stay within `budget`.
+  function M.walk(s, count, limit, budget)
+    local PAD, SENTINEL, BYTE_STAR = PAD, SENTINEL, BYTE_STAR
+    local byte, find, id_bytes = string.byte, string.find, LIMIT.id_bytes
+    -- A pending id's first delivery: its token is id .. first .. PAD[its place in the batch].
+    local first, compact = s.first, s.compact
+    local rotated, reply, batch = s.rotated, s.reply, s.batch
+    local n_rotated, n_reply = #rotated, #reply
+    s.count = count
+    -- Slices start just larger than what is wanted (every element fetched costs a string
+    -- conversion) and double while the walk finds elements to skip.
+    local extra = 2
+    while s.visited < limit and s.visited + s.expanded < budget and s.leased < count do
+      local want = math.min(limit - s.visited, budget - s.visited - s.expanded,
+        count - s.leased + extra, LIMIT.batch)
+      extra = extra * 2
+      local slice = rcall('LRANGE', K.ring, -(s.visited + want), -(s.visited + 1))
+      -- Where the slice's acks and marks are (look_up) is needed only once the walk meets an
+      -- element that is not a pending id; a slice of pending ids alone never looks them up.
+      local stamped, done_in, mark, mark_in, packed = {}, {}, {}, {}, {}
+      local looked, stale = false, {}
+      if s.tracked then
+        M.look_up(slice, s.sides, stamped, done_in, mark, mark_in, packed)
+        looked, stale = true, M.stale_pending(s, slice, stamped, packed)
+      end
+      local i = #slice
+      while true do
+        if not s.sweeping then
+          -- The common case first: a run of pending ids within the lap (no "*" in them), each
+          -- leased into this call's batch, the counters moved once for the run. Anything else
+          -- ends the run and is visited below.
+          local last = math.min(budget - s.expanded, s.lapnext - s.seq - 1) -- visits allowed
+          local place, bytes, most = #batch, s.batch_bytes, LIMIT.batch_bytes
+          local from = i
+          local lowest = math.max(i - math.min(count - s.leased, last - s.visited), 0)
+          while i > lowest do
+            local element = slice[i]
+            if element == '' or #element > id_bytes or find(element, '*', 1, true)
+                or stale[i] then
+              break
+            end
+            place = place + 1
+            batch[place] = element
+            if not compact then
+              reply[n_reply + 1], reply[n_reply + 2] = element .. first .. PAD[place], 0
+              n_reply = n_reply + 2
+            end
+            bytes = bytes + #element
+            i = i - 1
+            if bytes >= most then break end
+          end
+          local run = from - i
+          s.visited, s.leased = s.visited + run, s.leased + run
+          s.live, s.taken = s.live - run, s.taken + run
+          if bytes >= most then count = s.leased end -- the batch is big enough: no more
+          s.batch_bytes, s.count = bytes, count
+        end
+        if i < 1 or s.leased >= count or s.visited + s.expanded >= budget then break end
+        if not looked then
+          M.look_up(slice, s.sides, stamped, done_in, mark, mark_in, packed)
+          looked = true
+        end
+        local element = slice[i]
+        local visited = s.visited + 1
+        s.visited = visited
+        local index = s.seq + visited
+        if index > s.lapnext then
+          s.lapnext, s.lapguess = index + s.live, true -- lost track: guess again
+        end
+        if element == SENTINEL then
+          if index < s.lapnext and not s.lapguess then
+            s.live = s.live - 1 -- a second sentinel: drop it
+          else
+            M.end_lap(s, i - 1, done_in, mark_in)
+            n_rotated = #rotated
+          end
+        else
+          if index == s.lapnext then
+            -- The sentinel is missing (someone removed it): put one back just before this
+            -- element, which is then the first of the next lap.
+            s.live = s.live + 1
+            M.end_lap(s, i, done_in, mark_in)
+            n_rotated = #rotated
+            s.lapnext = s.lapnext - 1
+          end
+          if packed[i] then
+            M.visit_packed(s, element, packed[i], mark[i], mark_in[i])
+            n_rotated, n_reply = #rotated, #reply
+          elseif not stamped[i] then
+            if element == '' or #element > id_bytes or byte(element) == BYTE_STAR then
+              s.taken = s.taken + 1 -- empty, too long, or starting with "*": not an id
+              M.dead_letter(s, 'corrupt', 0, element)
+            elseif stale[i] and M.take_stale(s, element, nil) then
+              -- a cancelled copy: dropped
+            elseif s.sweeping then
+              n_rotated = n_rotated + 1
+              rotated[n_rotated] = element
+            else
+              -- Leased: it joins this call's batch, which goes back as one element.
+              s.taken = s.taken + 1
+              local place = #batch + 1
+              batch[place] = element
+              if not compact then
+                reply[n_reply + 1], reply[n_reply + 2] = element .. first .. PAD[place], 0
+                n_reply = n_reply + 2
+              end
+              s.leased = s.leased + 1
+              s.live = s.live - 1
+              s.batch_bytes = s.batch_bytes + #element
+              if s.batch_bytes >= LIMIT.batch_bytes then count, s.count = s.leased, s.leased end
+            end
+          elseif done_in[i] ~= nil then
+            M.completed(s, done_in[i], element)
+          else
+            M.visit_lease(s, element, mark[i], mark_in[i])
+            n_rotated, n_reply = #rotated, #reply
+          end
+        end
+        i = i - 1
+      end
+    end
+  end
+
+  -- Looks up, for a slice of ring elements, where their ack and mark live. Fills, per index:
+  -- done_in[i] = key of the done set holding it; mark[i] = mark value; mark_in[i] = its key;
+  -- packed[i] = the batch name of a packed element (whose mark is its batch's: a batch ack wins
+  -- over a touch, whichever generation holds them). One command per structure for the whole
+  -- slice, whatever its size.
+  function M.look_up(slice, sides, stamped, done_in, mark, mark_in, packed)
+    local find, byte, BYTE_STAR, BYTE_A = string.find, string.byte, BYTE_STAR, BYTE_A
+    local names, at = {}, {} -- tokens first (n of them), then batch names
+    local n = 0
+    local batches = {}
+    for i = 1, #slice do
+      local element = slice[i]
+      -- A "*" after the first byte: a lease, a packed batch, or a corrupt element.
+      local star = find(element, '*', 2, true)
+      if star then
+        if byte(element) == BYTE_STAR then
+          local batch = string.sub(element, 1, star - 1)
+          packed[i] = batch
+          batches[#batches + 1] = i
+        else
+          n = n + 1
+          names[n], at[n] = element, i
+          stamped[i] = true
+        end
+      end
+    end
+    for j = 1, #batches do
+      names[n + j], at[n + j] = packed[batches[j]], batches[j]
+    end
+    if #names == 0 then return end
+    for _, key in ipairs({ K.done, K.done_old }) do
+      if n > 0 and sides[key] > 0 then
+        local flags = rcall('SMISMEMBER', key, unpack(names, 1, n))
+        for j = 1, #flags do
+          if flags[j] == 1 and not done_in[at[j]] then done_in[at[j]] = key end
+        end
+      end
+    end
+    for _, key in ipairs({ K.marks, K.marks_old }) do
+      if sides[key] > 0 then
+        local values = rcall('HMGET', key, unpack(names))
+        for j = 1, #names do
+          local i, value = at[j], values[j]
+          if value and not done_in[i] and (not mark[i]
+              or (j > n and byte(value) == BYTE_A and byte(mark[i]) ~= BYTE_A)) then
+            mark[i] = value
+            mark_in[i] = key
+          end
+        end
+      end
+    end
+  end
+
+  -- A leased element that is not acked: keep it, or lease it again once it is due.
+  function M.visit_lease(s, element, m, m_key)
+    local kind = m and string.sub(m, 1, 1)
+    local id, deadline, n = M.parse_token(element)
+    local when = m and tonumber(string.match(m, '^[enw](%d+)$'))
+    if not id then
+      M.unmark(s, m_key, element, m)
+      M.dead_letter(s, 'corrupt', 0, element)
+      return
+    end
+    local stamp = s.tracked and string.sub(element, #id + 2)
+    if stamp and M.take_stale(s, id, stamp) then -- cancelled (see IDS)
+      M.unmark(s, m_key, element, m)
+      return
+    end
+    if kind == 'f' then -- buried: to the dead letters now, with its error (revoked by bury)
+      M.unmark(s, m_key, element, m)
+      M.dead_letter(s, 'failed', n, id .. '*' .. string.sub(m, 2))
+      if stamp then M.forget_id(s, id, stamp) end
+      return
+    end
+    if when and (kind == 'e' or kind == 'w') then deadline = when end
+    local due = (when and kind == 'n') and when or deadline
+    if due > s.now or s.sweeping or s.leased >= s.count
+        or (kind ~= 'n' and #s.revoke >= LIMIT.revokes) then
+      -- A lease extended beyond a lease made now (this call's deadline) would hold up the
+      -- lease list behind it: it waits in the ring instead, as a nacked job does, visited once
+      -- a lap, until it is near enough to go to the lease list in its order (see keep).
+      local waits = kind == 'n'
+        or ((kind == 'e' or kind == 'w') and not s.sweeping and due > s.deadline)
+      M.keep(s, element, due, m, m_key, waits)
+    else
+      -- (a deferred job's copy was never handed out: its token needs no fencing)
+      if kind ~= 'n' then s.revoke[#s.revoke + 1] = element end
+      M.lease_again(s, id, n, element, (kind == 'n') and 0 or 1, m, m_key)
+    end
+  end
+
+  -- A packed batch "*<deadline>.1.<call seq>*<id>*<id>...": the first deliveries one call
+  -- leased, job k's token being <id k> .. batch .. PAD[k]. Acked as a whole, it leaves the ring;
+  -- young and untouched, it stays as it is (one visit for the whole batch); touched (one of
+  -- its jobs acked, nacked or extended on its own) or expired, it is broken up into the
+  -- elements it stands for, which are visited in its place.
+  function M.visit_packed(s, element, batch, m, m_key)
+    -- Well formed: a batch name, then at least one id (a byte other than "*").
+    local due = M.own_deadline(element, batch)
+    if not due then
+      M.unmark(s, m_key, batch, m)
+      M.dead_letter(s, 'corrupt', 0, element)
+      return
+    end
+    if not m and (due > s.now or s.sweeping) then
+      -- Young and untouched, the common case: kept without reading its ids (O(1) per lap).
+      M.keep(s, element, due)
+      return
+    end
+    -- A batch ack names its batch's size: one naming another size (a hand-written ack) acks
+    -- nothing, and counts as a touch. (Counted only for a batch ack: a break-up splits them.)
+    local jobs = m and string.byte(m) == BYTE_A and M.count_ids(element, #batch + 2)
+    if jobs and tonumber(string.sub(m, 2)) == jobs then
+      M.unmark(s, m_key, batch, m)
+      s.live = s.live - 1
+      s.packed = s.packed - (jobs - 1)
+      s.completed = s.completed + jobs
+      if s.tracked then
+        local ids = M.split_ids(element, #batch + 2)
+        for k = 1, #ids do M.forget_id(s, ids[k], string.sub(batch, 2) .. PAD[k]) end
+      end
+      return
+    end
+    local ids = M.split_ids(element, #batch + 2)
+    if not m and not s.sweeping and s.count - s.leased >= #ids then
+      -- Expired and never touched: none of its jobs was acked, given back or extended on its
+      -- own (each would have touched it), so every one is leased again, and one revocation
+      -- fences all their tokens (refused_among), as a crashed worker's batch needs.
+      s.revoke[#s.revoke + 1] = batch .. '*'
+      s.live = s.live + #ids - 1
+      s.packed = s.packed - (#ids - 1)
+      s.expanded = s.expanded + #ids
+      for k = 1, #ids do M.lease_again(s, ids[k], 1, ids[k] .. batch .. PAD[k], 1) end
+      return
+    end
+    M.unmark(s, m_key, batch, m) -- the touch (or a batch ack of another size) is used up
+    s.revoke[#s.revoke + 1] = batch -- from now on its jobs are acked one by one
+    s.in_place = s.in_place or (s.leases_walk and due > s.now)
+    local tokens = {}
+    for k = 1, #ids do tokens[k] = ids[k] .. batch .. PAD[k] end
+    s.live = s.live + #ids - 1
+    s.packed = s.packed - (#ids - 1)
+    s.expanded = s.expanded + #ids
+    local stamped, done_in, marks, marks_in = {}, {}, {}, {}
+    M.look_up(tokens, s.sides, stamped, done_in, marks, marks_in, {})
+    for k = 1, #tokens do
+      if done_in[k] ~= nil then
+        M.completed(s, done_in[k], tokens[k])
+      else
+        M.visit_lease(s, tokens[k], marks[k], marks_in[k])
+      end
+    end
+    s.in_place = s.sweeping
+  end
+
+  -- An acked lease leaves, and its token its done set (`key`; false: that generation is gone).
+  function M.completed(s, key, token)
+    if key then table.insert(s.srem[key], token) end
+    if s.tracked then
+      local star = string.find(token, '*', 2, true)
+      M.forget_id(s, string.sub(token, 1, star - 1), string.sub(token, star + 1))
+    end
+    s.live = s.live - 1
+    s.completed = s.completed + 1
+  end
+
+  -- Drops the mark `m` of `field` from the marks hash `key` (nothing when the mark has no key
+  -- left: its generation is gone), with its count.
+  function M.unmark(s, key, field, m)
+    if not key then return end
+    table.insert(s.hdel[key], field)
+    M.count_mark(s.sides, key, m, -1)
+  end
+
+  -- An element that stays as it is for now, due at `at`. A deferred job waits at the ring's
+  -- head. A lease or batch met in the lease list goes back to its tail, in its place, when it
+  -- is due but the call has no room to lease it, or when its place is kept (a sweep, a young
+  -- batch broken up); at its head when it waits longer than its place says (extended). One met
+  -- in the ring (written there before leases had their own list) moves to the lease list's
+  -- head while young, or stays in the ring. A mark it still needs moves to the current
+  -- generation.
+  function M.keep(s, element, at, m, m_key, deferred)
+    local list = s.rotated
+    if s.leases_walk and not deferred then
+      list = (at <= s.now or s.in_place) and s.back or s.to_leases
+    elseif not deferred and at > s.now then
+      list = s.to_leases
+    end
+    list[#list + 1] = element
+    if list == s.rotated then
+      if at and (not s.soonest or at < s.soonest) then s.soonest = at end
+      if s.leases_walk then s.moved = s.moved + 1 end -- a deferred job, to the ring
+    else
+      if list == s.back and at > s.now and (not s.back_young or at < s.back_young) then
+        s.back_young = at
+      end
+      if not s.pushed_min or at < s.pushed_min then s.pushed_min = at end
+      s.live = s.live - 1
+    end
+    -- An extended lease moved to the lease list's head is marked "w" (its deadline kept): there
+    -- it is in deadline order, and the walk stops at it while it is young. Marked "e" still, it
+    -- was moved again each time it came round, and with more extended leases than a call's
+    -- budget (a heartbeat extends every held job) every claim spent its budget moving them, and
+    -- the ring's pending jobs waited. A later extend marks it "e" again: one move per extend.
+    local kept = m
+    if m and list == s.to_leases and string.byte(m) == BYTE_E then
+      kept = 'w' .. string.sub(m, 2)
+    end
+    if m and (m_key ~= K.marks or kept ~= m) then
+      s.keep_marks[#s.keep_marks + 1] = element
+      s.keep_marks[#s.keep_marks + 1] = kept
+      if m_key ~= K.marks then
+        M.count_mark(s.sides, K.marks, kept, 1)
+        M.unmark(s, m_key, element, m)
+      end
+    end
+  end
+
+  -- Hands out a new delivery of `id` (delivered `n` times so far) in place of `old_token`,
+  -- or dead-letters it when it has had its deliveries. The caller fences `old_token` (nil for a
+  -- job of a batch that expired whole: it has no mark, and a count of 1 is never corrupt).
+  function M.lease_again(s, id, n, old_token, reclaimed, mark, mark_key)
+    M.unmark(s, mark_key, old_token, mark)
+    if n >= LIMIT.stamped_deliveries then
+      -- No delivery reaches this count (MAX_DELIVERIES <= LIMIT.max_deliveries): someone wrote
+      -- it by hand, and the next count would not fit the grammar.
+      M.dead_letter(s, 'corrupt', 0, old_token)
+      return
+    end
+    if s.max_deliveries > 0 and n >= s.max_deliveries then
+      s.letters[#s.letters + 1] = 'max_deliveries*' .. n .. '*' .. s.now .. '*' .. id
+      s.live = s.live - 1
+      if old_token then M.forget_id(s, id, string.sub(old_token, #id + 2)) end
+      return
+    end
+    -- Numbered apart from the batch, and counted at least 2 (a hand-written lease may say 0):
+    -- a later delivery's token never equals a first one's, nor names this call's batch.
+    s.released = s.released + 1
+    local token = id .. '*' .. s.deadline .. '.' .. (math.max(n, 1) + 1) .. '.' .. s.seq_base
+      .. PAD[s.released]
+    s.to_leases[#s.to_leases + 1] = token
+    M.note_id(s, id, string.sub(token, #id + 2))
+    s.live = s.live - 1
+    s.reply[#s.reply + 1] = token
+    s.reply[#s.reply + 1] = reclaimed
+    s.leased = s.leased + 1
+    s.redelivered = s.redelivered + 1
+    s.reclaimed = s.reclaimed + reclaimed
+  end
+
+  function M.dead_letter(s, reason, n, element)
+    s.letters[#s.letters + 1] = reason .. '*' .. n .. '*' .. s.now .. '*' .. element
+    s.live = s.live - 1
+  end
+
+  -- The sentinel's visit ends a lap of the ring. Look-ups already made for slice[1..from] live
+  -- one generation older if the acks and marks age here (see M.may_age).
+  function M.end_lap(s, from, done_in, mark_in)
+    s.rpasses = s.rpasses + 1
+    if M.may_age(s) then
+      M.age(s)
+      s.rpasses, s.lpasses = 0, -1
+      local older = { [K.done] = K.done_old, [K.marks] = K.marks_old }
+      for i = from, 1, -1 do
+        if done_in[i] then done_in[i] = older[done_in[i]] or false end
+        if mark_in[i] then mark_in[i] = older[mark_in[i]] or false end
+      end
+    end
+    s.rotated[#s.rotated + 1] = SENTINEL
+    s.lapnext, s.lapguess = s.seq + s.visited + s.live, false
+  end
+
+  -- Whether the acks and marks may age (the current generation becoming the old one, the old
+  -- one going). Whatever the old generation holds was written before the last ageing; once both
+  -- lists have been walked whole since (a pass of each that began after it), every element it
+  -- could concern has been visited and has taken what it needed: what is left is a leftover
+  -- (late ack, stale mark). A list with nothing to walk needs no pass.
+  function M.may_age(s)
+    if s.aged then return false end -- once a call: a second would be work for nothing
+    local ring = s.leases_walk and s.ring_live or s.live -- (the lease walk borrows s.live)
+    return M.walked_whole(s.rpasses, s.lpasses, ring, M.leases_left(s))
+  end
+
+  -- The lease list's length as this call leaves it, with what it has pushed there so far.
+  function M.leases_left(s)
+    return s.lease_length - s.lease_visited + #s.back + #s.to_leases
+  end
+
+  function M.age(s)
+    s.aged = true
+    M.flush_side_writes(s)
+    -- UNLINK frees a large leftover set in the background: the call stays short.
+    rcall('UNLINK', K.done_old, K.marks_old)
+    local sides = s.sides
+    if sides[K.done] > 0 then rcall('RENAME', K.done, K.done_old) end
+    if sides[K.marks] > 0 then rcall('RENAME', K.marks, K.marks_old) end
+    sides[K.done_old], sides[K.done] = sides[K.done], 0
+    sides[K.marks_old], sides[K.marks] = sides[K.marks], 0
+    M.age_marked(sides)
+  end
+
+  -- The lease list's walk: from its tail, where the earliest deadlines are (leases are pushed at
+  -- its head as they are made, so in deadline order while every lease has the same length),
+  -- while what it finds is done with or due. An acked lease or batch, or one given back, goes;
+  -- a due lease is leased again (while the call has room) or dead-lettered; a due or touched
+  -- batch is broken up into its leases, visited in its place. It stops at the first element
+  -- whose own deadline is still ahead (everything behind it is younger), at the first due one
+  -- the call has no room for, at the budget, or past LIMIT.lease_bytes. It never moves a young
+  -- lease, so a claim costs the same however many are in flight. A sweep does not stop at live
+  -- elements: it puts them back at the tail, in their places, and goes on.
+  -- A pass of the list (see M.may_age) ends once the elements it held when the pass began have
+  -- all been visited: `lpass` counts those left, after the `lskip` at the tail that were
+  -- visited and put back.
+  function M.walk_leases(s, budget)
+    local live, expanded = s.live, s.expanded
+    s.leases_walk, s.in_place, s.ring_live, s.moved = true, s.sweeping, live, 0
+    local skip = s.meta.lskip or 0
+    if not s.lpass or s.lpass <= 0 then s.lpass, skip = s.lease_length, 0 end -- a pass begins
+    local byte, now, want, bytes = string.byte, s.now, 2, 0
+    -- stop: the deadline of the young lease it stopped at; stop_named: the deadline its tokens
+    -- carry (meta lstop, which an ack of it clears), older when it is an extended lease ("w")
+    local stop, stop_named, pass_ended = nil, nil, false
+    while true do
+      local aged = false
+      local slice = rcall('LRANGE', K.leases, -(s.lease_visited + want), -(s.lease_visited + 1))
+      local stamped, done_in, mark, mark_in, packed = {}, {}, {}, {}, {}
+      M.look_up(slice, s.sides, stamped, done_in, mark, mark_in, packed)
+      for i = #slice, 1, -1 do
+        if s.lease_visited + s.expanded - expanded >= budget or bytes > LIMIT.lease_bytes
+            or (s.leased >= s.count and not s.sweeping) or #s.revoke >= LIMIT.revokes then
+          s.lease_more = true
+          break
+        end
+        local element, m = slice[i], mark[i]
+        -- Acked, given back (nacked: leased again when due, else off to wait in the ring),
+        -- extended (it waits at the head: out of its place, it must not hold up those behind
+        -- it), or a batch marked (acked whole, or touched: broken up now, its acked leases go
+        -- and its live ones wait at the tail in its place).
+        local gone = done_in[i] ~= nil
+          or (m and (byte(m) == BYTE_N or byte(m) == BYTE_E or byte(m) == BYTE_F or packed[i]))
+        local deadline = not gone and (M.moved_deadline(m) or M.own_deadline(element, packed[i]))
+        if deadline and deadline > now and not s.sweeping then
+          stop, stop_named = deadline, M.own_deadline(element, packed[i])
+          break
+        end
+        s.lease_visited = s.lease_visited + 1
+        bytes = bytes + #element
+        if deadline and deadline > now then
+          M.keep(s, element, deadline, m, mark_in[i]) -- a sweep: back in its place
+        elseif done_in[i] ~= nil then
+          M.completed(s, done_in[i], element)
+        elseif packed[i] then
+          M.visit_packed(s, element, packed[i], m, mark_in[i])
+        elseif stamped[i] then
+          M.visit_lease(s, element, m, mark_in[i])
+        elseif element ~= SENTINEL then
+          M.dead_letter(s, 'corrupt', 0, element) -- nothing the module writes here
+        end
+        if skip > 0 then
+          skip = skip - 1
+        elseif not pass_ended then
+          s.lpass = s.lpass - 1
+          if s.lpass <= 0 then
+            -- The look-ups of this slice may be a generation off now: read on afresh.
+            pass_ended, aged = M.end_lease_pass(s), true
+            break
+          end
+        end
+      end
+      if stop or s.lease_more or (#slice < want and not aged) then break end
+      if not aged then want = math.min(want * 2, LIMIT.budget) end
+    end
+    if not pass_ended and s.lease_visited == s.lease_length then
+      pass_ended = M.end_lease_pass(s) -- the whole list was visited, whatever the count said
+    end
+    s.live, s.leases_walk, s.in_place = live + s.moved, nil, nil
+    if pass_ended then
+      -- The next pass counts everything the list holds after this call, put back or not
+      -- (visited or not: counting more than needed only makes a pass longer).
+      s.lpass, s.lskip = M.leases_left(s), 0
+    else
+      s.lskip = #s.back + skip
+    end
+    -- What the list may hold that is due soonest: the element it stopped at (the list is in
+    -- deadline order), now when it stopped for want of room, nothing when it ran out; and the
+    -- young leases it put back at the tail, which the next walk meets first.
+    s.lmin = stop or (s.lease_more and now) or nil
+    s.lstop = stop_named
+    if s.back_young and (not s.lstop or s.back_young < s.lstop) then
+      s.lstop = s.back_young
+      if not s.lmin or s.back_young < s.lmin then s.lmin = s.back_young end
+    end
+    -- The visits count as the ring's do (they number this call's tokens): the ring's own
+    -- positions, counted in the same sequence, move along.
+    local n = s.lease_visited
+    s.seq, s.lapnext, s.qstart = s.seq + n, s.lapnext + n, s.qstart + n
+  end
+
+  -- Every element a pass of the lease list began with has been visited: the acks and marks may
+  -- age. Returns true.
+  function M.end_lease_pass(s)
+    s.lpasses = s.lpasses + 1
+    if M.may_age(s) then
+      M.age(s)
+      s.lpasses, s.rpasses = 0, -1
+    end
+    return true
+  end
+
+  -- Applies the side-structure writes collected so far by a walk, keeping the sizes in
+  -- s.sides true (end_lap renames only what exists).
+  function M.flush_side_writes(s)
+    local sides, srem, hdel = s.sides, s.srem, s.hdel
+    for key, list in pairs(srem) do
+      if #list > 0 then
+        sides[key] = sides[key] - M.call_all('SREM', key, list)
+        srem[key] = {}
+      end
+    end
+    for key, list in pairs(hdel) do
+      if #list > 0 then
+        sides[key] = sides[key] - M.call_all('HDEL', key, list)
+        hdel[key] = {}
+      end
+    end
+    if #s.keep_marks > 0 then
+      sides[K.marks] = sides[K.marks] + M.call_all('HSET', K.marks, s.keep_marks)
+      s.keep_marks = {}
+    end
+  end
+
+  -- Writes what a walk decided: the ring and the lease list (visited tails dropped, what stays
+  -- pushed back at the heads in visit order, due leases the call had no room for back at the
+  -- lease list's tail), side structures, revocations, dead letters and counters.
+  function M.finish_walk(s)
+    local batch, to_leases = s.batch, s.to_leases
+    if #batch > 0 then
+      -- The call's first deliveries, packed into one element: "<first>*<id>*<id>...".
+      batch[0] = s.first -- (one string made, not a list and then the element)
+      s.packed_element = table.concat(batch, '*', 0, #batch)
+      batch[0] = nil
+      PACKED, PACKED_IDS = s.packed_element, batch
+      to_leases[#to_leases + 1] = s.packed_element
+      s.packed = s.packed + #batch - 1
+    end
+    if s.length > 0 and s.live <= 0 and #s.rotated == 0 then
+      -- The ring had no sentinel (someone removed it) and is left empty: it gets one back.
+      s.rotated[1], s.lapnext, s.lapguess = SENTINEL, s.seq + s.visited + 1, false
+    end
+    rcall('LTRIM', K.ring, 0, -(s.visited + 1))
+    M.call_all('LPUSH', K.ring, s.rotated)
+    if s.lease_visited > 0 then rcall('LTRIM', K.leases, 0, -(s.lease_visited + 1)) end
+    local back = s.back
+    if #back > 0 then
+      local reversed = {} -- the first put back is the next visited
+      for i = #back, 1, -1 do reversed[#reversed + 1] = back[i] end
+      M.call_all('RPUSH', K.leases, reversed)
+    end
+    M.call_all('LPUSH', K.leases, to_leases)
+    M.flush_side_writes(s)
+    if #s.revoke > 0 then
+      local args = {}
+      for j = 1, #s.revoke do
+        args[#args + 1] = s.now
+        args[#args + 1] = s.revoke[j]
+      end
+      M.call_all('ZADD', K.revoked, args)
+    end
+    M.trim_revoked(s.meta, s.now, #s.revoke, s.sides.revoked + #s.revoke)
+    if s.tracked then
+      M.write_ids(s)
+      M.write_stale(s)
+    end
+    if #s.letters > 0 then M.call_all('RPUSH', K.dead, s.letters) end
+    s.lettered = s.lettered + #s.letters
+    if s.dead_length + #s.letters > 0 then
+      M.trim_dead(s.meta, s.now, s.dead_length + #s.letters, #s.letters)
+    end
+    s.seq = s.seq + s.visited
+    if s.soonest and (not s.qmin or s.soonest < s.qmin) then s.qmin = s.soonest end
+    M.note_leases(s)
+    M.write_meta(s)
+  end
+
+  -- The earliest deadline the lease list may hold now: what its walk left (see walk_leases),
+  -- and what this call pushed. A call whose new leases fall due before anything known so far
+  -- wakes an idle consumer, which then waits for them rather than for what it was told.
+  function M.note_leases(s)
+    local lmin = s.lmin
+    if s.leased > 0 then
+      local before = s.meta.lmin
+      if s.qmin and (not before or s.qmin < before) then before = s.qmin end
+      if not before or s.deadline < before then
+        M.wake_one()
+      end
+      if not lmin or s.deadline < lmin then lmin = s.deadline end
+    end
+    local pushed = s.pushed_min
+    if pushed and (not lmin or pushed < lmin) then lmin = pushed end
+    local left = M.leases_left(s)
+    if left == 0 then lmin = nil end
+    -- Pushed onto an empty list, the young leases of this call are its tail: a walk for acks
+    -- need not read them before they may be due (see leases_due), or before an ack names the
+    -- first of them (lstop: by the deadline its tokens carry, see frees_tail).
+    if left == #s.to_leases and left > 0 then
+      s.lstop = tonumber(M.named_deadline(s.to_leases[1]))
+    end
+    s.lmin = lmin
+  end
+
+  -- Drops the oldest dead letters beyond the count kept or older than the age kept, at most
+  -- what this call added plus LIMIT.trim_step. `length`: the dead list's length now.
+  function M.trim_dead(meta, now, length, added)
+    local drop = math.min(math.max(length - meta.dead_max, 0), added + LIMIT.trim_step)
+    if meta.dead_age_ms > 0 then
+      local cutoff = now - meta.dead_age_ms
+      while drop < length and drop < added + LIMIT.trim_step do
+        local letter = rcall('LINDEX', K.dead, drop) or ''
+        local died = tonumber(string.match(letter, '^[^*]*%*%d+%*(%d+)%*'))
+        if not died or died >= cutoff then break end
+        drop = drop + 1
+      end
+    end
+    if drop > 0 then
+      rcall('LTRIM', K.dead, drop, -1)
+      rcall('HINCRBY', K.meta, 'dead_dropped', drop)
+    end
+  end
+
+  -- A call's walks: the lease list's when it is due, then the ring's, within one budget.
+  function M.walk_lists(s, count, budget)
+    s.count = count
+    if M.leases_due(s) then M.walk_leases(s, budget) end
+    local left = budget - s.lease_visited
+    M.walk(s, count, math.min(left, s.length), left)
+  end
+
+  -- After the ring's walk: leases jobs waiting at a priority (see PRIORITIES) into the call's
+  -- batch, the most urgent first, while the call has room, once no pending id is left in the
+  -- ring (the counters say none is, or the walk visited the whole ring). O(log n) per job.
+  function M.lease_prioritized(s)
+    if s.prio <= 0 or s.sweeping or s.leased >= s.count then return end
+    if s.meta.pushed - s.taken - s.prio > 0 and s.visited < s.length then return end
+    local found = rcall('ZRANGEBYSCORE', K.scheduled, '-inf', '(0', 'LIMIT', 0,
+      s.count - s.leased)
+    if #found == 0 then return end
+    local batch, reply, first, compact = s.batch, s.reply, s.first, s.compact
+    local taken = {}
+    for i = 1, #found do
+      local member = found[i]
+      taken[i] = member
+      local _, id = M.ranked_member(member)
+      if id and M.valid_id(id) then
+        local place = #batch + 1
+        batch[place] = id
+        if not compact then
+          reply[#reply + 1], reply[#reply + 2] = id .. first .. PAD[place], 0
+        end
+        s.leased = s.leased + 1
+        s.batch_bytes = s.batch_bytes + #id
+        if s.batch_bytes >= LIMIT.batch_bytes then break end
+      else -- (a member written by hand)
+        s.letters[#s.letters + 1] = 'corrupt*0*' .. s.now .. '*' .. member
+      end
+    end
+    rcall('ZREM', K.scheduled, unpack(taken))
+    s.taken, s.prio = s.taken + #taken, s.prio - #taken
+  end
+
+  -- Whether this call walks the lease list: when its earliest deadline may have come, or when
+  -- acks wait for their elements (or jobs given back for theirs) and the list's tail is not a
+  -- young lease known to be live, whose deadline the walk would wait for (see ack_tokens).
+  function M.leases_due(s)
+    if s.lease_length == 0 then return false end
+    if s.sweeping or not s.lmin or s.lmin <= s.now then return true end
+    if s.lstop then return false end
+    local sides, marked = s.sides, s.sides.marked
+    return sides[K.done] + sides[K.done_old] + marked[K.marks][1] + marked[K.marks][2]
+      + marked[K.marks_old][1] + marked[K.marks_old][2] > 0
+  end
+end
+
+-- 9. ON FIRST USE: tracked ids, scheduled and prioritized jobs, flow control, administration ------
 
 -- What a worker's push, next, ack, nack, bury and extend never call on a plain queue:
 -- defined on first use (M's lookup of a function it does not hold yet, see ON_FIRST_USE), so
@@ -4297,7 +4312,7 @@ function M.define_later()
   end
 end
 
--- 9. PAYLOADS AND ITEM STATS ----------------------------------------------------------------------
+-- 10. PAYLOADS AND ITEM STATS ---------------------------------------------------------------------
 
 -- The payload, item-stats and topic commands (this section and the next): defined on their
 -- first use (see ON_FIRST_USE), so an EVAL call of a core command does not pay for creating
@@ -4619,7 +4634,7 @@ function M.define_extensions()
     return M.read('HMGET', K.items, unpack(A, 2))
   end
 
-  -- 10. TOPICS ------------------------------------------------------------------------------------
+  -- 11. TOPICS ------------------------------------------------------------------------------------
   -- TOPIC KEYS, then QUEUE_KEYS per group. Every helper here serves several of the commands.
 
   -- The bound of an idle group's backlog (see expire_backlog): the pending ids a group keeps
@@ -5038,7 +5053,7 @@ function M.define_extensions()
   end
 end
 
--- 11. DISPATCH ------------------------------------------------------------------------------------
+-- 12. DISPATCH ------------------------------------------------------------------------------------
 
 -- Each command, by the KEYS it takes (main checks their count and names):
 --   queue     the queue's thirteen
@@ -5063,15 +5078,22 @@ local COMMANDS = {
   tseek = 'topic', ttrim = 'topic', tstats = 'topic',
 }
 
--- M's sections defined on first use (8 by M.define_later, 9 and 10 by M.define_extensions):
--- a lookup of a function M does not hold yet runs the definers in turn, each once, until M
--- holds it; a payload, item-stats or topic command's section first. A library runs them
--- once; an EVAL call only when it needs them.
+-- M's sections defined on first use (8 by M.define_walk, 9 by M.define_later, 10 and 11 by
+-- M.define_extensions): a lookup of a function M does not hold yet runs the definers in turn,
+-- each once, until M holds it. They are tried where the name most likely is, so that a call
+-- defines no section it does not need: a payload, item-stats or topic call's own section
+-- first; a queue command not defined yet is one of section 9's (every worker's command is
+-- defined at once); any other function, one of the walk's. A library runs them once; an EVAL
+-- call only when it needs them.
 local ON_FIRST_USE = {
   __index = function(m, name)
-    local definers = { 'define_later', 'define_extensions' }
+    local definers
     if LAYOUT == 'payloads' or LAYOUT == 'items' or LAYOUT == 'topic' then
-      definers = { 'define_extensions', 'define_later' }
+      definers = { 'define_extensions', 'define_walk', 'define_later' }
+    elseif name == A[1] then
+      definers = { 'define_later', 'define_walk', 'define_extensions' }
+    else
+      definers = { 'define_walk', 'define_later', 'define_extensions' }
     end
     for _, definer in ipairs(definers) do
       local define = rawget(m, definer)
@@ -5098,14 +5120,18 @@ end
 
 -- Refuses, before anything is read or written, queue keys that are not one queue's own in
 -- their slots (a key passed in the wrong slot, or a key of something else): names only, so
--- it costs no command. Returns the base, or an error reply.
+-- it costs no command. Returns the base, or an error reply. (Plain finds at known places make
+-- no string, where a concatenation per key made twelve: 2 us an EVAL call, measured.)
 function M.check_queue_keys(keys, at)
-  local ring = keys[at + 1]
-  local base = string.sub(ring, 1, -6)
-  local ok = string.sub(ring, -5) == ':ring'
+  local ring, find = keys[at + 1], string.find
+  local n = #ring - 5 -- the base's length
+  local base = string.sub(ring, 1, n)
+  local ok = n >= 0 and find(ring, ':ring', n + 1, true) == n + 1
   for i = 2, QUEUE_KEYS do
     if not ok then break end
-    ok = keys[at + i] == base .. QUEUE_ROLES[i]
+    local key, role = keys[at + i], QUEUE_ROLES[i]
+    ok = #key == n + #role and find(key, role, n + 1, true) == n + 1
+      and find(key, base, 1, true) == 1
   end
   if not ok then
     return nil, M.fail('ROTATOR_KEYS', 'keys ' .. (at + 1) .. '..' .. (at + QUEUE_KEYS) ..
@@ -5191,17 +5217,19 @@ local function main(keys, args)
         .. ' keys, got ' .. #keys)
     end
     local marker = layout == 'chunk'
-    if not M.checked_before(keys, marker) then
+    if M.checked_before(keys, marker) then
+      K = CHECKED.queue -- (nothing writes K: the same keys, the same table)
+    else
       local base, refused = M.check_queue_keys(keys, 0)
       if not base then return refused end
       refused = M.check_extra_keys(keys, base, marker)
       if refused then return refused end
-      CHECKED = { keys = { unpack(keys) }, marker = marker }
+      K = M.queue_keys(keys, 0)
+      K.payloads = keys[14]
+      K.items = keys[15]
+      if LIBRARY then CHECKED = { keys = { unpack(keys) }, marker = marker, queue = K } end
     end
     T, NGROUPS = nil, 0
-    K = M.queue_keys(keys, 0)
-    K.payloads = keys[14]
-    K.items = keys[15]
   end
   if not handler then
     return M.fail('ROTATOR_BADCMD', 'unknown command ' .. M.printable(args[1]))
@@ -5219,6 +5247,7 @@ end
 if redis.register_function then
   -- Loaded as a library: the loader's first lines name it (FUNCTION_NAME), see
   -- rotator/script.py. Registered once; FCALL then runs only `main`.
+  LIBRARY = true
   redis.register_function(FUNCTION_NAME, main)
   return
 end

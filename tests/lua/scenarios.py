@@ -1132,6 +1132,25 @@ def wrong_number_of_keys_gives_rotator_keys(b: Backend) -> None:
 
 
 @scenario
+def a_key_of_another_queue_in_any_slot_gives_rotator_keys(b: Backend) -> None:
+    """Each slot's key must be this queue's own: another queue's key of the same role and
+    the same length (a name one byte apart), one whose role is a prefix or suffix of the
+    right one, or a ring key too short to end in ":ring", is refused before anything."""
+    push(b, "a")
+    other = b.name[:-1] + ("x" if b.name[-1] != "x" else "y")
+    theirs = [key.replace(b.name, other) for key in b.keys]
+    assert all(len(a) == len(o) and a != o for a, o in zip(b.keys, theirs, strict=True))
+    for slot in range(len(b.keys)):
+        keys = (*b.keys[:slot], theirs[slot], *b.keys[slot + 1 :])
+        expect_error(b, "ROTATOR_KEYS", "stats", keys=keys)
+    base = b.keys[0].removesuffix(":ring")
+    for slot, wrong in [(1, base + ":don"), (2, base + ":done_oldx"), (12, "x" + base + ":ids")]:
+        keys = (*b.keys[:slot], wrong, *b.keys[slot + 1 :])
+        expect_error(b, "ROTATOR_KEYS", "push", "x", keys=keys)
+    expect_error(b, "ROTATOR_KEYS", "push", "x", keys=("ring", *b.keys[1:]))
+
+
+@scenario
 def unknown_command_gives_badcmd(b: Backend) -> None:
     push(b, "a")
     for argv in [("frobnicate",), ("PUSH", "x"), ("Next", 1, LONG, BUDGET, 0), ("",)]:

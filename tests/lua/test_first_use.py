@@ -1,6 +1,7 @@
-"""Sections 8-10 of the module are defined on first use: an EVAL call of a worker's command
+"""Sections 8-11 of the module are defined on first use: an EVAL call of a worker's command
 on a plain queue creates none of their functions (creating them is a good part of an EVAL
-call's cost), and a call that needs one defines its section then, and works.
+call's cost) unless it walks the lists, which defines the walk (8) and nothing else; a call
+that needs a section defines that section then, and works.
 
 The harness runs the chunk afresh for every call, as EVAL does; the module's function table M
 is the one table the chunk gives the metatable that defines the later sections.
@@ -15,6 +16,7 @@ import pytest
 from tests.lua.harness import MODULE_CHUNKNAME, Harness, LuaScript, ScriptError
 
 LEASE_MS = 30_000
+DEFINERS = {"walk": b"define_walk", "later": b"define_later", "extensions": b"define_extensions"}
 
 
 class Watched(Harness):
@@ -30,53 +32,78 @@ class Watched(Harness):
         return super().call(*argv)
 
     def defined(self) -> set[str]:
-        """The sections the last call defined: "later" (8), "extensions" (9 and 10)."""
+        """The sections the last call defined: "walk" (8), "later" (9), "extensions" (10
+        and 11)."""
         rawget = self.script.rawget
         (functions,) = [t for t in self.tables if rawget(t, b"define_later") is not None]
         return {
             name
-            for name, definer in (("later", b"define_later"), ("extensions", b"define_extensions"))
+            for name, definer in DEFINERS.items()
             if rawget(functions, definer) is False  # (a definer that ran is set to false)
         }
 
 
-def test_a_workers_calls_on_a_plain_queue_define_no_later_section() -> None:
+def batch_ack(element: bytes) -> bytes:
+    """The batch ack of a packed element's whole batch, as the Python client sends it."""
+    return element[: element.index(b"*", 1)] + b"/%d" % (element.count(b"*") - 1)
+
+
+def test_a_workers_loop_on_a_busy_queue_defines_nothing() -> None:
+    """The Python client's loop, next_packed with the previous batch's batch ack, takes the
+    short way of next once the queue knows its leases' earliest deadline: nothing is defined
+    on first use, whether one job or a hundred a call; so is a push, and an ack on its own."""
+    queue = Watched()
+    assert queue.call("push", *[f"job-{n}" for n in range(1000)]) == 1000
+    assert queue.defined() == set()
+    for count in (1, 100):
+        element = bytes(queue.call("next_packed", count, LEASE_MS, 1000, 5)[3])
+        for _ in range(3):
+            reply = queue.call("next_packed", count, LEASE_MS, 1000, 5, batch_ack(element))
+            assert reply[2] == 1  # the previous batch acked (one batch ack)
+            assert queue.defined() == set()
+            element = bytes(reply[3])
+            assert element.count(b"*") - 1 == count
+        assert queue.call("ack", batch_ack(element)) == 1
+        assert queue.defined() == set()
+    assert queue.call("push", "more") == 1
+    assert queue.defined() == set()
+
+
+def test_a_call_that_walks_defines_the_walk_only() -> None:
+    """A claim that must walk (a new queue's first, tokens acked one by one, a nacked job due
+    again, a buried one to drop, an expired lease) defines the walk and no other section;
+    an ack, nack, extend or bury needs none, nor does a claim the short way takes."""
     queue = Watched()
 
-    def claim(*acks: bytes) -> bytes:
-        reply = queue.call("next", 1, LEASE_MS, 1000, 5, *acks)
-        assert queue.defined() == set()
-        return bytes(reply[3])
+    def call(*argv: bytes | str | int, walks: bool = False) -> Any:
+        reply = queue.call(*argv)
+        assert queue.defined() == ({"walk"} if walks else set()), argv
+        return reply
 
-    assert queue.call("push", "a", "b", "c", "d") == 4
-    assert queue.defined() == set()
-    first = claim()
-    packed = queue.call("next_packed", 1, LEASE_MS, 1000, 5, first)
+    assert call("push", "a", "b", "c", "d") == 4
+    first = bytes(call("next", 1, LEASE_MS, 1000, 5, walks=True)[3])
+    packed = call("next_packed", 1, LEASE_MS, 1000, 5, first, walks=True)
     assert packed[2] == 1  # the ack went with it
     assert packed[3].endswith(b"*b")
-    assert queue.defined() == set()
-    batch = packed[3][: packed[3].index(b"*", 1)]
-    assert queue.call("ack", batch + b"/1") == 1
-    held = claim()
+    assert call("ack", batch_ack(bytes(packed[3]))) == 1
+    held = bytes(call("next", 1, LEASE_MS, 1000, 5)[3])
     assert held.startswith(b"c*")
-    assert queue.call("extend", LEASE_MS, held)[1:] == [1]
-    assert queue.call("nack", 0, held) == [1]
-    assert queue.defined() == set()
+    assert call("extend", LEASE_MS, held)[1:] == [1]
+    assert call("nack", 0, held) == [1]
     queue.advance(1)
-    retried = claim()
+    retried = bytes(call("next", 1, LEASE_MS, 1000, 5, walks=True)[3])
     assert retried.startswith(b"c*")
     assert retried != held
-    assert queue.call("bury", "gave up", retried) == [1]
-    assert queue.defined() == set()
+    assert call("bury", "gave up", retried) == [1]
     # A lease that expires comes round and is leased again.
-    last = claim()
+    last = bytes(call("next", 1, LEASE_MS, 1000, 5, walks=True)[3])
+    assert last.startswith(b"d*")
     queue.advance(LEASE_MS + 1)
-    again = queue.call("next", 1, LEASE_MS, 1000, 5)
+    again = call("next", 1, LEASE_MS, 1000, 5, walks=True)
     assert again[3].startswith(b"d*")
     assert again[3] != last
     assert again[4] == 1  # reclaimed
-    assert queue.call("ack", again[3]) == 1
-    assert queue.defined() == set()
+    assert call("ack", again[3]) == 1
 
 
 def test_a_call_that_needs_a_later_section_defines_it_and_works() -> None:
@@ -86,9 +113,10 @@ def test_a_call_that_needs_a_later_section_defines_it_and_works() -> None:
     stats = queue.call("stats")
     assert queue.defined() == {"later"}
     assert b"scheduled" in stats
-    # A plain call on a queue with scheduled jobs promotes them (section 8), then leases.
+    # A plain call on a queue with scheduled jobs promotes them (section 9), then leases (a
+    # new queue's first claim walks: section 8).
     assert queue.call("next", 1, LEASE_MS, 1000, 5)[3].startswith(b"x*")
-    assert queue.defined() == {"later"}
+    assert queue.defined() == {"later", "walk"}
     assert queue.call("pause") == 1
     assert queue.defined() == {"later"}
     payloads = (*queue.keys, f"{queue.keys[0][: -len(':ring')]}:payloads")
