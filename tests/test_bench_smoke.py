@@ -550,3 +550,22 @@ def test_bench_lane_smoke(tmp_path: Path) -> None:
     assert all(row["wall_us"] > row["client_cpu_us"] > 0 for row in profiled.values())
     assert all(row["commands_us"] > 0 for row in profiled.values())
     assert "| redis | batch 1, 1 client |" in (tmp_path / "lane.md").read_text()
+
+
+def test_bench_tracked_smoke(tmp_path: Path) -> None:
+    """bench.tracked (issue 21) end to end on tiny sizes: the product before the lease list,
+    unpacked from bench/baseline and run with its own package and module (each loop checks
+    which module file its package loads), beside the product now and Streams."""
+    printed = run_smoke("bench.tracked", tmp_path, timeout=120)
+    data = json.loads((tmp_path / "tracked.json").read_text())
+    assert data["before"] == "5b7616c"
+    (run,) = data["runs"]
+    assert run["server"] == "redis"
+    cells = {(row["mode"], row["batch"], row["clients"]) for row in run["rows"]}
+    assert cells == {(mode, b, c) for mode in ("evalsha", "fcall") for b, c in ((1, 1), (10, 2))}
+    for row in run["rows"]:
+        assert set(row["jobs_per_s"]) == {"before", "now", "streams"}
+        assert all(rate > 0 for rates in row["jobs_per_s"].values() for rate in rates)
+        assert row["now_vs_before"] > 0
+    assert "| now / before (range) |" in printed
+    assert (tmp_path / "tracked.md").read_text().count("| redis ") == 4
