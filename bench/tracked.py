@@ -9,15 +9,14 @@ batch-100, 4-client cell moves by ±0.1 from run to run, so this puts both in on
 is commit 5b7616c (the last before the lease list) whole: its ``rotator`` package (kept in
 ``bench/baseline/rotator-5b7616c-package.tar.gz``, as ``git archive`` made it) and its module
 (``bench/baseline/rotator-5b7616c.lua``, which ``bench.bounds`` uses too), so no git history
-is needed. NOW is the working tree.
-Each cell is the head-to-head loop of ``python -m bench`` (``Rotator.next(batch,
-ack=previous)`` until the queue is empty, then ``sweep``; Streams: ``XREADGROUP COUNT`` and
-``XACK``), in processes of their own started together, each product's processes importing
-its own package. Rounds interleave BEFORE, NOW and Streams, so a drift of the machine's
-speed shifts all three alike; a ratio is taken within its round, and the table gives the
-median of the rounds with their range. Both ways of calling the module are measured:
-``functions=False`` (EVALSHA) and ``functions=True`` (FCALL). Results:
-``bench/results/tracked.json`` and ``tracked.md``.
+is needed. NOW is the working tree. Each cell is the head-to-head preload and loop of
+``python -m bench`` (``bench.patterns``: ``Rotator.next(batch, ack=previous)`` until the
+queue is empty, then ``sweep``; Streams: ``XREADGROUP COUNT`` and ``XACK``), in processes of
+their own started together, each product's processes importing its own package. Rounds
+interleave BEFORE, NOW and Streams, so a drift of the machine's speed shifts all three
+alike; a ratio is taken within its round, and the table gives the median of the rounds with
+their range. Both ways of calling the module are measured: ``functions=False`` (EVALSHA)
+and ``functions=True`` (FCALL). Results: ``bench/results/tracked.json`` and ``tracked.md``.
 """
 
 from __future__ import annotations
@@ -36,6 +35,7 @@ from typing import Any
 
 import redis
 
+from bench.bounds import OLD_COMMIT, OLD_MODULE
 from bench.harness import (
     ROOT,
     delete_run_keys,
@@ -46,8 +46,10 @@ from bench.harness import (
 )
 
 RESULTS = Path(__file__).resolve().parent / "results"
-BASELINE = Path(__file__).resolve().parent / "baseline"
-BEFORE_COMMIT = "5b7616c"  # the last commit before the lease list (issue 21)
+# The last commit before the lease list (issue 21), whose module bench.bounds keeps too, and
+# its package beside it.
+BEFORE_COMMIT = OLD_COMMIT
+BEFORE_PACKAGE = OLD_MODULE.parent / f"rotator-{OLD_COMMIT}-package.tar.gz"
 PRODUCTS = ("before", "now", "streams")
 MODES = ("evalsha", "fcall")
 
@@ -64,57 +66,26 @@ SIZES = {
     "smoke": Sizes(1, ((1, 1, 100), (10, 2, 200))),
 }
 
-# One process of a cell. Run as `python -c CHILD <tree> <role> <url> <name> <batch>
-# <functions> <jobs>` with <tree> first on sys.path, so that `rotator` is that tree's package.
-# A loop says "ready" and the module file its package loads once connected, starts on a line
-# from its parent, and prints its seconds; a preload fills the queue (or Stream) and exits.
+# One process of a cell: `python -c CHILD <tree> <root> <role> <pattern> <url> <name> <batch>
+# <jobs>`, with <tree> first on sys.path (so that `rotator` is that tree's package) and <root>
+# next (bench's own patterns, the very preload and loop of the head to head). A preload fills
+# the queue (or Stream) and exits; a loop says "ready" and the module file its package loads,
+# starts on a line from its parent, and prints its seconds.
 CHILD = """
 import sys, time
-tree, role, url, name, batch, functions, jobs = sys.argv[1:8]
-sys.path.insert(0, tree)
+tree, root, role, pattern, url, name, batch, jobs = sys.argv[1:9]
+sys.path[:0] = [tree, root]
 import redis
-from rotator import Rotator
+from bench.patterns import PATTERNS
 from rotator.script import module_path
-batch, functions, jobs = int(batch), functions == "1", int(jobs)
-ids = [f"job-{i:012d}" for i in range(jobs)]
-if role == "preload-rotator":
-    Rotator(redis.Redis.from_url(url), name).push_many(ids, chunk=5000)
+preload, loop = PATTERNS[pattern]
+if role == "preload":
+    preload(redis.Redis.from_url(url), name, int(jobs))
     sys.exit(0)
-if role == "preload-streams":
-    client = redis.Redis.from_url(url)
-    for start in range(0, jobs, 5000):
-        pipe = client.pipeline(transaction=False)
-        for job_id in ids[start : start + 5000]:
-            pipe.xadd(name, {"id": job_id})
-        pipe.execute()
-    client.xgroup_create(name, "workers", id="0")
-    sys.exit(0)
-if role == "loop-rotator":
-    q = Rotator.from_url(url, name, timeout=300, functions=functions)
-    q.stats()  # connected, and the module loaded, before the clock
-    def loop():
-        finished = []
-        while True:
-            jobs = q.next(batch, ack=finished)
-            if not jobs:
-                break
-            finished = jobs
-        q.sweep()
-else:
-    client = redis.Redis.from_url(url)
-    client.ping()
-    consumer = f"c{time.perf_counter_ns()}"
-    def loop():
-        while True:
-            reply = client.xreadgroup("workers", consumer, {name: ">"}, count=batch)
-            entries = reply[0][1] if reply else []
-            if not entries:
-                return
-            client.xack(name, "workers", *[entry[0] for entry in entries])
 print("ready", module_path(), flush=True)
 sys.stdin.readline()
 began = time.perf_counter()
-loop()
+loop(url, name, int(batch), None)
 print(time.perf_counter() - began, flush=True)
 """
 
@@ -125,9 +96,9 @@ def before_tree(directory: Path) -> Path:
     tree = directory / f"rotator-{BEFORE_COMMIT}"
     if not (tree / "rotator").is_dir():
         (tree / "lua").mkdir(parents=True)
-        with tarfile.open(BASELINE / f"rotator-{BEFORE_COMMIT}-package.tar.gz") as tar:
+        with tarfile.open(BEFORE_PACKAGE) as tar:
             tar.extractall(tree, filter="data")
-        shutil.copy(BASELINE / f"rotator-{BEFORE_COMMIT}.lua", tree / "lua" / "rotator.lua")
+        shutil.copy(OLD_MODULE, tree / "lua" / "rotator.lua")
     return tree
 
 
@@ -142,13 +113,15 @@ class Cell:
     jobs: int
 
     @property
-    def kind(self) -> str:
-        return "streams" if self.product == "streams" else "rotator"
+    def pattern(self) -> str:
+        """Its pattern in bench.patterns."""
+        if self.product == "streams":
+            return "streams"
+        return "rotator-fcall" if self.mode == "fcall" else "rotator"
 
 
 def child(tree: Path, role: str, url: str, name: str, cell: Cell) -> subprocess.Popen[str]:
-    functions = "1" if cell.mode == "fcall" else "0"
-    argv = [str(tree), role, url, name, str(cell.batch), functions, str(cell.jobs)]
+    argv = [str(tree), str(ROOT), role, cell.pattern, url, name, str(cell.batch), str(cell.jobs)]
     return subprocess.Popen(
         [sys.executable, "-c", CHILD, *argv],
         stdin=subprocess.PIPE,
@@ -159,12 +132,12 @@ def child(tree: Path, role: str, url: str, name: str, cell: Cell) -> subprocess.
 
 def run_cell(client: redis.Redis, url: str, tree: Path, cell: Cell) -> float:
     """Jobs per second of one product's cell: preload, then ``clients`` loops started together."""
-    product, kind = cell.product, cell.kind
+    product = cell.product
     name = f"tracked-{product}-{cell.mode}-{cell.batch}-{cell.clients}-{time.time_ns()}"
-    preload = child(tree, f"preload-{kind}", url, name, cell)
+    preload = child(tree, "preload", url, name, cell)
     if preload.wait(timeout=600) != 0:
         raise RuntimeError(f"{product}: preload failed")
-    loops = [child(tree, f"loop-{kind}", url, name, cell) for _ in range(cell.clients)]
+    loops = [child(tree, "loop", url, name, cell) for _ in range(cell.clients)]
     for proc in loops:
         assert proc.stdout is not None
         said = proc.stdout.readline().split()
@@ -181,7 +154,7 @@ def run_cell(client: redis.Redis, url: str, tree: Path, cell: Cell) -> float:
         if proc.wait(timeout=600) != 0:
             raise RuntimeError(f"{product}: a loop failed")
     seconds = time.perf_counter() - began
-    ring = client.lrange(f"rotator:{{{name}}}:ring", 0, -1) if kind == "rotator" else []
+    ring = client.lrange(f"rotator:{{{name}}}:ring", 0, -1) if product != "streams" else []
     left = [element for element in ring if element != b"*lap"]  # (the sentinel stays)
     delete_run_keys(client, name)
     if left:
