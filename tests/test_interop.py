@@ -148,8 +148,9 @@ def test_a_python_topic_publishes_and_a_node_group_consumes(
     topic = Topic(client, queue_name)
     assert topic.subscribe("node")
     assert topic.subscribe("python")
-    payloads = [f"msg-{i} ✓" for i in range(10)]
-    ids = topic.publish_many(payloads)
+    payloads = [f"msg-{i} ✓" for i in range(9)]
+    binary = bytes([0x00, 0xFF, 0xFE, 0x80, 0x2A, 0x0A, 0xC3, 0x28])  # not UTF-8
+    ids = topic.publish_many([*payloads, binary])
     result = subprocess.run(
         [node, str(SCRIPT), "consume", server.url, queue_name, "node", "10"],
         capture_output=True,
@@ -160,7 +161,9 @@ def test_a_python_topic_publishes_and_a_node_group_consumes(
     assert result.returncode == 0, result.stderr
     seen = json.loads(result.stdout)
     assert [m["id"] for m in seen] == ids  # in publish order, each once
-    assert [m["payload"] for m in seen] == payloads
+    assert [m["payload"] for m in seen[:9]] == payloads
+    # Byte for byte, as Python published them (job.payloadBuffer; job.payload decodes it).
+    assert [bytes.fromhex(m["hex"]) for m in seen] == [p.encode() for p in payloads] + [binary]
     stats = topic.stats()
     node_group = stats.groups["node"]
     assert node_group.pending + node_group.in_flight + node_group.deferred == 0

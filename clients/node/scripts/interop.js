@@ -8,7 +8,8 @@
 //   node scripts/interop.js publish URL TOPIC PAYLOAD...  publishes to every registered
 //       group; prints the message ids as JSON
 //   node scripts/interop.js consume URL TOPIC GROUP N     consumes N messages of GROUP (4 at
-//       a time, each claim acking the last); prints [{id, payload}, ...] as JSON
+//       a time, each claim acking the last); prints [{id, payload, hex}, ...] as JSON (hex: the
+//       payload's bytes)
 "use strict";
 const fs = require("node:fs");
 const Redis = require("ioredis");
@@ -45,7 +46,7 @@ async function main() {
         while (seen.length < Number(wanted)) {
           held = await g.next({ count: 4, block: 5, ack: held });
           if (held.length === 0) throw new Error(`nothing came within 5 s, after ${seen.length}`);
-          seen.push(...held.map((job) => ({ id: job.id, payload: job.payload })));
+          seen.push(...held.map((job) => ({ id: job.id, payload: job.payload, hex: job.payloadBuffer.toString("hex") })));
         }
         await g.ack(...held);
       } finally {

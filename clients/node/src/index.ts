@@ -7,7 +7,7 @@ export type { Job, JobRef, NextReply } from "./protocol";
 export { DEFAULT_BUDGET, DEFAULT_LEASE_TIMEOUT, Rotator, decodeStats } from "./rotator";
 export type { Claim, JobId, NextOptions, PushOptions, RotatorOptions, Stats } from "./rotator";
 export { MODULE_PATH, ModuleCaller, functionName, librarySource, moduleSha, moduleSource } from "./script";
-export type { Client, Mode } from "./script";
+export type { Client, Mode, Replies } from "./script";
 export { retryDelay } from "./worker";
 export type { Handler, WorkOptions, WorkSummary } from "./worker";
 export {

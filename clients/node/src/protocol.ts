@@ -26,8 +26,11 @@ export interface Job {
   readonly reclaimed: boolean;
   /** Lease deadline, unix ms (server time). */
   readonly deadline: number;
-  /** The payload, on a queue with payloads (a topic group). */
+  /** The payload, on a queue with payloads (a topic group): payloadBuffer decoded as UTF-8
+   * (bytes that are not UTF-8 become U+FFFD). */
   readonly payload?: string | null;
+  /** The payload's bytes, exactly as published (by any client: a Python one's are bytes). */
+  readonly payloadBuffer?: Buffer | null;
 }
 
 /** A job or its token. */
@@ -79,13 +82,24 @@ export function encodeToken(ref: JobRef): string {
   return ref;
 }
 
-/** The Job of a token the module handed out. */
-export function jobFromToken(token: string, reclaimed: boolean, payload?: string | null): Job {
+/** The Job of a token the module handed out; with `payload` (its bytes), a payload job. */
+export function jobFromToken(token: string, reclaimed: boolean, payload?: Buffer | null): Job {
   const parsed = parseToken(token);
   if (parsed === null) throw new InvalidToken(`server returned a malformed token ${JSON.stringify(token)}`);
   const [id, deadline, deliveries] = parsed;
   const job: Job = { id, token, deliveries, reclaimed, deadline };
-  return payload === undefined ? job : { ...job, payload };
+  return payload === undefined ? job : withPayload(job, payload);
+}
+
+/** `job` with its payload, given as the bytes the module replied with (null: none kept). */
+function withPayload(job: Job, bytes: Buffer | null): Job {
+  if (bytes === null) return { ...job, payload: null, payloadBuffer: null };
+  return { ...job, payload: bytes.toString("utf8"), payloadBuffer: bytes };
+}
+
+/** A bulk string of a reply read as Buffers (see script.ts, Replies), as text. */
+function text(value: unknown): string {
+  return Buffer.isBuffer(value) ? value.toString("utf8") : String(value);
 }
 
 const PACKED_STAMP = /^([0-9]{1,15})\.1\.[0-9]+$/;
@@ -113,24 +127,28 @@ export function decodeNextPacked(reply: unknown): NextReply {
 /**
  * A nextp_packed reply {idle, wait_ms, acked, packed, payload1, ..., payloadK, token,
  * reclaimed, payload, ...}: next_packed's head, the payloads of the packed jobs in their
- * order, then each later delivery as nextp sends it.
+ * order, then each later delivery as nextp sends it. Read as Buffers, so that each payload
+ * reaches the job byte for byte.
  */
 export function decodeNextPackedPayloads(reply: unknown): NextReply {
-  const raw = reply as Array<string | number | null>;
-  const { jobs, stamp } = packedJobs(String(raw[3] ?? ""));
+  const raw = reply as Array<Buffer | number | null>;
+  const { jobs, stamp } = packedJobs(text(raw[3] ?? ""));
   const batchJobs = jobs.length;
   if (raw.length < 4 + batchJobs) {
     throw new InvalidToken(`server returned ${raw.length - 4} payloads for a batch of ${batchJobs}`);
   }
-  const withPayloads: Job[] = jobs.map((job, i) => {
-    const payload = raw[4 + i];
-    return { ...job, payload: payload === null || payload === undefined ? null : String(payload) };
-  });
+  const withPayloads: Job[] = jobs.map((job, i) => withPayload(job, payloadBytes(raw[4 + i])));
   for (let i = 4 + batchJobs; i + 2 < raw.length; i += 3) {
-    const payload = raw[i + 2];
-    withPayloads.push(jobFromToken(String(raw[i]), Number(raw[i + 1]) === 1, payload === null ? null : String(payload)));
+    withPayloads.push(jobFromToken(text(raw[i]), Number(raw[i + 1]) === 1, payloadBytes(raw[i + 2])));
   }
   return { idle: Number(raw[0]) === 1, waitMs: Number(raw[1]), acked: Number(raw[2]), jobs: withPayloads, batch: stamp, batchJobs };
+}
+
+/** A payload of a reply read as Buffers: its bytes, or null when none is kept. */
+function payloadBytes(value: unknown): Buffer | null {
+  if (value === null || value === undefined) return null;
+  if (!Buffer.isBuffer(value)) throw new InvalidToken(`server returned a payload that is not a string: ${String(value)}`);
+  return value;
 }
 
 /** The jobs of a packed element "*<deadline>.1.<seq>*<id>*<id>..." (none for ""), and its

@@ -25,7 +25,7 @@ import {
   secondsToMs,
   whole,
 } from "./protocol";
-import { type Arg, type Client, ModuleCaller, isNotLoaded } from "./script";
+import { type Arg, type Client, ModuleCaller, type Replies, isNotLoaded } from "./script";
 import { type WorkOptions, type WorkSummary, type Handler, work } from "./worker";
 
 /** Seconds a consumer holds a job before others may take it back. */
@@ -247,7 +247,8 @@ export class Rotator {
     let wakeWait: number | null = null;
     for (;;) {
       const args = this.nextArgs(count, acks);
-      const raw = wakeWait === null ? await this.call(args, this.nextKeys) : await this.afterWake(wakeWait, args);
+      const raw =
+        wakeWait === null ? await this.module.call(this.nextKeys, args, this.replies) : await this.afterWake(wakeWait, args);
       const reply: NextReply = this.payloads ? decodeNextPackedPayloads(raw) : decodeNextPacked(raw);
       wakeWait = null;
       if (acked === null) {
@@ -269,6 +270,11 @@ export class Rotator {
       if (remaining <= 0) return { jobs: [], acked };
       wakeWait = reply.waitMs < 0 ? remaining : Math.min(remaining, reply.waitMs / 1000);
     }
+  }
+
+  /** How a claim's reply is read: its payloads byte for byte (a payload need not be UTF-8). */
+  private get replies(): Replies {
+    return this.payloads ? "buffers" : "strings";
   }
 
   private get nextKeys(): readonly string[] {
@@ -293,11 +299,11 @@ export class Rotator {
     this.blocker ??= (this.redis as Redis).duplicate();
     const keys = this.nextKeys;
     const pipeline = this.blocker.pipeline().blpop(keyOf(this.keys, "wake"), Math.max(seconds, 0.01).toFixed(3));
-    const results = await this.module.pipelined(pipeline, keys, args).exec();
+    const results = await this.module.pipelined(pipeline, keys, args, this.replies).exec();
     const [woken, reply] = results ?? [];
     if (woken?.[0]) throw woken[0];
     if (reply?.[0]) {
-      if (isNotLoaded(reply[0])) return this.call(args, keys);
+      if (isNotLoaded(reply[0])) return this.module.call(keys, args, this.replies);
       throw errorFromReply(reply[0]);
     }
     return reply?.[1];

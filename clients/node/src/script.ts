@@ -26,6 +26,8 @@ export type Client = Redis | Cluster;
 export type Arg = string | number | Buffer;
 /** How a client calls the module. */
 export type Mode = "fcall" | "evalsha";
+/** How a call's bulk-string replies come: decoded as UTF-8, or as Buffers byte for byte. */
+export type Replies = "strings" | "buffers";
 
 /** Where the package carries the module: beside dist/, copied there by the build. */
 export const MODULE_PATH = join(__dirname, "..", "lua", "rotator.lua");
@@ -115,10 +117,12 @@ export class ModuleCaller {
     return chosen.get(this.client);
   }
 
-  /** Runs ARGV on the given KEYS; raises the module's errors as typed errors. */
-  async call(keys: readonly string[], args: readonly Arg[]): Promise<unknown> {
+  /** Runs ARGV on the given KEYS; raises the module's errors as typed errors. `replies`
+   * "buffers": its bulk strings come as Buffers, byte for byte (a payload need not be UTF-8);
+   * by default they are decoded as UTF-8 strings. */
+  async call(keys: readonly string[], args: readonly Arg[], replies: Replies = "strings"): Promise<unknown> {
     try {
-      return await this.raw(keys, args);
+      return await this.raw(keys, args, replies);
     } catch (error) {
       throw errorFromReply(error);
     }
@@ -126,22 +130,34 @@ export class ModuleCaller {
 
   /** Adds this call to a pipeline the way calls go now (a reply saying the module is not
    * loaded, see isNotLoaded: nothing ran, call again through `call`). */
-  pipelined(pipeline: ChainableCommander, keys: readonly string[], args: readonly Arg[]): ChainableCommander {
-    if (this.mode === "fcall") return pipeline.call("FCALL", this.functionName, keys.length, ...keys, ...args);
-    return pipeline.evalsha(this.sha, keys.length, ...keys, ...args);
+  pipelined(
+    pipeline: ChainableCommander,
+    keys: readonly string[],
+    args: readonly Arg[],
+    replies: Replies = "strings",
+  ): ChainableCommander {
+    const head: Arg[] = this.mode === "fcall" ? ["FCALL", this.functionName] : ["EVALSHA", this.sha];
+    const command: [string, ...Arg[]] = [...(head as [string, Arg]), keys.length, ...keys, ...args];
+    return replies === "buffers" ? pipeline.callBuffer(...command) : pipeline.call(...command);
   }
 
-  private async raw(keys: readonly string[], args: readonly Arg[]): Promise<unknown> {
+  /** One command on the client, its reply read as `replies` says. */
+  private send(replies: Replies, command: string, ...rest: Arg[]): Promise<unknown> {
+    const client = this.client as Redis;
+    return replies === "buffers" ? client.callBuffer(command, ...rest) : client.call(command, ...rest);
+  }
+
+  private async raw(keys: readonly string[], args: readonly Arg[], replies: Replies): Promise<unknown> {
     if (this.decided !== "evalsha") {
       try {
-        const reply = await this.fcall(keys, args);
+        const reply = await this.fcall(keys, args, replies);
         if (this.functions === undefined) chosen.set(this.client, "fcall");
         return reply;
       } catch (error) {
         if (this.functions === true || !this.asScript(error)) throw error;
       }
     }
-    return await this.evalsha(keys, args);
+    return await this.evalsha(keys, args, replies);
   }
 
   /** After FCALL raised `error`: true when nothing ran and the call goes as a script (noting
@@ -157,33 +173,29 @@ export class ModuleCaller {
     return refused;
   }
 
-  private async fcall(keys: readonly string[], args: readonly Arg[]): Promise<unknown> {
-    const client = this.client as Redis;
+  private async fcall(keys: readonly string[], args: readonly Arg[], replies: Replies): Promise<unknown> {
     for (let attempt = 0; attempt < 2; attempt += 1) {
       try {
-        return await client.call("FCALL", this.functionName, keys.length, ...keys, ...args);
+        return await this.send(replies, "FCALL", this.functionName, keys.length, ...keys, ...args);
       } catch (error) {
         if (!isFunctionMissing(error)) throw error;
       }
       if (attempt === 0) await this.loadLibrary();
     }
     // Flushed again between the load and the retry: run the same module as a script.
-    return await client.eval(moduleSource(), keys.length, ...keys, ...args);
+    return await this.send(replies, "EVAL", moduleSource(), keys.length, ...keys, ...args);
   }
 
-  private async evalsha(keys: readonly string[], args: readonly Arg[]): Promise<unknown> {
-    try {
-      return await this.client.evalsha(this.sha, keys.length, ...keys, ...args);
-    } catch (error) {
-      if (!isNoScript(error)) throw error;
+  private async evalsha(keys: readonly string[], args: readonly Arg[], replies: Replies): Promise<unknown> {
+    for (let attempt = 0; attempt < 2; attempt += 1) {
+      try {
+        return await this.send(replies, "EVALSHA", this.sha, keys.length, ...keys, ...args);
+      } catch (error) {
+        if (!isNoScript(error)) throw error;
+      }
+      if (attempt === 0) await this.load(this.client);
     }
-    await this.load(this.client);
-    try {
-      return await this.client.evalsha(this.sha, keys.length, ...keys, ...args);
-    } catch (error) {
-      if (!isNoScript(error)) throw error;
-    }
-    return await this.client.eval(moduleSource(), keys.length, ...keys, ...args);
+    return await this.send(replies, "EVAL", moduleSource(), keys.length, ...keys, ...args);
   }
 
   /** FUNCTION LOAD of the library (REPLACE: a library of the same name is this module). */

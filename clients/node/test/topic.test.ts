@@ -24,7 +24,7 @@ for (const kind of KINDS) {
     const server = new ServerProcess(kind);
     let redis: Redis;
     const groups: TopicGroup[] = [];
-    const consumer = (topic: Topic, group: string, options: { timeout?: number } = {}): TopicGroup => {
+    const consumer = (topic: Topic, group: string, options: { timeout?: number; functions?: boolean } = {}): TopicGroup => {
       const made = topic.group(group, options);
       groups.push(made);
       return made;
@@ -176,6 +176,46 @@ for (const kind of KINDS) {
       const jobs = await waiting;
       assert.deepEqual(jobs.map((job) => job.payload), ["late"]);
       assert.ok(Date.now() - started < 2500, `took ${Date.now() - started} ms`);
+    });
+
+    test("payloads reach a consumer byte for byte, UTF-8 or not, whichever way the claim goes", async () => {
+      // Not UTF-8, with a NUL, a "*" and a newline: decoded as UTF-8 it would come back changed.
+      const bytes = Buffer.from([0x00, 0xff, 0xfe, 0x80, 0x2a, 0x0a, 0xc3, 0x28]);
+      const text = "wörld ✓";
+      for (const functions of [true, false]) {
+        const t = new Topic(redis, uniqueName("bytes"), { functions });
+        await t.subscribe("g");
+        const g = consumer(t, "g", { functions });
+        const before = await redis.info("commandstats");
+        const [id] = await t.publish(bytes, text);
+        const [first, second] = await g.next({ count: 2 }); // the packed batch's payloads
+        assert.equal(first?.id, id);
+        assert.ok(first?.payloadBuffer?.equals(bytes), `functions ${functions}: ${first?.payloadBuffer?.toString("hex")}`);
+        assert.equal(first?.payload, bytes.toString("utf8"));
+        assert.ok(second?.payloadBuffer?.equals(Buffer.from(text)));
+        assert.equal(second?.payload, text);
+        assert.equal(await g.nack(first!), 1);
+        const [again] = await g.next(); // a later delivery: its token, flag and payload
+        assert.equal(again?.deliveries, 2);
+        assert.ok(again?.payloadBuffer?.equals(bytes));
+        const waiting = g.next({ block: 5, ack: [again!, second!] }); // the blocked claim's pipeline
+        setTimeout(() => void t.publish(bytes), 100);
+        const [woken] = await waiting;
+        assert.ok(woken?.payloadBuffer?.equals(bytes), `functions ${functions}, woken`);
+        assert.equal(await g.ack(woken!), 1);
+        const after = await redis.info("commandstats");
+        const [used, unused] = functions ? ["fcall", "evalsha"] : ["evalsha", "fcall"];
+        assert.ok(commandStat(after, used) - commandStat(before, used) >= 6, `${used} calls`);
+        assert.equal(commandStat(after, unused), commandStat(before, unused), `no ${unused} calls`);
+      }
+    });
+
+    test("a payload retention dropped comes as null, in both forms", async () => {
+      const t = new Topic(redis, uniqueName("gone"), { retention: { count: 1 } });
+      await t.subscribe("g");
+      await t.publish(Buffer.from([0xff]), "kept");
+      const jobs = await consumer(t, "g").next({ count: 2 });
+      assert.deepEqual(jobs.map((job) => [job.payload, job.payloadBuffer]), [[null, null], ["kept", Buffer.from("kept")]]);
     });
 
     test("publish retries ROTATOR_STALE by reading the groups again", async () => {
