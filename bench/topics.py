@@ -24,12 +24,13 @@ import json
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import redis
 
-from bench.harness import run_clients, started
+from bench.harness import Loop, run_clients, started
 from rotator import Job, Retention, Rotator, Topic
 
 BATCH = 100
@@ -213,32 +214,48 @@ def stream_bodies_loop(url: str, name: str, batch: int, _: Any) -> list[float]:
     return [used]
 
 
-def many_clients_run(client: redis.Redis, url: str, pattern: str, messages: int) -> dict[str, Any]:
-    """``CLIENTS`` consumer processes drain ``messages`` preloaded jobs (``pattern``
-    "rotator-payload-queue") or Stream entries ("streams"), bodies of PAYLOAD."""
+def preload_stream(client: redis.Redis, name: str, ids: list[str]) -> None:
+    """A Stream of ``ids`` with bodies of PAYLOAD, read by one group, "workers"."""
+    for start in range(0, len(ids), 1000):
+        pipe = client.pipeline(transaction=False)
+        for job_id in ids[start : start + 1000]:
+            pipe.xadd(name, {"id": job_id, "p": PAYLOAD})
+        pipe.execute()
+    client.xgroup_create(name, "workers", id="0")
+
+
+def preload_payload_queue(client: redis.Redis, name: str, ids: list[str]) -> None:
+    queue = Rotator(client, name, payloads=True)
+    for start in range(0, len(ids), 1000):
+        queue.push_payloads(dict.fromkeys(ids[start : start + 1000], PAYLOAD))
+
+
+Preload = Callable[[redis.Redis, str, list[str]], None]
+
+# The many-consumer patterns: how each is preloaded, and its consumer loop. bench.payload_floor
+# adds the layouts' floors.
+MANY: dict[str, tuple[Preload, Loop]] = {
+    "rotator-payload-queue": (preload_payload_queue, payload_queue_loop),
+    "streams": (preload_stream, stream_bodies_loop),
+}
+
+
+def many_clients_run(
+    client: redis.Redis, url: str, pattern: str, messages: int, clients: int = CLIENTS
+) -> dict[str, Any]:
+    """``clients`` consumer processes of ``pattern`` (one of MANY) drain ``messages``
+    preloaded jobs or Stream entries, bodies of PAYLOAD."""
     name = f"bench-many-{pattern}-{time.time_ns()}"
-    ids = [f"m-{i:012d}" for i in range(messages)]
-    if pattern == "streams":
-        for start in range(0, messages, 1000):
-            pipe = client.pipeline(transaction=False)
-            for job_id in ids[start : start + 1000]:
-                pipe.xadd(name, {"id": job_id, "p": PAYLOAD})
-            pipe.execute()
-        client.xgroup_create(name, "workers", id="0")
-        loop = stream_bodies_loop
-    else:
-        queue = Rotator(client, name, payloads=True)
-        for start in range(0, messages, 1000):
-            queue.push_payloads(dict.fromkeys(ids[start : start + 1000], PAYLOAD))
-        loop = payload_queue_loop
+    preload, loop = MANY[pattern]
+    preload(client, name, [f"m-{i:012d}" for i in range(messages)])
     client.config_resetstat()
-    seconds, cpus = run_clients(loop, url, name, batch=BATCH, clients=CLIENTS)
+    seconds, cpus = run_clients(loop, url, name, batch=BATCH, clients=clients)
     usec = server_usec(client)  # (only the consumers ran since the reset)
     client.delete(*client.keys(f"*{name}*"))
     return {
         "pattern": pattern,
         "groups": 1,
-        "clients": CLIENTS,
+        "clients": clients,
         "messages": messages,
         "consume_deliveries_per_s": round(messages / seconds, 1),
         "consume_server_us_per_delivery": round(usec / messages, 2),

@@ -497,6 +497,27 @@ def test_bench_topics_smoke(tmp_path: Path) -> None:
         assert rows[("streams", groups, 1)]["undelivered_bytes_per_entry"] == 0
 
 
+def test_bench_payload_floor_smoke(tmp_path: Path) -> None:
+    """bench.payload_floor (issue 23) on tiny sizes: the two layouts' floors beside the payload
+    queue and the Stream, with one consumer and four, each with its ratio to the Stream of its
+    round; the floors' consumers check every body they got."""
+    out = tmp_path / "payload_floor.json"
+    printed = run_smoke("bench.payload_floor", out, timeout=180)
+    data = json.loads(out.read_text())
+    rows = {(row["pattern"], row["clients"]): row for row in data["results"]["redis"]}
+    patterns = ("streams", "rotator-payload-queue", "floor-hash", "floor-inline")
+    assert set(rows) == {(pattern, clients) for pattern in patterns for clients in (1, 4)}
+    for (pattern, _), row in rows.items():
+        assert row["messages"] == data["messages"] == 500
+        assert row["consume_deliveries_per_s"] > 0
+        assert row["consume_server_us_per_delivery"] > 0
+        assert row["consume_client_us_per_delivery"] > 0
+        assert row["vs_streams"] == 1.0 if pattern == "streams" else row["vs_streams"] > 0
+    assert data["module"]["path"] == "lua/rotator.lua"
+    assert "| floor-inline | 4 |" in (tmp_path / "payload_floor.md").read_text()
+    assert "| floor-hash | 1 |" in printed
+
+
 def test_bench_node_smoke(tmp_path: Path) -> None:
     """bench.node (issue 18) on tiny sizes: the worker rows at concurrency 1 and 16 and the
     batch rows (against a BullMQ Worker at concurrency 100, BullMQ's manual loop and the
