@@ -1071,10 +1071,21 @@ function M.read_sides()
 end
 
 -- read_sides, and the dead letters' count. Usually none of them exists (batch acks leave
--- nothing behind): one EXISTS says so, and a key that does not exist has no wrong type.
+-- nothing behind): one EXISTS says so, and a key that does not exist has no wrong type. When
+-- one does, it is most often the fencing set alone (it keeps what a nack, a reclaim or an ack
+-- that dropped payloads revoked for the fence window): its size says so, one read where
+-- reading every side structure takes six.
 function M.read_sides_and_dead()
-  if rcall('EXISTS', K.done, K.done_old, K.marks, K.marks_old, K.revoked, K.dead) == 0 then
+  local found = rcall('EXISTS', K.done, K.done_old, K.marks, K.marks_old, K.revoked, K.dead)
+  if found == 0 then
     return { [K.done] = 0, [K.done_old] = 0, [K.marks] = 0, [K.marks_old] = 0, revoked = 0 }, 0
+  end
+  if found == 1 then
+    local revoked = M.read('ZCARD', K.revoked)
+    if revoked > 0 then
+      return { [K.done] = 0, [K.done_old] = 0, [K.marks] = 0, [K.marks_old] = 0,
+        revoked = revoked }, 0
+    end
   end
   return M.read_sides(), M.read('LLEN', K.dead)
 end
@@ -1305,14 +1316,23 @@ function M.check_named(first, refused, sides)
       end
     end
   end
-  local dropped_ids, dropped_batches = DROPPED.ids, DROPPED.batches
   for i = 1, #batches do
-    if not before[i] then
-      local ids = NAMED[acks[i]].ids
-      for j = 1, #ids do dropped_ids[#dropped_ids + 1] = ids[j] end
-      dropped_batches[#dropped_batches + 1] = batches[i]
-    end
+    if not before[i] then M.drop_named(batches[i], NAMED[acks[i]].ids) end
   end
+end
+
+-- A named batch acked whole now: its ids' payloads go (DROPPED). The first batch's list of
+-- ids is taken over, not copied (a batch of 100 is the common call): nothing reads a named
+-- batch's ids once they are dropped.
+function M.drop_named(batch, ids)
+  local dropped = DROPPED
+  if #dropped.ids == 0 then
+    dropped.ids = ids
+  else
+    local into = dropped.ids
+    for j = 1, #ids do into[#into + 1] = ids[j] end
+  end
+  dropped.batches[#dropped.batches + 1] = batch
 end
 
 -- Whether a packed element is in the lease list near one of its ends (LIMIT.named_look
@@ -1962,9 +1982,7 @@ function M.fast_lease(first, count, lease, budget, compact, state)
   for i = 1, k do
     local batch = names[i]
     if NAMED then -- (none marked before: each is dropped now)
-      local ids, dropped_ids = NAMED[batch .. '/' .. jobs_text[batch]].ids, DROPPED.ids
-      for j = 1, #ids do dropped_ids[#dropped_ids + 1] = ids[j] end
-      DROPPED.batches[#DROPPED.batches + 1] = batch
+      M.drop_named(batch, NAMED[batch .. '/' .. jobs_text[batch]].ids)
     end
     if jobs_of[batch] then -- acked out of order: marked until the walk reaches it
       local m = 'a' .. jobs_text[batch]
