@@ -444,11 +444,11 @@ def _packed_jobs(raw: Any, payloads: Sequence[Any] = (), at: int = 0) -> tuple[l
             for k, job_id in enumerate(ids, 1)
         ]
         return jobs, stamp.encode("ascii")
-    bodies = payloads[at : at + len(ids)]
+    bodies = _payloads(payloads[at : at + len(ids)])
     if len(bodies) < len(ids):
         raise InvalidToken(f"server returned {len(bodies)} payloads for a batch of {len(ids)}")
     jobs = [
-        make(Job, (job_id, job_id + batch + places[k], 1, False, deadline_ms, _payload(body)))
+        make(Job, (job_id, job_id + batch + places[k], 1, False, deadline_ms, body))
         for k, (job_id, body) in enumerate(zip(ids, bodies, strict=True), 1)
     ]
     return jobs, stamp.encode("ascii")
@@ -456,6 +456,12 @@ def _packed_jobs(raw: Any, payloads: Sequence[Any] = (), at: int = 0) -> tuple[l
 
 def _payload(raw: Any) -> bytes | None:
     return raw.encode("utf-8", BYTES_ERRORS) if isinstance(raw, str) else raw
+
+
+def _payloads(raw: Sequence[Any]) -> Sequence[bytes | None]:
+    """Payloads as bytes (or None). Module replies are read undecoded, so they are already:
+    one scan in C says so, instead of a check per job (a tenth of a batch's decoding)."""
+    return [_payload(each) for each in raw] if str in map(type, raw) else raw
 
 
 def _payload_jobs(reply: Sequence[Any], start: int) -> list[Job]:
