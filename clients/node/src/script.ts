@@ -136,9 +136,10 @@ export class ModuleCaller {
     args: readonly Arg[],
     replies: Replies = "strings",
   ): ChainableCommander {
-    const head: Arg[] = this.mode === "fcall" ? ["FCALL", this.functionName] : ["EVALSHA", this.sha];
-    const command: [string, ...Arg[]] = [...(head as [string, Arg]), keys.length, ...keys, ...args];
-    return replies === "buffers" ? pipeline.callBuffer(...command) : pipeline.call(...command);
+    const [verb, name] =
+      this.mode === "fcall" ? (["FCALL", this.functionName] as const) : (["EVALSHA", this.sha] as const);
+    const rest = [name, keys.length, ...keys, ...args];
+    return replies === "buffers" ? pipeline.callBuffer(verb, ...rest) : pipeline.call(verb, ...rest);
   }
 
   /** One command on the client, its reply read as `replies` says. */
