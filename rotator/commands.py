@@ -460,7 +460,7 @@ def _payload(raw: Any) -> bytes | None:
 
 def _payloads(raw: Sequence[Any]) -> Sequence[bytes | None]:
     """Payloads as bytes (or None). Module replies are read undecoded, so they are already:
-    one scan in C says so, instead of a check per job (a tenth of a batch's decoding)."""
+    one scan in C says so, instead of a call per job (4 of the 27 µs a batch of 100 took)."""
     return [_payload(each) for each in raw] if str in map(type, raw) else raw
 
 
