@@ -70,9 +70,10 @@ from rotator.script import (
     module_command,
     not_loaded,
     pipeline_reply,
+    pipelined_caller,
     run_async,
 )
-from rotator.sending import UNSENT, socket_timeout, wake_wait
+from rotator.sending import UNSENT, blpop_command, socket_timeout, wake_wait
 
 if TYPE_CHECKING:
     from rotator.buffering import AsyncConsumer, AsyncProducer
@@ -208,10 +209,17 @@ class AsyncSender:
         if not self._pipelines or (call.durable and self.durability is not None):
             await self.client.blpop([request.wake], timeout=wait)
             return await self.perform(call)
-        async with self.client.pipeline(transaction=False) as pipe:
-            pipe.blpop([request.wake], timeout=wait)
-            pipe.execute_command(*module_command(self.script, call.keys, call.args), **RAW)
-            woken, reply = await pipe.execute(raise_on_error=False)
+        lane = getattr(pipelined_caller(self.script), "lane", None)
+        replies = None
+        if lane is not None and await lane.ready():
+            first = blpop_command(request.wake, wait)
+            replies = await lane.call_after(first, call.keys, call.args)
+        if replies is None:
+            async with self.client.pipeline(transaction=False) as pipe:
+                pipe.blpop([request.wake], timeout=wait)
+                pipe.execute_command(*module_command(self.script, call.keys, call.args), **RAW)
+                replies = await pipe.execute(raise_on_error=False)
+        woken, reply = replies
         if isinstance(woken, Exception):
             raise woken
         if not_loaded(reply):

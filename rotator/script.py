@@ -364,10 +364,14 @@ def _function_missing(error: ResponseError) -> bool:
     return "function not found" in str(error).lower()
 
 
+def pipelined_caller(caller: Any) -> Any:
+    """The caller whose command a pipeline sends for ``caller`` (an AutoCall's current one)."""
+    return caller.current() if isinstance(caller, AutoCall) else caller
+
+
 def module_command(caller: Any, keys: tuple[str, ...], args: list[Any]) -> list[Any]:
     """The command that calls the module as ``caller`` does, to send in a pipeline."""
-    if isinstance(caller, AutoCall):
-        caller = caller.current()
+    caller = pipelined_caller(caller)
     if isinstance(caller, FunctionCall):
         return ["FCALL", caller.name, len(keys), *keys, *args]
     return ["EVALSHA", caller.sha, len(keys), *keys, *args]

@@ -30,6 +30,7 @@ from rotator.script import (
     module_command,
     not_loaded,
     pipeline_reply,
+    pipelined_caller,
     run,
 )
 
@@ -112,6 +113,11 @@ def cluster_socket_timeout(client: Any) -> float | None:
     )
     limit = kwargs.get("socket_timeout") if isinstance(kwargs, dict) else None
     return float(limit) if limit else None
+
+
+def blpop_command(wake: str, seconds: float) -> tuple[str, str, str]:
+    """The BLPOP of a blocked claim, as a lane sends it before the call."""
+    return ("BLPOP", wake, repr(seconds))
 
 
 def wake_wait(seconds: float, socket_timeout: float | None) -> float:
@@ -218,10 +224,16 @@ class Sender:
             # (a durable call goes with its own wait: after the BLPOP, not pipelined with it)
             self.client.blpop([request.wake], timeout=wait)
             return self.perform(call)
-        pipe: Any = self.client.pipeline(transaction=False)
-        pipe.blpop([request.wake], timeout=wait)
-        pipe.execute_command(*module_command(self.script, call.keys, call.args), **RAW)
-        woken, reply = pipe.execute(raise_on_error=False)
+        lane = getattr(pipelined_caller(self.script), "lane", None)
+        replies = None
+        if lane is not None and lane.ready():
+            replies = lane.call_after(blpop_command(request.wake, wait), call.keys, call.args)
+        if replies is None:
+            pipe: Any = self.client.pipeline(transaction=False)
+            pipe.blpop([request.wake], timeout=wait)
+            pipe.execute_command(*module_command(self.script, call.keys, call.args), **RAW)
+            replies = pipe.execute(raise_on_error=False)
+        woken, reply = replies
         if isinstance(woken, Exception):
             raise woken
         if not_loaded(reply):

@@ -310,3 +310,88 @@ def test_the_lane_serves_decoding_and_resp3_clients_alike(
         stats = q.stats()
         assert (stats.pending, stats.in_flight, stats.done) == (0, 0, 2)
         assert drain(q) == []
+
+
+def woken_claim(q: Rotator, pusher: Rotator, job_id: str) -> list[Any]:
+    """A claim blocked on an empty queue until ``pusher`` pushes ``job_id``: its jobs."""
+    timer = threading.Timer(0.2, pusher.push, args=(job_id,))
+    timer.start()
+    try:
+        return q.next(1, block=5)
+    finally:
+        timer.join()
+
+
+@pytest.mark.parametrize("functions", [True, False], ids=["fcall", "evalsha"])
+def test_a_blocked_claim_sends_its_blpop_and_call_together_by_the_lane(
+    client: redis.Redis, queue_name: str, functions: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """BLPOP and the module call in one write on one pooled connection (no redis-py pipeline);
+    the BLPOP's error reply is raised with the connection left in step, and a library or
+    script flushed while the claim is blocked is loaded and the call made again."""
+
+    def no_pipeline(*_: Any, **__: Any) -> Any:
+        raise AssertionError("a redis-py pipeline was used")
+
+    monkeypatch.setattr(redis.client.Pipeline, "execute", no_pipeline)
+    q = Rotator(client, queue_name, functions=functions)
+    pusher = Rotator(redis.Redis(port=client.connection_pool.connection_kwargs["port"]), queue_name)
+    (first,) = woken_claim(q, pusher, "a")
+    assert first.id == "a"
+    assert q.ack(first) == 1
+    # Flushed while blocked: the pipelined call says the module is missing; it goes again.
+    pusher.client.function_flush() if functions else pusher.client.script_flush()
+    (job,) = woken_claim(q, pusher, "b")
+    assert job.id == "b"
+    assert q.ack(job) == 1
+    # An error reply to the first command comes back as its exception, the call's reply
+    # after it, and the connection stays in step for the next call.
+    caller = q._sender.script
+    lane = (caller.current() if isinstance(caller, AutoCall) else caller).lane
+    client.set("not-a-list", "x")
+    q.push("c")
+    keys, args = q.keys.all, [b"next_packed", 1, 1000, 100, 0]
+    woken, reply = lane.call_after(("BLPOP", "not-a-list", "0.1"), keys, args)
+    assert isinstance(woken, redis.ResponseError)
+    assert "WRONGTYPE" in str(woken)
+    assert reply[3].endswith(b"*c")  # the packed batch: the claim ran after it
+    assert q.stats().in_flight == 1
+    pusher.client.close()
+
+
+def test_an_async_blocked_claim_goes_by_its_lane(
+    server: ServerProcess, queue_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import redis.asyncio as aredis  # noqa: PLC0415
+    import redis.asyncio.client  # noqa: PLC0415
+
+    from rotator.aio import AsyncRotator  # noqa: PLC0415
+
+    async def no_pipeline(*_: Any, **__: Any) -> Any:
+        raise AssertionError("a redis-py pipeline was used")
+
+    monkeypatch.setattr(redis.asyncio.client.Pipeline, "execute", no_pipeline)
+
+    async def scenario() -> None:
+        client = aredis.Redis(port=server.port)
+        try:
+            q = AsyncRotator(client, queue_name, functions=True)
+            await q.stats()  # (the library is loaded)
+            waiting = asyncio.ensure_future(q.next(1, block=5))
+            await asyncio.sleep(0.2)
+            await AsyncRotator(client, queue_name).push("a")
+            (job,) = await waiting
+            assert job.id == "a"
+            assert await q.ack(job) == 1
+            await client.set("not-a-list", "x")
+            await q.push("b")
+            lane = q._sender.script.lane
+            keys, args = q.keys.all, [b"next_packed", 1, 1000, 100, 0]
+            woken, reply = await lane.call_after(("BLPOP", "not-a-list", "0.1"), keys, args)
+            assert isinstance(woken, redis.ResponseError)
+            assert reply[3].endswith(b"*b")
+            assert (await q.stats()).in_flight == 1
+        finally:
+            await client.aclose()
+
+    asyncio.run(scenario())
