@@ -1,14 +1,16 @@
-"""What a payload queue's layout costs at least: two floors beside the payload queue and Streams.
+"""What a payload queue's layout costs at least: its floors beside the payload queue and Streams.
 
 Issue 23 asks a queue with payloads to consume at 1.2x a Stream carrying the same bodies,
 with 1 and 4 consumers. ``bench/payload_floor.lua`` is the least a claim (batch 100, with
-the batch ack of the one before) can do in each of two layouts: ``hash``, the payload
+the batch ack of the one before) can do in each of three layouts: ``hash``, the payload
 queue's (ids in the ring, bodies in a hash: read at the claim, deleted with the acked
-batch), and ``inline`` (bodies in the ring's elements, kept in the lease's element until the
-ack). Neither fences, counts nor checks anything, so each is a bound: no module on that
-layout can be faster. Side by side, in one run, with the payload queue as it is and a Stream
-read by one group: consumer processes drain the same preloaded jobs (bodies of 64 bytes),
-and each figure is the median of interleaved rounds, with the ratio to Streams per round.
+batch), ``moved`` (the same, but the claim moves the batch's bodies into one field, which
+the ack deletes whole), and ``inline`` (bodies in the ring's elements, kept in the lease's
+element until the ack). None fences, counts or checks anything, so each is a bound: no
+module on that layout can be faster. Side by side, in one run, with the payload queue as it
+is and a Stream read by one group: consumer processes drain the same preloaded jobs (bodies
+of 64 bytes), and each figure is the median of interleaved rounds, with the ratio to Streams
+per round.
 
     .venv/bin/python -m bench.payload_floor [--messages 20000] [--rounds 3]
         [--servers redis,valkey] [--smoke]
@@ -30,7 +32,7 @@ from bench.harness import machine_info, module_info, started
 from bench.topics import BATCH, CLIENTS, MANY, PAYLOAD, many_clients_run
 
 FLOOR_SCRIPT = (Path(__file__).parent / "payload_floor.lua").read_text(encoding="utf-8")
-PATTERNS = ("streams", "rotator-payload-queue", "floor-hash", "floor-inline")
+PATTERNS = ("streams", "rotator-payload-queue", "floor-hash", "floor-moved", "floor-inline")
 CONSUMERS = (1, CLIENTS)
 RESULTS = Path(__file__).parent / "results"
 
@@ -88,9 +90,14 @@ def floor_inline_loop(url: str, name: str, batch: int, _: Any) -> list[float]:
     return floor_loop(url, name, batch, "inline")
 
 
+def floor_moved_loop(url: str, name: str, batch: int, _: Any) -> list[float]:
+    return floor_loop(url, name, batch, "moved")
+
+
 # (module-level loops: spawned consumer processes import them by name)
 MANY["floor-hash"] = (preload_floor("hash"), floor_hash_loop)
 MANY["floor-inline"] = (preload_floor("inline"), floor_inline_loop)
+MANY["floor-moved"] = (preload_floor("moved"), floor_moved_loop)
 
 
 def run(kind: str, messages: int, rounds: int) -> list[dict[str, Any]]:

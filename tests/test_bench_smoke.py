@@ -498,14 +498,14 @@ def test_bench_topics_smoke(tmp_path: Path) -> None:
 
 
 def test_bench_payload_floor_smoke(tmp_path: Path) -> None:
-    """bench.payload_floor (issue 23) on tiny sizes: the two layouts' floors beside the payload
+    """bench.payload_floor (issue 23) on tiny sizes: the layouts' floors beside the payload
     queue and the Stream, with one consumer and four, each with its ratio to the Stream of its
     round; the floors' consumers check every body they got."""
     out = tmp_path / "payload_floor.json"
     printed = run_smoke("bench.payload_floor", out, timeout=180)
     data = json.loads(out.read_text())
     rows = {(row["pattern"], row["clients"]): row for row in data["results"]["redis"]}
-    patterns = ("streams", "rotator-payload-queue", "floor-hash", "floor-inline")
+    patterns = ("streams", "rotator-payload-queue", "floor-hash", "floor-moved", "floor-inline")
     assert set(rows) == {(pattern, clients) for pattern in patterns for clients in (1, 4)}
     for (pattern, _), row in rows.items():
         assert row["messages"] == data["messages"] == 500
