@@ -18,9 +18,7 @@ per round.
 
 from __future__ import annotations
 
-import argparse
 import json
-import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -29,12 +27,28 @@ from typing import Any
 import redis
 
 from bench.harness import machine_info, module_info, started
-from bench.topics import BATCH, CLIENTS, MANY, PAYLOAD, many_clients_run
+from bench.topics import (
+    BATCH,
+    CLIENTS,
+    MANY,
+    PAYLOAD,
+    Preload,
+    many_clients_run,
+    median_row,
+    parse_sizes,
+)
 
 FLOOR_SCRIPT = (Path(__file__).parent / "payload_floor.lua").read_text(encoding="utf-8")
 PATTERNS = ("streams", "rotator-payload-queue", "floor-hash", "floor-moved", "floor-inline")
 CONSUMERS = (1, CLIENTS)
 RESULTS = Path(__file__).parent / "results"
+# The figures of a row that are medians of the rounds (each with its range).
+CONSUMED = (
+    "consume_deliveries_per_s",
+    "consume_server_us_per_delivery",
+    "consume_client_us_per_delivery",
+    "vs_streams",
+)
 
 
 def floor_keys(name: str) -> list[str]:
@@ -42,7 +56,7 @@ def floor_keys(name: str) -> list[str]:
     return [f"{{{name}}}:{role}" for role in ("ring", "leases", "acked", "bodies", "counter")]
 
 
-def preload_floor(layout: str) -> Any:
+def preload_floor(layout: str) -> Preload:
     def preload(client: redis.Redis, name: str, ids: list[str]) -> None:
         ring, _, _, bodies, _ = floor_keys(name)
         for start in range(0, len(ids), 1000):
@@ -117,21 +131,7 @@ def run(kind: str, messages: int, rounds: int) -> list[dict[str, Any]]:
                     result["vs_streams"] = round(result["consume_deliveries_per_s"] / base, 3)
                     measured.setdefault((pattern, consumers), []).append(result)
         client.close()
-    return [median_of(results) for results in measured.values()]
-
-
-def median_of(results: list[dict[str, Any]]) -> dict[str, Any]:
-    merged = dict(results[0], rounds=len(results))
-    for field in (
-        "consume_deliveries_per_s",
-        "consume_server_us_per_delivery",
-        "consume_client_us_per_delivery",
-        "vs_streams",
-    ):
-        values = [r[field] for r in results]
-        merged[field] = round(statistics.median(values), 3)
-        merged[f"{field}_range"] = [min(values), max(values)]
-    return merged
+    return [median_row(results, CONSUMED) for results in measured.values()]
 
 
 def markdown(results: dict[str, list[dict[str, Any]]], rounds: int) -> str:
@@ -161,15 +161,7 @@ def markdown(results: dict[str, list[dict[str, Any]]], rounds: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--messages", type=int, default=20_000)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--servers", default="redis,valkey")
-    parser.add_argument("--smoke", action="store_true", help="tiny sizes, to check it runs")
-    parser.add_argument("--out", default=str(RESULTS / "payload_floor.json"))
-    args = parser.parse_args(argv)
-    messages = 500 if args.smoke else args.messages
-    rounds = 1 if args.smoke else args.rounds
+    args, messages, rounds = parse_sizes(__doc__, RESULTS / "payload_floor.json", argv)
     results = {kind: run(kind, messages, rounds) for kind in args.servers.split(",")}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -340,10 +340,11 @@ def run(kind: str, messages: int, rounds: int) -> list[dict[str, Any]]:
     return [median_row(results) for results in measured.values()]
 
 
-def median_row(results: list[dict[str, Any]]) -> dict[str, Any]:
-    """The first round's row with each rate the median of the rounds', and their ranges."""
+def median_row(results: list[dict[str, Any]], fields: tuple[str, ...] = FIGURES) -> dict[str, Any]:
+    """The first round's row with each of ``fields`` the median of the rounds', and their
+    ranges."""
     merged = dict(results[0], rounds=len(results))
-    for field in FIGURES:
+    for field in fields:
         if field not in merged:
             continue
         values = [r[field] for r in results]
@@ -352,16 +353,22 @@ def median_row(results: list[dict[str, Any]]) -> dict[str, Any]:
     return merged
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+def parse_sizes(doc: str | None, out: Path, argv: list[str] | None) -> tuple[Any, int, int]:
+    """The options of a consumer benchmark (this one, bench.payload_floor): the parsed
+    arguments, the messages and the rounds (--smoke: tiny, one round)."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0] if doc else None)
     parser.add_argument("--messages", type=int, default=20_000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--servers", default="redis,valkey")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, to check it runs")
-    parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "topics.json"))
+    parser.add_argument("--out", default=str(out))
     args = parser.parse_args(argv)
-    messages = 500 if args.smoke else args.messages
-    rounds = 1 if args.smoke else args.rounds
+    return args, 500 if args.smoke else args.messages, 1 if args.smoke else args.rounds
+
+
+def main(argv: list[str] | None = None) -> int:
+    out_default = Path(__file__).parent / "results" / "topics.json"
+    args, messages, rounds = parse_sizes(__doc__, out_default, argv)
     results = {kind: run(kind, messages, rounds) for kind in args.servers.split(",")}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
