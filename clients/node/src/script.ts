@@ -175,28 +175,34 @@ export class ModuleCaller {
   }
 
   private async fcall(keys: readonly string[], args: readonly Arg[], replies: Replies): Promise<unknown> {
-    for (let attempt = 0; attempt < 2; attempt += 1) {
-      try {
-        return await this.send(replies, "FCALL", this.functionName, keys.length, ...keys, ...args);
-      } catch (error) {
-        if (!isFunctionMissing(error)) throw error;
-      }
-      if (attempt === 0) await this.loadLibrary();
-    }
-    // Flushed again between the load and the retry: run the same module as a script.
-    return await this.send(replies, "EVAL", moduleSource(), keys.length, ...keys, ...args);
+    const call = [this.functionName, keys.length, ...keys, ...args];
+    return this.sendLoading(replies, "FCALL", call, isFunctionMissing, () => this.loadLibrary());
   }
 
   private async evalsha(keys: readonly string[], args: readonly Arg[], replies: Replies): Promise<unknown> {
+    const call = [this.sha, keys.length, ...keys, ...args];
+    return this.sendLoading(replies, "EVALSHA", call, isNoScript, () => this.load(this.client));
+  }
+
+  /** `command` (FCALL or EVALSHA) with `call` (the name, then numkeys, KEYS and ARGV); when
+   * the reply says the module is `missing` (nothing ran), `load` it and send once more, and
+   * if it was flushed again meanwhile, run the same module as a script (EVAL). */
+  private async sendLoading(
+    replies: Replies,
+    command: string,
+    call: Arg[],
+    missing: (error: unknown) => boolean,
+    load: () => Promise<void>,
+  ): Promise<unknown> {
     for (let attempt = 0; attempt < 2; attempt += 1) {
       try {
-        return await this.send(replies, "EVALSHA", this.sha, keys.length, ...keys, ...args);
+        return await this.send(replies, command, ...call);
       } catch (error) {
-        if (!isNoScript(error)) throw error;
+        if (!missing(error)) throw error;
       }
-      if (attempt === 0) await this.load(this.client);
+      if (attempt === 0) await load();
     }
-    return await this.send(replies, "EVAL", moduleSource(), keys.length, ...keys, ...args);
+    return await this.send(replies, "EVAL", moduleSource(), ...call.slice(1));
   }
 
   /** FUNCTION LOAD of the library (REPLACE: a library of the same name is this module). */
