@@ -572,25 +572,27 @@ REDIS-CLI
 --    4. Queue state       counters, side-structure sizes and pushes, on any queue's keys
 --    5. Acks              acking tokens and batch acks, for ack, next and ackp
 --    6. Walk state        what a claim reads first and writes back last
---    7. Queue commands    a worker's: push next next_packed ack nack bury extend, and the
---                         short way of next
---    8. The walk engine   one walk over the lists' tails, for next, next_packed and sweep
---    9. On first use      tracked ids; push_chunk push_later push_priority pause resume; rate
+--    7. Queue commands    a worker's busy loop: push next next_packed ack, and the short way
+--                         of next
+--    8. Setbacks          a worker's calls for jobs that fail or run long: nack bury extend
+--    9. The walk engine   one walk over the lists' tails, for next, next_packed and sweep
+--   10. On first use      tracked ids; push_chunk push_later push_priority pause resume; rate
 --                         limits and durations; scheduled and prioritized jobs; cancel sweep
 --                         delete configure stats peek scan dead requeue_dead
 --                         requeue_dead_from; recurring schedules: schedule unschedule schedules
---   10. Payloads          pushp pushp_later nextp ackp, and item stats: pushi nackp items
---   11. Topics            tpublish tsubscribe tunsubscribe treplay tseek ttrim tstats
---                         (8 is defined on first use by M.define_walk, 9 by M.define_later,
---                         10 and 11 by M.define_extensions: see ON_FIRST_USE)
---   12. Dispatch          the command table, the KEYS by name, main
+--   11. Payloads          pushp pushp_later nextp ackp, and item stats: pushi nackp items
+--   12. Topics            tpublish tsubscribe tunsubscribe treplay tseek ttrim tstats
+--                         (8 is defined on first use by M.define_setbacks, 9 by
+--                         M.define_walk, 10 by M.define_later, 11 and 12 by
+--                         M.define_extensions: see ON_FIRST_USE)
+--   13. Dispatch          the command table, the KEYS by name, main
 --
 -- Two ways to run: EVAL/EVALSHA run this whole chunk on every call, so it defines its
 -- functions each time (creating closures and filling M is a good part of a call's cost, which
--- is why sections 8-11 are defined only by a call that needs them); FUNCTION LOAD runs it once
--- to register `main`, and each FCALL only runs `main`. Functions live in one table (M) and key
--- types are checked by the reads a command needs anyway (M.read), not by TYPE.
-local M = {}
+-- is why sections 8-12 are defined only by a call that needs them); FUNCTION LOAD runs it once
+-- to register `main`, and each FCALL only runs `main`. Functions live in one table (M, see
+-- section 2) and key types are checked by the reads a command needs anyway (M.read), not by
+-- TYPE.
 
 -- 1. CONSTANTS ------------------------------------------------------------------------------------
 
@@ -751,7 +753,14 @@ local PAD
 -- The queue keys whose names the last call checked (see M.checked_before), and its K: kept by
 -- a library only (LIBRARY), as an EVAL call's chunk, and all it binds, ends with the call.
 local CHECKED
+-- The commands' layouts main has looked up (M.layout_of), by command: a library's last across
+-- calls, so that it looks each command up once.
+local LAYOUTS
 local LIBRARY = false
+-- The module's functions. Declared last of the chunk's locals: creating a closure looks up
+-- each of its upvalues in the chunk's list of captured locals, newest first, and nearly every
+-- function uses M (3% of an EVAL call's instructions, counted under callgrind).
+local M = {}
 function M.make_pad()
   local format = LIMIT.place_format
   return setmetatable({}, {
@@ -902,43 +911,7 @@ function M.check_tokens(first, required, batches)
   if named then M.take_names(first, named) end
 end
 
--- Each named batch ack of A[first..] (`named`: argument -> the ids it names, all checked)
--- becomes its batch ack, what it named kept in NAMED; a call naming more than LIMIT.batch
--- jobs, tokens and ids together, is refused (their payloads are looked up in one call).
-function M.take_names(first, named)
-  local jobs = #A - first + 1
-  for _, ids in pairs(named) do jobs = jobs + #ids - 1 end
-  if jobs > LIMIT.batch then
-    M.refuse('ROTATOR_TOOMANY', 'at most ' .. LIMIT.batch .. ' jobs named per call, got ' .. jobs)
-  end
-  NAMED = {}
-  for i = first, #A do
-    local ids = named[i]
-    if ids then
-      local ack = string.sub(A[i], 1, string.find(A[i], '*', 2, true) - 1) .. '/' .. #ids
-      NAMED[ack] = { element = A[i], ids = ids }
-      A[i] = ack
-    end
-  end
-end
 
--- The ids of a named batch ack "*<deadline>.1.<call seq>*<id>*<id>..." (`star`: its second
--- "*"), nil when it is not one: a batch name, then 1..LIMIT.count valid ids whose bytes stay
--- within what one call's batch may hold.
-function M.name_batch(token, star)
-  local find = string.find
-  if not star or star - 1 > LIMIT.stamp_bytes or not find(token, '^%*%d+%.1%.%d+%*')
-      or #token - star > LIMIT.batch_bytes + LIMIT.id_bytes + LIMIT.count
-      or find(token, '**', star, true) or string.byte(token, -1) == BYTE_STAR then
-    return nil -- (or an empty id: "**", or an ending "*")
-  end
-  local ids = M.split_ids(token, star + 1)
-  if #ids > LIMIT.count then return nil end
-  for i = 1, #ids do
-    if #ids[i] > LIMIT.id_bytes then return nil end
-  end
-  return ids
-end
 
 -- The runs of `s` between its "*"s from byte `at` on, empty ones skipped (what gmatch with
 -- '[^*]+' gives), appended to `ids` (or a new table): by plain find, which is about a third
@@ -994,7 +967,7 @@ end
 
 -- 4. QUEUE STATE: counters, side structures, pushes -----------------------------------------------
 -- The helpers a topic also applies to its groups' queues (read_meta, read_push_keys,
--- ensure_ring, record_push, and queue_stats in section 9) take the queue's keys as their first
+-- ensure_ring, record_push, and queue_stats in section 10) take the queue's keys as their first
 -- parameter, K; everything else works on this call's own queue, K of section 2.
 
 -- A queue's seq and origin from their meta fields (strings or nil): a queue without a seq
@@ -1121,12 +1094,6 @@ function M.count_mark(sides, key, m, sign)
   end
 end
 
--- A lap's end: the marks hash becomes the old one, the old one goes.
-function M.age_marked(sides)
-  local marked = sides.marked
-  marked[K.marks_old] = marked[K.marks]
-  marked[K.marks] = { 0, 0 }
-end
 
 -- The counts that changed, appended to `fields` (meta field, value, ...).
 function M.marked_fields(sides, fields)
@@ -1142,10 +1109,6 @@ function M.marked_fields(sides, fields)
   return fields
 end
 
-function M.write_marked(sides)
-  local fields = M.marked_fields(sides, {})
-  if #fields > 0 then rcall('HSET', K.meta, unpack(fields)) end
-end
 
 -- Writes marks (distinct fields -> values) into the current marks hash, counting what they
 -- replace; with `old_too`, also removes the fields from the old hash.
@@ -1237,13 +1200,6 @@ function M.enqueued(ids, now)
   if #pairs_ > 0 then rcall('HSET', K.items, unpack(pairs_)) end
 end
 
--- Notes that `id` is now in flight with the token `id*stamp`, on a queue that tracks ids (see
--- IDS; the index's other functions, which a plain queue never calls, are in section 9).
-function M.note_id(s, id, stamp)
-  if not s.tracked then return end
-  s.leased_ids[#s.leased_ids + 1] = id
-  s.leased_ids[#s.leased_ids + 1] = stamp
-end
 
 -- 5. ACKS: for ack, next (its ACK_TOKENs) and ackp ------------------------------------------------
 -- nack and extend share revoked_among and touch.
@@ -1288,38 +1244,6 @@ function M.ack_tokens(first, ring_length, sides)
   return n, accepted
 end
 
--- The named batch acks (see NAMED) not refused yet: refused unless their packed element is
--- in the lease list as named, near one of its ends (LIMIT.named_look elements), so the ids
--- are the batch's own; the ids of those not acked whole before (no "a" mark) go to
--- DROPPED. A batch acked and removed before is not found: its ack is refused, and the client
--- acks token by token (which not_acked_yet then knows, from the call's memory of it).
-function M.check_named(first, refused, sides)
-  local batches, acks, seen = {}, {}, {}
-  for i = first, #A do
-    local ack = A[i]
-    local named = NAMED[ack]
-    if named and not refused[ack] and not seen[ack] then
-      seen[ack] = true
-      if not M.near_an_end(named.element) then
-        refused[ack] = true
-      else
-        batches[#batches + 1], acks[#batches + 1] = M.split_batch_ack(ack), ack
-      end
-    end
-  end
-  local before = {}
-  for _, key in ipairs({ K.marks, K.marks_old }) do
-    if #batches > 0 and (sides[key] or 0) > 0 then
-      local marks = M.hmget_all(key, batches)
-      for i = 1, #batches do
-        if marks[i] and string.byte(marks[i]) == BYTE_A then before[i] = true end
-      end
-    end
-  end
-  for i = 1, #batches do
-    if not before[i] then M.drop_named(batches[i], NAMED[acks[i]].ids) end
-  end
-end
 
 -- A named batch acked whole now: its ids' payloads go (DROPPED). The first batch's list of
 -- ids is taken over, not copied (a batch of 100 is the common call): nothing reads a named
@@ -1335,86 +1259,8 @@ function M.drop_named(batch, ids)
   dropped.batches[#dropped.batches + 1] = batch
 end
 
--- Whether a packed element is in the lease list near one of its ends (LIMIT.named_look
--- elements), where a named batch ack looks for it: compared by the server, not read.
-function M.near_an_end(element)
-  return rcall('LPOS', K.leases, element, 'MAXLEN', LIMIT.named_look)
-    or rcall('LPOS', K.leases, element, 'RANK', -1, 'MAXLEN', LIMIT.named_look)
-end
 
--- Of `tokens`, those in neither done set, nor of a batch acked whole (an "a" mark: a named
--- batch ack took its payloads, and a client whose other batch ack was refused sends the
--- tokens of both), nor remembered with their batch as dropped (M.remember_dropped: acked,
--- and their lease removed since): acked now for the first time.
-function M.not_acked_yet(tokens, sides)
-  local fresh, seen = {}, {}
-  for _, key in ipairs({ K.done, K.done_old }) do
-    if #tokens > 0 and (sides[key] or 1) > 0 then -- (size unknown: look)
-      local flags = rcall('SMISMEMBER', key, unpack(tokens))
-      for i = 1, #flags do
-        if flags[i] == 1 then seen[tokens[i]] = true end
-      end
-    end
-  end
-  local batches, of = {}, {}
-  for i = 1, #tokens do
-    local batch = M.batch_of(tokens[i])
-    if batch and not of[batch] then batches[#batches + 1], of[batch] = batch, {} end
-    if batch then table.insert(of[batch], tokens[i]) end
-  end
-  for _, key in ipairs({ K.marks, K.marks_old }) do
-    if #batches > 0 and (sides[key] or 1) > 0 then
-      local marks = M.hmget_all(key, batches)
-      for j = 1, #batches do
-        if marks[j] and string.byte(marks[j]) == BYTE_A then
-          for _, token in ipairs(of[batches[j]]) do seen[token] = true end
-        end
-      end
-    end
-  end
-  if #tokens > 0 and (sides.revoked or 1) > 0 then
-    local names, of = {}, {}
-    for i = 1, #tokens do
-      local token = tokens[i]
-      if not seen[token] then
-        names[#names + 1], of[#names + 1] = token .. DROPPED_MARK, token
-        local batch = M.batch_of(token)
-        if batch then names[#names + 1], of[#names + 1] = batch .. DROPPED_MARK, token end
-      end
-    end
-    local scores = M.zmscore_all(K.revoked, names)
-    for i = 1, #names do
-      if scores[i] then seen[of[i]] = true end
-    end
-  end
-  for i = 1, #tokens do
-    if not seen[tokens[i]] then fresh[#fresh + 1] = tokens[i] end
-  end
-  return fresh
-end
 
--- Remembers the acks whose payloads this call dropped (`tokens`, and `batches` acked whole by
--- name) in K.revoked as "<name>+", which names no ack, so refused_among never meets one: an
--- ack sent again (its reply lost, the call retried) after the walk removed its lease would
--- otherwise be taken for a first one, and drop the payload of a copy of its id queued since.
--- They are kept for the fence window, at most LIMIT.drop_memory_ms: scored that much before
--- a refusal made now, so the fence's own trim (trim_revoked) drops them in time. `call`:
--- what the call read, {fence = its fence_ms and fence_max, now = ms, revoked = the set's size}.
-function M.remember_dropped(tokens, batches, call)
-  local n = #tokens + #batches
-  if n == 0 then return end
-  local fence, now = call.fence, call.now
-  local score = now - fence.fence_ms + math.min(fence.fence_ms, LIMIT.drop_memory_ms)
-  local args = {}
-  for _, names in ipairs({ tokens, batches }) do
-    for i = 1, #names do
-      args[#args + 1], args[#args + 2] = score, names[i] .. DROPPED_MARK
-    end
-  end
-  M.call_all('ZADD', K.revoked, args)
-  -- (a claim trimmed already, LIMIT.trim_step at least: more than most calls add)
-  if not TRIMMED or n > LIMIT.trim_step then M.trim_revoked(fence, now, n, call.revoked + n) end
-end
 
 -- The lease list's walk stopped at a young lease that was live (meta lstop: the deadline its
 -- tokens carry), and waits for it before it looks for acked leases behind it. True when one
@@ -1511,7 +1357,7 @@ function M.touch(batches, sides)
 end
 
 -- 6. WALK STATE: what a claim reads first and writes back last ------------------------------------
--- Shared by the short way of next (section 7) and the walk (section 8): the lists' lengths,
+-- Shared by the short way of next (section 7) and the walk (section 9): the lists' lengths,
 -- the side structures' sizes and the meta hash, read at a claim's start (read_walk_state),
 -- and the counters written back at its end (write_meta, add_counts).
 
@@ -2160,208 +2006,227 @@ function M.read_issued(sides, fence)
   return M.read_marked(sides, counts)
 end
 
-function M.nack()
-  return M.give_back(3)
-end
 
--- nack's work, with the tokens starting at A[first]; `before_write` reads what a caller
--- writes afterwards (checked before anything is written). A job given back keeps its place:
--- its lease is marked "n<due>" (deferred); the lease list's walk takes it on from there (it
--- moves to the ring to wait, or is leased again when due).
-function M.give_back(first, before_write)
-  local delay = M.int_arg(2, 'DELAY_MS', 0, LIMIT.lease_ms)
-  M.check_tokens(first, true)
-  local alive, sides = M.live_tokens(first)
-  local meta = M.read_meta(K)
-  M.read('LLEN', K.wake)
-  if before_write then before_write() end
-  local now = M.now_ms()
-  local due = now + delay
-  local reply = {}
-  local any = false
-  local touched, given, marks = {}, {}, {}
-  for i = first, #A do
-    local token = A[i]
-    if alive[token] then
-      alive[token] = nil -- a token given twice is requeued once
-      given[#given + 1], marks[#marks + 1] = token, 'n' .. due
-      rcall('ZADD', K.revoked, now, token)
-      -- Its batch can no longer be acked as a whole, and its packed element must be broken
-      -- up so that this job waits on its own.
-      local batch = M.batch_of(token)
-      if batch then
-        rcall('ZADD', K.revoked, now, batch)
-        touched[batch] = true
-      end
-      reply[#reply + 1] = 1
-      any = true
-    else
-      reply[#reply + 1] = 0
-    end
-  end
-  M.mark_leases(sides, given, marks, touched)
-  if any then
-    -- Due work restarts the ring's lap and wakes idle consumers; the lease list's walk looks
-    -- for the jobs when they fall due (and at once if one is its tail, see frees_tail).
-    local qmin = meta.qmin and math.min(meta.qmin, due) or due
-    local lmin = meta.lmin and math.min(meta.lmin, due) or due
-    local lstop = M.frees_tail(given, meta.lstop) and '' or (meta.lstop or '')
-    rcall('HSET', K.meta, 'qmin', qmin, 'lmin', lmin, 'lstop', lstop, 'qstart', meta.seq,
-      'qlen', rcall('LLEN', K.ring), 'seq', meta.seq, 'origin', meta.origin)
-    M.add_count(K.meta, 'retried', #given)
-    M.wake_one()
-    local added = 2 * (#A - first + 1) -- each token, and maybe its batch
-    M.trim_revoked(meta, now, added, sides.revoked + added)
-  end
-  return reply
-end
 
-function M.bury()
-  local message = M.error_arg(2)
-  M.check_tokens(3, true)
-  local alive, sides = M.live_tokens(3)
-  local meta = M.read_meta(K)
-  if K.items then M.read('HLEN', K.items) end
-  local now = M.now_ms()
-  local reply, buried, marks, revoke, touched = {}, {}, {}, {}, {}
-  for i = 3, #A do
-    local token = A[i]
-    if alive[token] then
-      alive[token] = nil -- a token given twice is buried once
-      buried[#buried + 1], marks[#marks + 1] = token, 'f' .. message
-      revoke[#revoke + 1], revoke[#revoke + 2] = now, token
-      local batch = M.batch_of(token)
-      if batch and not touched[batch] then
-        touched[batch] = true
-        revoke[#revoke + 1], revoke[#revoke + 2] = now, batch
-      end
-      reply[#reply + 1] = 1
-    else
-      reply[#reply + 1] = 0
-    end
-  end
-  if #buried == 0 then return reply end
-  -- Marked, fenced as a nack is; the walk that reaches its element writes the letter (a
-  -- token whose element is gone, acked and removed, writes none: its mark is a leftover).
-  M.mark_leases(sides, buried, marks, touched)
-  M.call_all('ZADD', K.revoked, revoke)
-  M.trim_revoked(meta, now, #revoke / 2, sides.revoked + #revoke / 2)
-  local lmin = meta.lmin and math.min(meta.lmin, now) or now
-  local lstop = M.frees_tail(buried, meta.lstop) and '' or (meta.lstop or '')
-  rcall('HSET', K.meta, 'lmin', lmin, 'lstop', lstop)
-  if K.items then M.note_errors(3, reply, message) end
-  return reply
-end
 
--- Records `message` as the last error in the item stats (K.items) of the jobs whose tokens,
--- A[first..], have a 1 in `reply` (nackp; bury given the item-stats KEYS).
-function M.note_errors(first, reply, message)
-  local ids = {}
-  for i = first, #A do
-    if reply[i - first + 1] == 1 then
-      ids[#ids + 1] = string.sub(A[i], 1, string.find(A[i], '*', 2, true) - 1)
-    end
-  end
-  if #ids == 0 then return end
-  local old = rcall('HMGET', K.items, unpack(ids))
-  local writes = {}
-  for j = 1, #ids do
-    local kept = string.match(old[j] or '', '^(%d+:%d+:%d+):') or '0:0:0'
-    writes[#writes + 1], writes[#writes + 2] = ids[j], kept .. ':' .. message
-  end
-  M.call_all('HSET', K.items, writes)
-end
 
--- A job's error text at A[index]: at most LIMIT.error_bytes (checked before anything is read).
-function M.error_arg(index)
-  local message = A[index]
-  if type(message) ~= 'string' or #message > LIMIT.error_bytes then
-    M.refuse('ROTATOR_BADARG', 'ERROR must be at most ' .. LIMIT.error_bytes .. ' bytes')
+
+
+
+
+-- 8. ON FIRST USE: NACK, BURY, EXTEND -------------------------------------------------------------
+-- A worker's calls for a job that failed or runs long. Defined on first use (see
+-- ON_FIRST_USE): a worker's busy loop makes none of them, so an EVAL call of push, next or
+-- ack does not create these functions each time.
+function M.define_setbacks()
+  function M.nack()
+    return M.give_back(3)
   end
-  return message
-end
 
--- nack's and extend's marks on live leases (replacing any in the old generation), their
--- counts, and a touch for the batch of each first delivery among them.
-function M.mark_leases(sides, tokens, values, touched)
-  M.write_marks(sides, tokens, values, true)
-  M.write_marked(sides)
-  M.touch(touched)
-end
-
--- Which tokens in A[first..] still hold a live lease: not revoked, not acked. Also returns the
--- sides.
-function M.live_tokens(first)
-  local alive = {}
-  local length = M.read('LLEN', K.ring)
-  local sides = M.read_issued(M.read_sides())
-  if length + M.read('LLEN', K.leases) == 0 then return alive, sides end
-  local refused = M.refused_among(first, sides)
-  local tokens = {}
-  for i = first, #A do tokens[#tokens + 1] = A[i] end
-  local acked = {}
-  for _, key in ipairs({ K.done, K.done_old }) do
-    if sides[key] > 0 then
-      local flags = rcall('SMISMEMBER', key, unpack(tokens))
-      for i = 1, #flags do
-        if flags[i] == 1 then acked[tokens[i]] = true end
+  -- nack's work, with the tokens starting at A[first]; `before_write` reads what a caller
+  -- writes afterwards (checked before anything is written). A job given back keeps its place:
+  -- its lease is marked "n<due>" (deferred); the lease list's walk takes it on from there (it
+  -- moves to the ring to wait, or is leased again when due).
+  function M.give_back(first, before_write)
+    local delay = M.int_arg(2, 'DELAY_MS', 0, LIMIT.lease_ms)
+    M.check_tokens(first, true)
+    local alive, sides = M.live_tokens(first)
+    local meta = M.read_meta(K)
+    M.read('LLEN', K.wake)
+    if before_write then before_write() end
+    local now = M.now_ms()
+    local due = now + delay
+    local reply = {}
+    local any = false
+    local touched, given, marks = {}, {}, {}
+    for i = first, #A do
+      local token = A[i]
+      if alive[token] then
+        alive[token] = nil -- a token given twice is requeued once
+        given[#given + 1], marks[#marks + 1] = token, 'n' .. due
+        rcall('ZADD', K.revoked, now, token)
+        -- Its batch can no longer be acked as a whole, and its packed element must be broken
+        -- up so that this job waits on its own.
+        local batch = M.batch_of(token)
+        if batch then
+          rcall('ZADD', K.revoked, now, batch)
+          touched[batch] = true
+        end
+        reply[#reply + 1] = 1
+        any = true
+      else
+        reply[#reply + 1] = 0
       end
     end
+    M.mark_leases(sides, given, marks, touched)
+    if any then
+      -- Due work restarts the ring's lap and wakes idle consumers; the lease list's walk looks
+      -- for the jobs when they fall due (and at once if one is its tail, see frees_tail).
+      local qmin = meta.qmin and math.min(meta.qmin, due) or due
+      local lmin = meta.lmin and math.min(meta.lmin, due) or due
+      local lstop = M.frees_tail(given, meta.lstop) and '' or (meta.lstop or '')
+      rcall('HSET', K.meta, 'qmin', qmin, 'lmin', lmin, 'lstop', lstop, 'qstart', meta.seq,
+        'qlen', rcall('LLEN', K.ring), 'seq', meta.seq, 'origin', meta.origin)
+      M.add_count(K.meta, 'retried', #given)
+      M.wake_one()
+      local added = 2 * (#A - first + 1) -- each token, and maybe its batch
+      M.trim_revoked(meta, now, added, sides.revoked + added)
+    end
+    return reply
   end
-  -- A first delivery is also acked when its whole batch was.
-  local batches, of = {}, {}
-  for i = 1, #tokens do
-    local batch = M.batch_of(tokens[i])
-    if batch then batches[#batches + 1], of[#batches + 1] = batch, tokens[i] end
-  end
-  for _, key in ipairs({ K.marks, K.marks_old }) do
-    if #batches > 0 and sides[key] > 0 then
-      local values = rcall('HMGET', key, unpack(batches))
-      for i = 1, #values do
-        if values[i] and string.byte(values[i]) == BYTE_A then acked[of[i]] = true end
+
+  function M.bury()
+    local message = M.error_arg(2)
+    M.check_tokens(3, true)
+    local alive, sides = M.live_tokens(3)
+    local meta = M.read_meta(K)
+    if K.items then M.read('HLEN', K.items) end
+    local now = M.now_ms()
+    local reply, buried, marks, revoke, touched = {}, {}, {}, {}, {}
+    for i = 3, #A do
+      local token = A[i]
+      if alive[token] then
+        alive[token] = nil -- a token given twice is buried once
+        buried[#buried + 1], marks[#marks + 1] = token, 'f' .. message
+        revoke[#revoke + 1], revoke[#revoke + 2] = now, token
+        local batch = M.batch_of(token)
+        if batch and not touched[batch] then
+          touched[batch] = true
+          revoke[#revoke + 1], revoke[#revoke + 2] = now, batch
+        end
+        reply[#reply + 1] = 1
+      else
+        reply[#reply + 1] = 0
       end
     end
+    if #buried == 0 then return reply end
+    -- Marked, fenced as a nack is; the walk that reaches its element writes the letter (a
+    -- token whose element is gone, acked and removed, writes none: its mark is a leftover).
+    M.mark_leases(sides, buried, marks, touched)
+    M.call_all('ZADD', K.revoked, revoke)
+    M.trim_revoked(meta, now, #revoke / 2, sides.revoked + #revoke / 2)
+    local lmin = meta.lmin and math.min(meta.lmin, now) or now
+    local lstop = M.frees_tail(buried, meta.lstop) and '' or (meta.lstop or '')
+    rcall('HSET', K.meta, 'lmin', lmin, 'lstop', lstop)
+    if K.items then M.note_errors(3, reply, message) end
+    return reply
   end
-  for _, token in ipairs(tokens) do
-    if not refused[token] and not acked[token] then alive[token] = true end
-  end
-  return alive, sides
-end
 
-function M.extend()
-  local lease = M.int_arg(2, 'LEASE_MS', 1, LIMIT.lease_ms)
-  M.check_tokens(3, true)
-  local alive, sides = M.live_tokens(3)
-  local meta = M.read_meta(K)
-  local deadline = M.now_ms() + lease
-  local reply = { deadline }
-  local any = false
-  local touched, extended, marks, seen = {}, {}, {}, {}
-  for i = 3, #A do
-    local token = A[i]
-    if alive[token] then
-      if not seen[token] then
-        seen[token] = true
-        extended[#extended + 1], marks[#marks + 1] = token, 'e' .. deadline
+  -- Records `message` as the last error in the item stats (K.items) of the jobs whose tokens,
+  -- A[first..], have a 1 in `reply` (nackp; bury given the item-stats KEYS).
+  function M.note_errors(first, reply, message)
+    local ids = {}
+    for i = first, #A do
+      if reply[i - first + 1] == 1 then
+        ids[#ids + 1] = string.sub(A[i], 1, string.find(A[i], '*', 2, true) - 1)
       end
-      local batch = M.batch_of(token)
-      if batch then touched[batch] = true end -- its packed element keeps no marks: break it up
-      reply[#reply + 1] = 1
-      any = true
-    else
-      reply[#reply + 1] = 0
     end
+    if #ids == 0 then return end
+    local old = rcall('HMGET', K.items, unpack(ids))
+    local writes = {}
+    for j = 1, #ids do
+      local kept = string.match(old[j] or '', '^(%d+:%d+:%d+):') or '0:0:0'
+      writes[#writes + 1], writes[#writes + 2] = ids[j], kept .. ':' .. message
+    end
+    M.call_all('HSET', K.items, writes)
   end
-  if meta.tracked then M.note_cancelled(reply, 3) end
-  M.mark_leases(sides, extended, marks, touched)
-  -- A shortened lease may now be the first thing to fall due: idle consumers wait for it.
-  if any and (not meta.lmin or deadline < meta.lmin) then
-    rcall('HSET', K.meta, 'lmin', deadline)
+
+  -- A job's error text at A[index]: at most LIMIT.error_bytes (checked before anything is read).
+  function M.error_arg(index)
+    local message = A[index]
+    if type(message) ~= 'string' or #message > LIMIT.error_bytes then
+      M.refuse('ROTATOR_BADARG', 'ERROR must be at most ' .. LIMIT.error_bytes .. ' bytes')
+    end
+    return message
   end
-  return reply
+
+  -- nack's and extend's marks on live leases (replacing any in the old generation), their
+  -- counts, and a touch for the batch of each first delivery among them.
+  function M.mark_leases(sides, tokens, values, touched)
+    M.write_marks(sides, tokens, values, true)
+    M.write_marked(sides)
+    M.touch(touched)
+  end
+
+  function M.write_marked(sides)
+    local fields = M.marked_fields(sides, {})
+    if #fields > 0 then rcall('HSET', K.meta, unpack(fields)) end
+  end
+
+  -- Which tokens in A[first..] still hold a live lease: not revoked, not acked. Also returns the
+  -- sides.
+  function M.live_tokens(first)
+    local alive = {}
+    local length = M.read('LLEN', K.ring)
+    local sides = M.read_issued(M.read_sides())
+    if length + M.read('LLEN', K.leases) == 0 then return alive, sides end
+    local refused = M.refused_among(first, sides)
+    local tokens = {}
+    for i = first, #A do tokens[#tokens + 1] = A[i] end
+    local acked = {}
+    for _, key in ipairs({ K.done, K.done_old }) do
+      if sides[key] > 0 then
+        local flags = rcall('SMISMEMBER', key, unpack(tokens))
+        for i = 1, #flags do
+          if flags[i] == 1 then acked[tokens[i]] = true end
+        end
+      end
+    end
+    -- A first delivery is also acked when its whole batch was.
+    local batches, of = {}, {}
+    for i = 1, #tokens do
+      local batch = M.batch_of(tokens[i])
+      if batch then batches[#batches + 1], of[#batches + 1] = batch, tokens[i] end
+    end
+    for _, key in ipairs({ K.marks, K.marks_old }) do
+      if #batches > 0 and sides[key] > 0 then
+        local values = rcall('HMGET', key, unpack(batches))
+        for i = 1, #values do
+          if values[i] and string.byte(values[i]) == BYTE_A then acked[of[i]] = true end
+        end
+      end
+    end
+    for _, token in ipairs(tokens) do
+      if not refused[token] and not acked[token] then alive[token] = true end
+    end
+    return alive, sides
+  end
+
+  function M.extend()
+    local lease = M.int_arg(2, 'LEASE_MS', 1, LIMIT.lease_ms)
+    M.check_tokens(3, true)
+    local alive, sides = M.live_tokens(3)
+    local meta = M.read_meta(K)
+    local deadline = M.now_ms() + lease
+    local reply = { deadline }
+    local any = false
+    local touched, extended, marks, seen = {}, {}, {}, {}
+    for i = 3, #A do
+      local token = A[i]
+      if alive[token] then
+        if not seen[token] then
+          seen[token] = true
+          extended[#extended + 1], marks[#marks + 1] = token, 'e' .. deadline
+        end
+        local batch = M.batch_of(token)
+        if batch then touched[batch] = true end -- its packed element keeps no marks: break it up
+        reply[#reply + 1] = 1
+        any = true
+      else
+        reply[#reply + 1] = 0
+      end
+    end
+    if meta.tracked then M.note_cancelled(reply, 3) end
+    M.mark_leases(sides, extended, marks, touched)
+    -- A shortened lease may now be the first thing to fall due: idle consumers wait for it.
+    if any and (not meta.lmin or deadline < meta.lmin) then
+      rcall('HSET', K.meta, 'lmin', deadline)
+    end
+    return reply
+  end
 end
 
--- 8. ON FIRST USE: THE WALK ENGINE ----------------------------------------------------------------
+-- 9. ON FIRST USE: THE WALK ENGINE ----------------------------------------------------------------
 -- next and sweep walk two lists from their tails: start_walk reads the state; walk_leases
 -- visits the lease list while what it finds there is due or done with (LEASES in the header);
 -- walk visits a budget of ring elements (leasing pending ids into the call's batch, leasing
@@ -2374,6 +2239,21 @@ end
 -- way of next (M.fast_lease), which never walks, so an EVAL call of it does not create
 -- these functions each time.
 function M.define_walk()
+  -- A lap's end: the marks hash becomes the old one, the old one goes.
+  function M.age_marked(sides)
+    local marked = sides.marked
+    marked[K.marks_old] = marked[K.marks]
+    marked[K.marks] = { 0, 0 }
+  end
+
+  -- Notes that `id` is now in flight with the token `id*stamp`, on a queue that tracks ids (see
+  -- IDS; the index's other functions, which a plain queue never calls, are in section 10).
+  function M.note_id(s, id, stamp)
+    if not s.tracked then return end
+    s.leased_ids[#s.leased_ids + 1] = id
+    s.leased_ids[#s.leased_ids + 1] = stamp
+  end
+
   -- The deadline a "w" mark holds: an extended lease moved to the lease list's head waits by it
   -- (see keep); nil for any other mark.
   function M.moved_deadline(m)
@@ -3126,7 +3006,7 @@ function M.define_walk()
   end
 end
 
--- 9. ON FIRST USE: tracked ids, scheduled and prioritized jobs, flow control, administration ------
+-- 10. ON FIRST USE: tracked ids, scheduled and prioritized jobs, flow control, administration -----
 
 -- What a worker's push, next, ack, nack, bury and extend never call on a plain queue:
 -- defined on first use (M's lookup of a function it does not hold yet, see ON_FIRST_USE), so
@@ -4330,12 +4210,164 @@ function M.define_later()
   end
 end
 
--- 10. PAYLOADS AND ITEM STATS ---------------------------------------------------------------------
+-- 11. PAYLOADS AND ITEM STATS ---------------------------------------------------------------------
 
 -- The payload, item-stats and topic commands (this section and the next): defined on their
 -- first use (see ON_FIRST_USE), so an EVAL call of a core command does not pay for creating
 -- their functions (a library defines them once).
 function M.define_extensions()
+  -- Each named batch ack of A[first..] (`named`: argument -> the ids it names, all checked)
+  -- becomes its batch ack, what it named kept in NAMED; a call naming more than LIMIT.batch
+  -- jobs, tokens and ids together, is refused (their payloads are looked up in one call).
+  function M.take_names(first, named)
+    local jobs = #A - first + 1
+    for _, ids in pairs(named) do jobs = jobs + #ids - 1 end
+    if jobs > LIMIT.batch then
+      M.refuse('ROTATOR_TOOMANY', 'at most ' .. LIMIT.batch .. ' jobs named per call, got ' .. jobs)
+    end
+    NAMED = {}
+    for i = first, #A do
+      local ids = named[i]
+      if ids then
+        local ack = string.sub(A[i], 1, string.find(A[i], '*', 2, true) - 1) .. '/' .. #ids
+        NAMED[ack] = { element = A[i], ids = ids }
+        A[i] = ack
+      end
+    end
+  end
+
+  -- The ids of a named batch ack "*<deadline>.1.<call seq>*<id>*<id>..." (`star`: its second
+  -- "*"), nil when it is not one: a batch name, then 1..LIMIT.count valid ids whose bytes stay
+  -- within what one call's batch may hold.
+  function M.name_batch(token, star)
+    local find = string.find
+    if not star or star - 1 > LIMIT.stamp_bytes or not find(token, '^%*%d+%.1%.%d+%*')
+        or #token - star > LIMIT.batch_bytes + LIMIT.id_bytes + LIMIT.count
+        or find(token, '**', star, true) or string.byte(token, -1) == BYTE_STAR then
+      return nil -- (or an empty id: "**", or an ending "*")
+    end
+    local ids = M.split_ids(token, star + 1)
+    if #ids > LIMIT.count then return nil end
+    for i = 1, #ids do
+      if #ids[i] > LIMIT.id_bytes then return nil end
+    end
+    return ids
+  end
+
+  -- The named batch acks (see NAMED) not refused yet: refused unless their packed element is
+  -- in the lease list as named, near one of its ends (LIMIT.named_look elements), so the ids
+  -- are the batch's own; the ids of those not acked whole before (no "a" mark) go to
+  -- DROPPED. A batch acked and removed before is not found: its ack is refused, and the client
+  -- acks token by token (which not_acked_yet then knows, from the call's memory of it).
+  function M.check_named(first, refused, sides)
+    local batches, acks, seen = {}, {}, {}
+    for i = first, #A do
+      local ack = A[i]
+      local named = NAMED[ack]
+      if named and not refused[ack] and not seen[ack] then
+        seen[ack] = true
+        if not M.near_an_end(named.element) then
+          refused[ack] = true
+        else
+          batches[#batches + 1], acks[#batches + 1] = M.split_batch_ack(ack), ack
+        end
+      end
+    end
+    local before = {}
+    for _, key in ipairs({ K.marks, K.marks_old }) do
+      if #batches > 0 and (sides[key] or 0) > 0 then
+        local marks = M.hmget_all(key, batches)
+        for i = 1, #batches do
+          if marks[i] and string.byte(marks[i]) == BYTE_A then before[i] = true end
+        end
+      end
+    end
+    for i = 1, #batches do
+      if not before[i] then M.drop_named(batches[i], NAMED[acks[i]].ids) end
+    end
+  end
+
+  -- Whether a packed element is in the lease list near one of its ends (LIMIT.named_look
+  -- elements), where a named batch ack looks for it: compared by the server, not read.
+  function M.near_an_end(element)
+    return rcall('LPOS', K.leases, element, 'MAXLEN', LIMIT.named_look)
+      or rcall('LPOS', K.leases, element, 'RANK', -1, 'MAXLEN', LIMIT.named_look)
+  end
+
+  -- Of `tokens`, those in neither done set, nor of a batch acked whole (an "a" mark: a named
+  -- batch ack took its payloads, and a client whose other batch ack was refused sends the
+  -- tokens of both), nor remembered with their batch as dropped (M.remember_dropped: acked,
+  -- and their lease removed since): acked now for the first time.
+  function M.not_acked_yet(tokens, sides)
+    local fresh, seen = {}, {}
+    for _, key in ipairs({ K.done, K.done_old }) do
+      if #tokens > 0 and (sides[key] or 1) > 0 then -- (size unknown: look)
+        local flags = rcall('SMISMEMBER', key, unpack(tokens))
+        for i = 1, #flags do
+          if flags[i] == 1 then seen[tokens[i]] = true end
+        end
+      end
+    end
+    local batches, of = {}, {}
+    for i = 1, #tokens do
+      local batch = M.batch_of(tokens[i])
+      if batch and not of[batch] then batches[#batches + 1], of[batch] = batch, {} end
+      if batch then table.insert(of[batch], tokens[i]) end
+    end
+    for _, key in ipairs({ K.marks, K.marks_old }) do
+      if #batches > 0 and (sides[key] or 1) > 0 then
+        local marks = M.hmget_all(key, batches)
+        for j = 1, #batches do
+          if marks[j] and string.byte(marks[j]) == BYTE_A then
+            for _, token in ipairs(of[batches[j]]) do seen[token] = true end
+          end
+        end
+      end
+    end
+    if #tokens > 0 and (sides.revoked or 1) > 0 then
+      local names, of = {}, {}
+      for i = 1, #tokens do
+        local token = tokens[i]
+        if not seen[token] then
+          names[#names + 1], of[#names + 1] = token .. DROPPED_MARK, token
+          local batch = M.batch_of(token)
+          if batch then names[#names + 1], of[#names + 1] = batch .. DROPPED_MARK, token end
+        end
+      end
+      local scores = M.zmscore_all(K.revoked, names)
+      for i = 1, #names do
+        if scores[i] then seen[of[i]] = true end
+      end
+    end
+    for i = 1, #tokens do
+      if not seen[tokens[i]] then fresh[#fresh + 1] = tokens[i] end
+    end
+    return fresh
+  end
+
+  -- Remembers the acks whose payloads this call dropped (`tokens`, and `batches` acked whole by
+  -- name) in K.revoked as "<name>+", which names no ack, so refused_among never meets one: an
+  -- ack sent again (its reply lost, the call retried) after the walk removed its lease would
+  -- otherwise be taken for a first one, and drop the payload of a copy of its id queued since.
+  -- They are kept for the fence window, at most LIMIT.drop_memory_ms: scored that much before
+  -- a refusal made now, so the fence's own trim (trim_revoked) drops them in time. `call`:
+  -- what the call read, {fence = its fence_ms and fence_max, now = ms, revoked = the set's size}.
+  function M.remember_dropped(tokens, batches, call)
+    local n = #tokens + #batches
+    if n == 0 then return end
+    local fence, now = call.fence, call.now
+    local score = now - fence.fence_ms + math.min(fence.fence_ms, LIMIT.drop_memory_ms)
+    local args = {}
+    for _, names in ipairs({ tokens, batches }) do
+      for i = 1, #names do
+        args[#args + 1], args[#args + 2] = score, names[i] .. DROPPED_MARK
+      end
+    end
+    M.call_all('ZADD', K.revoked, args)
+    -- (a claim trimmed already, LIMIT.trim_step at least: more than most calls add)
+    if not TRIMMED or n > LIMIT.trim_step then M.trim_revoked(fence, now, n, call.revoked + n) end
+  end
+
   -- pushp nextp ackp keep payloads in the fourteenth key; pushi nackp items keep per-item stats
   -- in the fifteenth, which pushp nextp ackp also keep when given it.
 
@@ -4652,7 +4684,7 @@ function M.define_extensions()
     return M.read('HMGET', K.items, unpack(A, 2))
   end
 
-  -- 11. TOPICS ------------------------------------------------------------------------------------
+  -- 12. TOPICS ------------------------------------------------------------------------------------
   -- TOPIC KEYS, then QUEUE_KEYS per group. Every helper here serves several of the commands.
 
   -- The bound of an idle group's backlog (see expire_backlog): the pending ids a group keeps
@@ -5071,7 +5103,7 @@ function M.define_extensions()
   end
 end
 
--- 12. DISPATCH ------------------------------------------------------------------------------------
+-- 13. DISPATCH ------------------------------------------------------------------------------------
 
 -- Each command, by the KEYS it takes (main checks their count and names):
 --   queue     the queue's thirteen
@@ -5081,37 +5113,50 @@ end
 --             stats optionally
 --   items     the thirteen, its payloads and its item stats
 --   topic     the topic's four, then the thirteen of each group
-local COMMANDS = {
-  push = 'queue', push_priority = 'extras', push_chunk = 'chunk', push_later = 'extras',
-  schedule = 'queue', unschedule = 'queue', schedules = 'queue',
-  rate_limit = 'queue', durations = 'queue', pause = 'queue', resume = 'queue',
-  next = 'queue', next_packed = 'queue', ack = 'queue', nack = 'queue', bury = 'extras',
-  extend = 'queue', sweep = 'queue', cancel = 'queue', delete = 'extras',
-  configure = 'queue', stats = 'queue', peek = 'queue', scan = 'queue', dead = 'queue',
-  requeue_dead = 'queue', requeue_dead_from = 'queue',
-  pushp = 'payloads', pushp_later = 'payloads', nextp = 'payloads', nextp_packed = 'payloads',
-  ackp = 'payloads',
-  pushi = 'items', nackp = 'items', items = 'items',
-  tpublish = 'topic', tsubscribe = 'topic', tunsubscribe = 'topic', treplay = 'topic',
-  tseek = 'topic', ttrim = 'topic', tstats = 'topic',
-}
+-- One string, not a table: an EVAL call runs this chunk every time, and a table of these 40
+-- entries cost it 2 us (13% of a one-job call's instructions under callgrind); main looks a
+-- command up once (M.layout_of), and a library remembers what it found (LAYOUTS).
+local COMMANDS = [[
+  push=queue push_priority=extras push_chunk=chunk push_later=extras
+  schedule=queue unschedule=queue schedules=queue
+  rate_limit=queue durations=queue pause=queue resume=queue
+  next=queue next_packed=queue ack=queue nack=queue bury=extras
+  extend=queue sweep=queue cancel=queue delete=extras
+  configure=queue stats=queue peek=queue scan=queue dead=queue
+  requeue_dead=queue requeue_dead_from=queue
+  pushp=payloads pushp_later=payloads nextp=payloads nextp_packed=payloads
+  ackp=payloads
+  pushi=items nackp=items items=items
+  tpublish=topic tsubscribe=topic tunsubscribe=topic treplay=topic
+  tseek=topic ttrim=topic tstats=topic
+]]
 
--- M's sections defined on first use (8 by M.define_walk, 9 by M.define_later, 10 and 11 by
--- M.define_extensions): a lookup of a function M does not hold yet runs the definers in turn,
--- each once, until M holds it. They are tried where the name most likely is, so that a call
--- defines no section it does not need: a payload, item-stats or topic call's own section
--- first; a queue command not defined yet is one of section 9's (every worker's command is
--- defined at once); any other function, one of the walk's. A library runs them once; an EVAL
--- call only when it needs them.
+-- A command's KEYS layout (see COMMANDS), nil for anything that is not a command.
+function M.layout_of(command)
+  if type(command) ~= 'string' or not string.find(command, '^[%l_]+$') then return nil end
+  local _, equals = string.find(COMMANDS, ' ' .. command .. '=', 1, true)
+  return equals and string.match(COMMANDS, '^%l+', equals + 1)
+end
+
+-- M's sections defined on first use (8 by M.define_setbacks, 9 by M.define_walk, 10 by
+-- M.define_later, 11 and 12 by M.define_extensions): a lookup of a function M does not hold
+-- yet runs the definers in turn, each once, until M holds it. They are tried where the name
+-- most likely is, so that a call defines no section it does not need: a payload, item-stats
+-- or topic call's own section first; nack, bury and extend section 8's; any other queue
+-- command not defined yet one of section 10's (a worker's busy loop is defined at once); any
+-- other function, one of the walk's. A library runs them once; an EVAL call only when it
+-- needs them.
 local ON_FIRST_USE = {
   __index = function(m, name)
     local definers
     if LAYOUT == 'payloads' or LAYOUT == 'items' or LAYOUT == 'topic' then
-      definers = { 'define_extensions', 'define_walk', 'define_later' }
+      definers = { 'define_extensions', 'define_setbacks', 'define_walk', 'define_later' }
+    elseif name == 'nack' or name == 'bury' or name == 'extend' then
+      definers = { 'define_setbacks', 'define_walk', 'define_later', 'define_extensions' }
     elseif name == A[1] then
-      definers = { 'define_later', 'define_walk', 'define_extensions' }
+      definers = { 'define_later', 'define_setbacks', 'define_walk', 'define_extensions' }
     else
-      definers = { 'define_walk', 'define_later', 'define_extensions' }
+      definers = { 'define_walk', 'define_later', 'define_extensions', 'define_setbacks' }
     end
     for _, definer in ipairs(definers) do
       local define = rawget(m, definer)
@@ -5210,11 +5255,15 @@ local function main(keys, args)
   A, KS = args, keys
   rcall = redis.call
   if not PAD then -- this chunk's first call: every EVAL call, a library's first FCALL
-    PAD = M.make_pad()
+    PAD, LAYOUTS = M.make_pad(), {}
     setmetatable(M, ON_FIRST_USE)
   end
-  LAYOUT = COMMANDS[args[1]]
-  local layout = LAYOUT
+  local layout = LAYOUTS[args[1]]
+  if not layout then
+    layout = M.layout_of(args[1])
+    if layout then LAYOUTS[args[1]] = layout end -- (commands only: the table stays small)
+  end
+  LAYOUT = layout
   local handler = layout and M[args[1]]
   if layout == 'topic' then
     local groups = (#keys - TOPIC_KEYS) / QUEUE_KEYS

@@ -1,7 +1,8 @@
-"""Sections 8-11 of the module are defined on first use: an EVAL call of a worker's command
-on a plain queue creates none of their functions (creating them is a good part of an EVAL
-call's cost) unless it walks the lists, which defines the walk (8) and nothing else; a call
-that needs a section defines that section then, and works.
+"""Sections 8-12 of the module are defined on first use: an EVAL call of a worker's busy loop
+(push, next, next_packed, ack) on a plain queue creates none of their functions (creating them
+is a good part of an EVAL call's cost) unless it walks the lists, which defines the walk (9)
+and nothing else; nack, bury and extend define their own small section (8); a call that needs
+a section defines that section then, and works.
 
 The harness runs the chunk afresh for every call, as EVAL does; the module's function table M
 is the one table the chunk gives the metatable that defines the later sections.
@@ -16,7 +17,12 @@ import pytest
 from tests.lua.harness import MODULE_CHUNKNAME, Harness, LuaScript, ScriptError
 
 LEASE_MS = 30_000
-DEFINERS = {"walk": b"define_walk", "later": b"define_later", "extensions": b"define_extensions"}
+DEFINERS = {
+    "setbacks": b"define_setbacks",
+    "walk": b"define_walk",
+    "later": b"define_later",
+    "extensions": b"define_extensions",
+}
 
 
 class Watched(Harness):
@@ -32,8 +38,8 @@ class Watched(Harness):
         return super().call(*argv)
 
     def defined(self) -> set[str]:
-        """The sections the last call defined: "walk" (8), "later" (9), "extensions" (10
-        and 11)."""
+        """The sections the last call defined: "setbacks" (8), "walk" (9), "later" (10),
+        "extensions" (11 and 12)."""
         rawget = self.script.rawget
         (functions,) = [t for t in self.tables if rawget(t, b"define_later") is not None]
         return {
@@ -72,12 +78,14 @@ def test_a_workers_loop_on_a_busy_queue_defines_nothing() -> None:
 def test_a_call_that_walks_defines_the_walk_only() -> None:
     """A claim that must walk (a new queue's first, tokens acked one by one, a nacked job due
     again, a buried one to drop, an expired lease) defines the walk and no other section;
-    an ack, nack, extend or bury needs none, nor does a claim the short way takes."""
+    an ack needs none, nor does a claim the short way takes; nack, extend and bury define
+    their own section only."""
     queue = Watched()
 
     def call(*argv: bytes | str | int, walks: bool = False) -> Any:
         reply = queue.call(*argv)
-        assert queue.defined() == ({"walk"} if walks else set()), argv
+        setback = argv[0] in ("nack", "bury", "extend")
+        assert queue.defined() == ({"walk"} if walks else {"setbacks"} if setback else set()), argv
         return reply
 
     assert call("push", "a", "b", "c", "d") == 4
@@ -113,8 +121,8 @@ def test_a_call_that_needs_a_later_section_defines_it_and_works() -> None:
     stats = queue.call("stats")
     assert queue.defined() == {"later"}
     assert b"scheduled" in stats
-    # A plain call on a queue with scheduled jobs promotes them (section 9), then leases (a
-    # new queue's first claim walks: section 8).
+    # A plain call on a queue with scheduled jobs promotes them (section 10), then leases (a
+    # new queue's first claim walks: section 9).
     assert queue.call("next", 1, LEASE_MS, 1000, 5)[3].startswith(b"x*")
     assert queue.defined() == {"later", "walk"}
     assert queue.call("pause") == 1

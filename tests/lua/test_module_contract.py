@@ -142,9 +142,12 @@ LAYOUT_OF_KEYS = {
 
 
 def test_header_commands_and_the_dispatch_table_agree() -> None:
-    table = re.search(r"local COMMANDS = \{(.*?)\n\}", BODY, re.DOTALL)
-    assert table, "no COMMANDS dispatch table in the body"
-    dispatch = dict(re.findall(r"\b(\w+) = '(\w+)'", table[1]))
+    table = re.search(r"local COMMANDS = \[\[\n(.*?)\n\]\]", BODY, re.DOTALL)
+    assert table, "no COMMANDS dispatch string in the body"
+    pairs = re.findall(r"(\w+)=(\w+)", table[1])
+    dispatch = dict(pairs)
+    assert len(dispatch) == len(pairs), "a command listed twice in COMMANDS"
+    assert re.fullmatch(r"(?:\s+\w+=\w+)+\s*", table[1]), "COMMANDS holds more than name=layout"
     # (`unique` is no command of its own: main takes it off the push command that follows)
     assert set(dispatch) | {"unique"} == set(header_commands())
     for name, layout in dispatch.items():
