@@ -609,14 +609,11 @@ local LIMIT = {
   trim_budget = 2000, -- retained messages one ttrim drops at most (about 3 ms)
   lease_ms = 86400000, -- one day; longer jobs extend their lease
   max_deliveries = 1000000, -- next's MAX_DELIVERIES (0 there: no limit)
-  -- Queue settings (configure), defaults and ranges: how long and how many refused tokens
-  -- are remembered (the fencing window), and how many dead letters are kept, for how long.
-  fence_ms = 3600000, fence_ms_range = { 1000, 30 * 86400000 },
-  fence_max = 1000000, fence_max_range = { 1000, 1e9 },
-  -- (at most a million dead letters: requeue_dead's LREM walks that far at the most)
-  dead_max = 100000, dead_max_range = { 1, 1000000 },
-  dead_age_ms = 7 * 86400000, dead_age_ms_range = { 0, 3650 * 86400000 }, -- 0: no age limit
-  track_ids = 0, track_ids_range = { 0, 1 }, -- see IDS
+  -- Queue settings (configure), defaults (their ranges: configure's SETTINGS): how long and
+  -- how many refused tokens are remembered (the fencing window), and how many dead letters
+  -- are kept, for how long.
+  fence_ms = 3600000, fence_max = 1000000, dead_max = 100000, dead_age_ms = 7 * 86400000,
+  track_ids = 0, -- see IDS
   trim_step = 1000, -- refused tokens or dead letters one call drops beyond what it adds
   -- How long an ack that dropped payloads is remembered at most (M.remember_dropped): a
   -- call retried after its reply was lost comes again within this.
@@ -3655,7 +3652,17 @@ function M.define_later()
 
   -- The queue's settings, stored in its meta hash: NAME VALUE pairs set (each checked before
   -- any is written), then all of them answered, each with its value or its default.
+  -- configure's settings, in the order of its reply, and the range of each (the defaults are
+  -- in LIMIT; the ranges only configure reads, so an EVAL call of any other command does not
+  -- build them).
   local SETTINGS = { 'fence_ms', 'fence_max', 'dead_max', 'dead_age_ms', 'track_ids' }
+  local SETTING_RANGES = {
+    fence_ms = { 1000, 30 * 86400000 }, fence_max = { 1000, 1e9 },
+    -- (at most a million dead letters: requeue_dead's LREM walks that far at the most)
+    dead_max = { 1, 1000000 },
+    dead_age_ms = { 0, 3650 * 86400000 }, -- 0: no age limit
+    track_ids = { 0, 1 },
+  }
 
   -- configure's track_ids (see IDS): turned on only while the queue holds no job, so the index
   -- knows every id from the start; turned off, the index goes.
@@ -3684,10 +3691,7 @@ function M.define_later()
     if #A % 2 == 0 then M.refuse('ROTATOR_BADARG', 'configure takes NAME VALUE pairs') end
     local writes = {}
     for i = 2, #A, 2 do
-      local range = nil
-      for _, name in ipairs(SETTINGS) do
-        if A[i] == name then range = LIMIT[name .. '_range'] end
-      end
+      local range = SETTING_RANGES[A[i]]
       if not range then
         M.refuse('ROTATOR_BADARG', 'no setting ' .. M.printable(A[i]) .. ': one of ' ..
           table.concat(SETTINGS, ' '))
