@@ -1508,7 +1508,7 @@ function M.push_ids(first, before_write)
   if n == 0 then return 0 end
   local length = M.read('LLEN', K.ring)
   local meta = M.read_push_meta(K)
-  local head = M.read_push_keys(K)
+  local head, wake = M.read_push_keys(K)
   M.check_unique(meta)
   if before_write then before_write() end
   local now = M.now_ms()
@@ -1527,7 +1527,8 @@ function M.push_ids(first, before_write)
       pushed_to = rcall('LPUSH', K.ring, unpack(A, i, math.min(i + LIMIT.batch - 1, #A)))
     end
   end
-  M.record_push(K, meta, n, now, head, pushed_to)
+  -- (nothing between read_push_keys and here writes the wake list: a full one stays as it is)
+  M.record_push(K, meta, n, now, head, pushed_to, wake)
   return n, now, ids
 end
 
@@ -4499,7 +4500,7 @@ function M.define_extensions()
     if #ids == 0 then return 0 end
     local length = M.read('LLEN', K.ring)
     local meta = M.read_push_meta(K)
-    local head = M.read_push_keys(K)
+    local head, wake = M.read_push_keys(K)
     local stored = M.read('HLEN', K.payloads)
     if K.items then M.read('HLEN', K.items) end
     M.check_unique(meta)
@@ -4514,7 +4515,7 @@ function M.define_extensions()
     M.count_copies(ids, stored)
     M.call_all('HSET', K.payloads, pairs_)
     M.call_all('LPUSH', K.ring, ids)
-    M.record_push(K, meta, #ids, now, head)
+    M.record_push(K, meta, #ids, now, head, nil, wake) -- (nothing wrote the wake list since)
     M.enqueued(ids, now)
     return #ids
   end

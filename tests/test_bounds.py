@@ -247,6 +247,29 @@ def test_topic_stats_are_counters_too(client: redis.Redis, queue_name: str) -> N
     assert command_calls(client, "hvals") == whole_reads
 
 
+@pytest.mark.parametrize("payloads", [False, True])
+def test_a_push_onto_a_full_wake_list_writes_no_wake_token(
+    client: redis.Redis, queue_name: str, payloads: bool
+) -> None:
+    """Nobody waits on a busy queue's wake list, so it stays full (16 tokens); a push then
+    adds no token and trims nothing, where it used to push one and trim it off again."""
+    q = Rotator(client, queue_name, timeout=30, payloads=payloads)
+    wake = q.keys.wake
+    for n in range(20):
+        q.push(f"j{n}")
+    assert client.llen(wake) == 16
+    lpushes, ltrims = command_calls(client, "lpush"), command_calls(client, "ltrim")
+    if payloads:
+        assert q.push_payloads({"p": b"body"}) == 1
+    else:
+        assert q.push("one more") == 1
+    assert command_calls(client, "ltrim") == ltrims
+    assert client.llen(wake) == 16
+    # The ring's LPUSH, and the push log's when the push opened a new second's checkpoint.
+    assert command_calls(client, "lpush") - lpushes in (1, 2)
+    assert q.stats().pending == 21
+
+
 def test_counters_stay_true_through_laps(client: redis.Redis, queue_name: str) -> None:
     q = Rotator(client, queue_name, timeout=30)
     q.push_many(f"j{n}" for n in range(50))
