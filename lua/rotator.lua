@@ -1199,7 +1199,7 @@ end
 
 
 -- 5. ACKS: for ack, next (its ACK_TOKENs) and ackp ------------------------------------------------
--- nack and extend share revoked_among and touch.
+-- nack, bury and extend (section 8) share refused_among and touch.
 
 -- Acks A[first..] (already checked); returns how many were accepted, and the accepted
 -- tokens. A token goes into the done set; its batch, which may still be one packed element,
@@ -5119,8 +5119,9 @@ end
 --   items     the thirteen, its payloads and its item stats
 --   topic     the topic's four, then the thirteen of each group
 -- One string, not a table: an EVAL call runs this chunk every time, and a table of these 40
--- entries cost it 2 us (13% of a one-job call's instructions under callgrind); main looks a
--- command up once (M.layout_of), and a library remembers what it found (LAYOUTS).
+-- entries cost it about 2 us (4% of a one-job EVALSHA call's instructions under callgrind);
+-- main looks a command up once (M.layout_of), and a library remembers what it found
+-- (LAYOUTS).
 local COMMANDS = [[
   push=queue push_priority=extras push_chunk=chunk push_later=extras
   schedule=queue unschedule=queue schedules=queue
