@@ -105,6 +105,13 @@ def ensure_node() -> None:
     apt_install("nodejs", "npm")
 
 
+def ensure_valgrind() -> None:
+    """bench.instructions counts a server's instructions under callgrind (its smoke test too)."""
+    if shutil.which("valgrind") and shutil.which("callgrind_control"):
+        return
+    apt_install("valgrind")
+
+
 def build_node_client() -> None:
     """``npm ci`` when package-lock.json changed since the last one, then the TypeScript
     build (which copies lua/rotator.lua into the package): the interop tests use it."""
@@ -129,6 +136,7 @@ def test(args: list[str]) -> None:
     ensure_chromium()
     ensure_java()
     ensure_node()
+    ensure_valgrind()
     build_node_client()
     say("lint: ruff and mypy")
     run(BIN / "ruff", "check", ".")

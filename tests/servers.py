@@ -14,7 +14,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal, Self
@@ -103,9 +103,12 @@ class ServerProcess:
         workdir: Path,
         config: Mapping[str, str] | None = None,
         port: int = 0,
+        wrapper: Sequence[str] = (),
     ) -> None:
-        """Prepare, do not start. `config` adds `--key value` flags; port 0 picks a free one."""
+        """Prepare, do not start. `config` adds `--key value` flags; port 0 picks a free one;
+        `wrapper`: a command the server runs under (bench.instructions: valgrind)."""
         self.kind = kind
+        self.wrapper = list(wrapper)
         self.host = HOST
         self.port = port
         self.workdir = Path(workdir)
@@ -202,7 +205,7 @@ class ServerProcess:
 
     def _launch(self) -> bool:
         """Run the binary; True once it serves, False if it exited first (port taken, say)."""
-        args = [self.binary, "--port", str(self.port), "--bind", self.host]
+        args = [*self.wrapper, self.binary, "--port", str(self.port), "--bind", self.host]
         args += ["--save", "", "--appendonly", "no", "--dir", str(self.workdir)]
         args += ["--enable-debug-command", "local"]  # DEBUG SLEEP etc. for chaos tests
         for key, value in self.config.items():

@@ -590,3 +590,25 @@ def test_bench_tracked_smoke(tmp_path: Path) -> None:
         assert row["now_vs_before"] > 0
     assert "| now / before (range) |" in printed
     assert (tmp_path / "tracked.md").read_text().count("| redis ") == 4
+
+
+def test_bench_instructions_smoke(tmp_path: Path) -> None:
+    """bench.instructions on tiny sizes: Redis under callgrind, both modules, every case; a
+    count per call in the range a module call takes (tens of thousands of instructions at the
+    least: the server reads the command, runs the script, writes the reply)."""
+    printed = run_smoke("bench.instructions", tmp_path, 300)
+    data = json.loads((tmp_path / "instructions.json").read_text())
+    assert data["before"] == "bench/baseline/rotator-5b7616c.lua"
+    (run,) = data["runs"]
+    assert run["server"] == "redis"
+    cases = {(row["via"], row["batch"]) for row in run["rows"]}
+    assert cases == {(via, batch) for via in ("fcall", "evalsha") for batch in (0, 1, 100)}
+    for row in run["rows"]:
+        assert 10_000 < row["before"] < 10_000_000, row
+        assert 10_000 < row["now"] < 10_000_000, row
+    by = {(row["via"], row["batch"]): row["now"] for row in run["rows"]}
+    # An EVALSHA call runs the module's file first; FCALL runs only its main.
+    assert by["evalsha", 1] > by["fcall", 1]
+    # A hundred jobs a call are more work than one.
+    assert by["fcall", 100] > by["fcall", 1]
+    assert "| now / before (range) |" in printed

@@ -1,0 +1,263 @@
+"""Instructions per module call, counted under valgrind's callgrind: the module's server work
+measured the same way on a noisy machine, to compare two versions of the module.
+
+    .venv/bin/python -m bench.instructions [--smoke | --quick] [--servers redis,valkey]
+        [--before COMMIT_OR_FILE] [--table]
+
+On this 2-core VM the server time of one call moves by 10-20% from minute to minute (other
+tenants, frequency), more than most changes to the module are worth; an instruction count
+moves by about 1%. Each server runs under ``valgrind --tool=callgrind`` (some 50 times
+slower: the counts are the measure here, never the time), with both modules loaded: BEFORE
+(``--before``: a commit, whose ``lua/rotator.lua`` git shows, or a file; by default the
+module before issue 22, ``bench/baseline/rotator-5b7616c.lua``, which needs no git history)
+and NOW, the working tree's. Both are driven with the same raw calls (bench.bounds' Module:
+keys from ``rotator.keys``, less the roles an older module does not know). A case runs its
+calls on a queue of its own after a few unmeasured ones; callgrind's counters are zeroed
+before the measured calls (``callgrind_control -z``) and dumped after (``-d``), and the
+total, divided by the number of calls, is the figure. It counts the whole server: reading
+the command, the script, the commands it calls, the reply, and whatever else the server did
+meanwhile (its cron runs at 10 Hz: a few thousand instructions a second, spread over the
+calls). Rounds alternate the two modules; the median of the rounds is given with their
+range. Results: ``bench/results/instructions.{json,md}``.
+
+Cases, each by FCALL and by EVALSHA: a worker's one-job call (``next_packed 1`` carrying the
+batch ack of the call before, the Python client's loop), the same with batches of 100, and a
+push of one id onto a busy queue (nobody blocked: its wake list full).
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from bench.bounds import OLD_MODULE, Module, job_ids
+from bench.harness import ROOT, machine_info, module_info, size_mode, sized_parser
+from rotator.keys import queue_keys
+from rotator.script import module_source
+from tests.servers import ServerProcess
+
+RESULTS = Path(__file__).resolve().parent / "results"
+LEASE_MS = 30_000
+BUDGET = 1000
+WARM_CALLS = 20  # unmeasured calls first: the first defines what a library keeps
+
+
+@dataclass(frozen=True)
+class Sizes:
+    rounds: int
+    calls: int  # measured calls per case and round
+
+
+SIZES = {"full": Sizes(5, 300), "quick": Sizes(3, 150), "smoke": Sizes(1, 10)}
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    via: str  # "fcall" or "evalsha"
+    batch: int  # jobs per claim; 0: a push of one id
+
+
+CASES = tuple(
+    Case(f"{what} by {via.upper()}", via, batch)
+    for batch, what in ((1, "next_packed 1 + batch ack"), (100, "next_packed 100 + batch ack"),
+                        (0, "push of one id, wake list full"))
+    for via in ("fcall", "evalsha")
+)  # fmt: skip
+
+
+def valgrind_command() -> list[str]:
+    """callgrind, or a failure that says how to install it."""
+    if not (shutil.which("valgrind") and shutil.which("callgrind_control")):
+        raise SystemExit(
+            "bench.instructions needs valgrind (callgrind): sudo apt-get install -y valgrind"
+        )
+    return ["valgrind", "--tool=callgrind", "--quiet"]
+
+
+def module_at(before: str) -> str:
+    """The source of ``before``: a file, or a commit's lua/rotator.lua."""
+    path = Path(before)
+    if path.is_file():
+        return path.read_text(encoding="utf-8")
+    shown = subprocess.run(
+        ["git", "show", f"{before}:lua/rotator.lua"],
+        cwd=ROOT, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    if shown.returncode != 0:
+        raise SystemExit(f"--before {before}: no such file, and git cannot show it: {shown.stderr}")
+    return shown.stdout
+
+
+class Counted:
+    """A server under callgrind, and how many instructions it ran during a piece of work."""
+
+    def __init__(self, server: ServerProcess, dumps: Path) -> None:
+        self.server, self.dumps = server, dumps
+        self.client = redis.Redis(port=server.port, socket_timeout=120)
+        self.pid = str(self.client.info("server")["process_id"])
+
+    def instructions(self, work: Callable[[], object]) -> int:
+        for old in glob.glob(str(self.dumps / "callgrind.out.*")):
+            os.remove(old)
+        subprocess.run(["callgrind_control", "-z", self.pid], capture_output=True, check=True)
+        work()
+        subprocess.run(["callgrind_control", "-d", self.pid], capture_output=True, check=True)
+        for _ in range(100):  # (the dump is written by the server's process, soon after)
+            found = sorted(glob.glob(str(self.dumps / "callgrind.out.*")), key=os.path.getmtime)
+            text = Path(found[-1]).read_text() if found else ""
+            total = re.search(r"^(?:summary|totals):\s+(\d+)", text, re.MULTILINE)
+            if total:
+                return int(total[1])
+            time.sleep(0.05)
+        raise RuntimeError("callgrind wrote no dump")
+
+
+@contextmanager
+def counted_server(kind: str, workdir: Path) -> Iterator[Counted]:
+    dumps = workdir / "callgrind"
+    dumps.mkdir(parents=True, exist_ok=True)
+    wrapper = [*valgrind_command(), f"--callgrind-out-file={dumps}/callgrind.out.%p"]
+    with ServerProcess(kind, workdir, wrapper=wrapper) as server:  # type: ignore[arg-type]
+        yield Counted(server, dumps)
+
+
+def per_call(counted: Counted, module: Module, case: Case, calls: int, tag: str) -> float:
+    """Instructions per call of ``case`` by ``module`` (``calls`` of them)."""
+    client = counted.client
+    keys = queue_keys(f"instructions-{module.label}-{case.via}-{case.batch}-{tag}").all
+    call = module.call if case.via == "evalsha" else module.fcall
+    if case.batch == 0:
+        pushed = iter(job_ids(WARM_CALLS + calls))
+        for _ in range(WARM_CALLS):  # (17 pushes fill the wake list: nobody is blocked)
+            call(client, keys, "push", next(pushed))
+        total = counted.instructions(lambda: [call(client, keys, "push", i) for i in pushed])
+        client.delete(*keys)
+        return total / calls
+    ids = job_ids((WARM_CALLS + calls + 1) * case.batch)
+    for start in range(0, len(ids), 5000):
+        call(client, keys, "push", *ids[start : start + 5000])
+    ack: list[bytes] = []
+
+    def claims(n: int) -> None:
+        nonlocal ack
+        for _ in range(n):
+            packed = call(client, keys, "next_packed", case.batch, LEASE_MS, BUDGET, 0, *ack)[3]
+            ack = [packed[: packed.index(b"*", 1)] + b"/%d" % (packed.count(b"*") - 1)]
+
+    claims(WARM_CALLS)
+    total = counted.instructions(lambda: claims(calls))
+    client.delete(*keys)
+    return total / calls
+
+
+def run_server(
+    kind: str, pair: tuple[Module, Module], sizes: Sizes, workdir: Path, log: Any
+) -> dict[str, Any]:
+    with counted_server(kind, workdir / kind) as counted:
+        for module in pair:
+            module.load(counted.client)
+        log(f"{kind} {counted.server.version} under callgrind on port {counted.server.port}")
+        samples: dict[tuple[str, str], list[float]] = {}
+        for round_ in range(sizes.rounds):
+            for case in CASES:
+                order = pair if round_ % 2 == 0 else pair[::-1]
+                for module in order:
+                    figure = per_call(counted, module, case, sizes.calls, str(round_))
+                    samples.setdefault((case.name, module.label), []).append(figure)
+        rows = []
+        for case in CASES:
+            before, now = samples[case.name, "before"], samples[case.name, "now"]
+            was, is_ = statistics.median(before), statistics.median(now)
+            ratio = statistics.median(n / b for n, b in zip(now, before, strict=True))
+            rows.append(
+                {
+                    "case": case.name,
+                    "via": case.via,
+                    "batch": case.batch,
+                    "before": was,
+                    "now": is_,
+                    "now_vs_before": ratio,
+                    "before_by_round": before,
+                    "now_by_round": now,
+                }
+            )
+            log(f"  {case.name}: {was / 1000:.1f}k -> {is_ / 1000:.1f}k a call ({ratio:.3f})")
+        return {"server": kind, "version": counted.server.version, "rows": rows}
+
+
+def markdown(data: dict[str, Any]) -> str:
+    lines = [
+        "# Instructions per module call (callgrind), before and now",
+        "",
+        f"`python -m bench.instructions` ({data['machine']['mode']}), {data['machine']['date']}: "
+        f"before = {data['before']}, now = module {data['module']['commit']}; "
+        f"{data['sizes']['calls']} calls a case, median of {data['sizes']['rounds']} rounds.",
+        "",
+        "| server | case | before | now | now / before (range) |",
+        "|---|---|---:|---:|---:|",
+    ]
+    for run in data["runs"]:
+        for row in run["rows"]:
+            ratios = [
+                n / b for n, b in zip(row["now_by_round"], row["before_by_round"], strict=True)
+            ]
+            lines.append(
+                f"| {run['server']} {run['version']} | {row['case']} | {row['before'] / 1000:.1f}k "
+                f"| {row['now'] / 1000:.1f}k | {row['now_vs_before']:.3f} "
+                f"({min(ratios):.3f}-{max(ratios):.3f}) |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = sized_parser(__doc__, RESULTS, "instructions.json")
+    parser.add_argument(
+        "--before", default=str(OLD_MODULE.relative_to(ROOT)),
+        help="the module to compare with: a commit or a file (default: %(default)s)",
+    )  # fmt: skip
+    args = parser.parse_args(argv)
+    out: Path = args.out
+    if args.table:
+        print(markdown(json.loads((out / "instructions.json").read_text())))
+        return 0
+    valgrind_command()
+    sizes = SIZES[size_mode(args)]
+    pair = (Module("before", module_at(args.before)), Module("now", module_source()))
+
+    def log(line: str) -> None:
+        print(line, flush=True)
+
+    data: dict[str, Any] = {
+        "machine": machine_info(size_mode(args)),
+        "module": module_info(),
+        "before": args.before,
+        "sizes": asdict(sizes),
+    }
+    with tempfile.TemporaryDirectory(prefix="rotator-instructions-") as tmp:
+        data["runs"] = [
+            run_server(kind, pair, sizes, Path(tmp), log) for kind in args.servers.split(",")
+        ]
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "instructions.json").write_text(json.dumps(data, indent=2) + "\n")
+    (out / "instructions.md").write_text(markdown(data))
+    log(markdown(data))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
