@@ -908,8 +908,6 @@ function M.check_tokens(first, required, batches)
   if named then M.take_names(first, named) end
 end
 
-
-
 -- The runs of `s` between its "*"s from byte `at` on, empty ones skipped (what gmatch with
 -- '[^*]+' gives), appended to `ids` (or a new table): by plain find, which is about a third
 -- cheaper than the pattern (8 against 12 us for a batch of 100 ids on this project's machine).
@@ -1091,7 +1089,6 @@ function M.count_mark(sides, key, m, sign)
   end
 end
 
-
 -- The counts that changed, appended to `fields` (meta field, value, ...).
 function M.marked_fields(sides, fields)
   local marked = sides.marked
@@ -1105,7 +1102,6 @@ function M.marked_fields(sides, fields)
   marked.was = now
   return fields
 end
-
 
 -- Writes marks (distinct fields -> values) into the current marks hash, counting what they
 -- replace; with `old_too`, also removes the fields from the old hash.
@@ -1197,7 +1193,6 @@ function M.enqueued(ids, now)
   if #pairs_ > 0 then rcall('HSET', K.items, unpack(pairs_)) end
 end
 
-
 -- 5. ACKS: for ack, next (its ACK_TOKENs) and ackp ------------------------------------------------
 -- nack, bury and extend (section 8) share refused_among and touch.
 
@@ -1241,7 +1236,6 @@ function M.ack_tokens(first, ring_length, sides)
   return n, accepted
 end
 
-
 -- A named batch acked whole now: its ids' payloads go (DROPPED). The first batch's list of
 -- ids is taken over, not copied (a batch of 100 is the common call): nothing reads a named
 -- batch's ids once they are dropped.
@@ -1255,9 +1249,6 @@ function M.drop_named(batch, ids)
   end
   dropped.batches[#dropped.batches + 1] = batch
 end
-
-
-
 
 -- The lease list's walk stopped at a young lease that was live (meta lstop: the deadline its
 -- tokens carry), and waits for it before it looks for acked leases behind it. True when one
@@ -2003,14 +1994,6 @@ function M.read_issued(sides, fence)
   for i = 1, 4 do counts[i] = tonumber(m[i + 3]) or 0 end
   return M.read_marked(sides, counts)
 end
-
-
-
-
-
-
-
-
 
 -- 8. ON FIRST USE: NACK, BURY, EXTEND -------------------------------------------------------------
 -- A worker's calls for a job that failed or runs long. Defined on first use (see
@@ -4221,6 +4204,12 @@ end
 -- first use (see ON_FIRST_USE), so an EVAL call of a core command does not pay for creating
 -- their functions (a library defines them once).
 function M.define_extensions()
+  -- pushp nextp ackp keep payloads in the fourteenth key; pushi nackp items keep per-item stats
+  -- in the fifteenth, which pushp nextp ackp also keep when given it.
+
+  -- A payload call's acks name their batches (NAMED) and drop what they complete (FRESH_ACKS):
+  -- what check_tokens, ack_tokens and the short way of next call for them.
+
   -- Each named batch ack of A[first..] (`named`: argument -> the ids it names, all checked)
   -- becomes its batch ack, what it named kept in NAMED; a call naming more than LIMIT.batch
   -- jobs, tokens and ids together, is refused (their payloads are looked up in one call).
@@ -4372,9 +4361,6 @@ function M.define_extensions()
     -- (a claim trimmed already, LIMIT.trim_step at least: more than most calls add)
     if not TRIMMED or n > LIMIT.trim_step then M.trim_revoked(fence, now, n, call.revoked + n) end
   end
-
-  -- pushp nextp ackp keep payloads in the fourteenth key; pushi nackp items keep per-item stats
-  -- in the fifteenth, which pushp nextp ackp also keep when given it.
 
   -- Ids of accepted tokens (checked tokens: each has a "*" after its id).
   function M.token_ids(tokens)
