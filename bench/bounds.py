@@ -466,6 +466,11 @@ def unsubscribe_step(client: redis.Redis, m: Module, sizes: Sizes) -> list[dict[
     ]  # fmt: skip
 
 
+def whole_batch_ack(packed: bytes) -> bytes:
+    """The batch ack of a packed element's whole batch, as the Python client sends it."""
+    return packed[: packed.index(b"*", 1)] + b"/%d" % (packed.count(b"*") - 1)
+
+
 def hot_loop(
     m: Module, client: redis.Redis, name: str, *, batch: int, jobs: int, via: str
 ) -> dict[str, Any]:
@@ -481,7 +486,7 @@ def hot_loop(
         packed = call(client, keys, "next_packed", batch, 30_000, BUDGET, 0, *ack)[3]
         if not packed:
             break
-        ack = [packed[: packed.index(b"*", 1)] + b"/%d" % (packed.count(b"*") - 1)]
+        ack = [whole_batch_ack(packed)]
     stats = client.info("commandstats")
     calls = int(stats.get(f"cmdstat_{via}", {}).get("calls", 0))
     usec = int(stats.get(f"cmdstat_{via}", {}).get("usec", 0))

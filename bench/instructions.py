@@ -44,8 +44,15 @@ from typing import Any
 
 import redis
 
-from bench.bounds import OLD_MODULE, Module, job_ids
-from bench.harness import ROOT, machine_info, module_info, size_mode, sized_parser
+from bench.bounds import OLD_MODULE, Module, job_ids, push_all, whole_batch_ack
+from bench.harness import (
+    ROOT,
+    machine_info,
+    module_info,
+    size_mode,
+    sized_parser,
+    write_results,
+)
 from rotator.keys import queue_keys
 from rotator.script import module_source
 from tests.servers import ServerProcess
@@ -148,16 +155,14 @@ def per_call(counted: Counted, module: Module, case: Case, calls: int, tag: str)
         total = counted.instructions(lambda: [call(client, keys, "push", i) for i in pushed])
         client.delete(*keys)
         return total / calls
-    ids = job_ids((WARM_CALLS + calls + 1) * case.batch)
-    for start in range(0, len(ids), 5000):
-        call(client, keys, "push", *ids[start : start + 5000])
+    push_all(module, client, keys, job_ids((WARM_CALLS + calls + 1) * case.batch))
     ack: list[bytes] = []
 
     def claims(n: int) -> None:
         nonlocal ack
         for _ in range(n):
             packed = call(client, keys, "next_packed", case.batch, LEASE_MS, BUDGET, 0, *ack)[3]
-            ack = [packed[: packed.index(b"*", 1)] + b"/%d" % (packed.count(b"*") - 1)]
+            ack = [whole_batch_ack(packed)]
 
     claims(WARM_CALLS)
     total = counted.instructions(lambda: claims(calls))
@@ -252,10 +257,7 @@ def main(argv: list[str] | None = None) -> int:
         data["runs"] = [
             run_server(kind, pair, sizes, Path(tmp), log) for kind in args.servers.split(",")
         ]
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "instructions.json").write_text(json.dumps(data, indent=2) + "\n")
-    (out / "instructions.md").write_text(markdown(data))
-    log(markdown(data))
+    log(markdown(write_results(out, "instructions", data, markdown)))
     return 0
 
 
