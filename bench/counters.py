@@ -124,7 +124,7 @@ def modules(before: Path | None = None, after: Path | None = None) -> tuple[Modu
 # The module's counts of what happened to its jobs (completed, redelivered, reclaimed,
 # lettered): never read by the calls, added to by M.write_meta's call of M.add_counts, with
 # an HINCRBY of each that the call changed. ``without_counters`` takes that call out.
-_ADD_COUNTS = "  M.add_counts(s)\n"
+_ADD_COUNTS = "    M.add_counts(s)\n"  # (in write_meta, inside define_module)
 ISOLATED_NAME = "rotator-without-counters.lua"  # --isolate's BEFORE
 
 

@@ -569,27 +569,30 @@ REDIS-CLI
 --    1. Constants         limits, widths and byte codes of the element grammar
 --    2. Call state        what main binds at the start of a call (nothing rebinds it)
 --    3. Shared helpers    errors, guarded reads, time, argument and token checks
---    4. Queue state       counters, side-structure sizes and pushes, on any queue's keys
---    5. Acks              acking tokens and batch acks, for ack, next and ackp
+--    4. Queue state       counters, side-structure sizes and wake-ups, on any queue's keys
+--    5. Ack checks        what the short way of next asks of its batch acks
 --    6. Walk state        what a claim reads first and writes back last
---    7. Queue commands    a worker's busy loop: push next next_packed ack, and the short way
---                         of next
---    8. Setbacks          a worker's calls for jobs that fail or run long: nack bury extend
---    9. The walk engine   one walk over the lists' tails, for next, next_packed and sweep
---   10. On first use      tracked ids; push_chunk push_later push_priority pause resume; rate
+--    7. Queue commands    a worker's busy loop: next_packed (and next), and the short way of
+--                         next
+--    8. Push and ack      push, the bookkeeping every push shares, and acks one by one: ack
+--    9. Setbacks          a worker's calls for jobs that fail or run long: nack bury extend
+--   10. The walk engine   one walk over the lists' tails, for next, next_packed and sweep
+--   11. On first use      tracked ids; push_chunk push_later push_priority pause resume; rate
 --                         limits and durations; scheduled and prioritized jobs; cancel sweep
 --                         delete configure stats peek scan dead requeue_dead
 --                         requeue_dead_from; recurring schedules: schedule unschedule schedules
---   11. Payloads          pushp pushp_later nextp ackp, and item stats: pushi nackp items
---   12. Topics            tpublish tsubscribe tunsubscribe treplay tseek ttrim tstats
---                         (8 is defined on first use by M.define_setbacks, 9 by
---                         M.define_walk, 10 by M.define_later, 11 and 12 by
---                         M.define_extensions: see ON_FIRST_USE)
---   13. Dispatch          the command table, the KEYS by name, main
+--   12. Payloads          pushp pushp_later nextp ackp, and item stats: pushi nackp items
+--   13. Topics            tpublish tsubscribe tunsubscribe treplay tseek ttrim tstats
+--                         (8 is defined on first use by M.define_push_ack, 9 by
+--                         M.define_setbacks, 10 by M.define_walk, 11 by M.define_later, 12
+--                         and 13 by M.define_extensions: see ON_FIRST_USE)
+--   14. Dispatch          the command table, the KEYS by name, main
+--
+-- Sections 3 to 14 are the body of one function, define_module, which the chunk calls once.
 --
 -- Two ways to run: EVAL/EVALSHA run this whole chunk on every call, so it defines its
 -- functions each time (creating closures and filling M is a good part of a call's cost, which
--- is why sections 8-12 are defined only by a call that needs them); FUNCTION LOAD runs it once
+-- is why sections 8-13 are defined only by a call that needs them); FUNCTION LOAD runs it once
 -- to register `main`, and each FCALL only runs `main`. Functions live in one table (M, see
 -- section 2) and key types are checked by the reads a command needs anyway (M.read), not by
 -- TYPE.
@@ -754,9 +757,7 @@ local CHECKED
 -- calls, so that it looks each command up once.
 local LAYOUTS
 local LIBRARY = false
--- The module's functions. Declared last of the chunk's locals: creating a closure looks up
--- each of its upvalues in the chunk's list of captured locals, newest first, and nearly every
--- function uses M (3% of an EVAL call's instructions, counted under callgrind).
+-- The module's functions (sections 3 to 14 define them, see define_module).
 local M = {}
 function M.make_pad()
   local format = LIMIT.place_format
@@ -769,4539 +770,4569 @@ function M.make_pad()
   })
 end
 
--- 3. SHARED HELPERS: errors, guarded reads, time, arguments, tokens -------------------------------
+-- THE FUNCTIONS: sections 3 to 14 are the body of define_module, which the chunk calls once,
+-- below. A closure made at the chunk's top level finds each local of the chunk it uses by
+-- searching all the chunk's captured locals (luaF_findupval); one made inside a function
+-- copies them from that function's own upvalues. An EVAL call makes some 60 closures: made
+-- here, a one-job claim runs 2% fewer instructions (13k of 579k, counted under callgrind).
+local function define_module()
+  -- 3. SHARED HELPERS: errors, guarded reads, time, arguments, tokens -----------------------------
 
-function M.fail(code, message)
-  return { err = code .. ' ' .. message }
-end
-
--- Ends the command with an expected error. Only ever raised before a command's first write
--- (Redis does not roll back a script); the dispatcher turns it into the error reply.
-function M.refuse(code, message)
-  error(M.fail(code, message), 0)
-end
-
--- Arguments echoed in errors: short, and nothing that could break a reply or a log line.
-function M.printable(value)
-  local head = string.sub(tostring(value), 1, LIMIT.echo_bytes)
-  return '"' .. string.gsub(head, '[^%w%p ]', '?') .. '"'
-end
-
--- A read that is also its key's type check: every key a command writes is read through here
--- before the command's first write.
-function M.read(name, key, ...)
-  local reply = redis.pcall(name, key, ...)
-  if type(reply) == 'table' and reply.err then
-    M.refuse('ROTATOR_WRONGTYPE', key .. ' holds a ' .. rcall('TYPE', key)['ok'] ..
-      ', not the type rotator keeps there')
+  function M.fail(code, message)
+    return { err = code .. ' ' .. message }
   end
-  return reply
-end
 
--- A write the server may refuse for what it finds there (a counter written by hand that is not
--- a whole number): its error reply, where rcall would fail the call.
-function M.attempt(name, key, ...)
-  return redis.pcall(name, key, ...)
-end
-
-function M.now_ms()
-  local t = rcall('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-end
-
--- A whole number in [lo, hi] written in plain digits; strtod-isms like "1e3" or "nan" fail.
-function M.int_arg(index, name, lo, hi)
-  local value = A[index]
-  if type(value) ~= 'string' or not string.find(value, '^%d+$') or #value > LIMIT.int_digits then
-    M.refuse('ROTATOR_BADARG', name .. ' must be a whole number, got ' .. M.printable(value))
+  -- Ends the command with an expected error. Only ever raised before a command's first write
+  -- (Redis does not roll back a script); the dispatcher turns it into the error reply.
+  function M.refuse(code, message)
+    error(M.fail(code, message), 0)
   end
-  local n = tonumber(value)
-  if n < lo or n > hi then
-    M.refuse('ROTATOR_BADARG', name .. ' must be in ' .. lo .. '..' .. hi .. ', got ' .. value)
+
+  -- Arguments echoed in errors: short, and nothing that could break a reply or a log line.
+  function M.printable(value)
+    local head = string.sub(tostring(value), 1, LIMIT.echo_bytes)
+    return '"' .. string.gsub(head, '[^%w%p ]', '?') .. '"'
   end
-  return n
-end
 
--- COMMAND KEY ITEM... in slices, keeping order, so long lists stay under unpack()'s limit
--- (LIMIT.batch is even: field/value and score/member pairs stay whole). Returns the sum of
--- the replies: what SREM, HDEL, HSET and ZADD count.
-function M.call_all(command, key, items)
-  local total = 0
-  for i = 1, #items, LIMIT.batch do
-    total = total + rcall(command, key, unpack(items, i, math.min(i + LIMIT.batch - 1, #items)))
+  -- A read that is also its key's type check: every key a command writes is read through here
+  -- before the command's first write.
+  function M.read(name, key, ...)
+    local reply = redis.pcall(name, key, ...)
+    if type(reply) == 'table' and reply.err then
+      M.refuse('ROTATOR_WRONGTYPE', key .. ' holds a ' .. rcall('TYPE', key)['ok'] ..
+        ', not the type rotator keeps there')
+    end
+    return reply
   end
-  return total
-end
 
--- ZMSCORE of any number of members, LIMIT.batch at a time.
-function M.zmscore_all(key, members)
-  local scores = {}
-  for i = 1, #members, LIMIT.batch do
-    local part = rcall('ZMSCORE', key, unpack(members, i, math.min(i + LIMIT.batch - 1, #members)))
-    for j = 1, #part do scores[i + j - 1] = part[j] end
+  -- A write the server may refuse for what it finds there (a counter written by hand that is not
+  -- a whole number): its error reply, where rcall would fail the call.
+  function M.attempt(name, key, ...)
+    return redis.pcall(name, key, ...)
   end
-  return scores
-end
 
--- HMGET of any number of fields, LIMIT.batch at a time.
-function M.hmget_all(key, fields)
-  local values = {}
-  for i = 1, #fields, LIMIT.batch do
-    local part = rcall('HMGET', key, unpack(fields, i, math.min(i + LIMIT.batch - 1, #fields)))
-    for j = 1, #part do values[i + j - 1] = part[j] end
+  function M.now_ms()
+    local t = rcall('TIME')
+    return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   end
-  return values
-end
 
-function M.valid_id(id)
-  return #id > 0 and #id <= LIMIT.id_bytes and not string.find(id, '*', 1, true)
-end
-
-function M.check_count(first, what)
-  local count = #A - first + 1
-  if count > LIMIT.batch then
-    M.refuse('ROTATOR_TOOMANY', 'at most ' .. LIMIT.batch .. ' ' .. what .. ' per call, got ' .. count)
+  -- A whole number in [lo, hi] written in plain digits; strtod-isms like "1e3" or "nan" fail.
+  function M.int_arg(index, name, lo, hi)
+    local value = A[index]
+    if type(value) ~= 'string' or not string.find(value, '^%d+$') or #value > LIMIT.int_digits then
+      M.refuse('ROTATOR_BADARG', name .. ' must be a whole number, got ' .. M.printable(value))
+    end
+    local n = tonumber(value)
+    if n < lo or n > hi then
+      M.refuse('ROTATOR_BADARG', name .. ' must be in ' .. lo .. '..' .. hi .. ', got ' .. value)
+    end
+    return n
   end
-end
 
-function M.check_ids(first)
-  M.check_count(first, 'ids')
-  for i = first, #A do
-    if not M.valid_id(A[i]) then
-      M.refuse('ROTATOR_BADID', 'job id must be 1..' .. LIMIT.id_bytes ..
-        ' bytes without "*", got ' .. M.printable(A[i]))
+  -- COMMAND KEY ITEM... in slices, keeping order, so long lists stay under unpack()'s limit
+  -- (LIMIT.batch is even: field/value and score/member pairs stay whole). Returns the sum of
+  -- the replies: what SREM, HDEL, HSET and ZADD count.
+  function M.call_all(command, key, items)
+    local total = 0
+    for i = 1, #items, LIMIT.batch do
+      total = total + rcall(command, key, unpack(items, i, math.min(i + LIMIT.batch - 1, #items)))
+    end
+    return total
+  end
+
+  -- ZMSCORE of any number of members, LIMIT.batch at a time.
+  function M.zmscore_all(key, members)
+    local scores = {}
+    for i = 1, #members, LIMIT.batch do
+      local part = rcall('ZMSCORE', key,
+        unpack(members, i, math.min(i + LIMIT.batch - 1, #members)))
+      for j = 1, #part do scores[i + j - 1] = part[j] end
+    end
+    return scores
+  end
+
+  -- HMGET of any number of fields, LIMIT.batch at a time.
+  function M.hmget_all(key, fields)
+    local values = {}
+    for i = 1, #fields, LIMIT.batch do
+      local part = rcall('HMGET', key, unpack(fields, i, math.min(i + LIMIT.batch - 1, #fields)))
+      for j = 1, #part do values[i + j - 1] = part[j] end
+    end
+    return values
+  end
+
+  function M.valid_id(id)
+    return #id > 0 and #id <= LIMIT.id_bytes and not string.find(id, '*', 1, true)
+  end
+
+  function M.check_count(first, what)
+    local count = #A - first + 1
+    if count > LIMIT.batch then
+      M.refuse('ROTATOR_TOOMANY',
+        'at most ' .. LIMIT.batch .. ' ' .. what .. ' per call, got ' .. count)
     end
   end
-end
 
--- Tokens (and, where `batches` allows, batch acks) are only checked for their shape here;
--- nothing parses their numbers. `batches` 'named': batch acks must name their jobs (a call
--- that drops payloads needs the ids), each one turned into its batch ack here (see NAMED).
-function M.check_tokens(first, required, batches)
-  if required and #A < first then M.refuse('ROTATOR_BADTOKEN', 'no token given') end
-  M.check_count(first, 'tokens')
-  local find, byte, BYTE_STAR = string.find, string.byte, BYTE_STAR
-  local named -- (batches 'named': each named batch ack's ids, by argument)
-  for i = first, #A do
-    local token = A[i]
-    -- A plain search for "*" (memchr), then a pattern over the short stamp only.
-    local star = find(token, '*', 2, true)
-    if not star or star > LIMIT.id_bytes + 1 or #token - star > LIMIT.stamp_bytes
-        or byte(token) == BYTE_STAR or not find(token, '^%d+%.%d+%.%d+$', star + 1) then
-      local jobs
-      if batches == 'named' then
-        local ids = M.name_batch(token, star)
-        jobs = ids and #ids
-        named = named or {}
-        named[i] = ids
-      else
-        jobs = batches and #token <= LIMIT.batch_ack_bytes
-          and string.match(token, '^%*%d+%.1%.%d+/(%d+)$')
-      end
-      if not jobs or tonumber(jobs) < 1 or tonumber(jobs) > LIMIT.count then
-        M.refuse('ROTATOR_BADTOKEN', (batches and 'not a delivery token or batch ack: '
-          or 'not a delivery token: ') .. M.printable(token))
+  function M.check_ids(first)
+    M.check_count(first, 'ids')
+    for i = first, #A do
+      if not M.valid_id(A[i]) then
+        M.refuse('ROTATOR_BADID', 'job id must be 1..' .. LIMIT.id_bytes ..
+          ' bytes without "*", got ' .. M.printable(A[i]))
       end
     end
   end
-  -- (rewritten once every argument passed: a refused call leaves A as it came)
-  if named then M.take_names(first, named) end
-end
 
--- The runs of `s` between its "*"s from byte `at` on, empty ones skipped (what gmatch with
--- '[^*]+' gives), appended to `ids` (or a new table): by plain find, which is about a third
--- cheaper than the pattern (8 against 12 us for a batch of 100 ids on this project's machine).
-function M.split_ids(s, at, ids)
-  ids = ids or {}
-  local find, sub, n, size = string.find, string.sub, #ids, #s
-  while at <= size do
-    local star = find(s, '*', at, true)
-    if not star then
-      n = n + 1
-      ids[n] = sub(s, at)
-      break
+  -- Tokens (and, where `batches` allows, batch acks) are only checked for their shape here;
+  -- nothing parses their numbers. `batches` 'named': batch acks must name their jobs (a call
+  -- that drops payloads needs the ids), each one turned into its batch ack here (see NAMED).
+  function M.check_tokens(first, required, batches)
+    if required and #A < first then M.refuse('ROTATOR_BADTOKEN', 'no token given') end
+    M.check_count(first, 'tokens')
+    local find, byte, BYTE_STAR = string.find, string.byte, BYTE_STAR
+    local named -- (batches 'named': each named batch ack's ids, by argument)
+    for i = first, #A do
+      local token = A[i]
+      -- A plain search for "*" (memchr), then a pattern over the short stamp only.
+      local star = find(token, '*', 2, true)
+      if not star or star > LIMIT.id_bytes + 1 or #token - star > LIMIT.stamp_bytes
+          or byte(token) == BYTE_STAR or not find(token, '^%d+%.%d+%.%d+$', star + 1) then
+        local jobs
+        if batches == 'named' then
+          local ids = M.name_batch(token, star)
+          jobs = ids and #ids
+          named = named or {}
+          named[i] = ids
+        else
+          jobs = batches and #token <= LIMIT.batch_ack_bytes
+            and string.match(token, '^%*%d+%.1%.%d+/(%d+)$')
+        end
+        if not jobs or tonumber(jobs) < 1 or tonumber(jobs) > LIMIT.count then
+          M.refuse('ROTATOR_BADTOKEN', (batches and 'not a delivery token or batch ack: '
+            or 'not a delivery token: ') .. M.printable(token))
+        end
+      end
     end
-    if star > at then
-      n = n + 1
-      ids[n] = sub(s, at, star - 1)
+    -- (rewritten once every argument passed: a refused call leaves A as it came)
+    if named then M.take_names(first, named) end
+  end
+
+  -- The runs of `s` between its "*"s from byte `at` on, empty ones skipped (what gmatch with
+  -- '[^*]+' gives), appended to `ids` (or a new table): by plain find, which is about a third
+  -- cheaper than the pattern (8 against 12 us for a batch of 100 ids on this project's machine).
+  function M.split_ids(s, at, ids)
+    ids = ids or {}
+    local find, sub, n, size = string.find, string.sub, #ids, #s
+    while at <= size do
+      local star = find(s, '*', at, true)
+      if not star then
+        n = n + 1
+        ids[n] = sub(s, at)
+        break
+      end
+      if star > at then
+        n = n + 1
+        ids[n] = sub(s, at, star - 1)
+      end
+      at = star + 1
     end
-    at = star + 1
+    return ids
   end
-  return ids
-end
 
--- Splits "<id>*<deadline>.<n>.<seq>"; nil for anything that is not a well-formed lease.
-function M.parse_token(element)
-  local star = string.find(element, '*', 1, true)
-  if not star or star == 1 or star > LIMIT.id_bytes + 1
-      or #element - star > LIMIT.stamp_bytes then
-    return nil
-  end
-  local deadline, n = string.match(element, '^(%d+)%.(%d+)%.%d+$', star + 1)
-  if not deadline or #deadline > LIMIT.int_digits or #n > LIMIT.delivery_digits then
-    return nil
-  end
-  return string.sub(element, 1, star - 1), tonumber(deadline), tonumber(n)
-end
-
--- The batch of a first-delivery token "<id>*<deadline>.1.<seq>", as "*<deadline>.1.<call
--- seq>" (the seq less its last five digits, see PAD), or nil for a later delivery: only first
--- deliveries are leased in batches.
-function M.batch_of(token)
-  local star = string.find(token, '*', 2, true)
-  -- Count 1, then a seq of at least a call seq digit and the LIMIT.place_digits of a place.
-  if not string.find(token, '^%d+%.1%.%d%d%d%d%d%d', star + 1) then return nil end
-  return '*' .. string.sub(token, star + 1, -(LIMIT.place_digits + 1))
-end
-
--- A batch ack "*<deadline>.1.<call seq>/<jobs>": its batch and how many jobs it acks.
-function M.split_batch_ack(arg)
-  local slash = string.find(arg, '/', 2, true)
-  return string.sub(arg, 1, slash - 1), string.sub(arg, slash + 1)
-end
-
--- 4. QUEUE STATE: counters, side structures, pushes -----------------------------------------------
--- The helpers a topic also applies to its groups' queues (read_meta, read_push_keys,
--- ensure_ring, record_push, and queue_stats in section 10) take the queue's keys as their first
--- parameter, K; everything else works on this call's own queue, K of section 2.
-
--- A queue's seq and origin from their meta fields (strings or nil): a queue without a seq
--- starts at now, and its origin is its first seq.
-function M.seq_origin(seq_field, origin_field)
-  local seq = tonumber(seq_field) or M.now_ms()
-  return seq, tonumber(origin_field) or (seq_field and 0 or seq)
-end
-
--- A queue without a seq (new, or its keys deleted by hand) starts counting visits at the
--- server's time in ms, not at 0: its tokens then carry seqs beyond those of a queue of the same
--- name deleted before (unless that one visited more than an element per ms since it began).
--- `delete` keeps the seq, which makes that sure. `seeded`: the seq is not stored yet.
-function M.read_meta(K)
-  local m = M.read('HMGET', K.meta, 'seq', 'lapnext', 'qstart', 'qmin', 'pushed', 'taken',
-    'lapguess', 'qlen', 'packed', 'origin', 'fence_ms', 'fence_max', 'dead_max', 'dead_age_ms',
-    'marked_n', 'marked_a', 'marked_n_old', 'marked_a_old',
-    'lmin', 'lstop', 'lpass', 'lskip', 'rpasses', 'lpasses', 'smin', 'paused', 'rate_n',
-    'rate_ms', 'rate_tat', 'track_ids', 'prio', 'pseq', 'stale', 'layout')
-  local seq, origin = M.seq_origin(m[1], m[10])
-  return {
-    -- origin: the first seq of the queue as it is now (see refused_among)
-    seq = seq, seeded = not m[1], origin = origin,
-    fence_ms = tonumber(m[11]) or LIMIT.fence_ms, fence_max = tonumber(m[12]) or LIMIT.fence_max,
-    dead_max = tonumber(m[13]) or LIMIT.dead_max,
-    dead_age_ms = tonumber(m[14]) or LIMIT.dead_age_ms,
-    marked = { tonumber(m[15]) or 0, tonumber(m[16]) or 0, tonumber(m[17]) or 0,
-      tonumber(m[18]) or 0 }, -- see read_marked
-    -- The lease list's walk (see M.walk_leases): the earliest deadline it may hold, the
-    -- deadline of the young lease its last walk stopped at, the elements left in its pass,
-    -- and the passes of both lists since the acks and marks last aged.
-    lmin = tonumber(m[19]), lstop = tonumber(m[20]), lpass = tonumber(m[21]),
-    lskip = tonumber(m[22]), rpasses = tonumber(m[23]) or 0, lpasses = tonumber(m[24]) or 0,
-    -- No later than the earliest due time of the scheduled jobs (see SCHEDULED); paused: see
-    -- pause.
-    smin = tonumber(m[25]), paused = m[26] == '1',
-    -- The rate limit (see rate_limit): jobs per ms, and where its cell rate has got to.
-    rate_n = tonumber(m[27]), rate_ms = tonumber(m[28]), rate_tat = tonumber(m[29]),
-    -- Whether K.ids indexes the queue's ids (see IDS).
-    track_ids = tonumber(m[30]) or 0, tracked = m[30] == '1',
-    -- Jobs waiting at a priority level (in K.scheduled, below 0), and their push order so far
-    -- (see PRIORITIES).
-    prio = tonumber(m[31]) or 0, pseq = tonumber(m[32]) or 0,
-    stale = tonumber(m[33]) or 0, -- cancelled copies recorded (see parse_stale)
-    layout = m[34], -- see LIMIT.meta_layout
-    lapnext = tonumber(m[2]), qstart = tonumber(m[3]),
-    qmin = tonumber(m[4]), pushed = tonumber(m[5]) or 0, taken = tonumber(m[6]) or 0,
-    lapguess = m[7] == '1' or not tonumber(m[2]), qlen = tonumber(m[8]),
-    packed = tonumber(m[9]) or 0, -- jobs in packed elements beyond one per element
-    lapguess_field = m[7],
-  }
-end
-
--- Of read_meta's fields, those a push reads and writes (push_ids, pushp, and a topic's
--- push_group: record_push, expire_backlog): a push reads none of the claim's state, so it does
--- not pay for it, and a publish reads 7 fields a group instead of all of them.
-function M.read_push_meta(K)
-  local m = M.read('HMGET', K.meta, 'seq', 'origin', 'pushed', 'taken', 'lapnext', 'track_ids',
-    'layout')
-  local seq, origin = M.seq_origin(m[1], m[2])
-  return {
-    seq = seq, origin = origin, pushed = tonumber(m[3]) or 0, taken = tonumber(m[4]) or 0,
-    lapnext = tonumber(m[5]), tracked = m[6] == '1', layout = m[7],
-  }
-end
-
--- The sizes of the side structures; reading them is also their type check.
-function M.read_sides()
-  return {
-    [K.done] = M.read('SCARD', K.done), [K.done_old] = M.read('SCARD', K.done_old),
-    [K.marks] = M.read('HLEN', K.marks), [K.marks_old] = M.read('HLEN', K.marks_old),
-    revoked = M.read('ZCARD', K.revoked),
-  }
-end
-
--- read_sides, and the dead letters' count. Usually none of them exists (batch acks leave
--- nothing behind): one EXISTS says so, and a key that does not exist has no wrong type. When
--- one does, it is most often the fencing set alone (it keeps what a nack, a reclaim or an ack
--- that dropped payloads revoked for the fence window): its size says so, one read where
--- reading every side structure takes six.
-function M.read_sides_and_dead()
-  local found = rcall('EXISTS', K.done, K.done_old, K.marks, K.marks_old, K.revoked, K.dead)
-  if found == 0 then
-    return { [K.done] = 0, [K.done_old] = 0, [K.marks] = 0, [K.marks_old] = 0, revoked = 0 }, 0
-  end
-  if found == 1 then
-    local revoked = M.read('ZCARD', K.revoked)
-    if revoked > 0 then
-      return { [K.done] = 0, [K.done_old] = 0, [K.marks] = 0, [K.marks_old] = 0,
-        revoked = revoked }, 0
+  -- Splits "<id>*<deadline>.<n>.<seq>"; nil for anything that is not a well-formed lease.
+  function M.parse_token(element)
+    local star = string.find(element, '*', 1, true)
+    if not star or star == 1 or star > LIMIT.id_bytes + 1
+        or #element - star > LIMIT.stamp_bytes then
+      return nil
     end
-  end
-  return M.read_sides(), M.read('LLEN', K.dead)
-end
-
--- What the marks hashes hold, counted as stats counts it, kept in the meta hash so that stats
--- reads no hash whole: per hash, its deferred jobs ("n" marks) and the jobs of its batch acks
--- ("a<jobs>" marks). Every write of a mark goes through count_mark; when the marks age the
--- counts move with the hashes. Noted in sides.marked.
-local MARK_COUNTS = { 'marked_n', 'marked_a', 'marked_n_old', 'marked_a_old' }
-
-function M.read_marked(sides, counts)
-  local c = counts
-  if not c then
-    local m = M.read('HMGET', K.meta, unpack(MARK_COUNTS))
-    c = {}
-    for i = 1, 4 do c[i] = tonumber(m[i]) or 0 end
-  end
-  sides.marked = { [K.marks] = { c[1], c[2] }, [K.marks_old] = { c[3], c[4] }, was = c }
-  return sides
-end
-
--- Counts a mark `m` into (sign 1) or out of (sign -1) the hash `key`.
-function M.count_mark(sides, key, m, sign)
-  if not m or not key then return end
-  local kind = string.byte(m)
-  local counts = sides.marked[key]
-  if kind == BYTE_N then
-    counts[1] = counts[1] + sign
-  elseif kind == BYTE_A then
-    counts[2] = counts[2] + sign * (tonumber(string.sub(m, 2)) or 0)
-  elseif kind == BYTE_F then
-    counts[2] = counts[2] + sign -- a buried job: done with, like an acked one
-  end
-end
-
--- The counts that changed, appended to `fields` (meta field, value, ...).
-function M.marked_fields(sides, fields)
-  local marked = sides.marked
-  local new, old = marked[K.marks], marked[K.marks_old]
-  local now = { new[1], new[2], old[1], old[2] }
-  for i = 1, 4 do
-    if now[i] ~= marked.was[i] then
-      fields[#fields + 1], fields[#fields + 2] = MARK_COUNTS[i], math.max(now[i], 0)
+    local deadline, n = string.match(element, '^(%d+)%.(%d+)%.%d+$', star + 1)
+    if not deadline or #deadline > LIMIT.int_digits or #n > LIMIT.delivery_digits then
+      return nil
     end
+    return string.sub(element, 1, star - 1), tonumber(deadline), tonumber(n)
   end
-  marked.was = now
-  return fields
-end
 
--- Writes marks (distinct fields -> values) into the current marks hash, counting what they
--- replace; with `old_too`, also removes the fields from the old hash.
-function M.write_marks(sides, fields, values, old_too)
-  if #fields == 0 then return end
-  local before = M.hmget_all(K.marks, fields)
-  local pairs_ = {}
-  for i = 1, #fields do
-    M.count_mark(sides, K.marks, before[i], -1)
-    M.count_mark(sides, K.marks, values[i], 1)
-    pairs_[#pairs_ + 1], pairs_[#pairs_ + 2] = fields[i], values[i]
+  -- The batch of a first-delivery token "<id>*<deadline>.1.<seq>", as "*<deadline>.1.<call
+  -- seq>" (the seq less its last five digits, see PAD), or nil for a later delivery: only first
+  -- deliveries are leased in batches.
+  function M.batch_of(token)
+    local star = string.find(token, '*', 2, true)
+    -- Count 1, then a seq of at least a call seq digit and the LIMIT.place_digits of a place.
+    if not string.find(token, '^%d+%.1%.%d%d%d%d%d%d', star + 1) then return nil end
+    return '*' .. string.sub(token, star + 1, -(LIMIT.place_digits + 1))
   end
-  sides[K.marks] = sides[K.marks] + M.call_all('HSET', K.marks, pairs_)
-  if old_too then
-    local older = M.hmget_all(K.marks_old, fields)
-    for i = 1, #fields do M.count_mark(sides, K.marks_old, older[i], -1) end
-    sides[K.marks_old] = sides[K.marks_old] - M.call_all('HDEL', K.marks_old, fields)
-  end
-end
 
--- A ring that does not exist (new, or deleted) gets its sentinel; lap counting restarts.
-function M.ensure_ring(K, length)
-  if length == 0 then
-    rcall('LPUSH', K.ring, SENTINEL)
-    rcall('HDEL', K.meta, 'lapnext')
+  -- A batch ack "*<deadline>.1.<call seq>/<jobs>": its batch and how many jobs it acks.
+  function M.split_batch_ack(arg)
+    local slash = string.find(arg, '/', 2, true)
+    return string.sub(arg, 1, slash - 1), string.sub(arg, slash + 1)
   end
-end
 
--- Reads (and so type-checks) what record_push will write: the push log's head, and the wake
--- list's length (for add_wake_tokens, while nothing else is pushed onto it in between).
-function M.read_push_keys(K)
-  local wake = M.read('LLEN', K.wake)
-  return M.read('LINDEX', K.pushlog, 0), wake
-end
+  -- 4. QUEUE STATE: counters, side structures, wake-ups -------------------------------------------
+  -- The helpers a topic also applies to its groups' queues (read_meta, add_wake_tokens, and
+  -- read_push_keys, ensure_ring, record_push in section 8, queue_stats in section 11) take the
+  -- queue's keys as their first parameter, K; everything else works on this call's own queue, K
+  -- of section 2.
 
--- Notes `n` more pending ids: counters, the push checkpoint for ages, and a wake-up.
--- `length`: the ring's length now, where the caller knows it; `wake`: see add_wake_tokens.
-function M.record_push(K, meta, n, now, head, length, wake)
-  local pushlog = K.pushlog
-  meta.pushed = meta.pushed + n
-  local head_ms = head and tonumber(string.match(head, ':(%d+)$'))
-  if head_ms and now - head_ms < LIMIT.pushlog_bucket_ms and now >= head_ms then
-    rcall('LSET', pushlog, 0, meta.pushed .. ':' .. head_ms)
-  else
-    rcall('LPUSH', pushlog, meta.pushed .. ':' .. now)
+  -- A queue's seq and origin from their meta fields (strings or nil): a queue without a seq
+  -- starts at now, and its origin is its first seq.
+  function M.seq_origin(seq_field, origin_field)
+    local seq = tonumber(seq_field) or M.now_ms()
+    return seq, tonumber(origin_field) or (seq_field and 0 or seq)
   end
-  -- Drop a few fully consumed checkpoints per push, so the log stays short.
-  for _ = 1, LIMIT.pushlog_drops do
-    local tail = rcall('LINDEX', pushlog, -1)
-    if not tail or (tonumber(string.match(tail, '^(%d+):')) or 0) > meta.taken then break end
-    rcall('RPOP', pushlog)
-  end
-  -- Something new is available: consumers must visit every element the ring holds now (the
-  -- new ones come last) before they may idle.
-  rcall('HSET', K.meta, 'pushed', meta.pushed, 'qstart', meta.seq, 'qlen',
-    length or rcall('LLEN', K.ring),
-    'seq', meta.seq, 'origin', meta.origin)
-  if not meta.layout then rcall('HSET', K.meta, 'layout', LIMIT.meta_layout) end
-  M.add_wake_tokens(K, n, wake)
-end
 
--- Wakes up to n idle consumers of the queue K: a token each, the list kept at most
--- LIMIT.wake_tokens long (trimmed only when this push made it longer). `wake`: the list's
--- length where the caller read it and nothing was pushed onto it since; then only the tokens
--- that fit go (the same list as pushing all and trimming), and none onto a full list.
-function M.add_wake_tokens(K, n, wake)
-  local want = math.min(n, LIMIT.wake_tokens - (wake or 0))
-  if want <= 0 then return end
-  local tokens = {}
-  for i = 1, want do tokens[i] = '1' end
-  if rcall('LPUSH', K.wake, unpack(tokens)) > LIMIT.wake_tokens then
-    rcall('LTRIM', K.wake, 0, LIMIT.wake_tokens - 1)
+  -- A queue without a seq (new, or its keys deleted by hand) starts counting visits at the
+  -- server's time in ms, not at 0: its tokens then carry seqs beyond those of a queue of the same
+  -- name deleted before (unless that one visited more than an element per ms since it began).
+  -- `delete` keeps the seq, which makes that sure. `seeded`: the seq is not stored yet.
+  function M.read_meta(K)
+    local m = M.read('HMGET', K.meta, 'seq', 'lapnext', 'qstart', 'qmin', 'pushed', 'taken',
+      'lapguess', 'qlen', 'packed', 'origin', 'fence_ms', 'fence_max', 'dead_max', 'dead_age_ms',
+      'marked_n', 'marked_a', 'marked_n_old', 'marked_a_old',
+      'lmin', 'lstop', 'lpass', 'lskip', 'rpasses', 'lpasses', 'smin', 'paused', 'rate_n',
+      'rate_ms', 'rate_tat', 'track_ids', 'prio', 'pseq', 'stale', 'layout')
+    local seq, origin = M.seq_origin(m[1], m[10])
+    return {
+      -- origin: the first seq of the queue as it is now (see refused_among)
+      seq = seq, seeded = not m[1], origin = origin,
+      fence_ms = tonumber(m[11]) or LIMIT.fence_ms, fence_max = tonumber(m[12]) or LIMIT.fence_max,
+      dead_max = tonumber(m[13]) or LIMIT.dead_max,
+      dead_age_ms = tonumber(m[14]) or LIMIT.dead_age_ms,
+      marked = { tonumber(m[15]) or 0, tonumber(m[16]) or 0, tonumber(m[17]) or 0,
+        tonumber(m[18]) or 0 }, -- see read_marked
+      -- The lease list's walk (see M.walk_leases): the earliest deadline it may hold, the
+      -- deadline of the young lease its last walk stopped at, the elements left in its pass,
+      -- and the passes of both lists since the acks and marks last aged.
+      lmin = tonumber(m[19]), lstop = tonumber(m[20]), lpass = tonumber(m[21]),
+      lskip = tonumber(m[22]), rpasses = tonumber(m[23]) or 0, lpasses = tonumber(m[24]) or 0,
+      -- No later than the earliest due time of the scheduled jobs (see SCHEDULED); paused: see
+      -- pause.
+      smin = tonumber(m[25]), paused = m[26] == '1',
+      -- The rate limit (see rate_limit): jobs per ms, and where its cell rate has got to.
+      rate_n = tonumber(m[27]), rate_ms = tonumber(m[28]), rate_tat = tonumber(m[29]),
+      -- Whether K.ids indexes the queue's ids (see IDS).
+      track_ids = tonumber(m[30]) or 0, tracked = m[30] == '1',
+      -- Jobs waiting at a priority level (in K.scheduled, below 0), and their push order so far
+      -- (see PRIORITIES).
+      prio = tonumber(m[31]) or 0, pseq = tonumber(m[32]) or 0,
+      stale = tonumber(m[33]) or 0, -- cancelled copies recorded (see parse_stale)
+      layout = m[34], -- see LIMIT.meta_layout
+      lapnext = tonumber(m[2]), qstart = tonumber(m[3]),
+      qmin = tonumber(m[4]), pushed = tonumber(m[5]) or 0, taken = tonumber(m[6]) or 0,
+      lapguess = m[7] == '1' or not tonumber(m[2]), qlen = tonumber(m[8]),
+      packed = tonumber(m[9]) or 0, -- jobs in packed elements beyond one per element
+      lapguess_field = m[7],
+    }
   end
-end
 
--- Starts the per-item stats (the fifteenth key, when the call has it) of ids just pushed (or
--- scheduled): enqueued now, no delivery.
-function M.enqueued(ids, now)
-  if not K.items then return end
-  local fresh = now .. ':0:0:'
-  local pairs_ = {}
-  for i = 1, #ids do
-    pairs_[#pairs_ + 1], pairs_[#pairs_ + 2] = ids[i], fresh
-    if #pairs_ >= LIMIT.batch then
-      rcall('HSET', K.items, unpack(pairs_))
-      pairs_ = {}
+  -- The sizes of the side structures; reading them is also their type check.
+  function M.read_sides()
+    return {
+      [K.done] = M.read('SCARD', K.done), [K.done_old] = M.read('SCARD', K.done_old),
+      [K.marks] = M.read('HLEN', K.marks), [K.marks_old] = M.read('HLEN', K.marks_old),
+      revoked = M.read('ZCARD', K.revoked),
+    }
+  end
+
+  -- read_sides, and the dead letters' count. Usually none of them exists (batch acks leave
+  -- nothing behind): one EXISTS says so, and a key that does not exist has no wrong type. When
+  -- one does, it is most often the fencing set alone (it keeps what a nack, a reclaim or an ack
+  -- that dropped payloads revoked for the fence window): its size says so, one read where
+  -- reading every side structure takes six.
+  function M.read_sides_and_dead()
+    local found = rcall('EXISTS', K.done, K.done_old, K.marks, K.marks_old, K.revoked, K.dead)
+    if found == 0 then
+      return { [K.done] = 0, [K.done_old] = 0, [K.marks] = 0, [K.marks_old] = 0, revoked = 0 }, 0
+    end
+    if found == 1 then
+      local revoked = M.read('ZCARD', K.revoked)
+      if revoked > 0 then
+        return { [K.done] = 0, [K.done_old] = 0, [K.marks] = 0, [K.marks_old] = 0,
+          revoked = revoked }, 0
+      end
+    end
+    return M.read_sides(), M.read('LLEN', K.dead)
+  end
+
+  -- What the marks hashes hold, counted as stats counts it, kept in the meta hash so that stats
+  -- reads no hash whole: per hash, its deferred jobs ("n" marks) and the jobs of its batch acks
+  -- ("a<jobs>" marks). Every write of a mark goes through count_mark; when the marks age the
+  -- counts move with the hashes. Noted in sides.marked.
+  local MARK_COUNTS = { 'marked_n', 'marked_a', 'marked_n_old', 'marked_a_old' }
+
+  function M.read_marked(sides, counts)
+    local c = counts
+    if not c then
+      local m = M.read('HMGET', K.meta, unpack(MARK_COUNTS))
+      c = {}
+      for i = 1, 4 do c[i] = tonumber(m[i]) or 0 end
+    end
+    sides.marked = { [K.marks] = { c[1], c[2] }, [K.marks_old] = { c[3], c[4] }, was = c }
+    return sides
+  end
+
+  -- Counts a mark `m` into (sign 1) or out of (sign -1) the hash `key`.
+  function M.count_mark(sides, key, m, sign)
+    if not m or not key then return end
+    local kind = string.byte(m)
+    local counts = sides.marked[key]
+    if kind == BYTE_N then
+      counts[1] = counts[1] + sign
+    elseif kind == BYTE_A then
+      counts[2] = counts[2] + sign * (tonumber(string.sub(m, 2)) or 0)
+    elseif kind == BYTE_F then
+      counts[2] = counts[2] + sign -- a buried job: done with, like an acked one
     end
   end
-  if #pairs_ > 0 then rcall('HSET', K.items, unpack(pairs_)) end
-end
 
--- 5. ACKS: for ack, next (its ACK_TOKENs) and ackp ------------------------------------------------
--- nack, bury and extend (section 8) share refused_among and touch.
+  -- The counts that changed, appended to `fields` (meta field, value, ...).
+  function M.marked_fields(sides, fields)
+    local marked = sides.marked
+    local new, old = marked[K.marks], marked[K.marks_old]
+    local now = { new[1], new[2], old[1], old[2] }
+    for i = 1, 4 do
+      if now[i] ~= marked.was[i] then
+        fields[#fields + 1], fields[#fields + 2] = MARK_COUNTS[i], math.max(now[i], 0)
+      end
+    end
+    marked.was = now
+    return fields
+  end
 
--- Acks A[first..] (already checked); returns how many were accepted, and the accepted
--- tokens. A token goes into the done set; its batch, which may still be one packed element,
--- is marked "t" (touched) so that the element is broken up at its next visit. A batch ack
--- marks its batch "a<jobs>": the packed element then leaves the ring as a whole.
-function M.ack_tokens(first, ring_length, sides)
-  if #A < first or ring_length == 0 then return 0 end
-  local refused = M.refused_among(first, sides)
-  if NAMED then M.check_named(first, refused, sides) end
-  local accepted, batch_names, batch_marks, touched = {}, {}, {}, {}
-  local n = 0
-  for i = first, #A do
-    local arg = A[i]
-    if not refused[arg] then
-      refused[arg] = true -- given twice, counted once
-      n = n + 1
+  -- Wakes up to n idle consumers of the queue K: a token each, the list kept at most
+  -- LIMIT.wake_tokens long (trimmed only when this push made it longer). `wake`: the list's
+  -- length where the caller read it and nothing was pushed onto it since; then only the tokens
+  -- that fit go (the same list as pushing all and trimming), and none onto a full list.
+  function M.add_wake_tokens(K, n, wake)
+    local want = math.min(n, LIMIT.wake_tokens - (wake or 0))
+    if want <= 0 then return end
+    local tokens = {}
+    for i = 1, want do tokens[i] = '1' end
+    if rcall('LPUSH', K.wake, unpack(tokens)) > LIMIT.wake_tokens then
+      rcall('LTRIM', K.wake, 0, LIMIT.wake_tokens - 1)
+    end
+  end
+
+  -- 5. ACK CHECKS: what the short way of next asks of its batch acks ------------------------------
+  -- Also used by the acks one by one (ack_tokens, section 8), and by nack, bury and extend
+  -- (section 9).
+
+  -- The lease list's walk stopped at a young lease that was live (meta lstop: the deadline its
+  -- tokens carry), and waits for it before it looks for acked leases behind it. True when one
+  -- of the tokens (or batch names) acked or given back has that deadline, and so may be that
+  -- lease: the walk may go on at the next call.
+  function M.frees_tail(tokens, lstop)
+    if not lstop then return false end
+    local deadline = tostring(lstop)
+    for i = 1, #tokens do
+      if M.named_deadline(tokens[i]) == deadline then return true end
+    end
+    return false
+  end
+
+  -- The deadline a token, a batch name or a lease list element carries, as text: the digits
+  -- after its first "*" (a lease made, a batch made; an extended lease waits by its mark's).
+  function M.named_deadline(text)
+    return string.match(text, '%*(%d+)%.')
+  end
+
+  -- Tokens (or batch acks) in A[first..] that were revoked or never issued, as a set. A batch
+  -- ack is refused
+  -- when its batch was revoked: one of its jobs was given back, or its element was broken up.
+  function M.refused_among(first, sides)
+    local refused = {}
+    -- A token this queue never issued: its call seq is before the queue's origin (a token of
+    -- a queue deleted before, or of another queue) or not reached yet.
+    local origin, seq = sides.origin, sides.seq
+    local match, sub = string.match, string.sub
+    for i = first, #A do
+      local arg = A[i]
+      local call
       if string.byte(arg) == BYTE_STAR then
-        local batch, jobs = M.split_batch_ack(arg)
-        if not batch_marks[batch] then batch_names[#batch_names + 1] = batch end
-        batch_marks[batch] = 'a' .. jobs
+        call = tonumber(match(arg, '^%*%d+%.1%.(%d+)/'))
       else
-        accepted[#accepted + 1] = arg
-        local batch = M.batch_of(arg)
-        if batch then touched[batch] = true end
+        call = tonumber(sub(match(arg, '%.(%d+)$') or '', 1, -(LIMIT.place_digits + 1)))
+      end
+      if not call or call < origin or call >= seq then refused[arg] = true end
+    end
+    M.refuse_touched(first, sides, refused)
+    if #A >= first and sides.revoked > 0 then
+      -- Each arg's own name, and for a first delivery or batch ack its batch's expiry, which
+      -- fences the whole batch ("<batch>*", see visit_packed).
+      local names, of = {}, {}
+      for i = first, #A do
+        local arg = A[i]
+        local batch
+        if string.byte(arg) == BYTE_STAR then
+          batch = M.split_batch_ack(arg)
+          names[#names + 1], of[#names + 1] = batch, arg
+        else
+          batch = M.batch_of(arg)
+          names[#names + 1], of[#names + 1] = arg, arg
+        end
+        if batch then names[#names + 1], of[#names + 1] = batch .. '*', arg end
+      end
+      local scores = M.zmscore_all(K.revoked, names) -- (up to two names a token)
+      for i = 1, #names do
+        if scores[i] then refused[of[i]] = true end
       end
     end
+    return refused
   end
-  if FRESH_ACKS then accepted = M.not_acked_yet(accepted, sides) end
-  if #accepted > 0 then
-    sides[K.done] = sides[K.done] + rcall('SADD', K.done, unpack(accepted))
-  end
-  if M.frees_tail(accepted, sides.lstop) or M.frees_tail(batch_names, sides.lstop) then
-    sides.lstop = nil
-  end
-  local values = {}
-  for i = 1, #batch_names do values[i] = batch_marks[batch_names[i]] end
-  M.write_marks(sides, batch_names, values, false)
-  M.touch(touched, sides)
-  return n, accepted
-end
 
--- A named batch acked whole now: its ids' payloads go (DROPPED). The first batch's list of
--- ids is taken over, not copied (a batch of 100 is the common call): nothing reads a named
--- batch's ids once they are dropped.
-function M.drop_named(batch, ids)
-  local dropped = DROPPED
-  if #dropped.ids == 0 then
-    dropped.ids = ids
-  else
-    local into = dropped.ids
-    for j = 1, #ids do into[#into + 1] = ids[j] end
-  end
-  dropped.batches[#dropped.batches + 1] = batch
-end
-
--- The lease list's walk stopped at a young lease that was live (meta lstop: the deadline its
--- tokens carry), and waits for it before it looks for acked leases behind it. True when one
--- of the tokens (or batch names) acked or given back has that deadline, and so may be that
--- lease: the walk may go on at the next call.
-function M.frees_tail(tokens, lstop)
-  if not lstop then return false end
-  local deadline = tostring(lstop)
-  for i = 1, #tokens do
-    if M.named_deadline(tokens[i]) == deadline then return true end
-  end
-  return false
-end
-
--- The deadline a token, a batch name or a lease list element carries, as text: the digits
--- after its first "*" (a lease made, a batch made; an extended lease waits by its mark's).
-function M.named_deadline(text)
-  return string.match(text, '%*(%d+)%.')
-end
-
--- Tokens (or batch acks) in A[first..] that were revoked or never issued, as a set. A batch
--- ack is refused
--- when its batch was revoked: one of its jobs was given back, or its element was broken up.
-function M.refused_among(first, sides)
-  local refused = {}
-  -- A token this queue never issued: its call seq is before the queue's origin (a token of
-  -- a queue deleted before, or of another queue) or not reached yet.
-  local origin, seq = sides.origin, sides.seq
-  local match, sub = string.match, string.sub
-  for i = first, #A do
-    local arg = A[i]
-    local call
-    if string.byte(arg) == BYTE_STAR then
-      call = tonumber(match(arg, '^%*%d+%.1%.(%d+)/'))
-    else
-      call = tonumber(sub(match(arg, '%.(%d+)$') or '', 1, -(LIMIT.place_digits + 1)))
-    end
-    if not call or call < origin or call >= seq then refused[arg] = true end
-  end
-  M.refuse_touched(first, sides, refused)
-  if #A >= first and sides.revoked > 0 then
-    -- Each arg's own name, and for a first delivery or batch ack its batch's expiry, which
-    -- fences the whole batch ("<batch>*", see visit_packed).
+  -- A batch ack of a batch marked touched: one of its jobs was acked, given back or extended
+  -- on its own, so acking the batch whole could count that job twice (or complete one given
+  -- back). Refused: the client acks token by token. Only read while marks exist.
+  function M.refuse_touched(first, sides, refused)
+    if (sides[K.marks] or 0) + (sides[K.marks_old] or 0) == 0 then return end
     local names, of = {}, {}
     for i = first, #A do
       local arg = A[i]
-      local batch
-      if string.byte(arg) == BYTE_STAR then
-        batch = M.split_batch_ack(arg)
-        names[#names + 1], of[#names + 1] = batch, arg
-      else
-        batch = M.batch_of(arg)
-        names[#names + 1], of[#names + 1] = arg, arg
+      if string.byte(arg) == BYTE_STAR and not refused[arg] then
+        names[#names + 1], of[#names + 1] = M.split_batch_ack(arg), arg
       end
-      if batch then names[#names + 1], of[#names + 1] = batch .. '*', arg end
     end
-    local scores = M.zmscore_all(K.revoked, names) -- (up to two names a token)
-    for i = 1, #names do
-      if scores[i] then refused[of[i]] = true end
-    end
-  end
-  return refused
-end
-
--- A batch ack of a batch marked touched: one of its jobs was acked, given back or extended
--- on its own, so acking the batch whole could count that job twice (or complete one given
--- back). Refused: the client acks token by token. Only read while marks exist.
-function M.refuse_touched(first, sides, refused)
-  if (sides[K.marks] or 0) + (sides[K.marks_old] or 0) == 0 then return end
-  local names, of = {}, {}
-  for i = first, #A do
-    local arg = A[i]
-    if string.byte(arg) == BYTE_STAR and not refused[arg] then
-      names[#names + 1], of[#names + 1] = M.split_batch_ack(arg), arg
-    end
-  end
-  if #names == 0 then return end
-  for _, key in ipairs({ K.marks, K.marks_old }) do
-    if (sides[key] or 0) > 0 then
-      local marks = M.hmget_all(key, names)
-      for i = 1, #names do
-        if marks[i] == 't' then refused[of[i]] = true end
+    if #names == 0 then return end
+    for _, key in ipairs({ K.marks, K.marks_old }) do
+      if (sides[key] or 0) > 0 then
+        local marks = M.hmget_all(key, names)
+        for i = 1, #names do
+          if marks[i] == 't' then refused[of[i]] = true end
+        end
       end
     end
   end
-end
 
--- Marks batches (a set of names) touched, without overwriting a batch ack.
-function M.touch(batches, sides)
-  for batch in pairs(batches) do
-    local added = rcall('HSETNX', K.marks, batch, 't')
-    if sides then sides[K.marks] = sides[K.marks] + added end
+  -- 6. WALK STATE: what a claim reads first and writes back last ----------------------------------
+  -- Shared by the short way of next (section 7) and the walk (section 10): the lists' lengths,
+  -- the side structures' sizes and the meta hash, read at a claim's start (read_walk_state),
+  -- and the counters written back at its end (write_meta, add_counts).
+
+  -- The state of one walk over the tail of the ring, shared by next and sweep. Reading the
+  -- ring's length and the side structures' sizes also checks the keys the walk may write; the
+  -- wake list, which a claim writes only when it idles or makes the earliest deadline, is
+  -- checked by check_wake where that may happen: a claim behind other leases reads one key less.
+  function M.read_walk_state()
+    local length = M.read('LLEN', K.ring)
+    local lease_length = M.read('LLEN', K.leases)
+    local meta = M.read_meta(K)
+    local sides, dead_length = M.read_sides_and_dead()
+    M.read_marked(sides, meta.marked)
+    sides.origin, sides.seq, sides.lstop = meta.origin, meta.seq, meta.lstop
+    return { length = length, lease_length = lease_length, meta = meta, sides = sides,
+      dead_length = dead_length, now = M.now_ms() }
   end
-end
 
--- 6. WALK STATE: what a claim reads first and writes back last ------------------------------------
--- Shared by the short way of next (section 7) and the walk (section 9): the lists' lengths,
--- the side structures' sizes and the meta hash, read at a claim's start (read_walk_state),
--- and the counters written back at its end (write_meta, add_counts).
-
--- The state of one walk over the tail of the ring, shared by next and sweep. Reading the
--- ring's length and the side structures' sizes also checks the keys the walk may write; the
--- wake list, which a claim writes only when it idles or makes the earliest deadline, is
--- checked by check_wake where that may happen: a claim behind other leases reads one key less.
-function M.read_walk_state()
-  local length = M.read('LLEN', K.ring)
-  local lease_length = M.read('LLEN', K.leases)
-  local meta = M.read_meta(K)
-  local sides, dead_length = M.read_sides_and_dead()
-  M.read_marked(sides, meta.marked)
-  sides.origin, sides.seq, sides.lstop = meta.origin, meta.seq, meta.lstop
-  return { length = length, lease_length = lease_length, meta = meta, sides = sides,
-    dead_length = dead_length, now = M.now_ms() }
-end
-
--- Reads (and so type-checks) the wake list, once a call, before the first write of a call
--- that may write it (an idle call deletes it, a push or an early deadline adds a token).
-function M.check_wake(state)
-  if not state.wake_checked then
-    M.read('LLEN', K.wake)
-    state.wake_checked = true
-  end
-end
-
--- How many ids a packed element lists from its byte `start` on (just after its batch name):
--- its runs of bytes other than "*". One plain search per id (memchr) costs half what one
--- gsub of the pattern does over a batch of 100; an empty id (two "*" in a row, or one at the
--- end: written by hand) sends it to the pattern, which skips empty runs.
-function M.count_ids(element, start)
-  local find, ids, at = string.find, 1, start
-  while true do
-    local star = find(element, '*', at, true)
-    if not star then break end
-    if star == at then at = nil break end
-    ids, at = ids + 1, star + 1
-  end
-  if at and at <= #element then return ids end
-  local _, runs = string.gsub(string.sub(element, start), '[^*]+', '')
-  return runs
-end
-
--- Both lists walked whole since the last ageing: the ring (or it holds at most its sentinel)
--- and the lease list (or it is left empty).
-function M.walked_whole(rpasses, lpasses, ring_live, leases_left)
-  return (rpasses >= 1 or ring_live <= 1) and (lpasses >= 1 or leases_left == 0)
-end
-
--- The deadline a lease or packed batch was made with (its place in the lease list), nil for
--- anything that is neither (a visit dead-letters it).
-function M.own_deadline(element, batch)
-  if batch then
-    local deadline = string.match(batch, '^%*(%d+)%.1%.%d+$')
-    if not deadline or #deadline > LIMIT.int_digits or #batch > LIMIT.stamp_bytes
-        or not string.find(element, '[^*]', #batch + 2) then
-      return nil
-    end
-    return tonumber(deadline)
-  end
-  local _, deadline = M.parse_token(element)
-  return deadline
-end
-
--- One more wake-up token (the list kept short).
-function M.wake_one()
-  M.add_wake_tokens(K, 1)
-end
-
--- Forgets refused tokens past the fencing window, oldest first, and beyond its count: at most
--- what this call added plus LIMIT.trim_step, so the set shrinks steadily and no call does
--- work in proportion to it. A token forgotten is no longer refused (README, "Guarantees").
--- `size`: at most how many the set holds now (its size before the call plus what it added).
-function M.trim_revoked(meta, now, added, size)
-  TRIMMED = true
-  if size == 0 then return end -- the common case of a queue without failures: no command
-  local step = added + LIMIT.trim_step
-  local old = rcall('ZRANGEBYSCORE', K.revoked, '-inf', '(' .. (now - meta.fence_ms),
-    'LIMIT', 0, step)
-  local drop = #old
-  if drop < step and size > meta.fence_max then
-    drop = math.min(step, math.max(drop, rcall('ZCARD', K.revoked) - meta.fence_max))
-  end
-  if drop > 0 then rcall('ZREMRANGEBYRANK', K.revoked, 0, drop - 1) end
-end
-
--- Writes the counters a walk changed (only those: formatting numbers is a good part of a
--- short call); an absent field reads as its default, as read_meta says.
-function M.write_meta(s)
-  local was = s.meta
-  local fields = { 'seq', s.seq }
-  if was.seeded then
-    fields[#fields + 1], fields[#fields + 2] = 'origin', was.origin
-  end
-  local function changed(name, value, before)
-    if value ~= before then
-      fields[#fields + 1] = name
-      fields[#fields + 1] = value
+  -- Reads (and so type-checks) the wake list, once a call, before the first write of a call
+  -- that may write it (an idle call deletes it, a push or an early deadline adds a token).
+  function M.check_wake(state)
+    if not state.wake_checked then
+      M.read('LLEN', K.wake)
+      state.wake_checked = true
     end
   end
-  changed('taken', s.taken, was.taken)
-  changed('packed', math.max(s.packed, 0), was.packed)
-  changed('qstart', s.qstart, was.qstart)
-  changed('qlen', s.qlen, was.qlen)
-  changed('lapnext', s.lapnext, was.lapnext)
-  changed('lapguess', s.lapguess and '1' or '0', was.lapguess_field)
-  changed('qmin', s.qmin or '', was.qmin or '')
-  changed('lmin', s.lmin or '', was.lmin or '')
-  changed('lstop', s.lstop or '', was.lstop or '')
-  changed('lpass', s.lpass or '', was.lpass or '')
-  changed('lskip', s.lskip or '', was.lskip or '')
-  changed('rpasses', s.rpasses, was.rpasses)
-  changed('lpasses', s.lpasses, was.lpasses)
-  changed('prio', s.prio, was.prio)
-  changed('stale', s.stale_count or was.stale, was.stale)
-  M.marked_fields(s.sides, fields)
-  rcall('HSET', K.meta, unpack(fields))
-  M.add_counts(s)
-end
 
--- The counters (see stats) are added to, never read, by the calls that change them: reading
--- four fields and formatting their sums cost every call about 1 us, an HINCRBY of the ones
--- that changed costs only the calls that change them about 0.4 us each.
-function M.add_counts(s)
-  if s.completed ~= 0 then M.add_count(K.meta, 'completed', s.completed) end
-  if s.redelivered ~= 0 then M.add_count(K.meta, 'redelivered', s.redelivered) end
-  if s.reclaimed ~= 0 then M.add_count(K.meta, 'reclaimed', s.reclaimed) end
-  if s.lettered ~= 0 then M.add_count(K.meta, 'lettered', s.lettered) end
-end
-
--- Adds n to a counter. One that is not a whole number (written by hand) starts again from n:
--- the call has written the rest already, and must not fail now.
-function M.add_count(key, field, n)
-  local added = M.attempt('HINCRBY', key, field, n)
-  if type(added) == 'table' and added.err then rcall('HSET', key, field, n) end
-end
-
--- 7. QUEUE COMMANDS -------------------------------------------------------------------------------
-
-function M.push()
-  return (M.push_ids(2))
-end
-
--- push's work, with the ids starting at A[first]. Also returns the time of the push;
--- `before_write` reads (and so checks) what a caller writes afterwards, before anything is
--- written.
-function M.push_ids(first, before_write)
-  M.check_ids(first)
-  local n = #A - first + 1
-  if n == 0 then return 0 end
-  local length = M.read('LLEN', K.ring)
-  local meta = M.read_push_meta(K)
-  local head, wake = M.read_push_keys(K)
-  M.check_unique(meta)
-  if before_write then before_write() end
-  local now = M.now_ms()
-  local ids = nil
-  if meta.tracked then -- each id once (see IDS)
-    ids = M.admit({ unpack(A, first) }, 'p')
-    n = #ids
-    if n == 0 then return 0, now, ids end
-  end
-  M.ensure_ring(K, length)
-  local pushed_to = nil -- (the ring's length after the push, as the last LPUSH replies)
-  if ids then
-    M.call_all('LPUSH', K.ring, ids)
-  else
-    for i = first, #A, LIMIT.batch do
-      pushed_to = rcall('LPUSH', K.ring, unpack(A, i, math.min(i + LIMIT.batch - 1, #A)))
+  -- How many ids a packed element lists from its byte `start` on (just after its batch name):
+  -- its runs of bytes other than "*". One plain search per id (memchr) costs half what one
+  -- gsub of the pattern does over a batch of 100; an empty id (two "*" in a row, or one at the
+  -- end: written by hand) sends it to the pattern, which skips empty runs.
+  function M.count_ids(element, start)
+    local find, ids, at = string.find, 1, start
+    while true do
+      local star = find(element, '*', at, true)
+      if not star then break end
+      if star == at then at = nil break end
+      ids, at = ids + 1, star + 1
     end
+    if at and at <= #element then return ids end
+    local _, runs = string.gsub(string.sub(element, start), '[^*]+', '')
+    return runs
   end
-  -- (nothing between read_push_keys and here writes the wake list: a full one stays as it is)
-  M.record_push(K, meta, n, now, head, pushed_to, wake)
-  return n, now, ids
-end
 
--- A push given as `unique ...` (see IDS) needs a queue that tracks ids: elsewhere it could
--- not keep its promise.
-function M.check_unique(meta)
-  if UNIQUE and not meta.tracked then
-    M.refuse('ROTATOR_UNTRACKED', 'unique pushes need a queue that tracks ids: configure ' ..
-      'track_ids 1 (on an empty queue) first')
+  -- Both lists walked whole since the last ageing: the ring (or it holds at most its sentinel)
+  -- and the lease list (or it is left empty).
+  function M.walked_whole(rpasses, lpasses, ring_live, leases_left)
+    return (rpasses >= 1 or ring_live <= 1) and (lpasses >= 1 or leases_left == 0)
   end
-end
 
-function M.next()
-  local times = M.durations_arg(6)
-  local reply = M.lease(6, true)
-  M.add_durations(times)
-  return reply
-end
-
-function M.next_packed()
-  local times = M.durations_arg(6)
-  local reply = M.lease(6, true, true)
-  M.add_durations(times)
-  return reply
-end
-
--- The processing times a call of next, next_packed, nextp, ack or ackp may carry as its last
--- argument, "#<total ms>,<bucket>:<count>,..." (every token holds a "*"; this never does):
--- checked and taken off A, so the command sees its tokens only. Returns {field, count, ...}
--- for add_durations.
-function M.durations_arg(first)
-  if #A < first then return nil end
-  local last = A[#A]
-  if string.byte(last) ~= BYTE_HASH or string.find(last, '*', 1, true) then return nil end
-  local total = string.match(last, '^#(%d+)')
-  local adds, size = { 'dsum', tonumber(total) }, #(total or '') + 1
-  for bucket, count in string.gmatch(last, ',(%d+):(%d+)') do
-    local b, n = tonumber(bucket), tonumber(count)
-    if #bucket > 2 or #count > 10 or b >= LIMIT.duration_buckets or n < 1
-        or n > LIMIT.rate_jobs then
-      break
+  -- The deadline a lease or packed batch was made with (its place in the lease list), nil for
+  -- anything that is neither (a visit dead-letters it).
+  function M.own_deadline(element, batch)
+    if batch then
+      local deadline = string.match(batch, '^%*(%d+)%.1%.%d+$')
+      if not deadline or #deadline > LIMIT.int_digits or #batch > LIMIT.stamp_bytes
+          or not string.find(element, '[^*]', #batch + 2) then
+        return nil
+      end
+      return tonumber(deadline)
     end
-    adds[#adds + 1], adds[#adds + 2] = 'd' .. b, n
-    size = size + #bucket + #count + 2
+    local _, deadline = M.parse_token(element)
+    return deadline
   end
-  if not total or #total > LIMIT.int_digits or size ~= #last or #adds < 4 then
-    M.refuse('ROTATOR_BADARG', 'processing times must be #<total ms>,<bucket 0..' ..
-      (LIMIT.duration_buckets - 1) .. '>:<count>,..., got ' .. M.printable(last))
-  end
-  A[#A] = nil
-  return adds
-end
 
--- Adds processing times (durations_arg) to the queue's histogram (see durations).
-function M.add_durations(adds)
-  if not adds then return end
-  for i = 1, #adds, 2 do rcall('HINCRBY', K.meta, adds[i], adds[i + 1]) end
-end
+  -- One more wake-up token (the list kept short).
+  function M.wake_one()
+    M.add_wake_tokens(K, 1)
+  end
 
--- next's work, with the ack tokens starting at A[first] (batch acks among them when
--- `batches`); also returns the accepted tokens, and the state it read (read_walk_state).
--- `compact`: the reply carries this call's first deliveries as their packed element
--- (next_packed) instead of a token each.
-function M.lease(first, batches, compact)
-  local count = M.int_arg(2, 'COUNT', 1, LIMIT.count)
-  local lease = M.int_arg(3, 'LEASE_MS', 1, LIMIT.lease_ms)
-  local budget = M.int_arg(4, 'BUDGET', 1, LIMIT.budget)
-  local max_deliveries = M.int_arg(5, 'MAX_DELIVERIES', 0, LIMIT.max_deliveries)
-  M.check_tokens(first, false, batches)
-  local state = M.read_walk_state()
-  if state.meta.paused then
-    local reply, accepted = M.lease_held(first, compact, state, -1)
-    return reply, accepted, state
+  -- Forgets refused tokens past the fencing window, oldest first, and beyond its count: at most
+  -- what this call added plus LIMIT.trim_step, so the set shrinks steadily and no call does
+  -- work in proportion to it. A token forgotten is no longer refused (README, "Guarantees").
+  -- `size`: at most how many the set holds now (its size before the call plus what it added).
+  function M.trim_revoked(meta, now, added, size)
+    TRIMMED = true
+    if size == 0 then return end -- the common case of a queue without failures: no command
+    local step = added + LIMIT.trim_step
+    local old = rcall('ZRANGEBYSCORE', K.revoked, '-inf', '(' .. (now - meta.fence_ms),
+      'LIMIT', 0, step)
+    local drop = #old
+    if drop < step and size > meta.fence_max then
+      drop = math.min(step, math.max(drop, rcall('ZCARD', K.revoked) - meta.fence_max))
+    end
+    if drop > 0 then rcall('ZREMRANGEBYRANK', K.revoked, 0, drop - 1) end
   end
-  if state.meta.smin and state.meta.smin <= state.now then
-    M.check_wake(state) -- (promote pushes, and wakes)
-    M.promote(state.meta, state.length, state.now)
-    state = M.read_walk_state()
-  end
-  if not state.meta.rate_n then
-    local reply, accepted = M.lease_now(first, count, lease, budget, max_deliveries, compact,
-      state)
-    return reply, accepted, state
-  end
-  local rate = M.rate_allowance(state.meta, state.now)
-  if rate.allowed < 1 then
-    local reply, accepted = M.lease_held(first, compact, state, rate.wait)
-    return reply, accepted, state
-  end
-  local reply, accepted = M.lease_now(first, math.min(count, rate.allowed), lease, budget,
-    max_deliveries, compact, state)
-  M.note_rate(rate, M.leased_count(reply, compact))
-  return reply, accepted, state
-end
 
--- lease's work once the queue may lease: the short way, or the walk.
-function M.lease_now(first, count, lease, budget, max_deliveries, compact, state)
-  -- (the walk keeps the id index, and looks at the jobs waiting at a priority)
-  if FAST_LEASE and not state.meta.tracked and state.meta.prio == 0 then
-    local reply = M.fast_lease(first, count, lease, budget, compact, state)
-    if reply then return reply, {} end
+  -- Writes the counters a walk changed (only those: formatting numbers is a good part of a
+  -- short call); an absent field reads as its default, as read_meta says.
+  function M.write_meta(s)
+    local was = s.meta
+    local fields = { 'seq', s.seq }
+    if was.seeded then
+      fields[#fields + 1], fields[#fields + 2] = 'origin', was.origin
+    end
+    local function changed(name, value, before)
+      if value ~= before then
+        fields[#fields + 1] = name
+        fields[#fields + 1] = value
+      end
+    end
+    changed('taken', s.taken, was.taken)
+    changed('packed', math.max(s.packed, 0), was.packed)
+    changed('qstart', s.qstart, was.qstart)
+    changed('qlen', s.qlen, was.qlen)
+    changed('lapnext', s.lapnext, was.lapnext)
+    changed('lapguess', s.lapguess and '1' or '0', was.lapguess_field)
+    changed('qmin', s.qmin or '', was.qmin or '')
+    changed('lmin', s.lmin or '', was.lmin or '')
+    changed('lstop', s.lstop or '', was.lstop or '')
+    changed('lpass', s.lpass or '', was.lpass or '')
+    changed('lskip', s.lskip or '', was.lskip or '')
+    changed('rpasses', s.rpasses, was.rpasses)
+    changed('lpasses', s.lpasses, was.lpasses)
+    changed('prio', s.prio, was.prio)
+    changed('stale', s.stale_count or was.stale, was.stale)
+    M.marked_fields(s.sides, fields)
+    rcall('HSET', K.meta, unpack(fields))
+    M.add_counts(s)
   end
-  local s = M.start_walk(lease, max_deliveries, state)
-  local acked, accepted = M.ack_tokens(first, s.length + s.lease_length, s.sides)
-  s.lstop = s.sides.lstop
-  local reply = compact and { 0, -1, acked, '' } or { 0, -1, acked }
-  if s.length == 0 and s.lease_length == 0 then
-    reply[1] = 1
-    if s.meta.smin then reply[2] = math.max(s.meta.smin - s.now, 1) end
-    return reply, accepted
-  end
-  s.reply, s.compact = reply, compact
-  if s.qmin and s.qmin <= s.now then
-    -- Something has come due since the last idle lap: look at a whole lap again.
-    s.qmin, s.qstart, s.qlen = nil, s.seq, s.length
-  end
-  M.walk_lists(s, count, budget)
-  M.lease_prioritized(s)
-  M.finish_walk(s)
-  if compact then reply[4] = s.packed_element or '' end
-  if s.leased == 0 and s.seq - s.qstart >= s.qlen and not s.lease_more then
-    -- Every element the ring held at the last push has been visited since, the pushed ones
-    -- last, and nothing was found. Only such a call may clear the wake list, so a push
-    -- between two partial laps cannot lose its wake-up.
-    rcall('DEL', K.wake)
-    reply[1] = 1
-  end
-  local soonest = M.soonest(s.qmin, s.lmin, s.meta.smin)
-  if soonest then reply[2] = soonest - s.now end
-  return reply, accepted
-end
 
--- The earliest of the times given (nil ones skipped): when something next falls due.
-function M.soonest(a, b, c)
-  local soonest = a
-  if b and (not soonest or b < soonest) then soonest = b end
-  if c and (not soonest or c < soonest) then soonest = c end
-  return soonest
-end
+  -- The counters (see stats) are added to, never read, by the calls that change them: reading
+  -- four fields and formatting their sums cost every call about 1 us, an HINCRBY of the ones
+  -- that changed costs only the calls that change them about 0.4 us each.
+  function M.add_counts(s)
+    if s.completed ~= 0 then M.add_count(K.meta, 'completed', s.completed) end
+    if s.redelivered ~= 0 then M.add_count(K.meta, 'redelivered', s.redelivered) end
+    if s.reclaimed ~= 0 then M.add_count(K.meta, 'reclaimed', s.reclaimed) end
+    if s.lettered ~= 0 then M.add_count(K.meta, 'lettered', s.lettered) end
+  end
 
--- THE SHORT WAY of next, for the call a busy queue makes most: its acks (if any) are batch
--- acks, nothing waits to be repaired but batches acked whole (no token acks, no nacked jobs,
--- no revoked tokens among the acks), the lease list's tail holds acked batches (or none)
--- and then a young lease, and `count` pending ids lie at the ring's tail within the lap. In
--- that state the walk (ack_tokens, walk_leases, walk, finish_walk) would write the acks as
--- marks, meet the acked batches at the tail and drop them, stop at the young lease, and
--- lease the pending ids; this does the same writes without building the walk's state. A
--- batch acked out of order (several consumers) stays marked, as the walk leaves it, until
--- the tail reaches it. Returns the reply, or nil (nothing written) when the state is any
--- other, for the walk to handle.
-function M.fast_lease(first, count, lease, budget, compact, state)
-  local length, lease_length, meta, sides = state.length, state.lease_length, state.meta,
-    state.sides
-  local k = #A - first + 1
-  local marked = sides.marked
-  if length == 0 or k > LIMIT.fast_acks or k >= budget
-      or sides[K.done] + sides[K.done_old] + marked[K.marks][1] + marked[K.marks_old][1] > 0 then
-    return nil
+  -- Adds n to a counter. One that is not a whole number (written by hand) starts again from n:
+  -- the call has written the rest already, and must not fail now.
+  function M.add_count(key, field, n)
+    local added = M.attempt('HINCRBY', key, field, n)
+    if type(added) == 'table' and added.err then rcall('HSET', key, field, n) end
   end
-  local now, seq = state.now, meta.seq
-  -- The acks: batch acks of distinct batches, every one accepted.
-  local jobs_of, jobs_text, names = {}, {}, {}
-  for i = first, #A do
-    local arg = A[i]
-    if string.byte(arg) ~= BYTE_STAR then return nil end
-    local batch, jobs = M.split_batch_ack(arg)
-    if jobs_of[batch] then return nil end
-    jobs_of[batch], jobs_text[batch], names[#names + 1] = tonumber(jobs), jobs, batch
+
+  -- 7. QUEUE COMMANDS -----------------------------------------------------------------------------
+
+  function M.next()
+    local times = M.durations_arg(6)
+    local reply = M.lease(6, true)
+    M.add_durations(times)
+    return reply
   end
-  if next(M.refused_among(first, sides)) then return nil end
-  -- The walk's work: a lease that may be due, or an unknown earliest deadline. Whether it
-  -- walks the lease list at all is leases_due's rule, with the acks written as marks.
-  local lstop = meta.lstop
-  if M.frees_tail(names, lstop) then lstop = nil end
-  if meta.lmin and meta.lmin <= now or lease_length > 0 and not meta.lmin
-      or k > 0 and lease_length == 0 then
-    return nil
+
+  function M.next_packed()
+    local times = M.durations_arg(6)
+    local reply = M.lease(6, true, true)
+    M.add_durations(times)
+    return reply
   end
-  local walks = lease_length > 0 and not lstop
-    and (k > 0 or marked[K.marks][2] + marked[K.marks_old][2] > 0)
-  local places, found = {}, {}
-  if walks then
-    places, found = M.fast_window(k, lease_length, sides)
-    if not places then return nil end
-  end
-  -- A named ack names its element, near an end of the list (check_named: read at the tail,
-  -- or found by the server); an acked batch marked already (an ack sent again) is the walk's.
-  local marks = M.fast_marks(names, places, sides)
-  if not marks then return nil end
-  for i = 1, k do
-    local batch = names[i]
-    if marks[batch] then return nil end
-    local named = NAMED and NAMED[batch .. '/' .. jobs_text[batch]].element
-    if named and found[batch] ~= named and not M.near_an_end(named) then return nil end
-  end
-  local visited, dropped, unmarks = 0, 0, {} -- (unmarks: places marked acked, dropped)
-  local lmin, lpass, lskip = meta.lmin, meta.lpass, meta.lskip
-  local rpasses, lpasses = meta.rpasses, meta.lpasses
-  local packed, completed = meta.packed, 0
-  if walks then
-    -- The acked batches at the tail go, with the batches marked acked behind them, up to
-    -- the first young lease; anything else there is the walk's.
-    local bytes, stop, stop_named = 0, nil, nil -- (as in walk_leases)
-    for j = #places, 1, -1 do
-      local place = places[j]
-      if visited >= budget or bytes > LIMIT.lease_bytes then return nil end
-      local jobs = place.batch and jobs_of[place.batch]
-      local m = place.mark
-      local moved = not place.batch and M.moved_deadline(m) -- (as the walk has it)
-      if (not m or moved) and not jobs then
-        local deadline = moved or place.deadline
-        if not deadline or deadline <= now then return nil end
-        stop, stop_named = deadline, place.deadline
+
+  -- The processing times a call of next, next_packed, nextp, ack or ackp may carry as its last
+  -- argument, "#<total ms>,<bucket>:<count>,..." (every token holds a "*"; this never does):
+  -- checked and taken off A, so the command sees its tokens only. Returns {field, count, ...}
+  -- for add_durations.
+  function M.durations_arg(first)
+    if #A < first then return nil end
+    local last = A[#A]
+    if string.byte(last) ~= BYTE_HASH or string.find(last, '*', 1, true) then return nil end
+    local total = string.match(last, '^#(%d+)')
+    local adds, size = { 'dsum', tonumber(total) }, #(total or '') + 1
+    for bucket, count in string.gmatch(last, ',(%d+):(%d+)') do
+      local b, n = tonumber(bucket), tonumber(count)
+      if #bucket > 2 or #count > 10 or b >= LIMIT.duration_buckets or n < 1
+          or n > LIMIT.rate_jobs then
         break
       end
-      if not place.batch or not place.deadline then return nil end
-      local ids = M.count_ids(place.element, #place.batch + 2)
-      if jobs then
-        if jobs ~= ids then return nil end
-        jobs_of[place.batch], dropped = nil, dropped + 1 -- (each batch once)
-      elseif string.byte(m) ~= BYTE_A or tonumber(string.sub(m, 2)) ~= ids then
-        return nil
-      else
-        unmarks[#unmarks + 1] = place
-      end
-      visited, bytes = visited + 1, bytes + #place.element
-      packed, completed = packed - (ids - 1), completed + ids
+      adds[#adds + 1], adds[#adds + 2] = 'd' .. b, n
+      size = size + #bucket + #count + 2
     end
-    if not stop and #places < lease_length then return nil end -- (more than it read)
-    -- The pass counting of walk_leases for its visits (end_lease_pass, may_age: ageing
-    -- renames nothing when no side structure holds anything).
-    local skip = lskip or 0
-    if not lpass or lpass <= 0 then lpass, skip = lease_length, 0 end
-    local pass_ended, aged = false, false
-    local function end_pass(so_far) -- end_lease_pass
-      pass_ended, lpasses = true, lpasses + 1
-      if not aged and M.walked_whole(rpasses, lpasses, length, lease_length - so_far) then
-        aged, lpasses, rpasses = true, 0, -1
-      end
+    if not total or #total > LIMIT.int_digits or size ~= #last or #adds < 4 then
+      M.refuse('ROTATOR_BADARG', 'processing times must be #<total ms>,<bucket 0..' ..
+        (LIMIT.duration_buckets - 1) .. '>:<count>,..., got ' .. M.printable(last))
     end
-    for so_far = 1, visited do
-      if skip > 0 then
-        skip = skip - 1
-      elseif not pass_ended then
-        lpass = lpass - 1
-        if lpass <= 0 then end_pass(so_far) end
-      end
-    end
-    if not pass_ended and visited == lease_length then end_pass(visited) end
-    if aged and (sides[K.marks] + sides[K.marks_old] > 0 or dropped < k) then
-      return nil -- (ageing would rename marks: the walk's)
-    end
-    if pass_ended then
-      lpass, lskip = lease_length - visited, 0
-    else
-      lskip = skip
-    end
-    lmin, lstop = stop, stop_named
+    A[#A] = nil
+    return adds
   end
-  -- The ring: `count` pending ids at its tail, within the lap and the budget, the sentinel
-  -- behind them; the batch stops early once its ids reach LIMIT.batch_bytes.
-  local lapnext = meta.lapnext or (seq + length + 1)
-  if count >= length or count > lapnext - seq - 1 or count > budget - visited then
-    return nil
+
+  -- Adds processing times (durations_arg) to the queue's histogram (see durations).
+  function M.add_durations(adds)
+    if not adds then return end
+    for i = 1, #adds, 2 do rcall('HINCRBY', K.meta, adds[i], adds[i + 1]) end
   end
-  -- Popped, not read and trimmed: one command less. What the batch does not take goes back
-  -- (all of it when the short way gives up: an element that is not a pending id).
-  local ids = rcall('RPOP', K.ring, count) -- (the tail first)
-  local batch, bytes, most, id_bytes, find = {}, 0, LIMIT.batch_bytes, LIMIT.id_bytes, string.find
-  local n = 0
-  for i = 1, #ids do
-    local id = ids[i]
-    local size = #id
-    if size == 0 or size > id_bytes or find(id, '*', 1, true) then
-      M.unpop(ids, 1)
+
+  -- next's work, with the ack tokens starting at A[first] (batch acks among them when
+  -- `batches`); also returns the accepted tokens, and the state it read (read_walk_state).
+  -- `compact`: the reply carries this call's first deliveries as their packed element
+  -- (next_packed) instead of a token each.
+  function M.lease(first, batches, compact)
+    local count = M.int_arg(2, 'COUNT', 1, LIMIT.count)
+    local lease = M.int_arg(3, 'LEASE_MS', 1, LIMIT.lease_ms)
+    local budget = M.int_arg(4, 'BUDGET', 1, LIMIT.budget)
+    local max_deliveries = M.int_arg(5, 'MAX_DELIVERIES', 0, LIMIT.max_deliveries)
+    M.check_tokens(first, false, batches)
+    local state = M.read_walk_state()
+    if state.meta.paused then
+      local reply, accepted = M.lease_held(first, compact, state, -1)
+      return reply, accepted, state
+    end
+    if state.meta.smin and state.meta.smin <= state.now then
+      M.check_wake(state) -- (promote pushes, and wakes)
+      M.promote(state.meta, state.length, state.now)
+      state = M.read_walk_state()
+    end
+    if not state.meta.rate_n then
+      local reply, accepted = M.lease_now(first, count, lease, budget, max_deliveries, compact,
+        state)
+      return reply, accepted, state
+    end
+    local rate = M.rate_allowance(state.meta, state.now)
+    if rate.allowed < 1 then
+      local reply, accepted = M.lease_held(first, compact, state, rate.wait)
+      return reply, accepted, state
+    end
+    local reply, accepted = M.lease_now(first, math.min(count, rate.allowed), lease, budget,
+      max_deliveries, compact, state)
+    M.note_rate(rate, M.leased_count(reply, compact))
+    return reply, accepted, state
+  end
+
+  -- lease's work once the queue may lease: the short way, or the walk.
+  function M.lease_now(first, count, lease, budget, max_deliveries, compact, state)
+    -- (the walk keeps the id index, and looks at the jobs waiting at a priority)
+    if FAST_LEASE and not state.meta.tracked and state.meta.prio == 0 then
+      local reply = M.fast_lease(first, count, lease, budget, compact, state)
+      if reply then return reply, {} end
+    end
+    local s = M.start_walk(lease, max_deliveries, state)
+    local acked, accepted = M.ack_tokens(first, s.length + s.lease_length, s.sides)
+    s.lstop = s.sides.lstop
+    local reply = compact and { 0, -1, acked, '' } or { 0, -1, acked }
+    if s.length == 0 and s.lease_length == 0 then
+      reply[1] = 1
+      if s.meta.smin then reply[2] = math.max(s.meta.smin - s.now, 1) end
+      return reply, accepted
+    end
+    s.reply, s.compact = reply, compact
+    if s.qmin and s.qmin <= s.now then
+      -- Something has come due since the last idle lap: look at a whole lap again.
+      s.qmin, s.qstart, s.qlen = nil, s.seq, s.length
+    end
+    M.walk_lists(s, count, budget)
+    M.lease_prioritized(s)
+    M.finish_walk(s)
+    if compact then reply[4] = s.packed_element or '' end
+    if s.leased == 0 and s.seq - s.qstart >= s.qlen and not s.lease_more then
+      -- Every element the ring held at the last push has been visited since, the pushed ones
+      -- last, and nothing was found. Only such a call may clear the wake list, so a push
+      -- between two partial laps cannot lose its wake-up.
+      rcall('DEL', K.wake)
+      reply[1] = 1
+    end
+    local soonest = M.soonest(s.qmin, s.lmin, s.meta.smin)
+    if soonest then reply[2] = soonest - s.now end
+    return reply, accepted
+  end
+
+  -- The earliest of the times given (nil ones skipped): when something next falls due.
+  function M.soonest(a, b, c)
+    local soonest = a
+    if b and (not soonest or b < soonest) then soonest = b end
+    if c and (not soonest or c < soonest) then soonest = c end
+    return soonest
+  end
+
+  -- THE SHORT WAY of next, for the call a busy queue makes most: its acks (if any) are batch
+  -- acks, nothing waits to be repaired but batches acked whole (no token acks, no nacked jobs,
+  -- no revoked tokens among the acks), the lease list's tail holds acked batches (or none)
+  -- and then a young lease, and `count` pending ids lie at the ring's tail within the lap. In
+  -- that state the walk (ack_tokens, walk_leases, walk, finish_walk) would write the acks as
+  -- marks, meet the acked batches at the tail and drop them, stop at the young lease, and
+  -- lease the pending ids; this does the same writes without building the walk's state. A
+  -- batch acked out of order (several consumers) stays marked, as the walk leaves it, until
+  -- the tail reaches it. Returns the reply, or nil (nothing written) when the state is any
+  -- other, for the walk to handle.
+  function M.fast_lease(first, count, lease, budget, compact, state)
+    local length, lease_length, meta, sides = state.length, state.lease_length, state.meta,
+      state.sides
+    local k = #A - first + 1
+    local marked = sides.marked
+    if length == 0 or k > LIMIT.fast_acks or k >= budget
+        or sides[K.done] + sides[K.done_old] + marked[K.marks][1] + marked[K.marks_old][1] > 0 then
       return nil
     end
-    n = n + 1
-    batch[n] = id
-    bytes = bytes + size
-    if bytes >= most then break end
-  end
-  if n < #ids then M.unpop(ids, n + 1) end
-  local leased = #batch
-  local deadline = now + lease
-  local qmin, qstart, qlen = meta.qmin, meta.qstart or seq, meta.qlen or length
-  if qmin and qmin <= now then qmin, qstart, qlen = nil, seq, length end
-  local before = meta.lmin
-  if qmin and (not before or qmin < before) then before = qmin end
-  -- The earliest deadline yet: an idle consumer is woken to wait for it (note_leases).
-  local wakes = not before or deadline < before
-  if wakes then M.check_wake(state) end
-  -- Writes (the walk's ack_tokens, finish_walk, note_leases and write_meta, in that order).
-  local new_marks = {}
-  for i = 1, k do
-    local batch = names[i]
-    if NAMED then -- (none marked before: each is dropped now)
-      M.drop_named(batch, NAMED[batch .. '/' .. jobs_text[batch]].ids)
-    end
-    if jobs_of[batch] then -- acked out of order: marked until the walk reaches it
-      local m = 'a' .. jobs_text[batch]
-      new_marks[#new_marks + 1], new_marks[#new_marks + 2] = batch, m
-      M.count_mark(sides, K.marks, m, 1)
-    end
-  end
-  if #new_marks > 0 then
-    sides[K.marks] = sides[K.marks] + M.call_all('HSET', K.marks, new_marks)
-  end
-  local hdel = { [K.marks] = {}, [K.marks_old] = {} }
-  for i = 1, #unmarks do
-    local place = unmarks[i]
-    table.insert(hdel[place.mark_in], place.batch)
-    M.count_mark(sides, place.mark_in, place.mark, -1)
-  end
-  for key, fields in pairs(hdel) do
-    if #fields > 0 then sides[key] = sides[key] - M.call_all('HDEL', key, fields) end
-  end
-  local first_stamp = '*' .. deadline .. '.1.' .. seq
-  batch[0] = first_stamp -- (one string made, not a list and then the element)
-  local element = table.concat(batch, '*', 0, leased)
-  batch[0] = nil
-  PACKED, PACKED_IDS = element, batch
-  if visited > 0 then rcall('LTRIM', K.leases, 0, -(visited + 1)) end
-  rcall('LPUSH', K.leases, element)
-  M.trim_revoked(meta, now, 0, sides.revoked)
-  if state.dead_length > 0 then M.trim_dead(meta, now, state.dead_length, 0) end
-  if wakes then M.wake_one() end
-  if not lmin or deadline < lmin then lmin = deadline end
-  if lease_length - visited == 0 then lstop = lmin end -- the list holds this call's batch only
-  M.write_meta({
-    meta = meta, seq = seq + visited + leased, taken = meta.taken + leased,
-    packed = packed + leased - 1, qstart = qstart + visited, qlen = qlen,
-    lapnext = lapnext + visited, lapguess = meta.lapguess, qmin = qmin, lmin = lmin,
-    lstop = lstop, lpass = lpass, lskip = lskip, rpasses = rpasses, lpasses = lpasses,
-    sides = sides, completed = completed, redelivered = 0, reclaimed = 0, lettered = 0,
-    prio = meta.prio,
-  })
-  local reply = { 0, -1, k }
-  if compact then
-    reply[4] = element
-  else
-    for place = 1, leased do
-      reply[#reply + 1] = batch[place] .. first_stamp .. PAD[place]
-      reply[#reply + 1] = 0
-    end
-  end
-  local soonest = M.soonest(qmin, lmin, meta.smin)
-  if soonest then reply[2] = soonest - now end
-  return reply
-end
-
--- Puts back at the ring's tail what RPOP took from it, from ids[from] on (ids: in the order
--- popped, the tail first), so that the ring is as it was before.
-function M.unpop(ids, from)
-  local back = {}
-  for i = #ids, from, -1 do back[#back + 1] = ids[i] end
-  M.call_all('RPUSH', K.ring, back)
-end
-
--- The lease list's tail as the short way reads it: the k acked batches may lie there, then
--- the batches marked acked behind them (at most LIMIT.fast_acks of them: a longer run is
--- the walk's), then a young lease. Returns
--- its places from the head of the window to the tail, each {element, batch (packed) or
--- name (a token), deadline (nil: corrupt)}, and the window's packed elements by batch; nil
--- when a batch is there twice.
-function M.fast_window(k, lease_length, sides)
-  local behind = math.min(sides[K.marks] + sides[K.marks_old], LIMIT.fast_acks)
-  local slice = rcall('LRANGE', K.leases, -math.min(lease_length, k + 1 + behind), -1)
-  local places, found = {}, {}
-  for j = 1, #slice do
-    local element = slice[j]
-    local star = string.find(element, '*', 2, true)
-    local place = { element = element }
-    if star and string.byte(element) == BYTE_STAR then
-      place.batch = string.sub(element, 1, star - 1)
-      place.deadline = M.own_deadline(element, place.batch)
-      if found[place.batch] then return nil end -- (a copy written by hand: the walk's)
-      found[place.batch] = element
-    elseif star then
-      place.name = element
-      place.deadline = M.own_deadline(element)
-    end
-    places[j] = place
-  end
-  return places, found
-end
-
--- The marks of the acked batches (`names`) and of the places read (fast_window), into each
--- place's `mark` and `mark_in` as look_up finds them. Returns the marks by name, or nil when
--- a name is marked in both generations (the walk's to sort out).
-function M.fast_marks(names, places, sides)
-  local marks = {}
-  if sides[K.marks] + sides[K.marks_old] == 0 then return marks end
-  local look = {}
-  for i = 1, #names do look[i] = names[i] end
-  for j = 1, #places do
-    local name = places[j].batch or places[j].name
-    if name then look[#look + 1] = name end
-  end
-  if #look == 0 then return marks end
-  local mark_in = {}
-  for _, key in ipairs({ K.marks, K.marks_old }) do
-    if sides[key] > 0 then
-      local values = rcall('HMGET', key, unpack(look))
-      for j = 1, #look do
-        local name, value = look[j], values[j]
-        if value then
-          if mark_in[name] and mark_in[name] ~= key then return nil end
-          marks[name], mark_in[name] = value, key
-        end
-      end
-    end
-  end
-  for j = 1, #places do
-    local place = places[j]
-    local name = place.batch or place.name
-    place.mark, place.mark_in = name and marks[name], name and mark_in[name]
-  end
-  return marks
-end
-
-function M.ack()
-  local times = M.durations_arg(2)
-  M.check_tokens(2, true, true)
-  local sides = M.ack_sides()
-  local n = M.ack_tokens(2, sides.length, sides)
-  M.write_acked(sides)
-  M.add_durations(times)
-  return n
-end
-
--- What ack_tokens needs to know of the side structures (reading them checks their types),
--- the range of call seqs this queue issued, and the length of both lists; `fence`: the
--- fence settings too (fence_ms, fence_max), for a call that drops payloads (ackp).
-function M.ack_sides(fence)
-  local sides = {
-    length = M.read('LLEN', K.ring) + M.read('LLEN', K.leases),
-    [K.done] = M.read('SCARD', K.done), [K.marks] = M.read('HLEN', K.marks),
-    [K.marks_old] = M.read('HLEN', K.marks_old), revoked = M.read('ZCARD', K.revoked),
-  }
-  M.read_issued(sides, fence)
-  sides.lstop_was = sides.lstop
-  return sides
-end
-
--- Writes what acks changed in the meta hash: the marks' counts, and the lease walk's stop.
-function M.write_acked(sides)
-  local fields = M.marked_fields(sides, {})
-  if sides.lstop_was and not sides.lstop then
-    fields[#fields + 1], fields[#fields + 2] = 'lstop', ''
-  end
-  if #fields > 0 then rcall('HSET', K.meta, unpack(fields)) end
-end
-
--- Notes in `sides` the call seqs this queue has issued tokens with (origin <= seq < seq)
--- and the marks' counts (read_marked), in one read; with `fence`, the fence settings too
--- (only ackp needs them: a plain ack reads two fields less).
-function M.read_issued(sides, fence)
-  local c = MARK_COUNTS
-  local m = fence
-    and M.read('HMGET', K.meta, 'origin', 'seq', 'lstop', c[1], c[2], c[3], c[4], 'fence_ms',
-      'fence_max')
-    or M.read('HMGET', K.meta, 'origin', 'seq', 'lstop', c[1], c[2], c[3], c[4])
-  sides.seq = tonumber(m[2]) or 0
-  sides.origin = tonumber(m[1]) or 0
-  sides.lstop = tonumber(m[3])
-  if fence then
-    sides.fence_ms = tonumber(m[8]) or LIMIT.fence_ms
-    sides.fence_max = tonumber(m[9]) or LIMIT.fence_max
-  end
-  local counts = {}
-  for i = 1, 4 do counts[i] = tonumber(m[i + 3]) or 0 end
-  return M.read_marked(sides, counts)
-end
-
--- 8. ON FIRST USE: NACK, BURY, EXTEND -------------------------------------------------------------
--- A worker's calls for a job that failed or runs long. Defined on first use (see
--- ON_FIRST_USE): a worker's busy loop makes none of them, so an EVAL call of push, next or
--- ack does not create these functions each time.
-function M.define_setbacks()
-  function M.nack()
-    return M.give_back(3)
-  end
-
-  -- nack's work, with the tokens starting at A[first]; `before_write` reads what a caller
-  -- writes afterwards (checked before anything is written). A job given back keeps its place:
-  -- its lease is marked "n<due>" (deferred); the lease list's walk takes it on from there (it
-  -- moves to the ring to wait, or is leased again when due).
-  function M.give_back(first, before_write)
-    local delay = M.int_arg(2, 'DELAY_MS', 0, LIMIT.lease_ms)
-    M.check_tokens(first, true)
-    local alive, sides = M.live_tokens(first)
-    local meta = M.read_meta(K)
-    M.read('LLEN', K.wake)
-    if before_write then before_write() end
-    local now = M.now_ms()
-    local due = now + delay
-    local reply = {}
-    local any = false
-    local touched, given, marks = {}, {}, {}
+    local now, seq = state.now, meta.seq
+    -- The acks: batch acks of distinct batches, every one accepted.
+    local jobs_of, jobs_text, names = {}, {}, {}
     for i = first, #A do
-      local token = A[i]
-      if alive[token] then
-        alive[token] = nil -- a token given twice is requeued once
-        given[#given + 1], marks[#marks + 1] = token, 'n' .. due
-        rcall('ZADD', K.revoked, now, token)
-        -- Its batch can no longer be acked as a whole, and its packed element must be broken
-        -- up so that this job waits on its own.
-        local batch = M.batch_of(token)
-        if batch then
-          rcall('ZADD', K.revoked, now, batch)
-          touched[batch] = true
+      local arg = A[i]
+      if string.byte(arg) ~= BYTE_STAR then return nil end
+      local batch, jobs = M.split_batch_ack(arg)
+      if jobs_of[batch] then return nil end
+      jobs_of[batch], jobs_text[batch], names[#names + 1] = tonumber(jobs), jobs, batch
+    end
+    if next(M.refused_among(first, sides)) then return nil end
+    -- The walk's work: a lease that may be due, or an unknown earliest deadline. Whether it
+    -- walks the lease list at all is leases_due's rule, with the acks written as marks.
+    local lstop = meta.lstop
+    if M.frees_tail(names, lstop) then lstop = nil end
+    if meta.lmin and meta.lmin <= now or lease_length > 0 and not meta.lmin
+        or k > 0 and lease_length == 0 then
+      return nil
+    end
+    local walks = lease_length > 0 and not lstop
+      and (k > 0 or marked[K.marks][2] + marked[K.marks_old][2] > 0)
+    local places, found = {}, {}
+    if walks then
+      places, found = M.fast_window(k, lease_length, sides)
+      if not places then return nil end
+    end
+    -- A named ack names its element, near an end of the list (check_named: read at the tail,
+    -- or found by the server); an acked batch marked already (an ack sent again) is the walk's.
+    local marks = M.fast_marks(names, places, sides)
+    if not marks then return nil end
+    for i = 1, k do
+      local batch = names[i]
+      if marks[batch] then return nil end
+      local named = NAMED and NAMED[batch .. '/' .. jobs_text[batch]].element
+      if named and found[batch] ~= named and not M.near_an_end(named) then return nil end
+    end
+    local visited, dropped, unmarks = 0, 0, {} -- (unmarks: places marked acked, dropped)
+    local lmin, lpass, lskip = meta.lmin, meta.lpass, meta.lskip
+    local rpasses, lpasses = meta.rpasses, meta.lpasses
+    local packed, completed = meta.packed, 0
+    if walks then
+      -- The acked batches at the tail go, with the batches marked acked behind them, up to
+      -- the first young lease; anything else there is the walk's.
+      local bytes, stop, stop_named = 0, nil, nil -- (as in walk_leases)
+      for j = #places, 1, -1 do
+        local place = places[j]
+        if visited >= budget or bytes > LIMIT.lease_bytes then return nil end
+        local jobs = place.batch and jobs_of[place.batch]
+        local m = place.mark
+        local moved = not place.batch and M.moved_deadline(m) -- (as the walk has it)
+        if (not m or moved) and not jobs then
+          local deadline = moved or place.deadline
+          if not deadline or deadline <= now then return nil end
+          stop, stop_named = deadline, place.deadline
+          break
         end
-        reply[#reply + 1] = 1
-        any = true
-      else
-        reply[#reply + 1] = 0
-      end
-    end
-    M.mark_leases(sides, given, marks, touched)
-    if any then
-      -- Due work restarts the ring's lap and wakes idle consumers; the lease list's walk looks
-      -- for the jobs when they fall due (and at once if one is its tail, see frees_tail).
-      local qmin = meta.qmin and math.min(meta.qmin, due) or due
-      local lmin = meta.lmin and math.min(meta.lmin, due) or due
-      local lstop = M.frees_tail(given, meta.lstop) and '' or (meta.lstop or '')
-      rcall('HSET', K.meta, 'qmin', qmin, 'lmin', lmin, 'lstop', lstop, 'qstart', meta.seq,
-        'qlen', rcall('LLEN', K.ring), 'seq', meta.seq, 'origin', meta.origin)
-      M.add_count(K.meta, 'retried', #given)
-      M.wake_one()
-      local added = 2 * (#A - first + 1) -- each token, and maybe its batch
-      M.trim_revoked(meta, now, added, sides.revoked + added)
-    end
-    return reply
-  end
-
-  function M.bury()
-    local message = M.error_arg(2)
-    M.check_tokens(3, true)
-    local alive, sides = M.live_tokens(3)
-    local meta = M.read_meta(K)
-    if K.items then M.read('HLEN', K.items) end
-    local now = M.now_ms()
-    local reply, buried, marks, revoke, touched = {}, {}, {}, {}, {}
-    for i = 3, #A do
-      local token = A[i]
-      if alive[token] then
-        alive[token] = nil -- a token given twice is buried once
-        buried[#buried + 1], marks[#marks + 1] = token, 'f' .. message
-        revoke[#revoke + 1], revoke[#revoke + 2] = now, token
-        local batch = M.batch_of(token)
-        if batch and not touched[batch] then
-          touched[batch] = true
-          revoke[#revoke + 1], revoke[#revoke + 2] = now, batch
-        end
-        reply[#reply + 1] = 1
-      else
-        reply[#reply + 1] = 0
-      end
-    end
-    if #buried == 0 then return reply end
-    -- Marked, fenced as a nack is; the walk that reaches its element writes the letter (a
-    -- token whose element is gone, acked and removed, writes none: its mark is a leftover).
-    M.mark_leases(sides, buried, marks, touched)
-    M.call_all('ZADD', K.revoked, revoke)
-    M.trim_revoked(meta, now, #revoke / 2, sides.revoked + #revoke / 2)
-    local lmin = meta.lmin and math.min(meta.lmin, now) or now
-    local lstop = M.frees_tail(buried, meta.lstop) and '' or (meta.lstop or '')
-    rcall('HSET', K.meta, 'lmin', lmin, 'lstop', lstop)
-    if K.items then M.note_errors(3, reply, message) end
-    return reply
-  end
-
-  -- Records `message` as the last error in the item stats (K.items) of the jobs whose tokens,
-  -- A[first..], have a 1 in `reply` (nackp; bury given the item-stats KEYS).
-  function M.note_errors(first, reply, message)
-    local ids = {}
-    for i = first, #A do
-      if reply[i - first + 1] == 1 then
-        ids[#ids + 1] = string.sub(A[i], 1, string.find(A[i], '*', 2, true) - 1)
-      end
-    end
-    if #ids == 0 then return end
-    local old = rcall('HMGET', K.items, unpack(ids))
-    local writes = {}
-    for j = 1, #ids do
-      local kept = string.match(old[j] or '', '^(%d+:%d+:%d+):') or '0:0:0'
-      writes[#writes + 1], writes[#writes + 2] = ids[j], kept .. ':' .. message
-    end
-    M.call_all('HSET', K.items, writes)
-  end
-
-  -- A job's error text at A[index]: at most LIMIT.error_bytes (checked before anything is read).
-  function M.error_arg(index)
-    local message = A[index]
-    if type(message) ~= 'string' or #message > LIMIT.error_bytes then
-      M.refuse('ROTATOR_BADARG', 'ERROR must be at most ' .. LIMIT.error_bytes .. ' bytes')
-    end
-    return message
-  end
-
-  -- nack's and extend's marks on live leases (replacing any in the old generation), their
-  -- counts, and a touch for the batch of each first delivery among them.
-  function M.mark_leases(sides, tokens, values, touched)
-    M.write_marks(sides, tokens, values, true)
-    M.write_marked(sides)
-    M.touch(touched)
-  end
-
-  function M.write_marked(sides)
-    local fields = M.marked_fields(sides, {})
-    if #fields > 0 then rcall('HSET', K.meta, unpack(fields)) end
-  end
-
-  -- Which tokens in A[first..] still hold a live lease: not revoked, not acked. Also returns the
-  -- sides.
-  function M.live_tokens(first)
-    local alive = {}
-    local length = M.read('LLEN', K.ring)
-    local sides = M.read_issued(M.read_sides())
-    if length + M.read('LLEN', K.leases) == 0 then return alive, sides end
-    local refused = M.refused_among(first, sides)
-    local tokens = {}
-    for i = first, #A do tokens[#tokens + 1] = A[i] end
-    local acked = {}
-    for _, key in ipairs({ K.done, K.done_old }) do
-      if sides[key] > 0 then
-        local flags = rcall('SMISMEMBER', key, unpack(tokens))
-        for i = 1, #flags do
-          if flags[i] == 1 then acked[tokens[i]] = true end
-        end
-      end
-    end
-    -- A first delivery is also acked when its whole batch was.
-    local batches, of = {}, {}
-    for i = 1, #tokens do
-      local batch = M.batch_of(tokens[i])
-      if batch then batches[#batches + 1], of[#batches + 1] = batch, tokens[i] end
-    end
-    for _, key in ipairs({ K.marks, K.marks_old }) do
-      if #batches > 0 and sides[key] > 0 then
-        local values = rcall('HMGET', key, unpack(batches))
-        for i = 1, #values do
-          if values[i] and string.byte(values[i]) == BYTE_A then acked[of[i]] = true end
-        end
-      end
-    end
-    for _, token in ipairs(tokens) do
-      if not refused[token] and not acked[token] then alive[token] = true end
-    end
-    return alive, sides
-  end
-
-  function M.extend()
-    local lease = M.int_arg(2, 'LEASE_MS', 1, LIMIT.lease_ms)
-    M.check_tokens(3, true)
-    local alive, sides = M.live_tokens(3)
-    local meta = M.read_meta(K)
-    local deadline = M.now_ms() + lease
-    local reply = { deadline }
-    local any = false
-    local touched, extended, marks, seen = {}, {}, {}, {}
-    for i = 3, #A do
-      local token = A[i]
-      if alive[token] then
-        if not seen[token] then
-          seen[token] = true
-          extended[#extended + 1], marks[#marks + 1] = token, 'e' .. deadline
-        end
-        local batch = M.batch_of(token)
-        if batch then touched[batch] = true end -- its packed element keeps no marks: break it up
-        reply[#reply + 1] = 1
-        any = true
-      else
-        reply[#reply + 1] = 0
-      end
-    end
-    if meta.tracked then M.note_cancelled(reply, 3) end
-    M.mark_leases(sides, extended, marks, touched)
-    -- A shortened lease may now be the first thing to fall due: idle consumers wait for it.
-    if any and (not meta.lmin or deadline < meta.lmin) then
-      rcall('HSET', K.meta, 'lmin', deadline)
-    end
-    return reply
-  end
-end
-
--- 9. ON FIRST USE: THE WALK ENGINE ----------------------------------------------------------------
--- next and sweep walk two lists from their tails: start_walk reads the state; walk_leases
--- visits the lease list while what it finds there is due or done with (LEASES in the header);
--- walk visits a budget of ring elements (leasing pending ids into the call's batch, leasing
--- due deferred jobs again, ending laps at the sentinel); both collect what to write, and
--- finish_walk writes it all at once. What a walk keeps goes where it waits: a lease to the
--- lease list's head while it is young (to its tail when it is due but this call has no room
--- to lease it), a deferred job to the ring's head.
---
--- Defined on first use (see ON_FIRST_USE): a worker's call on a busy queue takes the short
--- way of next (M.fast_lease), which never walks, so an EVAL call of it does not create
--- these functions each time.
-function M.define_walk()
-  -- A lap's end: the marks hash becomes the old one, the old one goes.
-  function M.age_marked(sides)
-    local marked = sides.marked
-    marked[K.marks_old] = marked[K.marks]
-    marked[K.marks] = { 0, 0 }
-  end
-
-  -- Notes that `id` is now in flight with the token `id*stamp`, on a queue that tracks ids (see
-  -- IDS; the index's other functions, which a plain queue never calls, are in section 10).
-  function M.note_id(s, id, stamp)
-    if not s.tracked then return end
-    s.leased_ids[#s.leased_ids + 1] = id
-    s.leased_ids[#s.leased_ids + 1] = stamp
-  end
-
-  -- The deadline a "w" mark holds: an extended lease moved to the lease list's head waits by it
-  -- (see keep); nil for any other mark.
-  function M.moved_deadline(m)
-    return m and string.byte(m) == BYTE_W and tonumber(string.sub(m, 2)) or nil
-  end
-
-  function M.start_walk(lease, max_deliveries, state)
-    state = state or M.read_walk_state()
-    M.check_wake(state) -- (every walk may write it)
-    local length, lease_length, meta = state.length, state.lease_length, state.meta
-    local sides, dead_length, now = state.sides, state.dead_length, state.now
-    local lapnext = meta.lapnext or (meta.seq + length + 1)
-    -- Tokens end in this call's first visit number and the visit's place in the call (PAD):
-    -- unique, because the next call that leases starts at a higher visit number.
-    local seq_base = tostring(meta.seq)
-    local s = {
-      now = now, deadline = now + lease, max_deliveries = max_deliveries, sides = sides,
-      seq_base = seq_base, first = '*' .. (now + lease) .. '.1.' .. seq_base, meta = meta,
-      length = length, live = length, -- ring length as it is at this point of the visits
-      -- The lease list: its length, the elements the walk took from its tail, those it puts
-      -- back there and those it pushes at its head, and the earliest deadline among those.
-      lease_length = lease_length, lease_visited = 0, back = {}, to_leases = {},
-      pushed_min = nil, lmin = meta.lmin, lstop = meta.lstop, lpass = meta.lpass,
-      lskip = meta.lskip,
-      rpasses = meta.rpasses, lpasses = meta.lpasses, lease_more = false,
-      seq = meta.seq, lapnext = lapnext, qmin = meta.qmin,
-      -- With the lap position unknown (new ring, lost meta), guess that the sentinel is within
-      -- one ring length: a sentinel seen before then is accepted, none seen means it is gone.
-      lapguess = meta.lapguess,
-      qstart = meta.qstart or meta.seq, qlen = meta.qlen or length, taken = meta.taken,
-      reply = {}, rotated = {}, revoke = {}, letters = {}, keep_marks = {}, batch = {},
-      dead_length = dead_length,
-      packed = meta.packed, released = 0, count = 0, expanded = 0, batch_bytes = 0,
-      srem = { [K.done] = {}, [K.done_old] = {} }, hdel = { [K.marks] = {}, [K.marks_old] = {} },
-      visited = 0, leased = 0, soonest = nil, sweeping = false,
-      -- What this call adds to the queue's counters (see add_counts).
-      completed = 0, redelivered = 0, reclaimed = 0, lettered = 0,
-      -- On a queue that tracks ids: copies gone (id, and the stamp the index must still hold
-      -- for its entry to go) and leases made (id, stamp), written by write_ids.
-      tracked = meta.tracked, gone = {}, gone_stamp = {}, leased_ids = {},
-      stale_count = meta.stale, stale_recs = {}, -- cancelled copies' records (see parse_stale)
-      prio = meta.prio, -- jobs waiting at a priority (see PRIORITIES)
-    }
-    return s
-  end
-
-  -- Visits at most `limit` elements from the tail (never more than the ring holds), leasing up
-  -- to `count` jobs; visits plus the leases of broken-up batches stay within `budget`.
-  function M.walk(s, count, limit, budget)
-    local PAD, SENTINEL, BYTE_STAR = PAD, SENTINEL, BYTE_STAR
-    local byte, find, id_bytes = string.byte, string.find, LIMIT.id_bytes
-    -- A pending id's first delivery: its token is id .. first .. PAD[its place in the batch].
-    local first, compact = s.first, s.compact
-    local rotated, reply, batch = s.rotated, s.reply, s.batch
-    local n_rotated, n_reply = #rotated, #reply
-    s.count = count
-    -- Slices start just larger than what is wanted (every element fetched costs a string
-    -- conversion) and double while the walk finds elements to skip.
-    local extra = 2
-    while s.visited < limit and s.visited + s.expanded < budget and s.leased < count do
-      local want = math.min(limit - s.visited, budget - s.visited - s.expanded,
-        count - s.leased + extra, LIMIT.batch)
-      extra = extra * 2
-      local slice = rcall('LRANGE', K.ring, -(s.visited + want), -(s.visited + 1))
-      -- Where the slice's acks and marks are (look_up) is needed only once the walk meets an
-      -- element that is not a pending id; a slice of pending ids alone never looks them up.
-      local stamped, done_in, mark, mark_in, packed = {}, {}, {}, {}, {}
-      local looked, stale = false, {}
-      if s.tracked then
-        M.look_up(slice, s.sides, stamped, done_in, mark, mark_in, packed)
-        looked, stale = true, M.stale_pending(s, slice, stamped, packed)
-      end
-      local i = #slice
-      while true do
-        if not s.sweeping then
-          -- The common case first: a run of pending ids within the lap (no "*" in them), each
-          -- leased into this call's batch, the counters moved once for the run. Anything else
-          -- ends the run and is visited below.
-          local last = math.min(budget - s.expanded, s.lapnext - s.seq - 1) -- visits allowed
-          local place, bytes, most = #batch, s.batch_bytes, LIMIT.batch_bytes
-          local from = i
-          local lowest = math.max(i - math.min(count - s.leased, last - s.visited), 0)
-          while i > lowest do
-            local element = slice[i]
-            if element == '' or #element > id_bytes or find(element, '*', 1, true)
-                or stale[i] then
-              break
-            end
-            place = place + 1
-            batch[place] = element
-            if not compact then
-              reply[n_reply + 1], reply[n_reply + 2] = element .. first .. PAD[place], 0
-              n_reply = n_reply + 2
-            end
-            bytes = bytes + #element
-            i = i - 1
-            if bytes >= most then break end
-          end
-          local run = from - i
-          s.visited, s.leased = s.visited + run, s.leased + run
-          s.live, s.taken = s.live - run, s.taken + run
-          if bytes >= most then count = s.leased end -- the batch is big enough: no more
-          s.batch_bytes, s.count = bytes, count
-        end
-        if i < 1 or s.leased >= count or s.visited + s.expanded >= budget then break end
-        if not looked then
-          M.look_up(slice, s.sides, stamped, done_in, mark, mark_in, packed)
-          looked = true
-        end
-        local element = slice[i]
-        local visited = s.visited + 1
-        s.visited = visited
-        local index = s.seq + visited
-        if index > s.lapnext then
-          s.lapnext, s.lapguess = index + s.live, true -- lost track: guess again
-        end
-        if element == SENTINEL then
-          if index < s.lapnext and not s.lapguess then
-            s.live = s.live - 1 -- a second sentinel: drop it
-          else
-            M.end_lap(s, i - 1, done_in, mark_in)
-            n_rotated = #rotated
-          end
+        if not place.batch or not place.deadline then return nil end
+        local ids = M.count_ids(place.element, #place.batch + 2)
+        if jobs then
+          if jobs ~= ids then return nil end
+          jobs_of[place.batch], dropped = nil, dropped + 1 -- (each batch once)
+        elseif string.byte(m) ~= BYTE_A or tonumber(string.sub(m, 2)) ~= ids then
+          return nil
         else
-          if index == s.lapnext then
-            -- The sentinel is missing (someone removed it): put one back just before this
-            -- element, which is then the first of the next lap.
-            s.live = s.live + 1
-            M.end_lap(s, i, done_in, mark_in)
-            n_rotated = #rotated
-            s.lapnext = s.lapnext - 1
+          unmarks[#unmarks + 1] = place
+        end
+        visited, bytes = visited + 1, bytes + #place.element
+        packed, completed = packed - (ids - 1), completed + ids
+      end
+      if not stop and #places < lease_length then return nil end -- (more than it read)
+      -- The pass counting of walk_leases for its visits (end_lease_pass, may_age: ageing
+      -- renames nothing when no side structure holds anything).
+      local skip = lskip or 0
+      if not lpass or lpass <= 0 then lpass, skip = lease_length, 0 end
+      local pass_ended, aged = false, false
+      local function end_pass(so_far) -- end_lease_pass
+        pass_ended, lpasses = true, lpasses + 1
+        if not aged and M.walked_whole(rpasses, lpasses, length, lease_length - so_far) then
+          aged, lpasses, rpasses = true, 0, -1
+        end
+      end
+      for so_far = 1, visited do
+        if skip > 0 then
+          skip = skip - 1
+        elseif not pass_ended then
+          lpass = lpass - 1
+          if lpass <= 0 then end_pass(so_far) end
+        end
+      end
+      if not pass_ended and visited == lease_length then end_pass(visited) end
+      if aged and (sides[K.marks] + sides[K.marks_old] > 0 or dropped < k) then
+        return nil -- (ageing would rename marks: the walk's)
+      end
+      if pass_ended then
+        lpass, lskip = lease_length - visited, 0
+      else
+        lskip = skip
+      end
+      lmin, lstop = stop, stop_named
+    end
+    -- The ring: `count` pending ids at its tail, within the lap and the budget, the sentinel
+    -- behind them; the batch stops early once its ids reach LIMIT.batch_bytes.
+    local lapnext = meta.lapnext or (seq + length + 1)
+    if count >= length or count > lapnext - seq - 1 or count > budget - visited then
+      return nil
+    end
+    -- Popped, not read and trimmed: one command less. What the batch does not take goes back
+    -- (all of it when the short way gives up: an element that is not a pending id).
+    local ids = rcall('RPOP', K.ring, count) -- (the tail first)
+    local batch, bytes, most, id_bytes, find = {}, 0, LIMIT.batch_bytes, LIMIT.id_bytes, string.find
+    local n = 0
+    for i = 1, #ids do
+      local id = ids[i]
+      local size = #id
+      if size == 0 or size > id_bytes or find(id, '*', 1, true) then
+        M.unpop(ids, 1)
+        return nil
+      end
+      n = n + 1
+      batch[n] = id
+      bytes = bytes + size
+      if bytes >= most then break end
+    end
+    if n < #ids then M.unpop(ids, n + 1) end
+    local leased = #batch
+    local deadline = now + lease
+    local qmin, qstart, qlen = meta.qmin, meta.qstart or seq, meta.qlen or length
+    if qmin and qmin <= now then qmin, qstart, qlen = nil, seq, length end
+    local before = meta.lmin
+    if qmin and (not before or qmin < before) then before = qmin end
+    -- The earliest deadline yet: an idle consumer is woken to wait for it (note_leases).
+    local wakes = not before or deadline < before
+    if wakes then M.check_wake(state) end
+    -- Writes (the walk's ack_tokens, finish_walk, note_leases and write_meta, in that order).
+    local new_marks = {}
+    for i = 1, k do
+      local batch = names[i]
+      if NAMED then -- (none marked before: each is dropped now)
+        M.drop_named(batch, NAMED[batch .. '/' .. jobs_text[batch]].ids)
+      end
+      if jobs_of[batch] then -- acked out of order: marked until the walk reaches it
+        local m = 'a' .. jobs_text[batch]
+        new_marks[#new_marks + 1], new_marks[#new_marks + 2] = batch, m
+        M.count_mark(sides, K.marks, m, 1)
+      end
+    end
+    if #new_marks > 0 then
+      sides[K.marks] = sides[K.marks] + M.call_all('HSET', K.marks, new_marks)
+    end
+    local hdel = { [K.marks] = {}, [K.marks_old] = {} }
+    for i = 1, #unmarks do
+      local place = unmarks[i]
+      table.insert(hdel[place.mark_in], place.batch)
+      M.count_mark(sides, place.mark_in, place.mark, -1)
+    end
+    for key, fields in pairs(hdel) do
+      if #fields > 0 then sides[key] = sides[key] - M.call_all('HDEL', key, fields) end
+    end
+    local first_stamp = '*' .. deadline .. '.1.' .. seq
+    batch[0] = first_stamp -- (one string made, not a list and then the element)
+    local element = table.concat(batch, '*', 0, leased)
+    batch[0] = nil
+    PACKED, PACKED_IDS = element, batch
+    if visited > 0 then rcall('LTRIM', K.leases, 0, -(visited + 1)) end
+    rcall('LPUSH', K.leases, element)
+    M.trim_revoked(meta, now, 0, sides.revoked)
+    if state.dead_length > 0 then M.trim_dead(meta, now, state.dead_length, 0) end
+    if wakes then M.wake_one() end
+    if not lmin or deadline < lmin then lmin = deadline end
+    if lease_length - visited == 0 then lstop = lmin end -- the list holds this call's batch only
+    M.write_meta({
+      meta = meta, seq = seq + visited + leased, taken = meta.taken + leased,
+      packed = packed + leased - 1, qstart = qstart + visited, qlen = qlen,
+      lapnext = lapnext + visited, lapguess = meta.lapguess, qmin = qmin, lmin = lmin,
+      lstop = lstop, lpass = lpass, lskip = lskip, rpasses = rpasses, lpasses = lpasses,
+      sides = sides, completed = completed, redelivered = 0, reclaimed = 0, lettered = 0,
+      prio = meta.prio,
+    })
+    local reply = { 0, -1, k }
+    if compact then
+      reply[4] = element
+    else
+      for place = 1, leased do
+        reply[#reply + 1] = batch[place] .. first_stamp .. PAD[place]
+        reply[#reply + 1] = 0
+      end
+    end
+    local soonest = M.soonest(qmin, lmin, meta.smin)
+    if soonest then reply[2] = soonest - now end
+    return reply
+  end
+
+  -- Puts back at the ring's tail what RPOP took from it, from ids[from] on (ids: in the order
+  -- popped, the tail first), so that the ring is as it was before.
+  function M.unpop(ids, from)
+    local back = {}
+    for i = #ids, from, -1 do back[#back + 1] = ids[i] end
+    M.call_all('RPUSH', K.ring, back)
+  end
+
+  -- The lease list's tail as the short way reads it: the k acked batches may lie there, then
+  -- the batches marked acked behind them (at most LIMIT.fast_acks of them: a longer run is
+  -- the walk's), then a young lease. Returns
+  -- its places from the head of the window to the tail, each {element, batch (packed) or
+  -- name (a token), deadline (nil: corrupt)}, and the window's packed elements by batch; nil
+  -- when a batch is there twice.
+  function M.fast_window(k, lease_length, sides)
+    local behind = math.min(sides[K.marks] + sides[K.marks_old], LIMIT.fast_acks)
+    local slice = rcall('LRANGE', K.leases, -math.min(lease_length, k + 1 + behind), -1)
+    local places, found = {}, {}
+    for j = 1, #slice do
+      local element = slice[j]
+      local star = string.find(element, '*', 2, true)
+      local place = { element = element }
+      if star and string.byte(element) == BYTE_STAR then
+        place.batch = string.sub(element, 1, star - 1)
+        place.deadline = M.own_deadline(element, place.batch)
+        if found[place.batch] then return nil end -- (a copy written by hand: the walk's)
+        found[place.batch] = element
+      elseif star then
+        place.name = element
+        place.deadline = M.own_deadline(element)
+      end
+      places[j] = place
+    end
+    return places, found
+  end
+
+  -- The marks of the acked batches (`names`) and of the places read (fast_window), into each
+  -- place's `mark` and `mark_in` as look_up finds them. Returns the marks by name, or nil when
+  -- a name is marked in both generations (the walk's to sort out).
+  function M.fast_marks(names, places, sides)
+    local marks = {}
+    if sides[K.marks] + sides[K.marks_old] == 0 then return marks end
+    local look = {}
+    for i = 1, #names do look[i] = names[i] end
+    for j = 1, #places do
+      local name = places[j].batch or places[j].name
+      if name then look[#look + 1] = name end
+    end
+    if #look == 0 then return marks end
+    local mark_in = {}
+    for _, key in ipairs({ K.marks, K.marks_old }) do
+      if sides[key] > 0 then
+        local values = rcall('HMGET', key, unpack(look))
+        for j = 1, #look do
+          local name, value = look[j], values[j]
+          if value then
+            if mark_in[name] and mark_in[name] ~= key then return nil end
+            marks[name], mark_in[name] = value, key
           end
-          if packed[i] then
-            M.visit_packed(s, element, packed[i], mark[i], mark_in[i])
-            n_rotated, n_reply = #rotated, #reply
-          elseif not stamped[i] then
-            if element == '' or #element > id_bytes or byte(element) == BYTE_STAR then
-              s.taken = s.taken + 1 -- empty, too long, or starting with "*": not an id
-              M.dead_letter(s, 'corrupt', 0, element)
-            elseif stale[i] and M.take_stale(s, element, nil) then
-              -- a cancelled copy: dropped
-            elseif s.sweeping then
-              n_rotated = n_rotated + 1
-              rotated[n_rotated] = element
-            else
-              -- Leased: it joins this call's batch, which goes back as one element.
-              s.taken = s.taken + 1
-              local place = #batch + 1
+        end
+      end
+    end
+    for j = 1, #places do
+      local place = places[j]
+      local name = place.batch or place.name
+      place.mark, place.mark_in = name and marks[name], name and mark_in[name]
+    end
+    return marks
+  end
+
+  -- 8. ON FIRST USE: PUSH AND ACK BY TOKEN --------------------------------------------------------
+  -- push, its bookkeeping (which pushes of other sections share: push_later, promote, pushp, a
+  -- topic's publish), and acks one by one: the ack command, and the acks a claim that walks
+  -- makes (ack_tokens). Defined on first use (see ON_FIRST_USE): a worker's busy loop, the short
+  -- way of next with batch acks, calls none of them, so an EVAL call of it does not create them.
+  function M.define_push_ack()
+    function M.push()
+      return (M.push_ids(2))
+    end
+
+    -- push's work, with the ids starting at A[first]. Also returns the time of the push;
+    -- `before_write` reads (and so checks) what a caller writes afterwards, before anything is
+    -- written.
+    function M.push_ids(first, before_write)
+      M.check_ids(first)
+      local n = #A - first + 1
+      if n == 0 then return 0 end
+      local length = M.read('LLEN', K.ring)
+      local meta = M.read_push_meta(K)
+      local head, wake = M.read_push_keys(K)
+      M.check_unique(meta)
+      if before_write then before_write() end
+      local now = M.now_ms()
+      local ids = nil
+      if meta.tracked then -- each id once (see IDS)
+        ids = M.admit({ unpack(A, first) }, 'p')
+        n = #ids
+        if n == 0 then return 0, now, ids end
+      end
+      M.ensure_ring(K, length)
+      local pushed_to = nil -- (the ring's length after the push, as the last LPUSH replies)
+      if ids then
+        M.call_all('LPUSH', K.ring, ids)
+      else
+        for i = first, #A, LIMIT.batch do
+          pushed_to = rcall('LPUSH', K.ring, unpack(A, i, math.min(i + LIMIT.batch - 1, #A)))
+        end
+      end
+      -- (nothing between read_push_keys and here writes the wake list: a full one stays as it is)
+      M.record_push(K, meta, n, now, head, pushed_to, wake)
+      return n, now, ids
+    end
+
+    -- A push given as `unique ...` (see IDS) needs a queue that tracks ids: elsewhere it could
+    -- not keep its promise.
+    function M.check_unique(meta)
+      if UNIQUE and not meta.tracked then
+        M.refuse('ROTATOR_UNTRACKED', 'unique pushes need a queue that tracks ids: configure ' ..
+          'track_ids 1 (on an empty queue) first')
+      end
+    end
+
+    -- Of read_meta's fields, those a push reads and writes (push_ids, pushp, and a topic's
+    -- push_group: record_push, expire_backlog): a push reads none of the claim's state, so it does
+    -- not pay for it, and a publish reads 7 fields a group instead of all of them.
+    function M.read_push_meta(K)
+      local m = M.read('HMGET', K.meta, 'seq', 'origin', 'pushed', 'taken', 'lapnext', 'track_ids',
+        'layout')
+      local seq, origin = M.seq_origin(m[1], m[2])
+      return {
+        seq = seq, origin = origin, pushed = tonumber(m[3]) or 0, taken = tonumber(m[4]) or 0,
+        lapnext = tonumber(m[5]), tracked = m[6] == '1', layout = m[7],
+      }
+    end
+
+    -- Reads (and so type-checks) what record_push will write: the push log's head, and the wake
+    -- list's length (for add_wake_tokens, while nothing else is pushed onto it in between).
+    function M.read_push_keys(K)
+      local wake = M.read('LLEN', K.wake)
+      return M.read('LINDEX', K.pushlog, 0), wake
+    end
+
+    -- A ring that does not exist (new, or deleted) gets its sentinel; lap counting restarts.
+    function M.ensure_ring(K, length)
+      if length == 0 then
+        rcall('LPUSH', K.ring, SENTINEL)
+        rcall('HDEL', K.meta, 'lapnext')
+      end
+    end
+
+    -- Notes `n` more pending ids: counters, the push checkpoint for ages, and a wake-up.
+    -- `length`: the ring's length now, where the caller knows it; `wake`: see add_wake_tokens.
+    function M.record_push(K, meta, n, now, head, length, wake)
+      local pushlog = K.pushlog
+      meta.pushed = meta.pushed + n
+      local head_ms = head and tonumber(string.match(head, ':(%d+)$'))
+      if head_ms and now - head_ms < LIMIT.pushlog_bucket_ms and now >= head_ms then
+        rcall('LSET', pushlog, 0, meta.pushed .. ':' .. head_ms)
+      else
+        rcall('LPUSH', pushlog, meta.pushed .. ':' .. now)
+      end
+      -- Drop a few fully consumed checkpoints per push, so the log stays short.
+      for _ = 1, LIMIT.pushlog_drops do
+        local tail = rcall('LINDEX', pushlog, -1)
+        if not tail or (tonumber(string.match(tail, '^(%d+):')) or 0) > meta.taken then break end
+        rcall('RPOP', pushlog)
+      end
+      -- Something new is available: consumers must visit every element the ring holds now (the
+      -- new ones come last) before they may idle.
+      rcall('HSET', K.meta, 'pushed', meta.pushed, 'qstart', meta.seq, 'qlen',
+        length or rcall('LLEN', K.ring),
+        'seq', meta.seq, 'origin', meta.origin)
+      if not meta.layout then rcall('HSET', K.meta, 'layout', LIMIT.meta_layout) end
+      M.add_wake_tokens(K, n, wake)
+    end
+
+    -- Starts the per-item stats (the fifteenth key, when the call has it) of ids just pushed (or
+    -- scheduled): enqueued now, no delivery.
+    function M.enqueued(ids, now)
+      if not K.items then return end
+      local fresh = now .. ':0:0:'
+      local pairs_ = {}
+      for i = 1, #ids do
+        pairs_[#pairs_ + 1], pairs_[#pairs_ + 2] = ids[i], fresh
+        if #pairs_ >= LIMIT.batch then
+          rcall('HSET', K.items, unpack(pairs_))
+          pairs_ = {}
+        end
+      end
+      if #pairs_ > 0 then rcall('HSET', K.items, unpack(pairs_)) end
+    end
+
+    function M.ack()
+      local times = M.durations_arg(2)
+      M.check_tokens(2, true, true)
+      local sides = M.ack_sides()
+      local n = M.ack_tokens(2, sides.length, sides)
+      M.write_acked(sides)
+      M.add_durations(times)
+      return n
+    end
+
+    -- What ack_tokens needs to know of the side structures (reading them checks their types),
+    -- the range of call seqs this queue issued, and the length of both lists; `fence`: the
+    -- fence settings too (fence_ms, fence_max), for a call that drops payloads (ackp).
+    function M.ack_sides(fence)
+      local sides = {
+        length = M.read('LLEN', K.ring) + M.read('LLEN', K.leases),
+        [K.done] = M.read('SCARD', K.done), [K.marks] = M.read('HLEN', K.marks),
+        [K.marks_old] = M.read('HLEN', K.marks_old), revoked = M.read('ZCARD', K.revoked),
+      }
+      M.read_issued(sides, fence)
+      sides.lstop_was = sides.lstop
+      return sides
+    end
+
+    -- Notes in `sides` the call seqs this queue has issued tokens with (origin <= seq < seq)
+    -- and the marks' counts (read_marked), in one read; with `fence`, the fence settings too
+    -- (only ackp needs them: a plain ack reads two fields less).
+    function M.read_issued(sides, fence)
+      local c = MARK_COUNTS
+      local m = fence
+        and M.read('HMGET', K.meta, 'origin', 'seq', 'lstop', c[1], c[2], c[3], c[4], 'fence_ms',
+          'fence_max')
+        or M.read('HMGET', K.meta, 'origin', 'seq', 'lstop', c[1], c[2], c[3], c[4])
+      sides.seq = tonumber(m[2]) or 0
+      sides.origin = tonumber(m[1]) or 0
+      sides.lstop = tonumber(m[3])
+      if fence then
+        sides.fence_ms = tonumber(m[8]) or LIMIT.fence_ms
+        sides.fence_max = tonumber(m[9]) or LIMIT.fence_max
+      end
+      local counts = {}
+      for i = 1, 4 do counts[i] = tonumber(m[i + 3]) or 0 end
+      return M.read_marked(sides, counts)
+    end
+
+    -- Writes what acks changed in the meta hash: the marks' counts, and the lease walk's stop.
+    function M.write_acked(sides)
+      local fields = M.marked_fields(sides, {})
+      if sides.lstop_was and not sides.lstop then
+        fields[#fields + 1], fields[#fields + 2] = 'lstop', ''
+      end
+      if #fields > 0 then rcall('HSET', K.meta, unpack(fields)) end
+    end
+
+    -- Acks A[first..] (already checked); returns how many were accepted, and the accepted
+    -- tokens. A token goes into the done set; its batch, which may still be one packed element,
+    -- is marked "t" (touched) so that the element is broken up at its next visit. A batch ack
+    -- marks its batch "a<jobs>": the packed element then leaves the ring as a whole.
+    function M.ack_tokens(first, ring_length, sides)
+      if #A < first or ring_length == 0 then return 0 end
+      local refused = M.refused_among(first, sides)
+      if NAMED then M.check_named(first, refused, sides) end
+      local accepted, batch_names, batch_marks, touched = {}, {}, {}, {}
+      local n = 0
+      for i = first, #A do
+        local arg = A[i]
+        if not refused[arg] then
+          refused[arg] = true -- given twice, counted once
+          n = n + 1
+          if string.byte(arg) == BYTE_STAR then
+            local batch, jobs = M.split_batch_ack(arg)
+            if not batch_marks[batch] then batch_names[#batch_names + 1] = batch end
+            batch_marks[batch] = 'a' .. jobs
+          else
+            accepted[#accepted + 1] = arg
+            local batch = M.batch_of(arg)
+            if batch then touched[batch] = true end
+          end
+        end
+      end
+      if FRESH_ACKS then accepted = M.not_acked_yet(accepted, sides) end
+      if #accepted > 0 then
+        sides[K.done] = sides[K.done] + rcall('SADD', K.done, unpack(accepted))
+      end
+      if M.frees_tail(accepted, sides.lstop) or M.frees_tail(batch_names, sides.lstop) then
+        sides.lstop = nil
+      end
+      local values = {}
+      for i = 1, #batch_names do values[i] = batch_marks[batch_names[i]] end
+      M.write_marks(sides, batch_names, values, false)
+      M.touch(touched, sides)
+      return n, accepted
+    end
+
+    -- Marks batches (a set of names) touched, without overwriting a batch ack.
+    function M.touch(batches, sides)
+      for batch in pairs(batches) do
+        local added = rcall('HSETNX', K.marks, batch, 't')
+        if sides then sides[K.marks] = sides[K.marks] + added end
+      end
+    end
+
+    -- Writes marks (distinct fields -> values) into the current marks hash, counting what they
+    -- replace; with `old_too`, also removes the fields from the old hash.
+    function M.write_marks(sides, fields, values, old_too)
+      if #fields == 0 then return end
+      local before = M.hmget_all(K.marks, fields)
+      local pairs_ = {}
+      for i = 1, #fields do
+        M.count_mark(sides, K.marks, before[i], -1)
+        M.count_mark(sides, K.marks, values[i], 1)
+        pairs_[#pairs_ + 1], pairs_[#pairs_ + 2] = fields[i], values[i]
+      end
+      sides[K.marks] = sides[K.marks] + M.call_all('HSET', K.marks, pairs_)
+      if old_too then
+        local older = M.hmget_all(K.marks_old, fields)
+        for i = 1, #fields do M.count_mark(sides, K.marks_old, older[i], -1) end
+        sides[K.marks_old] = sides[K.marks_old] - M.call_all('HDEL', K.marks_old, fields)
+      end
+    end
+  end
+
+  -- 9. ON FIRST USE: NACK, BURY, EXTEND -----------------------------------------------------------
+  -- A worker's calls for a job that failed or runs long. Defined on first use (see
+  -- ON_FIRST_USE): a worker's busy loop makes none of them, so an EVAL call of it, or of push or
+  -- ack, does not create these functions each time.
+  function M.define_setbacks()
+    function M.nack()
+      return M.give_back(3)
+    end
+
+    -- nack's work, with the tokens starting at A[first]; `before_write` reads what a caller
+    -- writes afterwards (checked before anything is written). A job given back keeps its place:
+    -- its lease is marked "n<due>" (deferred); the lease list's walk takes it on from there (it
+    -- moves to the ring to wait, or is leased again when due).
+    function M.give_back(first, before_write)
+      local delay = M.int_arg(2, 'DELAY_MS', 0, LIMIT.lease_ms)
+      M.check_tokens(first, true)
+      local alive, sides = M.live_tokens(first)
+      local meta = M.read_meta(K)
+      M.read('LLEN', K.wake)
+      if before_write then before_write() end
+      local now = M.now_ms()
+      local due = now + delay
+      local reply = {}
+      local any = false
+      local touched, given, marks = {}, {}, {}
+      for i = first, #A do
+        local token = A[i]
+        if alive[token] then
+          alive[token] = nil -- a token given twice is requeued once
+          given[#given + 1], marks[#marks + 1] = token, 'n' .. due
+          rcall('ZADD', K.revoked, now, token)
+          -- Its batch can no longer be acked as a whole, and its packed element must be broken
+          -- up so that this job waits on its own.
+          local batch = M.batch_of(token)
+          if batch then
+            rcall('ZADD', K.revoked, now, batch)
+            touched[batch] = true
+          end
+          reply[#reply + 1] = 1
+          any = true
+        else
+          reply[#reply + 1] = 0
+        end
+      end
+      M.mark_leases(sides, given, marks, touched)
+      if any then
+        -- Due work restarts the ring's lap and wakes idle consumers; the lease list's walk looks
+        -- for the jobs when they fall due (and at once if one is its tail, see frees_tail).
+        local qmin = meta.qmin and math.min(meta.qmin, due) or due
+        local lmin = meta.lmin and math.min(meta.lmin, due) or due
+        local lstop = M.frees_tail(given, meta.lstop) and '' or (meta.lstop or '')
+        rcall('HSET', K.meta, 'qmin', qmin, 'lmin', lmin, 'lstop', lstop, 'qstart', meta.seq,
+          'qlen', rcall('LLEN', K.ring), 'seq', meta.seq, 'origin', meta.origin)
+        M.add_count(K.meta, 'retried', #given)
+        M.wake_one()
+        local added = 2 * (#A - first + 1) -- each token, and maybe its batch
+        M.trim_revoked(meta, now, added, sides.revoked + added)
+      end
+      return reply
+    end
+
+    function M.bury()
+      local message = M.error_arg(2)
+      M.check_tokens(3, true)
+      local alive, sides = M.live_tokens(3)
+      local meta = M.read_meta(K)
+      if K.items then M.read('HLEN', K.items) end
+      local now = M.now_ms()
+      local reply, buried, marks, revoke, touched = {}, {}, {}, {}, {}
+      for i = 3, #A do
+        local token = A[i]
+        if alive[token] then
+          alive[token] = nil -- a token given twice is buried once
+          buried[#buried + 1], marks[#marks + 1] = token, 'f' .. message
+          revoke[#revoke + 1], revoke[#revoke + 2] = now, token
+          local batch = M.batch_of(token)
+          if batch and not touched[batch] then
+            touched[batch] = true
+            revoke[#revoke + 1], revoke[#revoke + 2] = now, batch
+          end
+          reply[#reply + 1] = 1
+        else
+          reply[#reply + 1] = 0
+        end
+      end
+      if #buried == 0 then return reply end
+      -- Marked, fenced as a nack is; the walk that reaches its element writes the letter (a
+      -- token whose element is gone, acked and removed, writes none: its mark is a leftover).
+      M.mark_leases(sides, buried, marks, touched)
+      M.call_all('ZADD', K.revoked, revoke)
+      M.trim_revoked(meta, now, #revoke / 2, sides.revoked + #revoke / 2)
+      local lmin = meta.lmin and math.min(meta.lmin, now) or now
+      local lstop = M.frees_tail(buried, meta.lstop) and '' or (meta.lstop or '')
+      rcall('HSET', K.meta, 'lmin', lmin, 'lstop', lstop)
+      if K.items then M.note_errors(3, reply, message) end
+      return reply
+    end
+
+    -- Records `message` as the last error in the item stats (K.items) of the jobs whose tokens,
+    -- A[first..], have a 1 in `reply` (nackp; bury given the item-stats KEYS).
+    function M.note_errors(first, reply, message)
+      local ids = {}
+      for i = first, #A do
+        if reply[i - first + 1] == 1 then
+          ids[#ids + 1] = string.sub(A[i], 1, string.find(A[i], '*', 2, true) - 1)
+        end
+      end
+      if #ids == 0 then return end
+      local old = rcall('HMGET', K.items, unpack(ids))
+      local writes = {}
+      for j = 1, #ids do
+        local kept = string.match(old[j] or '', '^(%d+:%d+:%d+):') or '0:0:0'
+        writes[#writes + 1], writes[#writes + 2] = ids[j], kept .. ':' .. message
+      end
+      M.call_all('HSET', K.items, writes)
+    end
+
+    -- A job's error text at A[index]: at most LIMIT.error_bytes (checked before anything is read).
+    function M.error_arg(index)
+      local message = A[index]
+      if type(message) ~= 'string' or #message > LIMIT.error_bytes then
+        M.refuse('ROTATOR_BADARG', 'ERROR must be at most ' .. LIMIT.error_bytes .. ' bytes')
+      end
+      return message
+    end
+
+    -- nack's and extend's marks on live leases (replacing any in the old generation), their
+    -- counts, and a touch for the batch of each first delivery among them.
+    function M.mark_leases(sides, tokens, values, touched)
+      M.write_marks(sides, tokens, values, true)
+      M.write_marked(sides)
+      M.touch(touched)
+    end
+
+    function M.write_marked(sides)
+      local fields = M.marked_fields(sides, {})
+      if #fields > 0 then rcall('HSET', K.meta, unpack(fields)) end
+    end
+
+    -- Which tokens in A[first..] still hold a live lease: not revoked, not acked. Also returns the
+    -- sides.
+    function M.live_tokens(first)
+      local alive = {}
+      local length = M.read('LLEN', K.ring)
+      local sides = M.read_issued(M.read_sides())
+      if length + M.read('LLEN', K.leases) == 0 then return alive, sides end
+      local refused = M.refused_among(first, sides)
+      local tokens = {}
+      for i = first, #A do tokens[#tokens + 1] = A[i] end
+      local acked = {}
+      for _, key in ipairs({ K.done, K.done_old }) do
+        if sides[key] > 0 then
+          local flags = rcall('SMISMEMBER', key, unpack(tokens))
+          for i = 1, #flags do
+            if flags[i] == 1 then acked[tokens[i]] = true end
+          end
+        end
+      end
+      -- A first delivery is also acked when its whole batch was.
+      local batches, of = {}, {}
+      for i = 1, #tokens do
+        local batch = M.batch_of(tokens[i])
+        if batch then batches[#batches + 1], of[#batches + 1] = batch, tokens[i] end
+      end
+      for _, key in ipairs({ K.marks, K.marks_old }) do
+        if #batches > 0 and sides[key] > 0 then
+          local values = rcall('HMGET', key, unpack(batches))
+          for i = 1, #values do
+            if values[i] and string.byte(values[i]) == BYTE_A then acked[of[i]] = true end
+          end
+        end
+      end
+      for _, token in ipairs(tokens) do
+        if not refused[token] and not acked[token] then alive[token] = true end
+      end
+      return alive, sides
+    end
+
+    function M.extend()
+      local lease = M.int_arg(2, 'LEASE_MS', 1, LIMIT.lease_ms)
+      M.check_tokens(3, true)
+      local alive, sides = M.live_tokens(3)
+      local meta = M.read_meta(K)
+      local deadline = M.now_ms() + lease
+      local reply = { deadline }
+      local any = false
+      local touched, extended, marks, seen = {}, {}, {}, {}
+      for i = 3, #A do
+        local token = A[i]
+        if alive[token] then
+          if not seen[token] then
+            seen[token] = true
+            extended[#extended + 1], marks[#marks + 1] = token, 'e' .. deadline
+          end
+          local batch = M.batch_of(token)
+          if batch then touched[batch] = true end -- its packed element keeps no marks: break it up
+          reply[#reply + 1] = 1
+          any = true
+        else
+          reply[#reply + 1] = 0
+        end
+      end
+      if meta.tracked then M.note_cancelled(reply, 3) end
+      M.mark_leases(sides, extended, marks, touched)
+      -- A shortened lease may now be the first thing to fall due: idle consumers wait for it.
+      if any and (not meta.lmin or deadline < meta.lmin) then
+        rcall('HSET', K.meta, 'lmin', deadline)
+      end
+      return reply
+    end
+  end
+
+  -- 10. ON FIRST USE: THE WALK ENGINE -------------------------------------------------------------
+  -- next and sweep walk two lists from their tails: start_walk reads the state; walk_leases
+  -- visits the lease list while what it finds there is due or done with (LEASES in the header);
+  -- walk visits a budget of ring elements (leasing pending ids into the call's batch, leasing
+  -- due deferred jobs again, ending laps at the sentinel); both collect what to write, and
+  -- finish_walk writes it all at once. What a walk keeps goes where it waits: a lease to the
+  -- lease list's head while it is young (to its tail when it is due but this call has no room
+  -- to lease it), a deferred job to the ring's head.
+  --
+  -- Defined on first use (see ON_FIRST_USE): a worker's call on a busy queue takes the short
+  -- way of next (M.fast_lease), which never walks, so an EVAL call of it does not create
+  -- these functions each time.
+  function M.define_walk()
+    -- A lap's end: the marks hash becomes the old one, the old one goes.
+    function M.age_marked(sides)
+      local marked = sides.marked
+      marked[K.marks_old] = marked[K.marks]
+      marked[K.marks] = { 0, 0 }
+    end
+
+    -- Notes that `id` is now in flight with the token `id*stamp`, on a queue that tracks ids (see
+    -- IDS; the index's other functions, which a plain queue never calls, are in section 11).
+    function M.note_id(s, id, stamp)
+      if not s.tracked then return end
+      s.leased_ids[#s.leased_ids + 1] = id
+      s.leased_ids[#s.leased_ids + 1] = stamp
+    end
+
+    -- The deadline a "w" mark holds: an extended lease moved to the lease list's head waits by it
+    -- (see keep); nil for any other mark.
+    function M.moved_deadline(m)
+      return m and string.byte(m) == BYTE_W and tonumber(string.sub(m, 2)) or nil
+    end
+
+    function M.start_walk(lease, max_deliveries, state)
+      state = state or M.read_walk_state()
+      M.check_wake(state) -- (every walk may write it)
+      local length, lease_length, meta = state.length, state.lease_length, state.meta
+      local sides, dead_length, now = state.sides, state.dead_length, state.now
+      local lapnext = meta.lapnext or (meta.seq + length + 1)
+      -- Tokens end in this call's first visit number and the visit's place in the call (PAD):
+      -- unique, because the next call that leases starts at a higher visit number.
+      local seq_base = tostring(meta.seq)
+      local s = {
+        now = now, deadline = now + lease, max_deliveries = max_deliveries, sides = sides,
+        seq_base = seq_base, first = '*' .. (now + lease) .. '.1.' .. seq_base, meta = meta,
+        length = length, live = length, -- ring length as it is at this point of the visits
+        -- The lease list: its length, the elements the walk took from its tail, those it puts
+        -- back there and those it pushes at its head, and the earliest deadline among those.
+        lease_length = lease_length, lease_visited = 0, back = {}, to_leases = {},
+        pushed_min = nil, lmin = meta.lmin, lstop = meta.lstop, lpass = meta.lpass,
+        lskip = meta.lskip,
+        rpasses = meta.rpasses, lpasses = meta.lpasses, lease_more = false,
+        seq = meta.seq, lapnext = lapnext, qmin = meta.qmin,
+        -- With the lap position unknown (new ring, lost meta), guess that the sentinel is within
+        -- one ring length: a sentinel seen before then is accepted, none seen means it is gone.
+        lapguess = meta.lapguess,
+        qstart = meta.qstart or meta.seq, qlen = meta.qlen or length, taken = meta.taken,
+        reply = {}, rotated = {}, revoke = {}, letters = {}, keep_marks = {}, batch = {},
+        dead_length = dead_length,
+        packed = meta.packed, released = 0, count = 0, expanded = 0, batch_bytes = 0,
+        srem = { [K.done] = {}, [K.done_old] = {} }, hdel = { [K.marks] = {}, [K.marks_old] = {} },
+        visited = 0, leased = 0, soonest = nil, sweeping = false,
+        -- What this call adds to the queue's counters (see add_counts).
+        completed = 0, redelivered = 0, reclaimed = 0, lettered = 0,
+        -- On a queue that tracks ids: copies gone (id, and the stamp the index must still hold
+        -- for its entry to go) and leases made (id, stamp), written by write_ids.
+        tracked = meta.tracked, gone = {}, gone_stamp = {}, leased_ids = {},
+        stale_count = meta.stale, stale_recs = {}, -- cancelled copies' records (see parse_stale)
+        prio = meta.prio, -- jobs waiting at a priority (see PRIORITIES)
+      }
+      return s
+    end
+
+    -- Visits at most `limit` elements from the tail (never more than the ring holds), leasing up
+    -- to `count` jobs; visits plus the leases of broken-up batches stay within `budget`.
+    function M.walk(s, count, limit, budget)
+      local PAD, SENTINEL, BYTE_STAR = PAD, SENTINEL, BYTE_STAR
+      local byte, find, id_bytes = string.byte, string.find, LIMIT.id_bytes
+      -- A pending id's first delivery: its token is id .. first .. PAD[its place in the batch].
+      local first, compact = s.first, s.compact
+      local rotated, reply, batch = s.rotated, s.reply, s.batch
+      local n_rotated, n_reply = #rotated, #reply
+      s.count = count
+      -- Slices start just larger than what is wanted (every element fetched costs a string
+      -- conversion) and double while the walk finds elements to skip.
+      local extra = 2
+      while s.visited < limit and s.visited + s.expanded < budget and s.leased < count do
+        local want = math.min(limit - s.visited, budget - s.visited - s.expanded,
+          count - s.leased + extra, LIMIT.batch)
+        extra = extra * 2
+        local slice = rcall('LRANGE', K.ring, -(s.visited + want), -(s.visited + 1))
+        -- Where the slice's acks and marks are (look_up) is needed only once the walk meets an
+        -- element that is not a pending id; a slice of pending ids alone never looks them up.
+        local stamped, done_in, mark, mark_in, packed = {}, {}, {}, {}, {}
+        local looked, stale = false, {}
+        if s.tracked then
+          M.look_up(slice, s.sides, stamped, done_in, mark, mark_in, packed)
+          looked, stale = true, M.stale_pending(s, slice, stamped, packed)
+        end
+        local i = #slice
+        while true do
+          if not s.sweeping then
+            -- The common case first: a run of pending ids within the lap (no "*" in them), each
+            -- leased into this call's batch, the counters moved once for the run. Anything else
+            -- ends the run and is visited below.
+            local last = math.min(budget - s.expanded, s.lapnext - s.seq - 1) -- visits allowed
+            local place, bytes, most = #batch, s.batch_bytes, LIMIT.batch_bytes
+            local from = i
+            local lowest = math.max(i - math.min(count - s.leased, last - s.visited), 0)
+            while i > lowest do
+              local element = slice[i]
+              if element == '' or #element > id_bytes or find(element, '*', 1, true)
+                  or stale[i] then
+                break
+              end
+              place = place + 1
               batch[place] = element
               if not compact then
                 reply[n_reply + 1], reply[n_reply + 2] = element .. first .. PAD[place], 0
                 n_reply = n_reply + 2
               end
-              s.leased = s.leased + 1
-              s.live = s.live - 1
-              s.batch_bytes = s.batch_bytes + #element
-              if s.batch_bytes >= LIMIT.batch_bytes then count, s.count = s.leased, s.leased end
+              bytes = bytes + #element
+              i = i - 1
+              if bytes >= most then break end
             end
-          elseif done_in[i] ~= nil then
-            M.completed(s, done_in[i], element)
+            local run = from - i
+            s.visited, s.leased = s.visited + run, s.leased + run
+            s.live, s.taken = s.live - run, s.taken + run
+            if bytes >= most then count = s.leased end -- the batch is big enough: no more
+            s.batch_bytes, s.count = bytes, count
+          end
+          if i < 1 or s.leased >= count or s.visited + s.expanded >= budget then break end
+          if not looked then
+            M.look_up(slice, s.sides, stamped, done_in, mark, mark_in, packed)
+            looked = true
+          end
+          local element = slice[i]
+          local visited = s.visited + 1
+          s.visited = visited
+          local index = s.seq + visited
+          if index > s.lapnext then
+            s.lapnext, s.lapguess = index + s.live, true -- lost track: guess again
+          end
+          if element == SENTINEL then
+            if index < s.lapnext and not s.lapguess then
+              s.live = s.live - 1 -- a second sentinel: drop it
+            else
+              M.end_lap(s, i - 1, done_in, mark_in)
+              n_rotated = #rotated
+            end
           else
-            M.visit_lease(s, element, mark[i], mark_in[i])
-            n_rotated, n_reply = #rotated, #reply
+            if index == s.lapnext then
+              -- The sentinel is missing (someone removed it): put one back just before this
+              -- element, which is then the first of the next lap.
+              s.live = s.live + 1
+              M.end_lap(s, i, done_in, mark_in)
+              n_rotated = #rotated
+              s.lapnext = s.lapnext - 1
+            end
+            if packed[i] then
+              M.visit_packed(s, element, packed[i], mark[i], mark_in[i])
+              n_rotated, n_reply = #rotated, #reply
+            elseif not stamped[i] then
+              if element == '' or #element > id_bytes or byte(element) == BYTE_STAR then
+                s.taken = s.taken + 1 -- empty, too long, or starting with "*": not an id
+                M.dead_letter(s, 'corrupt', 0, element)
+              elseif stale[i] and M.take_stale(s, element, nil) then
+                -- a cancelled copy: dropped
+              elseif s.sweeping then
+                n_rotated = n_rotated + 1
+                rotated[n_rotated] = element
+              else
+                -- Leased: it joins this call's batch, which goes back as one element.
+                s.taken = s.taken + 1
+                local place = #batch + 1
+                batch[place] = element
+                if not compact then
+                  reply[n_reply + 1], reply[n_reply + 2] = element .. first .. PAD[place], 0
+                  n_reply = n_reply + 2
+                end
+                s.leased = s.leased + 1
+                s.live = s.live - 1
+                s.batch_bytes = s.batch_bytes + #element
+                if s.batch_bytes >= LIMIT.batch_bytes then count, s.count = s.leased, s.leased end
+              end
+            elseif done_in[i] ~= nil then
+              M.completed(s, done_in[i], element)
+            else
+              M.visit_lease(s, element, mark[i], mark_in[i])
+              n_rotated, n_reply = #rotated, #reply
+            end
           end
-        end
-        i = i - 1
-      end
-    end
-  end
-
-  -- Looks up, for a slice of ring elements, where their ack and mark live. Fills, per index:
-  -- done_in[i] = key of the done set holding it; mark[i] = mark value; mark_in[i] = its key;
-  -- packed[i] = the batch name of a packed element (whose mark is its batch's: a batch ack wins
-  -- over a touch, whichever generation holds them). One command per structure for the whole
-  -- slice, whatever its size.
-  function M.look_up(slice, sides, stamped, done_in, mark, mark_in, packed)
-    local find, byte, BYTE_STAR, BYTE_A = string.find, string.byte, BYTE_STAR, BYTE_A
-    local names, at = {}, {} -- tokens first (n of them), then batch names
-    local n = 0
-    local batches = {}
-    for i = 1, #slice do
-      local element = slice[i]
-      -- A "*" after the first byte: a lease, a packed batch, or a corrupt element.
-      local star = find(element, '*', 2, true)
-      if star then
-        if byte(element) == BYTE_STAR then
-          local batch = string.sub(element, 1, star - 1)
-          packed[i] = batch
-          batches[#batches + 1] = i
-        else
-          n = n + 1
-          names[n], at[n] = element, i
-          stamped[i] = true
+          i = i - 1
         end
       end
     end
-    for j = 1, #batches do
-      names[n + j], at[n + j] = packed[batches[j]], batches[j]
-    end
-    if #names == 0 then return end
-    for _, key in ipairs({ K.done, K.done_old }) do
-      if n > 0 and sides[key] > 0 then
-        local flags = rcall('SMISMEMBER', key, unpack(names, 1, n))
-        for j = 1, #flags do
-          if flags[j] == 1 and not done_in[at[j]] then done_in[at[j]] = key end
-        end
-      end
-    end
-    for _, key in ipairs({ K.marks, K.marks_old }) do
-      if sides[key] > 0 then
-        local values = rcall('HMGET', key, unpack(names))
-        for j = 1, #names do
-          local i, value = at[j], values[j]
-          if value and not done_in[i] and (not mark[i]
-              or (j > n and byte(value) == BYTE_A and byte(mark[i]) ~= BYTE_A)) then
-            mark[i] = value
-            mark_in[i] = key
-          end
-        end
-      end
-    end
-  end
 
-  -- A leased element that is not acked: keep it, or lease it again once it is due.
-  function M.visit_lease(s, element, m, m_key)
-    local kind = m and string.sub(m, 1, 1)
-    local id, deadline, n = M.parse_token(element)
-    local when = m and tonumber(string.match(m, '^[enw](%d+)$'))
-    if not id then
-      M.unmark(s, m_key, element, m)
-      M.dead_letter(s, 'corrupt', 0, element)
-      return
-    end
-    local stamp = s.tracked and string.sub(element, #id + 2)
-    if stamp and M.take_stale(s, id, stamp) then -- cancelled (see IDS)
-      M.unmark(s, m_key, element, m)
-      return
-    end
-    if kind == 'f' then -- buried: to the dead letters now, with its error (revoked by bury)
-      M.unmark(s, m_key, element, m)
-      M.dead_letter(s, 'failed', n, id .. '*' .. string.sub(m, 2))
-      if stamp then M.forget_id(s, id, stamp) end
-      return
-    end
-    if when and (kind == 'e' or kind == 'w') then deadline = when end
-    local due = (when and kind == 'n') and when or deadline
-    if due > s.now or s.sweeping or s.leased >= s.count
-        or (kind ~= 'n' and #s.revoke >= LIMIT.revokes) then
-      -- A lease extended beyond a lease made now (this call's deadline) would hold up the
-      -- lease list behind it: it waits in the ring instead, as a nacked job does, visited once
-      -- a lap, until it is near enough to go to the lease list in its order (see keep).
-      local waits = kind == 'n'
-        or ((kind == 'e' or kind == 'w') and not s.sweeping and due > s.deadline)
-      M.keep(s, element, due, m, m_key, waits)
-    else
-      -- (a deferred job's copy was never handed out: its token needs no fencing)
-      if kind ~= 'n' then s.revoke[#s.revoke + 1] = element end
-      M.lease_again(s, id, n, element, (kind == 'n') and 0 or 1, m, m_key)
-    end
-  end
-
-  -- A packed batch "*<deadline>.1.<call seq>*<id>*<id>...": the first deliveries one call
-  -- leased, job k's token being <id k> .. batch .. PAD[k]. Acked as a whole, it leaves the ring;
-  -- young and untouched, it stays as it is (one visit for the whole batch); touched (one of
-  -- its jobs acked, nacked or extended on its own) or expired, it is broken up into the
-  -- elements it stands for, which are visited in its place.
-  function M.visit_packed(s, element, batch, m, m_key)
-    -- Well formed: a batch name, then at least one id (a byte other than "*").
-    local due = M.own_deadline(element, batch)
-    if not due then
-      M.unmark(s, m_key, batch, m)
-      M.dead_letter(s, 'corrupt', 0, element)
-      return
-    end
-    if not m and (due > s.now or s.sweeping) then
-      -- Young and untouched, the common case: kept without reading its ids (O(1) per lap).
-      M.keep(s, element, due)
-      return
-    end
-    -- A batch ack names its batch's size: one naming another size (a hand-written ack) acks
-    -- nothing, and counts as a touch. (Counted only for a batch ack: a break-up splits them.)
-    local jobs = m and string.byte(m) == BYTE_A and M.count_ids(element, #batch + 2)
-    if jobs and tonumber(string.sub(m, 2)) == jobs then
-      M.unmark(s, m_key, batch, m)
-      s.live = s.live - 1
-      s.packed = s.packed - (jobs - 1)
-      s.completed = s.completed + jobs
-      if s.tracked then
-        local ids = M.split_ids(element, #batch + 2)
-        for k = 1, #ids do M.forget_id(s, ids[k], string.sub(batch, 2) .. PAD[k]) end
-      end
-      return
-    end
-    local ids = M.split_ids(element, #batch + 2)
-    if not m and not s.sweeping and s.count - s.leased >= #ids then
-      -- Expired and never touched: none of its jobs was acked, given back or extended on its
-      -- own (each would have touched it), so every one is leased again, and one revocation
-      -- fences all their tokens (refused_among), as a crashed worker's batch needs.
-      s.revoke[#s.revoke + 1] = batch .. '*'
-      s.live = s.live + #ids - 1
-      s.packed = s.packed - (#ids - 1)
-      s.expanded = s.expanded + #ids
-      for k = 1, #ids do M.lease_again(s, ids[k], 1, ids[k] .. batch .. PAD[k], 1) end
-      return
-    end
-    M.unmark(s, m_key, batch, m) -- the touch (or a batch ack of another size) is used up
-    s.revoke[#s.revoke + 1] = batch -- from now on its jobs are acked one by one
-    s.in_place = s.in_place or (s.leases_walk and due > s.now)
-    local tokens = {}
-    for k = 1, #ids do tokens[k] = ids[k] .. batch .. PAD[k] end
-    s.live = s.live + #ids - 1
-    s.packed = s.packed - (#ids - 1)
-    s.expanded = s.expanded + #ids
-    local stamped, done_in, marks, marks_in = {}, {}, {}, {}
-    M.look_up(tokens, s.sides, stamped, done_in, marks, marks_in, {})
-    for k = 1, #tokens do
-      if done_in[k] ~= nil then
-        M.completed(s, done_in[k], tokens[k])
-      else
-        M.visit_lease(s, tokens[k], marks[k], marks_in[k])
-      end
-    end
-    s.in_place = s.sweeping
-  end
-
-  -- An acked lease leaves, and its token its done set (`key`; false: that generation is gone).
-  function M.completed(s, key, token)
-    if key then table.insert(s.srem[key], token) end
-    if s.tracked then
-      local star = string.find(token, '*', 2, true)
-      M.forget_id(s, string.sub(token, 1, star - 1), string.sub(token, star + 1))
-    end
-    s.live = s.live - 1
-    s.completed = s.completed + 1
-  end
-
-  -- Drops the mark `m` of `field` from the marks hash `key` (nothing when the mark has no key
-  -- left: its generation is gone), with its count.
-  function M.unmark(s, key, field, m)
-    if not key then return end
-    table.insert(s.hdel[key], field)
-    M.count_mark(s.sides, key, m, -1)
-  end
-
-  -- An element that stays as it is for now, due at `at`. A deferred job waits at the ring's
-  -- head. A lease or batch met in the lease list goes back to its tail, in its place, when it
-  -- is due but the call has no room to lease it, or when its place is kept (a sweep, a young
-  -- batch broken up); at its head when it waits longer than its place says (extended). One met
-  -- in the ring (written there before leases had their own list) moves to the lease list's
-  -- head while young, or stays in the ring. A mark it still needs moves to the current
-  -- generation.
-  function M.keep(s, element, at, m, m_key, deferred)
-    local list = s.rotated
-    if s.leases_walk and not deferred then
-      list = (at <= s.now or s.in_place) and s.back or s.to_leases
-    elseif not deferred and at > s.now then
-      list = s.to_leases
-    end
-    list[#list + 1] = element
-    if list == s.rotated then
-      if at and (not s.soonest or at < s.soonest) then s.soonest = at end
-      if s.leases_walk then s.moved = s.moved + 1 end -- a deferred job, to the ring
-    else
-      if list == s.back and at > s.now and (not s.back_young or at < s.back_young) then
-        s.back_young = at
-      end
-      if not s.pushed_min or at < s.pushed_min then s.pushed_min = at end
-      s.live = s.live - 1
-    end
-    -- An extended lease moved to the lease list's head is marked "w" (its deadline kept): there
-    -- it is in deadline order, and the walk stops at it while it is young. Marked "e" still, it
-    -- was moved again each time it came round, and with more extended leases than a call's
-    -- budget (a heartbeat extends every held job) every claim spent its budget moving them, and
-    -- the ring's pending jobs waited. A later extend marks it "e" again: one move per extend.
-    local kept = m
-    if m and list == s.to_leases and string.byte(m) == BYTE_E then
-      kept = 'w' .. string.sub(m, 2)
-    end
-    if m and (m_key ~= K.marks or kept ~= m) then
-      s.keep_marks[#s.keep_marks + 1] = element
-      s.keep_marks[#s.keep_marks + 1] = kept
-      if m_key ~= K.marks then
-        M.count_mark(s.sides, K.marks, kept, 1)
-        M.unmark(s, m_key, element, m)
-      end
-    end
-  end
-
-  -- Hands out a new delivery of `id` (delivered `n` times so far) in place of `old_token`,
-  -- or dead-letters it when it has had its deliveries. The caller fences `old_token` (nil for a
-  -- job of a batch that expired whole: it has no mark, and a count of 1 is never corrupt).
-  function M.lease_again(s, id, n, old_token, reclaimed, mark, mark_key)
-    M.unmark(s, mark_key, old_token, mark)
-    if n >= LIMIT.stamped_deliveries then
-      -- No delivery reaches this count (MAX_DELIVERIES <= LIMIT.max_deliveries): someone wrote
-      -- it by hand, and the next count would not fit the grammar.
-      M.dead_letter(s, 'corrupt', 0, old_token)
-      return
-    end
-    if s.max_deliveries > 0 and n >= s.max_deliveries then
-      s.letters[#s.letters + 1] = 'max_deliveries*' .. n .. '*' .. s.now .. '*' .. id
-      s.live = s.live - 1
-      if old_token then M.forget_id(s, id, string.sub(old_token, #id + 2)) end
-      return
-    end
-    -- Numbered apart from the batch, and counted at least 2 (a hand-written lease may say 0):
-    -- a later delivery's token never equals a first one's, nor names this call's batch.
-    s.released = s.released + 1
-    local token = id .. '*' .. s.deadline .. '.' .. (math.max(n, 1) + 1) .. '.' .. s.seq_base
-      .. PAD[s.released]
-    s.to_leases[#s.to_leases + 1] = token
-    M.note_id(s, id, string.sub(token, #id + 2))
-    s.live = s.live - 1
-    s.reply[#s.reply + 1] = token
-    s.reply[#s.reply + 1] = reclaimed
-    s.leased = s.leased + 1
-    s.redelivered = s.redelivered + 1
-    s.reclaimed = s.reclaimed + reclaimed
-  end
-
-  function M.dead_letter(s, reason, n, element)
-    s.letters[#s.letters + 1] = reason .. '*' .. n .. '*' .. s.now .. '*' .. element
-    s.live = s.live - 1
-  end
-
-  -- The sentinel's visit ends a lap of the ring. Look-ups already made for slice[1..from] live
-  -- one generation older if the acks and marks age here (see M.may_age).
-  function M.end_lap(s, from, done_in, mark_in)
-    s.rpasses = s.rpasses + 1
-    if M.may_age(s) then
-      M.age(s)
-      s.rpasses, s.lpasses = 0, -1
-      local older = { [K.done] = K.done_old, [K.marks] = K.marks_old }
-      for i = from, 1, -1 do
-        if done_in[i] then done_in[i] = older[done_in[i]] or false end
-        if mark_in[i] then mark_in[i] = older[mark_in[i]] or false end
-      end
-    end
-    s.rotated[#s.rotated + 1] = SENTINEL
-    s.lapnext, s.lapguess = s.seq + s.visited + s.live, false
-  end
-
-  -- Whether the acks and marks may age (the current generation becoming the old one, the old
-  -- one going). Whatever the old generation holds was written before the last ageing; once both
-  -- lists have been walked whole since (a pass of each that began after it), every element it
-  -- could concern has been visited and has taken what it needed: what is left is a leftover
-  -- (late ack, stale mark). A list with nothing to walk needs no pass.
-  function M.may_age(s)
-    if s.aged then return false end -- once a call: a second would be work for nothing
-    local ring = s.leases_walk and s.ring_live or s.live -- (the lease walk borrows s.live)
-    return M.walked_whole(s.rpasses, s.lpasses, ring, M.leases_left(s))
-  end
-
-  -- The lease list's length as this call leaves it, with what it has pushed there so far.
-  function M.leases_left(s)
-    return s.lease_length - s.lease_visited + #s.back + #s.to_leases
-  end
-
-  function M.age(s)
-    s.aged = true
-    M.flush_side_writes(s)
-    -- UNLINK frees a large leftover set in the background: the call stays short.
-    rcall('UNLINK', K.done_old, K.marks_old)
-    local sides = s.sides
-    if sides[K.done] > 0 then rcall('RENAME', K.done, K.done_old) end
-    if sides[K.marks] > 0 then rcall('RENAME', K.marks, K.marks_old) end
-    sides[K.done_old], sides[K.done] = sides[K.done], 0
-    sides[K.marks_old], sides[K.marks] = sides[K.marks], 0
-    M.age_marked(sides)
-  end
-
-  -- The lease list's walk: from its tail, where the earliest deadlines are (leases are pushed at
-  -- its head as they are made, so in deadline order while every lease has the same length),
-  -- while what it finds is done with or due. An acked lease or batch, or one given back, goes;
-  -- a due lease is leased again (while the call has room) or dead-lettered; a due or touched
-  -- batch is broken up into its leases, visited in its place. It stops at the first element
-  -- whose own deadline is still ahead (everything behind it is younger), at the first due one
-  -- the call has no room for, at the budget, or past LIMIT.lease_bytes. It never moves a young
-  -- lease, so a claim costs the same however many are in flight. A sweep does not stop at live
-  -- elements: it puts them back at the tail, in their places, and goes on.
-  -- A pass of the list (see M.may_age) ends once the elements it held when the pass began have
-  -- all been visited: `lpass` counts those left, after the `lskip` at the tail that were
-  -- visited and put back.
-  function M.walk_leases(s, budget)
-    local live, expanded = s.live, s.expanded
-    s.leases_walk, s.in_place, s.ring_live, s.moved = true, s.sweeping, live, 0
-    local skip = s.meta.lskip or 0
-    if not s.lpass or s.lpass <= 0 then s.lpass, skip = s.lease_length, 0 end -- a pass begins
-    local byte, now, want, bytes = string.byte, s.now, 2, 0
-    -- stop: the deadline of the young lease it stopped at; stop_named: the deadline its tokens
-    -- carry (meta lstop, which an ack of it clears), older when it is an extended lease ("w")
-    local stop, stop_named, pass_ended = nil, nil, false
-    while true do
-      local aged = false
-      local slice = rcall('LRANGE', K.leases, -(s.lease_visited + want), -(s.lease_visited + 1))
-      local stamped, done_in, mark, mark_in, packed = {}, {}, {}, {}, {}
-      M.look_up(slice, s.sides, stamped, done_in, mark, mark_in, packed)
-      for i = #slice, 1, -1 do
-        if s.lease_visited + s.expanded - expanded >= budget or bytes > LIMIT.lease_bytes
-            or (s.leased >= s.count and not s.sweeping) or #s.revoke >= LIMIT.revokes then
-          s.lease_more = true
-          break
-        end
-        local element, m = slice[i], mark[i]
-        -- Acked, given back (nacked: leased again when due, else off to wait in the ring),
-        -- extended (it waits at the head: out of its place, it must not hold up those behind
-        -- it), or a batch marked (acked whole, or touched: broken up now, its acked leases go
-        -- and its live ones wait at the tail in its place).
-        local gone = done_in[i] ~= nil
-          or (m and (byte(m) == BYTE_N or byte(m) == BYTE_E or byte(m) == BYTE_F or packed[i]))
-        local deadline = not gone and (M.moved_deadline(m) or M.own_deadline(element, packed[i]))
-        if deadline and deadline > now and not s.sweeping then
-          stop, stop_named = deadline, M.own_deadline(element, packed[i])
-          break
-        end
-        s.lease_visited = s.lease_visited + 1
-        bytes = bytes + #element
-        if deadline and deadline > now then
-          M.keep(s, element, deadline, m, mark_in[i]) -- a sweep: back in its place
-        elseif done_in[i] ~= nil then
-          M.completed(s, done_in[i], element)
-        elseif packed[i] then
-          M.visit_packed(s, element, packed[i], m, mark_in[i])
-        elseif stamped[i] then
-          M.visit_lease(s, element, m, mark_in[i])
-        elseif element ~= SENTINEL then
-          M.dead_letter(s, 'corrupt', 0, element) -- nothing the module writes here
-        end
-        if skip > 0 then
-          skip = skip - 1
-        elseif not pass_ended then
-          s.lpass = s.lpass - 1
-          if s.lpass <= 0 then
-            -- The look-ups of this slice may be a generation off now: read on afresh.
-            pass_ended, aged = M.end_lease_pass(s), true
-            break
-          end
-        end
-      end
-      if stop or s.lease_more or (#slice < want and not aged) then break end
-      if not aged then want = math.min(want * 2, LIMIT.budget) end
-    end
-    if not pass_ended and s.lease_visited == s.lease_length then
-      pass_ended = M.end_lease_pass(s) -- the whole list was visited, whatever the count said
-    end
-    s.live, s.leases_walk, s.in_place = live + s.moved, nil, nil
-    if pass_ended then
-      -- The next pass counts everything the list holds after this call, put back or not
-      -- (visited or not: counting more than needed only makes a pass longer).
-      s.lpass, s.lskip = M.leases_left(s), 0
-    else
-      s.lskip = #s.back + skip
-    end
-    -- What the list may hold that is due soonest: the element it stopped at (the list is in
-    -- deadline order), now when it stopped for want of room, nothing when it ran out; and the
-    -- young leases it put back at the tail, which the next walk meets first.
-    s.lmin = stop or (s.lease_more and now) or nil
-    s.lstop = stop_named
-    if s.back_young and (not s.lstop or s.back_young < s.lstop) then
-      s.lstop = s.back_young
-      if not s.lmin or s.back_young < s.lmin then s.lmin = s.back_young end
-    end
-    -- The visits count as the ring's do (they number this call's tokens): the ring's own
-    -- positions, counted in the same sequence, move along.
-    local n = s.lease_visited
-    s.seq, s.lapnext, s.qstart = s.seq + n, s.lapnext + n, s.qstart + n
-  end
-
-  -- Every element a pass of the lease list began with has been visited: the acks and marks may
-  -- age. Returns true.
-  function M.end_lease_pass(s)
-    s.lpasses = s.lpasses + 1
-    if M.may_age(s) then
-      M.age(s)
-      s.lpasses, s.rpasses = 0, -1
-    end
-    return true
-  end
-
-  -- Applies the side-structure writes collected so far by a walk, keeping the sizes in
-  -- s.sides true (end_lap renames only what exists).
-  function M.flush_side_writes(s)
-    local sides, srem, hdel = s.sides, s.srem, s.hdel
-    for key, list in pairs(srem) do
-      if #list > 0 then
-        sides[key] = sides[key] - M.call_all('SREM', key, list)
-        srem[key] = {}
-      end
-    end
-    for key, list in pairs(hdel) do
-      if #list > 0 then
-        sides[key] = sides[key] - M.call_all('HDEL', key, list)
-        hdel[key] = {}
-      end
-    end
-    if #s.keep_marks > 0 then
-      sides[K.marks] = sides[K.marks] + M.call_all('HSET', K.marks, s.keep_marks)
-      s.keep_marks = {}
-    end
-  end
-
-  -- Writes what a walk decided: the ring and the lease list (visited tails dropped, what stays
-  -- pushed back at the heads in visit order, due leases the call had no room for back at the
-  -- lease list's tail), side structures, revocations, dead letters and counters.
-  function M.finish_walk(s)
-    local batch, to_leases = s.batch, s.to_leases
-    if #batch > 0 then
-      -- The call's first deliveries, packed into one element: "<first>*<id>*<id>...".
-      batch[0] = s.first -- (one string made, not a list and then the element)
-      s.packed_element = table.concat(batch, '*', 0, #batch)
-      batch[0] = nil
-      PACKED, PACKED_IDS = s.packed_element, batch
-      to_leases[#to_leases + 1] = s.packed_element
-      s.packed = s.packed + #batch - 1
-    end
-    if s.length > 0 and s.live <= 0 and #s.rotated == 0 then
-      -- The ring had no sentinel (someone removed it) and is left empty: it gets one back.
-      s.rotated[1], s.lapnext, s.lapguess = SENTINEL, s.seq + s.visited + 1, false
-    end
-    rcall('LTRIM', K.ring, 0, -(s.visited + 1))
-    M.call_all('LPUSH', K.ring, s.rotated)
-    if s.lease_visited > 0 then rcall('LTRIM', K.leases, 0, -(s.lease_visited + 1)) end
-    local back = s.back
-    if #back > 0 then
-      local reversed = {} -- the first put back is the next visited
-      for i = #back, 1, -1 do reversed[#reversed + 1] = back[i] end
-      M.call_all('RPUSH', K.leases, reversed)
-    end
-    M.call_all('LPUSH', K.leases, to_leases)
-    M.flush_side_writes(s)
-    if #s.revoke > 0 then
-      local args = {}
-      for j = 1, #s.revoke do
-        args[#args + 1] = s.now
-        args[#args + 1] = s.revoke[j]
-      end
-      M.call_all('ZADD', K.revoked, args)
-    end
-    M.trim_revoked(s.meta, s.now, #s.revoke, s.sides.revoked + #s.revoke)
-    if s.tracked then
-      M.write_ids(s)
-      M.write_stale(s)
-    end
-    if #s.letters > 0 then M.call_all('RPUSH', K.dead, s.letters) end
-    s.lettered = s.lettered + #s.letters
-    if s.dead_length + #s.letters > 0 then
-      M.trim_dead(s.meta, s.now, s.dead_length + #s.letters, #s.letters)
-    end
-    s.seq = s.seq + s.visited
-    if s.soonest and (not s.qmin or s.soonest < s.qmin) then s.qmin = s.soonest end
-    M.note_leases(s)
-    M.write_meta(s)
-  end
-
-  -- The earliest deadline the lease list may hold now: what its walk left (see walk_leases),
-  -- and what this call pushed. A call whose new leases fall due before anything known so far
-  -- wakes an idle consumer, which then waits for them rather than for what it was told.
-  function M.note_leases(s)
-    local lmin = s.lmin
-    if s.leased > 0 then
-      local before = s.meta.lmin
-      if s.qmin and (not before or s.qmin < before) then before = s.qmin end
-      if not before or s.deadline < before then
-        M.wake_one()
-      end
-      if not lmin or s.deadline < lmin then lmin = s.deadline end
-    end
-    local pushed = s.pushed_min
-    if pushed and (not lmin or pushed < lmin) then lmin = pushed end
-    local left = M.leases_left(s)
-    if left == 0 then lmin = nil end
-    -- Pushed onto an empty list, the young leases of this call are its tail: a walk for acks
-    -- need not read them before they may be due (see leases_due), or before an ack names the
-    -- first of them (lstop: by the deadline its tokens carry, see frees_tail).
-    if left == #s.to_leases and left > 0 then
-      s.lstop = tonumber(M.named_deadline(s.to_leases[1]))
-    end
-    s.lmin = lmin
-  end
-
-  -- Drops the oldest dead letters beyond the count kept or older than the age kept, at most
-  -- what this call added plus LIMIT.trim_step. `length`: the dead list's length now.
-  function M.trim_dead(meta, now, length, added)
-    local drop = math.min(math.max(length - meta.dead_max, 0), added + LIMIT.trim_step)
-    if meta.dead_age_ms > 0 then
-      local cutoff = now - meta.dead_age_ms
-      while drop < length and drop < added + LIMIT.trim_step do
-        local letter = rcall('LINDEX', K.dead, drop) or ''
-        local died = tonumber(string.match(letter, '^[^*]*%*%d+%*(%d+)%*'))
-        if not died or died >= cutoff then break end
-        drop = drop + 1
-      end
-    end
-    if drop > 0 then
-      rcall('LTRIM', K.dead, drop, -1)
-      rcall('HINCRBY', K.meta, 'dead_dropped', drop)
-    end
-  end
-
-  -- A call's walks: the lease list's when it is due, then the ring's, within one budget.
-  function M.walk_lists(s, count, budget)
-    s.count = count
-    if M.leases_due(s) then M.walk_leases(s, budget) end
-    local left = budget - s.lease_visited
-    M.walk(s, count, math.min(left, s.length), left)
-  end
-
-  -- After the ring's walk: leases jobs waiting at a priority (see PRIORITIES) into the call's
-  -- batch, the most urgent first, while the call has room, once no pending id is left in the
-  -- ring (the counters say none is, or the walk visited the whole ring). O(log n) per job.
-  function M.lease_prioritized(s)
-    if s.prio <= 0 or s.sweeping or s.leased >= s.count then return end
-    if s.meta.pushed - s.taken - s.prio > 0 and s.visited < s.length then return end
-    local found = rcall('ZRANGEBYSCORE', K.scheduled, '-inf', '(0', 'LIMIT', 0,
-      s.count - s.leased)
-    if #found == 0 then return end
-    local batch, reply, first, compact = s.batch, s.reply, s.first, s.compact
-    local taken = {}
-    for i = 1, #found do
-      local member = found[i]
-      taken[i] = member
-      local _, id = M.ranked_member(member)
-      if id and M.valid_id(id) then
-        local place = #batch + 1
-        batch[place] = id
-        if not compact then
-          reply[#reply + 1], reply[#reply + 2] = id .. first .. PAD[place], 0
-        end
-        s.leased = s.leased + 1
-        s.batch_bytes = s.batch_bytes + #id
-        if s.batch_bytes >= LIMIT.batch_bytes then break end
-      else -- (a member written by hand)
-        s.letters[#s.letters + 1] = 'corrupt*0*' .. s.now .. '*' .. member
-      end
-    end
-    rcall('ZREM', K.scheduled, unpack(taken))
-    s.taken, s.prio = s.taken + #taken, s.prio - #taken
-  end
-
-  -- Whether this call walks the lease list: when its earliest deadline may have come, or when
-  -- acks wait for their elements (or jobs given back for theirs) and the list's tail is not a
-  -- young lease known to be live, whose deadline the walk would wait for (see ack_tokens).
-  function M.leases_due(s)
-    if s.lease_length == 0 then return false end
-    if s.sweeping or not s.lmin or s.lmin <= s.now then return true end
-    if s.lstop then return false end
-    local sides, marked = s.sides, s.sides.marked
-    return sides[K.done] + sides[K.done_old] + marked[K.marks][1] + marked[K.marks][2]
-      + marked[K.marks_old][1] + marked[K.marks_old][2] > 0
-  end
-end
-
--- 10. ON FIRST USE: tracked ids, scheduled and prioritized jobs, flow control, administration -----
-
--- What a worker's push, next, ack, nack, bury and extend never call on a plain queue:
--- defined on first use (M's lookup of a function it does not hold yet, see ON_FIRST_USE), so
--- an EVAL call of those commands does not create these functions each time.
-function M.define_later()
-  -- A queue that tracks ids (configure track_ids 1, see IDS): K.ids names where each id's
-  -- one copy is. These run only on such a queue.
-
-  -- Of `ids` (checked, in order), those the queue may take now as `value` ("p": pushed to the
-  -- ring, "s"/"s<level>": scheduled, "q<level>": waiting at a priority): an id is taken once
-  -- however often it is given, and not while the queue holds it, except that a job scheduled
-  -- may be scheduled again (it moves: its old member goes). Writes the index for them and
-  -- returns them.
-  function M.admit(ids, value)
-    local held = M.hmget_all(K.ids, ids)
-    local acked = M.acked_copies(ids, held)
-    local fresh, writes, seen, moved = {}, {}, {}, {}
-    local scheduling = string.byte(value) == BYTE_S
-    for i = 1, #ids do
-      local id, v = ids[i], held[i]
-      if not seen[id] then
-        seen[id] = true
-        local rescheduled = v and scheduling and string.byte(v) == BYTE_S
-        if not v or acked[i] or rescheduled then
-          fresh[#fresh + 1] = id
-          writes[#writes + 1], writes[#writes + 2] = id, value
-          if rescheduled and v ~= value then moved[#moved + 1] = M.waiting_member(id, v) end
-        end
-      end
-    end
-    M.call_all('HSET', K.ids, writes)
-    M.call_all('ZREM', K.scheduled, moved)
-    return fresh
-  end
-
-  -- The member of K.scheduled that holds `id`, by its index value: "s" (scheduled) is the id
-  -- itself, "s<level>" and "q<level>" (scheduled, or waiting, at a priority) "*<level>*<id>".
-  function M.waiting_member(id, v)
-    local level = string.sub(v, 2)
-    return level == '' and id or '*' .. level .. '*' .. id
-  end
-
-  -- Which of `ids` the index `held` (their values) places in a lease that is acked already:
-  -- its token in a done set, or its batch acked whole. Such a copy is complete, though its
-  -- element may wait for a walk to remove it. A set of indexes into `ids`.
-  function M.acked_copies(ids, held)
-    local tokens, at, batches, of = {}, {}, {}, {}
-    for i = 1, #ids do
-      local v = held[i]
-      if v and string.find(v, '^%d') then
-        local token = ids[i] .. '*' .. v
-        tokens[#tokens + 1], at[#tokens + 1] = token, i
-        local batch = M.batch_of(token)
-        if batch then batches[#batches + 1], of[#batches + 1] = batch, i end
-      end
-    end
-    local acked = {}
-    if #tokens == 0 then return acked end
-    for _, key in ipairs({ K.done, K.done_old }) do
-      local flags = M.read('SMISMEMBER', key, unpack(tokens))
-      for j = 1, #flags do
-        if flags[j] == 1 then acked[at[j]] = true end
-      end
-    end
-    if #batches > 0 then
-      for _, key in ipairs({ K.marks, K.marks_old }) do
-        local marks = M.read('HMGET', key, unpack(batches))
-        for j = 1, #marks do
-          if marks[j] and string.byte(marks[j]) == BYTE_A then acked[of[j]] = true end
-        end
-      end
-    end
-    return acked
-  end
-
-  -- Notes in the walk's state that the copy of `id` whose token ends in `stamp` has left the
-  -- queue (acked and removed, dead-lettered, dropped): its index entry goes, unless it already
-  -- names another copy (the id pushed again once this one was acked or cancelled).
-  function M.forget_id(s, id, stamp)
-    if not s.tracked then return end
-    s.gone[#s.gone + 1], s.gone_stamp[#s.gone + 1] = id, stamp
-  end
-
-  -- Writes what the walk noted: entries of copies gone (each only if it still names that
-  -- copy), then the stamps of this call's leases.
-  function M.write_ids(s)
-    local gone, batch = s.gone, s.batch
-    if #gone > 0 then
-      local held = M.hmget_all(K.ids, gone)
-      local drop = {}
-      for i = 1, #gone do
-        if held[i] == s.gone_stamp[i] then drop[#drop + 1] = gone[i] end
-      end
-      M.call_all('HDEL', K.ids, drop)
-    end
-    local writes = s.leased_ids
-    local stamp = string.sub(s.first, 2)
-    for k = 1, #batch do
-      writes[#writes + 1], writes[#writes + 2] = batch[k], stamp .. PAD[k]
-    end
-    M.call_all('HSET', K.ids, writes)
-  end
-
-  -- A cancelled copy that still has an element (a pending id in the ring, a lease or a deferred
-  -- job) is recorded under the field "*<id>" of K.ids (no id holds "*"): "<n>" pending copies,
-  -- then ",<stamp>" for each lease or deferred job, until the walk meets and drops it; meta
-  -- `stale` counts what all records hold, so a walk reads them only while there are some.
-  -- A record as the walk keeps it: {n = pending copies, stamps = {stamp = true}, dirty}.
-  function M.parse_stale(raw)
-    local rec = { n = 0, stamps = {} }
-    if not raw then return rec end
-    local first = true
-    for part in string.gmatch(raw, '[^,]+') do
-      if first then
-        rec.n, first = tonumber(part) or 0, false
-      else
-        rec.stamps[part] = true
-      end
-    end
-    return rec
-  end
-
-  function M.format_stale(rec)
-    local parts = { tostring(rec.n) }
-    for stamp in pairs(rec.stamps) do parts[#parts + 1] = stamp end
-    if #parts == 1 and rec.n == 0 then return nil end
-    return table.concat(parts, ',')
-  end
-
-  -- The record of `id` as this walk has it (`raw`: its field, when the caller read it), read
-  -- once per walk.
-  function M.stale_of(s, id, raw)
-    local rec = s.stale_recs[id]
-    if not rec then
-      if raw == nil then raw = rcall('HMGET', K.ids, '*' .. id)[1] end
-      rec = M.parse_stale(raw)
-      s.stale_recs[id] = rec
-    end
-    return rec
-  end
-
-  -- For a slice of the ring on a tracked queue with records: index -> true for each pending id
-  -- with a cancelled pending copy recorded (one HMGET for the slice). Which of its copies the
-  -- walk drops does not matter: they are the same id.
-  function M.stale_pending(s, slice, stamped, packed)
-    local stale = {}
-    if s.stale_count <= 0 then return stale end
-    local fields, at = {}, {}
-    for i = 1, #slice do
-      local element = slice[i]
-      if not stamped[i] and not packed[i] and element ~= SENTINEL and element ~= ''
-          and string.byte(element) ~= BYTE_STAR and not s.stale_recs[element] then
-        fields[#fields + 1], at[#fields + 1] = '*' .. element, i
-      end
-    end
-    local raws = #fields > 0 and M.hmget_all(K.ids, fields) or {}
-    for j = 1, #fields do M.stale_of(s, slice[at[j]], raws[j]) end
-    for i = 1, #slice do
-      local rec = not stamped[i] and not packed[i] and s.stale_recs[slice[i]]
-      if rec and rec.n > 0 then stale[i] = true end
-    end
-    return stale
-  end
-
-  -- Whether the walk drops this element of `id` (stamp: its token after "*", or nil for a
-  -- pending id) as a cancelled copy; if so, the record no longer holds it.
-  function M.take_stale(s, id, stamp, raw)
-    if s.stale_count <= 0 then return false end
-    local rec = M.stale_of(s, id, raw)
-    if stamp then
-      if not rec.stamps[stamp] then return false end
-      rec.stamps[stamp] = nil
-    else
-      if rec.n <= 0 then return false end
-      rec.n = rec.n - 1
-    end
-    rec.dirty, s.stale_count = true, s.stale_count - 1
-    s.live = s.live - 1
-    if not stamp then s.taken = s.taken + 1 end -- (a pending one was counted as pending)
-    return true
-  end
-
-  -- Writes the records the walk changed.
-  function M.write_stale(s)
-    local writes, drops = {}, {}
-    for id, rec in pairs(s.stale_recs) do
-      if rec.dirty then
-        local value = M.format_stale(rec)
-        if value then
-          writes[#writes + 1], writes[#writes + 2] = '*' .. id, value
-        else
-          drops[#drops + 1] = '*' .. id
-        end
-      end
-    end
-    M.call_all('HSET', K.ids, writes)
-    M.call_all('HDEL', K.ids, drops)
-  end
-
-  -- push, once per chunk of a bulk load whose progress the marker hash (the fourteenth key)
-  -- records in its field `chunks`: a retried or duplicated loader (a Spark task run twice)
-  -- pushes nothing twice, however its attempts interleave.
-  function M.push_chunk()
-    local chunk = M.int_arg(2, 'CHUNK', 0, LIMIT.no_bound)
-    local ttl = M.int_arg(3, 'TTL_MS', 1, LIMIT.no_bound)
-    local marker = K.payloads -- the fourteenth key: push_chunk takes its marker hash there
-    local chunks = tonumber(M.read('HMGET', marker, 'chunks')[1]) or 0
-    if chunks > chunk then
-      M.check_ids(4)
-      -- A write, so that a WAIT after a retried call also covers the first try's push.
-      rcall('PEXPIRE', marker, ttl)
-      return { 0, chunks }
-    end
-    if chunks < chunk then
-      M.refuse('ROTATOR_BADARG', 'chunk ' .. chunk .. ' comes after chunk ' .. chunks ..
-        ', which the marker does not record: it expired or was deleted')
-    end
-    local pushed = M.push_ids(4)
-    rcall('HSET', marker, 'chunks', chunk + 1)
-    rcall('PEXPIRE', marker, ttl)
-    return { pushed, chunk + 1 }
-  end
-
-  -- push_later's arguments: the due time (ms, server TIME) of IN DELAY_MS or AT AT_MS at
-  -- A[2..3], checked, and the time now.
-  function M.due_arg(at)
-    at = at or 2
-    local mode = A[at]
-    if mode ~= 'IN' and mode ~= 'AT' then
-      M.refuse('ROTATOR_BADARG', 'expected IN DELAY_MS or AT AT_MS, got ' .. M.printable(mode))
-    end
-    local most = LIMIT.schedule_ms
-    local time = M.int_arg(at + 1, mode == 'IN' and 'DELAY_MS' or 'AT_MS', 0,
-      mode == 'IN' and most or LIMIT.no_bound)
-    local now = M.now_ms()
-    local due = mode == 'IN' and now + time or time
-    if due > now + most then
-      M.refuse('ROTATOR_BADARG', 'AT_MS ' .. time .. ' is more than ' .. most ..
-        ' ms after the server\'s time ' .. now)
-    end
-    return due, now
-  end
-
-  function M.push_later()
-    local due, now = M.due_arg()
-    M.check_ids(4)
-    local ids = { unpack(A, 4) }
-    if #ids == 0 then return 0 end
-    local smin = M.read_schedule_keys()
-    if K.items then M.read('HLEN', K.items) end
-    if M.read_tracked() then
-      ids = M.admit(ids, 's')
-      if #ids == 0 then return 0 end
-    end
-    M.schedule_ids(ids, due, smin)
-    M.enqueued(ids, now)
-    return #ids
-  end
-
-  -- Whether the queue tracks ids (see IDS), for a command that reads no other meta; refuses a
-  -- unique push on a queue that does not (check_unique).
-  function M.read_tracked()
-    local meta = { tracked = M.read('HMGET', K.meta, 'track_ids')[1] == '1' }
-    M.read('HLEN', K.ids)
-    M.check_unique(meta)
-    return meta.tracked
-  end
-
-  -- Reads (and so checks) what schedule_ids writes.
-  function M.read_schedule_keys()
-    M.read('ZCARD', K.scheduled)
-    M.read('LLEN', K.wake)
-    return tonumber(M.read('HMGET', K.meta, 'smin')[1])
-  end
-
-  -- Schedules `ids` (checked) for `due`: an id scheduled already moves to `due`. A due time
-  -- sooner than any before (`smin`, from read_schedule_keys) wakes an idle consumer, which
-  -- then waits for it.
-  function M.schedule_ids(ids, due, smin)
-    local args = {}
-    for i = 1, #ids do
-      args[#args + 1] = due
-      args[#args + 1] = ids[i]
-    end
-    M.call_all('ZADD', K.scheduled, args)
-    if not smin or due < smin then
-      rcall('HSET', K.meta, 'smin', due)
-      M.wake_one()
-    end
-  end
-
-  -- push_priority LEVEL IN|AT TIME ID...: ids that wait at priority LEVEL (1..9, behind the
-  -- ring's pending ids, which are level 0), now or once due (see PRIORITIES).
-  function M.push_priority()
-    local level = M.int_arg(2, 'LEVEL', 1, LIMIT.priority_levels)
-    local due, now = M.due_arg(3)
-    M.check_ids(5)
-    local ids = { unpack(A, 5) }
-    if #ids == 0 then return 0 end
-    local length = M.read('LLEN', K.ring)
-    local meta = M.read_meta(K)
-    local head = M.read_push_keys(K)
-    local smin = M.read_schedule_keys()
-    M.read('HLEN', K.ids)
-    if K.items then M.read('HLEN', K.items) end
-    M.check_unique(meta)
-    local later = due > now
-    if meta.tracked then -- each id once (see IDS)
-      ids = M.admit(ids, (later and 's' or 'q') .. level)
-      if #ids == 0 then return 0 end
-    end
-    local members = {}
-    for i = 1, #ids do members[i] = '*' .. level .. '*' .. ids[i] end
-    M.enqueued(ids, now)
-    if later then
-      -- A job waiting at this level leaves it for the schedule: no longer pending (as if
-      -- taken), to be pushed again when due.
-      local scores = rcall('ZMSCORE', K.scheduled, unpack(members))
-      local waiting, seen = 0, {}
-      for i = 1, #scores do
-        if scores[i] and tonumber(scores[i]) < 0 and not seen[members[i]] then
-          waiting, seen[members[i]] = waiting + 1, true
-        end
-      end
-      if waiting > 0 then
-        rcall('HSET', K.meta, 'prio', meta.prio - waiting, 'taken', meta.taken + waiting)
-      end
-      M.schedule_ids(members, due, smin)
-      return #ids
-    end
-    local jobs = {}
-    for i = 1, #ids do jobs[i] = { level, ids[i], members[i] } end
-    M.ensure_ring(K, length) -- (a claim of a queue without a ring answers idle at once)
-    local added = M.rank(meta, jobs)
-    if added > 0 then M.record_push(K, meta, added, now, head) end
-    return added
-  end
-
-  function M.pause()
-    local was = M.read('HMGET', K.meta, 'paused')[1]
-    rcall('HSET', K.meta, 'paused', '1')
-    return was == '1' and 0 or 1
-  end
-
-  function M.resume()
-    local was = M.read('HMGET', K.meta, 'paused')[1]
-    M.read('LLEN', K.wake)
-    if was ~= '1' then return 0 end
-    rcall('HDEL', K.meta, 'paused')
-    M.add_wake_tokens(K, LIMIT.wake_tokens)
-    return 1
-  end
-
-  -- next on a queue that may lease nothing now (paused, or at its rate limit): takes the acks
-  -- and idles for `wait_ms` (-1: until woken). Wake-ups pushed meanwhile would only spin the
-  -- idle consumers: resume wakes them, and the rate limit's wait ends by itself.
-  function M.lease_held(first, compact, state, wait_ms)
-    M.check_wake(state)
-    local sides = state.sides
-    sides.lstop_was = sides.lstop
-    local acked, accepted = M.ack_tokens(first, state.length + state.lease_length, sides)
-    M.write_acked(sides)
-    rcall('DEL', K.wake)
-    return compact and { 1, wait_ms, acked, '' } or { 1, wait_ms, acked }, accepted
-  end
-
-  -- The rate limit (rate_limit) as a generic cell rate: each job leased moves the theoretical
-  -- arrival time `tat` on by per / jobs ms, and a call may lease while tat stays within `per`
-  -- ahead of now, so at most `jobs` go in any burst and `jobs` per `per` on average, across
-  -- every consumer. Returns {allowed, wait (ms until one more may go), tat, step}.
-  function M.rate_allowance(meta, now)
-    local step, per = meta.rate_ms / meta.rate_n, meta.rate_ms
-    local tat = math.max(meta.rate_tat or now, now)
-    -- (tat near 1.7e12 ms is exact to about 2e-4 ms: the wait is checked with the very sum
-    -- the allowance makes, so a consumer told to wait is not held again when it comes)
-    local function allowed_at(t) return math.floor((t + per - tat) / step + 1e-9) end
-    local wait = math.max(math.ceil(tat + step - per - now), 1)
-    while allowed_at(now + wait) < 1 do wait = wait + 1 end
-    return { allowed = math.max(allowed_at(now), 0), wait = wait, tat = tat, step = step }
-  end
-
-  function M.note_rate(rate, leased)
-    if leased > 0 then rcall('HSET', K.meta, 'rate_tat', rate.tat + leased * rate.step) end
-  end
-
-  -- How many jobs a next reply leased (next_packed's packed element holds its first ones).
-  function M.leased_count(reply, compact)
-    if not compact then return (#reply - 3) / 2 end
-    local packed = reply[4] ~= '' and select(2, string.gsub(reply[4], '%*', '')) - 1 or 0
-    return packed + (#reply - 4) / 2
-  end
-
-  function M.durations()
-    if #A == 2 or (#A > 1 and #A % 2 == 1) then
-      M.refuse('ROTATOR_BADARG', 'durations takes TOTAL_MS and BUCKET COUNT pairs, or nothing')
-    end
-    local adds = {}
-    if #A > 1 then adds[1] = { 'dsum', M.int_arg(2, 'TOTAL_MS', 0, LIMIT.no_bound) } end
-    for i = 3, #A, 2 do
-      local bucket = M.int_arg(i, 'BUCKET', 0, LIMIT.duration_buckets - 1)
-      adds[#adds + 1] = { 'd' .. bucket, M.int_arg(i + 1, 'COUNT', 1, LIMIT.rate_jobs) }
-    end
-    local fields = {}
-    for b = 0, LIMIT.duration_buckets - 1 do fields[#fields + 1] = 'd' .. b end
-    fields[#fields + 1] = 'dsum'
-    M.read('HLEN', K.meta)
-    for i = 1, #adds do rcall('HINCRBY', K.meta, adds[i][1], adds[i][2]) end
-    local counts = rcall('HMGET', K.meta, unpack(fields))
-    for i = 1, #counts do counts[i] = tonumber(counts[i]) or 0 end
-    return counts
-  end
-
-  function M.rate_limit()
-    local jobs = M.int_arg(2, 'JOBS', 0, LIMIT.rate_jobs)
-    local per = M.int_arg(3, 'PER_MS', 1, LIMIT.lease_ms)
-    M.read('HLEN', K.meta)
-    if jobs == 0 then
-      rcall('HDEL', K.meta, 'rate_n', 'rate_ms', 'rate_tat')
-    else
-      rcall('HSET', K.meta, 'rate_n', jobs, 'rate_ms', per)
-    end
-    return 1
-  end
-
-  -- Moves the scheduled jobs that are due (at most LIMIT.promote, earliest first) to the ring,
-  -- as push does, and notes the next due time. `length`: the ring's length.
-  function M.promote(meta, length, now)
-    local found = M.read('ZRANGEBYSCORE', K.scheduled, 0, now, 'WITHSCORES', 'LIMIT', 0,
-      LIMIT.promote)
-    local head = M.read_push_keys(K)
-    local due, members, ticks, ranked = {}, {}, {}, {}
-    for i = 1, #found, 2 do
-      local member = found[i]
-      local level, id = M.ranked_member(member)
-      if level then -- scheduled at a priority level: now waiting at it
-        ranked[#ranked + 1] = { level, id, member }
-      elseif string.byte(member) == BYTE_STAR then
-        members[#members + 1] = member
-        ticks[#ticks + 1] = string.sub(member, 2)
-        ticks[#ticks + 1] = string.format('%.0f', tonumber(found[i + 1]))
-      else
-        members[#members + 1] = member
-        due[#due + 1] = member
-      end
-    end
-    if #members > 0 then rcall('ZREM', K.scheduled, unpack(members)) end
-    if #ticks > 0 then
-      local ids = M.tick(ticks, now)
-      for i = 1, #ids do due[#due + 1] = ids[i] end
-    end
-    if #due + #ranked > 0 then
-      M.ensure_ring(K, length)
-      if #due > 0 then rcall('LPUSH', K.ring, unpack(due)) end
-      M.rank(meta, ranked)
-      M.record_push(K, meta, #due + #ranked, now, head)
-      if meta.tracked then -- scheduled ("s") or a tick's new id: now waiting
-        local writes = {}
-        for i = 1, #due do writes[#writes + 1], writes[#writes + 2] = due[i], 'p' end
-        for i = 1, #ranked do
-          writes[#writes + 1], writes[#writes + 2] = ranked[i][2], 'q' .. ranked[i][1]
-        end
-        rcall('HSET', K.ids, unpack(writes))
-      end
-    end
-    M.note_scheduled()
-  end
-
-  -- The level and id of a member "*<level>*<id>" of K.scheduled (see PRIORITIES); nil for
-  -- another member.
-  function M.ranked_member(member)
-    local level, id = string.match(member, '^%*([1-9])%*(.+)$')
-    return tonumber(level), id
-  end
-
-  -- Puts jobs ({level, id, member} each) to wait at their levels, in this order, behind the
-  -- jobs waiting there: their members scored (level - 10) * prio_span + their push order.
-  -- Counts them in meta prio (meta.prio and meta.pseq move on); returns how many were not
-  -- waiting at a priority already (an id waiting again moves to the back of its level).
-  function M.rank(meta, jobs)
-    if #jobs == 0 then return 0 end
-    local args, members, seen = {}, {}, {}
-    for i = 1, #jobs do
-      local level, member = jobs[i][1], jobs[i][3]
-      if not seen[member] then -- (an id given twice waits once)
-        seen[member] = true
-        members[#members + 1] = member
-        args[#args + 1] = (level - 10) * LIMIT.prio_span + meta.pseq + i
-        args[#args + 1] = member
-      end
-    end
-    -- (ZMSCORE tells members waiting already, below 0, from those scheduled, at or above it)
-    local scores = rcall('ZMSCORE', K.scheduled, unpack(members))
-    local added = 0
-    for i = 1, #scores do
-      if not scores[i] or tonumber(scores[i]) >= 0 then added = added + 1 end
-    end
-    M.call_all('ZADD', K.scheduled, args)
-    meta.prio, meta.pseq = meta.prio + added, meta.pseq + #jobs
-    rcall('HSET', K.meta, 'prio', meta.prio, 'pseq', meta.pseq)
-    return added
-  end
-
-  -- Notes in meta smin the earliest due time of the scheduled jobs (none: no field).
-  function M.note_scheduled()
-    -- (the jobs waiting at a priority, scored below 0, are not scheduled)
-    local first = rcall('ZRANGEBYSCORE', K.scheduled, 0, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
-    if first[2] then
-      rcall('HSET', K.meta, 'smin', first[2])
-    else
-      rcall('HDEL', K.meta, 'smin')
-    end
-  end
-
-  -- extend's reply on a queue that tracks ids: a lease lost (0) because its job was cancelled
-  -- is -1, so the worker stops the job. `reply[i - first + 2]` answers A[i].
-  function M.note_cancelled(reply, first)
-    local ids, at = {}, {}
-    for i = first, #A do
-      local token = A[i]
-      local star = reply[i - first + 2] == 0 and string.find(token, '*', 2, true)
-      if star then ids[#ids + 1], at[#ids + 1] = string.sub(token, 1, star - 1), i end
-    end
-    if #ids == 0 then return end
-    local fields = {}
-    for j = 1, #ids do fields[j] = '*' .. ids[j] end
-    local raws = M.read('HMGET', K.ids, unpack(fields))
-    for j = 1, #ids do
-      local stamp = string.sub(A[at[j]], #ids[j] + 2)
-      if M.parse_stale(raws[j]).stamps[stamp] then reply[at[j] - first + 2] = -1 end
-    end
-  end
-
-  -- Records cancelled copies (`ids`, with their `stamps`, nil for a pending one) in their ids'
-  -- stale records, drops their index entries, and counts them in meta `stale`.
-  function M.record_stale(ids, stamps)
-    local fields = {}
-    for j = 1, #ids do fields[j] = '*' .. ids[j] end
-    local raws = M.hmget_all(K.ids, fields)
-    local writes = {}
-    for j = 1, #ids do
-      local rec = M.parse_stale(raws[j])
-      if stamps[j] then rec.stamps[stamps[j]] = true else rec.n = rec.n + 1 end
-      writes[#writes + 1], writes[#writes + 2] = fields[j], M.format_stale(rec)
-    end
-    M.call_all('HSET', K.ids, writes)
-    M.call_all('HDEL', K.ids, ids)
-    rcall('HINCRBY', K.meta, 'stale', #ids)
-  end
-
-  -- Cancels jobs by id on a queue that tracks ids (see IDS): a scheduled one leaves at once; a
-  -- waiting one is marked, and the walk drops it at its visit; one in flight has its token
-  -- revoked (and its batch touched, so no batch ack covers it), and its lease is dropped at
-  -- the walk's visit instead of being leased again. Returns how many were found.
-  function M.cancel()
-    M.check_ids(2)
-    local meta = M.read_meta(K)
-    local sides = M.read_sides()
-    M.read('ZCARD', K.scheduled)
-    if not meta.tracked then
-      M.refuse('ROTATOR_UNTRACKED', 'cancel needs a queue that tracks ids: configure ' ..
-        'track_ids 1 (on an empty queue) first')
-    end
-    local ids, seen = {}, {}
-    for i = 2, #A do
-      if not seen[A[i]] then ids[#ids + 1], seen[A[i]] = A[i], true end
-    end
-    local held = M.hmget_all(K.ids, ids)
-    local acked = M.acked_copies(ids, held)
-    local now = M.now_ms()
-    local scheduled, copies, stamps, revoke, touched, gone, waiting = {}, {}, {}, {}, {}, {}, 0
-    for i = 1, #ids do
-      local id, v = ids[i], held[i]
-      local kind = v and string.sub(v, 1, 1)
-      if kind == 's' or kind == 'q' then -- scheduled, or waiting at a priority: gone at once
-        gone[#gone + 1], scheduled[#scheduled + 1] = id, M.waiting_member(id, v)
-        if kind == 'q' then waiting = waiting + 1 end
-      elseif v == 'p' then -- its element waits in the ring: recorded, dropped at its visit
-        copies[#copies + 1], stamps[#copies + 1] = id, nil
-      elseif v and string.find(v, '^%d') and not acked[i] then -- in flight, or deferred
-        local token = id .. '*' .. v
-        copies[#copies + 1], stamps[#copies + 1] = id, v
-        revoke[#revoke + 1], revoke[#revoke + 2] = now, token
-        local batch = M.batch_of(token)
-        if batch then touched[batch] = true end
-      end
-    end
-    local found = #scheduled + #copies
-    if found == 0 then return 0 end
-    if #copies > 0 then M.record_stale(copies, stamps) end
-    if #scheduled > 0 then
-      M.call_all('ZREM', K.scheduled, scheduled)
-      M.call_all('HDEL', K.ids, gone)
-      if waiting > 0 then -- (no longer waiting, nor pushed: as if leased and gone)
-        rcall('HSET', K.meta, 'prio', meta.prio - waiting, 'taken', meta.taken + waiting)
-      end
-    end
-    if #revoke > 0 then
-      M.call_all('ZADD', K.revoked, revoke)
-      M.trim_revoked(meta, now, #revoke / 2, sides.revoked + #revoke / 2)
-      M.touch(touched, sides)
-      local tokens = {}
-      for j = 2, #revoke, 2 do tokens[#tokens + 1] = revoke[j] end
-      -- (the walk waits at a young live lease: one of these may be it, and is done with)
-      if M.frees_tail(tokens, meta.lstop) then rcall('HSET', K.meta, 'lstop', '') end
-    end
-    M.add_count(K.meta, 'cancelled', found)
-    return found
-  end
-
-  function M.sweep()
-    local budget = M.int_arg(2, 'BUDGET', 1, LIMIT.budget)
-    local s = M.start_walk(0, 0)
-    if s.length == 0 and s.lease_length == 0 then return { 0, 0, 0 } end
-    s.sweeping = true
-    local packed = s.packed
-    M.walk_lists(s, 1, budget)
-    -- A sweep leases nothing, so what it passed may still be pending: consumers must look at
-    -- a whole lap again before they idle.
-    s.qstart, s.qlen = s.seq + s.visited, s.live
-    M.finish_walk(s)
-    -- In jobs, not elements (a packed batch holds several).
-    local leases = M.leases_left(s)
-    local before = s.length + s.lease_length + packed
-    local after = math.max(s.live, 0) + leases + s.packed
-    return { s.visited + s.lease_visited, math.max(before - after, 0),
-      math.max(after - (s.live > 0 and 1 or 0), 0) }
-  end
-
-  -- Removes the queue, in the background (UNLINK), but for its seq: a queue made again under
-  -- its name goes on numbering visits from there, so no token of this one is handed out again
-  -- and a late ack from before cannot complete a new delivery.
-  function M.delete()
-    local forget = #A >= 2 and M.int_arg(2, 'FORGET', 0, 1) == 1
-    local seq = not forget and M.read('HMGET', K.meta, 'seq')[1] or nil
-    local fields = M.read('HLEN', K.meta)
-    local others = {}
-    for i = 1, #KS do
-      if KS[i] ~= K.meta then others[#others + 1] = KS[i] end
-    end
-    local removed = rcall('UNLINK', unpack(others))
-    rcall('UNLINK', K.meta)
-    -- Tokens of the queue as it was are refused from now on (origin), and none repeats (seq).
-    if seq then rcall('HSET', K.meta, 'seq', seq, 'origin', seq) end
-    return (removed > 0 or fields > (seq and 1 or 0)) and 1 or 0
-  end
-
-  -- The queue's settings, stored in its meta hash: NAME VALUE pairs set (each checked before
-  -- any is written), then all of them answered, each with its value or its default.
-  -- configure's settings, in the order of its reply, and the range of each (the defaults are
-  -- in LIMIT; the ranges only configure reads, so an EVAL call of any other command does not
-  -- build them).
-  local SETTINGS = { 'fence_ms', 'fence_max', 'dead_max', 'dead_age_ms', 'track_ids' }
-  local SETTING_RANGES = {
-    fence_ms = { 1000, 30 * 86400000 }, fence_max = { 1000, 1e9 },
-    -- (at most a million dead letters: requeue_dead's LREM walks that far at the most)
-    dead_max = { 1, 1000000 },
-    dead_age_ms = { 0, 3650 * 86400000 }, -- 0: no age limit
-    track_ids = { 0, 1 },
-  }
-
-  -- configure's track_ids (see IDS): turned on only while the queue holds no job, so the index
-  -- knows every id from the start; turned off, the index goes.
-  function M.change_tracking(meta, writes)
-    local wanted = nil
-    for i = 1, #writes, 2 do
-      if writes[i] == 'track_ids' then wanted = writes[i + 1] end
-    end
-    M.read('HLEN', K.ids)
-    if wanted == nil or wanted == meta.track_ids then return end
-    if wanted == 0 then
-      rcall('UNLINK', K.ids)
-      rcall('HDEL', K.meta, 'stale')
-      return
-    end
-    local ring = M.read('LLEN', K.ring)
-    local jobs = M.read('LLEN', K.leases) + M.read('ZCARD', K.scheduled)
-      - (tonumber(M.read('HMGET', K.meta, 'ticking')[1]) or 0)
-    if ring > 1 or (ring == 1 and M.read('LINDEX', K.ring, 0) ~= SENTINEL) or jobs > 0 then
-      M.refuse('ROTATOR_BADARG', 'track_ids 1 needs a queue that holds no job (nothing ' ..
-        'pending, in flight, deferred or scheduled): the index must know every id')
-    end
-  end
-
-  function M.configure()
-    if #A % 2 == 0 then M.refuse('ROTATOR_BADARG', 'configure takes NAME VALUE pairs') end
-    local writes = {}
-    for i = 2, #A, 2 do
-      local range = SETTING_RANGES[A[i]]
-      if not range then
-        M.refuse('ROTATOR_BADARG', 'no setting ' .. M.printable(A[i]) .. ': one of ' ..
-          table.concat(SETTINGS, ' '))
-      end
-      local value = M.int_arg(i + 1, A[i], range[1], range[2])
-      if A[i] == 'dead_age_ms' and value > 0 and value < 1000 then
-        M.refuse('ROTATOR_BADARG', 'dead_age_ms must be 0 (no limit) or at least 1000')
-      end
-      writes[#writes + 1], writes[#writes + 2] = A[i], value
-    end
-    local meta = M.read_meta(K)
-    M.change_tracking(meta, writes)
-    if #writes > 0 then rcall('HSET', K.meta, unpack(writes)) end
-    local reply = {}
-    for _, name in ipairs(SETTINGS) do
-      local value = meta[name]
-      for i = 1, #writes, 2 do
-        if writes[i] == name then value = writes[i + 1] end
-      end
-      reply[#reply + 1], reply[#reply + 2] = name, value
-    end
-    return reply
-  end
-
-  function M.stats()
-    local reply = M.queue_stats(K)
-    local m = M.read('HMGET', K.meta, 'paused', 'ticking', 'schedules', 'rate_n', 'rate_ms',
-      'pushed', 'taken', 'redelivered', 'completed', 'retried', 'reclaimed', 'lettered',
-      'cancelled', 'prio')
-    -- (the members of ticking schedules are no jobs; jobs waiting at a priority are pending)
-    local prioritized = tonumber(m[14]) or 0
-    local scheduled = M.read('ZCARD', K.scheduled) - (tonumber(m[2]) or 0) - prioritized
-    reply[#reply + 1], reply[#reply + 2] = 'scheduled', math.max(scheduled, 0)
-    reply[#reply + 1], reply[#reply + 2] = 'paused', m[1] == '1' and 1 or 0
-    reply[#reply + 1], reply[#reply + 2] = 'schedules', tonumber(m[3]) or 0
-    reply[#reply + 1], reply[#reply + 2] = 'rate_limit_jobs', tonumber(m[4]) or 0
-    reply[#reply + 1], reply[#reply + 2] = 'rate_limit_ms', tonumber(m[5]) or 0
-    -- Counts since the queue was made (see read_meta): every delivery, first or not.
-    local counts = {}
-    for i = 6, 13 do counts[i] = tonumber(m[i]) or 0 end
-    local totals = { 'pushed', counts[6], 'delivered', counts[7] + counts[8],
-      'completed', counts[9], 'retried', counts[10], 'reclaimed', counts[11],
-      'dead_lettered', counts[12], 'cancelled', counts[13], 'prioritized', prioritized }
-    for i = 1, #totals do reply[#reply + 1] = totals[i] end
-    -- The processing-time histogram (see durations): d0..d25, then dsum.
-    local buckets = {}
-    for b = 0, LIMIT.duration_buckets - 1 do buckets[#buckets + 1] = 'd' .. b end
-    buckets[#buckets + 1] = 'dsum'
-    local counts_of = rcall('HMGET', K.meta, unpack(buckets))
-    for i = 1, #buckets do
-      reply[#reply + 1], reply[#reply + 2] = buckets[i], tonumber(counts_of[i]) or 0
-    end
-    return reply
-  end
-
-  -- stats of the queue whose keys are K (this call's, or a topic group's for tstats).
-  function M.queue_stats(K)
-    local now = M.now_ms()
-    local meta = M.read_meta(K)
-    local ring_length = M.read('LLEN', K.ring)
-    -- The marks' counts (see read_marked), not the marks: O(1) however many are deferred.
-    M.read('HLEN', K.marks)
-    M.read('HLEN', K.marks_old)
-    local marked = meta.marked
-    -- Jobs, not elements: a packed batch holds several.
-    local lease_length = M.read('LLEN', K.leases)
-    local elements = math.max(ring_length - 1, 0) + lease_length
-    -- (jobs waiting at a priority wait outside the ring, and are pending)
-    local length = elements + meta.packed + meta.prio
-    local pending = math.max(0, math.min(length, meta.pushed - meta.taken))
-    local done = M.read('SCARD', K.done)
-    local done_old = M.read('SCARD', K.done_old)
-    local acked = done + done_old + marked[2] + marked[4]
-    local deferred = marked[1] + marked[3]
-    local overdue, capped = 0, false
-    if lease_length > 0 then
-      overdue, capped = M.overdue(K, now, lease_length, done + done_old > 0)
-    end
-    local in_flight = math.max(0, length - pending - acked - deferred - overdue)
-    -- The push log holds cumulative push counts, newest first: the oldest pending job was
-    -- pushed in the oldest checkpoint whose count exceeds what was taken. Binary search.
-    local oldest = -1
-    local lo, hi = 0, M.read('LLEN', K.pushlog) - 1
-    local found = nil
-    while pending > 0 and lo <= hi do
-      local mid = math.floor((lo + hi) / 2)
-      local pushed, at = string.match(rcall('LINDEX', K.pushlog, mid) or '', '^(%d+):(%d+)$')
-      if pushed and tonumber(pushed) > meta.taken then
-        found, lo = tonumber(at), mid + 1
-      else
-        hi = mid - 1
-      end
-    end
-    if found then oldest = math.max(0, now - found) end
-    return {
-      'length', length, 'pending', pending, 'in_flight', in_flight, 'done', acked,
-      'deferred', deferred, 'dead', M.read('LLEN', K.dead), 'oldest_pending_age_ms', oldest,
-      'overdue', overdue, 'overdue_capped', capped and 1 or 0,
-    }
-  end
-
-  -- Leased jobs whose deadline has passed and that no consumer has reclaimed yet (nor acked,
-  -- given back or extended), counted from the lease list's tail, where the earliest deadlines
-  -- are, up to its first young lease: an expired lease waits there for the next claim. Reads at
-  -- most LIMIT.overdue_look elements (a few at first: the tail is young in a healthy queue),
-  -- LIMIT.batch_bytes of them and LIMIT.count tokens; `capped` when it stopped for these bounds
-  -- (the count is then a lower bound). A lease behind a young one (a shorter LEASE_MS after a
-  -- longer) is not counted, as the walk does not reach it yet either.
-  function M.overdue(K, now, length, any_done)
-    local names, owner, batches = {}, {}, {} -- tokens to look up, then batch names
-    local seen, bytes, want, young, capped = 0, 0, 1, false, false
-    while not young and not capped and seen < math.min(length, LIMIT.overdue_look) do
-      want = math.min(want, LIMIT.overdue_look - seen)
-      local slice = rcall('LRANGE', K.leases, -(seen + want), -(seen + 1))
-      for i = #slice, 1, -1 do
+    -- Looks up, for a slice of ring elements, where their ack and mark live. Fills, per index:
+    -- done_in[i] = key of the done set holding it; mark[i] = mark value; mark_in[i] = its key;
+    -- packed[i] = the batch name of a packed element (whose mark is its batch's: a batch ack wins
+    -- over a touch, whichever generation holds them). One command per structure for the whole
+    -- slice, whatever its size.
+    function M.look_up(slice, sides, stamped, done_in, mark, mark_in, packed)
+      local find, byte, BYTE_STAR, BYTE_A = string.find, string.byte, BYTE_STAR, BYTE_A
+      local names, at = {}, {} -- tokens first (n of them), then batch names
+      local n = 0
+      local batches = {}
+      for i = 1, #slice do
         local element = slice[i]
-        local star = string.find(element, '*', 2, true)
-        local batch = star and string.byte(element) == BYTE_STAR
-          and string.sub(element, 1, star - 1)
-        local deadline = star and M.own_deadline(element, batch or nil)
-        if deadline and deadline > now then
-          young = true
-          break
-        end
-        local ids = {}
-        if deadline and batch then
-          M.split_ids(element, #batch + 2, ids)
-        end
-        if bytes + #element > LIMIT.batch_bytes or #names + #ids + 1 > LIMIT.count then
-          capped = true
-          break
-        end
-        seen, bytes = seen + 1, bytes + #element
-        if deadline and batch then
-          batches[#batches + 1] = batch
-          for k = 1, #ids do
-            names[#names + 1], owner[#names + 1] = ids[k] .. batch .. PAD[k], batch
+        -- A "*" after the first byte: a lease, a packed batch, or a corrupt element.
+        local star = find(element, '*', 2, true)
+        if star then
+          if byte(element) == BYTE_STAR then
+            local batch = string.sub(element, 1, star - 1)
+            packed[i] = batch
+            batches[#batches + 1] = i
+          else
+            n = n + 1
+            names[n], at[n] = element, i
+            stamped[i] = true
           end
-        elseif deadline then
-          names[#names + 1] = element
-        end
-      end
-      want = want * 4
-    end
-    if not young and not capped and seen < length then capped = true end
-    local n = #names
-    if n == 0 then return 0, capped end
-    local gone = {} -- acked, given back, or extended past now
-    if any_done then
-      for _, key in ipairs({ K.done, K.done_old }) do
-        local flags = rcall('SMISMEMBER', key, unpack(names))
-        for j = 1, n do
-          if flags[j] == 1 then gone[j] = true end
-        end
-      end
-    end
-    for j = 1, #batches do names[n + j] = batches[j] end
-    local acked_whole = {}
-    for _, key in ipairs({ K.marks, K.marks_old }) do
-      local marks = rcall('HMGET', key, unpack(names))
-      for j = 1, n do
-        local m = marks[j]
-        if m and (string.byte(m) == BYTE_N or string.byte(m) == BYTE_F
-            or ((string.byte(m) == BYTE_E or string.byte(m) == BYTE_W)
-              and (tonumber(string.sub(m, 2)) or 0) > now)) then
-          gone[j] = true
         end
       end
       for j = 1, #batches do
-        local m = marks[n + j]
-        if m and string.byte(m) == BYTE_A then acked_whole[batches[j]] = true end
+        names[n + j], at[n + j] = packed[batches[j]], batches[j]
       end
-    end
-    local overdue = 0
-    for j = 1, n do
-      if not gone[j] and not (owner[j] and acked_whole[owner[j]]) then overdue = overdue + 1 end
-    end
-    return overdue, capped
-  end
-
-  function M.peek()
-    local count = M.int_arg(2, 'COUNT', 1, LIMIT.count)
-    local sides = M.read_sides()
-    local rows = M.ring_rows(M.read('LRANGE', K.ring, -count, -1), sides, count)
-    local room = count - #rows / 3
-    if room > 0 then
-      local leases = M.ring_rows(M.read('LRANGE', K.leases, -room, -1), sides, room)
-      for i = 1, #leases do rows[#rows + 1] = leases[i] end
-    end
-    for i = #rows, count * 3 + 1, -1 do rows[i] = nil end
-    return rows
-  end
-
-  -- The elements START..STOP-1 counted from the ring's tail on into the lease list's (0: the
-  -- next to be visited), as peek shows them: read page by page, both lists in bounded calls.
-  function M.scan()
-    local start = M.int_arg(2, 'START', 0, LIMIT.no_bound)
-    local stop = M.int_arg(3, 'STOP', 0, LIMIT.no_bound)
-    local count = M.int_arg(4, 'COUNT', 1, LIMIT.count)
-    local ring_length = M.read('LLEN', K.ring)
-    local length = ring_length + M.read('LLEN', K.leases)
-    local sides = M.read_sides()
-    local meta = M.read_meta(K)
-    stop = math.min(stop, length)
-    -- At most COUNT elements, and fewer where packed batches bring the rows past COUNT (a
-    -- first element alone gives all its rows: a batch holds at most LIMIT.count jobs).
-    local rows, at = {}, start
-    while at < stop and #rows < count * 3 do
-      local key, from, ends = K.ring, at, ring_length
-      if at >= ring_length then key, from, ends = K.leases, at - ring_length, length end
-      local want = math.min(math.min(stop, ends) - at, count - #rows / 3)
-      local slice = rcall('LRANGE', key, -(from + want), -(from + 1))
-      local page = M.ring_rows(slice, sides, nil, count * 3 - #rows)
-      for i = 1, #page do rows[#rows + 1] = page[i] end
-      at = at + (page.elements or #slice)
-      if page.elements and page.elements < #slice then break end
-    end
-    local reply = { math.max(at, start), length, meta.seq, meta.pushed }
-    for i = 1, #rows do reply[#reply + 1] = rows[i] end
-    return reply
-  end
-
-  -- Rows {element, state, time, ...} for a slice of the ring (tail last), tail first. A packed
-  -- batch shows as the leases it stands for, first job first. With `count`, stops at count
-  -- rows; with `room`, stops before an element whose rows would not fit in `room` reply
-  -- entries (the first always fits), and says in rows.elements how many elements it showed.
-  function M.ring_rows(slice, sides, count, room)
-    local mark, packed = {}, {}
-    M.look_up(slice, sides, {}, {}, mark, {}, packed)
-    local rows, batch_acked = {}, {}
-    local elements = 0
-    for i = #slice, 1, -1 do
-      local element, batch = slice[i], packed[i]
-      local before = #rows
-      if batch and string.find(batch, '^%*%d+%.1%.%d+$') then
-        local ids = M.split_ids(element, #batch + 2)
-        for k = 1, #ids do
-          rows[#rows + 1] = ids[k] .. batch .. PAD[k]
-          batch_acked[#rows] = mark[i] and string.byte(mark[i]) == BYTE_A
-        end
-      else
-        rows[#rows + 1] = element
-      end
-      if room and elements > 0 and #rows * 3 > room then
-        for j = #rows, before + 1, -1 do rows[j] = nil end
-        break
-      end
-      elements = elements + 1
-      if count and #rows >= count then break end
-    end
-    local done_in = {}
-    mark = {}
-    M.look_up(rows, sides, {}, done_in, mark, {}, {})
-    local reply = { elements = elements }
-    for i = 1, #rows do
-      local element = rows[i]
-      local state, at = 'pending', 0
-      if element == SENTINEL then
-        state = 'lap'
-      elseif string.find(element, '*', 1, true) or not M.valid_id(element) then
-        local id, deadline = M.parse_token(element)
-        local when = mark[i] and tonumber(string.match(mark[i], '^[enw](%d+)$'))
-        if not id then
-          state = 'corrupt'
-        elseif done_in[i] or batch_acked[i] then
-          state = 'done'
-        elseif when and string.sub(mark[i], 1, 1) == 'n' then
-          state, at = 'deferred', when
-        elseif mark[i] and string.byte(mark[i]) == BYTE_F then
-          state = 'buried'
-        else
-          state, at = 'leased', when or deadline
+      if #names == 0 then return end
+      for _, key in ipairs({ K.done, K.done_old }) do
+        if n > 0 and sides[key] > 0 then
+          local flags = rcall('SMISMEMBER', key, unpack(names, 1, n))
+          for j = 1, #flags do
+            if flags[j] == 1 and not done_in[at[j]] then done_in[at[j]] = key end
+          end
         end
       end
-      reply[#reply + 1] = element
-      reply[#reply + 1] = state
-      reply[#reply + 1] = at
-    end
-    return reply
-  end
-
-  function M.dead()
-    local start = M.int_arg(2, 'START', 0, LIMIT.no_bound)
-    local count = M.int_arg(3, 'COUNT', 1, LIMIT.count)
-    return M.read('LRANGE', K.dead, start, start + count - 1)
-  end
-
-  function M.requeue_dead()
-    return (M.requeue_letters(0, 2))
-  end
-
-  function M.requeue_dead_from()
-    local start = M.int_arg(2, 'START', 0, LIMIT.no_bound)
-    local requeued, following = M.requeue_letters(start, 3)
-    return { requeued, following }
-  end
-
-  -- requeue_dead's work on the dead letters from index START on, COUNT at A[at] and the ids
-  -- after it: examines at most LIMIT.dead_scan letters, so a call stays short however many
-  -- there are. Returns how many were requeued, and where to go on (-1: the list's end).
-  function M.requeue_letters(start, at)
-    local count = M.int_arg(at, 'COUNT', 1, LIMIT.batch)
-    M.check_ids(at + 1)
-    local wanted = nil
-    if #A > at then
-      wanted = {}
-      for i = at + 1, #A do wanted[A[i]] = true end
-    end
-    local dead_length = M.read('LLEN', K.dead)
-    local letters = M.read('LRANGE', K.dead, start, start + LIMIT.dead_scan - 1)
-    local length = M.read('LLEN', K.ring)
-    local meta = M.read_meta(K)
-    local head = M.read_push_keys(K)
-    local ids, places = {}, {}
-    for i = 1, #letters do
-      local id = #ids < count and M.dead_letter_id(letters[i])
-      if id and (not wanted or wanted[id]) then
-        ids[#ids + 1], places[#places + 1] = id, start + i - 1
-      end
-    end
-    local examined = #ids < count and #letters or places[#places] - start + 1
-    local following = start + examined - #ids
-    if start + examined >= dead_length then following = -1 end
-    if #ids == 0 then return 0, following end
-    -- The requeued letters leave the list where they are: marked, then removed by LREM, which
-    -- walks the list only as far as the last of them.
-    local tomb = '*requeued*' .. M.now_ms()
-    for i = 1, #places do rcall('LSET', K.dead, places[i], tomb) end
-    rcall('LREM', K.dead, #places, tomb)
-    local requeued = #ids
-    -- (a letter whose id the queue holds again goes all the same: that job will run)
-    if meta.tracked then ids = M.admit(ids, 'p') end
-    if #ids > 0 then
-      M.ensure_ring(K, length)
-      M.call_all('LPUSH', K.ring, ids)
-      M.record_push(K, meta, #ids, M.now_ms(), head)
-    end
-    return requeued, following
-  end
-
-  function M.dead_letter_id(letter)
-    local element = string.match(letter, '^[^*]*%*%d+%*%d+%*(.*)$')
-    if not element then return nil end
-    local star = string.find(element, '*', 1, true)
-    local id = star and string.sub(element, 1, star - 1) or element
-    return M.valid_id(id) and id or nil
-  end
-
-  -- SCHEDULES: recurring jobs (see the header's SCHEDULES). A schedule is the meta field
-  -- "schedule:<name>" = "<job_id>*<last tick ms>*<every ms>*<due,due,...>*<spec>" (neither a
-  -- name nor a job id holds "*"; the spec, last, may), and while it has a next tick, the
-  -- member "*<name>" of K.scheduled scored by it. meta `schedules` counts the schedules,
-  -- `ticking` the members.
-  function M.schedule_field(name)
-    return 'schedule:' .. name
-  end
-
-  function M.parse_schedule(text)
-    local job_id, last, every, dues, spec =
-      string.match(text or '', '^([^*]+)%*(%d+)%*(%d+)%*([%d,]*)%*(.*)$')
-    if not job_id then return nil end
-    local list = {}
-    for due in string.gmatch(dues, '%d+') do list[#list + 1] = tonumber(due) end
-    return { job_id = job_id, last = tonumber(last), every = tonumber(every), dues = list,
-      spec = spec }
-  end
-
-  function M.format_schedule(d)
-    return d.job_id .. '*' .. d.last .. '*' .. d.every .. '*' .. table.concat(d.dues, ',') ..
-      '*' .. d.spec
-  end
-
-  -- The schedule NAME's next tick after `after` (ms): for an interval, the first of
-  -- due + k * every beyond it; for due times, the first given beyond it (dropping those
-  -- passed), nil when none is left.
-  function M.next_tick(d, due, after)
-    if d.every > 0 then
-      return due + d.every * (math.floor((after - due) / d.every) + 1)
-    end
-    local left = {}
-    for i = 1, #d.dues do
-      if d.dues[i] > after then left[#left + 1] = d.dues[i] end
-    end
-    d.dues = left
-    return left[1]
-  end
-
-  -- Ticks of the schedules whose members promote found due ({name, due} pairs, names without
-  -- their "*"): each pushes one job "<job_id>@<due ms>" (its id names the schedule's job and
-  -- the tick) and moves the member to the next tick after now, so ticks missed while nothing
-  -- ran make one job (a catch-up), not one each. Returns the ids to push.
-  function M.tick(due_schedules, now)
-    local ids, ticking = {}, 0
-    for i = 1, #due_schedules, 2 do
-      local name, due = due_schedules[i], due_schedules[i + 1]
-      local field = M.schedule_field(name)
-      local d = M.parse_schedule(rcall('HGET', K.meta, field))
-      if d then
-        ids[#ids + 1] = d.job_id .. '@' .. due
-        d.last = due
-        local next_due = M.next_tick(d, due, now)
-        rcall('HSET', K.meta, field, M.format_schedule(d))
-        if next_due then
-          rcall('ZADD', K.scheduled, next_due, '*' .. name)
-        else
-          ticking = ticking - 1 -- due times ran out: idle until given more
-        end
-      else
-        ticking = ticking - 1 -- (a member left without its schedule: written by hand)
-      end
-    end
-    if ticking ~= 0 then rcall('HINCRBY', K.meta, 'ticking', ticking) end
-    return ids
-  end
-
-  function M.schedule()
-    local mode = A[2]
-    if mode ~= 'SET' and mode ~= 'FILL' then
-      M.refuse('ROTATOR_BADARG', 'expected SET or FILL, got ' .. M.printable(mode))
-    end
-    local name, job_id, spec = A[3] or '', A[4] or '', A[6] or ''
-    if #name > LIMIT.schedule_name or not string.find(name, '^[%w%._:@/%-]+$') then
-      M.refuse('ROTATOR_BADARG', 'schedule name must be 1..' .. LIMIT.schedule_name ..
-        ' of A-Z a-z 0-9 . _ : @ / -, got ' .. M.printable(name))
-    end
-    if not M.valid_id(job_id) or #job_id > LIMIT.id_bytes - LIMIT.int_digits - 1 then
-      M.refuse('ROTATOR_BADID', 'a schedule\'s job id must be 1..' ..
-        (LIMIT.id_bytes - LIMIT.int_digits - 1) .. ' bytes without "*", got ' ..
-        M.printable(job_id))
-    end
-    local every = M.int_arg(5, 'EVERY_MS', 0, LIMIT.schedule_ms)
-    if #spec > LIMIT.spec_bytes then
-      M.refuse('ROTATOR_BADARG', 'SPEC must be at most ' .. LIMIT.spec_bytes .. ' bytes')
-    end
-    local count = #A - 6 -- (SPEC is not optional: -1 without it)
-    if count < 0 or (every > 0) ~= (count == 0) or count > LIMIT.schedule_dues then
-      M.refuse('ROTATOR_BADARG', 'EVERY_MS > 0 takes no DUE; EVERY_MS 0 takes 1..' ..
-        LIMIT.schedule_dues .. ' DUEs, got ' .. count)
-    end
-    local now = M.now_ms()
-    local dues = {}
-    for i = 7, #A do
-      dues[#dues + 1] = M.int_arg(i, 'DUE', 0, now + LIMIT.schedule_ms)
-      if #dues > 1 and dues[#dues] <= dues[#dues - 1] then
-        M.refuse('ROTATOR_BADARG', 'DUEs must be ascending')
-      end
-    end
-    local field = M.schedule_field(name)
-    local m = M.read('HMGET', K.meta, field, 'schedules', 'smin')
-    M.read('ZCARD', K.scheduled)
-    M.read('LLEN', K.wake)
-    local old = M.parse_schedule(m[1])
-    local same = old and old.job_id == job_id and old.every == every and old.spec == spec
-    if mode == 'FILL' and not same then return 0 end
-    if not old and tonumber(m[2] or 0) >= LIMIT.schedules then
-      M.refuse('ROTATOR_TOOMANY', 'at most ' .. LIMIT.schedules .. ' schedules per queue')
-    end
-    local member = '*' .. name
-    local current = tonumber(rcall('ZSCORE', K.scheduled, member))
-    local d = { job_id = job_id, last = old and old.last or 0, every = every, dues = dues,
-      spec = spec }
-    local next_due = current
-    if not same or not current then
-      next_due = every > 0 and now + every or nil
-    end
-    if every == 0 then next_due = M.next_tick(d, 0, d.last) end
-    rcall('HSET', K.meta, field, M.format_schedule(d))
-    if not old then rcall('HINCRBY', K.meta, 'schedules', 1) end
-    if next_due then
-      rcall('ZADD', K.scheduled, next_due, member)
-      local smin = tonumber(m[3])
-      if not smin or next_due < smin then
-        rcall('HSET', K.meta, 'smin', next_due)
-        M.wake_one()
-      end
-    elseif current then
-      rcall('ZREM', K.scheduled, member)
-    end
-    local ticking = (next_due and 1 or 0) - (current and 1 or 0)
-    if ticking ~= 0 then rcall('HINCRBY', K.meta, 'ticking', ticking) end
-    return same and 0 or 1
-  end
-
-  function M.unschedule()
-    local name = A[2] or ''
-    local field = M.schedule_field(name)
-    local m = M.read('HMGET', K.meta, field)
-    M.read('ZCARD', K.scheduled)
-    if not m[1] then return 0 end
-    rcall('HDEL', K.meta, field)
-    rcall('HINCRBY', K.meta, 'schedules', -1)
-    if rcall('ZREM', K.scheduled, '*' .. name) == 1 then
-      rcall('HINCRBY', K.meta, 'ticking', -1)
-    end
-    return 1
-  end
-
-  function M.schedules()
-    local all = M.read('HGETALL', K.meta)
-    M.read('ZCARD', K.scheduled)
-    local names, defs = {}, {}
-    for i = 1, #all, 2 do
-      local name = string.match(all[i], '^schedule:(.+)$')
-      if name then
-        names[#names + 1], defs[name] = name, M.parse_schedule(all[i + 1])
-      end
-    end
-    table.sort(names)
-    local reply = {}
-    for _, name in ipairs(names) do
-      local d = defs[name]
-      if d then
-        local next_due = rcall('ZSCORE', K.scheduled, '*' .. name)
-        local row = { name, d.job_id, d.every, d.spec, tonumber(next_due) or -1, d.last, #d.dues,
-          d.dues[#d.dues] or -1 }
-        for k = 1, #row do reply[#reply + 1] = row[k] end
-      end
-    end
-    return reply
-  end
-end
-
--- 11. PAYLOADS AND ITEM STATS ---------------------------------------------------------------------
-
--- The payload, item-stats and topic commands (this section and the next): defined on their
--- first use (see ON_FIRST_USE), so an EVAL call of a core command does not pay for creating
--- their functions (a library defines them once).
-function M.define_extensions()
-  -- pushp nextp ackp keep payloads in the fourteenth key; pushi nackp items keep per-item stats
-  -- in the fifteenth, which pushp nextp ackp also keep when given it.
-
-  -- A payload call's acks name their batches (NAMED) and drop what they complete (FRESH_ACKS):
-  -- what check_tokens, ack_tokens and the short way of next call for them.
-
-  -- Each named batch ack of A[first..] (`named`: argument -> the ids it names, all checked)
-  -- becomes its batch ack, what it named kept in NAMED; a call naming more than LIMIT.batch
-  -- jobs, tokens and ids together, is refused (their payloads are looked up in one call).
-  function M.take_names(first, named)
-    local jobs = #A - first + 1
-    for _, ids in pairs(named) do jobs = jobs + #ids - 1 end
-    if jobs > LIMIT.batch then
-      M.refuse('ROTATOR_TOOMANY', 'at most ' .. LIMIT.batch .. ' jobs named per call, got ' .. jobs)
-    end
-    NAMED = {}
-    for i = first, #A do
-      local ids = named[i]
-      if ids then
-        local ack = string.sub(A[i], 1, string.find(A[i], '*', 2, true) - 1) .. '/' .. #ids
-        NAMED[ack] = { element = A[i], ids = ids }
-        A[i] = ack
-      end
-    end
-  end
-
-  -- The ids of a named batch ack "*<deadline>.1.<call seq>*<id>*<id>..." (`star`: its second
-  -- "*"), nil when it is not one: a batch name, then 1..LIMIT.count valid ids whose bytes stay
-  -- within what one call's batch may hold.
-  function M.name_batch(token, star)
-    local find = string.find
-    if not star or star - 1 > LIMIT.stamp_bytes or not find(token, '^%*%d+%.1%.%d+%*')
-        or #token - star > LIMIT.batch_bytes + LIMIT.id_bytes + LIMIT.count
-        or find(token, '**', star, true) or string.byte(token, -1) == BYTE_STAR then
-      return nil -- (or an empty id: "**", or an ending "*")
-    end
-    local ids = M.split_ids(token, star + 1)
-    if #ids > LIMIT.count then return nil end
-    for i = 1, #ids do
-      if #ids[i] > LIMIT.id_bytes then return nil end
-    end
-    return ids
-  end
-
-  -- The named batch acks (see NAMED) not refused yet: refused unless their packed element is
-  -- in the lease list as named, near one of its ends (LIMIT.named_look elements), so the ids
-  -- are the batch's own; the ids of those not acked whole before (no "a" mark) go to
-  -- DROPPED. A batch acked and removed before is not found: its ack is refused, and the client
-  -- acks token by token (which not_acked_yet then knows, from the call's memory of it).
-  function M.check_named(first, refused, sides)
-    local batches, acks, seen = {}, {}, {}
-    for i = first, #A do
-      local ack = A[i]
-      local named = NAMED[ack]
-      if named and not refused[ack] and not seen[ack] then
-        seen[ack] = true
-        if not M.near_an_end(named.element) then
-          refused[ack] = true
-        else
-          batches[#batches + 1], acks[#batches + 1] = M.split_batch_ack(ack), ack
-        end
-      end
-    end
-    local before = {}
-    for _, key in ipairs({ K.marks, K.marks_old }) do
-      if #batches > 0 and (sides[key] or 0) > 0 then
-        local marks = M.hmget_all(key, batches)
-        for i = 1, #batches do
-          if marks[i] and string.byte(marks[i]) == BYTE_A then before[i] = true end
-        end
-      end
-    end
-    for i = 1, #batches do
-      if not before[i] then M.drop_named(batches[i], NAMED[acks[i]].ids) end
-    end
-  end
-
-  -- Whether a packed element is in the lease list near one of its ends (LIMIT.named_look
-  -- elements), where a named batch ack looks for it: compared by the server, not read.
-  function M.near_an_end(element)
-    return rcall('LPOS', K.leases, element, 'MAXLEN', LIMIT.named_look)
-      or rcall('LPOS', K.leases, element, 'RANK', -1, 'MAXLEN', LIMIT.named_look)
-  end
-
-  -- Of `tokens`, those in neither done set, nor of a batch acked whole (an "a" mark: a named
-  -- batch ack took its payloads, and a client whose other batch ack was refused sends the
-  -- tokens of both), nor remembered with their batch as dropped (M.remember_dropped: acked,
-  -- and their lease removed since): acked now for the first time.
-  function M.not_acked_yet(tokens, sides)
-    local fresh, seen = {}, {}
-    for _, key in ipairs({ K.done, K.done_old }) do
-      if #tokens > 0 and (sides[key] or 1) > 0 then -- (size unknown: look)
-        local flags = rcall('SMISMEMBER', key, unpack(tokens))
-        for i = 1, #flags do
-          if flags[i] == 1 then seen[tokens[i]] = true end
-        end
-      end
-    end
-    local batches, of = {}, {}
-    for i = 1, #tokens do
-      local batch = M.batch_of(tokens[i])
-      if batch and not of[batch] then batches[#batches + 1], of[batch] = batch, {} end
-      if batch then table.insert(of[batch], tokens[i]) end
-    end
-    for _, key in ipairs({ K.marks, K.marks_old }) do
-      if #batches > 0 and (sides[key] or 1) > 0 then
-        local marks = M.hmget_all(key, batches)
-        for j = 1, #batches do
-          if marks[j] and string.byte(marks[j]) == BYTE_A then
-            for _, token in ipairs(of[batches[j]]) do seen[token] = true end
+      for _, key in ipairs({ K.marks, K.marks_old }) do
+        if sides[key] > 0 then
+          local values = rcall('HMGET', key, unpack(names))
+          for j = 1, #names do
+            local i, value = at[j], values[j]
+            if value and not done_in[i] and (not mark[i]
+                or (j > n and byte(value) == BYTE_A and byte(mark[i]) ~= BYTE_A)) then
+              mark[i] = value
+              mark_in[i] = key
+            end
           end
         end
       end
     end
-    if #tokens > 0 and (sides.revoked or 1) > 0 then
-      local names, of = {}, {}
-      for i = 1, #tokens do
-        local token = tokens[i]
-        if not seen[token] then
-          names[#names + 1], of[#names + 1] = token .. DROPPED_MARK, token
-          local batch = M.batch_of(token)
-          if batch then names[#names + 1], of[#names + 1] = batch .. DROPPED_MARK, token end
+
+    -- A leased element that is not acked: keep it, or lease it again once it is due.
+    function M.visit_lease(s, element, m, m_key)
+      local kind = m and string.sub(m, 1, 1)
+      local id, deadline, n = M.parse_token(element)
+      local when = m and tonumber(string.match(m, '^[enw](%d+)$'))
+      if not id then
+        M.unmark(s, m_key, element, m)
+        M.dead_letter(s, 'corrupt', 0, element)
+        return
+      end
+      local stamp = s.tracked and string.sub(element, #id + 2)
+      if stamp and M.take_stale(s, id, stamp) then -- cancelled (see IDS)
+        M.unmark(s, m_key, element, m)
+        return
+      end
+      if kind == 'f' then -- buried: to the dead letters now, with its error (revoked by bury)
+        M.unmark(s, m_key, element, m)
+        M.dead_letter(s, 'failed', n, id .. '*' .. string.sub(m, 2))
+        if stamp then M.forget_id(s, id, stamp) end
+        return
+      end
+      if when and (kind == 'e' or kind == 'w') then deadline = when end
+      local due = (when and kind == 'n') and when or deadline
+      if due > s.now or s.sweeping or s.leased >= s.count
+          or (kind ~= 'n' and #s.revoke >= LIMIT.revokes) then
+        -- A lease extended beyond a lease made now (this call's deadline) would hold up the
+        -- lease list behind it: it waits in the ring instead, as a nacked job does, visited once
+        -- a lap, until it is near enough to go to the lease list in its order (see keep).
+        local waits = kind == 'n'
+          or ((kind == 'e' or kind == 'w') and not s.sweeping and due > s.deadline)
+        M.keep(s, element, due, m, m_key, waits)
+      else
+        -- (a deferred job's copy was never handed out: its token needs no fencing)
+        if kind ~= 'n' then s.revoke[#s.revoke + 1] = element end
+        M.lease_again(s, id, n, element, (kind == 'n') and 0 or 1, m, m_key)
+      end
+    end
+
+    -- A packed batch "*<deadline>.1.<call seq>*<id>*<id>...": the first deliveries one call
+    -- leased, job k's token being <id k> .. batch .. PAD[k]. Acked as a whole, it leaves the ring;
+    -- young and untouched, it stays as it is (one visit for the whole batch); touched (one of
+    -- its jobs acked, nacked or extended on its own) or expired, it is broken up into the
+    -- elements it stands for, which are visited in its place.
+    function M.visit_packed(s, element, batch, m, m_key)
+      -- Well formed: a batch name, then at least one id (a byte other than "*").
+      local due = M.own_deadline(element, batch)
+      if not due then
+        M.unmark(s, m_key, batch, m)
+        M.dead_letter(s, 'corrupt', 0, element)
+        return
+      end
+      if not m and (due > s.now or s.sweeping) then
+        -- Young and untouched, the common case: kept without reading its ids (O(1) per lap).
+        M.keep(s, element, due)
+        return
+      end
+      -- A batch ack names its batch's size: one naming another size (a hand-written ack) acks
+      -- nothing, and counts as a touch. (Counted only for a batch ack: a break-up splits them.)
+      local jobs = m and string.byte(m) == BYTE_A and M.count_ids(element, #batch + 2)
+      if jobs and tonumber(string.sub(m, 2)) == jobs then
+        M.unmark(s, m_key, batch, m)
+        s.live = s.live - 1
+        s.packed = s.packed - (jobs - 1)
+        s.completed = s.completed + jobs
+        if s.tracked then
+          local ids = M.split_ids(element, #batch + 2)
+          for k = 1, #ids do M.forget_id(s, ids[k], string.sub(batch, 2) .. PAD[k]) end
         end
+        return
       end
-      local scores = M.zmscore_all(K.revoked, names)
-      for i = 1, #names do
-        if scores[i] then seen[of[i]] = true end
+      local ids = M.split_ids(element, #batch + 2)
+      if not m and not s.sweeping and s.count - s.leased >= #ids then
+        -- Expired and never touched: none of its jobs was acked, given back or extended on its
+        -- own (each would have touched it), so every one is leased again, and one revocation
+        -- fences all their tokens (refused_among), as a crashed worker's batch needs.
+        s.revoke[#s.revoke + 1] = batch .. '*'
+        s.live = s.live + #ids - 1
+        s.packed = s.packed - (#ids - 1)
+        s.expanded = s.expanded + #ids
+        for k = 1, #ids do M.lease_again(s, ids[k], 1, ids[k] .. batch .. PAD[k], 1) end
+        return
       end
-    end
-    for i = 1, #tokens do
-      if not seen[tokens[i]] then fresh[#fresh + 1] = tokens[i] end
-    end
-    return fresh
-  end
-
-  -- Remembers the acks whose payloads this call dropped (`tokens`, and `batches` acked whole by
-  -- name) in K.revoked as "<name>+", which names no ack, so refused_among never meets one: an
-  -- ack sent again (its reply lost, the call retried) after the walk removed its lease would
-  -- otherwise be taken for a first one, and drop the payload of a copy of its id queued since.
-  -- They are kept for the fence window, at most LIMIT.drop_memory_ms: scored that much before
-  -- a refusal made now, so the fence's own trim (trim_revoked) drops them in time. `call`:
-  -- what the call read, {fence = its fence_ms and fence_max, now = ms, revoked = the set's size}.
-  function M.remember_dropped(tokens, batches, call)
-    local n = #tokens + #batches
-    if n == 0 then return end
-    local fence, now = call.fence, call.now
-    local score = now - fence.fence_ms + math.min(fence.fence_ms, LIMIT.drop_memory_ms)
-    local args = {}
-    for _, names in ipairs({ tokens, batches }) do
-      for i = 1, #names do
-        args[#args + 1], args[#args + 2] = score, names[i] .. DROPPED_MARK
-      end
-    end
-    M.call_all('ZADD', K.revoked, args)
-    -- (a claim trimmed already, LIMIT.trim_step at least: more than most calls add)
-    if not TRIMMED or n > LIMIT.trim_step then M.trim_revoked(fence, now, n, call.revoked + n) end
-  end
-
-  -- Ids of accepted tokens (checked tokens: each has a "*" after its id).
-  function M.token_ids(tokens)
-    local ids = {}
-    for i = 1, #tokens do
-      ids[i] = string.sub(tokens[i], 1, string.find(tokens[i], '*', 2, true) - 1)
-    end
-    return ids
-  end
-
-  -- An id pushed again while it is in the queue (a push retried after a lost reply) shares
-  -- its payload: the field "<id>*" (no id holds "*") counts the copies beyond the first, and
-  -- the payload stays until the last copy is acked. Meta `copies` counts those fields, once
-  -- a push has found the payloads hash empty (before that, on a queue of an older module or
-  -- whose meta was deleted alone, it is absent: unknown), so that an ack on a queue without
-  -- copies, the common case, need not look for each id's.
-  function M.copies_field(id)
-    return id .. '*'
-  end
-
-  -- Meta `copies` (the meta hash read, and so type-checked, before): a number, or nil when
-  -- unknown.
-  function M.copies_known()
-    return tonumber(rcall('HGET', K.meta, 'copies'))
-  end
-
-  -- Deletes the payloads (and item stats) of the jobs whose tokens were accepted as acked,
-  -- but of an id with copies still in the queue only one copy's count, and remembers the
-  -- acks that did (`call`: see M.remember_dropped).
-  function M.forget(accepted, call)
-    accepted = accepted or {}
-    local ids = DROPPED.ids -- (the batches acked by name: taken over, nothing else reads them)
-    if #accepted > 0 then
-      ids = M.token_ids(accepted)
-      for i = 1, #DROPPED.ids do ids[#ids + 1] = DROPPED.ids[i] end
-    end
-    if #ids == 0 then return end
-    M.remember_dropped(accepted, DROPPED.batches, call)
-    local known = M.copies_known()
-    -- (without copies, every id's payload goes; HDEL takes an id given twice as once)
-    local gone = known == 0 and ids or M.forget_copies(ids, known)
-    if #gone == 0 then return end
-    rcall('HDEL', K.payloads, unpack(gone))
-    if K.items then rcall('HDEL', K.items, unpack(gone)) end
-  end
-
-  -- forget's acked ids where copies may be (`known`: their fields counted, or nil): takes one
-  -- copy each from the ids that have some, and returns the ids that had none left, whose
-  -- payloads go.
-  function M.forget_copies(ids, known)
-    local fields = {}
-    for i = 1, #ids do fields[i] = M.copies_field(ids[i]) end
-    local copies = rcall('HMGET', K.payloads, unpack(fields))
-    -- An id may come more than once (two copies acked in one call): each takes one copy
-    -- from what is left, the last one the payload.
-    local left, was = {}, {}
-    for i = 1, #ids do
-      was[fields[i]] = tonumber(copies[i]) or 0
-      left[fields[i]] = was[fields[i]]
-    end
-    local gone = {}
-    for i = 1, #ids do
-      local field = fields[i]
-      if left[field] > 0 then
-        left[field] = left[field] - 1
-      elseif left[field] == 0 then
-        gone[#gone + 1], left[field] = ids[i], -1 -- (once)
-      end
-    end
-    local counts, drops = {}, {}
-    for i = 1, #ids do
-      local field, n = fields[i], was[fields[i]]
-      if n > 0 and left[field] ~= n then
-        if left[field] > 0 then
-          counts[#counts + 1], counts[#counts + 2] = field, left[field]
+      M.unmark(s, m_key, batch, m) -- the touch (or a batch ack of another size) is used up
+      s.revoke[#s.revoke + 1] = batch -- from now on its jobs are acked one by one
+      s.in_place = s.in_place or (s.leases_walk and due > s.now)
+      local tokens = {}
+      for k = 1, #ids do tokens[k] = ids[k] .. batch .. PAD[k] end
+      s.live = s.live + #ids - 1
+      s.packed = s.packed - (#ids - 1)
+      s.expanded = s.expanded + #ids
+      local stamped, done_in, marks, marks_in = {}, {}, {}, {}
+      M.look_up(tokens, s.sides, stamped, done_in, marks, marks_in, {})
+      for k = 1, #tokens do
+        if done_in[k] ~= nil then
+          M.completed(s, done_in[k], tokens[k])
         else
-          drops[#drops + 1] = field
+          M.visit_lease(s, tokens[k], marks[k], marks_in[k])
         end
-        was[field] = left[field] -- (each field written once)
+      end
+      s.in_place = s.sweeping
+    end
+
+    -- An acked lease leaves, and its token its done set (`key`; false: that generation is gone).
+    function M.completed(s, key, token)
+      if key then table.insert(s.srem[key], token) end
+      if s.tracked then
+        local star = string.find(token, '*', 2, true)
+        M.forget_id(s, string.sub(token, 1, star - 1), string.sub(token, star + 1))
+      end
+      s.live = s.live - 1
+      s.completed = s.completed + 1
+    end
+
+    -- Drops the mark `m` of `field` from the marks hash `key` (nothing when the mark has no key
+    -- left: its generation is gone), with its count.
+    function M.unmark(s, key, field, m)
+      if not key then return end
+      table.insert(s.hdel[key], field)
+      M.count_mark(s.sides, key, m, -1)
+    end
+
+    -- An element that stays as it is for now, due at `at`. A deferred job waits at the ring's
+    -- head. A lease or batch met in the lease list goes back to its tail, in its place, when it
+    -- is due but the call has no room to lease it, or when its place is kept (a sweep, a young
+    -- batch broken up); at its head when it waits longer than its place says (extended). One met
+    -- in the ring (written there before leases had their own list) moves to the lease list's
+    -- head while young, or stays in the ring. A mark it still needs moves to the current
+    -- generation.
+    function M.keep(s, element, at, m, m_key, deferred)
+      local list = s.rotated
+      if s.leases_walk and not deferred then
+        list = (at <= s.now or s.in_place) and s.back or s.to_leases
+      elseif not deferred and at > s.now then
+        list = s.to_leases
+      end
+      list[#list + 1] = element
+      if list == s.rotated then
+        if at and (not s.soonest or at < s.soonest) then s.soonest = at end
+        if s.leases_walk then s.moved = s.moved + 1 end -- a deferred job, to the ring
+      else
+        if list == s.back and at > s.now and (not s.back_young or at < s.back_young) then
+          s.back_young = at
+        end
+        if not s.pushed_min or at < s.pushed_min then s.pushed_min = at end
+        s.live = s.live - 1
+      end
+      -- An extended lease moved to the lease list's head is marked "w" (its deadline kept): there
+      -- it is in deadline order, and the walk stops at it while it is young. Marked "e" still, it
+      -- was moved again each time it came round, and with more extended leases than a call's
+      -- budget (a heartbeat extends every held job) every claim spent its budget moving them, and
+      -- the ring's pending jobs waited. A later extend marks it "e" again: one move per extend.
+      local kept = m
+      if m and list == s.to_leases and string.byte(m) == BYTE_E then
+        kept = 'w' .. string.sub(m, 2)
+      end
+      if m and (m_key ~= K.marks or kept ~= m) then
+        s.keep_marks[#s.keep_marks + 1] = element
+        s.keep_marks[#s.keep_marks + 1] = kept
+        if m_key ~= K.marks then
+          M.count_mark(s.sides, K.marks, kept, 1)
+          M.unmark(s, m_key, element, m)
+        end
       end
     end
-    if #counts > 0 then rcall('HSET', K.payloads, unpack(counts)) end
-    if #drops > 0 then
-      rcall('HDEL', K.payloads, unpack(drops))
-      if known then rcall('HSET', K.meta, 'copies', math.max(known - #drops, 0)) end
-    end
-    return gone
-  end
 
-  -- Counts the copies of ids pushed while a payload of theirs is stored (see copies_field);
-  -- `stored`: how many fields the payloads hash held before this push.
-  function M.count_copies(ids, stored)
-    local known = M.copies_known()
-    local starts = not known and stored == 0 -- (an empty hash: no copies, counted from now)
-    if starts then known = 0 end
-    local had = rcall('HMGET', K.payloads, unpack(ids))
-    local seen, made = {}, 0
-    for i = 1, #ids do
-      local id = ids[i]
-      if had[i] or seen[id] then
-        if rcall('HINCRBY', K.payloads, M.copies_field(id), 1) == 1 then made = made + 1 end
+    -- Hands out a new delivery of `id` (delivered `n` times so far) in place of `old_token`,
+    -- or dead-letters it when it has had its deliveries. The caller fences `old_token` (nil for a
+    -- job of a batch that expired whole: it has no mark, and a count of 1 is never corrupt).
+    function M.lease_again(s, id, n, old_token, reclaimed, mark, mark_key)
+      M.unmark(s, mark_key, old_token, mark)
+      if n >= LIMIT.stamped_deliveries then
+        -- No delivery reaches this count (MAX_DELIVERIES <= LIMIT.max_deliveries): someone wrote
+        -- it by hand, and the next count would not fit the grammar.
+        M.dead_letter(s, 'corrupt', 0, old_token)
+        return
       end
-      seen[id] = true
+      if s.max_deliveries > 0 and n >= s.max_deliveries then
+        s.letters[#s.letters + 1] = 'max_deliveries*' .. n .. '*' .. s.now .. '*' .. id
+        s.live = s.live - 1
+        if old_token then M.forget_id(s, id, string.sub(old_token, #id + 2)) end
+        return
+      end
+      -- Numbered apart from the batch, and counted at least 2 (a hand-written lease may say 0):
+      -- a later delivery's token never equals a first one's, nor names this call's batch.
+      s.released = s.released + 1
+      local token = id .. '*' .. s.deadline .. '.' .. (math.max(n, 1) + 1) .. '.' .. s.seq_base
+        .. PAD[s.released]
+      s.to_leases[#s.to_leases + 1] = token
+      M.note_id(s, id, string.sub(token, #id + 2))
+      s.live = s.live - 1
+      s.reply[#s.reply + 1] = token
+      s.reply[#s.reply + 1] = reclaimed
+      s.leased = s.leased + 1
+      s.redelivered = s.redelivered + 1
+      s.reclaimed = s.reclaimed + reclaimed
     end
-    if known and (made > 0 or starts) then rcall('HSET', K.meta, 'copies', known + made) end
+
+    function M.dead_letter(s, reason, n, element)
+      s.letters[#s.letters + 1] = reason .. '*' .. n .. '*' .. s.now .. '*' .. element
+      s.live = s.live - 1
+    end
+
+    -- The sentinel's visit ends a lap of the ring. Look-ups already made for slice[1..from] live
+    -- one generation older if the acks and marks age here (see M.may_age).
+    function M.end_lap(s, from, done_in, mark_in)
+      s.rpasses = s.rpasses + 1
+      if M.may_age(s) then
+        M.age(s)
+        s.rpasses, s.lpasses = 0, -1
+        local older = { [K.done] = K.done_old, [K.marks] = K.marks_old }
+        for i = from, 1, -1 do
+          if done_in[i] then done_in[i] = older[done_in[i]] or false end
+          if mark_in[i] then mark_in[i] = older[mark_in[i]] or false end
+        end
+      end
+      s.rotated[#s.rotated + 1] = SENTINEL
+      s.lapnext, s.lapguess = s.seq + s.visited + s.live, false
+    end
+
+    -- Whether the acks and marks may age (the current generation becoming the old one, the old
+    -- one going). Whatever the old generation holds was written before the last ageing; once both
+    -- lists have been walked whole since (a pass of each that began after it), every element it
+    -- could concern has been visited and has taken what it needed: what is left is a leftover
+    -- (late ack, stale mark). A list with nothing to walk needs no pass.
+    function M.may_age(s)
+      if s.aged then return false end -- once a call: a second would be work for nothing
+      local ring = s.leases_walk and s.ring_live or s.live -- (the lease walk borrows s.live)
+      return M.walked_whole(s.rpasses, s.lpasses, ring, M.leases_left(s))
+    end
+
+    -- The lease list's length as this call leaves it, with what it has pushed there so far.
+    function M.leases_left(s)
+      return s.lease_length - s.lease_visited + #s.back + #s.to_leases
+    end
+
+    function M.age(s)
+      s.aged = true
+      M.flush_side_writes(s)
+      -- UNLINK frees a large leftover set in the background: the call stays short.
+      rcall('UNLINK', K.done_old, K.marks_old)
+      local sides = s.sides
+      if sides[K.done] > 0 then rcall('RENAME', K.done, K.done_old) end
+      if sides[K.marks] > 0 then rcall('RENAME', K.marks, K.marks_old) end
+      sides[K.done_old], sides[K.done] = sides[K.done], 0
+      sides[K.marks_old], sides[K.marks] = sides[K.marks], 0
+      M.age_marked(sides)
+    end
+
+    -- The lease list's walk: from its tail, where the earliest deadlines are (leases are pushed at
+    -- its head as they are made, so in deadline order while every lease has the same length),
+    -- while what it finds is done with or due. An acked lease or batch, or one given back, goes;
+    -- a due lease is leased again (while the call has room) or dead-lettered; a due or touched
+    -- batch is broken up into its leases, visited in its place. It stops at the first element
+    -- whose own deadline is still ahead (everything behind it is younger), at the first due one
+    -- the call has no room for, at the budget, or past LIMIT.lease_bytes. It never moves a young
+    -- lease, so a claim costs the same however many are in flight. A sweep does not stop at live
+    -- elements: it puts them back at the tail, in their places, and goes on.
+    -- A pass of the list (see M.may_age) ends once the elements it held when the pass began have
+    -- all been visited: `lpass` counts those left, after the `lskip` at the tail that were
+    -- visited and put back.
+    function M.walk_leases(s, budget)
+      local live, expanded = s.live, s.expanded
+      s.leases_walk, s.in_place, s.ring_live, s.moved = true, s.sweeping, live, 0
+      local skip = s.meta.lskip or 0
+      if not s.lpass or s.lpass <= 0 then s.lpass, skip = s.lease_length, 0 end -- a pass begins
+      local byte, now, want, bytes = string.byte, s.now, 2, 0
+      -- stop: the deadline of the young lease it stopped at; stop_named: the deadline its tokens
+      -- carry (meta lstop, which an ack of it clears), older when it is an extended lease ("w")
+      local stop, stop_named, pass_ended = nil, nil, false
+      while true do
+        local aged = false
+        local slice = rcall('LRANGE', K.leases, -(s.lease_visited + want), -(s.lease_visited + 1))
+        local stamped, done_in, mark, mark_in, packed = {}, {}, {}, {}, {}
+        M.look_up(slice, s.sides, stamped, done_in, mark, mark_in, packed)
+        for i = #slice, 1, -1 do
+          if s.lease_visited + s.expanded - expanded >= budget or bytes > LIMIT.lease_bytes
+              or (s.leased >= s.count and not s.sweeping) or #s.revoke >= LIMIT.revokes then
+            s.lease_more = true
+            break
+          end
+          local element, m = slice[i], mark[i]
+          -- Acked, given back (nacked: leased again when due, else off to wait in the ring),
+          -- extended (it waits at the head: out of its place, it must not hold up those behind
+          -- it), or a batch marked (acked whole, or touched: broken up now, its acked leases go
+          -- and its live ones wait at the tail in its place).
+          local gone = done_in[i] ~= nil
+            or (m and (byte(m) == BYTE_N or byte(m) == BYTE_E or byte(m) == BYTE_F or packed[i]))
+          local deadline = not gone and (M.moved_deadline(m) or M.own_deadline(element, packed[i]))
+          if deadline and deadline > now and not s.sweeping then
+            stop, stop_named = deadline, M.own_deadline(element, packed[i])
+            break
+          end
+          s.lease_visited = s.lease_visited + 1
+          bytes = bytes + #element
+          if deadline and deadline > now then
+            M.keep(s, element, deadline, m, mark_in[i]) -- a sweep: back in its place
+          elseif done_in[i] ~= nil then
+            M.completed(s, done_in[i], element)
+          elseif packed[i] then
+            M.visit_packed(s, element, packed[i], m, mark_in[i])
+          elseif stamped[i] then
+            M.visit_lease(s, element, m, mark_in[i])
+          elseif element ~= SENTINEL then
+            M.dead_letter(s, 'corrupt', 0, element) -- nothing the module writes here
+          end
+          if skip > 0 then
+            skip = skip - 1
+          elseif not pass_ended then
+            s.lpass = s.lpass - 1
+            if s.lpass <= 0 then
+              -- The look-ups of this slice may be a generation off now: read on afresh.
+              pass_ended, aged = M.end_lease_pass(s), true
+              break
+            end
+          end
+        end
+        if stop or s.lease_more or (#slice < want and not aged) then break end
+        if not aged then want = math.min(want * 2, LIMIT.budget) end
+      end
+      if not pass_ended and s.lease_visited == s.lease_length then
+        pass_ended = M.end_lease_pass(s) -- the whole list was visited, whatever the count said
+      end
+      s.live, s.leases_walk, s.in_place = live + s.moved, nil, nil
+      if pass_ended then
+        -- The next pass counts everything the list holds after this call, put back or not
+        -- (visited or not: counting more than needed only makes a pass longer).
+        s.lpass, s.lskip = M.leases_left(s), 0
+      else
+        s.lskip = #s.back + skip
+      end
+      -- What the list may hold that is due soonest: the element it stopped at (the list is in
+      -- deadline order), now when it stopped for want of room, nothing when it ran out; and the
+      -- young leases it put back at the tail, which the next walk meets first.
+      s.lmin = stop or (s.lease_more and now) or nil
+      s.lstop = stop_named
+      if s.back_young and (not s.lstop or s.back_young < s.lstop) then
+        s.lstop = s.back_young
+        if not s.lmin or s.back_young < s.lmin then s.lmin = s.back_young end
+      end
+      -- The visits count as the ring's do (they number this call's tokens): the ring's own
+      -- positions, counted in the same sequence, move along.
+      local n = s.lease_visited
+      s.seq, s.lapnext, s.qstart = s.seq + n, s.lapnext + n, s.qstart + n
+    end
+
+    -- Every element a pass of the lease list began with has been visited: the acks and marks may
+    -- age. Returns true.
+    function M.end_lease_pass(s)
+      s.lpasses = s.lpasses + 1
+      if M.may_age(s) then
+        M.age(s)
+        s.lpasses, s.rpasses = 0, -1
+      end
+      return true
+    end
+
+    -- Applies the side-structure writes collected so far by a walk, keeping the sizes in
+    -- s.sides true (end_lap renames only what exists).
+    function M.flush_side_writes(s)
+      local sides, srem, hdel = s.sides, s.srem, s.hdel
+      for key, list in pairs(srem) do
+        if #list > 0 then
+          sides[key] = sides[key] - M.call_all('SREM', key, list)
+          srem[key] = {}
+        end
+      end
+      for key, list in pairs(hdel) do
+        if #list > 0 then
+          sides[key] = sides[key] - M.call_all('HDEL', key, list)
+          hdel[key] = {}
+        end
+      end
+      if #s.keep_marks > 0 then
+        sides[K.marks] = sides[K.marks] + M.call_all('HSET', K.marks, s.keep_marks)
+        s.keep_marks = {}
+      end
+    end
+
+    -- Writes what a walk decided: the ring and the lease list (visited tails dropped, what stays
+    -- pushed back at the heads in visit order, due leases the call had no room for back at the
+    -- lease list's tail), side structures, revocations, dead letters and counters.
+    function M.finish_walk(s)
+      local batch, to_leases = s.batch, s.to_leases
+      if #batch > 0 then
+        -- The call's first deliveries, packed into one element: "<first>*<id>*<id>...".
+        batch[0] = s.first -- (one string made, not a list and then the element)
+        s.packed_element = table.concat(batch, '*', 0, #batch)
+        batch[0] = nil
+        PACKED, PACKED_IDS = s.packed_element, batch
+        to_leases[#to_leases + 1] = s.packed_element
+        s.packed = s.packed + #batch - 1
+      end
+      if s.length > 0 and s.live <= 0 and #s.rotated == 0 then
+        -- The ring had no sentinel (someone removed it) and is left empty: it gets one back.
+        s.rotated[1], s.lapnext, s.lapguess = SENTINEL, s.seq + s.visited + 1, false
+      end
+      rcall('LTRIM', K.ring, 0, -(s.visited + 1))
+      M.call_all('LPUSH', K.ring, s.rotated)
+      if s.lease_visited > 0 then rcall('LTRIM', K.leases, 0, -(s.lease_visited + 1)) end
+      local back = s.back
+      if #back > 0 then
+        local reversed = {} -- the first put back is the next visited
+        for i = #back, 1, -1 do reversed[#reversed + 1] = back[i] end
+        M.call_all('RPUSH', K.leases, reversed)
+      end
+      M.call_all('LPUSH', K.leases, to_leases)
+      M.flush_side_writes(s)
+      if #s.revoke > 0 then
+        local args = {}
+        for j = 1, #s.revoke do
+          args[#args + 1] = s.now
+          args[#args + 1] = s.revoke[j]
+        end
+        M.call_all('ZADD', K.revoked, args)
+      end
+      M.trim_revoked(s.meta, s.now, #s.revoke, s.sides.revoked + #s.revoke)
+      if s.tracked then
+        M.write_ids(s)
+        M.write_stale(s)
+      end
+      if #s.letters > 0 then M.call_all('RPUSH', K.dead, s.letters) end
+      s.lettered = s.lettered + #s.letters
+      if s.dead_length + #s.letters > 0 then
+        M.trim_dead(s.meta, s.now, s.dead_length + #s.letters, #s.letters)
+      end
+      s.seq = s.seq + s.visited
+      if s.soonest and (not s.qmin or s.soonest < s.qmin) then s.qmin = s.soonest end
+      M.note_leases(s)
+      M.write_meta(s)
+    end
+
+    -- The earliest deadline the lease list may hold now: what its walk left (see walk_leases),
+    -- and what this call pushed. A call whose new leases fall due before anything known so far
+    -- wakes an idle consumer, which then waits for them rather than for what it was told.
+    function M.note_leases(s)
+      local lmin = s.lmin
+      if s.leased > 0 then
+        local before = s.meta.lmin
+        if s.qmin and (not before or s.qmin < before) then before = s.qmin end
+        if not before or s.deadline < before then
+          M.wake_one()
+        end
+        if not lmin or s.deadline < lmin then lmin = s.deadline end
+      end
+      local pushed = s.pushed_min
+      if pushed and (not lmin or pushed < lmin) then lmin = pushed end
+      local left = M.leases_left(s)
+      if left == 0 then lmin = nil end
+      -- Pushed onto an empty list, the young leases of this call are its tail: a walk for acks
+      -- need not read them before they may be due (see leases_due), or before an ack names the
+      -- first of them (lstop: by the deadline its tokens carry, see frees_tail).
+      if left == #s.to_leases and left > 0 then
+        s.lstop = tonumber(M.named_deadline(s.to_leases[1]))
+      end
+      s.lmin = lmin
+    end
+
+    -- Drops the oldest dead letters beyond the count kept or older than the age kept, at most
+    -- what this call added plus LIMIT.trim_step. `length`: the dead list's length now.
+    function M.trim_dead(meta, now, length, added)
+      local drop = math.min(math.max(length - meta.dead_max, 0), added + LIMIT.trim_step)
+      if meta.dead_age_ms > 0 then
+        local cutoff = now - meta.dead_age_ms
+        while drop < length and drop < added + LIMIT.trim_step do
+          local letter = rcall('LINDEX', K.dead, drop) or ''
+          local died = tonumber(string.match(letter, '^[^*]*%*%d+%*(%d+)%*'))
+          if not died or died >= cutoff then break end
+          drop = drop + 1
+        end
+      end
+      if drop > 0 then
+        rcall('LTRIM', K.dead, drop, -1)
+        rcall('HINCRBY', K.meta, 'dead_dropped', drop)
+      end
+    end
+
+    -- A call's walks: the lease list's when it is due, then the ring's, within one budget.
+    function M.walk_lists(s, count, budget)
+      s.count = count
+      if M.leases_due(s) then M.walk_leases(s, budget) end
+      local left = budget - s.lease_visited
+      M.walk(s, count, math.min(left, s.length), left)
+    end
+
+    -- After the ring's walk: leases jobs waiting at a priority (see PRIORITIES) into the call's
+    -- batch, the most urgent first, while the call has room, once no pending id is left in the
+    -- ring (the counters say none is, or the walk visited the whole ring). O(log n) per job.
+    function M.lease_prioritized(s)
+      if s.prio <= 0 or s.sweeping or s.leased >= s.count then return end
+      if s.meta.pushed - s.taken - s.prio > 0 and s.visited < s.length then return end
+      local found = rcall('ZRANGEBYSCORE', K.scheduled, '-inf', '(0', 'LIMIT', 0,
+        s.count - s.leased)
+      if #found == 0 then return end
+      local batch, reply, first, compact = s.batch, s.reply, s.first, s.compact
+      local taken = {}
+      for i = 1, #found do
+        local member = found[i]
+        taken[i] = member
+        local _, id = M.ranked_member(member)
+        if id and M.valid_id(id) then
+          local place = #batch + 1
+          batch[place] = id
+          if not compact then
+            reply[#reply + 1], reply[#reply + 2] = id .. first .. PAD[place], 0
+          end
+          s.leased = s.leased + 1
+          s.batch_bytes = s.batch_bytes + #id
+          if s.batch_bytes >= LIMIT.batch_bytes then break end
+        else -- (a member written by hand)
+          s.letters[#s.letters + 1] = 'corrupt*0*' .. s.now .. '*' .. member
+        end
+      end
+      rcall('ZREM', K.scheduled, unpack(taken))
+      s.taken, s.prio = s.taken + #taken, s.prio - #taken
+    end
+
+    -- Whether this call walks the lease list: when its earliest deadline may have come, or when
+    -- acks wait for their elements (or jobs given back for theirs) and the list's tail is not a
+    -- young lease known to be live, whose deadline the walk would wait for (see ack_tokens).
+    function M.leases_due(s)
+      if s.lease_length == 0 then return false end
+      if s.sweeping or not s.lmin or s.lmin <= s.now then return true end
+      if s.lstop then return false end
+      local sides, marked = s.sides, s.sides.marked
+      return sides[K.done] + sides[K.done_old] + marked[K.marks][1] + marked[K.marks][2]
+        + marked[K.marks_old][1] + marked[K.marks_old][2] > 0
+    end
   end
 
-  function M.refuse_id(value)
-    M.refuse('ROTATOR_BADID', 'job id must be 1..' .. LIMIT.id_bytes ..
-      ' bytes without "*", got ' .. M.printable(value))
-  end
+  -- 11. ON FIRST USE: tracked ids, scheduled and prioritized jobs, flow control, administration ---
 
-  function M.pushp()
-    if (#A - 1) % 2 == 1 then
-      M.refuse('ROTATOR_BADARG', 'pushp takes ID PAYLOAD pairs, got ' .. (#A - 1) .. ' arguments')
+  -- What a worker's push, next, ack, nack, bury and extend never call on a plain queue:
+  -- defined on first use (M's lookup of a function it does not hold yet, see ON_FIRST_USE), so
+  -- an EVAL call of those commands does not create these functions each time.
+  function M.define_later()
+    -- A queue that tracks ids (configure track_ids 1, see IDS): K.ids names where each id's
+    -- one copy is. These run only on such a queue.
+
+    -- Of `ids` (checked, in order), those the queue may take now as `value` ("p": pushed to the
+    -- ring, "s"/"s<level>": scheduled, "q<level>": waiting at a priority): an id is taken once
+    -- however often it is given, and not while the queue holds it, except that a job scheduled
+    -- may be scheduled again (it moves: its old member goes). Writes the index for them and
+    -- returns them.
+    function M.admit(ids, value)
+      local held = M.hmget_all(K.ids, ids)
+      local acked = M.acked_copies(ids, held)
+      local fresh, writes, seen, moved = {}, {}, {}, {}
+      local scheduling = string.byte(value) == BYTE_S
+      for i = 1, #ids do
+        local id, v = ids[i], held[i]
+        if not seen[id] then
+          seen[id] = true
+          local rescheduled = v and scheduling and string.byte(v) == BYTE_S
+          if not v or acked[i] or rescheduled then
+            fresh[#fresh + 1] = id
+            writes[#writes + 1], writes[#writes + 2] = id, value
+            if rescheduled and v ~= value then moved[#moved + 1] = M.waiting_member(id, v) end
+          end
+        end
+      end
+      M.call_all('HSET', K.ids, writes)
+      M.call_all('ZREM', K.scheduled, moved)
+      return fresh
     end
-    M.check_count(2, 'ids and payloads')
-    local ids = {}
-    for i = 2, #A, 2 do
-      if not M.valid_id(A[i]) then M.refuse_id(A[i]) end
-      ids[#ids + 1] = A[i]
+
+    -- The member of K.scheduled that holds `id`, by its index value: "s" (scheduled) is the id
+    -- itself, "s<level>" and "q<level>" (scheduled, or waiting, at a priority) "*<level>*<id>".
+    function M.waiting_member(id, v)
+      local level = string.sub(v, 2)
+      return level == '' and id or '*' .. level .. '*' .. id
     end
-    if #ids == 0 then return 0 end
-    local length = M.read('LLEN', K.ring)
-    local meta = M.read_push_meta(K)
-    local head, wake = M.read_push_keys(K)
-    local stored = M.read('HLEN', K.payloads)
-    if K.items then M.read('HLEN', K.items) end
-    M.check_unique(meta)
-    local now = M.now_ms()
-    local pairs_ = { unpack(A, 2) }
-    if meta.tracked then -- each id once (see IDS): a job held keeps its payload
-      ids = M.admit(ids, 'p')
-      pairs_ = M.pairs_of(ids, 2)
+
+    -- Which of `ids` the index `held` (their values) places in a lease that is acked already:
+    -- its token in a done set, or its batch acked whole. Such a copy is complete, though its
+    -- element may wait for a walk to remove it. A set of indexes into `ids`.
+    function M.acked_copies(ids, held)
+      local tokens, at, batches, of = {}, {}, {}, {}
+      for i = 1, #ids do
+        local v = held[i]
+        if v and string.find(v, '^%d') then
+          local token = ids[i] .. '*' .. v
+          tokens[#tokens + 1], at[#tokens + 1] = token, i
+          local batch = M.batch_of(token)
+          if batch then batches[#batches + 1], of[#batches + 1] = batch, i end
+        end
+      end
+      local acked = {}
+      if #tokens == 0 then return acked end
+      for _, key in ipairs({ K.done, K.done_old }) do
+        local flags = M.read('SMISMEMBER', key, unpack(tokens))
+        for j = 1, #flags do
+          if flags[j] == 1 then acked[at[j]] = true end
+        end
+      end
+      if #batches > 0 then
+        for _, key in ipairs({ K.marks, K.marks_old }) do
+          local marks = M.read('HMGET', key, unpack(batches))
+          for j = 1, #marks do
+            if marks[j] and string.byte(marks[j]) == BYTE_A then acked[of[j]] = true end
+          end
+        end
+      end
+      return acked
+    end
+
+    -- Notes in the walk's state that the copy of `id` whose token ends in `stamp` has left the
+    -- queue (acked and removed, dead-lettered, dropped): its index entry goes, unless it already
+    -- names another copy (the id pushed again once this one was acked or cancelled).
+    function M.forget_id(s, id, stamp)
+      if not s.tracked then return end
+      s.gone[#s.gone + 1], s.gone_stamp[#s.gone + 1] = id, stamp
+    end
+
+    -- Writes what the walk noted: entries of copies gone (each only if it still names that
+    -- copy), then the stamps of this call's leases.
+    function M.write_ids(s)
+      local gone, batch = s.gone, s.batch
+      if #gone > 0 then
+        local held = M.hmget_all(K.ids, gone)
+        local drop = {}
+        for i = 1, #gone do
+          if held[i] == s.gone_stamp[i] then drop[#drop + 1] = gone[i] end
+        end
+        M.call_all('HDEL', K.ids, drop)
+      end
+      local writes = s.leased_ids
+      local stamp = string.sub(s.first, 2)
+      for k = 1, #batch do
+        writes[#writes + 1], writes[#writes + 2] = batch[k], stamp .. PAD[k]
+      end
+      M.call_all('HSET', K.ids, writes)
+    end
+
+    -- A cancelled copy that still has an element (a pending id in the ring, a lease or a deferred
+    -- job) is recorded under the field "*<id>" of K.ids (no id holds "*"): "<n>" pending copies,
+    -- then ",<stamp>" for each lease or deferred job, until the walk meets and drops it; meta
+    -- `stale` counts what all records hold, so a walk reads them only while there are some.
+    -- A record as the walk keeps it: {n = pending copies, stamps = {stamp = true}, dirty}.
+    function M.parse_stale(raw)
+      local rec = { n = 0, stamps = {} }
+      if not raw then return rec end
+      local first = true
+      for part in string.gmatch(raw, '[^,]+') do
+        if first then
+          rec.n, first = tonumber(part) or 0, false
+        else
+          rec.stamps[part] = true
+        end
+      end
+      return rec
+    end
+
+    function M.format_stale(rec)
+      local parts = { tostring(rec.n) }
+      for stamp in pairs(rec.stamps) do parts[#parts + 1] = stamp end
+      if #parts == 1 and rec.n == 0 then return nil end
+      return table.concat(parts, ',')
+    end
+
+    -- The record of `id` as this walk has it (`raw`: its field, when the caller read it), read
+    -- once per walk.
+    function M.stale_of(s, id, raw)
+      local rec = s.stale_recs[id]
+      if not rec then
+        if raw == nil then raw = rcall('HMGET', K.ids, '*' .. id)[1] end
+        rec = M.parse_stale(raw)
+        s.stale_recs[id] = rec
+      end
+      return rec
+    end
+
+    -- For a slice of the ring on a tracked queue with records: index -> true for each pending id
+    -- with a cancelled pending copy recorded (one HMGET for the slice). Which of its copies the
+    -- walk drops does not matter: they are the same id.
+    function M.stale_pending(s, slice, stamped, packed)
+      local stale = {}
+      if s.stale_count <= 0 then return stale end
+      local fields, at = {}, {}
+      for i = 1, #slice do
+        local element = slice[i]
+        if not stamped[i] and not packed[i] and element ~= SENTINEL and element ~= ''
+            and string.byte(element) ~= BYTE_STAR and not s.stale_recs[element] then
+          fields[#fields + 1], at[#fields + 1] = '*' .. element, i
+        end
+      end
+      local raws = #fields > 0 and M.hmget_all(K.ids, fields) or {}
+      for j = 1, #fields do M.stale_of(s, slice[at[j]], raws[j]) end
+      for i = 1, #slice do
+        local rec = not stamped[i] and not packed[i] and s.stale_recs[slice[i]]
+        if rec and rec.n > 0 then stale[i] = true end
+      end
+      return stale
+    end
+
+    -- Whether the walk drops this element of `id` (stamp: its token after "*", or nil for a
+    -- pending id) as a cancelled copy; if so, the record no longer holds it.
+    function M.take_stale(s, id, stamp, raw)
+      if s.stale_count <= 0 then return false end
+      local rec = M.stale_of(s, id, raw)
+      if stamp then
+        if not rec.stamps[stamp] then return false end
+        rec.stamps[stamp] = nil
+      else
+        if rec.n <= 0 then return false end
+        rec.n = rec.n - 1
+      end
+      rec.dirty, s.stale_count = true, s.stale_count - 1
+      s.live = s.live - 1
+      if not stamp then s.taken = s.taken + 1 end -- (a pending one was counted as pending)
+      return true
+    end
+
+    -- Writes the records the walk changed.
+    function M.write_stale(s)
+      local writes, drops = {}, {}
+      for id, rec in pairs(s.stale_recs) do
+        if rec.dirty then
+          local value = M.format_stale(rec)
+          if value then
+            writes[#writes + 1], writes[#writes + 2] = '*' .. id, value
+          else
+            drops[#drops + 1] = '*' .. id
+          end
+        end
+      end
+      M.call_all('HSET', K.ids, writes)
+      M.call_all('HDEL', K.ids, drops)
+    end
+
+    -- push, once per chunk of a bulk load whose progress the marker hash (the fourteenth key)
+    -- records in its field `chunks`: a retried or duplicated loader (a Spark task run twice)
+    -- pushes nothing twice, however its attempts interleave.
+    function M.push_chunk()
+      local chunk = M.int_arg(2, 'CHUNK', 0, LIMIT.no_bound)
+      local ttl = M.int_arg(3, 'TTL_MS', 1, LIMIT.no_bound)
+      local marker = K.payloads -- the fourteenth key: push_chunk takes its marker hash there
+      local chunks = tonumber(M.read('HMGET', marker, 'chunks')[1]) or 0
+      if chunks > chunk then
+        M.check_ids(4)
+        -- A write, so that a WAIT after a retried call also covers the first try's push.
+        rcall('PEXPIRE', marker, ttl)
+        return { 0, chunks }
+      end
+      if chunks < chunk then
+        M.refuse('ROTATOR_BADARG', 'chunk ' .. chunk .. ' comes after chunk ' .. chunks ..
+          ', which the marker does not record: it expired or was deleted')
+      end
+      local pushed = M.push_ids(4)
+      rcall('HSET', marker, 'chunks', chunk + 1)
+      rcall('PEXPIRE', marker, ttl)
+      return { pushed, chunk + 1 }
+    end
+
+    -- push_later's arguments: the due time (ms, server TIME) of IN DELAY_MS or AT AT_MS at
+    -- A[2..3], checked, and the time now.
+    function M.due_arg(at)
+      at = at or 2
+      local mode = A[at]
+      if mode ~= 'IN' and mode ~= 'AT' then
+        M.refuse('ROTATOR_BADARG', 'expected IN DELAY_MS or AT AT_MS, got ' .. M.printable(mode))
+      end
+      local most = LIMIT.schedule_ms
+      local time = M.int_arg(at + 1, mode == 'IN' and 'DELAY_MS' or 'AT_MS', 0,
+        mode == 'IN' and most or LIMIT.no_bound)
+      local now = M.now_ms()
+      local due = mode == 'IN' and now + time or time
+      if due > now + most then
+        M.refuse('ROTATOR_BADARG', 'AT_MS ' .. time .. ' is more than ' .. most ..
+          ' ms after the server\'s time ' .. now)
+      end
+      return due, now
+    end
+
+    function M.push_later()
+      local due, now = M.due_arg()
+      M.check_ids(4)
+      local ids = { unpack(A, 4) }
       if #ids == 0 then return 0 end
-    end
-    M.ensure_ring(K, length)
-    M.count_copies(ids, stored)
-    M.call_all('HSET', K.payloads, pairs_)
-    M.call_all('LPUSH', K.ring, ids)
-    M.record_push(K, meta, #ids, now, head, nil, wake) -- (nothing wrote the wake list since)
-    M.enqueued(ids, now)
-    return #ids
-  end
-
-  -- The ID PAYLOAD pairs of A[first..] whose ids are in `ids` (the first pair of each).
-  function M.pairs_of(ids, first)
-    local wanted, pairs_ = {}, {}
-    for i = 1, #ids do wanted[ids[i]] = true end
-    for i = first, #A, 2 do
-      if wanted[A[i]] then
-        wanted[A[i]] = nil
-        pairs_[#pairs_ + 1], pairs_[#pairs_ + 2] = A[i], A[i + 1]
+      local smin = M.read_schedule_keys()
+      if K.items then M.read('HLEN', K.items) end
+      if M.read_tracked() then
+        ids = M.admit(ids, 's')
+        if #ids == 0 then return 0 end
       end
-    end
-    return pairs_
-  end
-
-  -- pushp, for later (push_later): each payload is stored now. An id scheduled again moves
-  -- (one scheduled job), so only ids not scheduled yet may count as copies (copies_field).
-  function M.pushp_later()
-    local due, now = M.due_arg()
-    if (#A - 3) % 2 == 1 then
-      M.refuse('ROTATOR_BADARG', 'pushp_later takes ID PAYLOAD pairs after the time, got ' ..
-        (#A - 3) .. ' arguments')
-    end
-    M.check_count(4, 'ids and payloads')
-    local ids = {}
-    for i = 4, #A, 2 do
-      if not M.valid_id(A[i]) then M.refuse_id(A[i]) end
-      ids[#ids + 1] = A[i]
-    end
-    if #ids == 0 then return 0 end
-    local smin = M.read_schedule_keys()
-    local stored = M.read('HLEN', K.payloads)
-    if K.items then M.read('HLEN', K.items) end
-    local pairs_ = { unpack(A, 4) }
-    if M.read_tracked() then -- each id once (see IDS)
-      ids = M.admit(ids, 's')
-      pairs_ = M.pairs_of(ids, 4)
-      if #ids == 0 then return 0 end
-    end
-    local scheduled = rcall('ZMSCORE', K.scheduled, unpack(ids))
-    local fresh, seen = {}, {}
-    for i = 1, #ids do
-      if not scheduled[i] and not seen[ids[i]] then fresh[#fresh + 1] = ids[i] end
-      seen[ids[i]] = true
-    end
-    if #fresh > 0 then M.count_copies(fresh, stored) end
-    M.call_all('HSET', K.payloads, pairs_)
-    M.schedule_ids(ids, due, smin)
-    M.enqueued(ids, now)
-    return #ids
-  end
-
-  -- Ids leased by a next reply ({idle, wait, acked, token, reclaimed, ...}), in reply order.
-  -- The ids a next reply leased, in its order, and how many of them came packed (`compact`:
-  -- next_packed's reply, whose packed element "<batch>*<id1>*<id2>..." comes first).
-  function M.leased_ids(reply, compact)
-    local ids, first = {}, 4
-    if compact and PACKED and PACKED == reply[4] then
-      first, ids = 5, PACKED_IDS -- (taken over: nothing else reads them after the lease)
-    elseif compact then
-      first = 5
-      local star = string.find(reply[4], '*', 2, true)
-      if star then
-        M.split_ids(reply[4], star + 1, ids)
-      end
-    end
-    local packed = #ids
-    for i = first, #reply, 2 do
-      local token = reply[i]
-      ids[#ids + 1] = string.sub(token, 1, string.find(token, '*', 2, true) - 1)
-    end
-    return ids, packed
-  end
-
-  -- Notes a delivery of each leased job in its item stats (an id pushed without stats gets an
-  -- entry with enqueued ms 0: unknown).
-  -- The first `packed` ids came packed (first deliveries); the tokens of the others follow in
-  -- the reply from `at` (4 for next's reply, 5 for next_packed's), with their flags.
-  function M.delivered(reply, ids, packed, at)
-    if not K.items or #ids == 0 then return end
-    local now = M.now_ms()
-    local old = rcall('HMGET', K.items, unpack(ids))
-    local writes = {}
-    for j = 1, #ids do
-      local n = 1
-      if j > packed then n = select(3, M.parse_token(reply[at + 2 * (j - packed - 1)])) end
-      local enqueued, rest = string.match(old[j] or '', '^(%d+):%d+:%d+:(.*)$')
-      writes[#writes + 1] = ids[j]
-      writes[#writes + 1] = (enqueued or '0') .. ':' .. (n or 0) .. ':' .. now .. ':' .. (rest or '')
-    end
-    M.call_all('HSET', K.items, writes)
-  end
-
-  -- nextp's work, and nextp_packed's (`compact`): the lease, then every leased job's payload
-  -- read in one HMGET. The reply's head is next's (or next_packed's, with its packed element);
-  -- then, compact, the packed jobs' payloads in their order; then token, flag and payload of
-  -- each other delivery.
-  function M.lease_payloads(compact)
-    local drop = M.int_arg(6, 'DROP', 0, 1)
-    local times = M.durations_arg(7)
-    M.read('HLEN', K.payloads)
-    if K.items then M.read('HLEN', K.items) end
-    -- Dropping payloads needs each acked job's id: batch acks only where they are kept.
-    FRESH_ACKS = drop == 1
-    local reply, accepted, state = M.lease(7, drop == 0 or 'named', compact)
-    local at = compact and 5 or 4 -- the first token in reply
-    -- (a reply of the packed batch alone, the common one, takes its payloads after it)
-    local out = #reply < at and reply or { unpack(reply, 1, at - 1) }
-    local ids, packed = M.leased_ids(reply, compact)
-    if #ids > 0 then
-      local bodies = rcall('HMGET', K.payloads, unpack(ids))
-      for j = 1, packed do out[#out + 1] = bodies[j] end
-      for j = packed + 1, #ids do
-        local i = at + 2 * (j - packed - 1)
-        out[#out + 1] = reply[i]
-        out[#out + 1] = reply[i + 1]
-        out[#out + 1] = bodies[j]
-      end
-    end
-    M.delivered(reply, ids, packed, at)
-    if drop == 1 then
-      M.forget(accepted, { fence = state.meta, now = state.now, revoked = state.sides.revoked })
-    end
-    M.add_durations(times)
-    return out
-  end
-
-  function M.nextp()
-    return M.lease_payloads(false)
-  end
-
-  function M.nextp_packed()
-    return M.lease_payloads(true)
-  end
-
-  function M.ackp()
-    local times = M.durations_arg(2)
-    M.check_tokens(2, true, 'named')
-    local sides = M.ack_sides(true)
-    M.read('HLEN', K.payloads)
-    if K.items then M.read('HLEN', K.items) end
-    FRESH_ACKS = true
-    local n, accepted = M.ack_tokens(2, sides.length, sides)
-    M.write_acked(sides)
-    M.forget(accepted, { fence = sides, now = M.now_ms(), revoked = sides.revoked })
-    M.add_durations(times)
-    return n
-  end
-
-  function M.pushi()
-    local n, now, pushed = M.push_ids(2, function() M.read('HLEN', K.items) end)
-    if n > 0 then
-      local ids = pushed or { unpack(A, 2) }
+      M.schedule_ids(ids, due, smin)
       M.enqueued(ids, now)
+      return #ids
     end
-    return n
-  end
 
-  function M.nackp()
-    local message = M.error_arg(3)
-    local reply = M.give_back(4, function() M.read('HLEN', K.items) end)
-    M.note_errors(4, reply, message)
-    return reply
-  end
+    -- Whether the queue tracks ids (see IDS), for a command that reads no other meta; refuses a
+    -- unique push on a queue that does not (check_unique).
+    function M.read_tracked()
+      local meta = { tracked = M.read('HMGET', K.meta, 'track_ids')[1] == '1' }
+      M.read('HLEN', K.ids)
+      M.check_unique(meta)
+      return meta.tracked
+    end
 
-  function M.items()
-    M.check_ids(2)
-    if #A < 2 then return {} end
-    return M.read('HMGET', K.items, unpack(A, 2))
-  end
+    -- Reads (and so checks) what schedule_ids writes.
+    function M.read_schedule_keys()
+      M.read('ZCARD', K.scheduled)
+      M.read('LLEN', K.wake)
+      return tonumber(M.read('HMGET', K.meta, 'smin')[1])
+    end
 
-  -- 12. TOPICS ------------------------------------------------------------------------------------
-  -- TOPIC KEYS, then QUEUE_KEYS per group. Every helper here serves several of the commands.
-
-  -- The bound of an idle group's backlog (see expire_backlog): the pending ids a group keeps
-  -- when the topic's retention names no count (age only), and the ring elements one publish
-  -- may read, over all its groups, to find pending ids behind leases and packed batches.
-  local BACKLOG = { cap = 1000000, look = LIMIT.count }
-
-  -- The layout rotator/keys.py builds: the topic's KEYS are "<base>:topic:<role>" and group
-  -- GROUP's thirteen are "<base>:group:<GROUP>:<role>", in the header's KEYS order, where <base> is
-  -- "<prefix>:{<topic>}". Checked by name only (no reads) before any write: a call that got
-  -- another key in a slot (another group's, a queue's, anything) would write or delete it.
-  local TOPIC_SUFFIXES = { ':topic:meta', ':topic:groups', ':topic:log', ':topic:bodies' }
-  -- The base the topic's four KEYS share; refuses KEYS that do not follow the layout.
-  function M.topic_base()
-    local first, suffix = KS[1], TOPIC_SUFFIXES[1]
-    local base = #first > #suffix and string.sub(first, 1, #first - #suffix)
-    for i = 1, TOPIC_KEYS do
-      if not base or KS[i] ~= base .. TOPIC_SUFFIXES[i] then
-        M.refuse('ROTATOR_KEYS', 'topic key ' .. i .. ' must end in ' ..
-          M.printable(TOPIC_SUFFIXES[i]) .. ' after the base of the first, got ' ..
-          M.printable(KS[i]))
+    -- Schedules `ids` (checked) for `due`: an id scheduled already moves to `due`. A due time
+    -- sooner than any before (`smin`, from read_schedule_keys) wakes an idle consumer, which
+    -- then waits for it.
+    function M.schedule_ids(ids, due, smin)
+      local args = {}
+      for i = 1, #ids do
+        args[#args + 1] = due
+        args[#args + 1] = ids[i]
       end
+      M.call_all('ZADD', K.scheduled, args)
+      if not smin or due < smin then
+        rcall('HSET', K.meta, 'smin', due)
+        M.wake_one()
+      end
+    end
+
+    -- push_priority LEVEL IN|AT TIME ID...: ids that wait at priority LEVEL (1..9, behind the
+    -- ring's pending ids, which are level 0), now or once due (see PRIORITIES).
+    function M.push_priority()
+      local level = M.int_arg(2, 'LEVEL', 1, LIMIT.priority_levels)
+      local due, now = M.due_arg(3)
+      M.check_ids(5)
+      local ids = { unpack(A, 5) }
+      if #ids == 0 then return 0 end
+      local length = M.read('LLEN', K.ring)
+      local meta = M.read_meta(K)
+      local head = M.read_push_keys(K)
+      local smin = M.read_schedule_keys()
+      M.read('HLEN', K.ids)
+      if K.items then M.read('HLEN', K.items) end
+      M.check_unique(meta)
+      local later = due > now
+      if meta.tracked then -- each id once (see IDS)
+        ids = M.admit(ids, (later and 's' or 'q') .. level)
+        if #ids == 0 then return 0 end
+      end
+      local members = {}
+      for i = 1, #ids do members[i] = '*' .. level .. '*' .. ids[i] end
+      M.enqueued(ids, now)
+      if later then
+        -- A job waiting at this level leaves it for the schedule: no longer pending (as if
+        -- taken), to be pushed again when due.
+        local scores = rcall('ZMSCORE', K.scheduled, unpack(members))
+        local waiting, seen = 0, {}
+        for i = 1, #scores do
+          if scores[i] and tonumber(scores[i]) < 0 and not seen[members[i]] then
+            waiting, seen[members[i]] = waiting + 1, true
+          end
+        end
+        if waiting > 0 then
+          rcall('HSET', K.meta, 'prio', meta.prio - waiting, 'taken', meta.taken + waiting)
+        end
+        M.schedule_ids(members, due, smin)
+        return #ids
+      end
+      local jobs = {}
+      for i = 1, #ids do jobs[i] = { level, ids[i], members[i] } end
+      M.ensure_ring(K, length) -- (a claim of a queue without a ring answers idle at once)
+      local added = M.rank(meta, jobs)
+      if added > 0 then M.record_push(K, meta, added, now, head) end
+      return added
+    end
+
+    function M.pause()
+      local was = M.read('HMGET', K.meta, 'paused')[1]
+      rcall('HSET', K.meta, 'paused', '1')
+      return was == '1' and 0 or 1
+    end
+
+    function M.resume()
+      local was = M.read('HMGET', K.meta, 'paused')[1]
+      M.read('LLEN', K.wake)
+      if was ~= '1' then return 0 end
+      rcall('HDEL', K.meta, 'paused')
+      M.add_wake_tokens(K, LIMIT.wake_tokens)
+      return 1
+    end
+
+    -- next on a queue that may lease nothing now (paused, or at its rate limit): takes the acks
+    -- and idles for `wait_ms` (-1: until woken). Wake-ups pushed meanwhile would only spin the
+    -- idle consumers: resume wakes them, and the rate limit's wait ends by itself.
+    function M.lease_held(first, compact, state, wait_ms)
+      M.check_wake(state)
+      local sides = state.sides
+      sides.lstop_was = sides.lstop
+      local acked, accepted = M.ack_tokens(first, state.length + state.lease_length, sides)
+      M.write_acked(sides)
+      rcall('DEL', K.wake)
+      return compact and { 1, wait_ms, acked, '' } or { 1, wait_ms, acked }, accepted
+    end
+
+    -- The rate limit (rate_limit) as a generic cell rate: each job leased moves the theoretical
+    -- arrival time `tat` on by per / jobs ms, and a call may lease while tat stays within `per`
+    -- ahead of now, so at most `jobs` go in any burst and `jobs` per `per` on average, across
+    -- every consumer. Returns {allowed, wait (ms until one more may go), tat, step}.
+    function M.rate_allowance(meta, now)
+      local step, per = meta.rate_ms / meta.rate_n, meta.rate_ms
+      local tat = math.max(meta.rate_tat or now, now)
+      -- (tat near 1.7e12 ms is exact to about 2e-4 ms: the wait is checked with the very sum
+      -- the allowance makes, so a consumer told to wait is not held again when it comes)
+      local function allowed_at(t) return math.floor((t + per - tat) / step + 1e-9) end
+      local wait = math.max(math.ceil(tat + step - per - now), 1)
+      while allowed_at(now + wait) < 1 do wait = wait + 1 end
+      return { allowed = math.max(allowed_at(now), 0), wait = wait, tat = tat, step = step }
+    end
+
+    function M.note_rate(rate, leased)
+      if leased > 0 then rcall('HSET', K.meta, 'rate_tat', rate.tat + leased * rate.step) end
+    end
+
+    -- How many jobs a next reply leased (next_packed's packed element holds its first ones).
+    function M.leased_count(reply, compact)
+      if not compact then return (#reply - 3) / 2 end
+      local packed = reply[4] ~= '' and select(2, string.gsub(reply[4], '%*', '')) - 1 or 0
+      return packed + (#reply - 4) / 2
+    end
+
+    function M.durations()
+      if #A == 2 or (#A > 1 and #A % 2 == 1) then
+        M.refuse('ROTATOR_BADARG', 'durations takes TOTAL_MS and BUCKET COUNT pairs, or nothing')
+      end
+      local adds = {}
+      if #A > 1 then adds[1] = { 'dsum', M.int_arg(2, 'TOTAL_MS', 0, LIMIT.no_bound) } end
+      for i = 3, #A, 2 do
+        local bucket = M.int_arg(i, 'BUCKET', 0, LIMIT.duration_buckets - 1)
+        adds[#adds + 1] = { 'd' .. bucket, M.int_arg(i + 1, 'COUNT', 1, LIMIT.rate_jobs) }
+      end
+      local fields = {}
+      for b = 0, LIMIT.duration_buckets - 1 do fields[#fields + 1] = 'd' .. b end
+      fields[#fields + 1] = 'dsum'
+      M.read('HLEN', K.meta)
+      for i = 1, #adds do rcall('HINCRBY', K.meta, adds[i][1], adds[i][2]) end
+      local counts = rcall('HMGET', K.meta, unpack(fields))
+      for i = 1, #counts do counts[i] = tonumber(counts[i]) or 0 end
+      return counts
+    end
+
+    function M.rate_limit()
+      local jobs = M.int_arg(2, 'JOBS', 0, LIMIT.rate_jobs)
+      local per = M.int_arg(3, 'PER_MS', 1, LIMIT.lease_ms)
+      M.read('HLEN', K.meta)
+      if jobs == 0 then
+        rcall('HDEL', K.meta, 'rate_n', 'rate_ms', 'rate_tat')
+      else
+        rcall('HSET', K.meta, 'rate_n', jobs, 'rate_ms', per)
+      end
+      return 1
+    end
+
+    -- Moves the scheduled jobs that are due (at most LIMIT.promote, earliest first) to the ring,
+    -- as push does, and notes the next due time. `length`: the ring's length.
+    function M.promote(meta, length, now)
+      local found = M.read('ZRANGEBYSCORE', K.scheduled, 0, now, 'WITHSCORES', 'LIMIT', 0,
+        LIMIT.promote)
+      local head = M.read_push_keys(K)
+      local due, members, ticks, ranked = {}, {}, {}, {}
+      for i = 1, #found, 2 do
+        local member = found[i]
+        local level, id = M.ranked_member(member)
+        if level then -- scheduled at a priority level: now waiting at it
+          ranked[#ranked + 1] = { level, id, member }
+        elseif string.byte(member) == BYTE_STAR then
+          members[#members + 1] = member
+          ticks[#ticks + 1] = string.sub(member, 2)
+          ticks[#ticks + 1] = string.format('%.0f', tonumber(found[i + 1]))
+        else
+          members[#members + 1] = member
+          due[#due + 1] = member
+        end
+      end
+      if #members > 0 then rcall('ZREM', K.scheduled, unpack(members)) end
+      if #ticks > 0 then
+        local ids = M.tick(ticks, now)
+        for i = 1, #ids do due[#due + 1] = ids[i] end
+      end
+      if #due + #ranked > 0 then
+        M.ensure_ring(K, length)
+        if #due > 0 then rcall('LPUSH', K.ring, unpack(due)) end
+        M.rank(meta, ranked)
+        M.record_push(K, meta, #due + #ranked, now, head)
+        if meta.tracked then -- scheduled ("s") or a tick's new id: now waiting
+          local writes = {}
+          for i = 1, #due do writes[#writes + 1], writes[#writes + 2] = due[i], 'p' end
+          for i = 1, #ranked do
+            writes[#writes + 1], writes[#writes + 2] = ranked[i][2], 'q' .. ranked[i][1]
+          end
+          rcall('HSET', K.ids, unpack(writes))
+        end
+      end
+      M.note_scheduled()
+    end
+
+    -- The level and id of a member "*<level>*<id>" of K.scheduled (see PRIORITIES); nil for
+    -- another member.
+    function M.ranked_member(member)
+      local level, id = string.match(member, '^%*([1-9])%*(.+)$')
+      return tonumber(level), id
+    end
+
+    -- Puts jobs ({level, id, member} each) to wait at their levels, in this order, behind the
+    -- jobs waiting there: their members scored (level - 10) * prio_span + their push order.
+    -- Counts them in meta prio (meta.prio and meta.pseq move on); returns how many were not
+    -- waiting at a priority already (an id waiting again moves to the back of its level).
+    function M.rank(meta, jobs)
+      if #jobs == 0 then return 0 end
+      local args, members, seen = {}, {}, {}
+      for i = 1, #jobs do
+        local level, member = jobs[i][1], jobs[i][3]
+        if not seen[member] then -- (an id given twice waits once)
+          seen[member] = true
+          members[#members + 1] = member
+          args[#args + 1] = (level - 10) * LIMIT.prio_span + meta.pseq + i
+          args[#args + 1] = member
+        end
+      end
+      -- (ZMSCORE tells members waiting already, below 0, from those scheduled, at or above it)
+      local scores = rcall('ZMSCORE', K.scheduled, unpack(members))
+      local added = 0
+      for i = 1, #scores do
+        if not scores[i] or tonumber(scores[i]) >= 0 then added = added + 1 end
+      end
+      M.call_all('ZADD', K.scheduled, args)
+      meta.prio, meta.pseq = meta.prio + added, meta.pseq + #jobs
+      rcall('HSET', K.meta, 'prio', meta.prio, 'pseq', meta.pseq)
+      return added
+    end
+
+    -- Notes in meta smin the earliest due time of the scheduled jobs (none: no field).
+    function M.note_scheduled()
+      -- (the jobs waiting at a priority, scored below 0, are not scheduled)
+      local first = rcall('ZRANGEBYSCORE', K.scheduled, 0, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
+      if first[2] then
+        rcall('HSET', K.meta, 'smin', first[2])
+      else
+        rcall('HDEL', K.meta, 'smin')
+      end
+    end
+
+    -- extend's reply on a queue that tracks ids: a lease lost (0) because its job was cancelled
+    -- is -1, so the worker stops the job. `reply[i - first + 2]` answers A[i].
+    function M.note_cancelled(reply, first)
+      local ids, at = {}, {}
+      for i = first, #A do
+        local token = A[i]
+        local star = reply[i - first + 2] == 0 and string.find(token, '*', 2, true)
+        if star then ids[#ids + 1], at[#ids + 1] = string.sub(token, 1, star - 1), i end
+      end
+      if #ids == 0 then return end
+      local fields = {}
+      for j = 1, #ids do fields[j] = '*' .. ids[j] end
+      local raws = M.read('HMGET', K.ids, unpack(fields))
+      for j = 1, #ids do
+        local stamp = string.sub(A[at[j]], #ids[j] + 2)
+        if M.parse_stale(raws[j]).stamps[stamp] then reply[at[j] - first + 2] = -1 end
+      end
+    end
+
+    -- Records cancelled copies (`ids`, with their `stamps`, nil for a pending one) in their ids'
+    -- stale records, drops their index entries, and counts them in meta `stale`.
+    function M.record_stale(ids, stamps)
+      local fields = {}
+      for j = 1, #ids do fields[j] = '*' .. ids[j] end
+      local raws = M.hmget_all(K.ids, fields)
+      local writes = {}
+      for j = 1, #ids do
+        local rec = M.parse_stale(raws[j])
+        if stamps[j] then rec.stamps[stamps[j]] = true else rec.n = rec.n + 1 end
+        writes[#writes + 1], writes[#writes + 2] = fields[j], M.format_stale(rec)
+      end
+      M.call_all('HSET', K.ids, writes)
+      M.call_all('HDEL', K.ids, ids)
+      rcall('HINCRBY', K.meta, 'stale', #ids)
+    end
+
+    -- Cancels jobs by id on a queue that tracks ids (see IDS): a scheduled one leaves at once; a
+    -- waiting one is marked, and the walk drops it at its visit; one in flight has its token
+    -- revoked (and its batch touched, so no batch ack covers it), and its lease is dropped at
+    -- the walk's visit instead of being leased again. Returns how many were found.
+    function M.cancel()
+      M.check_ids(2)
+      local meta = M.read_meta(K)
+      local sides = M.read_sides()
+      M.read('ZCARD', K.scheduled)
+      if not meta.tracked then
+        M.refuse('ROTATOR_UNTRACKED', 'cancel needs a queue that tracks ids: configure ' ..
+          'track_ids 1 (on an empty queue) first')
+      end
+      local ids, seen = {}, {}
+      for i = 2, #A do
+        if not seen[A[i]] then ids[#ids + 1], seen[A[i]] = A[i], true end
+      end
+      local held = M.hmget_all(K.ids, ids)
+      local acked = M.acked_copies(ids, held)
+      local now = M.now_ms()
+      local scheduled, copies, stamps, revoke, touched, gone, waiting = {}, {}, {}, {}, {}, {}, 0
+      for i = 1, #ids do
+        local id, v = ids[i], held[i]
+        local kind = v and string.sub(v, 1, 1)
+        if kind == 's' or kind == 'q' then -- scheduled, or waiting at a priority: gone at once
+          gone[#gone + 1], scheduled[#scheduled + 1] = id, M.waiting_member(id, v)
+          if kind == 'q' then waiting = waiting + 1 end
+        elseif v == 'p' then -- its element waits in the ring: recorded, dropped at its visit
+          copies[#copies + 1], stamps[#copies + 1] = id, nil
+        elseif v and string.find(v, '^%d') and not acked[i] then -- in flight, or deferred
+          local token = id .. '*' .. v
+          copies[#copies + 1], stamps[#copies + 1] = id, v
+          revoke[#revoke + 1], revoke[#revoke + 2] = now, token
+          local batch = M.batch_of(token)
+          if batch then touched[batch] = true end
+        end
+      end
+      local found = #scheduled + #copies
+      if found == 0 then return 0 end
+      if #copies > 0 then M.record_stale(copies, stamps) end
+      if #scheduled > 0 then
+        M.call_all('ZREM', K.scheduled, scheduled)
+        M.call_all('HDEL', K.ids, gone)
+        if waiting > 0 then -- (no longer waiting, nor pushed: as if leased and gone)
+          rcall('HSET', K.meta, 'prio', meta.prio - waiting, 'taken', meta.taken + waiting)
+        end
+      end
+      if #revoke > 0 then
+        M.call_all('ZADD', K.revoked, revoke)
+        M.trim_revoked(meta, now, #revoke / 2, sides.revoked + #revoke / 2)
+        M.touch(touched, sides)
+        local tokens = {}
+        for j = 2, #revoke, 2 do tokens[#tokens + 1] = revoke[j] end
+        -- (the walk waits at a young live lease: one of these may be it, and is done with)
+        if M.frees_tail(tokens, meta.lstop) then rcall('HSET', K.meta, 'lstop', '') end
+      end
+      M.add_count(K.meta, 'cancelled', found)
+      return found
+    end
+
+    function M.sweep()
+      local budget = M.int_arg(2, 'BUDGET', 1, LIMIT.budget)
+      local s = M.start_walk(0, 0)
+      if s.length == 0 and s.lease_length == 0 then return { 0, 0, 0 } end
+      s.sweeping = true
+      local packed = s.packed
+      M.walk_lists(s, 1, budget)
+      -- A sweep leases nothing, so what it passed may still be pending: consumers must look at
+      -- a whole lap again before they idle.
+      s.qstart, s.qlen = s.seq + s.visited, s.live
+      M.finish_walk(s)
+      -- In jobs, not elements (a packed batch holds several).
+      local leases = M.leases_left(s)
+      local before = s.length + s.lease_length + packed
+      local after = math.max(s.live, 0) + leases + s.packed
+      return { s.visited + s.lease_visited, math.max(before - after, 0),
+        math.max(after - (s.live > 0 and 1 or 0), 0) }
+    end
+
+    -- Removes the queue, in the background (UNLINK), but for its seq: a queue made again under
+    -- its name goes on numbering visits from there, so no token of this one is handed out again
+    -- and a late ack from before cannot complete a new delivery.
+    function M.delete()
+      local forget = #A >= 2 and M.int_arg(2, 'FORGET', 0, 1) == 1
+      local seq = not forget and M.read('HMGET', K.meta, 'seq')[1] or nil
+      local fields = M.read('HLEN', K.meta)
+      local others = {}
+      for i = 1, #KS do
+        if KS[i] ~= K.meta then others[#others + 1] = KS[i] end
+      end
+      local removed = rcall('UNLINK', unpack(others))
+      rcall('UNLINK', K.meta)
+      -- Tokens of the queue as it was are refused from now on (origin), and none repeats (seq).
+      if seq then rcall('HSET', K.meta, 'seq', seq, 'origin', seq) end
+      return (removed > 0 or fields > (seq and 1 or 0)) and 1 or 0
+    end
+
+    -- The queue's settings, stored in its meta hash: NAME VALUE pairs set (each checked before
+    -- any is written), then all of them answered, each with its value or its default.
+    -- configure's settings, in the order of its reply, and the range of each (the defaults are
+    -- in LIMIT; the ranges only configure reads, so an EVAL call of any other command does not
+    -- build them).
+    local SETTINGS = { 'fence_ms', 'fence_max', 'dead_max', 'dead_age_ms', 'track_ids' }
+    local SETTING_RANGES = {
+      fence_ms = { 1000, 30 * 86400000 }, fence_max = { 1000, 1e9 },
+      -- (at most a million dead letters: requeue_dead's LREM walks that far at the most)
+      dead_max = { 1, 1000000 },
+      dead_age_ms = { 0, 3650 * 86400000 }, -- 0: no age limit
+      track_ids = { 0, 1 },
+    }
+
+    -- configure's track_ids (see IDS): turned on only while the queue holds no job, so the index
+    -- knows every id from the start; turned off, the index goes.
+    function M.change_tracking(meta, writes)
+      local wanted = nil
+      for i = 1, #writes, 2 do
+        if writes[i] == 'track_ids' then wanted = writes[i + 1] end
+      end
+      M.read('HLEN', K.ids)
+      if wanted == nil or wanted == meta.track_ids then return end
+      if wanted == 0 then
+        rcall('UNLINK', K.ids)
+        rcall('HDEL', K.meta, 'stale')
+        return
+      end
+      local ring = M.read('LLEN', K.ring)
+      local jobs = M.read('LLEN', K.leases) + M.read('ZCARD', K.scheduled)
+        - (tonumber(M.read('HMGET', K.meta, 'ticking')[1]) or 0)
+      if ring > 1 or (ring == 1 and M.read('LINDEX', K.ring, 0) ~= SENTINEL) or jobs > 0 then
+        M.refuse('ROTATOR_BADARG', 'track_ids 1 needs a queue that holds no job (nothing ' ..
+          'pending, in flight, deferred or scheduled): the index must know every id')
+      end
+    end
+
+    function M.configure()
+      if #A % 2 == 0 then M.refuse('ROTATOR_BADARG', 'configure takes NAME VALUE pairs') end
+      local writes = {}
+      for i = 2, #A, 2 do
+        local range = SETTING_RANGES[A[i]]
+        if not range then
+          M.refuse('ROTATOR_BADARG', 'no setting ' .. M.printable(A[i]) .. ': one of ' ..
+            table.concat(SETTINGS, ' '))
+        end
+        local value = M.int_arg(i + 1, A[i], range[1], range[2])
+        if A[i] == 'dead_age_ms' and value > 0 and value < 1000 then
+          M.refuse('ROTATOR_BADARG', 'dead_age_ms must be 0 (no limit) or at least 1000')
+        end
+        writes[#writes + 1], writes[#writes + 2] = A[i], value
+      end
+      local meta = M.read_meta(K)
+      M.change_tracking(meta, writes)
+      if #writes > 0 then rcall('HSET', K.meta, unpack(writes)) end
+      local reply = {}
+      for _, name in ipairs(SETTINGS) do
+        local value = meta[name]
+        for i = 1, #writes, 2 do
+          if writes[i] == name then value = writes[i + 1] end
+        end
+        reply[#reply + 1], reply[#reply + 2] = name, value
+      end
+      return reply
+    end
+
+    function M.stats()
+      local reply = M.queue_stats(K)
+      local m = M.read('HMGET', K.meta, 'paused', 'ticking', 'schedules', 'rate_n', 'rate_ms',
+        'pushed', 'taken', 'redelivered', 'completed', 'retried', 'reclaimed', 'lettered',
+        'cancelled', 'prio')
+      -- (the members of ticking schedules are no jobs; jobs waiting at a priority are pending)
+      local prioritized = tonumber(m[14]) or 0
+      local scheduled = M.read('ZCARD', K.scheduled) - (tonumber(m[2]) or 0) - prioritized
+      reply[#reply + 1], reply[#reply + 2] = 'scheduled', math.max(scheduled, 0)
+      reply[#reply + 1], reply[#reply + 2] = 'paused', m[1] == '1' and 1 or 0
+      reply[#reply + 1], reply[#reply + 2] = 'schedules', tonumber(m[3]) or 0
+      reply[#reply + 1], reply[#reply + 2] = 'rate_limit_jobs', tonumber(m[4]) or 0
+      reply[#reply + 1], reply[#reply + 2] = 'rate_limit_ms', tonumber(m[5]) or 0
+      -- Counts since the queue was made (see read_meta): every delivery, first or not.
+      local counts = {}
+      for i = 6, 13 do counts[i] = tonumber(m[i]) or 0 end
+      local totals = { 'pushed', counts[6], 'delivered', counts[7] + counts[8],
+        'completed', counts[9], 'retried', counts[10], 'reclaimed', counts[11],
+        'dead_lettered', counts[12], 'cancelled', counts[13], 'prioritized', prioritized }
+      for i = 1, #totals do reply[#reply + 1] = totals[i] end
+      -- The processing-time histogram (see durations): d0..d25, then dsum.
+      local buckets = {}
+      for b = 0, LIMIT.duration_buckets - 1 do buckets[#buckets + 1] = 'd' .. b end
+      buckets[#buckets + 1] = 'dsum'
+      local counts_of = rcall('HMGET', K.meta, unpack(buckets))
+      for i = 1, #buckets do
+        reply[#reply + 1], reply[#reply + 2] = buckets[i], tonumber(counts_of[i]) or 0
+      end
+      return reply
+    end
+
+    -- stats of the queue whose keys are K (this call's, or a topic group's for tstats).
+    function M.queue_stats(K)
+      local now = M.now_ms()
+      local meta = M.read_meta(K)
+      local ring_length = M.read('LLEN', K.ring)
+      -- The marks' counts (see read_marked), not the marks: O(1) however many are deferred.
+      M.read('HLEN', K.marks)
+      M.read('HLEN', K.marks_old)
+      local marked = meta.marked
+      -- Jobs, not elements: a packed batch holds several.
+      local lease_length = M.read('LLEN', K.leases)
+      local elements = math.max(ring_length - 1, 0) + lease_length
+      -- (jobs waiting at a priority wait outside the ring, and are pending)
+      local length = elements + meta.packed + meta.prio
+      local pending = math.max(0, math.min(length, meta.pushed - meta.taken))
+      local done = M.read('SCARD', K.done)
+      local done_old = M.read('SCARD', K.done_old)
+      local acked = done + done_old + marked[2] + marked[4]
+      local deferred = marked[1] + marked[3]
+      local overdue, capped = 0, false
+      if lease_length > 0 then
+        overdue, capped = M.overdue(K, now, lease_length, done + done_old > 0)
+      end
+      local in_flight = math.max(0, length - pending - acked - deferred - overdue)
+      -- The push log holds cumulative push counts, newest first: the oldest pending job was
+      -- pushed in the oldest checkpoint whose count exceeds what was taken. Binary search.
+      local oldest = -1
+      local lo, hi = 0, M.read('LLEN', K.pushlog) - 1
+      local found = nil
+      while pending > 0 and lo <= hi do
+        local mid = math.floor((lo + hi) / 2)
+        local pushed, at = string.match(rcall('LINDEX', K.pushlog, mid) or '', '^(%d+):(%d+)$')
+        if pushed and tonumber(pushed) > meta.taken then
+          found, lo = tonumber(at), mid + 1
+        else
+          hi = mid - 1
+        end
+      end
+      if found then oldest = math.max(0, now - found) end
+      return {
+        'length', length, 'pending', pending, 'in_flight', in_flight, 'done', acked,
+        'deferred', deferred, 'dead', M.read('LLEN', K.dead), 'oldest_pending_age_ms', oldest,
+        'overdue', overdue, 'overdue_capped', capped and 1 or 0,
+      }
+    end
+
+    -- Leased jobs whose deadline has passed and that no consumer has reclaimed yet (nor acked,
+    -- given back or extended), counted from the lease list's tail, where the earliest deadlines
+    -- are, up to its first young lease: an expired lease waits there for the next claim. Reads at
+    -- most LIMIT.overdue_look elements (a few at first: the tail is young in a healthy queue),
+    -- LIMIT.batch_bytes of them and LIMIT.count tokens; `capped` when it stopped for these bounds
+    -- (the count is then a lower bound). A lease behind a young one (a shorter LEASE_MS after a
+    -- longer) is not counted, as the walk does not reach it yet either.
+    function M.overdue(K, now, length, any_done)
+      local names, owner, batches = {}, {}, {} -- tokens to look up, then batch names
+      local seen, bytes, want, young, capped = 0, 0, 1, false, false
+      while not young and not capped and seen < math.min(length, LIMIT.overdue_look) do
+        want = math.min(want, LIMIT.overdue_look - seen)
+        local slice = rcall('LRANGE', K.leases, -(seen + want), -(seen + 1))
+        for i = #slice, 1, -1 do
+          local element = slice[i]
+          local star = string.find(element, '*', 2, true)
+          local batch = star and string.byte(element) == BYTE_STAR
+            and string.sub(element, 1, star - 1)
+          local deadline = star and M.own_deadline(element, batch or nil)
+          if deadline and deadline > now then
+            young = true
+            break
+          end
+          local ids = {}
+          if deadline and batch then
+            M.split_ids(element, #batch + 2, ids)
+          end
+          if bytes + #element > LIMIT.batch_bytes or #names + #ids + 1 > LIMIT.count then
+            capped = true
+            break
+          end
+          seen, bytes = seen + 1, bytes + #element
+          if deadline and batch then
+            batches[#batches + 1] = batch
+            for k = 1, #ids do
+              names[#names + 1], owner[#names + 1] = ids[k] .. batch .. PAD[k], batch
+            end
+          elseif deadline then
+            names[#names + 1] = element
+          end
+        end
+        want = want * 4
+      end
+      if not young and not capped and seen < length then capped = true end
+      local n = #names
+      if n == 0 then return 0, capped end
+      local gone = {} -- acked, given back, or extended past now
+      if any_done then
+        for _, key in ipairs({ K.done, K.done_old }) do
+          local flags = rcall('SMISMEMBER', key, unpack(names))
+          for j = 1, n do
+            if flags[j] == 1 then gone[j] = true end
+          end
+        end
+      end
+      for j = 1, #batches do names[n + j] = batches[j] end
+      local acked_whole = {}
+      for _, key in ipairs({ K.marks, K.marks_old }) do
+        local marks = rcall('HMGET', key, unpack(names))
+        for j = 1, n do
+          local m = marks[j]
+          if m and (string.byte(m) == BYTE_N or string.byte(m) == BYTE_F
+              or ((string.byte(m) == BYTE_E or string.byte(m) == BYTE_W)
+                and (tonumber(string.sub(m, 2)) or 0) > now)) then
+            gone[j] = true
+          end
+        end
+        for j = 1, #batches do
+          local m = marks[n + j]
+          if m and string.byte(m) == BYTE_A then acked_whole[batches[j]] = true end
+        end
+      end
+      local overdue = 0
+      for j = 1, n do
+        if not gone[j] and not (owner[j] and acked_whole[owner[j]]) then overdue = overdue + 1 end
+      end
+      return overdue, capped
+    end
+
+    function M.peek()
+      local count = M.int_arg(2, 'COUNT', 1, LIMIT.count)
+      local sides = M.read_sides()
+      local rows = M.ring_rows(M.read('LRANGE', K.ring, -count, -1), sides, count)
+      local room = count - #rows / 3
+      if room > 0 then
+        local leases = M.ring_rows(M.read('LRANGE', K.leases, -room, -1), sides, room)
+        for i = 1, #leases do rows[#rows + 1] = leases[i] end
+      end
+      for i = #rows, count * 3 + 1, -1 do rows[i] = nil end
+      return rows
+    end
+
+    -- The elements START..STOP-1 counted from the ring's tail on into the lease list's (0: the
+    -- next to be visited), as peek shows them: read page by page, both lists in bounded calls.
+    function M.scan()
+      local start = M.int_arg(2, 'START', 0, LIMIT.no_bound)
+      local stop = M.int_arg(3, 'STOP', 0, LIMIT.no_bound)
+      local count = M.int_arg(4, 'COUNT', 1, LIMIT.count)
+      local ring_length = M.read('LLEN', K.ring)
+      local length = ring_length + M.read('LLEN', K.leases)
+      local sides = M.read_sides()
+      local meta = M.read_meta(K)
+      stop = math.min(stop, length)
+      -- At most COUNT elements, and fewer where packed batches bring the rows past COUNT (a
+      -- first element alone gives all its rows: a batch holds at most LIMIT.count jobs).
+      local rows, at = {}, start
+      while at < stop and #rows < count * 3 do
+        local key, from, ends = K.ring, at, ring_length
+        if at >= ring_length then key, from, ends = K.leases, at - ring_length, length end
+        local want = math.min(math.min(stop, ends) - at, count - #rows / 3)
+        local slice = rcall('LRANGE', key, -(from + want), -(from + 1))
+        local page = M.ring_rows(slice, sides, nil, count * 3 - #rows)
+        for i = 1, #page do rows[#rows + 1] = page[i] end
+        at = at + (page.elements or #slice)
+        if page.elements and page.elements < #slice then break end
+      end
+      local reply = { math.max(at, start), length, meta.seq, meta.pushed }
+      for i = 1, #rows do reply[#reply + 1] = rows[i] end
+      return reply
+    end
+
+    -- Rows {element, state, time, ...} for a slice of the ring (tail last), tail first. A packed
+    -- batch shows as the leases it stands for, first job first. With `count`, stops at count
+    -- rows; with `room`, stops before an element whose rows would not fit in `room` reply
+    -- entries (the first always fits), and says in rows.elements how many elements it showed.
+    function M.ring_rows(slice, sides, count, room)
+      local mark, packed = {}, {}
+      M.look_up(slice, sides, {}, {}, mark, {}, packed)
+      local rows, batch_acked = {}, {}
+      local elements = 0
+      for i = #slice, 1, -1 do
+        local element, batch = slice[i], packed[i]
+        local before = #rows
+        if batch and string.find(batch, '^%*%d+%.1%.%d+$') then
+          local ids = M.split_ids(element, #batch + 2)
+          for k = 1, #ids do
+            rows[#rows + 1] = ids[k] .. batch .. PAD[k]
+            batch_acked[#rows] = mark[i] and string.byte(mark[i]) == BYTE_A
+          end
+        else
+          rows[#rows + 1] = element
+        end
+        if room and elements > 0 and #rows * 3 > room then
+          for j = #rows, before + 1, -1 do rows[j] = nil end
+          break
+        end
+        elements = elements + 1
+        if count and #rows >= count then break end
+      end
+      local done_in = {}
+      mark = {}
+      M.look_up(rows, sides, {}, done_in, mark, {}, {})
+      local reply = { elements = elements }
+      for i = 1, #rows do
+        local element = rows[i]
+        local state, at = 'pending', 0
+        if element == SENTINEL then
+          state = 'lap'
+        elseif string.find(element, '*', 1, true) or not M.valid_id(element) then
+          local id, deadline = M.parse_token(element)
+          local when = mark[i] and tonumber(string.match(mark[i], '^[enw](%d+)$'))
+          if not id then
+            state = 'corrupt'
+          elseif done_in[i] or batch_acked[i] then
+            state = 'done'
+          elseif when and string.sub(mark[i], 1, 1) == 'n' then
+            state, at = 'deferred', when
+          elseif mark[i] and string.byte(mark[i]) == BYTE_F then
+            state = 'buried'
+          else
+            state, at = 'leased', when or deadline
+          end
+        end
+        reply[#reply + 1] = element
+        reply[#reply + 1] = state
+        reply[#reply + 1] = at
+      end
+      return reply
+    end
+
+    function M.dead()
+      local start = M.int_arg(2, 'START', 0, LIMIT.no_bound)
+      local count = M.int_arg(3, 'COUNT', 1, LIMIT.count)
+      return M.read('LRANGE', K.dead, start, start + count - 1)
+    end
+
+    function M.requeue_dead()
+      return (M.requeue_letters(0, 2))
+    end
+
+    function M.requeue_dead_from()
+      local start = M.int_arg(2, 'START', 0, LIMIT.no_bound)
+      local requeued, following = M.requeue_letters(start, 3)
+      return { requeued, following }
+    end
+
+    -- requeue_dead's work on the dead letters from index START on, COUNT at A[at] and the ids
+    -- after it: examines at most LIMIT.dead_scan letters, so a call stays short however many
+    -- there are. Returns how many were requeued, and where to go on (-1: the list's end).
+    function M.requeue_letters(start, at)
+      local count = M.int_arg(at, 'COUNT', 1, LIMIT.batch)
+      M.check_ids(at + 1)
+      local wanted = nil
+      if #A > at then
+        wanted = {}
+        for i = at + 1, #A do wanted[A[i]] = true end
+      end
+      local dead_length = M.read('LLEN', K.dead)
+      local letters = M.read('LRANGE', K.dead, start, start + LIMIT.dead_scan - 1)
+      local length = M.read('LLEN', K.ring)
+      local meta = M.read_meta(K)
+      local head = M.read_push_keys(K)
+      local ids, places = {}, {}
+      for i = 1, #letters do
+        local id = #ids < count and M.dead_letter_id(letters[i])
+        if id and (not wanted or wanted[id]) then
+          ids[#ids + 1], places[#places + 1] = id, start + i - 1
+        end
+      end
+      local examined = #ids < count and #letters or places[#places] - start + 1
+      local following = start + examined - #ids
+      if start + examined >= dead_length then following = -1 end
+      if #ids == 0 then return 0, following end
+      -- The requeued letters leave the list where they are: marked, then removed by LREM, which
+      -- walks the list only as far as the last of them.
+      local tomb = '*requeued*' .. M.now_ms()
+      for i = 1, #places do rcall('LSET', K.dead, places[i], tomb) end
+      rcall('LREM', K.dead, #places, tomb)
+      local requeued = #ids
+      -- (a letter whose id the queue holds again goes all the same: that job will run)
+      if meta.tracked then ids = M.admit(ids, 'p') end
+      if #ids > 0 then
+        M.ensure_ring(K, length)
+        M.call_all('LPUSH', K.ring, ids)
+        M.record_push(K, meta, #ids, M.now_ms(), head)
+      end
+      return requeued, following
+    end
+
+    function M.dead_letter_id(letter)
+      local element = string.match(letter, '^[^*]*%*%d+%*%d+%*(.*)$')
+      if not element then return nil end
+      local star = string.find(element, '*', 1, true)
+      local id = star and string.sub(element, 1, star - 1) or element
+      return M.valid_id(id) and id or nil
+    end
+
+    -- SCHEDULES: recurring jobs (see the header's SCHEDULES). A schedule is the meta field
+    -- "schedule:<name>" = "<job_id>*<last tick ms>*<every ms>*<due,due,...>*<spec>" (neither a
+    -- name nor a job id holds "*"; the spec, last, may), and while it has a next tick, the
+    -- member "*<name>" of K.scheduled scored by it. meta `schedules` counts the schedules,
+    -- `ticking` the members.
+    function M.schedule_field(name)
+      return 'schedule:' .. name
+    end
+
+    function M.parse_schedule(text)
+      local job_id, last, every, dues, spec =
+        string.match(text or '', '^([^*]+)%*(%d+)%*(%d+)%*([%d,]*)%*(.*)$')
+      if not job_id then return nil end
+      local list = {}
+      for due in string.gmatch(dues, '%d+') do list[#list + 1] = tonumber(due) end
+      return { job_id = job_id, last = tonumber(last), every = tonumber(every), dues = list,
+        spec = spec }
+    end
+
+    function M.format_schedule(d)
+      return d.job_id .. '*' .. d.last .. '*' .. d.every .. '*' .. table.concat(d.dues, ',') ..
+        '*' .. d.spec
+    end
+
+    -- The schedule NAME's next tick after `after` (ms): for an interval, the first of
+    -- due + k * every beyond it; for due times, the first given beyond it (dropping those
+    -- passed), nil when none is left.
+    function M.next_tick(d, due, after)
+      if d.every > 0 then
+        return due + d.every * (math.floor((after - due) / d.every) + 1)
+      end
+      local left = {}
+      for i = 1, #d.dues do
+        if d.dues[i] > after then left[#left + 1] = d.dues[i] end
+      end
+      d.dues = left
+      return left[1]
+    end
+
+    -- Ticks of the schedules whose members promote found due ({name, due} pairs, names without
+    -- their "*"): each pushes one job "<job_id>@<due ms>" (its id names the schedule's job and
+    -- the tick) and moves the member to the next tick after now, so ticks missed while nothing
+    -- ran make one job (a catch-up), not one each. Returns the ids to push.
+    function M.tick(due_schedules, now)
+      local ids, ticking = {}, 0
+      for i = 1, #due_schedules, 2 do
+        local name, due = due_schedules[i], due_schedules[i + 1]
+        local field = M.schedule_field(name)
+        local d = M.parse_schedule(rcall('HGET', K.meta, field))
+        if d then
+          ids[#ids + 1] = d.job_id .. '@' .. due
+          d.last = due
+          local next_due = M.next_tick(d, due, now)
+          rcall('HSET', K.meta, field, M.format_schedule(d))
+          if next_due then
+            rcall('ZADD', K.scheduled, next_due, '*' .. name)
+          else
+            ticking = ticking - 1 -- due times ran out: idle until given more
+          end
+        else
+          ticking = ticking - 1 -- (a member left without its schedule: written by hand)
+        end
+      end
+      if ticking ~= 0 then rcall('HINCRBY', K.meta, 'ticking', ticking) end
+      return ids
+    end
+
+    function M.schedule()
+      local mode = A[2]
+      if mode ~= 'SET' and mode ~= 'FILL' then
+        M.refuse('ROTATOR_BADARG', 'expected SET or FILL, got ' .. M.printable(mode))
+      end
+      local name, job_id, spec = A[3] or '', A[4] or '', A[6] or ''
+      if #name > LIMIT.schedule_name or not string.find(name, '^[%w%._:@/%-]+$') then
+        M.refuse('ROTATOR_BADARG', 'schedule name must be 1..' .. LIMIT.schedule_name ..
+          ' of A-Z a-z 0-9 . _ : @ / -, got ' .. M.printable(name))
+      end
+      if not M.valid_id(job_id) or #job_id > LIMIT.id_bytes - LIMIT.int_digits - 1 then
+        M.refuse('ROTATOR_BADID', 'a schedule\'s job id must be 1..' ..
+          (LIMIT.id_bytes - LIMIT.int_digits - 1) .. ' bytes without "*", got ' ..
+          M.printable(job_id))
+      end
+      local every = M.int_arg(5, 'EVERY_MS', 0, LIMIT.schedule_ms)
+      if #spec > LIMIT.spec_bytes then
+        M.refuse('ROTATOR_BADARG', 'SPEC must be at most ' .. LIMIT.spec_bytes .. ' bytes')
+      end
+      local count = #A - 6 -- (SPEC is not optional: -1 without it)
+      if count < 0 or (every > 0) ~= (count == 0) or count > LIMIT.schedule_dues then
+        M.refuse('ROTATOR_BADARG', 'EVERY_MS > 0 takes no DUE; EVERY_MS 0 takes 1..' ..
+          LIMIT.schedule_dues .. ' DUEs, got ' .. count)
+      end
+      local now = M.now_ms()
+      local dues = {}
+      for i = 7, #A do
+        dues[#dues + 1] = M.int_arg(i, 'DUE', 0, now + LIMIT.schedule_ms)
+        if #dues > 1 and dues[#dues] <= dues[#dues - 1] then
+          M.refuse('ROTATOR_BADARG', 'DUEs must be ascending')
+        end
+      end
+      local field = M.schedule_field(name)
+      local m = M.read('HMGET', K.meta, field, 'schedules', 'smin')
+      M.read('ZCARD', K.scheduled)
+      M.read('LLEN', K.wake)
+      local old = M.parse_schedule(m[1])
+      local same = old and old.job_id == job_id and old.every == every and old.spec == spec
+      if mode == 'FILL' and not same then return 0 end
+      if not old and tonumber(m[2] or 0) >= LIMIT.schedules then
+        M.refuse('ROTATOR_TOOMANY', 'at most ' .. LIMIT.schedules .. ' schedules per queue')
+      end
+      local member = '*' .. name
+      local current = tonumber(rcall('ZSCORE', K.scheduled, member))
+      local d = { job_id = job_id, last = old and old.last or 0, every = every, dues = dues,
+        spec = spec }
+      local next_due = current
+      if not same or not current then
+        next_due = every > 0 and now + every or nil
+      end
+      if every == 0 then next_due = M.next_tick(d, 0, d.last) end
+      rcall('HSET', K.meta, field, M.format_schedule(d))
+      if not old then rcall('HINCRBY', K.meta, 'schedules', 1) end
+      if next_due then
+        rcall('ZADD', K.scheduled, next_due, member)
+        local smin = tonumber(m[3])
+        if not smin or next_due < smin then
+          rcall('HSET', K.meta, 'smin', next_due)
+          M.wake_one()
+        end
+      elseif current then
+        rcall('ZREM', K.scheduled, member)
+      end
+      local ticking = (next_due and 1 or 0) - (current and 1 or 0)
+      if ticking ~= 0 then rcall('HINCRBY', K.meta, 'ticking', ticking) end
+      return same and 0 or 1
+    end
+
+    function M.unschedule()
+      local name = A[2] or ''
+      local field = M.schedule_field(name)
+      local m = M.read('HMGET', K.meta, field)
+      M.read('ZCARD', K.scheduled)
+      if not m[1] then return 0 end
+      rcall('HDEL', K.meta, field)
+      rcall('HINCRBY', K.meta, 'schedules', -1)
+      if rcall('ZREM', K.scheduled, '*' .. name) == 1 then
+        rcall('HINCRBY', K.meta, 'ticking', -1)
+      end
+      return 1
+    end
+
+    function M.schedules()
+      local all = M.read('HGETALL', K.meta)
+      M.read('ZCARD', K.scheduled)
+      local names, defs = {}, {}
+      for i = 1, #all, 2 do
+        local name = string.match(all[i], '^schedule:(.+)$')
+        if name then
+          names[#names + 1], defs[name] = name, M.parse_schedule(all[i + 1])
+        end
+      end
+      table.sort(names)
+      local reply = {}
+      for _, name in ipairs(names) do
+        local d = defs[name]
+        if d then
+          local next_due = rcall('ZSCORE', K.scheduled, '*' .. name)
+          local row = { name, d.job_id, d.every, d.spec, tonumber(next_due) or -1, d.last, #d.dues,
+            d.dues[#d.dues] or -1 }
+          for k = 1, #row do reply[#reply + 1] = row[k] end
+        end
+      end
+      return reply
+    end
+  end
+
+  -- 12. PAYLOADS AND ITEM STATS -------------------------------------------------------------------
+
+  -- The payload, item-stats and topic commands (this section and the next): defined on their
+  -- first use (see ON_FIRST_USE), so an EVAL call of a core command does not pay for creating
+  -- their functions (a library defines them once).
+  function M.define_extensions()
+    -- pushp nextp ackp keep payloads in the fourteenth key; pushi nackp items keep per-item stats
+    -- in the fifteenth, which pushp nextp ackp also keep when given it.
+
+    -- A payload call's acks name their batches (NAMED) and drop what they complete (FRESH_ACKS):
+    -- what check_tokens, ack_tokens and the short way of next call for them.
+
+    -- A named batch acked whole now: its ids' payloads go (DROPPED). The first batch's list of
+    -- ids is taken over, not copied (a batch of 100 is the common call): nothing reads a named
+    -- batch's ids once they are dropped.
+    function M.drop_named(batch, ids)
+      local dropped = DROPPED
+      if #dropped.ids == 0 then
+        dropped.ids = ids
+      else
+        local into = dropped.ids
+        for j = 1, #ids do into[#into + 1] = ids[j] end
+      end
+      dropped.batches[#dropped.batches + 1] = batch
+    end
+
+    -- Each named batch ack of A[first..] (`named`: argument -> the ids it names, all checked)
+    -- becomes its batch ack, what it named kept in NAMED; a call naming more than LIMIT.batch
+    -- jobs, tokens and ids together, is refused (their payloads are looked up in one call).
+    function M.take_names(first, named)
+      local jobs = #A - first + 1
+      for _, ids in pairs(named) do jobs = jobs + #ids - 1 end
+      if jobs > LIMIT.batch then
+        M.refuse('ROTATOR_TOOMANY',
+          'at most ' .. LIMIT.batch .. ' jobs named per call, got ' .. jobs)
+      end
+      NAMED = {}
+      for i = first, #A do
+        local ids = named[i]
+        if ids then
+          local ack = string.sub(A[i], 1, string.find(A[i], '*', 2, true) - 1) .. '/' .. #ids
+          NAMED[ack] = { element = A[i], ids = ids }
+          A[i] = ack
+        end
+      end
+    end
+
+    -- The ids of a named batch ack "*<deadline>.1.<call seq>*<id>*<id>..." (`star`: its second
+    -- "*"), nil when it is not one: a batch name, then 1..LIMIT.count valid ids whose bytes stay
+    -- within what one call's batch may hold.
+    function M.name_batch(token, star)
+      local find = string.find
+      if not star or star - 1 > LIMIT.stamp_bytes or not find(token, '^%*%d+%.1%.%d+%*')
+          or #token - star > LIMIT.batch_bytes + LIMIT.id_bytes + LIMIT.count
+          or find(token, '**', star, true) or string.byte(token, -1) == BYTE_STAR then
+        return nil -- (or an empty id: "**", or an ending "*")
+      end
+      local ids = M.split_ids(token, star + 1)
+      if #ids > LIMIT.count then return nil end
+      for i = 1, #ids do
+        if #ids[i] > LIMIT.id_bytes then return nil end
+      end
+      return ids
+    end
+
+    -- The named batch acks (see NAMED) not refused yet: refused unless their packed element is
+    -- in the lease list as named, near one of its ends (LIMIT.named_look elements), so the ids
+    -- are the batch's own; the ids of those not acked whole before (no "a" mark) go to
+    -- DROPPED. A batch acked and removed before is not found: its ack is refused, and the client
+    -- acks token by token (which not_acked_yet then knows, from the call's memory of it).
+    function M.check_named(first, refused, sides)
+      local batches, acks, seen = {}, {}, {}
+      for i = first, #A do
+        local ack = A[i]
+        local named = NAMED[ack]
+        if named and not refused[ack] and not seen[ack] then
+          seen[ack] = true
+          if not M.near_an_end(named.element) then
+            refused[ack] = true
+          else
+            batches[#batches + 1], acks[#batches + 1] = M.split_batch_ack(ack), ack
+          end
+        end
+      end
+      local before = {}
+      for _, key in ipairs({ K.marks, K.marks_old }) do
+        if #batches > 0 and (sides[key] or 0) > 0 then
+          local marks = M.hmget_all(key, batches)
+          for i = 1, #batches do
+            if marks[i] and string.byte(marks[i]) == BYTE_A then before[i] = true end
+          end
+        end
+      end
+      for i = 1, #batches do
+        if not before[i] then M.drop_named(batches[i], NAMED[acks[i]].ids) end
+      end
+    end
+
+    -- Whether a packed element is in the lease list near one of its ends (LIMIT.named_look
+    -- elements), where a named batch ack looks for it: compared by the server, not read.
+    function M.near_an_end(element)
+      return rcall('LPOS', K.leases, element, 'MAXLEN', LIMIT.named_look)
+        or rcall('LPOS', K.leases, element, 'RANK', -1, 'MAXLEN', LIMIT.named_look)
+    end
+
+    -- Of `tokens`, those in neither done set, nor of a batch acked whole (an "a" mark: a named
+    -- batch ack took its payloads, and a client whose other batch ack was refused sends the
+    -- tokens of both), nor remembered with their batch as dropped (M.remember_dropped: acked,
+    -- and their lease removed since): acked now for the first time.
+    function M.not_acked_yet(tokens, sides)
+      local fresh, seen = {}, {}
+      for _, key in ipairs({ K.done, K.done_old }) do
+        if #tokens > 0 and (sides[key] or 1) > 0 then -- (size unknown: look)
+          local flags = rcall('SMISMEMBER', key, unpack(tokens))
+          for i = 1, #flags do
+            if flags[i] == 1 then seen[tokens[i]] = true end
+          end
+        end
+      end
+      local batches, of = {}, {}
+      for i = 1, #tokens do
+        local batch = M.batch_of(tokens[i])
+        if batch and not of[batch] then batches[#batches + 1], of[batch] = batch, {} end
+        if batch then table.insert(of[batch], tokens[i]) end
+      end
+      for _, key in ipairs({ K.marks, K.marks_old }) do
+        if #batches > 0 and (sides[key] or 1) > 0 then
+          local marks = M.hmget_all(key, batches)
+          for j = 1, #batches do
+            if marks[j] and string.byte(marks[j]) == BYTE_A then
+              for _, token in ipairs(of[batches[j]]) do seen[token] = true end
+            end
+          end
+        end
+      end
+      if #tokens > 0 and (sides.revoked or 1) > 0 then
+        local names, of = {}, {}
+        for i = 1, #tokens do
+          local token = tokens[i]
+          if not seen[token] then
+            names[#names + 1], of[#names + 1] = token .. DROPPED_MARK, token
+            local batch = M.batch_of(token)
+            if batch then names[#names + 1], of[#names + 1] = batch .. DROPPED_MARK, token end
+          end
+        end
+        local scores = M.zmscore_all(K.revoked, names)
+        for i = 1, #names do
+          if scores[i] then seen[of[i]] = true end
+        end
+      end
+      for i = 1, #tokens do
+        if not seen[tokens[i]] then fresh[#fresh + 1] = tokens[i] end
+      end
+      return fresh
+    end
+
+    -- Remembers the acks whose payloads this call dropped (`tokens`, and `batches` acked whole by
+    -- name) in K.revoked as "<name>+", which names no ack, so refused_among never meets one: an
+    -- ack sent again (its reply lost, the call retried) after the walk removed its lease would
+    -- otherwise be taken for a first one, and drop the payload of a copy of its id queued since.
+    -- They are kept for the fence window, at most LIMIT.drop_memory_ms: scored that much before
+    -- a refusal made now, so the fence's own trim (trim_revoked) drops them in time. `call`:
+    -- what the call read, {fence = its fence_ms and fence_max, now = ms, revoked = the set's size}.
+    function M.remember_dropped(tokens, batches, call)
+      local n = #tokens + #batches
+      if n == 0 then return end
+      local fence, now = call.fence, call.now
+      local score = now - fence.fence_ms + math.min(fence.fence_ms, LIMIT.drop_memory_ms)
+      local args = {}
+      for _, names in ipairs({ tokens, batches }) do
+        for i = 1, #names do
+          args[#args + 1], args[#args + 2] = score, names[i] .. DROPPED_MARK
+        end
+      end
+      M.call_all('ZADD', K.revoked, args)
+      -- (a claim trimmed already, LIMIT.trim_step at least: more than most calls add)
+      if not TRIMMED or n > LIMIT.trim_step then M.trim_revoked(fence, now, n, call.revoked + n) end
+    end
+
+    -- Ids of accepted tokens (checked tokens: each has a "*" after its id).
+    function M.token_ids(tokens)
+      local ids = {}
+      for i = 1, #tokens do
+        ids[i] = string.sub(tokens[i], 1, string.find(tokens[i], '*', 2, true) - 1)
+      end
+      return ids
+    end
+
+    -- An id pushed again while it is in the queue (a push retried after a lost reply) shares
+    -- its payload: the field "<id>*" (no id holds "*") counts the copies beyond the first, and
+    -- the payload stays until the last copy is acked. Meta `copies` counts those fields, once
+    -- a push has found the payloads hash empty (before that, on a queue of an older module or
+    -- whose meta was deleted alone, it is absent: unknown), so that an ack on a queue without
+    -- copies, the common case, need not look for each id's.
+    function M.copies_field(id)
+      return id .. '*'
+    end
+
+    -- Meta `copies` (the meta hash read, and so type-checked, before): a number, or nil when
+    -- unknown.
+    function M.copies_known()
+      return tonumber(rcall('HGET', K.meta, 'copies'))
+    end
+
+    -- Deletes the payloads (and item stats) of the jobs whose tokens were accepted as acked,
+    -- but of an id with copies still in the queue only one copy's count, and remembers the
+    -- acks that did (`call`: see M.remember_dropped).
+    function M.forget(accepted, call)
+      accepted = accepted or {}
+      local ids = DROPPED.ids -- (the batches acked by name: taken over, nothing else reads them)
+      if #accepted > 0 then
+        ids = M.token_ids(accepted)
+        for i = 1, #DROPPED.ids do ids[#ids + 1] = DROPPED.ids[i] end
+      end
+      if #ids == 0 then return end
+      M.remember_dropped(accepted, DROPPED.batches, call)
+      local known = M.copies_known()
+      -- (without copies, every id's payload goes; HDEL takes an id given twice as once)
+      local gone = known == 0 and ids or M.forget_copies(ids, known)
+      if #gone == 0 then return end
+      rcall('HDEL', K.payloads, unpack(gone))
+      if K.items then rcall('HDEL', K.items, unpack(gone)) end
+    end
+
+    -- forget's acked ids where copies may be (`known`: their fields counted, or nil): takes one
+    -- copy each from the ids that have some, and returns the ids that had none left, whose
+    -- payloads go.
+    function M.forget_copies(ids, known)
+      local fields = {}
+      for i = 1, #ids do fields[i] = M.copies_field(ids[i]) end
+      local copies = rcall('HMGET', K.payloads, unpack(fields))
+      -- An id may come more than once (two copies acked in one call): each takes one copy
+      -- from what is left, the last one the payload.
+      local left, was = {}, {}
+      for i = 1, #ids do
+        was[fields[i]] = tonumber(copies[i]) or 0
+        left[fields[i]] = was[fields[i]]
+      end
+      local gone = {}
+      for i = 1, #ids do
+        local field = fields[i]
+        if left[field] > 0 then
+          left[field] = left[field] - 1
+        elseif left[field] == 0 then
+          gone[#gone + 1], left[field] = ids[i], -1 -- (once)
+        end
+      end
+      local counts, drops = {}, {}
+      for i = 1, #ids do
+        local field, n = fields[i], was[fields[i]]
+        if n > 0 and left[field] ~= n then
+          if left[field] > 0 then
+            counts[#counts + 1], counts[#counts + 2] = field, left[field]
+          else
+            drops[#drops + 1] = field
+          end
+          was[field] = left[field] -- (each field written once)
+        end
+      end
+      if #counts > 0 then rcall('HSET', K.payloads, unpack(counts)) end
+      if #drops > 0 then
+        rcall('HDEL', K.payloads, unpack(drops))
+        if known then rcall('HSET', K.meta, 'copies', math.max(known - #drops, 0)) end
+      end
+      return gone
+    end
+
+    -- Counts the copies of ids pushed while a payload of theirs is stored (see copies_field);
+    -- `stored`: how many fields the payloads hash held before this push.
+    function M.count_copies(ids, stored)
+      local known = M.copies_known()
+      local starts = not known and stored == 0 -- (an empty hash: no copies, counted from now)
+      if starts then known = 0 end
+      local had = rcall('HMGET', K.payloads, unpack(ids))
+      local seen, made = {}, 0
+      for i = 1, #ids do
+        local id = ids[i]
+        if had[i] or seen[id] then
+          if rcall('HINCRBY', K.payloads, M.copies_field(id), 1) == 1 then made = made + 1 end
+        end
+        seen[id] = true
+      end
+      if known and (made > 0 or starts) then rcall('HSET', K.meta, 'copies', known + made) end
+    end
+
+    function M.refuse_id(value)
+      M.refuse('ROTATOR_BADID', 'job id must be 1..' .. LIMIT.id_bytes ..
+        ' bytes without "*", got ' .. M.printable(value))
+    end
+
+    function M.pushp()
+      if (#A - 1) % 2 == 1 then
+        M.refuse('ROTATOR_BADARG', 'pushp takes ID PAYLOAD pairs, got ' .. (#A - 1) .. ' arguments')
+      end
+      M.check_count(2, 'ids and payloads')
+      local ids = {}
+      for i = 2, #A, 2 do
+        if not M.valid_id(A[i]) then M.refuse_id(A[i]) end
+        ids[#ids + 1] = A[i]
+      end
+      if #ids == 0 then return 0 end
+      local length = M.read('LLEN', K.ring)
+      local meta = M.read_push_meta(K)
+      local head, wake = M.read_push_keys(K)
+      local stored = M.read('HLEN', K.payloads)
+      if K.items then M.read('HLEN', K.items) end
+      M.check_unique(meta)
+      local now = M.now_ms()
+      local pairs_ = { unpack(A, 2) }
+      if meta.tracked then -- each id once (see IDS): a job held keeps its payload
+        ids = M.admit(ids, 'p')
+        pairs_ = M.pairs_of(ids, 2)
+        if #ids == 0 then return 0 end
+      end
+      M.ensure_ring(K, length)
+      M.count_copies(ids, stored)
+      M.call_all('HSET', K.payloads, pairs_)
+      M.call_all('LPUSH', K.ring, ids)
+      M.record_push(K, meta, #ids, now, head, nil, wake) -- (nothing wrote the wake list since)
+      M.enqueued(ids, now)
+      return #ids
+    end
+
+    -- The ID PAYLOAD pairs of A[first..] whose ids are in `ids` (the first pair of each).
+    function M.pairs_of(ids, first)
+      local wanted, pairs_ = {}, {}
+      for i = 1, #ids do wanted[ids[i]] = true end
+      for i = first, #A, 2 do
+        if wanted[A[i]] then
+          wanted[A[i]] = nil
+          pairs_[#pairs_ + 1], pairs_[#pairs_ + 2] = A[i], A[i + 1]
+        end
+      end
+      return pairs_
+    end
+
+    -- pushp, for later (push_later): each payload is stored now. An id scheduled again moves
+    -- (one scheduled job), so only ids not scheduled yet may count as copies (copies_field).
+    function M.pushp_later()
+      local due, now = M.due_arg()
+      if (#A - 3) % 2 == 1 then
+        M.refuse('ROTATOR_BADARG', 'pushp_later takes ID PAYLOAD pairs after the time, got ' ..
+          (#A - 3) .. ' arguments')
+      end
+      M.check_count(4, 'ids and payloads')
+      local ids = {}
+      for i = 4, #A, 2 do
+        if not M.valid_id(A[i]) then M.refuse_id(A[i]) end
+        ids[#ids + 1] = A[i]
+      end
+      if #ids == 0 then return 0 end
+      local smin = M.read_schedule_keys()
+      local stored = M.read('HLEN', K.payloads)
+      if K.items then M.read('HLEN', K.items) end
+      local pairs_ = { unpack(A, 4) }
+      if M.read_tracked() then -- each id once (see IDS)
+        ids = M.admit(ids, 's')
+        pairs_ = M.pairs_of(ids, 4)
+        if #ids == 0 then return 0 end
+      end
+      local scheduled = rcall('ZMSCORE', K.scheduled, unpack(ids))
+      local fresh, seen = {}, {}
+      for i = 1, #ids do
+        if not scheduled[i] and not seen[ids[i]] then fresh[#fresh + 1] = ids[i] end
+        seen[ids[i]] = true
+      end
+      if #fresh > 0 then M.count_copies(fresh, stored) end
+      M.call_all('HSET', K.payloads, pairs_)
+      M.schedule_ids(ids, due, smin)
+      M.enqueued(ids, now)
+      return #ids
+    end
+
+    -- Ids leased by a next reply ({idle, wait, acked, token, reclaimed, ...}), in reply order.
+    -- The ids a next reply leased, in its order, and how many of them came packed (`compact`:
+    -- next_packed's reply, whose packed element "<batch>*<id1>*<id2>..." comes first).
+    function M.leased_ids(reply, compact)
+      local ids, first = {}, 4
+      if compact and PACKED and PACKED == reply[4] then
+        first, ids = 5, PACKED_IDS -- (taken over: nothing else reads them after the lease)
+      elseif compact then
+        first = 5
+        local star = string.find(reply[4], '*', 2, true)
+        if star then
+          M.split_ids(reply[4], star + 1, ids)
+        end
+      end
+      local packed = #ids
+      for i = first, #reply, 2 do
+        local token = reply[i]
+        ids[#ids + 1] = string.sub(token, 1, string.find(token, '*', 2, true) - 1)
+      end
+      return ids, packed
+    end
+
+    -- Notes a delivery of each leased job in its item stats (an id pushed without stats gets an
+    -- entry with enqueued ms 0: unknown).
+    -- The first `packed` ids came packed (first deliveries); the tokens of the others follow in
+    -- the reply from `at` (4 for next's reply, 5 for next_packed's), with their flags.
+    function M.delivered(reply, ids, packed, at)
+      if not K.items or #ids == 0 then return end
+      local now = M.now_ms()
+      local old = rcall('HMGET', K.items, unpack(ids))
+      local writes = {}
+      for j = 1, #ids do
+        local n = 1
+        if j > packed then n = select(3, M.parse_token(reply[at + 2 * (j - packed - 1)])) end
+        local enqueued, rest = string.match(old[j] or '', '^(%d+):%d+:%d+:(.*)$')
+        writes[#writes + 1] = ids[j]
+        writes[#writes + 1] = (enqueued or '0') .. ':' .. (n or 0) .. ':' .. now .. ':' ..
+          (rest or '')
+      end
+      M.call_all('HSET', K.items, writes)
+    end
+
+    -- nextp's work, and nextp_packed's (`compact`): the lease, then every leased job's payload
+    -- read in one HMGET. The reply's head is next's (or next_packed's, with its packed element);
+    -- then, compact, the packed jobs' payloads in their order; then token, flag and payload of
+    -- each other delivery.
+    function M.lease_payloads(compact)
+      local drop = M.int_arg(6, 'DROP', 0, 1)
+      local times = M.durations_arg(7)
+      M.read('HLEN', K.payloads)
+      if K.items then M.read('HLEN', K.items) end
+      -- Dropping payloads needs each acked job's id: batch acks only where they are kept.
+      FRESH_ACKS = drop == 1
+      local reply, accepted, state = M.lease(7, drop == 0 or 'named', compact)
+      local at = compact and 5 or 4 -- the first token in reply
+      -- (a reply of the packed batch alone, the common one, takes its payloads after it)
+      local out = #reply < at and reply or { unpack(reply, 1, at - 1) }
+      local ids, packed = M.leased_ids(reply, compact)
+      if #ids > 0 then
+        local bodies = rcall('HMGET', K.payloads, unpack(ids))
+        for j = 1, packed do out[#out + 1] = bodies[j] end
+        for j = packed + 1, #ids do
+          local i = at + 2 * (j - packed - 1)
+          out[#out + 1] = reply[i]
+          out[#out + 1] = reply[i + 1]
+          out[#out + 1] = bodies[j]
+        end
+      end
+      M.delivered(reply, ids, packed, at)
+      if drop == 1 then
+        M.forget(accepted, { fence = state.meta, now = state.now, revoked = state.sides.revoked })
+      end
+      M.add_durations(times)
+      return out
+    end
+
+    function M.nextp()
+      return M.lease_payloads(false)
+    end
+
+    function M.nextp_packed()
+      return M.lease_payloads(true)
+    end
+
+    function M.ackp()
+      local times = M.durations_arg(2)
+      M.check_tokens(2, true, 'named')
+      local sides = M.ack_sides(true)
+      M.read('HLEN', K.payloads)
+      if K.items then M.read('HLEN', K.items) end
+      FRESH_ACKS = true
+      local n, accepted = M.ack_tokens(2, sides.length, sides)
+      M.write_acked(sides)
+      M.forget(accepted, { fence = sides, now = M.now_ms(), revoked = sides.revoked })
+      M.add_durations(times)
+      return n
+    end
+
+    function M.pushi()
+      local n, now, pushed = M.push_ids(2, function() M.read('HLEN', K.items) end)
+      if n > 0 then
+        local ids = pushed or { unpack(A, 2) }
+        M.enqueued(ids, now)
+      end
+      return n
+    end
+
+    function M.nackp()
+      local message = M.error_arg(3)
+      local reply = M.give_back(4, function() M.read('HLEN', K.items) end)
+      M.note_errors(4, reply, message)
+      return reply
+    end
+
+    function M.items()
+      M.check_ids(2)
+      if #A < 2 then return {} end
+      return M.read('HMGET', K.items, unpack(A, 2))
+    end
+
+    -- 13. TOPICS ----------------------------------------------------------------------------------
+    -- TOPIC KEYS, then QUEUE_KEYS per group. Every helper here serves several of the commands.
+
+    -- The bound of an idle group's backlog (see expire_backlog): the pending ids a group keeps
+    -- when the topic's retention names no count (age only), and the ring elements one publish
+    -- may read, over all its groups, to find pending ids behind leases and packed batches.
+    local BACKLOG = { cap = 1000000, look = LIMIT.count }
+
+    -- The layout rotator/keys.py builds: the topic's KEYS are "<base>:topic:<role>" and group
+    -- GROUP's thirteen are "<base>:group:<GROUP>:<role>", in the header's KEYS order, where
+    -- <base> is "<prefix>:{<topic>}". Checked by name only (no reads) before any write: a call
+    -- that got another key in a slot (another group's, a queue's, anything) would write or
+    -- delete it.
+    local TOPIC_SUFFIXES = { ':topic:meta', ':topic:groups', ':topic:log', ':topic:bodies' }
+    -- The base the topic's four KEYS share; refuses KEYS that do not follow the layout.
+    function M.topic_base()
+      local first, suffix = KS[1], TOPIC_SUFFIXES[1]
+      local base = #first > #suffix and string.sub(first, 1, #first - #suffix)
+      for i = 1, TOPIC_KEYS do
+        if not base or KS[i] ~= base .. TOPIC_SUFFIXES[i] then
+          M.refuse('ROTATOR_KEYS', 'topic key ' .. i .. ' must end in ' ..
+            M.printable(TOPIC_SUFFIXES[i]) .. ' after the base of the first, got ' ..
+            M.printable(KS[i]))
+        end
+      end
+      return base
+    end
+
+    -- Refuses the call unless the call's group g (1, 2, ...) has exactly group `group`'s keys.
+    function M.check_group_keys(base, g, group)
+      local head = base .. ':group:' .. group
+      local at = TOPIC_KEYS + QUEUE_KEYS * (g - 1)
+      for r = 1, QUEUE_KEYS do
+        if KS[at + r] ~= head .. QUEUE_ROLES[r] then
+          M.refuse('ROTATOR_KEYS', 'key ' .. (at + r) .. ' must be group ' .. M.printable(group) ..
+            "'s " .. string.sub(QUEUE_ROLES[r], 2) .. ' key, got ' .. M.printable(KS[at + r]))
+        end
+      end
+    end
+
+    function M.group_arg(index)
+      local group = A[index]
+      if type(group) ~= 'string' or #group > LIMIT.group_bytes
+          or not string.find(group, '^[%w._@/-]+$') then
+        M.refuse('ROTATOR_BADARG', 'GROUP must be 1..' .. LIMIT.group_bytes ..
+          ' of A-Z a-z 0-9 . _ @ / -, got ' .. M.printable(group))
+      end
+      return group
+    end
+
+    function M.read_topic()
+      local m = M.read('HMGET', T.topic, 'seq', 'ms', 'bytes')
+      return { seq = tonumber(m[1]) or 0, ms = tonumber(m[2]) or 0, bytes = tonumber(m[3]) or 0 }
+    end
+
+    -- The registered groups (name -> ring key), checked against the groups whose KEYS this call
+    -- got: exactly the registered set, each once. Anything else means a group registered or left
+    -- since the caller read the set: nothing is written, and the caller reads it again.
+    function M.check_groups()
+      local n = M.read('HLEN', T.groups)
+      if n > LIMIT.groups then
+        M.refuse('ROTATOR_BADARG', 'topic has ' .. n .. ' groups, at most ' .. LIMIT.groups)
+      end
+      local flat = rcall('HGETALL', T.groups)
+      local name_of = {}
+      for i = 1, #flat, 2 do name_of[flat[i + 1]] = flat[i] end
+      local names = {}
+      for g = 1, NGROUPS do
+        local ring = KS[TOPIC_KEYS + QUEUE_KEYS * (g - 1) + 1]
+        local name = name_of[ring]
+        if not name then
+          M.refuse('ROTATOR_STALE',
+            'key ' .. M.printable(ring) .. ' is not a registered group ring')
+        end
+        name_of[ring] = nil -- a group given twice is refused below (the counts differ)
+        names[g] = name
+      end
+      if NGROUPS ~= n then
+        M.refuse('ROTATOR_STALE', 'the topic has ' .. n .. ' groups, the call named ' .. NGROUPS)
+      end
+      return names
+    end
+
+    -- The queue keys of the call's group g (1, 2, ...), by name.
+    function M.group_keys(g)
+      return M.queue_keys(KS, TOPIC_KEYS + QUEUE_KEYS * (g - 1))
+    end
+
+    -- Reads (and so type-checks) group g's keys that a push writes: the group, for push_group.
+    function M.read_group(g)
+      local keys = M.group_keys(g)
+      local length = M.read('LLEN', keys.ring)
+      local meta = M.read_push_meta(keys)
+      local head, wake = M.read_push_keys(keys)
+      return { keys = keys, length = length, meta = meta, head = head, wake = wake }
+    end
+
+    -- Pushes ids onto a group's ring as `push` does (read_group read its keys first); with
+    -- `cap`, then bounds the group's backlog to it (expire_backlog, reading at most `look`
+    -- elements beyond what it drops).
+    function M.push_group(group, ids, now, cap, look)
+      local keys = group.keys
+      M.ensure_ring(keys, group.length)
+      if group.length == 0 then group.meta.lapnext = nil end -- ensure_ring restarted the laps
+      local length = rcall('LPUSH', keys.ring, unpack(ids)) -- at most LIMIT.batch ids
+      if cap then length = length - M.expire_backlog(group, #ids, cap, look) end
+      M.record_push(keys, group.meta, #ids, now, group.head, length, group.wake)
+    end
+
+    -- A group nobody consumes would keep every id published to it: once its backlog (pending
+    -- ids, pushed - taken) passes `cap` by more than LIMIT.trim_extra, the oldest pending ids
+    -- leave its ring's tail down to the cap, at most what this call pushed (n) plus
+    -- LIMIT.trim_extra, so the backlog converges and no call does O(backlog) work. (The margin
+    -- spares the commands of a drop on most publishes of a few messages: one in 17 of single
+    -- ones.) Only pending ids go: the sentinel, leases, packed batches (and anything corrupt)
+    -- among the tail elements read stay there in their order, for the walk. Reads at most
+    -- `look` elements past the ids it drops. A dropped id counts as taken (never delivered to
+    -- this group) and in the meta's `expired`. Returns how many went.
+    function M.expire_backlog(group, n, cap, look)
+      local keys, meta = group.keys, group.meta
+      local excess = meta.pushed + n - meta.taken - cap
+      if excess <= LIMIT.trim_extra then return 0 end
+      -- Pending ids are elements of their own, and the sentinel is not one: the ring's length
+      -- bounds the backlog when the counters say more (a ring lost without its meta).
+      local length = rcall('LLEN', keys.ring)
+      excess = math.min(excess, length - 1 - cap)
+      if excess <= 0 then return 0 end
+      local want = math.min(excess, n + LIMIT.trim_extra)
+      local limit = math.min(length, want + look)
+      local find, id_bytes = string.find, LIMIT.id_bytes
+      -- Where the walk expects the sentinel, counted from the tail: each element dropped before
+      -- it brings that visit one earlier (a lap must never end early; see M.walk).
+      local lap_at = meta.lapnext and meta.lapnext - meta.seq
+      local kept, looked, dropped, before_lap = {}, 0, 0, 0
+      local extra = 2 -- an idle group's tail: the sentinel, then pending ids
+      while dropped < want and looked < limit do
+        -- Slices just larger than what is wanted, doubling while the tail holds other elements.
+        local size = math.min(limit - looked, want - dropped + extra)
+        extra = extra * 2
+        local slice = rcall('LRANGE', keys.ring, -(looked + size), -(looked + 1))
+        for i = #slice, 1, -1 do
+          local element = slice[i]
+          looked = looked + 1
+          if element ~= '' and #element <= id_bytes and not find(element, '*', 1, true) then
+            dropped = dropped + 1
+            if lap_at and looked < lap_at then before_lap = before_lap + 1 end
+            if dropped == want then break end
+          else
+            kept[#kept + 1] = element
+          end
+        end
+        if #slice < size then break end
+      end
+      if dropped == 0 then return 0 end
+      rcall('LTRIM', keys.ring, 0, -(looked + 1))
+      local back = {}
+      for i = #kept, 1, -1 do back[#back + 1] = kept[i] end -- the tail's own element last
+      if #back > 0 then M.call_all('RPUSH', keys.ring, back) end
+      meta.taken = meta.taken + dropped
+      local expired = tonumber(rcall('HMGET', keys.meta, 'expired')[1]) or 0
+      local fields = { 'taken', meta.taken, 'expired', expired + dropped }
+      if before_lap > 0 then
+        meta.lapnext = meta.lapnext - before_lap
+        fields[5], fields[6] = 'lapnext', meta.lapnext
+      end
+      rcall('HSET', keys.meta, unpack(fields))
+      return dropped
+    end
+
+    -- The one group this call names: its ring must be registered under GROUP, and its keys
+    -- must be GROUP's. Returns the registered ring key (nil: GROUP is not registered).
+    function M.named_group(group)
+      local ring = M.read('HMGET', T.groups, group)[1]
+      local given = KS[TOPIC_KEYS + 1]
+      if ring and ring ~= given then
+        M.refuse('ROTATOR_BADARG', 'group ' .. M.printable(group) .. ' has another ring key')
+      end
+      M.check_group_keys(M.topic_base(), 1, group)
+      return ring
+    end
+
+    function M.retention_args()
+      return M.int_arg(2, 'MAXLEN', 0, LIMIT.retention),
+        M.int_arg(3, 'MAXAGE_MS', 0, LIMIT.retention)
+    end
+
+    -- THE LOG holds one entry per run of messages one publish stored: member
+    -- "<ms>-<first>-<bytes>", scored by <first>, the seq of the run's oldest retained message;
+    -- the run ends where the next entry begins, the newest at the topic's seq (seqs count up by
+    -- one, and retention drops from the oldest, so the retained seqs have no gaps). <bytes> are
+    -- the run's payload bytes, so a run leaves without a read per message. An entry "<ms>-<seq>"
+    -- (written before runs) is a run of one whose bytes are read when it leaves. One ZADD a
+    -- publish instead of one a message: a sorted-set member costs ~0.8 us and ~90 bytes.
+
+    -- `size` runs from rank `rank`, oldest first: {member, ms, first, last, bytes (nil: not
+    -- kept)}; `last_seq` ends the newest.
+    function M.log_runs(rank, size, last_seq)
+      local flat = rcall('ZRANGE', T.log, rank, rank + size, 'WITHSCORES')
+      local runs, match = {}, string.match
+      for i = 1, math.min(#flat, 2 * size), 2 do
+        local member = flat[i]
+        local ms, bytes = match(member, '^(%d+)%-%d+%-?(%d*)$')
+        local after = flat[i + 3]
+        runs[#runs + 1] = {
+          member = member, ms = tonumber(ms) or 0, first = tonumber(flat[i + 1]),
+          last = after and tonumber(after) - 1 or last_seq, bytes = tonumber(bytes),
+        }
+      end
+      return runs
+    end
+
+    -- The ids of seqs a..b of `run`, appended to `ids`.
+    function M.run_ids(run, a, b, ids)
+      local prefix = run.ms .. '-'
+      for seq = a, b do ids[#ids + 1] = prefix .. seq end
+      return ids
+    end
+
+    -- Drops retained messages from the oldest: beyond MAXLEN (of `retained`), or older than
+    -- MAXAGE_MS; at most `budget`. Reads about as many log entries as runs it drops, and one
+    -- HSTRLEN per message only where a run leaves in part (or is of the older kind). Returns
+    -- how many were dropped.
+    function M.trim(topic, maxlen, maxage, now, budget, retained)
+      local excess = maxlen > 0 and retained - maxlen or 0
+      if excess <= 0 and maxage == 0 then return 0 end
+      local before = now - maxage
+      local ids, whole, gone, split = {}, 0, 0, nil
+      local rank, size, done = 0, 4, false
+      while not done and #ids < budget do
+        local runs = M.log_runs(rank, math.min(size, budget - #ids + 1), topic.seq)
+        if #runs == 0 then break end
+        for _, run in ipairs(runs) do
+          local count = run.last - run.first + 1
+          local want = math.max(excess - #ids, 0)
+          if maxage > 0 and run.ms < before then want = count end
+          want = math.min(want, count, budget - #ids)
+          if want <= 0 then done = true break end
+          local at = #ids
+          M.run_ids(run, run.first, run.first + want - 1, ids)
+          if want == count and run.bytes then
+            gone = gone + run.bytes
+          else
+            local bytes = 0
+            for i = at + 1, #ids do bytes = bytes + rcall('HSTRLEN', T.bodies, ids[i]) end
+            gone = gone + bytes
+            if want < count then
+              split = { run = run, first = run.first + want,
+                bytes = run.bytes and run.bytes - bytes }
+              done = true
+              break
+            end
+          end
+          whole = whole + 1
+        end
+        rank, size = rank + #runs, size * 2
+      end
+      if #ids == 0 then return 0 end
+      M.call_all('HDEL', T.bodies, ids) -- in slices: a budget may pass unpack()'s limit
+      if whole > 0 then rcall('ZREMRANGEBYRANK', T.log, 0, whole - 1) end
+      if split then
+        local run = split.run
+        rcall('ZREM', T.log, run.member)
+        local member = run.ms .. '-' .. split.first -- its bytes stay unknown if they were
+        if split.bytes then member = member .. '-' .. math.max(split.bytes, 0) end
+        rcall('ZADD', T.log, split.first, member)
+      end
+      topic.bytes = math.max(topic.bytes - gone, 0)
+      rcall('HSET', T.topic, 'bytes', topic.bytes)
+      return #ids
+    end
+
+    function M.tpublish()
+      local maxlen, maxage = M.retention_args()
+      local n = #A - 3
+      if n < 1 then M.refuse('ROTATOR_BADARG', 'no payload given') end
+      if n > LIMIT.count then
+        M.refuse('ROTATOR_TOOMANY', 'at most ' .. LIMIT.count .. ' payloads per call, got ' .. n)
+      end
+      local base = M.topic_base()
+      local names = M.check_groups()
+      for g = 1, NGROUPS do M.check_group_keys(base, g, names[g]) end
+      local topic = M.read_topic()
+      M.read('ZCARD', T.log)
+      local retained = M.read('HLEN', T.bodies)
+      local groups = {}
+      for g = 1, NGROUPS do groups[g] = M.read_group(g) end
+      local now = M.now_ms()
+      local ms = math.max(now, topic.ms)
+      local first = topic.seq + 1
+      local ids, bodies, prefix, bytes = {}, {}, ms .. '-', 0
+      for i = 1, n do
+        local payload = A[3 + i]
+        local id = prefix .. (topic.seq + i)
+        ids[i] = id
+        bodies[#bodies + 1], bodies[#bodies + 2] = id, payload
+        bytes = bytes + #payload
+      end
+      topic.seq, topic.bytes = topic.seq + n, topic.bytes + bytes
+      rcall('HSET', T.bodies, unpack(bodies))
+      rcall('ZADD', T.log, first, prefix .. first .. '-' .. bytes) -- the run (see THE LOG)
+      rcall('HSET', T.topic, 'seq', topic.seq, 'ms', ms, 'bytes', topic.bytes)
+      -- Each group's backlog is bounded by the retained count (or BACKLOG.cap), the groups
+      -- sharing the look-ahead past leases.
+      local cap = maxlen > 0 and maxlen or BACKLOG.cap
+      local look = math.max(LIMIT.trim_extra, math.floor(BACKLOG.look / math.max(NGROUPS, 1)))
+      for g = 1, NGROUPS do M.push_group(groups[g], ids, now, cap, look) end
+      M.trim(topic, maxlen, maxage, now, n + LIMIT.trim_extra, retained + n)
+      return ids
+    end
+
+    function M.tsubscribe()
+      local group = M.group_arg(2)
+      if NGROUPS ~= 1 then M.refuse('ROTATOR_BADARG', 'give the keys of exactly one group') end
+      local known = M.named_group(group)
+      local topic = M.read_topic()
+      local count = M.read('HLEN', T.groups)
+      local g = M.read_group(1)
+      if known then return { 0, topic.seq } end
+      if count >= LIMIT.groups then
+        M.refuse('ROTATOR_TOOMANY', 'at most ' .. LIMIT.groups .. ' groups per topic')
+      end
+      rcall('HSET', T.groups, group, g.keys.ring)
+      return { 1, topic.seq }
+    end
+
+    function M.tunsubscribe()
+      local group = M.group_arg(2)
+      if NGROUPS ~= 1 then M.refuse('ROTATOR_BADARG', 'give the keys of exactly one group') end
+      if not M.named_group(group) then return 0 end
+      local keys = M.group_keys(1)
+      rcall('HDEL', T.groups, group)
+      -- UNLINK frees the keys in the background: a million revoked tokens took 570 ms to DEL.
+      rcall('UNLINK', keys.ring, keys.done, keys.done_old, keys.marks, keys.marks_old, keys.revoked,
+        keys.dead, keys.wake, keys.meta, keys.pushlog, keys.leases, keys.scheduled, keys.ids)
+      return 1
+    end
+
+    -- Pushes the retained messages with FROM_SEQ <= seq <= TO_SEQ (TO_SEQ 0: the latest) into one
+    -- group's ring, at most COUNT (1..5000) of them, oldest first.
+    function M.treplay()
+      local group = M.group_arg(2)
+      local from = M.int_arg(3, 'FROM_SEQ', 0, LIMIT.no_bound)
+      local to = M.int_arg(4, 'TO_SEQ', 0, LIMIT.no_bound)
+      local count = M.int_arg(5, 'COUNT', 1, LIMIT.batch)
+      if NGROUPS ~= 1 then M.refuse('ROTATOR_BADARG', 'give the keys of exactly one group') end
+      if not M.named_group(group) then
+        M.refuse('ROTATOR_NOGROUP', 'no group ' .. M.printable(group) .. ' on this topic')
+      end
+      local topic = M.read_topic()
+      if to == 0 then to = topic.seq end
+      -- The run holding FROM_SEQ is the last entry scored at or below it (else the oldest).
+      local rank = math.max(M.read('ZCOUNT', T.log, '-inf', from) - 1, 0)
+      local ids, size, done = {}, 8, false
+      while not done and from <= to and #ids < count do
+        local runs = M.log_runs(rank, math.min(size, count - #ids + 1), topic.seq)
+        done = #runs == 0
+        for _, run in ipairs(runs) do
+          local a, b = math.max(run.first, from), math.min(run.last, to, from + count - #ids - 1)
+          if a > to or #ids == count then done = true break end
+          if a <= b then
+            M.run_ids(run, a, b, ids)
+            from = b + 1
+          end
+        end
+        rank, size = rank + #runs, size * 2
+      end
+      local g = M.read_group(1)
+      local after = #ids == count and from or to + 1
+      if #ids > 0 then M.push_group(g, ids, M.now_ms()) end
+      return { #ids, after, to }
+    end
+
+    -- The seq of the oldest retained message published at or after MS (a binary search over the
+    -- log's runs, which share their ms: at most ~50 look-ups); the next seq to be given out when
+    -- there is none.
+    function M.tseek()
+      local at = M.int_arg(2, 'MS', 0, LIMIT.no_bound)
+      M.topic_base()
+      local topic = M.read_topic()
+      local lo, hi = 0, M.read('ZCARD', T.log) - 1
+      local found = nil
+      while lo <= hi do
+        local mid = math.floor((lo + hi) / 2)
+        local entry = rcall('ZRANGE', T.log, mid, mid, 'WITHSCORES')
+        local ms = tonumber(string.match(entry[1] or '', '^(%d+)%-'))
+        if ms and ms >= at then
+          found, hi = tonumber(entry[2]), mid - 1
+        else
+          lo = mid + 1
+        end
+      end
+      return found or topic.seq + 1
+    end
+
+    function M.ttrim()
+      local maxlen, maxage = M.retention_args()
+      local budget = M.int_arg(4, 'BUDGET', 1, LIMIT.trim_budget)
+      M.topic_base()
+      local topic = M.read_topic()
+      M.read('ZCARD', T.log)
+      local retained = M.read('HLEN', T.bodies)
+      return M.trim(topic, maxlen, maxage, M.now_ms(), budget, retained)
+    end
+
+    function M.tstats()
+      local base = M.topic_base()
+      local names = M.check_groups()
+      for g = 1, NGROUPS do M.check_group_keys(base, g, names[g]) end
+      local topic = M.read_topic()
+      local reply = {
+        'retained', M.read('HLEN', T.bodies), 'bytes', topic.bytes, 'last_seq', topic.seq,
+        'groups', NGROUPS,
+      }
+      for g = 1, NGROUPS do
+        local stats = M.queue_stats(M.group_keys(g))
+        reply[#reply + 1] = names[g]
+        for i = 2, #stats, 2 do reply[#reply + 1] = stats[i] end
+      end
+      return reply
+    end
+  end
+
+  -- 14. DISPATCH ----------------------------------------------------------------------------------
+
+  -- Each command, by the KEYS it takes (main checks their count and names):
+  --   queue     the queue's thirteen
+  --   extras    the thirteen, then its payloads and item stats when the queue keeps them
+  --   chunk     the thirteen, then push_chunk's marker hash (any other key under the base)
+  --   payloads  the thirteen, then its payloads (a group: the topic's bodies), then its item
+  --             stats optionally
+  --   items     the thirteen, its payloads and its item stats
+  --   topic     the topic's four, then the thirteen of each group
+  -- One string, not a table: an EVAL call runs this chunk every time, and a table of these 40
+  -- entries cost it about 2 us (4% of a one-job EVALSHA call's instructions under callgrind);
+  -- main looks a command up once (M.layout_of), and a library remembers what it found
+  -- (LAYOUTS).
+  local COMMANDS = [[
+    push=queue push_priority=extras push_chunk=chunk push_later=extras
+    schedule=queue unschedule=queue schedules=queue
+    rate_limit=queue durations=queue pause=queue resume=queue
+    next=queue next_packed=queue ack=queue nack=queue bury=extras
+    extend=queue sweep=queue cancel=queue delete=extras
+    configure=queue stats=queue peek=queue scan=queue dead=queue
+    requeue_dead=queue requeue_dead_from=queue
+    pushp=payloads pushp_later=payloads nextp=payloads nextp_packed=payloads
+    ackp=payloads
+    pushi=items nackp=items items=items
+    tpublish=topic tsubscribe=topic tunsubscribe=topic treplay=topic
+    tseek=topic ttrim=topic tstats=topic
+  ]]
+
+  -- A command's KEYS layout (see COMMANDS), nil for anything that is not a command.
+  function M.layout_of(command)
+    if type(command) ~= 'string' or not string.find(command, '^[%l_]+$') then return nil end
+    local _, equals = string.find(COMMANDS, ' ' .. command .. '=', 1, true)
+    return equals and string.match(COMMANDS, '^%l+', equals + 1)
+  end
+
+  -- M's sections defined on first use (8 by M.define_push_ack, 9 by M.define_setbacks, 10 by
+  -- M.define_walk, 11 by M.define_later, 12 and 13 by M.define_extensions): a lookup of a
+  -- function M does not hold yet runs the definers in turn, each once, until M holds it. They
+  -- are tried where the name most likely is, so that a call defines no section it does not
+  -- need: a payload, item-stats or topic call's own section first; nack, bury and extend section
+  -- 9's; any other queue command not defined yet (push and ack aside) one of section 11's (a
+  -- worker's busy loop is defined at once); any other function, and push and ack, section 8's
+  -- (small, and a claim that walks acks through it) and then the walk's. A library runs them
+  -- once; an EVAL call only when it needs them.
+  local ON_FIRST_USE = {
+    __index = function(m, name)
+      local sections
+      if LAYOUT == 'payloads' or LAYOUT == 'items' or LAYOUT == 'topic' then
+        sections = { 'extensions', 'push_ack', 'setbacks', 'walk', 'later' }
+      elseif name == 'nack' or name == 'bury' or name == 'extend' then
+        sections = { 'setbacks', 'push_ack', 'walk', 'later', 'extensions' }
+      elseif name == A[1] and name ~= 'push' and name ~= 'ack' then
+        sections = { 'later', 'push_ack', 'setbacks', 'walk', 'extensions' }
+      else
+        sections = { 'push_ack', 'walk', 'later', 'extensions', 'setbacks' }
+      end
+      for _, section in ipairs(sections) do
+        local definer = 'define_' .. section
+        local define = rawget(m, definer)
+        if define then
+          m[definer] = false
+          define()
+          local found = rawget(m, name)
+          if found ~= nil then return found end
+        end
+      end
+    end,
+  }
+
+  -- The thirteen KEYS of a queue after keys[base], by name, in the order of the header.
+  function M.queue_keys(keys, base)
+    return {
+      ring = keys[base + 1], done = keys[base + 2], done_old = keys[base + 3],
+      marks = keys[base + 4], marks_old = keys[base + 5], revoked = keys[base + 6],
+      dead = keys[base + 7], wake = keys[base + 8], meta = keys[base + 9],
+      pushlog = keys[base + 10], leases = keys[base + 11], scheduled = keys[base + 12],
+      ids = keys[base + 13],
+    }
+  end
+
+  -- Refuses, before anything is read or written, queue keys that are not one queue's own in
+  -- their slots (a key passed in the wrong slot, or a key of something else): names only, so
+  -- it costs no command. Returns the base, or an error reply. (Plain finds at known places make
+  -- no string, where a concatenation per key made twelve: 2 us an EVAL call, measured.)
+  function M.check_queue_keys(keys, at)
+    local ring, find = keys[at + 1], string.find
+    local n = #ring - 5 -- the base's length
+    local base = string.sub(ring, 1, n)
+    local ok = n >= 0 and find(ring, ':ring', n + 1, true) == n + 1
+    for i = 2, QUEUE_KEYS do
+      if not ok then break end
+      local key, role = keys[at + i], QUEUE_ROLES[i]
+      ok = #key == n + #role and find(key, role, n + 1, true) == n + 1
+        and find(key, base, 1, true) == 1
+    end
+    if not ok then
+      return nil, M.fail('ROTATOR_KEYS', 'keys ' .. (at + 1) .. '..' .. (at + QUEUE_KEYS) ..
+        ' must be one queue\'s <base>:ring <base>:done ... <base>:ids, in that order')
     end
     return base
   end
 
-  -- Refuses the call unless the call's group g (1, 2, ...) has exactly group `group`'s keys.
-  function M.check_group_keys(base, g, group)
-    local head = base .. ':group:' .. group
-    local at = TOPIC_KEYS + QUEUE_KEYS * (g - 1)
-    for r = 1, QUEUE_KEYS do
-      if KS[at + r] ~= head .. QUEUE_ROLES[r] then
-        M.refuse('ROTATOR_KEYS', 'key ' .. (at + r) .. ' must be group ' .. M.printable(group) ..
-          "'s " .. string.sub(QUEUE_ROLES[r], 2) .. ' key, got ' .. M.printable(KS[at + r]))
+  -- The keys after a queue's thirteen: its payloads (or, for a topic group, the topic's bodies)
+  -- and its item stats; push_chunk's marker, any other key under the queue's base.
+  function M.check_extra_keys(keys, base, marker)
+    local payloads, items = keys[QUEUE_KEYS + 1], keys[QUEUE_KEYS + 2]
+    local ok = true
+    if marker then
+      local known = {}
+      for i = 1, QUEUE_KEYS do known[keys[i]] = true end
+      ok = string.sub(payloads, 1, #base + 1) == base .. ':' and not known[payloads]
+        and payloads ~= base .. ':payloads' and payloads ~= base .. ':items'
+    elseif payloads then
+      local topic = string.match(base, '^(.*):group:[^:]+$')
+      ok = payloads == base .. ':payloads'
+        or (topic ~= nil and payloads == topic .. ':topic:bodies')
+    end
+    if ok and items then ok = items == base .. ':items' end
+    if not ok then
+      return M.fail('ROTATOR_KEYS', 'keys after the queue\'s thirteen must be <base>:payloads ' ..
+        '(a group: the topic\'s bodies) and <base>:items; push_chunk\'s marker a key under ' ..
+        '<base>:')
+    end
+  end
+
+  -- Whether the previous call's queue keys passed the name checks and these are the same
+  -- (a library lives across calls, so a worker's calls check their names once; a script
+  -- starts afresh every call). Strings are interned: each comparison is one pointer's.
+  function M.checked_before(keys, marker)
+    local last = CHECKED
+    if not last or last.marker ~= marker or #last.keys ~= #keys then return false end
+    local names = last.keys
+    for i = 1, #keys do
+      if names[i] ~= keys[i] then return false end
+    end
+    return true
+  end
+
+  -- One call, whichever way it came: EVAL/EVALSHA (KEYS, ARGV) or FCALL (keys, args).
+  local function main(keys, args)
+    -- The call state of section 2: bound here, once per call, and nowhere else.
+    UNIQUE, FRESH_ACKS = args[1] == 'unique', false
+    NAMED, DROPPED, TRIMMED = nil, { ids = {}, batches = {} }, false
+    PACKED, PACKED_IDS = nil, nil
+    if UNIQUE then
+      args = { unpack(args, 2) }
+      local pushes = { push = 1, pushi = 1, push_later = 1, push_priority = 1, pushp = 1,
+        pushp_later = 1 }
+      if not pushes[args[1]] then
+        return M.fail('ROTATOR_BADARG', 'unique takes push, pushi, push_later, push_priority, ' ..
+          'pushp or pushp_later, got ' .. M.printable(args[1]))
       end
     end
-  end
-
-  function M.group_arg(index)
-    local group = A[index]
-    if type(group) ~= 'string' or #group > LIMIT.group_bytes
-        or not string.find(group, '^[%w._@/-]+$') then
-      M.refuse('ROTATOR_BADARG', 'GROUP must be 1..' .. LIMIT.group_bytes ..
-        ' of A-Z a-z 0-9 . _ @ / -, got ' .. M.printable(group))
+    A, KS = args, keys
+    rcall = redis.call
+    if not PAD then -- this chunk's first call: every EVAL call, a library's first FCALL
+      PAD, LAYOUTS = M.make_pad(), {}
+      setmetatable(M, ON_FIRST_USE)
     end
-    return group
-  end
-
-  function M.read_topic()
-    local m = M.read('HMGET', T.topic, 'seq', 'ms', 'bytes')
-    return { seq = tonumber(m[1]) or 0, ms = tonumber(m[2]) or 0, bytes = tonumber(m[3]) or 0 }
-  end
-
-  -- The registered groups (name -> ring key), checked against the groups whose KEYS this call
-  -- got: exactly the registered set, each once. Anything else means a group registered or left
-  -- since the caller read the set: nothing is written, and the caller reads it again.
-  function M.check_groups()
-    local n = M.read('HLEN', T.groups)
-    if n > LIMIT.groups then
-      M.refuse('ROTATOR_BADARG', 'topic has ' .. n .. ' groups, at most ' .. LIMIT.groups)
+    local layout = LAYOUTS[args[1]]
+    if not layout then
+      layout = M.layout_of(args[1])
+      if layout then LAYOUTS[args[1]] = layout end -- (commands only: the table stays small)
     end
-    local flat = rcall('HGETALL', T.groups)
-    local name_of = {}
-    for i = 1, #flat, 2 do name_of[flat[i + 1]] = flat[i] end
-    local names = {}
-    for g = 1, NGROUPS do
-      local ring = KS[TOPIC_KEYS + QUEUE_KEYS * (g - 1) + 1]
-      local name = name_of[ring]
-      if not name then
-        M.refuse('ROTATOR_STALE', 'key ' .. M.printable(ring) .. ' is not a registered group ring')
+    LAYOUT = layout
+    local handler = layout and M[args[1]]
+    if layout == 'topic' then
+      local groups = (#keys - TOPIC_KEYS) / QUEUE_KEYS
+      if #keys < TOPIC_KEYS or groups ~= math.floor(groups) or groups > LIMIT.groups then
+        return M.fail('ROTATOR_KEYS', 'expected ' .. TOPIC_KEYS ..
+          ' topic keys and ' .. QUEUE_KEYS .. ' per group, got ' .. #keys)
       end
-      name_of[ring] = nil -- a group given twice is refused below (the counts differ)
-      names[g] = name
-    end
-    if NGROUPS ~= n then
-      M.refuse('ROTATOR_STALE', 'the topic has ' .. n .. ' groups, the call named ' .. NGROUPS)
-    end
-    return names
-  end
-
-  -- The queue keys of the call's group g (1, 2, ...), by name.
-  function M.group_keys(g)
-    return M.queue_keys(KS, TOPIC_KEYS + QUEUE_KEYS * (g - 1))
-  end
-
-  -- Reads (and so type-checks) group g's keys that a push writes: the group, for push_group.
-  function M.read_group(g)
-    local keys = M.group_keys(g)
-    local length = M.read('LLEN', keys.ring)
-    local meta = M.read_push_meta(keys)
-    local head, wake = M.read_push_keys(keys)
-    return { keys = keys, length = length, meta = meta, head = head, wake = wake }
-  end
-
-  -- Pushes ids onto a group's ring as `push` does (read_group read its keys first); with
-  -- `cap`, then bounds the group's backlog to it (expire_backlog, reading at most `look`
-  -- elements beyond what it drops).
-  function M.push_group(group, ids, now, cap, look)
-    local keys = group.keys
-    M.ensure_ring(keys, group.length)
-    if group.length == 0 then group.meta.lapnext = nil end -- ensure_ring restarted the laps
-    local length = rcall('LPUSH', keys.ring, unpack(ids)) -- at most LIMIT.batch ids
-    if cap then length = length - M.expire_backlog(group, #ids, cap, look) end
-    M.record_push(keys, group.meta, #ids, now, group.head, length, group.wake)
-  end
-
-  -- A group nobody consumes would keep every id published to it: once its backlog (pending
-  -- ids, pushed - taken) passes `cap` by more than LIMIT.trim_extra, the oldest pending ids
-  -- leave its ring's tail down to the cap, at most what this call pushed (n) plus
-  -- LIMIT.trim_extra, so the backlog converges and no call does O(backlog) work. (The margin
-  -- spares the commands of a drop on most publishes of a few messages: one in 17 of single
-  -- ones.) Only pending ids go: the sentinel, leases, packed batches (and anything corrupt)
-  -- among the tail elements read stay there in their order, for the walk. Reads at most
-  -- `look` elements past the ids it drops. A dropped id counts as taken (never delivered to
-  -- this group) and in the meta's `expired`. Returns how many went.
-  function M.expire_backlog(group, n, cap, look)
-    local keys, meta = group.keys, group.meta
-    local excess = meta.pushed + n - meta.taken - cap
-    if excess <= LIMIT.trim_extra then return 0 end
-    -- Pending ids are elements of their own, and the sentinel is not one: the ring's length
-    -- bounds the backlog when the counters say more (a ring lost without its meta).
-    local length = rcall('LLEN', keys.ring)
-    excess = math.min(excess, length - 1 - cap)
-    if excess <= 0 then return 0 end
-    local want = math.min(excess, n + LIMIT.trim_extra)
-    local limit = math.min(length, want + look)
-    local find, id_bytes = string.find, LIMIT.id_bytes
-    -- Where the walk expects the sentinel, counted from the tail: each element dropped before
-    -- it brings that visit one earlier (a lap must never end early; see M.walk).
-    local lap_at = meta.lapnext and meta.lapnext - meta.seq
-    local kept, looked, dropped, before_lap = {}, 0, 0, 0
-    local extra = 2 -- an idle group's tail: the sentinel, then pending ids
-    while dropped < want and looked < limit do
-      -- Slices just larger than what is wanted, doubling while the tail holds other elements.
-      local size = math.min(limit - looked, want - dropped + extra)
-      extra = extra * 2
-      local slice = rcall('LRANGE', keys.ring, -(looked + size), -(looked + 1))
-      for i = #slice, 1, -1 do
-        local element = slice[i]
-        looked = looked + 1
-        if element ~= '' and #element <= id_bytes and not find(element, '*', 1, true) then
-          dropped = dropped + 1
-          if lap_at and looked < lap_at then before_lap = before_lap + 1 end
-          if dropped == want then break end
-        else
-          kept[#kept + 1] = element
-        end
+      K, NGROUPS = nil, groups
+      T = { topic = keys[1], groups = keys[2], log = keys[3], bodies = keys[4] }
+    else
+      local low, high = QUEUE_KEYS, QUEUE_KEYS -- 'queue', and an unknown command's
+      if layout == 'extras' then low, high = QUEUE_KEYS, QUEUE_KEYS + 2 end
+      if layout == 'chunk' then low, high = QUEUE_KEYS + 1, QUEUE_KEYS + 1 end
+      if layout == 'payloads' then low, high = QUEUE_KEYS + 1, QUEUE_KEYS + 2 end
+      if layout == 'items' then low, high = QUEUE_KEYS + 2, QUEUE_KEYS + 2 end
+      if #keys < low or #keys > high then
+        return M.fail('ROTATOR_KEYS', 'expected ' .. (low == high and low or low .. ' or ' .. high)
+          .. ' keys, got ' .. #keys)
       end
-      if #slice < size then break end
-    end
-    if dropped == 0 then return 0 end
-    rcall('LTRIM', keys.ring, 0, -(looked + 1))
-    local back = {}
-    for i = #kept, 1, -1 do back[#back + 1] = kept[i] end -- the tail's own element last
-    if #back > 0 then M.call_all('RPUSH', keys.ring, back) end
-    meta.taken = meta.taken + dropped
-    local expired = tonumber(rcall('HMGET', keys.meta, 'expired')[1]) or 0
-    local fields = { 'taken', meta.taken, 'expired', expired + dropped }
-    if before_lap > 0 then
-      meta.lapnext = meta.lapnext - before_lap
-      fields[5], fields[6] = 'lapnext', meta.lapnext
-    end
-    rcall('HSET', keys.meta, unpack(fields))
-    return dropped
-  end
-
-  -- The one group this call names: its ring must be registered under GROUP, and its keys
-  -- must be GROUP's. Returns the registered ring key (nil: GROUP is not registered).
-  function M.named_group(group)
-    local ring = M.read('HMGET', T.groups, group)[1]
-    local given = KS[TOPIC_KEYS + 1]
-    if ring and ring ~= given then
-      M.refuse('ROTATOR_BADARG', 'group ' .. M.printable(group) .. ' has another ring key')
-    end
-    M.check_group_keys(M.topic_base(), 1, group)
-    return ring
-  end
-
-  function M.retention_args()
-    return M.int_arg(2, 'MAXLEN', 0, LIMIT.retention),
-      M.int_arg(3, 'MAXAGE_MS', 0, LIMIT.retention)
-  end
-
-  -- THE LOG holds one entry per run of messages one publish stored: member
-  -- "<ms>-<first>-<bytes>", scored by <first>, the seq of the run's oldest retained message;
-  -- the run ends where the next entry begins, the newest at the topic's seq (seqs count up by
-  -- one, and retention drops from the oldest, so the retained seqs have no gaps). <bytes> are
-  -- the run's payload bytes, so a run leaves without a read per message. An entry "<ms>-<seq>"
-  -- (written before runs) is a run of one whose bytes are read when it leaves. One ZADD a
-  -- publish instead of one a message: a sorted-set member costs ~0.8 us and ~90 bytes.
-
-  -- `size` runs from rank `rank`, oldest first: {member, ms, first, last, bytes (nil: not
-  -- kept)}; `last_seq` ends the newest.
-  function M.log_runs(rank, size, last_seq)
-    local flat = rcall('ZRANGE', T.log, rank, rank + size, 'WITHSCORES')
-    local runs, match = {}, string.match
-    for i = 1, math.min(#flat, 2 * size), 2 do
-      local member = flat[i]
-      local ms, bytes = match(member, '^(%d+)%-%d+%-?(%d*)$')
-      local after = flat[i + 3]
-      runs[#runs + 1] = {
-        member = member, ms = tonumber(ms) or 0, first = tonumber(flat[i + 1]),
-        last = after and tonumber(after) - 1 or last_seq, bytes = tonumber(bytes),
-      }
-    end
-    return runs
-  end
-
-  -- The ids of seqs a..b of `run`, appended to `ids`.
-  function M.run_ids(run, a, b, ids)
-    local prefix = run.ms .. '-'
-    for seq = a, b do ids[#ids + 1] = prefix .. seq end
-    return ids
-  end
-
-  -- Drops retained messages from the oldest: beyond MAXLEN (of `retained`), or older than
-  -- MAXAGE_MS; at most `budget`. Reads about as many log entries as runs it drops, and one
-  -- HSTRLEN per message only where a run leaves in part (or is of the older kind). Returns
-  -- how many were dropped.
-  function M.trim(topic, maxlen, maxage, now, budget, retained)
-    local excess = maxlen > 0 and retained - maxlen or 0
-    if excess <= 0 and maxage == 0 then return 0 end
-    local before = now - maxage
-    local ids, whole, gone, split = {}, 0, 0, nil
-    local rank, size, done = 0, 4, false
-    while not done and #ids < budget do
-      local runs = M.log_runs(rank, math.min(size, budget - #ids + 1), topic.seq)
-      if #runs == 0 then break end
-      for _, run in ipairs(runs) do
-        local count = run.last - run.first + 1
-        local want = math.max(excess - #ids, 0)
-        if maxage > 0 and run.ms < before then want = count end
-        want = math.min(want, count, budget - #ids)
-        if want <= 0 then done = true break end
-        local at = #ids
-        M.run_ids(run, run.first, run.first + want - 1, ids)
-        if want == count and run.bytes then
-          gone = gone + run.bytes
-        else
-          local bytes = 0
-          for i = at + 1, #ids do bytes = bytes + rcall('HSTRLEN', T.bodies, ids[i]) end
-          gone = gone + bytes
-          if want < count then
-            split = { run = run, first = run.first + want, bytes = run.bytes and run.bytes - bytes }
-            done = true
-            break
-          end
-        end
-        whole = whole + 1
-      end
-      rank, size = rank + #runs, size * 2
-    end
-    if #ids == 0 then return 0 end
-    M.call_all('HDEL', T.bodies, ids) -- in slices: a budget may pass unpack()'s limit
-    if whole > 0 then rcall('ZREMRANGEBYRANK', T.log, 0, whole - 1) end
-    if split then
-      local run = split.run
-      rcall('ZREM', T.log, run.member)
-      local member = run.ms .. '-' .. split.first -- its bytes stay unknown if they were
-      if split.bytes then member = member .. '-' .. math.max(split.bytes, 0) end
-      rcall('ZADD', T.log, split.first, member)
-    end
-    topic.bytes = math.max(topic.bytes - gone, 0)
-    rcall('HSET', T.topic, 'bytes', topic.bytes)
-    return #ids
-  end
-
-  function M.tpublish()
-    local maxlen, maxage = M.retention_args()
-    local n = #A - 3
-    if n < 1 then M.refuse('ROTATOR_BADARG', 'no payload given') end
-    if n > LIMIT.count then
-      M.refuse('ROTATOR_TOOMANY', 'at most ' .. LIMIT.count .. ' payloads per call, got ' .. n)
-    end
-    local base = M.topic_base()
-    local names = M.check_groups()
-    for g = 1, NGROUPS do M.check_group_keys(base, g, names[g]) end
-    local topic = M.read_topic()
-    M.read('ZCARD', T.log)
-    local retained = M.read('HLEN', T.bodies)
-    local groups = {}
-    for g = 1, NGROUPS do groups[g] = M.read_group(g) end
-    local now = M.now_ms()
-    local ms = math.max(now, topic.ms)
-    local first = topic.seq + 1
-    local ids, bodies, prefix, bytes = {}, {}, ms .. '-', 0
-    for i = 1, n do
-      local payload = A[3 + i]
-      local id = prefix .. (topic.seq + i)
-      ids[i] = id
-      bodies[#bodies + 1], bodies[#bodies + 2] = id, payload
-      bytes = bytes + #payload
-    end
-    topic.seq, topic.bytes = topic.seq + n, topic.bytes + bytes
-    rcall('HSET', T.bodies, unpack(bodies))
-    rcall('ZADD', T.log, first, prefix .. first .. '-' .. bytes) -- the run (see THE LOG)
-    rcall('HSET', T.topic, 'seq', topic.seq, 'ms', ms, 'bytes', topic.bytes)
-    -- Each group's backlog is bounded by the retained count (or BACKLOG.cap), the groups
-    -- sharing the look-ahead past leases.
-    local cap = maxlen > 0 and maxlen or BACKLOG.cap
-    local look = math.max(LIMIT.trim_extra, math.floor(BACKLOG.look / math.max(NGROUPS, 1)))
-    for g = 1, NGROUPS do M.push_group(groups[g], ids, now, cap, look) end
-    M.trim(topic, maxlen, maxage, now, n + LIMIT.trim_extra, retained + n)
-    return ids
-  end
-
-  function M.tsubscribe()
-    local group = M.group_arg(2)
-    if NGROUPS ~= 1 then M.refuse('ROTATOR_BADARG', 'give the keys of exactly one group') end
-    local known = M.named_group(group)
-    local topic = M.read_topic()
-    local count = M.read('HLEN', T.groups)
-    local g = M.read_group(1)
-    if known then return { 0, topic.seq } end
-    if count >= LIMIT.groups then
-      M.refuse('ROTATOR_TOOMANY', 'at most ' .. LIMIT.groups .. ' groups per topic')
-    end
-    rcall('HSET', T.groups, group, g.keys.ring)
-    return { 1, topic.seq }
-  end
-
-  function M.tunsubscribe()
-    local group = M.group_arg(2)
-    if NGROUPS ~= 1 then M.refuse('ROTATOR_BADARG', 'give the keys of exactly one group') end
-    if not M.named_group(group) then return 0 end
-    local keys = M.group_keys(1)
-    rcall('HDEL', T.groups, group)
-    -- UNLINK frees the keys in the background: a million revoked tokens took 570 ms to DEL.
-    rcall('UNLINK', keys.ring, keys.done, keys.done_old, keys.marks, keys.marks_old, keys.revoked,
-      keys.dead, keys.wake, keys.meta, keys.pushlog, keys.leases, keys.scheduled, keys.ids)
-    return 1
-  end
-
-  -- Pushes the retained messages with FROM_SEQ <= seq <= TO_SEQ (TO_SEQ 0: the latest) into one
-  -- group's ring, at most COUNT (1..5000) of them, oldest first.
-  function M.treplay()
-    local group = M.group_arg(2)
-    local from = M.int_arg(3, 'FROM_SEQ', 0, LIMIT.no_bound)
-    local to = M.int_arg(4, 'TO_SEQ', 0, LIMIT.no_bound)
-    local count = M.int_arg(5, 'COUNT', 1, LIMIT.batch)
-    if NGROUPS ~= 1 then M.refuse('ROTATOR_BADARG', 'give the keys of exactly one group') end
-    if not M.named_group(group) then
-      M.refuse('ROTATOR_NOGROUP', 'no group ' .. M.printable(group) .. ' on this topic')
-    end
-    local topic = M.read_topic()
-    if to == 0 then to = topic.seq end
-    -- The run holding FROM_SEQ is the last entry scored at or below it (else the oldest).
-    local rank = math.max(M.read('ZCOUNT', T.log, '-inf', from) - 1, 0)
-    local ids, size, done = {}, 8, false
-    while not done and from <= to and #ids < count do
-      local runs = M.log_runs(rank, math.min(size, count - #ids + 1), topic.seq)
-      done = #runs == 0
-      for _, run in ipairs(runs) do
-        local a, b = math.max(run.first, from), math.min(run.last, to, from + count - #ids - 1)
-        if a > to or #ids == count then done = true break end
-        if a <= b then
-          M.run_ids(run, a, b, ids)
-          from = b + 1
-        end
-      end
-      rank, size = rank + #runs, size * 2
-    end
-    local g = M.read_group(1)
-    local after = #ids == count and from or to + 1
-    if #ids > 0 then M.push_group(g, ids, M.now_ms()) end
-    return { #ids, after, to }
-  end
-
-  -- The seq of the oldest retained message published at or after MS (a binary search over the
-  -- log's runs, which share their ms: at most ~50 look-ups); the next seq to be given out when
-  -- there is none.
-  function M.tseek()
-    local at = M.int_arg(2, 'MS', 0, LIMIT.no_bound)
-    M.topic_base()
-    local topic = M.read_topic()
-    local lo, hi = 0, M.read('ZCARD', T.log) - 1
-    local found = nil
-    while lo <= hi do
-      local mid = math.floor((lo + hi) / 2)
-      local entry = rcall('ZRANGE', T.log, mid, mid, 'WITHSCORES')
-      local ms = tonumber(string.match(entry[1] or '', '^(%d+)%-'))
-      if ms and ms >= at then
-        found, hi = tonumber(entry[2]), mid - 1
+      local marker = layout == 'chunk'
+      if M.checked_before(keys, marker) then
+        K = CHECKED.queue -- (nothing writes K: the same keys, the same table)
       else
-        lo = mid + 1
+        local base, refused = M.check_queue_keys(keys, 0)
+        if not base then return refused end
+        refused = M.check_extra_keys(keys, base, marker)
+        if refused then return refused end
+        K = M.queue_keys(keys, 0)
+        K.payloads = keys[14]
+        K.items = keys[15]
+        if LIBRARY then CHECKED = { keys = { unpack(keys) }, marker = marker, queue = K } end
       end
+      T, NGROUPS = nil, 0
     end
-    return found or topic.seq + 1
-  end
-
-  function M.ttrim()
-    local maxlen, maxage = M.retention_args()
-    local budget = M.int_arg(4, 'BUDGET', 1, LIMIT.trim_budget)
-    M.topic_base()
-    local topic = M.read_topic()
-    M.read('ZCARD', T.log)
-    local retained = M.read('HLEN', T.bodies)
-    return M.trim(topic, maxlen, maxage, M.now_ms(), budget, retained)
-  end
-
-  function M.tstats()
-    local base = M.topic_base()
-    local names = M.check_groups()
-    for g = 1, NGROUPS do M.check_group_keys(base, g, names[g]) end
-    local topic = M.read_topic()
-    local reply = {
-      'retained', M.read('HLEN', T.bodies), 'bytes', topic.bytes, 'last_seq', topic.seq,
-      'groups', NGROUPS,
-    }
-    for g = 1, NGROUPS do
-      local stats = M.queue_stats(M.group_keys(g))
-      reply[#reply + 1] = names[g]
-      for i = 2, #stats, 2 do reply[#reply + 1] = stats[i] end
+    if not handler then
+      return M.fail('ROTATOR_BADCMD', 'unknown command ' .. M.printable(args[1]))
     end
-    return reply
+    local ok, result = pcall(handler)
+    if ok or (type(result) == 'table' and result.err) then return result end
+    -- An error from a command Redis refused (READONLY, OOM, NOPERM...) reaches pcall as a
+    -- string: reply with it as it is, so its code survives for the client to see.
+    if type(result) == 'string' and string.find(result, '^[A-Z]+ ') then
+      return { err = result }
+    end
+    error(result, 0) -- a bug: let Redis report it
   end
+  return main
 end
 
--- 13. DISPATCH ------------------------------------------------------------------------------------
-
--- Each command, by the KEYS it takes (main checks their count and names):
---   queue     the queue's thirteen
---   extras    the thirteen, then its payloads and item stats when the queue keeps them
---   chunk     the thirteen, then push_chunk's marker hash (any other key under the base)
---   payloads  the thirteen, then its payloads (a group: the topic's bodies), then its item
---             stats optionally
---   items     the thirteen, its payloads and its item stats
---   topic     the topic's four, then the thirteen of each group
--- One string, not a table: an EVAL call runs this chunk every time, and a table of these 40
--- entries cost it about 2 us (4% of a one-job EVALSHA call's instructions under callgrind);
--- main looks a command up once (M.layout_of), and a library remembers what it found
--- (LAYOUTS).
-local COMMANDS = [[
-  push=queue push_priority=extras push_chunk=chunk push_later=extras
-  schedule=queue unschedule=queue schedules=queue
-  rate_limit=queue durations=queue pause=queue resume=queue
-  next=queue next_packed=queue ack=queue nack=queue bury=extras
-  extend=queue sweep=queue cancel=queue delete=extras
-  configure=queue stats=queue peek=queue scan=queue dead=queue
-  requeue_dead=queue requeue_dead_from=queue
-  pushp=payloads pushp_later=payloads nextp=payloads nextp_packed=payloads
-  ackp=payloads
-  pushi=items nackp=items items=items
-  tpublish=topic tsubscribe=topic tunsubscribe=topic treplay=topic
-  tseek=topic ttrim=topic tstats=topic
-]]
-
--- A command's KEYS layout (see COMMANDS), nil for anything that is not a command.
-function M.layout_of(command)
-  if type(command) ~= 'string' or not string.find(command, '^[%l_]+$') then return nil end
-  local _, equals = string.find(COMMANDS, ' ' .. command .. '=', 1, true)
-  return equals and string.match(COMMANDS, '^%l+', equals + 1)
-end
-
--- M's sections defined on first use (8 by M.define_setbacks, 9 by M.define_walk, 10 by
--- M.define_later, 11 and 12 by M.define_extensions): a lookup of a function M does not hold
--- yet runs the definers in turn, each once, until M holds it. They are tried where the name
--- most likely is, so that a call defines no section it does not need: a payload, item-stats
--- or topic call's own section first; nack, bury and extend section 8's; any other queue
--- command not defined yet one of section 10's (a worker's busy loop is defined at once); any
--- other function, one of the walk's. A library runs them once; an EVAL call only when it
--- needs them.
-local ON_FIRST_USE = {
-  __index = function(m, name)
-    local definers
-    if LAYOUT == 'payloads' or LAYOUT == 'items' or LAYOUT == 'topic' then
-      definers = { 'define_extensions', 'define_setbacks', 'define_walk', 'define_later' }
-    elseif name == 'nack' or name == 'bury' or name == 'extend' then
-      definers = { 'define_setbacks', 'define_walk', 'define_later', 'define_extensions' }
-    elseif name == A[1] then
-      definers = { 'define_later', 'define_setbacks', 'define_walk', 'define_extensions' }
-    else
-      definers = { 'define_walk', 'define_later', 'define_extensions', 'define_setbacks' }
-    end
-    for _, definer in ipairs(definers) do
-      local define = rawget(m, definer)
-      if define then
-        m[definer] = false
-        define()
-        local found = rawget(m, name)
-        if found ~= nil then return found end
-      end
-    end
-  end,
-}
-
--- The thirteen KEYS of a queue after keys[base], by name, in the order of the header.
-function M.queue_keys(keys, base)
-  return {
-    ring = keys[base + 1], done = keys[base + 2], done_old = keys[base + 3],
-    marks = keys[base + 4], marks_old = keys[base + 5], revoked = keys[base + 6],
-    dead = keys[base + 7], wake = keys[base + 8], meta = keys[base + 9],
-    pushlog = keys[base + 10], leases = keys[base + 11], scheduled = keys[base + 12],
-    ids = keys[base + 13],
-  }
-end
-
--- Refuses, before anything is read or written, queue keys that are not one queue's own in
--- their slots (a key passed in the wrong slot, or a key of something else): names only, so
--- it costs no command. Returns the base, or an error reply. (Plain finds at known places make
--- no string, where a concatenation per key made twelve: 2 us an EVAL call, measured.)
-function M.check_queue_keys(keys, at)
-  local ring, find = keys[at + 1], string.find
-  local n = #ring - 5 -- the base's length
-  local base = string.sub(ring, 1, n)
-  local ok = n >= 0 and find(ring, ':ring', n + 1, true) == n + 1
-  for i = 2, QUEUE_KEYS do
-    if not ok then break end
-    local key, role = keys[at + i], QUEUE_ROLES[i]
-    ok = #key == n + #role and find(key, role, n + 1, true) == n + 1
-      and find(key, base, 1, true) == 1
-  end
-  if not ok then
-    return nil, M.fail('ROTATOR_KEYS', 'keys ' .. (at + 1) .. '..' .. (at + QUEUE_KEYS) ..
-      ' must be one queue\'s <base>:ring <base>:done ... <base>:ids, in that order')
-  end
-  return base
-end
-
--- The keys after a queue's thirteen: its payloads (or, for a topic group, the topic's bodies)
--- and its item stats; push_chunk's marker, any other key under the queue's base.
-function M.check_extra_keys(keys, base, marker)
-  local payloads, items = keys[QUEUE_KEYS + 1], keys[QUEUE_KEYS + 2]
-  local ok = true
-  if marker then
-    local known = {}
-    for i = 1, QUEUE_KEYS do known[keys[i]] = true end
-    ok = string.sub(payloads, 1, #base + 1) == base .. ':' and not known[payloads]
-      and payloads ~= base .. ':payloads' and payloads ~= base .. ':items'
-  elseif payloads then
-    local topic = string.match(base, '^(.*):group:[^:]+$')
-    ok = payloads == base .. ':payloads' or (topic ~= nil and payloads == topic .. ':topic:bodies')
-  end
-  if ok and items then ok = items == base .. ':items' end
-  if not ok then
-    return M.fail('ROTATOR_KEYS', 'keys after the queue\'s thirteen must be <base>:payloads (a ' ..
-      'group: the topic\'s bodies) and <base>:items; push_chunk\'s marker a key under <base>:')
-  end
-end
-
--- Whether the previous call's queue keys passed the name checks and these are the same
--- (a library lives across calls, so a worker's calls check their names once; a script
--- starts afresh every call). Strings are interned: each comparison is one pointer's.
-function M.checked_before(keys, marker)
-  local last = CHECKED
-  if not last or last.marker ~= marker or #last.keys ~= #keys then return false end
-  local names = last.keys
-  for i = 1, #keys do
-    if names[i] ~= keys[i] then return false end
-  end
-  return true
-end
-
--- One call, whichever way it came: EVAL/EVALSHA (KEYS, ARGV) or FCALL (keys, args).
-local function main(keys, args)
-  -- The call state of section 2: bound here, once per call, and nowhere else.
-  UNIQUE, FRESH_ACKS = args[1] == 'unique', false
-  NAMED, DROPPED, TRIMMED = nil, { ids = {}, batches = {} }, false
-  PACKED, PACKED_IDS = nil, nil
-  if UNIQUE then
-    args = { unpack(args, 2) }
-    local pushes = { push = 1, pushi = 1, push_later = 1, push_priority = 1, pushp = 1,
-      pushp_later = 1 }
-    if not pushes[args[1]] then
-      return M.fail('ROTATOR_BADARG', 'unique takes push, pushi, push_later, push_priority, ' ..
-        'pushp or pushp_later, got ' .. M.printable(args[1]))
-    end
-  end
-  A, KS = args, keys
-  rcall = redis.call
-  if not PAD then -- this chunk's first call: every EVAL call, a library's first FCALL
-    PAD, LAYOUTS = M.make_pad(), {}
-    setmetatable(M, ON_FIRST_USE)
-  end
-  local layout = LAYOUTS[args[1]]
-  if not layout then
-    layout = M.layout_of(args[1])
-    if layout then LAYOUTS[args[1]] = layout end -- (commands only: the table stays small)
-  end
-  LAYOUT = layout
-  local handler = layout and M[args[1]]
-  if layout == 'topic' then
-    local groups = (#keys - TOPIC_KEYS) / QUEUE_KEYS
-    if #keys < TOPIC_KEYS or groups ~= math.floor(groups) or groups > LIMIT.groups then
-      return M.fail('ROTATOR_KEYS', 'expected ' .. TOPIC_KEYS ..
-        ' topic keys and ' .. QUEUE_KEYS .. ' per group, got ' .. #keys)
-    end
-    K, NGROUPS = nil, groups
-    T = { topic = keys[1], groups = keys[2], log = keys[3], bodies = keys[4] }
-  else
-    local low, high = QUEUE_KEYS, QUEUE_KEYS -- 'queue', and an unknown command's
-    if layout == 'extras' then low, high = QUEUE_KEYS, QUEUE_KEYS + 2 end
-    if layout == 'chunk' then low, high = QUEUE_KEYS + 1, QUEUE_KEYS + 1 end
-    if layout == 'payloads' then low, high = QUEUE_KEYS + 1, QUEUE_KEYS + 2 end
-    if layout == 'items' then low, high = QUEUE_KEYS + 2, QUEUE_KEYS + 2 end
-    if #keys < low or #keys > high then
-      return M.fail('ROTATOR_KEYS', 'expected ' .. (low == high and low or low .. ' or ' .. high)
-        .. ' keys, got ' .. #keys)
-    end
-    local marker = layout == 'chunk'
-    if M.checked_before(keys, marker) then
-      K = CHECKED.queue -- (nothing writes K: the same keys, the same table)
-    else
-      local base, refused = M.check_queue_keys(keys, 0)
-      if not base then return refused end
-      refused = M.check_extra_keys(keys, base, marker)
-      if refused then return refused end
-      K = M.queue_keys(keys, 0)
-      K.payloads = keys[14]
-      K.items = keys[15]
-      if LIBRARY then CHECKED = { keys = { unpack(keys) }, marker = marker, queue = K } end
-    end
-    T, NGROUPS = nil, 0
-  end
-  if not handler then
-    return M.fail('ROTATOR_BADCMD', 'unknown command ' .. M.printable(args[1]))
-  end
-  local ok, result = pcall(handler)
-  if ok or (type(result) == 'table' and result.err) then return result end
-  -- An error from a command Redis refused (READONLY, OOM, NOPERM...) reaches pcall as a
-  -- string: reply with it as it is, so its code survives for the client to see.
-  if type(result) == 'string' and string.find(result, '^[A-Z]+ ') then
-    return { err = result }
-  end
-  error(result, 0) -- a bug: let Redis report it
-end
+local main = define_module()
 
 if redis.register_function then
   -- Loaded as a library: the loader's first lines name it (FUNCTION_NAME), see

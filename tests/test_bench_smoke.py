@@ -252,10 +252,13 @@ def test_bench_counters_isolate_runs_the_module_without_its_counters(tmp_path: P
     acks as the module does (the counts stay 0 on its side)."""
     source = module_source()
     bare = without_counters(source)
-    assert "\n  M.add_counts(s)\n" in source
-    assert "\n  M.add_counts(s)\n" not in bare
+    call = "\n    M.add_counts(s)\n"  # (write_meta's, inside define_module)
+    assert call in source
+    assert call not in bare
     # No call reads a counter: they are only added to.
-    assert "'completed'" not in source.split("function M.read_meta(K)", 1)[1].split("\nend\n")[0]
+    read_meta = source.split("  function M.read_meta(K)", 1)[1].split("\n  end\n")[0]
+    assert "HMGET" in read_meta
+    assert "'completed'" not in read_meta
     run_smoke("bench.counters", tmp_path, 120, "--phases", "a", "--via", "fcall", "--isolate")
     data = json.loads((tmp_path / "counters.json").read_text())
     assert data["modules"]["before"].startswith("rotator-without-counters.lua (`--isolate`")

@@ -110,7 +110,8 @@ RATE_WAIT_MAY_FALL_SHORT = False
 # test). False kept the machine from scheduling such an id.
 SCHEDULE_WAITING_PRIORITIZED_IDS = True
 
-_NOW_MS = re.compile(r"^function M\.now_ms\(\)\n.*?^end\n", re.MULTILINE | re.DOTALL)
+# (at whatever indentation the module defines it: group 1)
+_NOW_MS = re.compile(r"^( *)function M\.now_ms\(\)\n.*?^\1end\n", re.MULTILINE | re.DOTALL)
 _CLOCKED_NOW_MS = f"""function M.now_ms()
   local ms = tonumber(rcall('HGET', K.meta, '{CLOCK_FIELD}'))
   if not ms then error('test clock not set in ' .. K.meta, 0) end
@@ -137,10 +138,13 @@ MACHINE_TIMEOUT_S = max(120, PROFILE.max_examples * 120 // 200)
 def clocked_source() -> str:
     """lua/rotator.lua with `M.now_ms()` reading the test clock instead of TIME."""
     source = module_source()
-    found = _NOW_MS.findall(source)
+    found = list(_NOW_MS.finditer(source))
     assert len(found) == 1, f"expected one M.now_ms() in the module, found {len(found)}"
-    assert "rcall('TIME')" in found[0]
-    clocked = _NOW_MS.sub(lambda _: _CLOCKED_NOW_MS, source)
+    assert "rcall('TIME')" in found[0][0]
+    clocked = _NOW_MS.sub(
+        lambda m: "".join(m[1] + line for line in _CLOCKED_NOW_MS.splitlines(keepends=True)),
+        source,
+    )
     assert "rcall('TIME')" not in clocked
     return clocked
 

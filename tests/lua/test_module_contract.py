@@ -142,7 +142,7 @@ LAYOUT_OF_KEYS = {
 
 
 def test_header_commands_and_the_dispatch_table_agree() -> None:
-    table = re.search(r"local COMMANDS = \[\[\n(.*?)\n\]\]", BODY, re.DOTALL)
+    table = re.search(r"local COMMANDS = \[\[\n(.*?)\n *\]\]", BODY, re.DOTALL)
     assert table, "no COMMANDS dispatch string in the body"
     pairs = re.findall(r"(\w+)=(\w+)", table[1])
     dispatch = dict(pairs)
