@@ -1151,6 +1151,30 @@ def a_key_of_another_queue_in_any_slot_gives_rotator_keys(b: Backend) -> None:
 
 
 @scenario
+def the_key_check_holds_for_keys_and_bases_with_nul_bytes(b: Backend) -> None:
+    """The keys are checked by joining them with NUL bytes: keys that hold a NUL byte and
+    join to the same string (two names in one key, an empty key after them) are refused; a
+    queue whose base holds a NUL byte is checked key by key, works, and refuses another
+    queue's key in any slot."""
+    push(b, "a")
+    joined_alike = (b.keys[0] + "\0" + b.keys[1], *b.keys[2:], "")
+    assert "\0".join(joined_alike) == "\0".join(b.keys) + "\0"
+    expect_error(b, "ROTATOR_KEYS", "push", "x", keys=joined_alike)
+    shifted = (b.keys[0] + "\0" + b.keys[1], *b.keys[2:-1], b.keys[-1][:-1])
+    expect_error(b, "ROTATOR_KEYS", "stats", keys=shifted)
+    q, other = b.fresh("nul\0in-base"), b.fresh("nul\0in-basf")
+    assert "\0" in q.keys[0]
+    push(q, "a", "b")
+    reply = q.call("next", 1, LONG, BUDGET, 0)
+    assert isinstance(reply, list), reply
+    assert str(reply[3]).startswith("a*"), reply
+    assert q.call("ack", reply[3]) == 1
+    for slot in range(len(q.keys)):
+        keys = (*q.keys[:slot], other.keys[slot], *q.keys[slot + 1 :])
+        expect_error(q, "ROTATOR_KEYS", "stats", keys=keys)
+
+
+@scenario
 def unknown_command_gives_badcmd(b: Backend) -> None:
     push(b, "a")
     for argv in [("frobnicate",), ("PUSH", "x"), ("Next", 1, LONG, BUDGET, 0), ("",)]:
