@@ -1167,8 +1167,10 @@ def the_key_check_holds_for_keys_and_bases_with_nul_bytes(b: Backend) -> None:
     push(q, "a", "b")
     reply = q.call("next", 1, LONG, BUDGET, 0)
     assert isinstance(reply, list), reply
-    assert str(reply[3]).startswith("a*"), reply
-    assert q.call("ack", reply[3]) == 1
+    token = reply[3]
+    assert isinstance(token, str), reply
+    assert token.startswith("a*"), reply
+    assert q.call("ack", token) == 1
     for slot in range(len(q.keys)):
         keys = (*q.keys[:slot], other.keys[slot], *q.keys[slot + 1 :])
         expect_error(q, "ROTATOR_KEYS", "stats", keys=keys)
