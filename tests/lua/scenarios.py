@@ -1152,10 +1152,10 @@ def a_key_of_another_queue_in_any_slot_gives_rotator_keys(b: Backend) -> None:
 
 @scenario
 def the_key_check_holds_for_keys_and_bases_with_nul_bytes(b: Backend) -> None:
-    """The keys are checked by joining them with NUL bytes: keys that hold a NUL byte and
-    join to the same string (two names in one key, an empty key after them) are refused; a
-    queue whose base holds a NUL byte is checked key by key, works, and refuses another
-    queue's key in any slot."""
+    """Keys that hold a NUL byte are compared as any bytes: two names in one key (with an
+    empty key after them, so that the keys joined by NUL bytes read the same) are refused;
+    a queue whose base holds a NUL byte works, and refuses another queue's key in any
+    slot."""
     push(b, "a")
     joined_alike = (b.keys[0] + "\0" + b.keys[1], *b.keys[2:], "")
     assert "\0".join(joined_alike) == "\0".join(b.keys) + "\0"
