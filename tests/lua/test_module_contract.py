@@ -151,8 +151,9 @@ def test_header_commands_and_the_dispatch_table_agree() -> None:
     # (`unique` is no command of its own: main takes it off the push command that follows)
     assert set(dispatch) | {"unique"} == set(header_commands())
     for name, layout in dispatch.items():
-        # `function M.push(`, or indented inside a definer of the sections defined on first
-        # use (M.define_walk, M.define_later, M.define_extensions): the handler is here.
+        # `function M.push(`, indented inside define_module, and further inside a definer
+        # for the sections defined on first use (M.define_push_ack, M.define_later, ...):
+        # the handler is here.
         assert re.search(rf"^ *function M\.{name}\(", BODY, re.MULTILINE), name
         first_line = header_commands()[name].splitlines()[0]
         given = re.search(r"\((?:TOPIC )?KEYS[^)]*\)", first_line)
