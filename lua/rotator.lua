@@ -1797,15 +1797,17 @@ local function define_module()
     function M.check_ids(first)
       M.check_count(first, 'ids')
       for i = first, #A do
-        if not M.valid_id(A[i]) then
-          M.refuse('ROTATOR_BADID', 'job id must be 1..' .. LIMIT.id_bytes ..
-            ' bytes without "*", got ' .. M.printable(A[i]))
-        end
+        if not M.valid_id(A[i]) then M.refuse_id(A[i]) end
       end
     end
 
     function M.valid_id(id)
       return #id > 0 and #id <= LIMIT.id_bytes and not string.find(id, '*', 1, true)
+    end
+
+    function M.refuse_id(value)
+      M.refuse('ROTATOR_BADID', 'job id must be 1..' .. LIMIT.id_bytes ..
+        ' bytes without "*", got ' .. M.printable(value))
     end
 
     -- Of read_meta's fields, those a push reads and writes (push_ids, pushp, and a topic's
@@ -4486,11 +4488,6 @@ local function define_module()
         seen[id] = true
       end
       if known and (made > 0 or starts) then rcall('HSET', K.meta, 'copies', known + made) end
-    end
-
-    function M.refuse_id(value)
-      M.refuse('ROTATOR_BADID', 'job id must be 1..' .. LIMIT.id_bytes ..
-        ' bytes without "*", got ' .. M.printable(value))
     end
 
     function M.pushp()
