@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from bench.bounds import whole_batch_ack
 from tests.lua.harness import MODULE_CHUNKNAME, Harness, LuaScript, ScriptError
 
 LEASE_MS = 30_000
@@ -51,11 +52,6 @@ class Watched(Harness):
         }
 
 
-def batch_ack(element: bytes) -> bytes:
-    """The batch ack of a packed element's whole batch, as the Python client sends it."""
-    return element[: element.index(b"*", 1)] + b"/%d" % (element.count(b"*") - 1)
-
-
 def test_a_workers_loop_on_a_busy_queue_defines_nothing() -> None:
     """The Python client's loop, next_packed with the previous batch's batch ack, takes the
     short way of next once the queue knows its leases' earliest deadline: nothing is defined
@@ -67,12 +63,12 @@ def test_a_workers_loop_on_a_busy_queue_defines_nothing() -> None:
     for count in (1, 100):
         element = bytes(queue.call("next_packed", count, LEASE_MS, 1000, 5)[3])
         for _ in range(3):
-            reply = queue.call("next_packed", count, LEASE_MS, 1000, 5, batch_ack(element))
+            reply = queue.call("next_packed", count, LEASE_MS, 1000, 5, whole_batch_ack(element))
             assert reply[2] == 1  # the previous batch acked (one batch ack)
             assert queue.defined() == set()
             element = bytes(reply[3])
             assert element.count(b"*") - 1 == count
-        assert queue.call("ack", batch_ack(element)) == 1
+        assert queue.call("ack", whole_batch_ack(element)) == 1
         assert queue.defined() == {"push_ack"}
     assert queue.call("push", "more") == 1
     assert queue.defined() == {"push_ack"}
@@ -98,7 +94,7 @@ def test_a_call_that_walks_defines_the_walk_only() -> None:
     packed = call("next_packed", 1, LEASE_MS, 1000, 5, first, walks=True)
     assert packed[2] == 1  # the ack went with it
     assert packed[3].endswith(b"*b")
-    assert call("ack", batch_ack(bytes(packed[3]))) == 1
+    assert call("ack", whole_batch_ack(bytes(packed[3]))) == 1
     held = bytes(call("next", 1, LEASE_MS, 1000, 5)[3])
     assert held.startswith(b"c*")
     assert call("extend", LEASE_MS, held)[1:] == [1]
