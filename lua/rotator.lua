@@ -40,7 +40,8 @@ KEYS
                             the calls that change them, read by stats alone), stale (see
                             IDS), copies (see pushp), layout (written once: keeps it a
                             hash table, see LIMIT.meta_layout); settings (configure)
-  KEYS[10] pushlog    LIST  "<pushed>:<ms>" push checkpoints, newest first (pending age)
+  KEYS[10] pushlog    LIST  "<pushed>:<ms>" push checkpoints, one a second at most, newest
+                            first (pending age); the newest's count is meta pushed
   KEYS[11] leases     LIST  the jobs in flight: leases and packed batches, newest at the head,
                             walked from the tail in deadline order (see LEASES)
   KEYS[12] scheduled  ZSET  the jobs not in the ring yet: id -> due ms, jobs pushed for later
@@ -656,7 +657,7 @@ local LIMIT = {
   dead_scan = 1000, -- dead letters requeue_dead examines per call
   wake_tokens = 16, -- at most this many idle consumers woken by one push
   pushlog_bucket_ms = 1000, -- pushes within a second share one checkpoint
-  pushlog_drops = 4, -- consumed checkpoints dropped per push: the log stays short
+  pushlog_drops = 4, -- consumed checkpoints dropped per checkpoint added: the log stays short
   groups = 100, -- consumer groups per topic: a publish takes 13 KEYS per group
   group_bytes = 64,
   trim_extra = 16, -- retained messages a publish may drop by age beyond what it adds
@@ -1840,20 +1841,21 @@ local function define_module()
 
     -- Notes `n` more pending ids: counters, the push checkpoint for ages, and a wake-up.
     -- `length`: the ring's length now, where the caller knows it; `wake`: see add_wake_tokens.
+    -- A push within the newest checkpoint's second writes nothing to the log: that checkpoint's
+    -- count is the queue's `pushed` (see queue_stats), so only a push that starts a checkpoint
+    -- writes one, and drops a few fully consumed ones from the tail (at most one a second is
+    -- added, up to LIMIT.pushlog_drops dropped: the log stays short).
     function M.record_push(K, meta, n, now, head, length, wake)
       local pushlog = K.pushlog
-      meta.pushed = meta.pushed + n
       local head_ms = head and tonumber(string.match(head, ':(%d+)$'))
-      if head_ms and now - head_ms < LIMIT.pushlog_bucket_ms and now >= head_ms then
-        rcall('LSET', pushlog, 0, meta.pushed .. ':' .. head_ms)
-      else
+      meta.pushed = meta.pushed + n
+      if not (head_ms and now - head_ms < LIMIT.pushlog_bucket_ms and now >= head_ms) then
         rcall('LPUSH', pushlog, meta.pushed .. ':' .. now)
-      end
-      -- Drop a few fully consumed checkpoints per push, so the log stays short.
-      for _ = 1, LIMIT.pushlog_drops do
-        local tail = rcall('LINDEX', pushlog, -1)
-        if not tail or (tonumber(string.match(tail, '^(%d+):')) or 0) > meta.taken then break end
-        rcall('RPOP', pushlog)
+        for _ = 1, LIMIT.pushlog_drops do
+          local tail = rcall('LINDEX', pushlog, -1)
+          if not tail or (tonumber(string.match(tail, '^(%d+):')) or 0) > meta.taken then break end
+          rcall('RPOP', pushlog)
+        end
       end
       -- Something new is available: consumers must visit every element the ring holds now (the
       -- new ones come last) before they may idle.
@@ -3763,13 +3765,16 @@ local function define_module()
       end
       local in_flight = math.max(0, length - pending - acked - deferred - overdue)
       -- The push log holds cumulative push counts, newest first: the oldest pending job was
-      -- pushed in the oldest checkpoint whose count exceeds what was taken. Binary search.
+      -- pushed in the oldest checkpoint whose count exceeds what was taken. Binary search. The
+      -- newest checkpoint holds the count of the push that made it; every push since was within
+      -- its second (record_push), so its count is the queue's `pushed`.
       local oldest = -1
       local lo, hi = 0, M.read('LLEN', K.pushlog) - 1
       local found = nil
       while pending > 0 and lo <= hi do
         local mid = math.floor((lo + hi) / 2)
         local pushed, at = string.match(rcall('LINDEX', K.pushlog, mid) or '', '^(%d+):(%d+)$')
+        if pushed and mid == 0 then pushed = meta.pushed end
         if pushed and tonumber(pushed) > meta.taken then
           found, lo = tonumber(at), mid + 1
         else

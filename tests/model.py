@@ -835,8 +835,13 @@ class RotatorModel:
         in_flight = max(0, length - pending - acked - deferred - overdue)
         oldest = -1
         if pending > 0:
-            # The oldest checkpoint whose cumulative push count exceeds what was taken.
-            found = [ms for pushed, ms in self.pushlog if pushed > self.taken]
+            # The oldest checkpoint whose cumulative push count exceeds what was taken (the
+            # newest one's count is `pushed`: the pushes of its second since did not write it).
+            found = [
+                ms
+                for i, (pushed, ms) in enumerate(self.pushlog)
+                if (self.pushed if i == 0 else pushed) > self.taken
+            ]
             if found:
                 oldest = max(0, self.now - found[-1])
         return [
@@ -1029,14 +1034,14 @@ class RotatorModel:
     def _record_push(self, n: int) -> None:
         self.pushed += n
         head_ms = self.pushlog[0][1] if self.pushlog else None
-        if head_ms is not None and 0 <= self.now - head_ms < PUSHLOG_BUCKET_MS:
-            self.pushlog[0] = (self.pushed, head_ms)
-        else:
+        # A push within the newest checkpoint's second writes no checkpoint: that one's count
+        # is `pushed`. One that starts a checkpoint drops a few fully consumed ones.
+        if head_ms is None or not 0 <= self.now - head_ms < PUSHLOG_BUCKET_MS:
             self.pushlog.insert(0, (self.pushed, self.now))
-        for _ in range(4):  # drop a few fully consumed checkpoints
-            if not self.pushlog or self.pushlog[-1][0] > self.taken:
-                break
-            self.pushlog.pop()
+            for _ in range(4):
+                if not self.pushlog or self.pushlog[-1][0] > self.taken:
+                    break
+                self.pushlog.pop()
         self.qstart, self.qlen = self.seq, len(self.ring)
         self.wake = min(self.wake + min(n, WAKE_TOKENS), WAKE_TOKENS)
 

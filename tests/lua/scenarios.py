@@ -1311,6 +1311,29 @@ def oldest_pending_age_survives_many_push_checkpoints(b: Backend) -> None:
 
 
 @scenario
+def pushes_within_a_second_share_the_newest_checkpoint_unwritten(b: Backend) -> None:
+    # Only a push that starts a checkpoint writes the push log; the pushes of its second after
+    # it write nothing there, and the age of the oldest pending job still finds that
+    # checkpoint once the jobs pushed before it are taken (its count is meta pushed).
+    push(b, "a")
+    b.sleep_ms(1001)
+    push(b, "b")
+    log = b.lrange("pushlog")
+    assert [entry.split(":")[0] for entry in log] == ["2", "1"], log
+    push(b, "c", "d")
+    assert b.lrange("pushlog") == log  # (c and d share b's checkpoint)
+    assert nxt(b, 2, LONG).ids == ["a", "b"]
+    s = stats(b)
+    assert s["pending"] == 2
+    since_b, since_a = (b.now_ms() - int(entry.split(":")[1]) for entry in log)
+    age = s["oldest_pending_age_ms"]
+    if b.exact_clock:
+        assert age == since_b, f"{s} (want {since_b})"
+    else:  # (c was pushed in b's second, a second after a's)
+        assert 0 <= age <= since_b < since_a, (age, since_b, since_a)
+
+
+@scenario
 def the_counters_count_what_happened(b: Backend) -> None:
     assert counters(b) == dict.fromkeys(COUNTERS, 0)
     push(b, "a", "b", "c", "d", "e")
