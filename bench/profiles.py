@@ -4,6 +4,7 @@ fast an idle blocked consumer sees a push."""
 from __future__ import annotations
 
 import multiprocessing
+import statistics
 import time
 from collections.abc import Callable
 from functools import partial
@@ -243,25 +244,55 @@ def _push_for(kind: str, client: redis.Redis, name: str) -> Callable[[str], Any]
     return lambda stamp: client.xadd(name, {"id": stamp})
 
 
-def wake_latency(url: str, samples: int) -> dict[str, dict[str, float | None]]:
+def wake_latency(url: str, samples: int, rounds: int = 5) -> dict[str, dict[str, Any]]:
     """Push -> claim for an idle blocked consumer in its own process: rotator's
     next(block=...) by EVALSHA and by FCALL, a bare BLPOP (the floor for any blocking
-    consumer on this machine and server) and a Streams XREADGROUP BLOCK."""
+    consumer on this machine and server) and a Streams XREADGROUP BLOCK.
+
+    All four consumers block at once, and the producer takes them in turn, each push 20 ms
+    after the one before (so the server idles 20 ms before each push, and a consumer about
+    80), the order turning every cycle: every kind's samples meet the same machine, minute by
+    minute, where one kind after another met its own (on this VM the figures moved by 2x
+    from one minute to the next). ``samples`` per kind, cut into ``rounds`` consecutive
+    rounds; each kind's p50 is also given against the Stream's, round by round: the median
+    of the rounds' ratios, with their range."""
     context = multiprocessing.get_context("spawn")
     client = redis.Redis.from_url(url)
-    results = {}
-    for kind, consume in WAKE_CONSUMERS.items():
-        name = f"wake-{kind}-{time.time_ns()}"
-        out: Any = context.Queue()
-        consumer = context.Process(target=consume, args=(url, name, samples, out))
+    kinds = list(WAKE_CONSUMERS)
+    names = {kind: f"wake-{kind}-{time.time_ns()}" for kind in kinds}
+    outs: dict[str, Any] = {kind: context.Queue() for kind in kinds}
+    consumers = [
+        context.Process(target=consume, args=(url, names[kind], samples, outs[kind]))
+        for kind, consume in WAKE_CONSUMERS.items()
+    ]
+    for consumer in consumers:
         consumer.start()
-        out.get(timeout=60)
-        push = _push_for(kind, client, name)
-        for _ in range(samples):
-            time.sleep(0.02)  # the consumer is blocked again by now
-            push(str(time.monotonic_ns()))
-        latencies: list[float] = out.get(timeout=60)
+    for kind in kinds:
+        outs[kind].get(timeout=60)
+    pushes = {kind: _push_for(kind, client, names[kind]) for kind in kinds}
+    time.sleep(0.1)  # (every consumer is blocked by now)
+    for i in range(samples):
+        for k in range(len(kinds)):
+            time.sleep(0.02)
+            pushes[kinds[(i + k) % len(kinds)]](str(time.monotonic_ns()))
+    latencies = {kind: outs[kind].get(timeout=60) for kind in kinds}
+    for consumer in consumers:
         consumer.join()
+    for name in names.values():
         delete_run_keys(client, name)
-        results[kind] = {"p50_ms": percentile(latencies, 50), "p99_ms": percentile(latencies, 99)}
+    size = max(1, samples // rounds)
+    cuts = [(lo, lo + size) for lo in range(0, samples - size + 1, size)]
+    results: dict[str, dict[str, Any]] = {}
+    for kind in kinds:
+        ratios = [
+            statistics.median(latencies[kind][lo:hi])
+            / statistics.median(latencies["streams"][lo:hi])
+            for lo, hi in cuts
+        ]
+        results[kind] = {
+            "p50_ms": percentile(latencies[kind], 50),
+            "p99_ms": percentile(latencies[kind], 99),
+            "p50_vs_streams": round(statistics.median(ratios), 2),
+            "p50_vs_streams_range": [round(min(ratios), 2), round(max(ratios), 2)],
+        }
     return results

@@ -576,6 +576,22 @@ def test_bench_lane_smoke(tmp_path: Path) -> None:
     assert "| redis | batch 1, 1 client |" in (tmp_path / "lane.md").read_text()
 
 
+def test_bench_wake_smoke(tmp_path: Path) -> None:
+    """bench.wake on tiny sizes: the four consumers blocked at once and woken in turn; every
+    kind gets each of its wake-ups, and its p50 against the Stream's, round by round."""
+    printed = run_smoke("bench.wake", tmp_path, 120)
+    data = json.loads((tmp_path / "wake.json").read_text())
+    run = data["results"]["redis"]
+    kinds = {"rotator", "rotator-fcall", "blpop", "streams"}
+    assert kinds <= set(run)
+    for kind in kinds:
+        assert 0 < run[kind]["p50_ms"] <= run[kind]["p99_ms"] < 5000
+        low, high = run[kind]["p50_vs_streams_range"]
+        assert 0 < low <= run[kind]["p50_vs_streams"] <= high
+    assert run["streams"]["p50_vs_streams"] == 1.0
+    assert "| Streams XREADGROUP BLOCK |" in printed
+
+
 def test_bench_tracked_smoke(tmp_path: Path) -> None:
     """bench.tracked (issue 21) end to end on tiny sizes: the product before the lease list,
     unpacked from bench/baseline and run with its own package and module (each loop checks

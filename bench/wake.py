@@ -1,0 +1,84 @@
+"""Wake latency, interleaved: push -> claim for an idle blocked consumer, rotator by FCALL and
+by EVALSHA beside a bare BLPOP and a Streams XREADGROUP BLOCK, the four consumers blocked at
+once and woken in turn (``bench.profiles.wake_latency``; issue 14 asks rotator's p50 within
+1.2x of XREADGROUP's).
+
+    .venv/bin/python -m bench.wake [--quick | --smoke] [--servers redis,valkey] [--table]
+
+Each kind's samples are cut into consecutive rounds, and its p50 is given against the
+Stream's round by round (the median of the rounds' ratios, with their range): on this 2-core
+VM the wake-up of an idle process moves by 2x from one minute to the next, so kinds measured
+one after another (as ``python -m bench`` did before) were compared across different minutes.
+Writes ``bench/results/wake.{json,md}``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bench.harness import machine_info, module_info, standard_main, started, write_results
+from bench.profiles import WAKE_CONSUMERS, wake_latency
+from bench.report import WAKE_LABELS
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+@dataclass(frozen=True)
+class Sizes:
+    samples: int  # wake-ups per kind
+    rounds: int
+
+
+SIZES = {"full": Sizes(500, 5), "quick": Sizes(200, 5), "smoke": Sizes(8, 2)}
+
+
+def run(servers: list[str], mode: str, workdir: Path, out: Path, log: Any) -> dict[str, Any]:
+    sizes = SIZES[mode]
+    results: dict[str, Any] = {}
+    for kind in servers:
+        with started(kind, workdir / kind) as server:
+            log(f"{kind} {server.version}: {sizes.samples} wake-ups a consumer")
+            results[kind] = {"version": server.version, **wake_latency(server.url, **vars(sizes))}
+    data = {
+        "machine": machine_info(mode),
+        "module": module_info(),
+        "samples": sizes.samples,
+        "rounds": sizes.rounds,
+        "results": results,
+    }
+    return write_results(out, "wake", data, markdown)
+
+
+def markdown(data: dict[str, Any]) -> str:
+    lines = [
+        "# Wake latency, interleaved (`python -m bench.wake`)",
+        "",
+        f"{data['samples']} wake-ups a consumer, the four consumers blocked at once and woken "
+        f"in turn, 20 ms apart; p50 against the Stream's in {data['rounds']} rounds (median, "
+        "range). Milliseconds from the push to the consumer holding the job.",
+        "",
+    ]
+    for server, run_ in data["results"].items():
+        lines += [
+            f"| {server} {run_['version']} | p50 ms | p99 ms | p50 vs Streams (range) |",
+            "|---|---:|---:|---:|",
+        ]
+        for kind in WAKE_CONSUMERS:
+            wake = run_[kind]
+            low, high = wake["p50_vs_streams_range"]
+            lines.append(
+                f"| {WAKE_LABELS.get(kind, kind)} | {wake['p50_ms']:.2f} | {wake['p99_ms']:.2f} "
+                f"| {wake['p50_vs_streams']:.2f}x ({low:.2f}-{high:.2f}) |"
+            )
+        lines.append("")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return standard_main(argv, __doc__, RESULTS, "wake", run=run, markdown=markdown)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
