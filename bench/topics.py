@@ -1,17 +1,21 @@
 """Topics and payload queues beside Redis Streams consumer groups: publish and consume rates.
 
-One client process, batches of 100 on both sides, on a server of our own (persistence off).
-Publish: rotator ``Topic.publish_many`` (one Lua call per 100 messages, every group's ring
-included) vs pipelined XADDs (100 per round trip), and again with 1000 a call (a pipeline of
-1000 XADDs) into a fresh topic and Stream read by the same groups. Consume: each group
-drains everything, leasing 100 and acking the previous batch in the same call (rotator
-``next(ack=...)``, which includes the acked elements' cleanup lap) vs XREADGROUP COUNT 100 +
-XACK. Server time per message is from INFO commandstats (top-level commands only, so script
-sub-commands are not counted twice). A queue with payloads (``push_payloads`` of 100, then
-``next(100, ack=...)``, whose batch acks name their jobs so that their payloads go) is set
-beside the Stream read by one group, whose entries carry the same bodies. Memory once
-published (MEMORY USAGE, every element): bytes per retained message, and per entry a group
-has still to deliver. Each figure is the median of interleaved rounds, with its range.
+Batches of 100 on both sides, on a server of our own (persistence off). Publishing runs in
+the bench's process; every consume phase runs in a consumer process of its own, started
+fresh, as the many-consumer rows do (drained in the bench's own process, the Stream's
+consumer ran some 20% slower than in a process of its own, and rotator's did not, which
+flattered rotator). Publish: rotator ``Topic.publish_many`` (one Lua call per 100
+messages, every group's ring included) vs pipelined XADDs (100 per round trip), and again
+with 1000 a call (a pipeline of 1000 XADDs) into a fresh topic and Stream read by the same
+groups. Consume: each group drains everything, leasing 100 and acking the previous batch in
+the same call (rotator ``next(ack=...)``, which includes the acked elements' cleanup lap) vs
+XREADGROUP COUNT 100 + XACK. Server time per message is from INFO commandstats (top-level
+commands only, so script sub-commands are not counted twice). A queue with payloads
+(``push_payloads`` of 100, then ``next(100, ack=...)``, whose batch acks name their jobs so
+that their payloads go) is set beside the Stream read by one group, whose entries carry the
+same bodies. Memory once published (MEMORY USAGE, every element): bytes per retained
+message, and per entry a group has still to deliver. Each figure is the median of
+interleaved rounds, with its range.
 
     .venv/bin/python -m bench.topics [--messages 20000] [--rounds 3] [--servers redis,valkey]
         [--smoke]
@@ -58,7 +62,45 @@ def timed(client: redis.Redis, work: Any) -> Timing:
     return time.perf_counter() - began, server_usec(client), time.process_time() - cpu
 
 
-def rotator_run(client: redis.Redis, groups: int, messages: int) -> dict[str, Any]:
+def drained(client: redis.Redis, url: str, loop: Loop, name: str, args: Any = None) -> Timing:
+    """(wall seconds, server usec, the consumer's CPU seconds) of one consumer process of its
+    own running ``loop`` on ``name`` (see the module's docstring)."""
+    client.config_resetstat()
+    seconds, cpus = run_clients(loop, url, name, batch=BATCH, clients=1, args=args)
+    return seconds, server_usec(client), sum(cpus)
+
+
+def topic_loop(url: str, name: str, batch: int, groups: int) -> list[float]:
+    """One consumer process of topic ``name``: drains its groups g0.. one after another, each
+    by next(batch, ack=previous). Returns its CPU seconds in the loop."""
+    client = redis.Redis.from_url(url)
+    topic = Topic(client, name)
+    cpu = time.process_time()
+    for group in range(groups):
+        drain(topic.group(f"g{group}"))
+    used = time.process_time() - cpu
+    client.close()
+    return [used]
+
+
+def stream_groups_loop(url: str, name: str, batch: int, groups: int) -> list[float]:
+    """One consumer process of Stream ``name``: drains its groups g0.. one after another, each
+    by XREADGROUP COUNT batch + XACK. Returns its CPU seconds in the loop."""
+    client = redis.Redis.from_url(url)
+    cpu = time.process_time()
+    for group in range(groups):
+        while True:
+            reply: Any = client.xreadgroup(f"g{group}", "c1", {name: ">"}, count=batch)
+            entries = reply[0][1] if reply else []
+            if not entries:
+                break
+            client.xack(name, f"g{group}", *[entry_id for entry_id, _ in entries])
+    used = time.process_time() - cpu
+    client.close()
+    return [used]
+
+
+def rotator_run(client: redis.Redis, url: str, groups: int, messages: int) -> dict[str, Any]:
     topic = Topic(client, f"bench-topic-{groups}", retention=Retention(count=messages))
     names = [f"g{i}" for i in range(groups)]
     for name in names:
@@ -68,16 +110,12 @@ def rotator_run(client: redis.Redis, groups: int, messages: int) -> dict[str, An
         for _ in range(0, messages, BATCH):
             topic.publish_many([PAYLOAD] * BATCH)
 
-    def consume() -> None:
-        for name in names:
-            drain(topic.group(name))
-
     published = timed(client, publish)
     # Memory once published, nothing consumed: what each message keeps (its body and log
     # entry) and what each group holds per message it has still to deliver (its ring's id).
     retained = memory_of(client, [topic.keys.bodies, topic.keys.log]) / messages
     waiting = memory_of(client, [topic.keys.group(name).ring for name in names])
-    consumed = timed(client, consume)
+    consumed = drained(client, url, topic_loop, topic.name, groups)
     topic.delete()
     large = Topic(client, f"bench-topic-large-{groups}", retention=Retention(count=messages))
     for name in names:
@@ -115,7 +153,7 @@ def memory_of(client: redis.Redis, keys: list[str]) -> int:
     return sum(int(client.memory_usage(key, samples=0) or 0) for key in keys)
 
 
-def payload_queue_run(client: redis.Redis, messages: int) -> dict[str, Any]:
+def payload_queue_run(client: redis.Redis, url: str, messages: int) -> dict[str, Any]:
     queue = Rotator(client, "bench-payload-queue", payloads=True)
 
     def push() -> None:
@@ -125,7 +163,7 @@ def payload_queue_run(client: redis.Redis, messages: int) -> dict[str, Any]:
     pushed = timed(client, push)
     # Each pending job: its id in the ring and its payload in the payloads hash.
     kept = memory_of(client, [queue.keys.all[0], queue.keys.payloads]) / messages
-    consumed = timed(client, lambda: drain(queue))
+    consumed = drained(client, url, payload_queue_loop, queue.name)
     queue.delete()
     return row(
         "rotator-payload-queue",
@@ -137,7 +175,7 @@ def payload_queue_run(client: redis.Redis, messages: int) -> dict[str, Any]:
     )
 
 
-def streams_run(client: redis.Redis, groups: int, messages: int) -> dict[str, Any]:
+def streams_run(client: redis.Redis, url: str, groups: int, messages: int) -> dict[str, Any]:
     stream = f"bench-stream-{groups}"
     client.delete(stream)
     names = [f"g{i}" for i in range(groups)]
@@ -151,19 +189,10 @@ def streams_run(client: redis.Redis, groups: int, messages: int) -> dict[str, An
                 pipe.xadd(stream, {"p": PAYLOAD}, maxlen=messages, approximate=True)
             pipe.execute()
 
-    def consume() -> None:
-        for name in names:
-            while True:
-                reply: Any = client.xreadgroup(name, "c1", {stream: ">"}, count=BATCH)
-                entries = reply[0][1] if reply else []
-                if not entries:
-                    break
-                client.xack(stream, name, *[entry_id for entry_id, _ in entries])
-
     published = timed(client, publish)
     # A Stream keeps each entry once; a group's undelivered entries are only its last id.
     retained = memory_of(client, [stream]) / messages
-    consumed = timed(client, consume)
+    consumed = drained(client, url, stream_groups_loop, stream, groups)
     client.delete(stream)
     for name in names:
         client.xgroup_create(stream, name, id="0", mkstream=True)
@@ -322,13 +351,13 @@ def run(kind: str, messages: int, rounds: int) -> list[dict[str, Any]]:
         client = server.client()
         for _ in range(rounds):
             for result in (
-                payload_queue_run(client, messages),
+                payload_queue_run(client, server.url, messages),
                 *(
                     each
                     for groups in GROUP_COUNTS
                     for each in (
-                        rotator_run(client, groups, messages),
-                        streams_run(client, groups, messages),
+                        rotator_run(client, server.url, groups, messages),
+                        streams_run(client, server.url, groups, messages),
                     )
                 ),
                 many_clients_run(client, server.url, "rotator-payload-queue", messages),
