@@ -89,12 +89,7 @@ def stream_groups_loop(url: str, name: str, batch: int, groups: int) -> list[flo
     client = redis.Redis.from_url(url)
     cpu = time.process_time()
     for group in range(groups):
-        while True:
-            reply: Any = client.xreadgroup(f"g{group}", "c1", {name: ">"}, count=batch)
-            entries = reply[0][1] if reply else []
-            if not entries:
-                break
-            client.xack(name, f"g{group}", *[entry_id for entry_id, _ in entries])
+        drain_stream_group(client, name, f"g{group}", "c1", batch)
     used = time.process_time() - cpu
     client.close()
     return [used]
@@ -226,18 +221,25 @@ def payload_queue_loop(url: str, name: str, batch: int, _: Any) -> list[float]:
     return [used]
 
 
+def drain_stream_group(
+    client: redis.Redis, stream: str, group: str, consumer: str, batch: int
+) -> None:
+    """Reads ``stream`` as ``consumer`` of ``group``, XREADGROUP COUNT batch then XACK of
+    what it read, until nothing is left."""
+    while True:
+        reply: Any = client.xreadgroup(group, consumer, {stream: ">"}, count=batch)
+        entries = reply[0][1] if reply else []
+        if not entries:
+            return
+        client.xack(stream, group, *[entry_id for entry_id, _ in entries])
+
+
 def stream_bodies_loop(url: str, name: str, batch: int, _: Any) -> list[float]:
     """One consumer of the Stream's group: XREADGROUP COUNT batch, then XACK, until empty.
     Returns its CPU seconds in the loop."""
     client = redis.Redis.from_url(url)
-    consumer = f"c{time.perf_counter_ns()}"
     cpu = time.process_time()
-    while True:
-        reply: Any = client.xreadgroup("workers", consumer, {name: ">"}, count=batch)
-        entries = reply[0][1] if reply else []
-        if not entries:
-            break
-        client.xack(name, "workers", *[entry_id for entry_id, _ in entries])
+    drain_stream_group(client, name, "workers", f"c{time.perf_counter_ns()}", batch)
     used = time.process_time() - cpu
     client.close()
     return [used]
