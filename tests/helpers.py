@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import threading
 import time
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import redis
@@ -46,3 +49,28 @@ def wait_until(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
     while not predicate():
         assert time.monotonic() < give_up, "condition not reached in time"
         time.sleep(0.01)
+
+
+@contextmanager
+def monitored(client: redis.Redis) -> Iterator[list[str]]:
+    """The commands clients send the server while the block runs, as MONITOR shows them
+    (each its arguments joined by spaces; the commands scripts run left out). On a shared
+    server this sees other clients' commands too: filter by a key of the test's own."""
+    seen: list[str] = []
+    marker = f"monitored-{uuid.uuid4().hex}"
+    where = client.connection_pool.connection_kwargs
+    watcher = redis.Redis(host=where["host"], port=where["port"])
+    with watcher.monitor() as monitor:
+
+        def read() -> None:
+            while marker not in (command := monitor.next_command())["command"]:
+                if command["client_type"] != "lua":
+                    seen.append(command["command"])
+
+        reader = threading.Thread(target=read, name="monitored", daemon=True)
+        reader.start()
+        yield seen
+        client.echo(marker)  # the last command the reader sees
+        reader.join(10)
+    watcher.close()
+    assert not reader.is_alive(), "MONITOR never showed the end marker"
