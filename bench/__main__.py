@@ -146,7 +146,9 @@ def run_server(kind: str, plan: Plan, workdir: Path, log: Any) -> dict[str, Any]
         in_flight = profiles.in_flight_scaling(client, plan.in_flight, plan.steady_jobs)
         memory = profiles.memory_per_job(client, plan.memory_jobs)
         wake = profiles.wake_latency(server.url, plan.wake_samples)
-        calls = profiles.call_profile(client, server.url, plan.profile_batches, plan.profile_jobs)
+        calls = profiles.call_profile(
+            client, server.url, plan.profile_batches, plan.profile_jobs, plan.rounds
+        )
         log("  peers")
         peer_results = measure_peers(server, plan, log)
         return {

@@ -16,7 +16,6 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +24,7 @@ import redis
 import rotator.lane
 from bench.harness import delete_run_keys, run_clients, started
 from bench.patterns import PATTERNS, rotator_loop
-from bench.profiles import _costs
+from bench.profiles import consumer_costs
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -85,29 +84,13 @@ def head_to_head(
 def one_job_profile(
     client: redis.Redis, url: str, jobs: int, rounds: int, log: Callable[[str], None]
 ) -> list[dict[str, Any]]:
-    """µs per one-job call, one consumer in this process, medians over interleaved rounds."""
+    """µs per one-job call, one consumer in a process of its own (profiles.consumer_costs),
+    the sides in turn over interleaved rounds; medians."""
     samples: dict[str, list[dict[str, float]]] = {side: [] for side in PROFILED}
     for _ in range(rounds):
         for side in PROFILED:
-            pattern = "rotator-fcall" if side.startswith("rotator") else side
-            preload, loop = PATTERNS[pattern]
-            name = f"profile-lane-{side}-{time.time_ns()}"
-            preload(client, name, jobs)
-            rotator.lane.ENABLED = side != "rotator-fcall-redispy"
-            client.config_resetstat()
-            costs = _costs(client, partial(loop, url, name, 1, None), jobs)
-            stats = client.info("commandstats")
-            rotator.lane.ENABLED = True
-            costs["commands_us"] = (
-                sum(
-                    v["usec"] for k, v in stats.items() if k in ("cmdstat_fcall", "cmdstat_evalsha")
-                )
-                / jobs
-                or sum(v["usec"] for k, v in stats.items() if not k.startswith(("cmdstat_config",)))
-                / jobs
-            )
-            samples[side].append(costs)
-            delete_run_keys(client, name)
+            pattern = SIDES[side] if side in SIDES else PATTERNS[side]
+            samples[side].append(consumer_costs(client, url, pattern, 1, jobs))
     rows = []
     for side, runs in samples.items():
         row: dict[str, Any] = {"side": side, "jobs": jobs, "rounds": rounds}

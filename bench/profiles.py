@@ -12,7 +12,7 @@ from typing import Any
 
 import redis
 
-from bench.harness import delete_run_keys, percentile, server_usec
+from bench.harness import Loop, delete_run_keys, percentile, run_clients, server_usec
 from bench.patterns import PATTERNS, PRELOAD_CHUNK, job_ids
 from rotator import Rotator
 from rotator.models import Job
@@ -123,10 +123,19 @@ def memory_per_job(client: redis.Redis, jobs: int) -> dict[str, float]:
 
 
 # Where one consumer's time goes, per job: the client (redis-py and rotator's Python, and
-# the loopback round trip), the script's own Lua time, and the commands it issues.
+# the loopback round trip), the script's own Lua time, and the commands it issues. Each run
+# is one consumer process of its own (in the bench's own process a loop can run some 20%
+# slower or faster than in a fresh one, and not alike for every pattern), and the patterns
+# take turns over interleaved rounds, their order turning each round.
 CALL_PROFILE_PATTERNS = ("floor", "rotator", "rotator-fcall", "streams")
 SCRIPT_COMMANDS = ("evalsha", "fcall")
-NOT_THE_LOOP = ("cmdstat_config", "cmdstat_function", "cmdstat_script")  # setup, loading
+# Setup and loading, and what the consumer process asks around its loop (connecting, INFO)
+NOT_THE_LOOP = (
+    "cmdstat_config", "cmdstat_function", "cmdstat_script", "cmdstat_info", "cmdstat_client",
+    "cmdstat_hello", "cmdstat_get",
+)  # fmt: skip
+COST_FIELDS = ("wall_us", "client_cpu_us", "server_cpu_us", "commands_us", "script_own_us",
+               "subcommand_us")  # fmt: skip
 
 
 def _server_cpu(client: redis.Redis) -> float:
@@ -134,58 +143,109 @@ def _server_cpu(client: redis.Redis) -> float:
     return float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
 
 
-def _costs(client: redis.Redis, run: Callable[[], Any], jobs: int) -> dict[str, float]:
-    """µs per job of ``run``: wall, this process's CPU, and the server's CPU (commands,
-    scripts, and the network system calls every round trip costs it)."""
+def profiled_loop(url: str, name: str, batch: int, loop: Loop) -> list[float]:
+    """In the consumer's process: runs ``loop`` on ``name``; returns what it cost, [wall s,
+    this process's CPU s, the server's CPU s]."""
+    client = redis.Redis.from_url(url)
     server_before = _server_cpu(client)
-    wall_before, cpu_before = time.perf_counter(), time.process_time()
-    run()
-    wall = time.perf_counter() - wall_before
-    cpu = time.process_time() - cpu_before
+    wall, cpu = time.perf_counter(), time.process_time()
+    loop(url, name, batch, None)
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     server = _server_cpu(client) - server_before
+    client.close()
+    return [wall, cpu, server]
+
+
+def preload_pings(client: redis.Redis, name: str, n: int) -> None:
+    client.set(name, n)
+
+
+def ping_loop(url: str, name: str, batch: int, _: Any) -> list[float]:
+    """As many PINGs as ``name`` holds: what any round trip costs before any work."""
+    client = redis.Redis.from_url(url)
+    for _ in range(int(client.get(name) or 0)):
+        client.ping()
+    client.close()
+    return []
+
+
+def consumer_costs(
+    client: redis.Redis,
+    url: str,
+    pattern: tuple[Callable[[redis.Redis, str, int], None], Loop],
+    batch: int,
+    jobs: int,
+) -> dict[str, float]:
+    """µs per job of one consumer process of its own draining ``jobs`` jobs preloaded by
+    ``pattern`` (preload, loop) at ``batch``: wall and CPU in that process, the server's CPU,
+    and from INFO commandstats the server's command time, split for a script into its own
+    Lua time and its sub-commands' (a script's usec includes the commands it calls)."""
+    preload, loop = pattern
+    name = f"profile-{batch}-{time.time_ns()}"
+    preload(client, name, jobs)
+    client.config_resetstat()
+    _, (wall, cpu, server) = run_clients(profiled_loop, url, name, batch=batch, clients=1,
+                                         args=loop)  # fmt: skip
+    stats = client.info("commandstats")
+    delete_run_keys(client, name)
+    usec = {
+        key.removeprefix("cmdstat_"): v["usec"] / jobs
+        for key, v in stats.items()
+        if not key.startswith(NOT_THE_LOOP)
+    }
+    scripts = sum(usec.get(command, 0.0) for command in SCRIPT_COMMANDS)
+    # The loop sends nothing but script calls, whose usec holds their sub-commands'.
+    sub = sum(v for k, v in usec.items() if k not in SCRIPT_COMMANDS) if scripts else 0.0
     return {
         "wall_us": round(wall / jobs * 1e6, 2),
         "client_cpu_us": round(cpu / jobs * 1e6, 2),
         "server_cpu_us": round(server / jobs * 1e6, 2),
+        "commands_us": round(scripts or sum(usec.values()), 2),
+        "script_own_us": round(scripts - sub, 2),
+        "subcommand_us": round(sub, 2),
     }
 
 
+def _ratios(values: list[float], floors: list[float]) -> dict[str, Any]:
+    ratios = [round(v / f, 3) for v, f in zip(values, floors, strict=True) if f]
+    if not ratios:
+        return {"median": None, "range": None}
+    return {"median": statistics.median(ratios), "range": [min(ratios), max(ratios)]}
+
+
 def call_profile(
-    client: redis.Redis, url: str, batches: tuple[int, ...], jobs: int
+    client: redis.Redis, url: str, batches: tuple[int, ...], jobs: int, rounds: int
 ) -> list[dict[str, Any]]:
-    """Per job, one consumer in this process: wall µs; client and server CPU µs; and from
-    INFO commandstats the server's command time, split for rotator into the script's own Lua
-    time and its sub-commands' (a script's usec includes the commands it calls). The PING
-    row is what any round trip costs on this machine before any work."""
-
-    def pings() -> None:
-        for _ in range(jobs):
-            client.ping()
-
-    rows: list[dict[str, Any]] = [{"pattern": "ping", "batch": 1, **_costs(client, pings, jobs)}]
+    """Per job, one consumer in a process of its own (consumer_costs), each pattern in turn
+    over ``rounds`` interleaved rounds: the medians of wall µs, client and server CPU µs and
+    command time, and each pattern's wall and command time against the floor's, taken within
+    each round (median and range). The PING row is what any round trip costs."""
+    rows: list[dict[str, Any]] = []
+    pings = [consumer_costs(client, url, (preload_pings, ping_loop), 1, jobs)
+             for _ in range(rounds)]  # fmt: skip
+    rows.append({"pattern": "ping", "batch": 1, "rounds": rounds, **_medians(pings)})
     for batch in batches:
-        for pattern in CALL_PROFILE_PATTERNS:
-            preload, loop = PATTERNS[pattern]
-            name = f"profile-{pattern}-{batch}-{time.time_ns()}"
-            preload(client, name, jobs)
-            client.config_resetstat()
-            costs = _costs(client, partial(loop, url, name, batch, None), jobs)
-            stats = client.info("commandstats")
-            usec = {
-                key.removeprefix("cmdstat_"): v["usec"] / jobs
-                for key, v in stats.items()
-                if not key.startswith(NOT_THE_LOOP)
-            }
-            scripts = sum(usec.get(command, 0.0) for command in SCRIPT_COMMANDS)
-            # The loop sends nothing but script calls, whose usec holds their sub-commands'.
-            sub = sum(v for k, v in usec.items() if k not in SCRIPT_COMMANDS) if scripts else 0.0
-            rows.append({
-                "pattern": pattern, "batch": batch, **costs,
-                "commands_us": round(scripts or sum(usec.values()), 2),
-                "script_own_us": round(scripts - sub, 2), "subcommand_us": round(sub, 2),
-            })  # fmt: skip
-            delete_run_keys(client, name)
+        runs: dict[str, list[dict[str, float]]] = {p: [] for p in CALL_PROFILE_PATTERNS}
+        for round_ in range(rounds):
+            turn = round_ % len(CALL_PROFILE_PATTERNS)
+            for pattern in CALL_PROFILE_PATTERNS[turn:] + CALL_PROFILE_PATTERNS[:turn]:
+                runs[pattern].append(consumer_costs(client, url, PATTERNS[pattern], batch, jobs))
+        floor = runs["floor"]
+        for pattern, costs in runs.items():
+            row: dict[str, Any] = {"pattern": pattern, "batch": batch, "rounds": rounds,
+                                   **_medians(costs)}  # fmt: skip
+            for field in ("wall_us", "commands_us"):
+                row[f"{field}_by_round"] = [c[field] for c in costs]
+                if pattern != "floor":
+                    vs = _ratios(row[f"{field}_by_round"], [c[field] for c in floor])
+                    key = field.removesuffix("_us")
+                    row[f"{key}_vs_floor"], row[f"{key}_vs_floor_range"] = vs["median"], vs["range"]
+            rows.append(row)
     return rows
+
+
+def _medians(costs: list[dict[str, float]]) -> dict[str, float]:
+    return {field: round(statistics.median(c[field] for c in costs), 2) for field in COST_FIELDS}
 
 
 # Wake latency, side by side: rotator both ways, what any blocking consumer costs on this

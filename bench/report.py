@@ -23,17 +23,20 @@ WAKE_LABELS = {
 
 def call_profile_section(rows: list[dict[str, Any]]) -> list[str]:
     """Where one consumer's time goes per job: its own CPU, the server's CPU, and of the
-    server's the command time (for rotator: the script's own Lua and the commands it calls)."""
+    server's the command time (for rotator: the script's own Lua and the commands it calls);
+    wall and command time against the floor's, round by round (median and range)."""
     if not rows:
         return []
     out = [
         "",
-        "Where one consumer's time goes, µs per job (CPU from getrusage and INFO cpu; command"
-        " time from INFO commandstats):",
+        f"Where one consumer's time goes, µs per job, each run a consumer process of its own"
+        f" ({rows[0].get('rounds', 1)} interleaved rounds, medians; CPU from getrusage and INFO"
+        " cpu; command time from INFO commandstats; against the floor: per round, median and"
+        " range):",
         "",
         "| pattern | batch | wall | client CPU | server CPU | of which commands "
-        "| script's own Lua | its commands |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| script's own Lua | its commands | wall vs floor | commands vs floor |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in rows:
         split = bool(row.get("subcommand_us"))
@@ -41,9 +44,17 @@ def call_profile_section(rows: list[dict[str, Any]]) -> list[str]:
             row["pattern"], row["batch"], row["wall_us"], row["client_cpu_us"],
             row["server_cpu_us"], row.get("commands_us", "-"),
             row["script_own_us"] if split else "-", row["subcommand_us"] if split else "-",
+            _versus(row, "wall"), _versus(row, "commands"),
         ]  # fmt: skip
         out.append("| " + " | ".join(str(cell) for cell in cells) + " |")
     return out
+
+
+def _versus(row: dict[str, Any], field: str) -> str:
+    ratio, span = row.get(f"{field}_vs_floor"), row.get(f"{field}_vs_floor_range")
+    if ratio is None or not span:
+        return "-"
+    return f"{ratio:.2f}x ({span[0]:.2f}-{span[1]:.2f})"
 
 
 def _find(rows: list[dict[str, Any]], pattern: str, batch: int, clients: int) -> float | None:

@@ -60,7 +60,7 @@ def monitored(client: redis.Redis) -> Iterator[list[str]]:
     marker = f"monitored-{uuid.uuid4().hex}"
     where = client.connection_pool.connection_kwargs
     watcher = redis.Redis(host=where["host"], port=where["port"])
-    with watcher.monitor() as monitor:
+    with watcher.monitor() as monitor:  # type: ignore[no-untyped-call]
 
         def read() -> None:
             while marker not in (command := monitor.next_command())["command"]:

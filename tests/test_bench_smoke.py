@@ -66,6 +66,12 @@ def test_bench_smoke_writes_every_scenario(tmp_path: Path) -> None:
     }
     script_rows = [row for row in data["call_profile"] if row["pattern"].startswith("rotator")]
     assert all(row["script_own_us"] > 0 and row["subcommand_us"] > 0 for row in script_rows)
+    # Each run a process of its own, every round; rotator against the floor round by round.
+    assert all(len(row["wall_us_by_round"]) == 2 for row in script_rows)
+    for row in script_rows:
+        low, high = row["wall_vs_floor_range"]
+        assert 0 < low <= row["wall_vs_floor"] <= high
+        assert row["commands_vs_floor"] > 1  # the floor does less than the module
     report = (tmp_path / "README.md").read_text()
     assert "## redis" in report
     assert "Head to head (2 interleaved rounds" in report
