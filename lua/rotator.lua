@@ -611,6 +611,7 @@ local LIMIT = {
   -- Elements one next or sweep visits at most: a visit over deferred or extended jobs costs
   -- about 4-8 us of server time, so no call passes 10 ms.
   budget = 1000,
+  known_ints = 64, -- whole-number arguments a library keeps read (int_arg)
   trim_budget = 2000, -- retained messages one ttrim drops at most (about 3 ms)
   lease_ms = 86400000, -- one day; longer jobs extend their lease
   max_deliveries = 1000000, -- next's MAX_DELIVERIES (0 there: no limit)
@@ -758,6 +759,10 @@ local CHECKED
 -- The commands' layouts main has looked up (M.layout_of), by command: a library's last across
 -- calls, so that it looks each command up once.
 local LAYOUTS
+-- Whole-number arguments int_arg has read, by their text (a worker sends the same count,
+-- lease and budget every call): a library's last across calls, and hold at most
+-- LIMIT.known_ints of them.
+local INTS, NINTS
 local LIBRARY = false
 -- The module's functions (sections 3 to 14 define them, see define_module).
 local M = {}
@@ -779,6 +784,19 @@ end
 -- here, a one-job claim runs 2% fewer instructions (13k of 579k, counted under callgrind).
 local function define_module()
   -- 3. SHARED HELPERS: errors, guarded reads, time, arguments, tokens -----------------------------
+
+  -- The small whole numbers a claim passes to commands most (list offsets, counts, counters'
+  -- steps), as text: a Lua number passed as it is Redis 7.0 formats with "%.17g", some 2.7k
+  -- instructions each (callgrind), 13 numbers a one-job claim; Valkey 8 converts them
+  -- cheaply. string.format('%d') costs about as much as "%.17g": larger numbers go as numbers.
+  local SMALL_TEXT = { [-3] = '-3', [-2] = '-2', [-1] = '-1', [0] = '0', '1', '2', '3', '4' }
+  -- The meta fields of a walk's state that write_meta writes back when they changed, by the
+  -- names they have in both (nil: absent).
+  local WRITTEN_META = { 'taken', 'qstart', 'qlen', 'lapnext', 'qmin', 'lmin', 'lstop', 'lpass',
+    'lskip', 'rpasses', 'lpasses', 'prio' }
+  -- An empty table for a result nothing adds to (read only): a table made and collected
+  -- costs a claim about 1k instructions.
+  local NONE = {}
 
   function M.fail(code, message)
     return { err = code .. ' ' .. message }
@@ -813,18 +831,25 @@ local function define_module()
     return redis.pcall(name, key, ...)
   end
 
+  -- (TIME's digits made numbers by arithmetic: tonumber converts a string twice)
   function M.now_ms()
     local t = rcall('TIME')
-    return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    return t[1] * 1000 + math.floor(t[2] / 1000)
   end
 
   -- A whole number in [lo, hi] written in plain digits; strtod-isms like "1e3" or "nan" fail.
   function M.int_arg(index, name, lo, hi)
     local value = A[index]
-    if type(value) ~= 'string' or not string.find(value, '^%d+$') or #value > LIMIT.int_digits then
-      M.refuse('ROTATOR_BADARG', name .. ' must be a whole number, got ' .. M.printable(value))
+    local n = INTS[value] -- (read before: its text checked, its number made once)
+    if not n then
+      if type(value) ~= 'string' or not string.find(value, '^%d+$')
+          or #value > LIMIT.int_digits then
+        M.refuse('ROTATOR_BADARG', name .. ' must be a whole number, got ' .. M.printable(value))
+      end
+      n = tonumber(value)
+      if NINTS >= LIMIT.known_ints then INTS, NINTS = {}, 0 end
+      INTS[value], NINTS = n, NINTS + 1
     end
-    local n = tonumber(value)
     if n < lo or n > hi then
       M.refuse('ROTATOR_BADARG', name .. ' must be in ' .. lo .. '..' .. hi .. ', got ' .. value)
     end
@@ -895,7 +920,8 @@ local function define_module()
           jobs = batches and #token <= LIMIT.batch_ack_bytes
             and string.match(token, '^%*%d+%.1%.%d+/(%d+)$')
         end
-        if not jobs or tonumber(jobs) < 1 or tonumber(jobs) > LIMIT.count then
+        jobs = jobs and tonumber(jobs)
+        if not jobs or jobs < 1 or jobs > LIMIT.count then
           M.refuse('ROTATOR_BADTOKEN', (batches and 'not a delivery token or batch ack: '
             or 'not a delivery token: ') .. M.printable(token))
         end
@@ -981,35 +1007,44 @@ local function define_module()
       'lmin', 'lstop', 'lpass', 'lskip', 'rpasses', 'lpasses', 'smin', 'paused', 'rate_n',
       'rate_ms', 'rate_tat', 'track_ids', 'prio', 'pseq', 'stale', 'layout')
     local seq, origin = M.seq_origin(m[1], m[10])
+    -- (`m[i] and tn(m[i])`: most fields are absent, and calling tonumber costs more than the
+    -- test; `or nil`: HMGET gives an absent field as false, which must read as nil)
+    local tn = tonumber
+    local lapnext = m[2] and tn(m[2]) or nil
     return {
       -- origin: the first seq of the queue as it is now (see refused_among)
       seq = seq, seeded = not m[1], origin = origin,
-      fence_ms = tonumber(m[11]) or LIMIT.fence_ms, fence_max = tonumber(m[12]) or LIMIT.fence_max,
-      dead_max = tonumber(m[13]) or LIMIT.dead_max,
-      dead_age_ms = tonumber(m[14]) or LIMIT.dead_age_ms,
-      marked = { tonumber(m[15]) or 0, tonumber(m[16]) or 0, tonumber(m[17]) or 0,
-        tonumber(m[18]) or 0 }, -- see read_marked
+      fence_ms = m[11] and tn(m[11]) or LIMIT.fence_ms,
+      fence_max = m[12] and tn(m[12]) or LIMIT.fence_max,
+      dead_max = m[13] and tn(m[13]) or LIMIT.dead_max,
+      dead_age_ms = m[14] and tn(m[14]) or LIMIT.dead_age_ms,
+      marked = { m[15] and tn(m[15]) or 0, m[16] and tn(m[16]) or 0, m[17] and tn(m[17]) or 0,
+        m[18] and tn(m[18]) or 0 }, -- see read_marked
       -- The lease list's walk (see M.walk_leases): the earliest deadline it may hold, the
       -- deadline of the young lease its last walk stopped at, the elements left in its pass,
       -- and the passes of both lists since the acks and marks last aged.
-      lmin = tonumber(m[19]), lstop = tonumber(m[20]), lpass = tonumber(m[21]),
-      lskip = tonumber(m[22]), rpasses = tonumber(m[23]) or 0, lpasses = tonumber(m[24]) or 0,
+      lmin = m[19] and tn(m[19]) or nil, lstop = m[20] and tn(m[20]) or nil,
+      lpass = m[21] and tn(m[21]) or nil, lskip = m[22] and tn(m[22]) or nil,
+      rpasses = m[23] and tn(m[23]) or 0,
+      lpasses = m[24] and tn(m[24]) or 0,
       -- No later than the earliest due time of the scheduled jobs (see SCHEDULED); paused: see
       -- pause.
-      smin = tonumber(m[25]), paused = m[26] == '1',
+      smin = m[25] and tn(m[25]) or nil, paused = m[26] == '1',
       -- The rate limit (see rate_limit): jobs per ms, and where its cell rate has got to.
-      rate_n = tonumber(m[27]), rate_ms = tonumber(m[28]), rate_tat = tonumber(m[29]),
+      rate_n = m[27] and tn(m[27]) or nil, rate_ms = m[28] and tn(m[28]) or nil,
+      rate_tat = m[29] and tn(m[29]) or nil,
       -- Whether K.ids indexes the queue's ids (see IDS).
-      track_ids = tonumber(m[30]) or 0, tracked = m[30] == '1',
+      track_ids = m[30] and tn(m[30]) or 0, tracked = m[30] == '1',
       -- Jobs waiting at a priority level (in K.scheduled, below 0), and their push order so far
       -- (see PRIORITIES).
-      prio = tonumber(m[31]) or 0, pseq = tonumber(m[32]) or 0,
-      stale = tonumber(m[33]) or 0, -- cancelled copies recorded (see parse_stale)
+      prio = m[31] and tn(m[31]) or 0, pseq = m[32] and tn(m[32]) or 0,
+      stale = m[33] and tn(m[33]) or 0, -- cancelled copies recorded (see parse_stale)
       layout = m[34], -- see LIMIT.meta_layout
-      lapnext = tonumber(m[2]), qstart = tonumber(m[3]),
-      qmin = tonumber(m[4]), pushed = tonumber(m[5]) or 0, taken = tonumber(m[6]) or 0,
-      lapguess = m[7] == '1' or not tonumber(m[2]), qlen = tonumber(m[8]),
-      packed = tonumber(m[9]) or 0, -- jobs in packed elements beyond one per element
+      lapnext = lapnext, qstart = m[3] and tn(m[3]) or nil,
+      qmin = m[4] and tn(m[4]) or nil, pushed = m[5] and tn(m[5]) or 0,
+      taken = m[6] and tn(m[6]) or 0,
+      lapguess = m[7] == '1' or not lapnext, qlen = m[8] and tn(m[8]) or nil,
+      packed = m[9] and tn(m[9]) or 0, -- jobs in packed elements beyond one per element
       lapguess_field = m[7],
     }
   end
@@ -1081,7 +1116,8 @@ local function define_module()
     local now = { new[1], new[2], old[1], old[2] }
     for i = 1, 4 do
       if now[i] ~= marked.was[i] then
-        fields[#fields + 1], fields[#fields + 2] = MARK_COUNTS[i], math.max(now[i], 0)
+        local count = math.max(now[i], 0)
+        fields[#fields + 1], fields[#fields + 2] = MARK_COUNTS[i], SMALL_TEXT[count] or count
       end
     end
     marked.was = now
@@ -1112,7 +1148,7 @@ local function define_module()
   -- lease: the walk may go on at the next call.
   function M.frees_tail(tokens, lstop)
     if not lstop then return false end
-    local deadline = tostring(lstop)
+    local deadline = string.format('%d', lstop) -- (an integer's format, not %.14g's)
     for i = 1, #tokens do
       if M.named_deadline(tokens[i]) == deadline then return true end
     end
@@ -1283,33 +1319,32 @@ local function define_module()
 
   -- Writes the counters a walk changed (only those: formatting numbers is a good part of a
   -- short call); an absent field reads as its default, as read_meta says.
+  -- The fields are compared in a loop over their names, not by a call each: a Lua call costs
+  -- as much as the comparison many times over. Absent ones (nil) are written as ''.
   function M.write_meta(s)
     local was = s.meta
-    local fields = { 'seq', s.seq }
+    local fields, n = { 'seq', s.seq }, 2
     if was.seeded then
-      fields[#fields + 1], fields[#fields + 2] = 'origin', was.origin
+      fields[3], fields[4], n = 'origin', was.origin, 4
     end
-    local function changed(name, value, before)
-      if value ~= before then
-        fields[#fields + 1] = name
-        fields[#fields + 1] = value
+    for i = 1, #WRITTEN_META do
+      local name = WRITTEN_META[i]
+      local value = s[name]
+      if value ~= was[name] then
+        fields[n + 1], fields[n + 2], n = name, value and (SMALL_TEXT[value] or value) or '', n + 2
       end
     end
-    changed('taken', s.taken, was.taken)
-    changed('packed', math.max(s.packed, 0), was.packed)
-    changed('qstart', s.qstart, was.qstart)
-    changed('qlen', s.qlen, was.qlen)
-    changed('lapnext', s.lapnext, was.lapnext)
-    changed('lapguess', s.lapguess and '1' or '0', was.lapguess_field)
-    changed('qmin', s.qmin or '', was.qmin or '')
-    changed('lmin', s.lmin or '', was.lmin or '')
-    changed('lstop', s.lstop or '', was.lstop or '')
-    changed('lpass', s.lpass or '', was.lpass or '')
-    changed('lskip', s.lskip or '', was.lskip or '')
-    changed('rpasses', s.rpasses, was.rpasses)
-    changed('lpasses', s.lpasses, was.lpasses)
-    changed('prio', s.prio, was.prio)
-    changed('stale', s.stale_count or was.stale, was.stale)
+    local packed, lapguess = math.max(s.packed, 0), s.lapguess and '1' or '0'
+    local stale = s.stale_count or was.stale
+    if packed ~= was.packed then
+      fields[n + 1], fields[n + 2], n = 'packed', SMALL_TEXT[packed] or packed, n + 2
+    end
+    if lapguess ~= was.lapguess_field then
+      fields[n + 1], fields[n + 2], n = 'lapguess', lapguess, n + 2
+    end
+    if stale ~= was.stale then
+      fields[n + 1], fields[n + 2] = 'stale', stale
+    end
     M.marked_fields(s.sides, fields)
     rcall('HSET', K.meta, unpack(fields))
     M.add_counts(s)
@@ -1328,7 +1363,7 @@ local function define_module()
   -- Adds n to a counter. One that is not a whole number (written by hand) starts again from n:
   -- the call has written the rest already, and must not fail now.
   function M.add_count(key, field, n)
-    local added = M.attempt('HINCRBY', key, field, n)
+    local added = M.attempt('HINCRBY', key, field, SMALL_TEXT[n] or n)
     if type(added) == 'table' and added.err then rcall('HSET', key, field, n) end
   end
 
@@ -1502,7 +1537,7 @@ local function define_module()
     end
     local walks = lease_length > 0 and not lstop
       and (k > 0 or marked[K.marks][2] + marked[K.marks_old][2] > 0)
-    local places, found = {}, {}
+    local places, found = NONE, NONE
     if walks then
       places, found = M.fast_window(k, lease_length, sides)
       if not places then return nil end
@@ -1517,7 +1552,7 @@ local function define_module()
       local named = NAMED and NAMED[batch .. '/' .. jobs_text[batch]].element
       if named and found[batch] ~= named and not M.near_an_end(named) then return nil end
     end
-    local visited, dropped, unmarks = 0, 0, {} -- (unmarks: places marked acked, dropped)
+    local visited, dropped, unmarks = 0, 0, nil -- (unmarks: places marked acked, dropped)
     local lmin, lpass, lskip = meta.lmin, meta.lpass, meta.lskip
     local rpasses, lpasses = meta.rpasses, meta.lpasses
     local packed, completed = meta.packed, 0
@@ -1545,6 +1580,7 @@ local function define_module()
         elseif string.byte(m) ~= BYTE_A or tonumber(string.sub(m, 2)) ~= ids then
           return nil
         else
+          unmarks = unmarks or {}
           unmarks[#unmarks + 1] = place
         end
         visited, bytes = visited + 1, bytes + #place.element
@@ -1555,22 +1591,24 @@ local function define_module()
       -- renames nothing when no side structure holds anything).
       local skip = lskip or 0
       if not lpass or lpass <= 0 then lpass, skip = lease_length, 0 end
-      local pass_ended, aged = false, false
-      local function end_pass(so_far) -- end_lease_pass
-        pass_ended, lpasses = true, lpasses + 1
-        if not aged and M.walked_whole(rpasses, lpasses, length, lease_length - so_far) then
-          aged, lpasses, rpasses = true, 0, -1
-        end
-      end
+      -- (the pass ends at most once: at the visit that uses lpass up, or, the list walked to
+      -- its end, after the last visit; end_lease_pass then counts it, and may age)
+      local pass_ended, aged, ended_at = false, false, nil
       for so_far = 1, visited do
         if skip > 0 then
           skip = skip - 1
-        elseif not pass_ended then
+        else
           lpass = lpass - 1
-          if lpass <= 0 then end_pass(so_far) end
+          if lpass <= 0 then ended_at = so_far break end
         end
       end
-      if not pass_ended and visited == lease_length then end_pass(visited) end
+      if not ended_at and visited == lease_length then ended_at = visited end
+      if ended_at then -- end_lease_pass
+        pass_ended, lpasses = true, lpasses + 1
+        if M.walked_whole(rpasses, lpasses, length, lease_length - ended_at) then
+          aged, lpasses, rpasses = true, 0, -1
+        end
+      end
       if aged and (sides[K.marks] + sides[K.marks_old] > 0 or dropped < k) then
         return nil -- (ageing would rename marks: the walk's)
       end
@@ -1589,7 +1627,7 @@ local function define_module()
     end
     -- Popped, not read and trimmed: one command less. What the batch does not take goes back
     -- (all of it when the short way gives up: an element that is not a pending id).
-    local ids = rcall('RPOP', K.ring, count) -- (the tail first)
+    local ids = rcall('RPOP', K.ring, SMALL_TEXT[count] or count) -- (the tail first)
     local batch, bytes, most, id_bytes, find = {}, 0, LIMIT.batch_bytes, LIMIT.id_bytes, string.find
     local n = 0
     for i = 1, #ids do
@@ -1615,7 +1653,7 @@ local function define_module()
     local wakes = not before or deadline < before
     if wakes then M.check_wake(state) end
     -- Writes (the walk's ack_tokens, finish_walk, note_leases and write_meta, in that order).
-    local new_marks = {}
+    local new_marks -- (tables made only where there is something to write)
     for i = 1, k do
       local batch = names[i]
       if NAMED then -- (none marked before: each is dropped now)
@@ -1623,28 +1661,32 @@ local function define_module()
       end
       if jobs_of[batch] then -- acked out of order: marked until the walk reaches it
         local m = 'a' .. jobs_text[batch]
+        new_marks = new_marks or {}
         new_marks[#new_marks + 1], new_marks[#new_marks + 2] = batch, m
         M.count_mark(sides, K.marks, m, 1)
       end
     end
-    if #new_marks > 0 then
+    if new_marks then
       sides[K.marks] = sides[K.marks] + M.call_all('HSET', K.marks, new_marks)
     end
-    local hdel = { [K.marks] = {}, [K.marks_old] = {} }
-    for i = 1, #unmarks do
-      local place = unmarks[i]
-      table.insert(hdel[place.mark_in], place.batch)
-      M.count_mark(sides, place.mark_in, place.mark, -1)
+    if unmarks then
+      local hdel = { [K.marks] = {}, [K.marks_old] = {} }
+      for i = 1, #unmarks do
+        local place = unmarks[i]
+        table.insert(hdel[place.mark_in], place.batch)
+        M.count_mark(sides, place.mark_in, place.mark, -1)
+      end
+      for key, fields in pairs(hdel) do
+        if #fields > 0 then sides[key] = sides[key] - M.call_all('HDEL', key, fields) end
+      end
     end
-    for key, fields in pairs(hdel) do
-      if #fields > 0 then sides[key] = sides[key] - M.call_all('HDEL', key, fields) end
-    end
-    local first_stamp = '*' .. deadline .. '.1.' .. seq
+    local first_stamp = string.format('*%d.1.%d', deadline, seq)
     batch[0] = first_stamp -- (one string made, not a list and then the element)
     local element = table.concat(batch, '*', 0, leased)
     batch[0] = nil
     PACKED, PACKED_IDS = element, batch
-    if visited > 0 then rcall('LTRIM', K.leases, 0, -(visited + 1)) end
+    local keep = -(visited + 1)
+    if visited > 0 then rcall('LTRIM', K.leases, '0', SMALL_TEXT[keep] or keep) end
     rcall('LPUSH', K.leases, element)
     M.trim_revoked(meta, now, 0, sides.revoked)
     if state.dead_length > 0 then M.trim_dead(meta, now, state.dead_length, 0) end
@@ -1689,7 +1731,8 @@ local function define_module()
   -- when a batch is there twice.
   function M.fast_window(k, lease_length, sides)
     local behind = math.min(sides[K.marks] + sides[K.marks_old], LIMIT.fast_acks)
-    local slice = rcall('LRANGE', K.leases, -math.min(lease_length, k + 1 + behind), -1)
+    local from = -math.min(lease_length, k + 1 + behind)
+    local slice = rcall('LRANGE', K.leases, SMALL_TEXT[from] or from, '-1')
     local places, found = {}, {}
     for j = 1, #slice do
       local element = slice[j]
@@ -1713,8 +1756,8 @@ local function define_module()
   -- place's `mark` and `mark_in` as look_up finds them. Returns the marks by name, or nil when
   -- a name is marked in both generations (the walk's to sort out).
   function M.fast_marks(names, places, sides)
+    if sides[K.marks] + sides[K.marks_old] == 0 then return NONE end
     local marks = {}
-    if sides[K.marks] + sides[K.marks_old] == 0 then return marks end
     local look = {}
     for i = 1, #names do look[i] = names[i] end
     for j = 1, #places do
@@ -4226,7 +4269,7 @@ local function define_module()
     -- ids is taken over, not copied (a batch of 100 is the common call): nothing reads a named
     -- batch's ids once they are dropped.
     function M.drop_named(batch, ids)
-      local dropped = DROPPED
+      local dropped = M.dropped()
       if #dropped.ids == 0 then
         dropped.ids = ids
       else
@@ -4234,6 +4277,12 @@ local function define_module()
         for j = 1, #ids do into[#into + 1] = ids[j] end
       end
       dropped.batches[#dropped.batches + 1] = batch
+    end
+
+    -- This call's DROPPED, made on first use.
+    function M.dropped()
+      DROPPED = DROPPED or { ids = {}, batches = {} }
+      return DROPPED
     end
 
     -- Each named batch ack of A[first..] (`named`: argument -> the ids it names, all checked)
@@ -4419,13 +4468,14 @@ local function define_module()
     -- acks that did (`call`: see M.remember_dropped).
     function M.forget(accepted, call)
       accepted = accepted or {}
-      local ids = DROPPED.ids -- (the batches acked by name: taken over, nothing else reads them)
+      local dropped = M.dropped()
+      local ids = dropped.ids -- (the batches acked by name: taken over, nothing else reads them)
       if #accepted > 0 then
         ids = M.token_ids(accepted)
-        for i = 1, #DROPPED.ids do ids[#ids + 1] = DROPPED.ids[i] end
+        for i = 1, #dropped.ids do ids[#ids + 1] = dropped.ids[i] end
       end
       if #ids == 0 then return end
-      M.remember_dropped(accepted, DROPPED.batches, call)
+      M.remember_dropped(accepted, dropped.batches, call)
       local known = M.copies_known()
       -- (without copies, every id's payload goes; HDEL takes an id given twice as once)
       local gone = known == 0 and ids or M.forget_copies(ids, known)
@@ -5264,7 +5314,7 @@ local function define_module()
   local function main(keys, args)
     -- The call state of section 2: bound here, once per call, and nowhere else.
     UNIQUE, FRESH_ACKS = args[1] == 'unique', false
-    NAMED, DROPPED, TRIMMED = nil, { ids = {}, batches = {} }, false
+    NAMED, DROPPED, TRIMMED = nil, nil, false -- (DROPPED made by the calls that drop)
     PACKED, PACKED_IDS = nil, nil
     if UNIQUE then
       args = { unpack(args, 2) }
@@ -5278,7 +5328,7 @@ local function define_module()
     A, KS = args, keys
     rcall = redis.call
     if not PAD then -- this chunk's first call: every EVAL call, a library's first FCALL
-      PAD, LAYOUTS = M.make_pad(), {}
+      PAD, LAYOUTS, INTS, NINTS = M.make_pad(), {}, {}, 0
       setmetatable(M, ON_FIRST_USE)
     end
     local layout = LAYOUTS[args[1]]
