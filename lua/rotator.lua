@@ -611,8 +611,8 @@ local LIMIT = {
   -- Elements one next or sweep visits at most: a visit over deferred or extended jobs costs
   -- about 4-8 us of server time, so no call passes 10 ms.
   budget = 1000,
-  known_ints = 64, -- whole-number arguments a library keeps read (int_arg)
-  known_batches = 16, -- packed elements a library keeps the id counts of (LEASED)
+  known_ints = 64, -- whole-number arguments a library keeps read (KEPT)
+  known_batches = 16, -- packed elements a library keeps the id counts of (KEPT)
   trim_budget = 2000, -- retained messages one ttrim drops at most (about 3 ms)
   lease_ms = 86400000, -- one day; longer jobs extend their lease
   max_deliveries = 1000000, -- next's MAX_DELIVERIES (0 there: no limit)
@@ -760,15 +760,14 @@ local CHECKED
 -- The commands' layouts main has looked up (M.layout_of), by command: a library's last across
 -- calls, so that it looks each command up once.
 local LAYOUTS
--- Whole-number arguments int_arg has read, by their text (a worker sends the same count,
--- lease and budget every call): a library's last across calls, and hold at most
--- LIMIT.known_ints of them.
-local INTS, NINTS
--- The packed elements the short way made lately, and how many ids each holds: a worker's
--- next claim finds its last batch acked at the lease list's tail, and need not count its ids
--- (a search each). By the element's text, which says it all (a library's last across calls,
--- at most LIMIT.known_batches of them).
-local LEASED, NLEASED
+-- What a library remembers across calls to spare work (one table: a file-level local costs
+-- every EVAL call an upvalue per function using it). `ints`: the whole-number arguments
+-- int_arg has read, by their text, their number (a worker sends the same count, lease and
+-- budget every call), at most LIMIT.known_ints of them (`nints`). `leased`: the packed
+-- elements the short way made lately, by their text, how many ids each holds (a worker's
+-- next claim finds its last batch acked at the lease list's tail, and need not count its ids,
+-- a search each), at most LIMIT.known_batches of them (`nleased`).
+local KEPT
 local LIBRARY = false
 -- The module's functions (sections 3 to 14 define them, see define_module).
 local M = {}
@@ -846,15 +845,16 @@ local function define_module()
   -- A whole number in [lo, hi] written in plain digits; strtod-isms like "1e3" or "nan" fail.
   function M.int_arg(index, name, lo, hi)
     local value = A[index]
-    local n = INTS[value] -- (read before: its text checked, its number made once)
+    local kept = KEPT
+    local n = kept.ints[value] -- (read before: its text checked, its number made once)
     if not n then
       if type(value) ~= 'string' or not string.find(value, '^%d+$')
           or #value > LIMIT.int_digits then
         M.refuse('ROTATOR_BADARG', name .. ' must be a whole number, got ' .. M.printable(value))
       end
       n = tonumber(value)
-      if NINTS >= LIMIT.known_ints then INTS, NINTS = {}, 0 end
-      INTS[value], NINTS = n, NINTS + 1
+      if kept.nints >= LIMIT.known_ints then kept.ints, kept.nints = {}, 0 end
+      kept.ints[value], kept.nints = n, kept.nints + 1
     end
     if n < lo or n > hi then
       M.refuse('ROTATOR_BADARG', name .. ' must be in ' .. lo .. '..' .. hi .. ', got ' .. value)
@@ -1579,7 +1579,7 @@ local function define_module()
           break
         end
         if not place.batch or not place.deadline then return nil end
-        local ids = LEASED[place.element] or M.count_ids(place.element, #place.batch + 2)
+        local ids = KEPT.leased[place.element] or M.count_ids(place.element, #place.batch + 2)
         if jobs then
           if jobs ~= ids then return nil end
           jobs_of[place.batch], dropped = nil, dropped + 1 -- (each batch once)
@@ -1698,8 +1698,9 @@ local function define_module()
     local element = table.concat(batch, '*', 0, leased)
     batch[0] = nil
     PACKED, PACKED_IDS = element, batch
-    if NLEASED >= LIMIT.known_batches then LEASED, NLEASED = {}, 0 end
-    LEASED[element], NLEASED = leased, NLEASED + 1
+    local kept = KEPT
+    if kept.nleased >= LIMIT.known_batches then kept.leased, kept.nleased = {}, 0 end
+    kept.leased[element], kept.nleased = leased, kept.nleased + 1
     local keep = -(visited + 1)
     if visited > 0 then rcall('LTRIM', K.leases, '0', SMALL_TEXT[keep] or keep) end
     rcall('LPUSH', K.leases, element)
@@ -5343,7 +5344,8 @@ local function define_module()
     A, KS = args, keys
     rcall = redis.call
     if not PAD then -- this chunk's first call: every EVAL call, a library's first FCALL
-      PAD, LAYOUTS, INTS, NINTS, LEASED, NLEASED = M.make_pad(), {}, {}, 0, {}, 0
+      PAD, LAYOUTS = M.make_pad(), {}
+      KEPT = { ints = {}, nints = 0, leased = {}, nleased = 0 }
       setmetatable(M, ON_FIRST_USE)
     end
     local layout = LAYOUTS[args[1]]
