@@ -10,7 +10,9 @@ again, for callers that use it directly). Replies are decoded whatever the clien
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Generator, Iterable, Sequence
+from itertools import repeat
+from operator import concat
 from typing import Any, Generic, NamedTuple, TypeVar
 
 from rotator.defaults import DURATION_BUCKETS, MAX_COUNT
@@ -418,7 +420,8 @@ def decode_next_packed_payloads(reply: Sequence[Any]) -> NextReply:
     jobs, stamp = _packed_jobs(reply[3], reply, 4)
     size = len(jobs)
     jobs.extend(_payload_jobs(reply, 4 + size))
-    return NextReply(int(reply[0]) == 1, int(reply[1]), int(reply[2]), jobs, stamp, size)
+    element = reply[3] if type(reply[3]) is bytes else text(reply[3]).encode("utf-8", BYTES_ERRORS)
+    return NextReply(int(reply[0]) == 1, int(reply[1]), int(reply[2]), jobs, stamp, size, element)
 
 
 def _packed_jobs(raw: Any, payloads: Sequence[Any] = (), at: int = 0) -> tuple[list[Job], bytes]:
@@ -432,26 +435,20 @@ def _packed_jobs(raw: Any, payloads: Sequence[Any] = (), at: int = 0) -> tuple[l
     stamp = batch[1:]
     match = PACKED_STAMP.fullmatch(stamp)
     ids = packed[star + 1 :].split("*")
-    if star < 0 or match is None or len(ids) > MAX_COUNT:
+    size = len(ids)
+    if star < 0 or match is None or size > MAX_COUNT:
         raise InvalidToken(f"server returned a malformed batch {packed[:80]!r}")
-    deadline_ms = int(match[1])
-    places = PLACES
-    # tuple.__new__ skips the NamedTuple's Python-level __new__: a third cheaper per job.
-    make = tuple.__new__
-    if not payloads:
-        jobs = [
-            make(Job, (job_id, job_id + batch + places[k], 1, False, deadline_ms, None))
-            for k, job_id in enumerate(ids, 1)
-        ]
-        return jobs, stamp.encode("ascii")
-    bodies = _payloads(payloads[at : at + len(ids)])
-    if len(bodies) < len(ids):
-        raise InvalidToken(f"server returned {len(bodies)} payloads for a batch of {len(ids)}")
-    jobs = [
-        make(Job, (job_id, job_id + batch + places[k], 1, False, deadline_ms, body))
-        for k, (job_id, body) in enumerate(zip(ids, bodies, strict=True), 1)
-    ]
-    return jobs, stamp.encode("ascii")
+    bodies: Iterable[bytes | None] = repeat(None, size)
+    if payloads:
+        bodies = _payloads(payloads[at : at + size])
+        if len(bodies) < size:
+            raise InvalidToken(f"server returned {len(bodies)} payloads for a batch of {size}")
+    # Built in C, column by column: zip hands each row to tuple.__new__ (which skips the
+    # NamedTuple's Python-level __new__), half what a comprehension costs a batch of 100.
+    # Job k's token is its id, the batch, then k in 5 digits.
+    tokens = map(concat, ids, map(batch.__add__, PLACES[1 : size + 1]))
+    rows = zip(ids, tokens, repeat(1), repeat(False), repeat(int(match[1])), bodies)
+    return list(map(tuple.__new__, repeat(Job, size), rows)), stamp.encode("ascii")
 
 
 def _payload(raw: Any) -> bytes | None:

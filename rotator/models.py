@@ -222,6 +222,9 @@ class NextReply(NamedTuple):
     # its size; "" when the reply did not say (its jobs then tell, see Batches.note).
     batch: bytes = b""
     batch_jobs: int = 0
+    # The batch's packed element as the reply sent it ("*<deadline>.1.<seq>*<id>*<id>..."):
+    # what a named batch ack sends back (b"" when the reply did not say).
+    element: bytes = b""
 
 
 @dataclass(frozen=True, slots=True)

@@ -129,7 +129,8 @@ class Batches:
     def __init__(self, limit: int = 4096, kept: int = 16) -> None:
         self._sizes: dict[bytes, int] = {}
         self._limit = limit
-        self._jobs: dict[bytes, tuple[Job, ...]] = {}  # stamp -> the batch's jobs, in order
+        # stamp -> the batch's jobs, in order, and its packed element as the reply sent it
+        self._jobs: dict[bytes, tuple[tuple[Job, ...], bytes]] = {}
         self._kept = kept
         # Worker threads share one client: every change to the two dicts holds the lock.
         self._lock = threading.Lock()
@@ -139,7 +140,8 @@ class Batches:
         if not reply.batch:
             self.note_jobs(reply.jobs)
             return
-        self._remember(reply.batch, reply.batch_jobs, tuple(reply.jobs[: reply.batch_jobs]))
+        jobs = tuple(reply.jobs[: reply.batch_jobs])
+        self._remember(reply.batch, reply.batch_jobs, (jobs, reply.element))
 
     def note_jobs(self, jobs: list[Job]) -> None:
         """Remembers the batch among the jobs of one ``next`` reply (its first deliveries)."""
@@ -147,14 +149,17 @@ class Batches:
         if first:
             self._remember(batch_stamp(first[0].token.encode("utf-8", BYTES_ERRORS)), len(first))
 
-    def _remember(self, stamp: bytes, size: int, jobs: tuple[Job, ...] | None = None) -> None:
-        """A batch's size, and its very jobs where given (the last few kept), under one lock."""
+    def _remember(
+        self, stamp: bytes, size: int, kept: tuple[tuple[Job, ...], bytes] | None = None
+    ) -> None:
+        """A batch's size, and its very jobs and packed element where given (the last few
+        kept), under one lock."""
         with self._lock:
             self._sizes[stamp] = size
             while len(self._sizes) > self._limit:
                 self._sizes.pop(next(iter(self._sizes)))
-            if jobs is not None:
-                self._jobs[stamp] = jobs
+            if kept is not None:
+                self._jobs[stamp] = kept
                 while len(self._jobs) > self._kept:
                     self._jobs.pop(next(iter(self._jobs)))
 
@@ -165,12 +170,14 @@ class Batches:
         if isinstance(first, Job) and first.deliveries == 1:
             token = first.token
             stamp = token[token.find("*") + 1 : -5].encode("utf-8", BYTES_ERRORS)
-            jobs = self._jobs.get(stamp, ())
+            jobs, element = self._jobs.get(stamp, ((), b""))
             size = len(jobs)
             # The batch's very Job objects, first and in order: nothing to check per job.
             # Taken: a batch is acked whole once (threads may share this client).
             if size and len(refs) >= size and all(map(is_, jobs, refs)) and self._take(stamp):
                 if len(refs) == size:  # the batch alone, the common loop: no token encoded
+                    if named and element:  # (its ids named as the module sent them)
+                        return PackedAcks([element], True, size)
                     return PackedAcks([whole_batch_ack(stamp, jobs, named=named)], True, size)
                 # (a job of the batch named again is acked by the batch ack alone)
                 own = encode_tokens(jobs)

@@ -12,6 +12,7 @@ import redis.asyncio as aredis
 from rotator import InvalidArgument, InvalidJobId, InvalidToken, Job, Rotator
 from rotator.aio import AsyncRotator
 from rotator.commands import decode_next_packed_payloads
+from rotator.protocol import Batches, PackedAcks
 from tests.servers import ServerProcess
 
 
@@ -225,6 +226,20 @@ def test_a_packed_payload_reply_gives_each_job_its_own_payload() -> None:
     ]
     with pytest.raises(InvalidToken, match="1 payloads for a batch of 2"):
         decode_next_packed_payloads(reply[:5])
+
+
+def test_a_named_batch_ack_is_the_packed_element_the_reply_sent() -> None:
+    """Acking a payload batch whole as next returned it sends its element back byte for byte:
+    no id joined again (one here is not UTF-8), and once only."""
+    stamp = b"1700000000000.1.42"
+    element = b"*" + stamp + b"*a*\xff\xfeb"
+    decoded = decode_next_packed_payloads([0, -1, 0, element, b"pa", b"pb"])
+    assert decoded.element == element
+    batches = Batches()
+    batches.note(decoded)
+    assert batches.pack_refs(decoded.jobs, named=True) == PackedAcks([element], True, 2)
+    tokens = [job.token.encode("utf-8", "surrogateescape") for job in decoded.jobs]
+    assert batches.pack_refs(decoded.jobs, named=True) == PackedAcks(tokens, False, 2)
 
 
 def test_a_payload_queue_batch_comes_packed_and_its_acks_drop_each_payload(
