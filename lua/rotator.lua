@@ -940,16 +940,14 @@ local function define_module()
   -- The runs of `s` between its "*"s from byte `at` on, empty ones skipped (what gmatch with
   -- '[^*]+' gives), appended to `ids` (or a new table): by plain find, which is about a third
   -- cheaper than the pattern (8 against 12 us for a batch of 100 ids on this project's machine).
-  function M.split_ids(s, at, ids)
+  -- nil when a run is longer than `longest` bytes (if given): checked as it is cut.
+  function M.split_ids(s, at, ids, longest)
     ids = ids or {}
     local find, sub, n, size = string.find, string.sub, #ids, #s
+    longest = longest or size
     while at <= size do
-      local star = find(s, '*', at, true)
-      if not star then
-        n = n + 1
-        ids[n] = sub(s, at)
-        break
-      end
+      local star = find(s, '*', at, true) or size + 1
+      if star - at > longest then return nil end
       if star > at then
         n = n + 1
         ids[n] = sub(s, at, star - 1)
@@ -4332,11 +4330,8 @@ local function define_module()
           or find(token, '**', star, true) or string.byte(token, -1) == BYTE_STAR then
         return nil -- (or an empty id: "**", or an ending "*")
       end
-      local ids = M.split_ids(token, star + 1)
-      if #ids > LIMIT.count then return nil end
-      for i = 1, #ids do
-        if #ids[i] > LIMIT.id_bytes then return nil end
-      end
+      local ids = M.split_ids(token, star + 1, nil, LIMIT.id_bytes)
+      if ids and #ids > LIMIT.count then return nil end
       return ids
     end
 
@@ -4704,7 +4699,12 @@ local function define_module()
       local ids, packed = M.leased_ids(reply, compact)
       if #ids > 0 then
         local bodies = rcall('HMGET', K.payloads, unpack(ids))
-        for j = 1, packed do out[#out + 1] = bodies[j] end
+        if out == reply and compact and packed == #ids then
+          -- (the packed batch alone: its payloads placed by one table constructor, in C)
+          out = { reply[1], reply[2], reply[3], reply[4], unpack(bodies, 1, packed) }
+        else
+          for j = 1, packed do out[#out + 1] = bodies[j] end
+        end
         for j = packed + 1, #ids do
           local i = at + 2 * (j - packed - 1)
           out[#out + 1] = reply[i]

@@ -2221,11 +2221,21 @@ def a_named_batch_ack_that_names_other_ids_is_refused_and_changes_nothing(b: Bac
     element = str(nextp_packed(b, keys, 2)[3])
     stamp = element.split("*")[1]
     before = b.snapshot()
-    for forged in (f"*{stamp}*a*x", f"*{stamp}*b*a", f"*{stamp}*a"):
+    longest = "y" * 1024  # (an id's most bytes: a forged ack, not a malformed one)
+    for forged in (f"*{stamp}*a*x", f"*{stamp}*b*a", f"*{stamp}*a", f"*{stamp}*a*{longest}"):
         assert b.call_keys(keys, "ackp", forged) == 0, forged
         assert b.snapshot() == before, forged
     # Only a batch ack that names its jobs: the bare one, or a malformed one, is refused.
-    for bad in (f"*{stamp}/2", f"*{stamp}*a**b", f"*{stamp}*a*b*", f"*{stamp}*"):
+    too_long = "y" * 1025  # (an id too long, first, between, or last)
+    for bad in (
+        f"*{stamp}/2",
+        f"*{stamp}*a**b",
+        f"*{stamp}*a*b*",
+        f"*{stamp}*",
+        f"*{stamp}*{too_long}*b",
+        f"*{stamp}*a*{too_long}*b",
+        f"*{stamp}*a*{too_long}",
+    ):
         expect_error(b, "ROTATOR_BADTOKEN", "ackp", bad, keys=keys)
         expect_error(b, "ROTATOR_BADTOKEN", "nextp_packed", 1, LONG, BUDGET, 0, 1, bad, keys=keys)
     too_many = [f"*{stamp}*" + "*".join(f"i{k}" for k in range(1000))] * 6
