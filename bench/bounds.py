@@ -115,8 +115,8 @@ class Module:
     def own_keys(self, keys: Sequence[str]) -> Sequence[str]:
         """A queue's keys as this module takes them: those of the roles it knows (an older
         module predates the lease list, the schedule or the id index). A topic's own keys pass:
-        their number never changed."""
-        roles = self.roles
+        their number never changed, nor a payload queue's fourteenth (its payloads)."""
+        roles = {*self.roles, "payloads"}
         return [key for key in keys if ":topic:" in key or key.rsplit(":", 1)[1] in roles]
 
     @property

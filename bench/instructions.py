@@ -22,7 +22,10 @@ range. Results: ``bench/results/instructions.{json,md}``.
 
 Cases, each by FCALL and by EVALSHA: a worker's one-job call (``next_packed 1`` carrying the
 batch ack of the call before, the Python client's loop), the same with batches of 100, and a
-push of one id onto a busy queue (nobody blocked: its wake list full).
+push of one id onto a busy queue (nobody blocked: its wake list full). By FCALL only (the
+default mode), where both modules have it: a payload queue's claim of 100 (``nextp_packed 100
+DROP 1`` carrying the named batch ack of the call before: the packed element, whose payloads
+it drops), bodies of 64 bytes.
 """
 
 from __future__ import annotations
@@ -77,14 +80,19 @@ class Case:
     name: str
     via: str  # "fcall" or "evalsha"
     batch: int  # jobs per claim; 0: a push of one id
+    payloads: bool = False  # a payload queue's claim (nextp_packed DROP 1), its acks named
 
 
-CASES = tuple(
-    Case(f"{what} by {via.upper()}", via, batch)
-    for batch, what in ((1, "next_packed 1 + batch ack"), (100, "next_packed 100 + batch ack"),
-                        (0, "push of one id, wake list full"))
-    for via in ("fcall", "evalsha")
+CASES = (
+    *(
+        Case(f"{what} by {via.upper()}", via, batch)
+        for batch, what in ((1, "next_packed 1 + batch ack"), (100, "next_packed 100 + batch ack"),
+                            (0, "push of one id, wake list full"))
+        for via in ("fcall", "evalsha")
+    ),
+    Case("nextp_packed 100 + named batch ack by FCALL", "fcall", 100, payloads=True),
 )  # fmt: skip
+BODY = b"x" * 64  # a payload queue's bodies
 
 
 def valgrind_command() -> list[str]:
@@ -148,6 +156,8 @@ def per_call(counted: Counted, module: Module, case: Case, calls: int, tag: str)
     client = counted.client
     keys = queue_keys(f"instructions-{module.label}-{case.via}-{case.batch}-{tag}").all
     call = module.call if case.via == "evalsha" else module.fcall
+    if case.payloads:
+        return payload_claims(counted, module, case, calls, tag)
     if case.batch == 0:
         pushed = iter(job_ids(WARM_CALLS + calls))
         for _ in range(WARM_CALLS):  # (17 pushes fill the wake list: nobody is blocked)
@@ -170,6 +180,41 @@ def per_call(counted: Counted, module: Module, case: Case, calls: int, tag: str)
     return total / calls
 
 
+def payload_claims(counted: Counted, module: Module, case: Case, calls: int, tag: str) -> float:
+    """Instructions per payload claim of ``case.batch`` jobs, each carrying the named batch ack
+    of the claim before (the Python client's loop on a payload queue)."""
+    client = counted.client
+    names = queue_keys(f"instructions-{module.label}-payloads-{case.batch}-{tag}")
+    keys = [*names.all, names.payloads]
+    ids = job_ids((WARM_CALLS + calls + 1) * case.batch)
+    for start in range(0, len(ids), 1000):
+        pairs = [half for job_id in ids[start : start + 1000] for half in (job_id, BODY)]
+        module.fcall(client, keys, "pushp", *pairs)
+    ack: list[bytes] = []
+
+    def claims(n: int) -> None:
+        nonlocal ack
+        for _ in range(n):
+            reply = module.fcall(client, keys, "nextp_packed", case.batch, LEASE_MS, BUDGET, 0, 1,
+                                 *ack)  # fmt: skip
+            ack = [reply[3]]  # (the named batch ack: the packed element itself)
+
+    claims(WARM_CALLS)
+    total = counted.instructions(lambda: claims(calls))
+    client.delete(*keys)
+    return total / calls
+
+
+def cases_of(pair: tuple[Module, Module]) -> list[Case]:
+    """The cases both modules can run (a module from before payload batches has no
+    nextp_packed)."""
+    return [
+        case
+        for case in CASES
+        if not case.payloads or all("nextp_packed" in module.source for module in pair)
+    ]
+
+
 def run_server(
     kind: str, pair: tuple[Module, Module], sizes: Sizes, workdir: Path, log: Any
 ) -> dict[str, Any]:
@@ -178,14 +223,15 @@ def run_server(
             module.load(counted.client)
         log(f"{kind} {counted.server.version} under callgrind on port {counted.server.port}")
         samples: dict[tuple[str, str], list[float]] = {}
+        cases = cases_of(pair)
         for round_ in range(sizes.rounds):
-            for case in CASES:
+            for case in cases:
                 order = pair if round_ % 2 == 0 else pair[::-1]
                 for module in order:
                     figure = per_call(counted, module, case, sizes.calls, str(round_))
                     samples.setdefault((case.name, module.label), []).append(figure)
         rows = []
-        for case in CASES:
+        for case in cases:
             before, now = samples[case.name, "before"], samples[case.name, "now"]
             was, is_ = statistics.median(before), statistics.median(now)
             ratio = statistics.median(n / b for n, b in zip(now, before, strict=True))

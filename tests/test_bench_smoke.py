@@ -8,7 +8,11 @@ import sys
 from itertools import pairwise
 from pathlib import Path
 
+import pytest
+
+from bench.bounds import OLD_MODULE, Module
 from bench.counters import without_counters
+from bench.instructions import cases_of
 from rotator.script import module_source
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -636,4 +640,32 @@ def test_bench_instructions_smoke(tmp_path: Path) -> None:
     assert by["evalsha", 1] > by["fcall", 1]
     # A hundred jobs a call are more work than one.
     assert by["fcall", 100] > by["fcall", 1]
+    assert "| now / before (range) |" in printed
+
+
+def test_bench_instructions_has_the_payload_case_where_both_modules_have_nextp_packed() -> None:
+    """The payload claim is measured only against a module that has it (the default baseline,
+    from before payload batches, does not)."""
+    now = Module("now", module_source())
+    old = Module("before", OLD_MODULE.read_text(encoding="utf-8"))
+    assert [case.name for case in cases_of((now, now)) if case.payloads] == [
+        "nextp_packed 100 + named batch ack by FCALL"
+    ]
+    assert not [case for case in cases_of((old, now)) if case.payloads]
+
+
+@pytest.mark.timeout(400)
+def test_bench_decoding_smoke(tmp_path: Path) -> None:
+    """bench.decoding on tiny sizes: the client of HEAD and the working tree's, counted under
+    callgrind (two cases); a decode costs thousands of instructions, and a batch of 100 noted
+    and acked more than a one-job reply."""
+    printed = run_smoke("bench.decoding", tmp_path, 360, "--before", "HEAD")
+    data = json.loads((tmp_path / "decoding.json").read_text())
+    assert data["before"] == "HEAD"
+    for row in data["rows"]:
+        assert 1_000 < row["before"] < 10_000_000, row
+        assert 1_000 < row["now"] < 10_000_000, row
+    one, named = data["rows"]
+    assert one["case"] == "next_packed reply of 1 job"
+    assert named["now"] > 10 * one["now"]
     assert "| now / before (range) |" in printed
