@@ -106,7 +106,8 @@ def ensure_node() -> None:
 
 
 def ensure_valgrind() -> None:
-    """bench.instructions counts a server's instructions under callgrind (its smoke test too)."""
+    """bench.instructions and bench.decoding count instructions under callgrind (their smoke tests
+    too): a server's, and the Python client's."""
     if shutil.which("valgrind") and shutil.which("callgrind_control"):
         return
     apt_install("valgrind")
