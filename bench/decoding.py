@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import json
 import re
-import statistics
 import subprocess
 import sys
 import tarfile
@@ -37,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.harness import ROOT, machine_info, size_mode, sized_parser, write_results
-from bench.instructions import valgrind_command
+from bench.instructions import cells, compared, figures, valgrind_command
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -130,12 +129,9 @@ def measure(before: Path, sizes: Sizes, log: Any) -> list[dict[str, Any]]:
     rows = []
     for case in sizes.calls:
         what = CASES[case]
-        before_, now = samples[case, "before"], samples[case, "now"]
-        was, is_ = statistics.median(before_), statistics.median(now)
-        ratio = statistics.median(n / b for n, b in zip(now, before_, strict=True))
-        log(f"  {what}: {was / 1000:.1f}k -> {is_ / 1000:.1f}k a decode ({ratio:.3f})")
-        rows.append({"case": what, "before": was, "now": is_, "now_vs_before": ratio,
-                     "before_by_round": before_, "now_by_round": now})  # fmt: skip
+        row = {"case": what, **compared(samples[case, "before"], samples[case, "now"])}
+        log(f"  {what}: {figures(row)} a decode")
+        rows.append(row)
     return rows
 
 
@@ -151,11 +147,7 @@ def markdown(data: dict[str, Any]) -> str:
         "|---|---:|---:|---:|",
     ]
     for row in data["rows"]:
-        ratios = [n / b for n, b in zip(row["now_by_round"], row["before_by_round"], strict=True)]
-        lines.append(
-            f"| {row['case']} | {row['before'] / 1000:.1f}k | {row['now'] / 1000:.1f}k "
-            f"| {row['now_vs_before']:.3f} ({min(ratios):.3f}-{max(ratios):.3f}) |"
-        )
+        lines.append(f"| {row['case']} | {cells(row)} |")
     return "\n".join(lines) + "\n"
 
 

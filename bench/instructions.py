@@ -232,23 +232,36 @@ def run_server(
                     samples.setdefault((case.name, module.label), []).append(figure)
         rows = []
         for case in cases:
-            before, now = samples[case.name, "before"], samples[case.name, "now"]
-            was, is_ = statistics.median(before), statistics.median(now)
-            ratio = statistics.median(n / b for n, b in zip(now, before, strict=True))
-            rows.append(
-                {
-                    "case": case.name,
-                    "via": case.via,
-                    "batch": case.batch,
-                    "before": was,
-                    "now": is_,
-                    "now_vs_before": ratio,
-                    "before_by_round": before,
-                    "now_by_round": now,
-                }
-            )
-            log(f"  {case.name}: {was / 1000:.1f}k -> {is_ / 1000:.1f}k a call ({ratio:.3f})")
+            row = compared(samples[case.name, "before"], samples[case.name, "now"])
+            rows.append({"case": case.name, "via": case.via, "batch": case.batch, **row})
+            log(f"  {case.name}: {figures(row)} a call")
         return {"server": kind, "version": counted.server.version, "rows": rows}
+
+
+def compared(before: list[float], now: list[float]) -> dict[str, Any]:
+    """A case's counts by round, BEFORE's and NOW's: their medians, and the median of the
+    rounds' ratios."""
+    return {
+        "before": statistics.median(before),
+        "now": statistics.median(now),
+        "now_vs_before": statistics.median(n / b for n, b in zip(now, before, strict=True)),
+        "before_by_round": before,
+        "now_by_round": now,
+    }
+
+
+def figures(row: dict[str, Any]) -> str:
+    """A compared row as the log shows it."""
+    return f"{row['before'] / 1000:.1f}k -> {row['now'] / 1000:.1f}k ({row['now_vs_before']:.3f})"
+
+
+def cells(row: dict[str, Any]) -> str:
+    """A compared row's table cells: before, now, and the ratio with the rounds' range."""
+    ratios = [n / b for n, b in zip(row["now_by_round"], row["before_by_round"], strict=True)]
+    return (
+        f"{row['before'] / 1000:.1f}k | {row['now'] / 1000:.1f}k | {row['now_vs_before']:.3f} "
+        f"({min(ratios):.3f}-{max(ratios):.3f})"
+    )
 
 
 def markdown(data: dict[str, Any]) -> str:
@@ -264,14 +277,7 @@ def markdown(data: dict[str, Any]) -> str:
     ]
     for run in data["runs"]:
         for row in run["rows"]:
-            ratios = [
-                n / b for n, b in zip(row["now_by_round"], row["before_by_round"], strict=True)
-            ]
-            lines.append(
-                f"| {run['server']} {run['version']} | {row['case']} | {row['before'] / 1000:.1f}k "
-                f"| {row['now'] / 1000:.1f}k | {row['now_vs_before']:.3f} "
-                f"({min(ratios):.3f}-{max(ratios):.3f}) |"
-            )
+            lines.append(f"| {run['server']} {run['version']} | {row['case']} | {cells(row)} |")
     return "\n".join(lines) + "\n"
 
 
