@@ -450,8 +450,9 @@ def _packed_jobs(raw: Any, payloads: Sequence[Any] = (), at: int = 0) -> tuple[l
         body = bodies[0] if bodies else None
         job = tuple.__new__(Job, (ids[0], ids[0] + batch + PLACES[1], 1, False, deadline_ms, body))
         return [job], stamp.encode("ascii")
-    # Built in C, column by column, zip handing each row to tuple.__new__: half what a
-    # comprehension costs a batch of 100.
+    # Built in C, column by column, zip handing each row to tuple.__new__: at a batch of 100,
+    # 3-9% fewer instructions than a comprehension (bench.decoding), and fewer frames and
+    # temporaries (about a third less time on this project's machine).
     tokens = map(concat, ids, map(batch.__add__, PLACES[1 : size + 1]))
     column = bodies or repeat(None, size)
     rows = zip(ids, tokens, repeat(1), repeat(False), repeat(deadline_ms), column)
