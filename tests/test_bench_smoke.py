@@ -657,15 +657,14 @@ def test_bench_instructions_has_the_payload_case_where_both_modules_have_nextp_p
 @pytest.mark.timeout(400)
 def test_bench_decoding_smoke(tmp_path: Path) -> None:
     """bench.decoding on tiny sizes: the client of HEAD and the working tree's, counted under
-    callgrind (two cases); a decode costs thousands of instructions, and a batch of 100 noted
-    and acked more than a one-job reply."""
+    callgrind (one case: four Pythons under valgrind take a minute); a one-job reply's decode
+    costs thousands of instructions (at 200 decodes the start-up's own wobble, some 1M of
+    900M, is a few thousand a decode: no tighter bound holds)."""
     printed = run_smoke("bench.decoding", tmp_path, 360, "--before", "HEAD")
     data = json.loads((tmp_path / "decoding.json").read_text())
     assert data["before"] == "HEAD"
-    for row in data["rows"]:
-        assert 1_000 < row["before"] < 10_000_000, row
-        assert 1_000 < row["now"] < 10_000_000, row
-    one, named = data["rows"]
-    assert one["case"] == "next_packed reply of 1 job"
-    assert named["now"] > 10 * one["now"]
-    assert "| now / before (range) |" in printed
+    (row,) = data["rows"]
+    assert row["case"] == "next_packed reply of 1 job"
+    assert 5_000 < row["before"] < 200_000, row
+    assert 5_000 < row["now"] < 200_000, row
+    assert "| next_packed reply of 1 job |" in printed
