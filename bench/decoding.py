@@ -84,7 +84,7 @@ class Sizes:
 SIZES = {
     "full": Sizes(3, {"one": 20_000, "plain100": 2_000, "payload100": 2_000, "named100": 2_000}),
     "quick": Sizes(1, {"one": 5_000, "plain100": 500, "payload100": 500, "named100": 500}),
-    "smoke": Sizes(1, {"one": 200}),
+    "smoke": Sizes(1, {"one": 2_000}),
 }
 
 
