@@ -25,7 +25,6 @@ the client's batch and acked whole (the named batch ack a payload loop sends).
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 import sys
 import tarfile
@@ -35,8 +34,8 @@ from io import BytesIO
 from pathlib import Path
 from typing import Any
 
-from bench.harness import ROOT, machine_info, size_mode, sized_parser, write_results
-from bench.instructions import cells, compared, figures, valgrind_command
+from bench.harness import ROOT, git_commit, machine_info, size_mode, sized_parser, write_results
+from bench.instructions import callgrind_total, cells, compared, figures, valgrind_command
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -98,10 +97,10 @@ def instructions(tree: Path, case: str, calls: int) -> int:
              sys.executable, "-c", DRIVER, str(tree), case, str(calls)],
             cwd=tree, capture_output=True, text=True, check=False,
         )  # fmt: skip
-        total = re.search(r"^(?:summary|totals):\s+(\d+)", out.read_text(), re.MULTILINE)
-        if done.returncode != 0 or not total:
+        total = callgrind_total(out.read_text()) if out.exists() else None
+        if done.returncode != 0 or total is None:
             raise RuntimeError(f"the {case} driver failed: {done.stderr[-2000:]}")
-        return int(total[1])
+        return total
 
 
 def client_at(commit: str, into: Path) -> Path:
@@ -161,10 +160,6 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     valgrind_command()
     sizes = SIZES[size_mode(args)]
-    now = subprocess.run(
-        ["git", "describe", "--always", "--dirty"],
-        cwd=ROOT, capture_output=True, text=True, check=False,
-    ).stdout.strip()  # fmt: skip
 
     def log(line: str) -> None:
         print(line, flush=True)
@@ -172,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     data: dict[str, Any] = {
         "machine": machine_info(size_mode(args)),
         "before": args.before,
-        "now": now,
+        "now": git_commit("rotator"),
         "sizes": asdict(sizes),
     }
     with tempfile.TemporaryDirectory(prefix="rotator-decoding-before-") as tmp:

@@ -134,12 +134,17 @@ class Counted:
         subprocess.run(["callgrind_control", "-d", self.pid], capture_output=True, check=True)
         for _ in range(100):  # (the dump is written by the server's process, soon after)
             found = sorted(glob.glob(str(self.dumps / "callgrind.out.*")), key=os.path.getmtime)
-            text = Path(found[-1]).read_text() if found else ""
-            total = re.search(r"^(?:summary|totals):\s+(\d+)", text, re.MULTILINE)
-            if total:
-                return int(total[1])
+            total = callgrind_total(Path(found[-1]).read_text()) if found else None
+            if total is not None:
+                return total
             time.sleep(0.05)
         raise RuntimeError("callgrind wrote no dump")
+
+
+def callgrind_total(dump: str) -> int | None:
+    """The instructions a callgrind dump counted in all (None: not written whole yet)."""
+    total = re.search(r"^(?:summary|totals):\s+(\d+)", dump, re.MULTILINE)
+    return int(total[1]) if total else None
 
 
 @contextmanager
@@ -153,11 +158,11 @@ def counted_server(kind: str, workdir: Path) -> Iterator[Counted]:
 
 def per_call(counted: Counted, module: Module, case: Case, calls: int, tag: str) -> float:
     """Instructions per call of ``case`` by ``module`` (``calls`` of them)."""
+    if case.payloads:
+        return payload_claims(counted, module, case, calls, tag)
     client = counted.client
     keys = queue_keys(f"instructions-{module.label}-{case.via}-{case.batch}-{tag}").all
     call = module.call if case.via == "evalsha" else module.fcall
-    if case.payloads:
-        return payload_claims(counted, module, case, calls, tag)
     if case.batch == 0:
         pushed = iter(job_ids(WARM_CALLS + calls))
         for _ in range(WARM_CALLS):  # (17 pushes fill the wake list: nobody is blocked)

@@ -223,7 +223,8 @@ class NextReply(NamedTuple):
     batch: bytes = b""
     batch_jobs: int = 0
     # The batch's packed element as the reply sent it ("*<deadline>.1.<seq>*<id>*<id>..."):
-    # what a named batch ack sends back (b"" when the reply did not say).
+    # what a named batch ack sends back. Kept from payload replies only, the ones whose whole
+    # batches are acked by name (b"" otherwise).
     element: bytes = b""
 
 
