@@ -64,6 +64,10 @@ class Proc:
     log: Path
     options: dict[str, Any] = field(default_factory=dict)
     expected_kill: bool = False
+    # SIGTERM reached it before it logged anything, so before its handler was in place
+    # (workers and producers install it before their first event): it dies of the default
+    # action, -15, which is then our stop and not a finding.
+    termed_while_starting: bool = False
 
     @property
     def pid(self) -> int:
@@ -395,6 +399,7 @@ class ChaosRun:
         """SIGCONT + SIGTERM, then SIGKILL what did not exit within ``timeout``."""
         procs = [p for p in self.procs if p.alive and (role is None or p.role == role)]
         for proc in procs:
+            proc.termed_while_starting = tail_event(proc.log) is None
             self.signal(proc, signal.SIGCONT)
             self.signal(proc, signal.SIGTERM)
         give_up = time.monotonic() + timeout
@@ -410,11 +415,14 @@ class ChaosRun:
         return data[-limit:].decode(errors="replace")
 
     def unexpected_exits(self) -> dict[str, str]:
-        """Processes that died of something other than a clean stop or our SIGKILL."""
+        """Processes that died of something other than a clean stop, our SIGKILL, or our
+        SIGTERM while they were still starting."""
         found = {}
         for proc in self.procs:
             code = proc.popen.poll()
             if code is None or code in EXPECTED_EXITS:
+                continue
+            if code == -signal.SIGTERM and proc.termed_while_starting:
                 continue
             found[proc.name] = f"exit {code}: {self.stderr(proc)}"
         return found
