@@ -6,7 +6,7 @@
                              # and tests (pytest, then the Node client's npm test)
 
 Standard library only: this runs before anything is installed. Extra arguments after `test`
-go to pytest.
+go to pytest (which runs on two processes unless they say `-n`).
 """
 
 from __future__ import annotations
@@ -22,6 +22,10 @@ ROOT = Path(__file__).resolve().parent
 VENV = ROOT / ".venv"
 BIN = VENV / "bin"
 NODE_CLIENT = ROOT / "clients" / "node"
+# The suite's wall time is mostly waiting (servers starting, leases running out, JVMs), so two
+# pytest-xdist processes; each test file runs whole in one, in order, on its own fixtures.
+# `tasks.py test -n 0` runs it in one process.
+PARALLEL = ("-n", "2", "--dist", "loadfile")
 
 
 def say(message: str) -> None:
@@ -144,7 +148,8 @@ def test(args: list[str]) -> None:
     run(BIN / "ruff", "format", "--check", ".")
     run(BIN / "mypy")
     say("tests")
-    run(BIN / "python", "-m", "pytest", *args)
+    chosen = "no:xdist" in args or any(a.startswith(("-n", "--numprocesses")) for a in args)
+    run(BIN / "python", "-m", "pytest", *([] if chosen else PARALLEL), *args)
     say("the Node client: its tests and the conformance scenarios (npm test)")
     env = {**os.environ, "ROTATOR_PYTHON": str(BIN / "python")}
     subprocess.run(["npm", "test", "--silent"], cwd=NODE_CLIENT, check=True, env=env)

@@ -12,12 +12,15 @@ import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
 from redis.cluster import RedisCluster
 
 from rotator.server import EmbeddedServer
+from tests.chaos import summary
+from tests.chaos.harness import REPORTS
 from tests.servers import ClusterProcess, ReplicatedClusterProcess, ServerProcess
 
 
@@ -106,3 +109,28 @@ def rotator_home() -> Iterator[Path]:
     finally:
         EmbeddedServer(path).stop()
         shutil.rmtree(path, ignore_errors=True)
+
+
+# -- the chaos runs' summary -----------------------------------------------------------------
+# Here rather than in tests/chaos/conftest.py: under pytest-xdist the controller, which
+# prints the summary, loads only this conftest; the workers run the tests and send their rows.
+
+WORKER_ROWS: list[summary.Row] = []  # (the controller's: what each worker sent at its end)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:  # an xdist worker: hand its rows to the controller
+        workeroutput["chaos_rows"] = [summary.row(report) for report in REPORTS]
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: object) -> None:
+    WORKER_ROWS.extend(getattr(node, "workeroutput", {}).get("chaos_rows", []))
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    rows = [summary.row(report) for report in REPORTS] + WORKER_ROWS
+    if rows:
+        terminalreporter.section("chaos: checker figures per server")
+        summary.write_totals(rows, terminalreporter.write_line)

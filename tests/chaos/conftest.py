@@ -1,8 +1,9 @@
-"""Fixtures for the chaos tests: a fresh server per test (faults kill it), a seed, a summary.
+"""Fixtures for the chaos tests: a fresh server per test (faults kill it), and a seed.
 
 Every test runs on Redis 7 and on Valkey 8 (the ``kind`` fixture). The seed comes from
 ``CHAOS_SEED`` or is drawn at random; it is in every failure message and report.json, so a
-failing schedule can be replayed with ``CHAOS_SEED=<seed> pytest -k <test>``.
+failing schedule can be replayed with ``CHAOS_SEED=<seed> pytest -k <test>``. The session
+summary of the runs' figures is printed by ``tests/conftest.py`` (see ``summary.py``).
 """
 
 from __future__ import annotations
@@ -15,8 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.chaos.checker import Report
-from tests.chaos.harness import REPORTS, ChaosRun
+from tests.chaos.harness import ChaosRun
 from tests.servers import Kind
 
 MakeRun = Callable[..., ChaosRun]
@@ -68,36 +68,3 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     seed = getattr(item, "funcargs", {}).get("seed")
     if report.failed and seed is not None:
         report.sections.append(("chaos seed", f"replay with CHAOS_SEED={seed}"))
-
-
-def pytest_terminal_summary(terminalreporter: Any) -> None:
-    """The issue's figures per server: pushed, kills, restarts, stalls, lost, duplicates."""
-    if not REPORTS:
-        return
-    write = terminalreporter.write_line
-    terminalreporter.section("chaos: checker figures per server")
-    real = [report for report in REPORTS if "negative_control" not in report.notes]
-    controls = [report for report in REPORTS if "negative_control" in report.notes]
-    for server, total in sorted(_totals(real).items()):
-        write(f"{server}: " + " ".join(f"{k}={v}" for k, v in total.items()))
-    # The control runs without persistence on purpose: its loss shows the checker sees loss.
-    for server, total in sorted(_totals(controls).items()):
-        write(
-            f"negative control, {server} (loss expected): lost={total.get('lost', 0)} "
-            f"of pushed={total.get('pushed', 0)} over runs={total['runs']}"
-        )
-
-
-def _totals(reports: list[Report]) -> dict[str, dict[str, int]]:
-    """Each server's figures summed over ``reports``."""
-    totals: dict[str, dict[str, int]] = {}
-    for report in reports:
-        figures = report.figures()
-        total = totals.setdefault(str(figures.pop("server")), {})
-        for key, value in figures.items():
-            total[key] = total.get(key, 0) + int(value)
-        total["runs"] = total.get("runs", 0) + 1
-        total["explained_dups"] = total.get("explained_dups", 0) + (
-            report.duplicates - sum(d["processed"] - 1 for d in report.unexplained.values())
-        )
-    return totals
