@@ -1,4 +1,5 @@
-"""The harness's own bookkeeping of exits: what it counts as a finding and what as its own stop.
+"""The harness's own bookkeeping: what it counts as a finding, what as its own stop, and the
+session summary of the runs' figures.
 
 A worker replaced just before the run's end may still be importing when ``stop_processes``
 sends SIGTERM; it dies of the default action (-15) before its handler exists. That is our
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.chaos import summary
 from tests.chaos.eventlog import EventLog
 from tests.chaos.harness import ChaosRun, Proc
 
@@ -25,6 +27,7 @@ pytestmark = [pytest.mark.chaos, pytest.mark.timeout(60)]
 SLEEPER = """
 import sys, time
 from pathlib import Path
+from tests.chaos import summary
 from tests.chaos.eventlog import EventLog
 if sys.argv[2] == "log":
     EventLog(Path(sys.argv[1])).write("BOOT", "sleeper")
@@ -70,3 +73,20 @@ def test_an_event_log_opened_but_not_written_still_counts_as_starting(tmp_path: 
     EventLog(proc.log).close()  # the file exists, empty, as a worker's does before its BOOT
     run.stop_processes()
     assert run.unexpected_exits() == {}
+
+
+def test_the_session_summary_sums_each_servers_runs_and_keeps_the_control_apart() -> None:
+    # (rows as workers send them to the controller: plain numbers, the server a string)
+    rows = [
+        {"server": "redis 7", "pushed": 100, "lost": 0, "explained_dups": 2, "control": False},
+        {"server": "redis 7", "pushed": 50, "lost": 0, "explained_dups": 1, "control": False},
+        {"server": "valkey 8", "pushed": 10, "lost": 0, "explained_dups": 0, "control": False},
+        {"server": "redis 7", "pushed": 1000, "lost": 940, "explained_dups": 0, "control": True},
+    ]
+    lines: list[str] = []
+    summary.write_totals(rows, lines.append)
+    assert lines == [
+        "redis 7: pushed=150 lost=0 explained_dups=3 runs=2",
+        "valkey 8: pushed=10 lost=0 explained_dups=0 runs=1",
+        "negative control, redis 7 (loss expected): lost=940 of pushed=1000 over runs=1",
+    ]
