@@ -5,15 +5,19 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import uuid
 from itertools import pairwise
 from pathlib import Path
 
 import pytest
+import redis
 
 from bench.bounds import OLD_MODULE, Module
 from bench.counters import without_counters
 from bench.instructions import cases_of
+from bench.primitives import CASES, LIBRARY
 from rotator.script import module_source
+from tests.servers import ServerProcess
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -641,6 +645,45 @@ def test_bench_instructions_smoke(tmp_path: Path) -> None:
     # A hundred jobs a call are more work than one.
     assert by["fcall", 100] > by["fcall", 1]
     assert "| now / before (range) |" in printed
+
+
+def test_bench_primitives_smoke(tmp_path: Path) -> None:
+    """bench.primitives on tiny sizes: Redis under callgrind, every case, a count per call in
+    the range an FCALL takes; a call that declares more keys does more work."""
+    printed = run_smoke("bench.primitives", tmp_path, 300)
+    data = json.loads((tmp_path / "primitives.json").read_text())
+    (run,) = data["runs"]
+    assert run["server"].startswith("redis 7")
+    assert [row["case"] for row in run["rows"]] == [case.what for case in CASES]
+    for row in run["rows"]:
+        assert 5_000 < row["instructions"] < 1_000_000, row
+    noop_2_keys, noop_13_keys = (row["instructions"] for row in run["rows"][:2])
+    assert noop_13_keys > noop_2_keys
+    assert "| beyond the no-op |" in printed
+
+
+def test_bench_primitives_reads_and_writes_the_same_numbers_every_way(
+    redis_server: ServerProcess,
+) -> None:
+    """The layouts bench.primitives compares hold the same state: its three reads of the
+    prepared hash give the same sum, and each write leaves numbers its read gives back."""
+    client = redis.Redis(port=redis_server.port)
+    name = uuid.uuid4().hex
+    keys = [f"primitives-test:{{{name}}}:state", f"primitives-test:{{{name}}}:written"]
+    client.function_load(LIBRARY, replace=True)
+    try:
+        client.fcall("prepare", 2, *keys)
+        expected = sum(1795926272913 + i for i in range(1, 25))
+        for read in ("read_fields", "read_msgpack", "read_struct"):
+            assert client.fcall(read, 2, *keys) == expected, read
+        assert client.fcall("write_8_fields", 2, *keys) == 8
+        assert client.hmget(keys[1], "a", "h") == [b"1795926272914", b"1795926272921"]
+        for write, read in (("write_msgpack", "read_msgpack"), ("write_struct", "read_struct")):
+            client.fcall(write, 2, *keys)
+            assert client.fcall(read, 2, keys[1], keys[0]) == expected, write
+    finally:
+        client.delete(*keys)
+        client.function_delete("rotator_primitives")
 
 
 def test_bench_instructions_has_the_payload_case_where_both_modules_have_nextp_packed() -> None:

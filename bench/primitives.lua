@@ -1,0 +1,76 @@
+#!lua name=rotator_primitives
+-- The building blocks of a module call, each alone in a function, for bench/primitives.py to
+-- count: what an FCALL costs before it does anything, per declared key, and the two ways a
+-- call can keep a queue's numeric state in a hash (a field per number, or all in one field).
+--
+-- KEYS[1] a hash holding the state both ways (fields a..x, and "msgpack" and "struct"),
+-- KEYS[2] a hash to write to; any more keys are only declared. ARGV[1] a 13-digit stamp.
+
+local FIELDS = { 'a', 'b', 'c', 'd', 'e', 'f', 'g', 'h', 'i', 'j', 'k', 'l', 'm', 'n', 'o', 'p',
+  'q', 'r', 's', 't', 'u', 'v', 'w', 'x' }
+local STRUCT_24 = 'dddddddddddddddddddddddd' -- 24 doubles: what a Lua 5.1 number is
+local STAMP = 1795926272913
+
+-- The numbers a call writes back, made the same way for both layouts.
+local function numbers(n)
+  local values = {}
+  for i = 1, n do values[i] = STAMP + i end
+  return values
+end
+
+local function sum(values)
+  local total = 0
+  for i = 1, 24 do total = total + values[i] end
+  return total
+end
+
+redis.register_function('noop', function() return 1 end)
+
+redis.register_function('reply_4', function(_, args) return { 0, 0, 1, args[1] } end)
+
+redis.register_function('tonumber_16', function(_, args)
+  local total = 0
+  for _ = 1, 16 do total = total + tonumber(args[1]) end
+  return total
+end)
+
+redis.register_function('read_fields', function(keys)
+  local raw, values = redis.call('HMGET', keys[1], unpack(FIELDS)), {}
+  for i = 1, 24 do values[i] = tonumber(raw[i]) end
+  return sum(values)
+end)
+
+redis.register_function('read_msgpack', function(keys)
+  return sum({ cmsgpack.unpack(redis.call('HGET', keys[1], 'msgpack')) })
+end)
+
+redis.register_function('read_struct', function(keys)
+  return sum({ struct.unpack(STRUCT_24, redis.call('HGET', keys[1], 'struct')) })
+end)
+
+redis.register_function('write_8_fields', function(keys)
+  local v = numbers(8)
+  return redis.call('HSET', keys[2], 'a', v[1], 'b', v[2], 'c', v[3], 'd', v[4], 'e', v[5],
+    'f', v[6], 'g', v[7], 'h', v[8])
+end)
+
+redis.register_function('write_msgpack', function(keys)
+  return redis.call('HSET', keys[2], 'msgpack', cmsgpack.pack(unpack(numbers(24))))
+end)
+
+redis.register_function('write_struct', function(keys)
+  return redis.call('HSET', keys[2], 'struct', struct.pack(STRUCT_24, unpack(numbers(24))))
+end)
+
+-- Fills KEYS[1] with the state both ways.
+redis.register_function('prepare', function(keys)
+  local values, pairs_ = numbers(24), {}
+  for i = 1, 24 do
+    pairs_[#pairs_ + 1] = FIELDS[i]
+    pairs_[#pairs_ + 1] = string.format('%d', values[i])
+  end
+  redis.call('HSET', keys[1], unpack(pairs_))
+  redis.call('HSET', keys[1], 'msgpack', cmsgpack.pack(unpack(values)),
+    'struct', struct.pack(STRUCT_24, unpack(values)))
+  return 1
+end)
