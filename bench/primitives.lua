@@ -3,12 +3,23 @@
 -- count: what an FCALL costs before it does anything, per declared key, and the two ways a
 -- call can keep a queue's numeric state in a hash (a field per number, or all in one field).
 --
--- KEYS[1] a hash holding the state both ways (fields a..x, and "msgpack" and "struct"),
+-- KEYS[1] a hash holding the state both ways (fields a..x, and "msgpack" and "struct"), and
+-- the meta fields a one-job claim reads,
 -- KEYS[2] a hash to write to; any more keys are only declared. ARGV[1] a 13-digit stamp.
 
 local FIELDS = { 'a', 'b', 'c', 'd', 'e', 'f', 'g', 'h', 'i', 'j', 'k', 'l', 'm', 'n', 'o', 'p',
   'q', 'r', 's', 't', 'u', 'v', 'w', 'x' }
 local STRUCT_24 = 'dddddddddddddddddddddddd' -- 24 doubles: what a Lua 5.1 number is
+-- The fields a one-job claim of lua/rotator.lua asks its meta hash for (as MONITOR shows
+-- them), and what a plain queue's meta holds of them after a few claims.
+local CLAIM_FIELDS = { 'seq', 'lapnext', 'qstart', 'qmin', 'pushed', 'taken', 'lapguess', 'qlen',
+  'packed', 'origin', 'fence_ms', 'fence_max', 'dead_max', 'dead_age_ms', 'marked_n', 'marked_a',
+  'marked_n_old', 'marked_a_old', 'lmin', 'lstop', 'lpass', 'lskip', 'rpasses', 'lpasses', 'smin',
+  'paused', 'rate_n', 'rate_ms', 'rate_tat', 'track_ids', 'prio', 'pseq', 'stale', 'layout' }
+local CLAIM_META = { 'seq', '1795927715542', 'lapnext', '1795927715640', 'qstart',
+  '1795927715538', 'pushed', '100', 'taken', '3', 'lapguess', '0', 'qlen', '101', 'origin',
+  '1795927715536', 'lmin', '1795927745841', 'lstop', '1795927745841', 'lpass', '0', 'lskip', '0',
+  'lpasses', '1', 'layout', 'rotator meta: a hash table on purpose, so that reading a field is O(1)' }
 local STAMP = 1795926272913
 
 -- The numbers a call writes back, made the same way for both layouts.
@@ -40,6 +51,15 @@ redis.register_function('read_fields', function(keys)
   return sum(values)
 end)
 
+-- (every field but the layout's text is a number)
+redis.register_function('read_claim_meta', function(keys)
+  local raw, values = redis.call('HMGET', keys[1], unpack(CLAIM_FIELDS)), {}
+  for i = 1, #CLAIM_FIELDS - 1 do
+    if raw[i] then values[#values + 1] = tonumber(raw[i]) end
+  end
+  return #values
+end)
+
 redis.register_function('read_msgpack', function(keys)
   return sum({ cmsgpack.unpack(redis.call('HGET', keys[1], 'msgpack')) })
 end)
@@ -62,7 +82,7 @@ redis.register_function('write_struct', function(keys)
   return redis.call('HSET', keys[2], 'struct', struct.pack(STRUCT_24, unpack(numbers(24))))
 end)
 
--- Fills KEYS[1] with the state both ways.
+-- Fills KEYS[1] with the state both ways, and with a one-job claim's meta fields.
 redis.register_function('prepare', function(keys)
   local values, pairs_ = numbers(24), {}
   for i = 1, 24 do
@@ -72,5 +92,6 @@ redis.register_function('prepare', function(keys)
   redis.call('HSET', keys[1], unpack(pairs_))
   redis.call('HSET', keys[1], 'msgpack', cmsgpack.pack(unpack(values)),
     'struct', struct.pack(STRUCT_24, unpack(values)))
+  redis.call('HSET', keys[1], unpack(CLAIM_META))
   return 1
 end)

@@ -676,6 +676,7 @@ def test_bench_primitives_reads_and_writes_the_same_numbers_every_way(
         expected = sum(1795926272913 + i for i in range(1, 25))
         for read in ("read_fields", "read_msgpack", "read_struct"):
             assert client.fcall(read, 2, *keys) == expected, read
+        assert client.fcall("read_claim_meta", 2, *keys) == 13  # (the numbers a queue has)
         assert client.fcall("write_8_fields", 2, *keys) == 8
         assert client.hmget(keys[1], "a", "h") == [b"1795926272914", b"1795926272921"]
         for write, read in (("write_msgpack", "read_msgpack"), ("write_struct", "read_struct")):
