@@ -3,15 +3,16 @@
 -- count: what an FCALL costs before it does anything, per declared key, and the two ways a
 -- call can keep a queue's numeric state in a hash (a field per number, or all in one field).
 --
--- KEYS[1] a hash holding the state both ways (fields a..x, and "msgpack" and "struct"), and
--- the meta fields a one-job claim reads,
--- KEYS[2] a hash to write to; any more keys are only declared. ARGV[1] a 13-digit stamp.
+-- KEYS[1] a hash holding the state both ways (fields a..x, and "msgpack" and "struct") and a
+-- one-job claim's meta fields; KEYS[2] a hash to write to; any more keys are only declared.
+-- ARGV[1] a 13-digit stamp.
 
 local FIELDS = { 'a', 'b', 'c', 'd', 'e', 'f', 'g', 'h', 'i', 'j', 'k', 'l', 'm', 'n', 'o', 'p',
   'q', 'r', 's', 't', 'u', 'v', 'w', 'x' }
 local STRUCT_24 = 'dddddddddddddddddddddddd' -- 24 doubles: what a Lua 5.1 number is
--- The fields a one-job claim of lua/rotator.lua asks its meta hash for (as MONITOR shows
--- them), and what a plain queue's meta holds of them after a few claims.
+-- The fields lua/rotator.lua's read_meta asks a queue's meta hash for at every claim (a test
+-- keeps the two lists the same), and what a plain queue's meta holds of them after a few
+-- claims (as MONITOR and HGETALL show them).
 local CLAIM_FIELDS = { 'seq', 'lapnext', 'qstart', 'qmin', 'pushed', 'taken', 'lapguess', 'qlen',
   'packed', 'origin', 'fence_ms', 'fence_max', 'dead_max', 'dead_age_ms', 'marked_n', 'marked_a',
   'marked_n_old', 'marked_a_old', 'lmin', 'lstop', 'lpass', 'lskip', 'rpasses', 'lpasses', 'smin',

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import uuid
@@ -685,6 +686,21 @@ def test_bench_primitives_reads_and_writes_the_same_numbers_every_way(
     finally:
         client.delete(*keys)
         client.function_delete("rotator_primitives")
+
+
+def test_bench_primitives_reads_the_meta_fields_the_module_reads() -> None:
+    """bench.primitives' claim meta read asks for the fields lua/rotator.lua's read_meta does,
+    in its order: the row stays the module's own cost when the module changes."""
+
+    def quoted(source: str, start: str, end: str) -> list[str]:
+        """The quoted names from ``start`` to the first ``end`` after it."""
+        at = source.index(start) + len(start)
+        return re.findall(r"'([a-z_]+)'", source[at : source.index(end, at)])
+
+    module = quoted(module_source(), "M.read('HMGET', K.meta,", ")")
+    bench = quoted(LIBRARY, "local CLAIM_FIELDS = {", "}")
+    assert len(module) == 34
+    assert bench == module
 
 
 def test_bench_instructions_has_the_payload_case_where_both_modules_have_nextp_packed() -> None:
