@@ -43,8 +43,6 @@ from tests.servers import Kind, ServerProcess
 REPO = Path(__file__).resolve().parents[2]
 QUEUE = "chaos"
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
-# Exit statuses that are not a finding: a clean stop, or a SIGKILL the run dealt out.
-EXPECTED_EXITS = {0, -signal.SIGKILL}
 # Every report written in this process, for the session summary (see conftest.py).
 REPORTS: list[Report] = []
 
@@ -63,11 +61,9 @@ class Proc:
     popen: subprocess.Popen[bytes]
     log: Path
     options: dict[str, Any] = field(default_factory=dict)
-    expected_kill: bool = False
-    # SIGTERM reached it before it logged anything, so before its handler was in place
-    # (workers and producers install it before their first event): it dies of the default
-    # action, -15, which is then our stop and not a finding.
-    termed_while_starting: bool = False
+    # Exit statuses that are not a finding: a clean stop, and what the run itself dealt this
+    # process (a SIGKILL; a SIGTERM that came before its handler, see stop_processes).
+    expected_exits: set[int] = field(default_factory=lambda: {0})
 
     @property
     def pid(self) -> int:
@@ -342,7 +338,7 @@ class ChaosRun:
 
     def kill9(self, proc: Proc) -> str | None:
         """SIGKILL a worker; returns the last event it logged (what it was doing)."""
-        proc.expected_kill = True
+        proc.expected_exits.add(-signal.SIGKILL)
         with contextlib.suppress(ProcessLookupError):
             os.kill(proc.pid, signal.SIGKILL)
         proc.popen.wait(timeout=10)
@@ -399,13 +395,16 @@ class ChaosRun:
         """SIGCONT + SIGTERM, then SIGKILL what did not exit within ``timeout``."""
         procs = [p for p in self.procs if p.alive and (role is None or p.role == role)]
         for proc in procs:
-            proc.termed_while_starting = tail_event(proc.log) is None
+            # (workers and producers install their handler before their first event: one
+            # that has logged none dies of SIGTERM's default action, which is then our stop)
+            if tail_event(proc.log) is None:
+                proc.expected_exits.add(-signal.SIGTERM)
             self.signal(proc, signal.SIGCONT)
             self.signal(proc, signal.SIGTERM)
         give_up = time.monotonic() + timeout
         for proc in procs:
             if self.wait_exit(proc, max(0.1, give_up - time.monotonic())) is None:
-                proc.expected_kill = True
+                proc.expected_exits.add(-signal.SIGKILL)
                 self.faults["stop_kills"] += 1
                 self.signal(proc, signal.SIGKILL)
                 proc.popen.wait(timeout=10)
@@ -415,14 +414,12 @@ class ChaosRun:
         return data[-limit:].decode(errors="replace")
 
     def unexpected_exits(self) -> dict[str, str]:
-        """Processes that died of something other than a clean stop, our SIGKILL, or our
-        SIGTERM while they were still starting."""
+        """Processes that died of something other than a clean stop or a signal the run dealt
+        them (``Proc.expected_exits``)."""
         found = {}
         for proc in self.procs:
             code = proc.popen.poll()
-            if code is None or code in EXPECTED_EXITS:
-                continue
-            if code == -signal.SIGTERM and proc.termed_while_starting:
+            if code is None or code in proc.expected_exits:
                 continue
             found[proc.name] = f"exit {code}: {self.stderr(proc)}"
         return found

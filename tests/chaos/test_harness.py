@@ -9,6 +9,7 @@ place) must still be reported.
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -62,8 +63,8 @@ def test_a_sigterm_before_the_first_event_is_our_stop_and_after_it_a_finding(
 
     assert starting.popen.returncode == -signal.SIGTERM
     assert booted.popen.returncode == -signal.SIGTERM
-    assert starting.termed_while_starting
-    assert not booted.termed_while_starting
+    assert -signal.SIGTERM in starting.expected_exits
+    assert -signal.SIGTERM not in booted.expected_exits
     assert list(run.unexpected_exits()) == ["worker2"]
 
 
@@ -90,3 +91,13 @@ def test_the_session_summary_sums_each_servers_runs_and_keeps_the_control_apart(
         "valkey 8: pushed=10 lost=0 explained_dups=0 runs=1",
         "negative control, redis 7 (loss expected): lost=940 of pushed=1000 over runs=1",
     ]
+
+
+def test_a_sigkill_is_our_own_only_when_the_run_dealt_it(tmp_path: Path) -> None:
+    run = ChaosRun("redis", tmp_path, seed=1, test="harness")
+    dealt = sleeper(run, "worker1", logs_first=True)
+    foreign = sleeper(run, "worker2", logs_first=True)
+    run.kill9(dealt)
+    os.kill(foreign.pid, signal.SIGKILL)  # (as the kernel's OOM killer would)
+    foreign.popen.wait(timeout=10)
+    assert list(run.unexpected_exits()) == ["worker2"]
