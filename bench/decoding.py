@@ -13,7 +13,7 @@ NOW: the working tree's) decodes the same recorded replies in a Python of its ow
 (its start-up, once a round): that difference, divided by ``calls``, is the figure (it counts
 everything the decode does, the old jobs' deallocation included, as a consumer loop pays
 it). Rounds alternate the two versions; the median of the rounds is given with their range.
-A Python under callgrind takes some 15 s to start: the smoke size counts one case. Results:
+A Python under callgrind takes some 15 s to start: the smoke size counts two cases. Results:
 ``bench/results/decoding.{json,md}``. No server is involved: the server's side is
 ``bench.instructions``.
 
@@ -83,7 +83,7 @@ class Sizes:
 SIZES = {
     "full": Sizes(3, {"one": 20_000, "plain100": 2_000, "payload100": 2_000, "named100": 2_000}),
     "quick": Sizes(1, {"one": 5_000, "plain100": 500, "payload100": 500, "named100": 500}),
-    "smoke": Sizes(1, {"one": 2_000}),
+    "smoke": Sizes(1, {"one": 2_000, "named100": 200}),
 }
 
 
