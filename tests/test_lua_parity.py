@@ -31,6 +31,18 @@ def test_scenario_on_a_real_server(scenario: Scenario, backend: RealBackend) -> 
     scenario(backend)
 
 
+@pytest.mark.parametrize("scenario", REAL_TIME, ids=[s.__name__ for s in REAL_TIME])
+def test_scenario_by_fcall(scenario: Scenario, client: redis.Redis, queue_name: str) -> None:
+    """The same, by FCALL of the module loaded as a library: what it keeps from one call to the
+    next (the keys it checked, the numbers it read, the packed batches it made, whose ids a
+    named batch ack then gets back) must change no reply and no key."""
+    real = RealBackend(client, queue_name, via="fcall")
+    try:
+        scenario(real)
+    finally:
+        real.cleanup()
+
+
 # Small scripts whose replies must be the same from the stub and from the server.
 SNIPPETS = [
     "return {1, 2.7, -2.7, false, 'x', true, nil, 3}",

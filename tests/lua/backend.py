@@ -16,6 +16,7 @@ from typing import TypeAlias
 
 import redis
 
+from rotator.script import function_name, library_source
 from tests.lua.harness import (
     MODULE_PATH,
     ROLES,
@@ -267,14 +268,19 @@ class StubBackend(Backend):
 
 
 class RealBackend(Backend):
-    """The module on a real Redis/Valkey, by EVALSHA of the source loaded with SCRIPT LOAD."""
+    """The module on a real Redis/Valkey: by EVALSHA of the source loaded with SCRIPT LOAD, or
+    (``via="fcall"``) by FCALL of it loaded as a function library, which keeps what it
+    remembers across calls (its checked keys, whole-number arguments, packed batches)."""
 
     exact_clock = False
 
-    def __init__(self, client: redis.Redis, name: str) -> None:
+    def __init__(self, client: redis.Redis, name: str, via: str = "evalsha") -> None:
         self.client = client
         self.name = name
+        self.via = via
         self.keys = queue_keys(name)
+        if via == "fcall":
+            client.function_load(library_source(), replace=True)
         sha = client.script_load(MODULE_PATH.read_text())
         self.sha = _text(sha) if isinstance(sha, bytes) else str(sha)
         self._children: list[RealBackend] = []
@@ -282,7 +288,10 @@ class RealBackend(Backend):
 
     def call_keys(self, keys: Sequence[str], *argv: Arg) -> Result:
         try:
-            reply = self.client.evalsha(self.sha, len(keys), *keys, *argv)
+            if self.via == "fcall":
+                reply = self.client.fcall(function_name(), len(keys), *keys, *argv)
+            else:
+                reply = self.client.evalsha(self.sha, len(keys), *keys, *argv)
         except redis.ResponseError as error:
             raise ReplyError(strip_script_suffix(str(error))) from None
         return normalise(reply)
@@ -315,7 +324,7 @@ class RealBackend(Backend):
         raise TypeError(f"unexpected key type {kind} at {key}")
 
     def fresh(self, suffix: str) -> Backend:
-        child = RealBackend(self.client, f"{self.name}-{suffix}")
+        child = RealBackend(self.client, f"{self.name}-{suffix}", self.via)
         self._children.append(child)
         return child
 

@@ -2143,6 +2143,27 @@ def a_named_batch_ack_drops_its_jobs_payloads_once(b: Backend) -> None:
 
 
 @scenario
+def named_batch_acks_of_two_batches_in_one_call_leave_each_batch_as_it_was(b: Backend) -> None:
+    """Two named batch acks in one call, each sent again alone, and one riding on a claim after
+    the walk took its batch: accepted every time, each batch's own payloads dropped once. (By
+    FCALL a library gets each batch's ids back from what it kept when it made the batch,
+    instead of cutting them out of the element.)"""
+    keys = payload_keys(b)
+    assert b.call_keys(keys, "pushp", "a", "pa", "b", "pb", "c", "pc", "d", "pd", "e", "pe") == 5
+    first = str(nextp_packed(b, keys, 2)[3])
+    second = str(nextp_packed(b, keys, 2)[3])
+    assert [first.split("*")[2:], second.split("*")[2:]] == [["a", "b"], ["c", "d"]]
+    assert b.call_keys(keys, "ackp", named(first), named(second)) == 2
+    assert b.key_state(keys[N_QUEUE_KEYS]) == ("hash", {"e": "pe"})
+    assert b.call_keys(keys, "ackp", named(first)) == 1
+    assert b.call_keys(keys, "ackp", named(second)) == 1
+    assert b.key_state(keys[N_QUEUE_KEYS]) == ("hash", {"e": "pe"})
+    last = nextp_packed(b, keys, 10, named(first))
+    assert str(last[3]).split("*")[2:] == ["e"]
+    assert last[4] == "pe"
+
+
+@scenario
 def meta_counts_the_copies_and_a_queue_without_the_count_still_looks_them_up(b: Backend) -> None:
     """Meta `copies` counts the "<id>*" fields once a push found the payloads hash empty, so
     that an ack of a queue with none skips looking for them; a queue without the count (its
