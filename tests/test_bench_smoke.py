@@ -646,6 +646,13 @@ def test_bench_instructions_smoke(tmp_path: Path) -> None:
     # A hundred jobs a call are more work than one.
     assert by["fcall", 100] > by["fcall", 1]
     assert "| now / before (range) |" in printed
+    # The pattern's floor: a call of its own, less work than the module's one-job call, which
+    # is given against it.
+    assert 10_000 < run["floor"]["median"] < by["fcall", 1]
+    one_job = [row for row in run["rows"] if row["batch"] == 1]
+    assert {row["via"] for row in one_job} == {"fcall", "evalsha"}
+    assert all(row["now_vs_floor"] > 1 for row in one_job)
+    assert "| now / floor (range) |" in printed
 
 
 def test_bench_primitives_smoke(tmp_path: Path) -> None:
