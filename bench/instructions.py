@@ -28,7 +28,9 @@ DROP 1`` carrying the named batch ack of the call before: the packed element, wh
 it drops), bodies of 64 bytes. And in each round, the pattern's floor (``bench/floor.lua`` by
 EVALSHA, one job a call with the call before's token acked, as ``bench.profiles`` runs it),
 against which the one-job cases are given too: the ratio issue 14's server-time target is
-about, in counts that do not move with the machine.
+about, in counts that do not move with the machine; and, where the payload case runs, its
+layout's floor (``bench/payload_floor.lua``, layout ``hash``, 100 a claim) and a Stream read by
+one group (``XREADGROUP COUNT 100`` and the ``XACK`` of its entries), per 100 deliveries.
 """
 
 from __future__ import annotations
@@ -60,6 +62,10 @@ from bench.harness import (
     write_results,
 )
 from bench.patterns import FLOOR_SCRIPT, preload_floor
+from bench.payload_floor import FLOOR_SCRIPT as PAYLOAD_FLOOR_SCRIPT
+from bench.payload_floor import floor_keys
+from bench.payload_floor import preload_floor as preload_payload_floor
+from bench.topics import preload_stream
 from rotator.keys import queue_keys
 from rotator.script import module_source
 from tests.servers import ServerProcess
@@ -96,7 +102,14 @@ CASES = (
     ),
     Case("nextp_packed 100 + named batch ack by FCALL", "fcall", 100, payloads=True),
 )  # fmt: skip
-BODY = b"x" * 64  # a payload queue's bodies
+BODY = b"x" * 64  # a payload queue's bodies (as bench.topics' PAYLOAD)
+# What the module's cases are held against (each counted in every round): the pattern's floor
+# for the one-job cases; for the payload case, its layout's floor and a Stream.
+FLOOR, PAYLOAD_FLOOR, STREAM = (
+    "the floor: one job + ack (bench/floor.lua by EVALSHA)",
+    "the payload floor: 100 + ack (bench/payload_floor.lua, hash layout, by EVALSHA)",
+    "a Stream: XREADGROUP COUNT 100 + XACK of the 100 (one group, bodies of 64 bytes)",
+)
 
 
 def valgrind_command() -> list[str]:
@@ -235,6 +248,54 @@ def floor_per_call(counted: Counted, calls: int, tag: str) -> float:
     return total / calls
 
 
+def payload_floor_per_call(counted: Counted, calls: int, tag: str) -> float:
+    """Instructions per claim of 100 of the payload queue's layout floor (bench/payload_floor.lua,
+    layout ``hash``: ids in the ring, bodies in a hash) by EVALSHA, each acking the batch
+    before, as bench.payload_floor runs it."""
+    client, name = counted.client, f"instructions-payload-floor-{tag}"
+    keys = floor_keys(name)
+    preload_payload_floor("hash")(client, name, job_ids((WARM_CALLS + calls + 1) * 100))
+    sha = client.script_load(PAYLOAD_FLOOR_SCRIPT)
+    previous: list[bytes] = []
+
+    def claims(n: int) -> None:
+        nonlocal previous
+        for _ in range(n):
+            previous = [client.evalsha(sha, len(keys), *keys, "hash", 100, *previous)[0]]
+
+    claims(WARM_CALLS)
+    total = counted.instructions(lambda: claims(calls))
+    client.delete(*keys)
+    return total / calls
+
+
+def stream_per_call(counted: Counted, calls: int, tag: str) -> float:
+    """Instructions per 100 deliveries of a Stream read by one group (bench.topics' preload:
+    an id and a 64-byte body an entry): an XREADGROUP COUNT 100 and the XACK of its entries."""
+    client, name = counted.client, f"instructions-stream-{tag}"
+    preload_stream(client, name, job_ids((WARM_CALLS + calls) * 100))
+
+    def batches(n: int) -> None:
+        for _ in range(n):
+            reply: Any = client.xreadgroup("workers", "c", {name: ">"}, count=100)
+            ((_, entries),) = reply
+            client.xack(name, "workers", *[entry[0] for entry in entries])
+
+    batches(WARM_CALLS)
+    total = counted.instructions(lambda: batches(calls))
+    client.delete(name)
+    return total / calls
+
+
+def references_of(cases: list[Case]) -> dict[str, Callable[[Counted, int, str], float]]:
+    """The references the cases are held against: the floor for the one-job cases, the payload
+    floor and a Stream for the payload case (where both modules have it)."""
+    references: dict[str, Callable[[Counted, int, str], float]] = {FLOOR: floor_per_call}
+    if any(case.payloads for case in cases):
+        references |= {PAYLOAD_FLOOR: payload_floor_per_call, STREAM: stream_per_call}
+    return references
+
+
 def cases_of(pair: tuple[Module, Module]) -> list[Case]:
     """The cases both modules can run (a module from before payload batches has no
     nextp_packed)."""
@@ -253,31 +314,41 @@ def run_server(
             module.load(counted.client)
         log(f"{kind} {counted.server.version} under callgrind on port {counted.server.port}")
         samples: dict[tuple[str, str], list[float]] = {}
-        floor: list[float] = []
         cases = cases_of(pair)
+        references = references_of(cases)
+        counts: dict[str, list[float]] = {name: [] for name in references}
         for round_ in range(sizes.rounds):
             for case in cases:
                 order = pair if round_ % 2 == 0 else pair[::-1]
                 for module in order:
                     figure = per_call(counted, module, case, sizes.calls, str(round_))
                     samples.setdefault((case.name, module.label), []).append(figure)
-            floor.append(floor_per_call(counted, sizes.calls, str(round_)))
+            for name, count in references.items():
+                counts[name].append(count(counted, sizes.calls, str(round_)))
         rows = []
         for case in cases:
             row = compared(samples[case.name, "before"], samples[case.name, "now"])
-            if case.batch == 1:
-                row["now_vs_floor"] = statistics.median(
-                    n / f for n, f in zip(row["now_by_round"], floor, strict=True)
-                )
+            held = (PAYLOAD_FLOOR, STREAM) if case.payloads else (FLOOR,) if case.batch == 1 else ()
+            row["against"] = {name: against(row["now_by_round"], counts[name]) for name in held}
             rows.append({"case": case.name, "via": case.via, "batch": case.batch, **row})
             log(f"  {case.name}: {figures(row)} a call")
-        log(f"  the floor, one job + ack by EVALSHA: {statistics.median(floor) / 1000:.1f}k a call")
+        for name, by_round in counts.items():
+            log(f"  {name}: {statistics.median(by_round) / 1000:.1f}k a call")
         return {
             "server": kind,
             "version": counted.server.version,
             "rows": rows,
-            "floor": {"median": statistics.median(floor), "by_round": floor},
+            "references": {
+                name: {"median": statistics.median(by_round), "by_round": by_round}
+                for name, by_round in counts.items()
+            },
         }
+
+
+def against(now: list[float], reference: list[float]) -> dict[str, Any]:
+    """NOW's counts against a reference's, round by round: the median ratio and its range."""
+    ratios = [n / r for n, r in zip(now, reference, strict=True)]
+    return {"median": statistics.median(ratios), "range": [min(ratios), max(ratios)]}
 
 
 def compared(before: list[float], now: list[float]) -> dict[str, Any]:
@@ -322,24 +393,23 @@ def markdown(data: dict[str, Any]) -> str:
             lines.append(f"| {run['server']} {run['version']} | {row['case']} | {cells(row)} |")
     lines += [
         "",
-        "Against the pattern's floor (`bench/floor.lua` by EVALSHA, one job a call and the "
-        "call before's token acked, as `bench.profiles` calls it; issue 14 asks a one-job call "
-        "for at most twice its server time):",
+        "NOW against references counted in the same rounds: the pattern's floor for the one-job "
+        "calls (issue 14 asks them for at most twice its server time), the payload layout's "
+        "floor and a Stream for the payload claim (issue 23 asks it for 1.2x a Stream's "
+        "deliveries per second):",
         "",
-        "| server | case | floor | now | now / floor (range) |",
-        "|---|---|---:|---:|---:|",
+        "| server | case | reference | reference's | now | now / reference (range) |",
+        "|---|---|---|---:|---:|---:|",
     ]
     for run in data["runs"]:
-        floor = run.get("floor")  # (a run of before the floor was counted has none)
-        for row in run["rows"] if floor else ():
-            if "now_vs_floor" in row:
-                ratios = [
-                    n / f for n, f in zip(row["now_by_round"], floor["by_round"], strict=True)
-                ]
+        references = run.get("references", {})  # (a run of before they were counted has none)
+        for row in run["rows"]:
+            for name, ratio in row.get("against", {}).items():
+                low, high = ratio["range"]
                 lines.append(
-                    f"| {run['server']} {run['version']} | {row['case']} | "
-                    f"{floor['median'] / 1000:.1f}k | {row['now'] / 1000:.1f}k | "
-                    f"{row['now_vs_floor']:.2f} ({min(ratios):.2f}-{max(ratios):.2f}) |"
+                    f"| {run['server']} {run['version']} | {row['case']} | {name} | "
+                    f"{references[name]['median'] / 1000:.1f}k | {row['now'] / 1000:.1f}k | "
+                    f"{ratio['median']:.2f} ({low:.2f}-{high:.2f}) |"
                 )
     return "\n".join(lines) + "\n"
 

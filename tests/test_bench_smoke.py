@@ -15,7 +15,7 @@ import redis
 
 from bench.bounds import OLD_MODULE, Module
 from bench.counters import without_counters
-from bench.instructions import cases_of
+from bench.instructions import FLOOR, PAYLOAD_FLOOR, STREAM, cases_of
 from bench.primitives import CASES, LIBRARY
 from rotator.script import module_source
 from tests.servers import ServerProcess
@@ -647,12 +647,14 @@ def test_bench_instructions_smoke(tmp_path: Path) -> None:
     assert by["fcall", 100] > by["fcall", 1]
     assert "| now / before (range) |" in printed
     # The pattern's floor: a call of its own, less work than the module's one-job call, which
-    # is given against it.
-    assert 10_000 < run["floor"]["median"] < by["fcall", 1]
-    one_job = [row for row in run["rows"] if row["batch"] == 1]
-    assert {row["via"] for row in one_job} == {"fcall", "evalsha"}
-    assert all(row["now_vs_floor"] > 1 for row in one_job)
-    assert "| now / floor (range) |" in printed
+    # is given against it. (The smoke's modules have no payload case: no payload references.)
+    (floor,) = run["references"].values()
+    assert 10_000 < floor["median"] < by["fcall", 1]
+    for row in run["rows"]:
+        ratios = row["against"].values()
+        assert len(ratios) == (row["batch"] == 1), row
+        assert all(ratio["median"] == row["now"] / floor["median"] for ratio in ratios)
+    assert "| now / reference (range) |" in printed
 
 
 def test_bench_primitives_smoke(tmp_path: Path) -> None:
@@ -708,6 +710,26 @@ def test_bench_primitives_reads_the_meta_fields_the_module_reads() -> None:
     bench = quoted(LIBRARY, "local CLAIM_FIELDS = {", "}")
     assert len(module) == 34
     assert bench == module
+
+
+def test_bench_instructions_holds_the_payload_claim_against_its_floor_and_a_stream(
+    tmp_path: Path,
+) -> None:
+    """With a module that has the payload claim on both sides (here the working tree's file),
+    the payload case runs, and is given against the payload layout's floor and a Stream
+    counted in the same run: each a count of its own in a call's range, the Stream's 100
+    deliveries costing more than the floor's (two commands, the floor's one script)."""
+    printed = run_smoke("bench.instructions", tmp_path, 300, "--before", "lua/rotator.lua")
+    (run,) = json.loads((tmp_path / "instructions.json").read_text())["runs"]
+    references = {name: figure["median"] for name, figure in run["references"].items()}
+    assert set(references) == {FLOOR, PAYLOAD_FLOOR, STREAM}
+    assert all(10_000 < count < 10_000_000 for count in references.values()), references
+    assert references[STREAM] > references[PAYLOAD_FLOOR]
+    (payload,) = [row for row in run["rows"] if row["via"] == "fcall" and row["batch"] == 100
+                  and "nextp" in row["case"]]  # fmt: skip
+    assert set(payload["against"]) == {PAYLOAD_FLOOR, STREAM}
+    assert payload["against"][STREAM]["median"] == payload["now"] / references[STREAM]
+    assert f"| {STREAM} |" in printed
 
 
 def test_bench_instructions_has_the_payload_case_where_both_modules_have_nextp_packed() -> None:
