@@ -1,4 +1,4 @@
-"""Every scenario of tests/lua/scenarios.py on real Redis 7 and Valkey 8, by EVALSHA.
+"""Every scenario of tests/lua/scenarios.py on real Redis 7 and Valkey 8, by EVALSHA and by FCALL.
 
 The same scenarios run on the lupa stub (tests/lua/test_rotator_lua.py); running them here as
 well is what keeps the stub honest. Scenarios that need the clock moved by hours run on the
