@@ -612,7 +612,7 @@ local LIMIT = {
   -- about 4-8 us of server time, so no call passes 10 ms.
   budget = 1000,
   known_ints = 64, -- whole-number arguments a library keeps read (KEPT)
-  known_batches = 16, -- packed elements a library keeps the ids of (KEPT, M.keep_packed)
+  known_batches = 16, -- packed elements a library keeps: their id counts, ids (M.keep_packed)
   trim_budget = 2000, -- retained messages one ttrim drops at most (about 3 ms)
   lease_ms = 86400000, -- one day; longer jobs extend their lease
   max_deliveries = 1000000, -- next's MAX_DELIVERIES (0 there: no limit)

@@ -12,7 +12,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TypeAlias
+from typing import Literal, TypeAlias
 
 import redis
 
@@ -274,12 +274,21 @@ class RealBackend(Backend):
 
     exact_clock = False
 
-    def __init__(self, client: redis.Redis, name: str, via: str = "evalsha") -> None:
+    def __init__(
+        self,
+        client: redis.Redis,
+        name: str,
+        via: Literal["evalsha", "fcall"] = "evalsha",
+        *,
+        load: bool = True,
+    ) -> None:
+        """``load``: (re)load the library for FCALL, so that it starts with nothing kept; a
+        queue made by :meth:`fresh` shares its parent's library as it is."""
         self.client = client
         self.name = name
         self.via = via
         self.keys = queue_keys(name)
-        if via == "fcall":
+        if via == "fcall" and load:
             client.function_load(library_source(), replace=True)
         sha = client.script_load(MODULE_PATH.read_text())
         self.sha = _text(sha) if isinstance(sha, bytes) else str(sha)
@@ -324,7 +333,7 @@ class RealBackend(Backend):
         raise TypeError(f"unexpected key type {kind} at {key}")
 
     def fresh(self, suffix: str) -> Backend:
-        child = RealBackend(self.client, f"{self.name}-{suffix}", self.via)
+        child = RealBackend(self.client, f"{self.name}-{suffix}", self.via, load=False)
         self._children.append(child)
         return child
 
