@@ -211,6 +211,15 @@ def server_usec(client: redis.Redis, names: tuple[str, ...]) -> float:
     return float(sum(stats.get(f"cmdstat_{name}", {}).get("usec", 0) for name in names))
 
 
+def server_cpu_seconds(client: redis.Redis) -> float:
+    """The server process's CPU time so far, user and system (INFO cpu: its getrusage). It
+    counts everything the server does, reading commands and writing replies included, where
+    INFO commandstats counts only the commands' own time: a command given many arguments (an
+    XACK of 100 ids) or sending a long reply pays much of its cost outside that."""
+    cpu = client.info("cpu")
+    return float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
+
+
 def delete_run_keys(client: redis.Redis, name: str) -> None:
     """Deletes every key a measured run left behind (all of them contain its unique name)."""
     keys = client.keys(f"*{name}*")

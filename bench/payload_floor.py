@@ -46,6 +46,7 @@ RESULTS = Path(__file__).parent / "results"
 CONSUMED = (
     "consume_deliveries_per_s",
     "consume_server_us_per_delivery",
+    "consume_server_cpu_us_per_delivery",
     "consume_client_us_per_delivery",
     "vs_streams",
 )
@@ -139,21 +140,25 @@ def markdown(results: dict[str, list[dict[str, Any]]], rounds: int) -> str:
         "# The payload layouts' floors (`python -m bench.payload_floor`)",
         "",
         f"Batch {BATCH}, bodies of {len(PAYLOAD)} bytes, {rounds} interleaved rounds; medians, "
-        "ranges in brackets. Server: top-level command time per delivery (INFO commandstats); "
-        "client: the consumers' own CPU per delivery.",
+        "ranges in brackets. Server: top-level command time per delivery (INFO commandstats), "
+        "and the server process's CPU time per delivery (INFO cpu: also reading the commands "
+        "and writing the replies); client: the consumers' own CPU per delivery.",
         "",
     ]
     for kind, rows in results.items():
         lines += [
-            f"| {kind} | consumers | deliveries/s | vs Streams | server µs | client µs |",
-            "|---|---:|---:|---:|---:|---:|",
+            f"| {kind} | consumers | deliveries/s | vs Streams | server µs | server CPU µs "
+            "| client µs |",
+            "|---|---:|---:|---:|---:|---:|---:|",
         ]
         for r in rows:
             low, high = r["vs_streams_range"]
+            cpu = r.get("consume_server_cpu_us_per_delivery")  # (not in runs of before it)
             lines.append(
                 f"| {r['pattern']} | {r['clients']} | {r['consume_deliveries_per_s']:,.0f} | "
                 f"{r['vs_streams']:.2f}x ({low:.2f} to {high:.2f}) | "
                 f"{r['consume_server_us_per_delivery']:.2f} | "
+                f"{'-' if cpu is None else f'{cpu:.2f}'} | "
                 f"{r['consume_client_us_per_delivery']:.2f} |"
             )
         lines.append("")

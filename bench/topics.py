@@ -34,7 +34,7 @@ from typing import Any
 
 import redis
 
-from bench.harness import Loop, run_clients, started
+from bench.harness import Loop, run_clients, server_cpu_seconds, started
 from rotator import Job, Retention, Rotator, Topic
 
 BATCH = 100
@@ -280,8 +280,10 @@ def many_clients_run(
     preload, loop = MANY[pattern]
     preload(client, name, [f"m-{i:012d}" for i in range(messages)])
     client.config_resetstat()
+    server_cpu = server_cpu_seconds(client)
     seconds, cpus = run_clients(loop, url, name, batch=BATCH, clients=clients)
     usec = server_usec(client)  # (only the consumers ran since the reset)
+    server_cpu = server_cpu_seconds(client) - server_cpu
     client.delete(*client.keys(f"*{name}*"))
     return {
         "pattern": pattern,
@@ -290,6 +292,7 @@ def many_clients_run(
         "messages": messages,
         "consume_deliveries_per_s": round(messages / seconds, 1),
         "consume_server_us_per_delivery": round(usec / messages, 2),
+        "consume_server_cpu_us_per_delivery": round(server_cpu * 1e6 / messages, 2),
         "consume_client_us_per_delivery": round(sum(cpus) * 1e6 / messages, 2),
     }
 

@@ -529,10 +529,14 @@ def test_bench_payload_floor_smoke(tmp_path: Path) -> None:
         assert row["messages"] == data["messages"] == 500
         assert row["consume_deliveries_per_s"] > 0
         assert row["consume_server_us_per_delivery"] > 0
+        # The server process's whole CPU time a delivery: reading the commands and writing
+        # the replies besides the commands' own time.
+        assert row["consume_server_cpu_us_per_delivery"] > row["consume_server_us_per_delivery"]
         assert row["consume_client_us_per_delivery"] > 0
         assert row["vs_streams"] == 1.0 if pattern == "streams" else row["vs_streams"] > 0
     assert data["module"]["path"] == "lua/rotator.lua"
     assert "| floor-inline | 4 |" in (tmp_path / "payload_floor.md").read_text()
+    assert "| server CPU µs |" in printed
     assert "| floor-hash | 1 |" in printed
 
 
