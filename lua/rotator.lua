@@ -1933,16 +1933,12 @@ local function define_module()
       end
       -- Something new is available: consumers must visit every element the ring holds now (the
       -- new ones come last) before they may idle.
+      rcall('HSET', K.meta, 'pushed', meta.pushed, 'qstart', meta.seq, 'qlen',
+        length or rcall('LLEN', K.ring))
       -- (seq and origin written once, by the push that seeds them: a queue's stored seq only
       -- moves on with its claims, and an origin not stored reads as 0, see seq_origin; on
       -- Redis 7.0 each 13-digit number a command is given costs a %.17g formatting)
-      local qlen = length or rcall('LLEN', K.ring)
-      if meta.seeded then
-        rcall('HSET', K.meta, 'pushed', meta.pushed, 'qstart', meta.seq, 'qlen', qlen,
-          'seq', meta.seq, 'origin', meta.origin)
-      else
-        rcall('HSET', K.meta, 'pushed', meta.pushed, 'qstart', meta.seq, 'qlen', qlen)
-      end
+      if meta.seeded then rcall('HSET', K.meta, 'seq', meta.seq, 'origin', meta.origin) end
       if not meta.layout then rcall('HSET', K.meta, 'layout', LIMIT.meta_layout) end
       M.add_wake_tokens(K, n, wake)
     end
