@@ -44,7 +44,7 @@ import statistics
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -157,6 +157,15 @@ class Counted:
             time.sleep(0.05)
         raise RuntimeError("callgrind wrote no dump")
 
+    def per_call(self, run: Callable[[int], object], calls: int, keys: Sequence[str]) -> float:
+        """Instructions per call of ``run(n)``, which makes ``n`` calls: ``WARM_CALLS`` of them
+        first, not counted (the first defines what a library keeps), then ``calls`` counted;
+        ``keys`` deleted after."""
+        run(WARM_CALLS)
+        total = self.instructions(lambda: run(calls))
+        self.client.delete(*keys)
+        return total / calls
+
 
 def callgrind_total(dump: str) -> int | None:
     """The instructions a callgrind dump counted in all (None: not written whole yet)."""
@@ -182,11 +191,12 @@ def per_call(counted: Counted, module: Module, case: Case, calls: int, tag: str)
     call = module.call if case.via == "evalsha" else module.fcall
     if case.batch == 0:
         pushed = iter(job_ids(WARM_CALLS + calls))
-        for _ in range(WARM_CALLS):  # (17 pushes fill the wake list: nobody is blocked)
-            call(client, keys, "push", next(pushed))
-        total = counted.instructions(lambda: [call(client, keys, "push", i) for i in pushed])
-        client.delete(*keys)
-        return total / calls
+
+        def pushes(n: int) -> None:  # (the first 17 fill the wake list: nobody is blocked)
+            for _ in range(n):
+                call(client, keys, "push", next(pushed))
+
+        return counted.per_call(pushes, calls, keys)
     push_all(module, client, keys, job_ids((WARM_CALLS + calls + 1) * case.batch))
     ack: list[bytes] = []
 
@@ -196,10 +206,7 @@ def per_call(counted: Counted, module: Module, case: Case, calls: int, tag: str)
             packed = call(client, keys, "next_packed", case.batch, LEASE_MS, BUDGET, 0, *ack)[3]
             ack = [whole_batch_ack(packed)]
 
-    claims(WARM_CALLS)
-    total = counted.instructions(lambda: claims(calls))
-    client.delete(*keys)
-    return total / calls
+    return counted.per_call(claims, calls, keys)
 
 
 def payload_claims(counted: Counted, module: Module, case: Case, calls: int, tag: str) -> float:
@@ -221,10 +228,7 @@ def payload_claims(counted: Counted, module: Module, case: Case, calls: int, tag
                                  *ack)  # fmt: skip
             ack = [reply[3]]  # (the named batch ack: the packed element itself)
 
-    claims(WARM_CALLS)
-    total = counted.instructions(lambda: claims(calls))
-    client.delete(*keys)
-    return total / calls
+    return counted.per_call(claims, calls, keys)
 
 
 def floor_per_call(counted: Counted, calls: int, tag: str) -> float:
@@ -242,10 +246,7 @@ def floor_per_call(counted: Counted, calls: int, tag: str) -> float:
         for _ in range(n):
             tokens = client.evalsha(sha, 2, *keys, LEASE_MS, 1, *tokens)
 
-    calls_of(WARM_CALLS)
-    total = counted.instructions(lambda: calls_of(calls))
-    client.delete(*keys)
-    return total / calls
+    return counted.per_call(calls_of, calls, keys)
 
 
 def payload_floor_per_call(counted: Counted, calls: int, tag: str) -> float:
@@ -263,10 +264,7 @@ def payload_floor_per_call(counted: Counted, calls: int, tag: str) -> float:
         for _ in range(n):
             previous = [client.evalsha(sha, len(keys), *keys, "hash", 100, *previous)[0]]
 
-    claims(WARM_CALLS)
-    total = counted.instructions(lambda: claims(calls))
-    client.delete(*keys)
-    return total / calls
+    return counted.per_call(claims, calls, keys)
 
 
 def stream_per_call(counted: Counted, calls: int, tag: str) -> float:
@@ -281,19 +279,22 @@ def stream_per_call(counted: Counted, calls: int, tag: str) -> float:
             ((_, entries),) = reply
             client.xack(name, "workers", *[entry[0] for entry in entries])
 
-    batches(WARM_CALLS)
-    total = counted.instructions(lambda: batches(calls))
-    client.delete(name)
-    return total / calls
+    return counted.per_call(batches, calls, [name])
 
 
-def references_of(cases: list[Case]) -> dict[str, Callable[[Counted, int, str], float]]:
-    """The references the cases are held against: the floor for the one-job cases, the payload
-    floor and a Stream for the payload case (where both modules have it)."""
-    references: dict[str, Callable[[Counted, int, str], float]] = {FLOOR: floor_per_call}
-    if any(case.payloads for case in cases):
-        references |= {PAYLOAD_FLOOR: payload_floor_per_call, STREAM: stream_per_call}
-    return references
+REFERENCES: dict[str, Callable[[Counted, int, str], float]] = {
+    FLOOR: floor_per_call,
+    PAYLOAD_FLOOR: payload_floor_per_call,
+    STREAM: stream_per_call,
+}
+
+
+def held_against(case: Case) -> tuple[str, ...]:
+    """The references a case is given against: the floor for a one-job claim, the payload
+    floor and a Stream for the payload claim; none for the others."""
+    if case.payloads:
+        return (PAYLOAD_FLOOR, STREAM)
+    return (FLOOR,) if case.batch == 1 else ()
 
 
 def cases_of(pair: tuple[Module, Module]) -> list[Case]:
@@ -315,21 +316,22 @@ def run_server(
         log(f"{kind} {counted.server.version} under callgrind on port {counted.server.port}")
         samples: dict[tuple[str, str], list[float]] = {}
         cases = cases_of(pair)
-        references = references_of(cases)
-        counts: dict[str, list[float]] = {name: [] for name in references}
+        # (each reference some case is held against, counted once a round)
+        counts: dict[str, list[float]] = {name: [] for c in cases for name in held_against(c)}
         for round_ in range(sizes.rounds):
             for case in cases:
                 order = pair if round_ % 2 == 0 else pair[::-1]
                 for module in order:
                     figure = per_call(counted, module, case, sizes.calls, str(round_))
                     samples.setdefault((case.name, module.label), []).append(figure)
-            for name, count in references.items():
-                counts[name].append(count(counted, sizes.calls, str(round_)))
+            for name, by_round in counts.items():
+                by_round.append(REFERENCES[name](counted, sizes.calls, str(round_)))
         rows = []
         for case in cases:
             row = compared(samples[case.name, "before"], samples[case.name, "now"])
-            held = (PAYLOAD_FLOOR, STREAM) if case.payloads else (FLOOR,) if case.batch == 1 else ()
-            row["against"] = {name: against(row["now_by_round"], counts[name]) for name in held}
+            row["against"] = {
+                name: against(row["now_by_round"], counts[name]) for name in held_against(case)
+            }
             rows.append({"case": case.name, "via": case.via, "batch": case.batch, **row})
             log(f"  {case.name}: {figures(row)} a call")
         for name, by_round in counts.items():

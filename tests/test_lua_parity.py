@@ -26,21 +26,25 @@ def backend(client: redis.Redis, queue_name: str) -> Iterator[RealBackend]:
     real.cleanup()
 
 
+@pytest.fixture
+def library_backend(client: redis.Redis, queue_name: str) -> Iterator[RealBackend]:
+    """The module by FCALL, loaded afresh as a library (see RealBackend)."""
+    real = RealBackend(client, queue_name, via="fcall")
+    yield real
+    real.cleanup()
+
+
 @pytest.mark.parametrize("scenario", REAL_TIME, ids=[s.__name__ for s in REAL_TIME])
 def test_scenario_on_a_real_server(scenario: Scenario, backend: RealBackend) -> None:
     scenario(backend)
 
 
 @pytest.mark.parametrize("scenario", REAL_TIME, ids=[s.__name__ for s in REAL_TIME])
-def test_scenario_by_fcall(scenario: Scenario, client: redis.Redis, queue_name: str) -> None:
+def test_scenario_by_fcall(scenario: Scenario, library_backend: RealBackend) -> None:
     """The same, by FCALL of the module loaded as a library: what it keeps from one call to the
     next (the keys it checked, the numbers it read, the packed batches it made, whose ids a
     named batch ack then gets back) must change no reply and no key."""
-    real = RealBackend(client, queue_name, via="fcall")
-    try:
-        scenario(real)
-    finally:
-        real.cleanup()
+    scenario(library_backend)
 
 
 # Small scripts whose replies must be the same from the stub and from the server.
