@@ -117,6 +117,13 @@ def ensure_valgrind() -> None:
     apt_install("valgrind")
 
 
+def ensure_perf() -> None:
+    """bench.server_time samples a server's time with perf (its smoke test too)."""
+    if shutil.which("perf"):
+        return
+    apt_install("linux-perf")
+
+
 def build_node_client() -> None:
     """``npm ci`` when package-lock.json changed since the last one, then the TypeScript
     build (which copies lua/rotator.lua into the package): the interop tests use it."""
@@ -142,6 +149,7 @@ def test(args: list[str]) -> None:
     ensure_java()
     ensure_node()
     ensure_valgrind()
+    ensure_perf()
     build_node_client()
     say("lint: ruff and mypy")
     run(BIN / "ruff", "check", ".")

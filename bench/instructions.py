@@ -48,7 +48,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import redis
 
@@ -112,6 +112,22 @@ FLOOR, PAYLOAD_FLOOR, STREAM = (
 )
 
 
+Figure_co = TypeVar("Figure_co", covariant=True)
+Figure = TypeVar("Figure")  # (what a case driver returns: its meter's figure)
+
+
+class Meter(Protocol[Figure_co]):
+    """What measures a server's work for the case drivers below: callgrind's counts here
+    (Counted), perf's samples of its time in bench.server_time."""
+
+    @property
+    def client(self) -> redis.Redis: ...
+
+    def per_call(
+        self, run: Callable[[int], object], calls: int, keys: Sequence[str]
+    ) -> Figure_co: ...
+
+
 def valgrind_command() -> list[str]:
     """callgrind, or a failure that says how to install it."""
     if not (shutil.which("valgrind") and shutil.which("callgrind_control")):
@@ -140,8 +156,12 @@ class Counted:
 
     def __init__(self, server: ServerProcess, dumps: Path) -> None:
         self.server, self.dumps = server, dumps
-        self.client = redis.Redis(port=server.port, socket_timeout=120)
-        self.pid = str(self.client.info("server")["process_id"])
+        self._client = redis.Redis(port=server.port, socket_timeout=120)
+        self.pid = str(self._client.info("server")["process_id"])
+
+    @property
+    def client(self) -> redis.Redis:
+        return self._client
 
     def instructions(self, work: Callable[[], object]) -> int:
         for old in glob.glob(str(self.dumps / "callgrind.out.*")):
@@ -182,11 +202,11 @@ def counted_server(kind: str, workdir: Path) -> Iterator[Counted]:
         yield Counted(server, dumps)
 
 
-def per_call(counted: Counted, module: Module, case: Case, calls: int, tag: str) -> float:
-    """Instructions per call of ``case`` by ``module`` (``calls`` of them)."""
+def per_call(meter: Meter[Figure], module: Module, case: Case, calls: int, tag: str) -> Figure:
+    """``meter``'s figure per call of ``case`` by ``module`` (``calls`` of them)."""
     if case.payloads:
-        return payload_claims(counted, module, case, calls, tag)
-    client = counted.client
+        return payload_claims(meter, module, case, calls, tag)
+    client = meter.client
     keys = queue_keys(f"instructions-{module.label}-{case.via}-{case.batch}-{tag}").all
     call = module.call if case.via == "evalsha" else module.fcall
     if case.batch == 0:
@@ -196,7 +216,7 @@ def per_call(counted: Counted, module: Module, case: Case, calls: int, tag: str)
             for _ in range(n):
                 call(client, keys, "push", next(pushed))
 
-        return counted.per_call(pushes, calls, keys)
+        return meter.per_call(pushes, calls, keys)
     push_all(module, client, keys, job_ids((WARM_CALLS + calls + 1) * case.batch))
     ack: list[bytes] = []
 
@@ -206,13 +226,15 @@ def per_call(counted: Counted, module: Module, case: Case, calls: int, tag: str)
             packed = call(client, keys, "next_packed", case.batch, LEASE_MS, BUDGET, 0, *ack)[3]
             ack = [whole_batch_ack(packed)]
 
-    return counted.per_call(claims, calls, keys)
+    return meter.per_call(claims, calls, keys)
 
 
-def payload_claims(counted: Counted, module: Module, case: Case, calls: int, tag: str) -> float:
-    """Instructions per payload claim of ``case.batch`` jobs, each carrying the named batch ack
-    of the claim before (the Python client's loop on a payload queue)."""
-    client = counted.client
+def payload_claims(
+    meter: Meter[Figure], module: Module, case: Case, calls: int, tag: str
+) -> Figure:
+    """``meter``'s figure per payload claim of ``case.batch`` jobs, each carrying the named
+    batch ack of the claim before (the Python client's loop on a payload queue)."""
+    client = meter.client
     names = queue_keys(f"instructions-{module.label}-payloads-{case.batch}-{tag}")
     keys = [*names.all, names.payloads]
     ids = job_ids((WARM_CALLS + calls + 1) * case.batch)
@@ -228,14 +250,14 @@ def payload_claims(counted: Counted, module: Module, case: Case, calls: int, tag
                                  *ack)  # fmt: skip
             ack = [reply[3]]  # (the named batch ack: the packed element itself)
 
-    return counted.per_call(claims, calls, keys)
+    return meter.per_call(claims, calls, keys)
 
 
-def floor_per_call(counted: Counted, calls: int, tag: str) -> float:
-    """Instructions per call of the pattern's floor (bench/floor.lua by EVALSHA, as
+def floor_per_call(meter: Meter[Figure], calls: int, tag: str) -> Figure:
+    """``meter``'s figure per call of the pattern's floor (bench/floor.lua by EVALSHA, as
     bench.profiles calls it): one job a call, the token of the call before acked, on a ring
     preloaded as its steady state has it (from the tail: an acked lease, then a pending id)."""
-    client, name = counted.client, f"instructions-floor-{tag}"
+    client, name = meter.client, f"instructions-floor-{tag}"
     keys = (name, f"{name}:done")
     preload_floor(client, name, WARM_CALLS + calls + 1)
     sha = client.script_load(FLOOR_SCRIPT)
@@ -246,14 +268,14 @@ def floor_per_call(counted: Counted, calls: int, tag: str) -> float:
         for _ in range(n):
             tokens = client.evalsha(sha, 2, *keys, LEASE_MS, 1, *tokens)
 
-    return counted.per_call(calls_of, calls, keys)
+    return meter.per_call(calls_of, calls, keys)
 
 
-def payload_floor_per_call(counted: Counted, calls: int, tag: str) -> float:
-    """Instructions per claim of 100 of the payload queue's layout floor (bench/payload_floor.lua,
-    layout ``hash``: ids in the ring, bodies in a hash) by EVALSHA, each acking the batch
-    before, as bench.payload_floor runs it."""
-    client, name = counted.client, f"instructions-payload-floor-{tag}"
+def payload_floor_per_call(meter: Meter[Figure], calls: int, tag: str) -> Figure:
+    """``meter``'s figure per claim of 100 of the payload queue's layout floor
+    (bench/payload_floor.lua, layout ``hash``: ids in the ring, bodies in a hash) by EVALSHA,
+    each acking the batch before, as bench.payload_floor runs it."""
+    client, name = meter.client, f"instructions-payload-floor-{tag}"
     keys = floor_keys(name)
     preload_payload_floor("hash")(client, name, job_ids((WARM_CALLS + calls + 1) * 100))
     sha = client.script_load(PAYLOAD_FLOOR_SCRIPT)
@@ -264,13 +286,13 @@ def payload_floor_per_call(counted: Counted, calls: int, tag: str) -> float:
         for _ in range(n):
             previous = [client.evalsha(sha, len(keys), *keys, "hash", 100, *previous)[0]]
 
-    return counted.per_call(claims, calls, keys)
+    return meter.per_call(claims, calls, keys)
 
 
-def stream_per_call(counted: Counted, calls: int, tag: str) -> float:
-    """Instructions per 100 deliveries of a Stream read by one group (bench.topics' preload:
+def stream_per_call(meter: Meter[Figure], calls: int, tag: str) -> Figure:
+    """``meter``'s figure per 100 deliveries of a Stream read by one group (bench.topics' preload:
     an id and a 64-byte body an entry): an XREADGROUP COUNT 100 and the XACK of its entries."""
-    client, name = counted.client, f"instructions-stream-{tag}"
+    client, name = meter.client, f"instructions-stream-{tag}"
     preload_stream(client, name, job_ids((WARM_CALLS + calls) * 100))
 
     def batches(n: int) -> None:
@@ -279,7 +301,7 @@ def stream_per_call(counted: Counted, calls: int, tag: str) -> float:
             ((_, entries),) = reply
             client.xack(name, "workers", *[entry[0] for entry in entries])
 
-    return counted.per_call(batches, calls, [name])
+    return meter.per_call(batches, calls, [name])
 
 
 REFERENCES: dict[str, Callable[[Counted, int, str], float]] = {

@@ -9,6 +9,7 @@ import sys
 import uuid
 from itertools import pairwise
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -17,6 +18,7 @@ from bench.bounds import OLD_MODULE, Module
 from bench.counters import without_counters
 from bench.instructions import FLOOR, PAYLOAD_FLOOR, STREAM, cases_of
 from bench.primitives import CASES, LIBRARY
+from bench.server_time import KERNEL, MEASURED, SERVER, UNRESOLVED, buckets_of
 from rotator.script import module_source
 from tests.servers import ServerProcess
 
@@ -763,3 +765,66 @@ def test_bench_decoding_smoke(tmp_path: Path) -> None:
     assert 5_000 < one["now"] < 200_000, one
     assert named["now"] > 10 * one["now"], (named, one)
     assert "| next_packed reply of 1 job |" in printed
+
+
+@pytest.mark.timeout(400)
+def test_bench_server_time_smoke(tmp_path: Path) -> None:
+    """bench.server_time on tiny sizes, on Valkey (whose binary keeps its symbols): every case
+    and reference has server time, the module's calls spend some of theirs in Lua and a
+    Stream's none, and each case is given against its references, the ratio of their user
+    times."""
+    printed = run_smoke("bench.server_time", tmp_path, 360, "--servers", "valkey")
+    (run,) = json.loads((tmp_path / "server_time.json").read_text())["runs"]
+    assert run["server"] == "valkey"
+    rows = {row["case"]: row for row in run["rows"]}
+    one_job, payload = (case.name for case, _ in MEASURED)
+    assert set(rows) == {one_job, payload, FLOOR, PAYLOAD_FLOOR, STREAM}
+    assert all(row["user_us"] > 0 for row in rows.values()), rows
+
+    def lua_us(row: dict[str, Any]) -> float:
+        buckets: dict[str, float] = row["buckets_us"]
+        return sum(us for bucket, us in buckets.items() if bucket.startswith("Lua"))
+
+    assert lua_us(rows[one_job]) > 0
+    assert lua_us(rows[payload]) > 0
+    assert lua_us(rows[STREAM]) == 0
+    assert set(rows[one_job]["against"]) == {FLOOR}
+    assert set(rows[payload]["against"]) == {PAYLOAD_FLOOR, STREAM}
+    ratio = rows[one_job]["against"][FLOOR]["median"]
+    assert ratio == pytest.approx(rows[one_job]["user_us"] / rows[FLOOR]["user_us"])
+    assert "| Lua interpreter |" in printed
+
+
+def test_bench_server_time_puts_each_function_in_its_part_of_the_server() -> None:
+    """The buckets of perf's report lines (as `perf report -F period,dso,sym` prints them):
+    a kernel function, Lua's, the allocator's (glibc's by name, jemalloc's by its library), a
+    stripped binary's address, and the server's own commands; periods add up per bucket."""
+    report = "\n".join(
+        [
+            "# Samples: 9K of event 'cpu-clock'",
+            "     2600520  [kernel.kallsyms]  [k] __alloc_skb",
+            "      400080  valkey-server      [.] luaV_execute",
+            "      200040  valkey-server      [.] luaH_getstr",
+            "      200040  valkey-server      [.] sweeplist",
+            "      200040  libc.so.6          [.] _int_malloc",
+            "      200040  libc.so.6          [.] cfree@GLIBC_2.2.5",
+            "      200040  libjemalloc.so.2   [.] 0x00000000000370ef",
+            "      200040  redis-server       [.] 0x000000000015ef95",
+            "      600120  valkey-server      [.] findBucket.lto_priv.0",
+            "      200040  valkey-server      [.] luaArgsToServerArgv",
+            "      200040  libc.so.6          [.] __memmove_avx_unaligned_erms",
+            "      200040  libc.so.6          [.] __GI_____strtod_l_internal",
+        ]
+    )
+    assert buckets_of(report) == {
+        KERNEL: 2600520,
+        "Lua interpreter": 400080,
+        "Lua tables": 200040,
+        "Lua garbage collector": 200040,
+        "memory allocator": 600120,
+        UNRESOLVED: 200040,
+        SERVER: 600120,
+        "Lua <-> server (calls, arguments, replies)": 200040,
+        "C library: memory and string copies": 200040,
+        "C library: numbers and text": 200040,
+    }
