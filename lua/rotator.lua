@@ -1698,9 +1698,15 @@ local function define_module()
     batch[0] = nil
     PACKED, PACKED_IDS = element, batch
     M.keep_packed(element, batch, leased)
-    local keep = -(visited + 1)
-    if visited > 0 then rcall('LTRIM', K.leases, '0', SMALL_TEXT[keep] or keep) end
-    rcall('LPUSH', K.leases, element)
+    if visited == 1 and lease_length == 1 then
+      -- The list held the one batch this call removes (one worker's loop): the new batch
+      -- takes its place, one command where trimming and pushing take two.
+      rcall('LSET', K.leases, '0', element)
+    else
+      local keep = -(visited + 1)
+      if visited > 0 then rcall('LTRIM', K.leases, '0', SMALL_TEXT[keep] or keep) end
+      rcall('LPUSH', K.leases, element)
+    end
     M.trim_revoked(meta, now, 0, sides.revoked)
     if state.dead_length > 0 then M.trim_dead(meta, now, state.dead_length, 0) end
     if wakes then M.wake_one() end
