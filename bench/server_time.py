@@ -258,6 +258,10 @@ def user_time(profile: Profile) -> float:
     return sum(us for bucket, us in profile.items() if bucket != KERNEL)
 
 
+def all_time(profile: Profile) -> float:
+    return sum(profile.values())
+
+
 def run_server(kind: str, sizes: Sizes, workdir: Path, log: Any) -> dict[str, Any]:
     module = Module("now", module_source())
     with started(kind, workdir / kind) as server:
@@ -287,7 +291,7 @@ def run_server(kind: str, sizes: Sizes, workdir: Path, log: Any) -> dict[str, An
             for name in references:
                 reference = summary(name, profiles[name])
                 rows.append(reference)
-                ratio = row["against"][name]["median"]
+                ratio = row["against"][name]["user"]["median"]
                 log(f"  {name}: {reference['user_us']:.1f} µs user; the case {ratio:.2f}x")
         return {"server": kind, "version": server.version, "rows": rows}
 
@@ -304,14 +308,20 @@ def summary(name: str, by_round: list[Profile]) -> dict[str, Any]:
         "buckets_us": buckets,
         "user_us": statistics.median(user_time(profile) for profile in by_round),
         "kernel_us": buckets[KERNEL],
+        "all_us": statistics.median(all_time(profile) for profile in by_round),
         "by_round": by_round,
     }
 
 
 def against(case: list[Profile], reference: list[Profile]) -> dict[str, Any]:
-    """A case's user time against a reference's, round by round: the median and the range."""
-    ratios = [user_time(c) / user_time(r) for c, r in zip(case, reference, strict=True)]
-    return {"median": statistics.median(ratios), "range": [min(ratios), max(ratios)]}
+    """A case's time against a reference's, round by round, its user time and all of it
+    (user and kernel): the median of the rounds' ratios and their range."""
+
+    def ratios(time_of: Callable[[Profile], float]) -> dict[str, Any]:
+        found = [time_of(c) / time_of(r) for c, r in zip(case, reference, strict=True)]
+        return {"median": statistics.median(found), "range": [min(found), max(found)]}
+
+    return {"user": ratios(user_time), "all": ratios(all_time)}
 
 
 def markdown(data: dict[str, Any]) -> str:
@@ -340,24 +350,25 @@ def markdown(data: dict[str, Any]) -> str:
             if any(row["buckets_us"][bucket] >= 0.05 for row in rows):
                 cells = " | ".join(f"{row['buckets_us'][bucket]:.1f}" for row in rows)
                 lines.append(f"| {bucket} | {cells} |")
-        lines.append(
-            "| **user time** | " + " | ".join(f"**{r['user_us']:.1f}**" for r in rows) + " |"
-        )
+        for total, label in (("user_us", "**user time**"), ("all_us", "**all: user and kernel**")):
+            lines.append(f"| {label} | " + " | ".join(f"**{r[total]:.1f}**" for r in rows) + " |")
         lines += [
             "",
             "Columns: "
             + "; ".join(f"{SHORT.get(row['case'], row['case'])}: {row['case']}" for row in rows)
             + ".",
             "",
-            "| case | against | user time, case / reference (range) |",
-            "|---|---|---:|",
+            "| case | against | user time, case / reference (range) | all (range) |",
+            "|---|---|---:|---:|",
         ]
         for row in rows:
             for name, ratio in row.get("against", {}).items():
-                low, high = ratio["range"]
-                lines.append(
-                    f"| {row['case']} | {name} | {ratio['median']:.2f} ({low:.2f}-{high:.2f}) |"
+                cells = " | ".join(
+                    f"{ratio[time]['median']:.2f} ({ratio[time]['range'][0]:.2f}-"
+                    f"{ratio[time]['range'][1]:.2f})"
+                    for time in ("user", "all")
                 )
+                lines.append(f"| {SHORT[row['case']]} | {SHORT[name]} | {cells} |")
     return "\n".join(lines) + "\n"
 
 

@@ -790,8 +790,11 @@ def test_bench_server_time_smoke(tmp_path: Path) -> None:
     assert lua_us(rows[STREAM]) == 0
     assert set(rows[one_job]["against"]) == {FLOOR}
     assert set(rows[payload]["against"]) == {PAYLOAD_FLOOR, STREAM}
-    ratio = rows[one_job]["against"][FLOOR]["median"]
-    assert ratio == pytest.approx(rows[one_job]["user_us"] / rows[FLOOR]["user_us"])
+    one, floor = rows[one_job], rows[FLOOR]
+    assert one["all_us"] == pytest.approx(one["user_us"] + one["kernel_us"])
+    ratio = one["against"][FLOOR]
+    assert ratio["user"]["median"] == pytest.approx(one["user_us"] / floor["user_us"])
+    assert ratio["all"]["median"] == pytest.approx(one["all_us"] / floor["all_us"])
     assert "| Lua interpreter |" in printed
 
 
