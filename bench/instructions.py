@@ -151,17 +151,26 @@ def module_at(before: str) -> str:
     return shown.stdout
 
 
-class Counted:
-    """A server under callgrind, and how many instructions it ran during a piece of work."""
+class Watched:
+    """A server that a tool measures from outside (callgrind here, perf in
+    bench.server_time): a client of it, and its process id."""
 
-    def __init__(self, server: ServerProcess, dumps: Path) -> None:
-        self.server, self.dumps = server, dumps
+    def __init__(self, server: ServerProcess) -> None:
+        self.server = server
         self._client = redis.Redis(port=server.port, socket_timeout=120)
         self.pid = str(self._client.info("server")["process_id"])
 
     @property
     def client(self) -> redis.Redis:
         return self._client
+
+
+class Counted(Watched):
+    """A server under callgrind, and how many instructions it ran during a piece of work."""
+
+    def __init__(self, server: ServerProcess, dumps: Path) -> None:
+        super().__init__(server)
+        self.dumps = dumps
 
     def instructions(self, work: Callable[[], object]) -> int:
         for old in glob.glob(str(self.dumps / "callgrind.out.*")):

@@ -43,8 +43,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import redis
-
 from bench.bounds import Module
 from bench.harness import (
     machine_info,
@@ -62,6 +60,7 @@ from bench.instructions import (
     WARM_CALLS,
     Case,
     Meter,
+    Watched,
     floor_per_call,
     payload_floor_per_call,
     per_call,
@@ -191,17 +190,12 @@ def perf_command() -> str:
     return perf
 
 
-class Sampled:
+class Sampled(Watched):
     """A server, and where its CPU time went (perf's samples) during a piece of work."""
 
     def __init__(self, server: ServerProcess, workdir: Path) -> None:
-        self.server, self.workdir = server, workdir
-        self._client = redis.Redis(port=server.port, socket_timeout=120)
-        self.pid = str(self._client.info("server")["process_id"])
-
-    @property
-    def client(self) -> redis.Redis:
-        return self._client
+        super().__init__(server)
+        self.workdir = workdir
 
     def profile(self, work: Callable[[], object]) -> dict[str, float]:
         """Nanoseconds of server CPU by bucket while ``work`` ran."""
