@@ -47,6 +47,7 @@ from bench.bounds import Module
 from bench.harness import (
     machine_info,
     module_info,
+    server_usec,
     size_mode,
     sized_parser,
     started,
@@ -55,6 +56,7 @@ from bench.harness import (
 from bench.instructions import (
     CASES,
     FLOOR,
+    LEAN,
     PAYLOAD_FLOOR,
     STREAM,
     WARM_CALLS,
@@ -62,6 +64,7 @@ from bench.instructions import (
     Meter,
     Watched,
     floor_per_call,
+    lean_per_call,
     payload_floor_per_call,
     per_call,
     stream_per_call,
@@ -89,17 +92,18 @@ SIZES = {
 
 # The module's cases measured, and each one's references (bench.instructions' drivers).
 MEASURED: tuple[tuple[Case, tuple[str, ...]], ...] = (
-    (next(case for case in CASES if case.via == "fcall" and case.batch == 1), (FLOOR,)),
+    (next(case for case in CASES if case.via == "fcall" and case.batch == 1), (FLOOR, LEAN)),
     (next(case for case in CASES if case.payloads), (PAYLOAD_FLOOR, STREAM)),
 )
 # The tables' column heads.
 SHORT = {
-    MEASURED[0][0].name: "one-job claim", FLOOR: "its floor",
+    MEASURED[0][0].name: "one-job claim", FLOOR: "its floor", LEAN: "lean prototype",
     MEASURED[1][0].name: "payload claim of 100", PAYLOAD_FLOOR: "payload floor",
     STREAM: "Stream, 100",
 }  # fmt: skip
 REFERENCES: dict[str, Callable[[Meter[Profile], int, str], Profile]] = {
     FLOOR: floor_per_call,
+    LEAN: lean_per_call,
     PAYLOAD_FLOOR: payload_floor_per_call,
     STREAM: stream_per_call,
 }
@@ -148,6 +152,11 @@ BUCKETS: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
     )
 )  # fmt: skip
 ORDER = (*(name for name, _ in BUCKETS), SERVER, UNRESOLVED, KERNEL)
+# Beside the buckets, a profile gives the calls' command time as INFO commandstats has it (the
+# measure of issue 14's server-time target): the commands' own time, without reading them or
+# writing their replies. It is no part of the CPU time the buckets add up to.
+COMMAND = "command time (INFO commandstats)"
+MEASURED_COMMANDS = ("fcall", "evalsha", "xreadgroup", "xack")
 
 
 def bucket_of(dso: str, symbol: str, kernel: bool) -> str:
@@ -225,7 +234,9 @@ class Sampled(Watched):
         """µs of server CPU per call by bucket, of ``run(n)``'s calls: ``WARM_CALLS`` first,
         not sampled, then ``calls`` sampled; ``keys`` deleted after."""
         run(WARM_CALLS)
+        self.client.config_resetstat()
         found = self.profile(lambda: run(calls))
+        found[COMMAND] = server_usec(self.client, MEASURED_COMMANDS) * 1000
         self.client.delete(*keys)
         return {bucket: ns / 1000 / calls for bucket, ns in found.items()}
 
@@ -249,11 +260,15 @@ def wait_for_recording(perf: subprocess.Popen[str], data: Path) -> None:
 
 
 def user_time(profile: Profile) -> float:
-    return sum(us for bucket, us in profile.items() if bucket != KERNEL)
+    return sum(us for bucket, us in profile.items() if bucket not in (KERNEL, COMMAND))
 
 
 def all_time(profile: Profile) -> float:
-    return sum(profile.values())
+    return sum(us for bucket, us in profile.items() if bucket != COMMAND)
+
+
+def command_time(profile: Profile) -> float:
+    return profile.get(COMMAND, 0.0)
 
 
 def run_server(kind: str, sizes: Sizes, workdir: Path, log: Any) -> dict[str, Any]:
@@ -303,6 +318,7 @@ def summary(name: str, by_round: list[Profile]) -> dict[str, Any]:
         "user_us": statistics.median(user_time(profile) for profile in by_round),
         "kernel_us": buckets[KERNEL],
         "all_us": statistics.median(all_time(profile) for profile in by_round),
+        "command_us": statistics.median(command_time(profile) for profile in by_round),
         "by_round": by_round,
     }
 
@@ -315,7 +331,7 @@ def against(case: list[Profile], reference: list[Profile]) -> dict[str, Any]:
         found = [time_of(c) / time_of(r) for c, r in zip(case, reference, strict=True)]
         return {"median": statistics.median(found), "range": [min(found), max(found)]}
 
-    return {"user": ratios(user_time), "all": ratios(all_time)}
+    return {"user": ratios(user_time), "all": ratios(all_time), "command": ratios(command_time)}
 
 
 def markdown(data: dict[str, Any]) -> str:
@@ -344,7 +360,11 @@ def markdown(data: dict[str, Any]) -> str:
             if any(row["buckets_us"][bucket] >= 0.05 for row in rows):
                 cells = " | ".join(f"{row['buckets_us'][bucket]:.1f}" for row in rows)
                 lines.append(f"| {bucket} | {cells} |")
-        for total, label in (("user_us", "**user time**"), ("all_us", "**all: user and kernel**")):
+        for total, label in (
+            ("user_us", "**user time**"),
+            ("all_us", "**all: user and kernel**"),
+            ("command_us", "command time (INFO commandstats)"),
+        ):
             lines.append(f"| {label} | " + " | ".join(f"**{r[total]:.1f}**" for r in rows) + " |")
         lines += [
             "",
@@ -352,15 +372,16 @@ def markdown(data: dict[str, Any]) -> str:
             + "; ".join(f"{SHORT.get(row['case'], row['case'])}: {row['case']}" for row in rows)
             + ".",
             "",
-            "| case | against | user time, case / reference (range) | all (range) |",
-            "|---|---|---:|---:|",
+            "| case | against | user time, case / reference (range) | all (range) "
+            "| command time (range) |",
+            "|---|---|---:|---:|---:|",
         ]
         for row in rows:
             for name, ratio in row.get("against", {}).items():
                 cells = " | ".join(
                     f"{ratio[time]['median']:.2f} ({ratio[time]['range'][0]:.2f}-"
                     f"{ratio[time]['range'][1]:.2f})"
-                    for time in ("user", "all")
+                    for time in ("user", "all", "command")
                 )
                 lines.append(f"| {SHORT[row['case']]} | {SHORT[name]} | {cells} |")
     return "\n".join(lines) + "\n"

@@ -16,7 +16,7 @@ import redis
 
 from bench.bounds import OLD_MODULE, Module
 from bench.counters import without_counters
-from bench.instructions import FLOOR, PAYLOAD_FLOOR, STREAM, cases_of
+from bench.instructions import FLOOR, LEAN, PAYLOAD_FLOOR, STREAM, cases_of
 from bench.primitives import CASES, LIBRARY
 from bench.server_time import KERNEL, MEASURED, SERVER, UNRESOLVED, buckets_of
 from rotator.script import module_source
@@ -778,7 +778,7 @@ def test_bench_server_time_smoke(tmp_path: Path) -> None:
     assert run["server"] == "valkey"
     rows = {row["case"]: row for row in run["rows"]}
     one_job, payload = (case.name for case, _ in MEASURED)
-    assert set(rows) == {one_job, payload, FLOOR, PAYLOAD_FLOOR, STREAM}
+    assert set(rows) == {one_job, payload, FLOOR, LEAN, PAYLOAD_FLOOR, STREAM}
     assert all(row["user_us"] > 0 for row in rows.values()), rows
 
     def lua_us(row: dict[str, Any]) -> float:
@@ -788,7 +788,9 @@ def test_bench_server_time_smoke(tmp_path: Path) -> None:
     assert lua_us(rows[one_job]) > 0
     assert lua_us(rows[payload]) > 0
     assert lua_us(rows[STREAM]) == 0
-    assert set(rows[one_job]["against"]) == {FLOOR}
+    assert set(rows[one_job]["against"]) == {FLOOR, LEAN}
+    # Each case's command time, as INFO commandstats has it (its scripts' or Stream commands').
+    assert all(row["command_us"] > 0 for row in rows.values()), rows
     assert set(rows[payload]["against"]) == {PAYLOAD_FLOOR, STREAM}
     one, floor = rows[one_job], rows[FLOOR]
     assert one["all_us"] == pytest.approx(one["user_us"] + one["kernel_us"])
