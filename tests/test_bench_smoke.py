@@ -16,9 +16,18 @@ import redis
 
 from bench.bounds import OLD_MODULE, Module
 from bench.counters import without_counters
-from bench.instructions import FLOOR, LEAN, PAYLOAD_FLOOR, STREAM, cases_of
+from bench.instructions import (
+    FLOOR,
+    LEAN,
+    LEAN_PACKED,
+    LEAN_SCRIPT,
+    PAYLOAD_FLOOR,
+    STREAM,
+    cases_of,
+)
 from bench.primitives import CASES, LIBRARY
 from bench.server_time import KERNEL, MEASURED, SERVER, UNRESOLVED, buckets_of
+from rotator.keys import queue_keys
 from rotator.script import module_source
 from tests.servers import ServerProcess
 
@@ -778,7 +787,7 @@ def test_bench_server_time_smoke(tmp_path: Path) -> None:
     assert run["server"] == "valkey"
     rows = {row["case"]: row for row in run["rows"]}
     one_job, payload = (case.name for case, _ in MEASURED)
-    assert set(rows) == {one_job, payload, FLOOR, LEAN, PAYLOAD_FLOOR, STREAM}
+    assert set(rows) == {one_job, payload, FLOOR, LEAN, LEAN_PACKED, PAYLOAD_FLOOR, STREAM}
     assert all(row["user_us"] > 0 for row in rows.values()), rows
 
     def lua_us(row: dict[str, Any]) -> float:
@@ -788,7 +797,8 @@ def test_bench_server_time_smoke(tmp_path: Path) -> None:
     assert lua_us(rows[one_job]) > 0
     assert lua_us(rows[payload]) > 0
     assert lua_us(rows[STREAM]) == 0
-    assert set(rows[one_job]["against"]) == {FLOOR, LEAN}
+    assert set(rows[one_job]["against"]) == {FLOOR, LEAN, LEAN_PACKED}
+    assert set(rows[LEAN]["against"]) == set(rows[LEAN_PACKED]["against"]) == {FLOOR}
     # Each case's command time, as INFO commandstats has it (its scripts' or Stream commands').
     assert all(row["command_us"] > 0 for row in rows.values()), rows
     assert set(rows[payload]["against"]) == {PAYLOAD_FLOOR, STREAM}
@@ -833,3 +843,34 @@ def test_bench_server_time_puts_each_function_in_its_part_of_the_server() -> Non
         "C library: memory and string copies": 200040,
         "C library: numbers and text": 200040,
     }
+
+
+@pytest.mark.parametrize("layout", ["fields", "packed"])
+def test_bench_lean_claim_claims_one_worker_loop_and_refuses_any_other_state(
+    redis_server: ServerProcess, layout: str
+) -> None:
+    """bench/lean_claim.lua (the prototype bench.server_time holds the one-job claim against)
+    claims the ring's tail id with the ack of the batch before, as the module's short way
+    does; a malformed ack is refused, and so is any state but one worker's loop (here an ack
+    set that exists), for the module's long way."""
+    client = redis.Redis(port=redis_server.port)
+    client.function_load(LEAN_SCRIPT, replace=True)
+    keys = queue_keys(f"lean-test-{uuid.uuid4().hex}").all
+    claim = "lean_claim_packed" if layout == "packed" else "lean_claim"
+    try:
+        client.lpush(keys[0], "*lap")
+        client.rpush(keys[0], "job-1", "job-2", "job-3")
+        ack = client.fcall("lean_seed", 13, *keys, layout)
+        reply = client.fcall(claim, 13, *keys, "next_packed", 1, 30_000, 1000, 0, ack)
+        assert reply[:3] == [0, 30_000, 1]  # (the earliest deadline: its own)
+        assert reply[3].endswith(b"*job-3")
+        assert client.lrange(keys[10], 0, -1) == [reply[3]]  # (the acked batch replaced)
+        with pytest.raises(redis.ResponseError, match="ROTATOR_BADTOKEN"):
+            client.fcall(claim, 13, *keys, "next_packed", 1, 30_000, 1000, 0, "*nonsense")
+        client.sadd(keys[1], "job-0*1.1.1")
+        with pytest.raises(redis.ResponseError, match="LEAN_OTHER_STATE"):
+            client.fcall(claim, 13, *keys, "next_packed", 1, 30_000, 1000, 0, ack)
+        assert client.llen(keys[0]) == 3  # (nothing popped by the refused calls)
+    finally:
+        client.delete(*keys)
+        client.function_delete("rotator_lean_claim")
