@@ -85,8 +85,11 @@ local LAYOUTS = {
       redis.call('HINCRBY', meta, 'completed', '1')
     end,
     seed = function(meta, s)
+      -- (with the module's `layout` field, which keeps the hash a hash table: see its
+      -- LIMIT.meta_layout)
       redis.call('HSET', meta, 'seq', s[1], 'lapnext', s[2], 'qstart', s[3], 'qlen', s[4],
-        'lmin', s[5], 'lstop', s[5], 'taken', 0, 'origin', s[1])
+        'lmin', s[5], 'lstop', s[5], 'taken', 0, 'origin', s[1], 'layout',
+        'rotator meta: a hash table on purpose, so that reading a field is O(1)')
     end,
   },
   packed = {
