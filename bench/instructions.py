@@ -110,15 +110,6 @@ FLOOR, PAYLOAD_FLOOR, STREAM = (
     "the payload floor: 100 + ack (bench/payload_floor.lua, hash layout, by EVALSHA)",
     "a Stream: XREADGROUP COUNT 100 + XACK of the 100 (one group, bodies of 64 bytes)",
 )
-# And what a rewrite of the one-job claim could cost, on the module's meta layout and on a
-# packed one (bench.server_time holds the one-job case against them).
-LEAN, LEAN_PACKED = (
-    "a lean one-job claim, meta fields as they are (bench/lean_claim.lua, a prototype, FCALL)",
-    "a lean one-job claim, meta packed in one field (bench/lean_claim.lua, a prototype, FCALL)",
-)
-LEAN_SCRIPT = (Path(__file__).parent / "lean_claim.lua").read_text(encoding="utf-8")
-
-
 Figure_co = TypeVar("Figure_co", covariant=True)
 Figure = TypeVar("Figure")  # (what a case driver returns: its meter's figure)
 
@@ -318,34 +309,6 @@ def stream_per_call(meter: Meter[Figure], calls: int, tag: str) -> Figure:
             client.xack(name, "workers", *[entry[0] for entry in entries])
 
     return meter.per_call(batches, calls, [name])
-
-
-def lean_per_call(meter: Meter[Figure], calls: int, tag: str, layout: str = "fields") -> Figure:
-    """``meter``'s figure per call of bench/lean_claim.lua's one-job claim (by FCALL) on the
-    meta ``layout`` ("fields" or "packed"), each acking the batch of the call before, on a
-    ring of pending ids: the module's one-job case as a rewrite of its short way could make
-    it."""
-    client = meter.client
-    client.function_load(LEAN_SCRIPT, replace=True)
-    keys = queue_keys(f"instructions-lean-{layout}-{tag}").all
-    client.lpush(keys[0], "*lap")  # (the sentinel at the head, the ids at the tail)
-    client.rpush(keys[0], *job_ids(WARM_CALLS + calls + 1))
-    ack: list[bytes] = [client.fcall("lean_seed", len(keys), *keys, layout)]
-    claim = "lean_claim_packed" if layout == "packed" else "lean_claim"
-
-    def claims(n: int) -> None:
-        nonlocal ack
-        for _ in range(n):
-            reply: Any = client.fcall(
-                claim, len(keys), *keys, "next_packed", 1, LEASE_MS, BUDGET, 0, *ack
-            )
-            ack = [whole_batch_ack(reply[3])]
-
-    return meter.per_call(claims, calls, keys)
-
-
-def lean_packed_per_call(meter: Meter[Figure], calls: int, tag: str) -> Figure:
-    return lean_per_call(meter, calls, tag, "packed")
 
 
 REFERENCES: dict[str, Callable[[Counted, int, str], float]] = {

@@ -45,7 +45,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.bounds import Module
+from bench.bounds import Module, job_ids, whole_batch_ack
 from bench.harness import (
     machine_info,
     module_info,
@@ -56,27 +56,36 @@ from bench.harness import (
     write_results,
 )
 from bench.instructions import (
+    BUDGET,
     CASES,
     FLOOR,
-    LEAN,
-    LEAN_PACKED,
+    LEASE_MS,
     PAYLOAD_FLOOR,
     STREAM,
     WARM_CALLS,
     Case,
+    Figure,
     Meter,
     Watched,
     floor_per_call,
-    lean_packed_per_call,
-    lean_per_call,
     payload_floor_per_call,
     per_call,
     stream_per_call,
 )
+from rotator.keys import queue_keys
 from rotator.script import module_source
 from tests.servers import ServerProcess
 
 RESULTS = Path(__file__).resolve().parent / "results"
+# What a rewrite of the one-job claim could cost, on the module's meta layout and on a packed
+# one: bench/lean_claim.lua's prototypes, the one-job case held against them.
+LEAN, LEAN_PACKED = (
+    "a lean one-job claim, meta fields as they are (bench/lean_claim.lua, a prototype, FCALL)",
+    "a lean one-job claim, meta packed in one field (bench/lean_claim.lua, a prototype, FCALL)",
+)
+LEAN_SCRIPT = (Path(__file__).parent / "lean_claim.lua").read_text(encoding="utf-8")
+# The library's claim function for each layout.
+LEAN_CLAIMS = {"fields": "lean_claim", "packed": "lean_claim_packed"}
 SAMPLES_PER_S = 4999  # (not a multiple of the server's 10 Hz cron)
 Profile = dict[str, float]  # bucket -> µs of server CPU per call
 
@@ -93,6 +102,36 @@ SIZES = {
     "quick": Sizes(3, 2000, 500),
     "smoke": Sizes(1, 100, 10),
 }
+
+
+def lean_per_call(meter: Meter[Figure], calls: int, tag: str, layout: str = "fields") -> Figure:
+    """``meter``'s figure per call of bench/lean_claim.lua's one-job claim (by FCALL) on the
+    meta ``layout`` ("fields" or "packed"), each acking the batch of the call before, on a
+    ring of pending ids: the module's one-job case as a rewrite of its short way could make
+    it."""
+    client = meter.client
+    client.function_load(LEAN_SCRIPT, replace=True)
+    keys = queue_keys(f"server-time-lean-{layout}-{tag}").all
+    client.lpush(keys[0], "*lap")  # (the sentinel at the head, the ids at the tail)
+    client.rpush(keys[0], *job_ids(WARM_CALLS + calls + 1))
+    ack: list[bytes] = [client.fcall("lean_seed", len(keys), *keys, layout)]
+    claim = LEAN_CLAIMS[layout]
+
+    def claims(n: int) -> None:
+        nonlocal ack
+        for _ in range(n):
+            reply: Any = client.fcall(
+                claim, len(keys), *keys, "next_packed", 1, LEASE_MS, BUDGET, 0, *ack
+            )
+            ack = [whole_batch_ack(reply[3])]
+
+    return meter.per_call(claims, calls, keys)
+
+
+def lean_packed_per_call(meter: Meter[Figure], calls: int, tag: str) -> Figure:
+    """lean_per_call on the packed layout."""
+    return lean_per_call(meter, calls, tag, "packed")
+
 
 # The module's cases measured, and each one's references (bench.instructions' drivers).
 MEASURED: tuple[tuple[Case, tuple[str, ...]], ...] = (

@@ -16,17 +16,19 @@ import redis
 
 from bench.bounds import OLD_MODULE, Module
 from bench.counters import without_counters
-from bench.instructions import (
-    FLOOR,
+from bench.instructions import FLOOR, PAYLOAD_FLOOR, STREAM, cases_of
+from bench.primitives import CASES, LIBRARY
+from bench.server_time import (
+    KERNEL,
     LEAN,
+    LEAN_CLAIMS,
     LEAN_PACKED,
     LEAN_SCRIPT,
-    PAYLOAD_FLOOR,
-    STREAM,
-    cases_of,
+    MEASURED,
+    SERVER,
+    UNRESOLVED,
+    buckets_of,
 )
-from bench.primitives import CASES, LIBRARY
-from bench.server_time import KERNEL, MEASURED, SERVER, UNRESOLVED, buckets_of
 from rotator.keys import queue_keys
 from rotator.script import module_source
 from tests.servers import ServerProcess
@@ -856,7 +858,7 @@ def test_bench_lean_claim_claims_one_worker_loop_and_refuses_any_other_state(
     client = redis.Redis(port=redis_server.port)
     client.function_load(LEAN_SCRIPT, replace=True)
     keys = queue_keys(f"lean-test-{uuid.uuid4().hex}").all
-    claim = "lean_claim_packed" if layout == "packed" else "lean_claim"
+    claim = LEAN_CLAIMS[layout]
     try:
         client.lpush(keys[0], "*lap")
         client.rpush(keys[0], "job-1", "job-2", "job-3")
