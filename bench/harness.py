@@ -26,14 +26,17 @@ from tests.servers import ServerProcess
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def sized_parser(doc: str | None, out: Path, results: str) -> argparse.ArgumentParser:
-    """The options of a benchmark with full, --quick and --smoke sizes: which servers, where
-    its `results` file goes (default `out`), and --table to print that file's table."""
+def sized_parser(
+    doc: str | None, out: Path, results: str, servers: str = "redis,valkey"
+) -> argparse.ArgumentParser:
+    """The options of a benchmark with full, --quick and --smoke sizes: which servers (by
+    default `servers`), where its `results` file goes (default `out`), and --table to print
+    that file's table."""
     parser = argparse.ArgumentParser(description=doc.splitlines()[0] if doc else None)
     size = parser.add_mutually_exclusive_group()
     size.add_argument("--quick", action="store_true", help="smaller sizes")
     size.add_argument("--smoke", action="store_true", help="tiny sizes, to check it runs")
-    parser.add_argument("--servers", default="redis,valkey", help="comma-separated")
+    parser.add_argument("--servers", default=servers, help="comma-separated")
     parser.add_argument("--out", type=Path, default=out, help=f"where {results} goes")
     parser.add_argument(
         "--table", action="store_true", help=f"print the table of --out's {results}, run nothing"
@@ -106,11 +109,12 @@ def standard_main(
     *,
     run: BenchRun,
     markdown: Callable[[dict[str, Any]], str],
+    servers: str = "redis,valkey",
 ) -> int:
     """The ``main`` of a bench with no options of its own: ``--table`` prints the table of
     the run recorded in ``<out>/<name>.json``; otherwise runs the bench in a temporary
     directory, logging as it goes, and prints its table."""
-    args = sized_parser(doc, out, f"{name}.json").parse_args(argv)
+    args = sized_parser(doc, out, f"{name}.json", servers).parse_args(argv)
     if args.table:
         print(markdown(json.loads((args.out / f"{name}.json").read_text())))
         return 0

@@ -32,13 +32,11 @@ of Redis's samples land in "unresolved" (``--servers valkey,redis`` runs both). 
 
 from __future__ import annotations
 
-import json
 import re
 import shutil
 import signal
 import statistics
 import subprocess
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -50,8 +48,7 @@ from bench.harness import (
     machine_info,
     module_info,
     server_usec,
-    size_mode,
-    sized_parser,
+    standard_main,
     started,
     write_results,
 )
@@ -439,30 +436,23 @@ def markdown(data: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = sized_parser(__doc__, RESULTS, "server_time.json")
-    parser.set_defaults(servers="valkey")
-    args = parser.parse_args(argv)
-    out: Path = args.out
-    if args.table:
-        print(markdown(json.loads((out / "server_time.json").read_text())))
-        return 0
+def run(servers: list[str], mode: str, workdir: Path, out: Path, log: Any) -> dict[str, Any]:
     perf_command()
-    sizes = SIZES[size_mode(args)]
-
-    def log(line: str) -> None:
-        print(line, flush=True)
-
+    sizes = SIZES[mode]
     data: dict[str, Any] = {
-        "machine": machine_info(size_mode(args)),
+        "machine": machine_info(mode),
         "module": module_info(),
         "sizes": asdict(sizes),
         "samples_per_s": SAMPLES_PER_S,
+        "runs": [run_server(kind, sizes, workdir, log) for kind in servers],
     }
-    with tempfile.TemporaryDirectory(prefix="rotator-server-time-") as tmp:
-        data["runs"] = [run_server(kind, sizes, Path(tmp), log) for kind in args.servers.split(",")]
-    log(markdown(write_results(out, "server_time", data, markdown)))
-    return 0
+    return write_results(out, "server_time", data, markdown)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return standard_main(
+        argv, __doc__, RESULTS, "server_time", run=run, markdown=markdown, servers="valkey"
+    )
 
 
 if __name__ == "__main__":
