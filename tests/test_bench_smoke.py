@@ -542,9 +542,11 @@ def test_bench_payload_floor_smoke(tmp_path: Path) -> None:
         assert row["messages"] == data["messages"] == 500
         assert row["consume_deliveries_per_s"] > 0
         assert row["consume_server_us_per_delivery"] > 0
-        # The server process's whole CPU time a delivery: reading the commands and writing
-        # the replies besides the commands' own time.
-        assert row["consume_server_cpu_us_per_delivery"] > row["consume_server_us_per_delivery"]
+        # The server process's whole CPU time a delivery (INFO cpu: its getrusage, which the
+        # kernel accounts by ticks). Over 500 deliveries a tick's error can exceed what
+        # reading commands and writing replies add to the command time (a CI run read 36.9
+        # against 41.9 µs), so the smoke does not compare the two; the full runs do.
+        assert row["consume_server_cpu_us_per_delivery"] > 0
         assert row["consume_client_us_per_delivery"] > 0
         assert row["vs_streams"] == 1.0 if pattern == "streams" else row["vs_streams"] > 0
     assert data["module"]["path"] == "lua/rotator.lua"
