@@ -1630,6 +1630,16 @@ local function define_module()
     if count >= length or count > lapnext - seq - 1 or count > budget - visited then
       return nil
     end
+    local deadline = now + lease
+    local qmin, qstart, qlen = meta.qmin, meta.qstart or seq, meta.qlen or length
+    if qmin and qmin <= now then qmin, qstart, qlen = nil, seq, length end
+    local before = meta.lmin
+    if qmin and (not before or qmin < before) then before = qmin end
+    -- The earliest deadline yet: an idle consumer is woken to wait for it (note_leases). The
+    -- wake list's type is checked before the ring's pop, the call's first write: a refusal
+    -- after it would lose the popped ids.
+    local wakes = not before or deadline < before
+    if wakes then M.check_wake(state) end
     -- Popped, not read and trimmed: one command less. What the batch does not take goes back
     -- (all of it when the short way gives up: an element that is not a pending id).
     local ids = rcall('RPOP', K.ring, SMALL_TEXT[count] or count) -- (the tail first)
@@ -1656,14 +1666,6 @@ local function define_module()
       for i = #ids, n + 1, -1 do ids[i] = nil end
     end
     local batch, leased = ids, n
-    local deadline = now + lease
-    local qmin, qstart, qlen = meta.qmin, meta.qstart or seq, meta.qlen or length
-    if qmin and qmin <= now then qmin, qstart, qlen = nil, seq, length end
-    local before = meta.lmin
-    if qmin and (not before or qmin < before) then before = qmin end
-    -- The earliest deadline yet: an idle consumer is woken to wait for it (note_leases).
-    local wakes = not before or deadline < before
-    if wakes then M.check_wake(state) end
     -- Writes (the walk's ack_tokens, finish_walk, note_leases and write_meta, in that order).
     local new_marks -- (tables made only where there is something to write)
     for i = 1, k do

@@ -20,6 +20,7 @@ from rotator import (
     WrongKeyType,
 )
 from rotator.keys import KEY_ROLES
+from rotator.script import module_source
 from tests.helpers import drain, snapshot
 
 
@@ -160,3 +161,30 @@ def test_a_key_of_the_wrong_type_is_reported_and_nothing_is_written(
         with pytest.raises(WrongKeyType, match=re.escape(key)):
             calls[name]()
         assert snapshot(client, q) == before, name
+
+
+@pytest.mark.parametrize("count", [1, 3])
+def test_a_wrong_wake_list_refuses_a_claim_that_would_wake_before_it_pops(
+    client: redis.Redis, queue_name: str, count: int
+) -> None:
+    """The wake list is written only by a claim that makes the earliest deadline (an idle
+    consumer then wakes to wait for it), so only such a claim checks its type: before it
+    pops the ring, or the popped ids would be lost with the refusal (a bug once, on the
+    short way of a worker's loop: the module called as redis-cli would, by EVAL)."""
+    q = Rotator(client, queue_name)
+    q.push(*[f"job-{i}" for i in range(10)])
+    keys = q.keys.all
+
+    def next_packed(lease_ms: int, *acks: str) -> list[Any]:
+        reply = client.eval(module_source(), len(keys), *keys, "next_packed", count, lease_ms,
+                            1000, 0, *acks)  # fmt: skip
+        assert isinstance(reply, list)
+        return reply
+
+    element = next_packed(100_000)[3].decode()  # the earliest deadline is 100 s away
+    batch_ack = element[: element.index("*", 1)] + f"/{count}"
+    client.set(keys[KEY_ROLES.index("wake")], "someone else's value")
+    before = snapshot(client, q)
+    with pytest.raises(redis.ResponseError, match=r"ROTATOR_WRONGTYPE .*:wake "):
+        next_packed(1_000, batch_ack)  # acks the lone batch, and leases for 1 s
+    assert snapshot(client, q) == before
