@@ -263,7 +263,8 @@ COMMANDS (ARGV[1]; numbers are decimal integers)
     queue's histogram in the same call (nextp, ack and ackp take them too).
     The call a busy queue makes most (batch acks, in order or not, nothing else to repair,
     pending ids at the ring's tail) takes a short way, M.fast_lease, that writes exactly
-    what the walk writes without building its state.
+    what the walk writes without building its state; one worker's loop (one batch ack of
+    the lease list's lone batch) a shorter one still, M.loop_lease, nine commands a call.
   next_packed COUNT LEASE_MS BUDGET MAX_DELIVERIES [ACK_TOKEN ...]
     next, with this call's first deliveries sent as their packed element instead of a
     token each (what the Python client calls: less work on both sides of the wire).
@@ -717,8 +718,8 @@ local BYTE_S = 115 -- 's': opens an id index entry of a scheduled job
 -- M.remember_dropped); no token, batch or batch fence ends so.
 local DROPPED_MARK = '+'
 
--- next takes the short way (M.fast_lease) where it applies. A test flips this to compare the
--- two ways key by key (tests/lua/test_fast_lease.py).
+-- next takes the short ways (M.loop_lease, M.fast_lease) where they apply. A test flips this
+-- to compare them with the walk key by key (tests/lua/test_fast_lease.py).
 local FAST_LEASE = true
 
 -- 2. CALL STATE -----------------------------------------------------------------------------------
@@ -803,6 +804,33 @@ local function define_module()
   -- An empty table for a result nothing adds to (read only): a table made and collected
   -- costs a claim about 1k instructions.
   local NONE = {}
+  -- The meta fields a claim reads (read_meta_fields; meta_of takes them by place), and those
+  -- of them one worker's loop needs (M.loop_lease), which it reads alone: each field an HMGET
+  -- names costs a call some 1k instructions (callgrind, Valkey 8). When the loop declines, it
+  -- reads the rest (REST_FIELDS); META_FROM says where each of META_FIELDS is then: among
+  -- LOOP_FIELDS (its place there), or among the rest (minus its place there).
+  local META_FIELDS = { 'seq', 'lapnext', 'qstart', 'qmin', 'pushed', 'taken', 'lapguess', 'qlen',
+    'packed', 'origin', 'fence_ms', 'fence_max', 'dead_max', 'dead_age_ms', 'marked_n', 'marked_a',
+    'marked_n_old', 'marked_a_old', 'lmin', 'lstop', 'lpass', 'lskip', 'rpasses', 'lpasses',
+    'smin', 'paused', 'rate_n', 'rate_ms', 'rate_tat', 'track_ids', 'prio', 'pseq', 'stale',
+    'layout' }
+  local LOOP_FIELDS = { 'seq', 'lapnext', 'qstart', 'qmin', 'taken', 'lapguess', 'qlen', 'packed',
+    'origin', 'marked_n', 'marked_n_old', 'lmin', 'lstop', 'lpass', 'lskip', 'rpasses', 'lpasses',
+    'smin', 'paused', 'rate_n', 'track_ids', 'prio' }
+  local REST_FIELDS, META_FROM = {}, {}
+  do
+    local in_loop = {}
+    for i = 1, #LOOP_FIELDS do in_loop[LOOP_FIELDS[i]] = i end
+    for i = 1, #META_FIELDS do
+      local name = META_FIELDS[i]
+      if in_loop[name] then
+        META_FROM[i] = in_loop[name]
+      else
+        REST_FIELDS[#REST_FIELDS + 1] = name
+        META_FROM[i] = -#REST_FIELDS
+      end
+    end
+  end
 
   function M.fail(code, message)
     return { err = code .. ' ' .. message }
@@ -1006,11 +1034,17 @@ local function define_module()
   -- name deleted before (unless that one visited more than an element per ms since it began).
   -- `delete` keeps the seq, which makes that sure. `seeded`: the seq is not stored yet.
   function M.read_meta(K)
-    local m = M.read('HMGET', K.meta, 'seq', 'lapnext', 'qstart', 'qmin', 'pushed', 'taken',
-      'lapguess', 'qlen', 'packed', 'origin', 'fence_ms', 'fence_max', 'dead_max', 'dead_age_ms',
-      'marked_n', 'marked_a', 'marked_n_old', 'marked_a_old',
-      'lmin', 'lstop', 'lpass', 'lskip', 'rpasses', 'lpasses', 'smin', 'paused', 'rate_n',
-      'rate_ms', 'rate_tat', 'track_ids', 'prio', 'pseq', 'stale', 'layout')
+    return M.meta_of(M.read_meta_fields(K))
+  end
+
+  -- The meta hash's fields read_meta reads, as HMGET gives them (false: absent), in this order
+  -- (the one-worker loop of next reads them by place: M.loop_lease).
+  function M.read_meta_fields(K)
+    return M.read('HMGET', K.meta, unpack(META_FIELDS))
+  end
+
+  -- read_meta's table of the fields read_meta_fields read, `m`.
+  function M.meta_of(m)
     local seq, origin = M.seq_origin(m[1], m[10])
     -- (`m[i] and tn(m[i])`: most fields are absent, and calling tonumber costs more than the
     -- test; `or nil`: HMGET gives an absent field as false, which must read as nil)
@@ -1068,8 +1102,9 @@ local function define_module()
   -- one does, it is most often the fencing set alone (it keeps what a nack, a reclaim or an ack
   -- that dropped payloads revoked for the fence window): its size says so, one read where
   -- reading every side structure takes six.
-  function M.read_sides_and_dead()
-    local found = rcall('EXISTS', K.done, K.done_old, K.marks, K.marks_old, K.revoked, K.dead)
+  -- `found`: what an EXISTS of them said, if the caller asked already (read_claim_keys).
+  function M.read_sides_and_dead(found)
+    found = found or rcall('EXISTS', K.done, K.done_old, K.marks, K.marks_old, K.revoked, K.dead)
     if found == 0 then
       return { [K.done] = 0, [K.done_old] = 0, [K.marks] = 0, [K.marks_old] = 0, revoked = 0 }, 0
     end
@@ -1242,15 +1277,26 @@ local function define_module()
   -- ring's length and the side structures' sizes also checks the keys the walk may write; the
   -- wake list, which a claim writes only when it idles or makes the earliest deadline, is
   -- checked by check_wake where that may happen: a claim behind other leases reads one key less.
-  function M.read_walk_state()
-    local length = M.read('LLEN', K.ring)
-    local lease_length = M.read('LLEN', K.leases)
-    local meta = M.read_meta(K)
-    local sides, dead_length = M.read_sides_and_dead()
+  -- The arguments, when given, are what read_claim_keys (and TIME) read already: a claim
+  -- the one-worker loop declined (M.loop_lease) reads nothing twice.
+  function M.read_walk_state(length, lease_length, fields, found, now)
+    if not length then length, lease_length, fields, found = M.read_claim_keys() end
+    local meta = M.meta_of(fields)
+    local sides, dead_length = M.read_sides_and_dead(found)
     M.read_marked(sides, meta.marked)
     sides.origin, sides.seq, sides.lstop = meta.origin, meta.seq, meta.lstop
     return { length = length, lease_length = lease_length, meta = meta, sides = sides,
-      dead_length = dead_length, now = M.now_ms() }
+      dead_length = dead_length, now = now or M.now_ms() }
+  end
+
+  -- What a claim reads first, in this order: the lists' lengths, the meta hash's fields
+  -- (read_meta_fields), and how many of the side structures exist (see read_sides_and_dead).
+  function M.read_claim_keys()
+    local length = M.read('LLEN', K.ring)
+    local lease_length = M.read('LLEN', K.leases)
+    local fields = M.read_meta_fields(K)
+    return length, lease_length, fields,
+      rcall('EXISTS', K.done, K.done_old, K.marks, K.marks_old, K.revoked, K.dead)
   end
 
   -- Reads (and so type-checks) the wake list, once a call, before the first write of a call
@@ -1430,8 +1476,14 @@ local function define_module()
     local lease = M.int_arg(3, 'LEASE_MS', 1, LIMIT.lease_ms)
     local budget = M.int_arg(4, 'BUDGET', 1, LIMIT.budget)
     local max_deliveries = M.int_arg(5, 'MAX_DELIVERIES', 0, LIMIT.max_deliveries)
+    local looped, length, lease_length, fields, found, now -- (what loop_lease read)
+    if FAST_LEASE and batches == true then
+      looped, length, lease_length, fields, found, now =
+        M.loop_lease(first, count, lease, budget, compact)
+      if looped then return looped, NONE end
+    end
     M.check_tokens(first, false, batches)
-    local state = M.read_walk_state()
+    local state = M.read_walk_state(length, lease_length, fields, found, now)
     if state.meta.paused then
       local reply, accepted = M.lease_held(first, compact, state, -1)
       return reply, accepted, state
@@ -1500,6 +1552,144 @@ local function define_module()
     if b and (not soonest or b < soonest) then soonest = b end
     if c and (not soonest or c < soonest) then soonest = c end
     return soonest
+  end
+
+  -- ONE WORKER'S LOOP, the short way's commonest state as a path of its own (issue 14): the
+  -- call acks, by one batch ack, the batch that is all the lease list holds (a worker claiming
+  -- and acking in turn), no side structure exists but the fencing set (which has not fenced
+  -- the batch), no setting that changes a claim is on (pause, scheduled jobs, a rate limit,
+  -- tracked ids, priorities, marks counted), and `count` pending ids lie at the ring's tail.
+  -- There fast_lease's work comes down to fixed writes (drop the acked batch, lease the ids in
+  -- its place, move the counters), which this makes from the meta fields read by place, with
+  -- no table of the walk's state, the acks, the lease list's places or the fields to write,
+  -- and reading only the meta fields it needs (LOOP_FIELDS). It checks what fast_lease checks
+  -- in that state; anything else, or anything that looks wrong, is fast_lease's and the
+  -- walk's, which then refuse or take it as they always have. Returns the reply, or nil and
+  -- what it read (read_walk_state's arguments), having changed nothing.
+  function M.loop_lease(first, count, lease, budget, compact)
+    local ack = A[first]
+    if #A ~= first or string.byte(ack) ~= BYTE_STAR or #ack > LIMIT.batch_ack_bytes
+        or budget <= 1 then
+      return nil
+    end
+    -- The ack: "*<deadline>.1.<call seq>/<jobs>" (check_tokens' form of a batch ack).
+    local acked_deadline, call, jobs_text = string.match(ack, '^%*(%d+)%.1%.(%d+)/(%d+)$')
+    local jobs = tonumber(jobs_text)
+    if not jobs or jobs < 1 or jobs > LIMIT.count then return nil end
+    -- Its own reads, in read_claim_keys' order: the lease list's first two elements for its
+    -- length (the loop's is 1) and its element, one command where LLEN and LINDEX are two.
+    local length = M.read('LLEN', K.ring)
+    local head = M.read('LRANGE', K.leases, '0', '1')
+    local l = M.read('HMGET', K.meta, unpack(LOOP_FIELDS))
+    local found = rcall('EXISTS', K.done, K.done_old, K.marks, K.marks_old, K.revoked, K.dead)
+    -- (l by LOOP_FIELDS' places: 1 seq, 2 lapnext, 3 qstart, 4 qmin, 5 taken, 6 lapguess,
+    -- 7 qlen, 8 packed, 9 origin, 10 marked_n, 11 marked_n_old, 12 lmin, 13 lstop, 14 lpass,
+    -- 15 lskip, 16 rpasses, 17 lpasses, 18 smin, 19 paused, 20 rate_n, 21 track_ids, 22 prio)
+    local tn = tonumber
+    local seq, lmin = l[1] and tn(l[1]), l[12] and tn(l[12])
+    if found > 1 or #head ~= 1 or not seq or not lmin or l[18] or l[19] == '1' or l[20]
+        or l[21] and l[21] ~= '0' or l[22] and l[22] ~= '0' or l[10] and l[10] ~= '0'
+        or l[11] and l[11] ~= '0' then
+      return M.loop_declined(length, head, l, found)
+    end
+    local now = M.now_ms()
+    -- The ack is this queue's (its call seq since the queue's origin, see refused_among), and
+    -- frees the young lease the last walk stopped at, if any (frees_tail): the walk goes on.
+    call = tn(call)
+    local lstop = l[13] and tn(l[13])
+    if lmin <= now or call < (l[9] and tn(l[9]) or 0) or call >= seq
+        or lstop and string.format('%d', lstop) ~= acked_deadline then
+      return M.loop_declined(length, head, l, found, now)
+    end
+    local batch = string.sub(ack, 1, -(#jobs_text + 2))
+    -- One side structure may exist: the fencing set (read_sides_and_dead), and then the batch
+    -- must not be in it (refused_among: by its name, or fenced whole as "<batch>*").
+    local revoked, fence = 0, nil
+    if found == 1 then
+      revoked = M.read('ZCARD', K.revoked)
+      local scores = revoked > 0 and rcall('ZMSCORE', K.revoked, batch, batch .. '*')
+      if not scores or scores[1] or scores[2] then
+        return M.loop_declined(length, head, l, found, now)
+      end
+      -- (the fencing window's settings, for its trimming: read where they matter)
+      fence = rcall('HMGET', K.meta, 'fence_ms', 'fence_max')
+    end
+    -- The lease list's one element is the acked batch, of as many ids as the ack says, well
+    -- formed (fast_window's place, own_deadline).
+    local element = head[1]
+    local start = #batch + 2
+    local ids = KEPT.leased[element]
+    if string.sub(element, 1, start - 1) ~= batch .. '*' or #acked_deadline > LIMIT.int_digits
+        or #batch > LIMIT.stamp_bytes or not string.find(element, '[^*]', start)
+        or (ids or M.count_ids(element, start)) ~= jobs then
+      return M.loop_declined(length, head, l, found, now)
+    end
+    -- The ring: `count` pending ids within the lap and the budget (one visit spent).
+    local lapnext = l[2] and tn(l[2]) or (seq + length + 1)
+    if count >= length or count > lapnext - seq - 1 or count > budget - 1 then
+      return M.loop_declined(length, head, l, found, now)
+    end
+    local deadline = now + lease
+    local qmin = l[4] and tn(l[4])
+    local qstart, qlen = l[3] and tn(l[3]) or seq, l[7] and tn(l[7]) or length
+    if qmin and qmin <= now then qmin, qstart, qlen = nil, seq, length end
+    -- The earliest deadline yet: an idle consumer is woken to wait for it (note_leases).
+    local wakes = deadline < (qmin and qmin < lmin and qmin or lmin)
+    if wakes then M.read('LLEN', K.wake) end -- (its type, before the first write)
+    local popped, leased = M.pop_pending(count)
+    if not popped then return M.loop_declined(length, head, l, found, now) end
+    -- Writes: the batch in the acked one's place, the wake-up, the meta's fields that change.
+    local packed_element, first_stamp = M.pack_batch(popped, leased, deadline, seq)
+    rcall('LSET', K.leases, '0', packed_element)
+    if fence then
+      M.trim_revoked({ fence_ms = tn(fence[1]) or LIMIT.fence_ms,
+        fence_max = tn(fence[2]) or LIMIT.fence_max }, now, 0, revoked)
+    end
+    TRIMMED = true -- (as trim_revoked notes it)
+    if wakes then M.wake_one() end
+    -- The lease pass (walk_leases for its one visit): it ends there, and when the ring was
+    -- walked whole since the last ageing, the acks and marks age (none exist).
+    local rpasses, lpasses = l[16] and tn(l[16]) or 0, (l[17] and tn(l[17]) or 0) + 1
+    if rpasses >= 1 or length <= 1 then rpasses, lpasses = -1, 0 end
+    local fields = { 'seq', seq + 1 + leased, 'taken', (l[5] and tn(l[5]) or 0) + leased,
+      'qstart', qstart + 1, 'lapnext', lapnext + 1, 'lmin', deadline, 'lstop', deadline }
+    local n = 12
+    -- (the rest as write_meta writes them: only where changed, each read as meta_of does)
+    local was_qmin, was_qlen = l[4] and tn(l[4]), l[7] and tn(l[7])
+    local was_packed = l[8] and tn(l[8]) or 0
+    local packed = math.max(was_packed - (jobs - 1) + leased - 1, 0)
+    local lapguess = (l[6] == '1' or not (l[2] and tn(l[2]))) and '1' or '0'
+    if qlen ~= was_qlen then fields[n + 1], fields[n + 2], n = 'qlen', qlen, n + 2 end
+    if qmin ~= was_qmin then fields[n + 1], fields[n + 2], n = 'qmin', qmin or '', n + 2 end
+    if (l[14] and tn(l[14])) ~= 0 then fields[n + 1], fields[n + 2], n = 'lpass', '0', n + 2 end
+    if (l[15] and tn(l[15])) ~= 0 then fields[n + 1], fields[n + 2], n = 'lskip', '0', n + 2 end
+    if rpasses ~= (l[16] and tn(l[16]) or 0) then
+      fields[n + 1], fields[n + 2], n = 'rpasses', SMALL_TEXT[rpasses] or rpasses, n + 2
+    end
+    if lpasses ~= (l[17] and tn(l[17]) or 0) then
+      fields[n + 1], fields[n + 2], n = 'lpasses', SMALL_TEXT[lpasses] or lpasses, n + 2
+    end
+    if packed ~= was_packed then
+      fields[n + 1], fields[n + 2], n = 'packed', SMALL_TEXT[packed] or packed, n + 2
+    end
+    if lapguess ~= l[6] then fields[n + 1], fields[n + 2] = 'lapguess', lapguess end
+    rcall('HSET', K.meta, unpack(fields))
+    M.add_count(K.meta, 'completed', jobs)
+    local soonest = qmin and qmin < deadline and qmin or deadline
+    return M.batch_reply(1, compact, packed_element, popped, leased, first_stamp, soonest - now)
+  end
+
+  -- What loop_lease read, completed as read_walk_state takes it, for a call it declines: the
+  -- lease list's length (it read its first two elements), and the meta fields it did not read.
+  function M.loop_declined(length, head, l, found, now)
+    local lease_length = #head < 2 and #head or M.read('LLEN', K.leases)
+    local rest = M.read('HMGET', K.meta, unpack(REST_FIELDS))
+    local m = {}
+    for i = 1, #META_FIELDS do
+      local from = META_FROM[i]
+      if from > 0 then m[i] = l[from] else m[i] = rest[-from] end
+    end
+    return nil, length, lease_length, m, found, now
   end
 
   -- THE SHORT WAY of next, for the call a busy queue makes most: its acks (if any) are batch
@@ -1640,32 +1830,8 @@ local function define_module()
     -- after it would lose the popped ids.
     local wakes = not before or deadline < before
     if wakes then M.check_wake(state) end
-    -- Popped, not read and trimmed: one command less. What the batch does not take goes back
-    -- (all of it when the short way gives up: an element that is not a pending id).
-    local ids = rcall('RPOP', K.ring, SMALL_TEXT[count] or count) -- (the tail first)
-    local bytes, most, id_bytes = 0, LIMIT.batch_bytes, LIMIT.id_bytes
-    local n = 0
-    for i = 1, #ids do
-      local size = #ids[i]
-      if size == 0 or size > id_bytes then
-        M.unpop(ids, 1)
-        return nil
-      end
-      n = n + 1
-      bytes = bytes + size
-      if bytes >= most then break end
-    end
-    -- A pending id holds no "*" (a lease, a packed batch and the sentinel do): one search
-    -- over the batch's ids joined costs a tenth of a search per id at a batch of 100.
-    if string.find(table.concat(ids, '', 1, n), '*', 1, true) then
-      M.unpop(ids, 1)
-      return nil
-    end
-    if n < #ids then
-      M.unpop(ids, n + 1)
-      for i = #ids, n + 1, -1 do ids[i] = nil end
-    end
-    local batch, leased = ids, n
+    local batch, leased = M.pop_pending(count)
+    if not batch then return nil end
     -- Writes (the walk's ack_tokens, finish_walk, note_leases and write_meta, in that order).
     local new_marks -- (tables made only where there is something to write)
     for i = 1, k do
@@ -1694,12 +1860,7 @@ local function define_module()
         if #fields > 0 then sides[key] = sides[key] - M.call_all('HDEL', key, fields) end
       end
     end
-    local first_stamp = string.format('*%d.1.%d', deadline, seq)
-    batch[0] = first_stamp -- (one string made, not a list and then the element)
-    local element = table.concat(batch, '*', 0, leased)
-    batch[0] = nil
-    PACKED, PACKED_IDS = element, batch
-    M.keep_packed(element, batch, leased)
+    local element, first_stamp = M.pack_batch(batch, leased, deadline, seq)
     if visited == 1 and lease_length == 1 then
       -- The list held the one batch this call removes (one worker's loop): the new batch
       -- takes its place, one command where trimming and pushing take two.
@@ -1722,17 +1883,34 @@ local function define_module()
       sides = sides, completed = completed, redelivered = 0, reclaimed = 0, lettered = 0,
       prio = meta.prio,
     })
-    local reply = { 0, -1, k }
-    if compact then
-      reply[4] = element
-    else
-      for place = 1, leased do
-        reply[#reply + 1] = batch[place] .. first_stamp .. PAD[place]
-        reply[#reply + 1] = 0
-      end
-    end
     local soonest = M.soonest(qmin, lmin, meta.smin)
-    if soonest then reply[2] = soonest - now end
+    return M.batch_reply(k, compact, element, batch, leased, first_stamp,
+      soonest and soonest - now or -1)
+  end
+
+  -- The short ways' packed element of the first `leased` of `batch` (pop_pending's ids),
+  -- leased until `deadline` by the call whose seq is `seq`: "*<deadline>.1.<seq>*<id>*...".
+  -- Kept for the call's payload reads (PACKED) and a library's next claim (keep_packed).
+  -- Returns it, and its stamp (its batch name), which each token of it ends with.
+  function M.pack_batch(batch, leased, deadline, seq)
+    local first_stamp = string.format('*%d.1.%d', deadline, seq)
+    batch[0] = first_stamp -- (one string made, not a list and then the element)
+    local element = table.concat(batch, '*', 0, leased)
+    batch[0] = nil
+    PACKED, PACKED_IDS = element, batch
+    M.keep_packed(element, batch, leased)
+    return element, first_stamp
+  end
+
+  -- The short ways' reply: next's (k acks accepted, `wait` ms to the earliest deadline or
+  -- -1), its first deliveries as their packed element (`compact`) or a token each.
+  function M.batch_reply(k, compact, element, batch, leased, first_stamp, wait)
+    if compact then return { 0, wait, k, element } end
+    local reply = { 0, wait, k }
+    for place = 1, leased do
+      reply[#reply + 1] = batch[place] .. first_stamp .. PAD[place]
+      reply[#reply + 1] = 0
+    end
     return reply
   end
 
@@ -1751,6 +1929,38 @@ local function define_module()
     end
     kept.leased[element], kept.nleased = n, kept.nleased + 1
     if FRESH_ACKS then kept.named[element] = { unpack(ids, 1, n) } end
+  end
+
+  -- The short ways' batch of first deliveries: `count` pending ids popped off the ring's
+  -- tail (popped, not read and trimmed: one command less). The batch stops early once its ids
+  -- reach LIMIT.batch_bytes, and what it does not take goes back; all of it goes back when an
+  -- element is not a pending id (the walk's then). Returns the ids in the order popped (the
+  -- tail first) and how many, or nil, the ring as it was.
+  function M.pop_pending(count)
+    local ids = rcall('RPOP', K.ring, SMALL_TEXT[count] or count)
+    local bytes, most, id_bytes = 0, LIMIT.batch_bytes, LIMIT.id_bytes
+    local n = 0
+    for i = 1, #ids do
+      local size = #ids[i]
+      if size == 0 or size > id_bytes then
+        M.unpop(ids, 1)
+        return nil
+      end
+      n = n + 1
+      bytes = bytes + size
+      if bytes >= most then break end
+    end
+    -- A pending id holds no "*" (a lease, a packed batch and the sentinel do): one search
+    -- over the batch's ids joined costs a tenth of a search per id at a batch of 100.
+    if string.find(table.concat(ids, '', 1, n), '*', 1, true) then
+      M.unpop(ids, 1)
+      return nil
+    end
+    if n < #ids then
+      M.unpop(ids, n + 1)
+      for i = #ids, n + 1, -1 do ids[i] = nil end
+    end
+    return ids, n
   end
 
   -- Puts back at the ring's tail what RPOP took from it, from ids[from] on (ids: in the order

@@ -64,6 +64,7 @@ class Twins:
         self.payload_keys = [*self.fast.keys, f"{base}:payloads"]
         self.batches: list[list[str]] = []  # first deliveries of each call, newest last
         self.tokens: list[str] = []  # every token handed out, newest last
+        self.later: list[str] = []  # tokens of later deliveries (not in a batch) not acked
         self.shortcuts = 0
 
     def both(self, *argv: str | int) -> object:
@@ -85,9 +86,9 @@ class Twins:
         self.fast.advance(ms)
         self.walk.advance(ms)
 
-    def next(self, count: int, acks: list[str], compact: bool) -> None:
+    def next(self, count: int, acks: list[str], compact: bool, lease_ms: int = LEASE_MS) -> None:
         if self.payloads:
-            reply = self.both("nextp_packed", count, LEASE_MS, 1000, 0, 1, *acks)
+            reply = self.both("nextp_packed", count, lease_ms, 1000, 0, 1, *acks)
             assert isinstance(reply, list)
             element = reply[3]
             assert isinstance(element, str)
@@ -99,9 +100,10 @@ class Twins:
                 self.batches.append(firsts)
                 self.tokens += firsts
                 reply = reply[len(ids) :]
+            self.later += [str(t) for t in reply[4::3]]
             self.tokens += [str(t) for t in reply[4::3]]
             return
-        reply = self.both("next_packed" if compact else "next", count, LEASE_MS, 1000, 0, *acks)
+        reply = self.both("next_packed" if compact else "next", count, lease_ms, 1000, 0, *acks)
         assert isinstance(reply, list)
         if compact:
             element = reply[3]
@@ -112,11 +114,14 @@ class Twins:
                 firsts = [f"{i}{stamp}{place:05d}" for place, i in enumerate(ids, 1)]
                 self.batches.append(firsts)
                 self.tokens += firsts
+            self.later += [str(t) for t in reply[4::2]]
+            self.tokens += [str(t) for t in reply[4::2]]
         else:
             tokens = [str(t) for t in reply[3::2]]
             firsts = [t for t in tokens if t.split("*", 1)[1].split(".")[1] == "1"]
             if firsts:
                 self.batches.append(firsts)
+            self.later += [t for t in tokens if t not in firsts]
             self.tokens += tokens
 
 
@@ -127,10 +132,28 @@ KINDS = [
 ]  # fmt: skip
 step = st.tuples(st.sampled_from(KINDS), st.integers(0, 50), st.integers(0, 3), st.booleans())
 ADVANCES = [1, 200, 900, 1500, 5000]
+# Programs of a worker's loop (M.loop_lease's state) broken now and then by the others.
+LOOP_KINDS = [
+    "push",
+    *["loop"] * 16,
+    "next_any",
+    "ack_one",
+    "nack",
+    "extend",
+    "advance",
+    "advance",
+    "sweep",
+]
+loop_step = st.tuples(st.sampled_from(LOOP_KINDS), st.integers(0, 50), st.integers(0, 3),
+                      st.booleans())  # fmt: skip
+LOOP_LEASES = [LEASE_MS, LEASE_MS // 4, 4 * LEASE_MS]
 
 
-def run(twins: Twins, program: list[Step]) -> None:
+def run(twins: Twins, program: list[Step], backlog: int = 0) -> None:
+    """``backlog``: jobs pushed before the program, so that a loop does not run dry at once."""
     pushed = 0
+    if backlog:
+        twins.both("push", *[f"old-{i}" for i in range(backlog)])
     for kind, a, b, flag in program:
         if kind == "push":
             n = a % 6 + 1
@@ -145,6 +168,14 @@ def run(twins: Twins, program: list[Step]) -> None:
             chosen, twins.batches = twins.batches[:b], twins.batches[b:]
             acked = named_ack if twins.payloads else batch_ack
             twins.next(a % 4 + 1, [acked(batch) for batch in chosen], flag)
+        elif kind == "loop":
+            # One worker's loop: every batch and later delivery not yet acked acked as it
+            # claims again, for a lease as long as the others, shorter (the earliest deadline:
+            # a wake-up) or longer.
+            acked = named_ack if twins.payloads else batch_ack
+            acks = [acked(batch) for batch in twins.batches] + twins.later
+            twins.batches, twins.later = [], []
+            twins.next(a % 3 + 1, acks, flag, lease_ms=LOOP_LEASES[b % len(LOOP_LEASES)])
         elif kind == "next_any":
             # Batch acks of calls other than the oldest: several consumers finishing out of
             # order, so batches are acked before the one at the lease list's tail.
@@ -175,6 +206,15 @@ def test_the_short_way_writes_what_the_walk_writes(
     tmp_path_factory: pytest.TempPathFactory, program: list[Step]
 ) -> None:
     run(Twins(walk_only_module(tmp_path_factory.mktemp("fast"))), program)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(program=st.lists(loop_step, min_size=1, max_size=120))
+def test_in_a_workers_loop_the_short_way_writes_what_the_walk_writes(
+    tmp_path_factory: pytest.TempPathFactory, program: list[Step]
+) -> None:
+    """The same, on programs that stay in one worker's loop (M.loop_lease) most of the time."""
+    run(Twins(walk_only_module(tmp_path_factory.mktemp("fast"))), program, backlog=150)
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -264,3 +304,79 @@ def test_consumers_acking_out_of_order_take_the_short_way(tmp_path: Path, payloa
     assert taken == calls, f"{taken} of {calls} calls took the short way"
     # At most the batches acked ahead of the one at the tail are marked.
     assert len(twins.fast.stub.data.get(twins.fast.keys[3].encode(), ())) <= 3
+
+
+# What the one-worker loop (M.loop_lease) sends: the claim's reads (the lease list's length
+# and element by one LRANGE), the pop, the batch in the acked one's place and the counters.
+LOOP_COMMANDS = [
+    b"LLEN", b"LRANGE", b"HMGET", b"EXISTS", b"TIME", b"RPOP", b"LSET", b"HSET", b"HINCRBY",
+]  # fmt: skip
+
+
+def commands_since(twins: Twins, since: int) -> list[bytes]:
+    return [call[0] for call in twins.fast.stub.calls[since:]]
+
+
+@pytest.mark.parametrize("compact", [True, False], ids=["next_packed", "next"])
+def test_one_workers_loop_takes_its_own_path(tmp_path: Path, compact: bool) -> None:
+    """A worker acking its previous batch as it claims the next, of one job or several: from
+    the second call on, every call is the loop's fixed commands (and the walk agrees)."""
+    twins = Twins(walk_only_module(tmp_path))
+    twins.both("push", *[f"job-{i}" for i in range(100)])
+    for call, count in enumerate((1, 1, 1, 3, 1, 5, 1, 1)):
+        acks = [batch_ack(b) for b in twins.batches]
+        twins.batches = []
+        before = len(twins.fast.stub.calls)
+        twins.next(count, acks, compact=compact)
+        if call > 0:
+            assert commands_since(twins, before) == LOOP_COMMANDS
+        twins.advance(7)
+
+
+def test_one_workers_loop_wakes_an_idle_consumer_for_an_earlier_deadline(tmp_path: Path) -> None:
+    """A claim whose lease ends before the one it acks makes the earliest deadline: it checks
+    the wake list's type before it pops, and leaves a wake-up token, as the walk does."""
+    twins = Twins(walk_only_module(tmp_path))
+    twins.both("push", *[f"job-{i}" for i in range(10)])
+    reply = twins.both("next_packed", 1, 5 * LEASE_MS, 1000, 0)
+    assert isinstance(reply, list)
+    element = str(reply[3])
+    wake = twins.fast.keys[7].encode()
+    tokens = len(twins.fast.stub.data.get(wake, []))  # (pushes wake consumers too)
+    before = len(twins.fast.stub.calls)
+    twins.both("next_packed", 1, LEASE_MS, 1000, 0, element[: element.index("*", 1)] + "/1")
+    made = twins.fast.stub.calls[before:]
+    assert [call[0] for call in made].index(b"RPOP") > made.index((b"LLEN", wake))
+    assert (b"LSET", twins.fast.keys[10].encode(), b"0") == made[-4][:3]
+    assert len(twins.fast.stub.data[wake]) == min(tokens + 1, 16)  # (LIMIT.wake_tokens)
+
+
+@pytest.mark.parametrize(
+    ("ack", "looped"),
+    [
+        ("{batch}/1", True),
+        ("{batch}/01", True),  # the job count with a leading zero: the same ack
+        ("{batch}/2", False),  # more jobs than the batch holds
+        ("*1{deadline}.1.{call}/1", False),  # a deadline the batch was not made with
+        ("*{deadline}.1.9{call}/1", False),  # a call seq not reached yet
+        ("*{deadline}.1.1/1", False),  # a call seq from before the queue's origin
+        ("*{deadline}.1.{call}/0", False),  # no job: refused
+        ("{batch}/1x", False),  # not a batch ack: refused
+    ],
+)
+def test_one_workers_loop_leaves_what_it_does_not_recognise_to_the_others(
+    tmp_path: Path, ack: str, looped: bool
+) -> None:
+    """An ack that is not exactly the lone batch's goes the way it always went (fast_lease
+    or the walk, which refuse it or keep it as they did), and both harnesses still agree."""
+    twins = Twins(walk_only_module(tmp_path))
+    twins.both("push", *[f"job-{i}" for i in range(10)])
+    reply = twins.both("next_packed", 1, LEASE_MS, 1000, 0)
+    assert isinstance(reply, list)
+    element = str(reply[3])
+    batch = element[: element.index("*", 1)]
+    deadline, _, call = batch[1:].split(".")
+    before = len(twins.fast.stub.calls)
+    twins.both("next_packed", 1, LEASE_MS, 1000, 0, ack.format(batch=batch, deadline=deadline,
+                                                              call=call))  # fmt: skip
+    assert (commands_since(twins, before) == LOOP_COMMANDS) == looped
