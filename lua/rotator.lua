@@ -1651,8 +1651,11 @@ local function define_module()
     -- walked whole since the last ageing, the acks and marks age (none exist).
     local rpasses, lpasses = l[16] and tn(l[16]) or 0, (l[17] and tn(l[17]) or 0) + 1
     if rpasses >= 1 or length <= 1 then rpasses, lpasses = -1, 0 end
+    -- (the deadline as the stamp wrote it: Redis 7 formats a number given to a command with
+    -- "%.17g", some 2.7k instructions each)
+    local deadline_text = string.sub(first_stamp, 2, string.find(first_stamp, '.', 3, true) - 1)
     local fields = { 'seq', seq + 1 + leased, 'taken', (l[5] and tn(l[5]) or 0) + leased,
-      'qstart', qstart + 1, 'lapnext', lapnext + 1, 'lmin', deadline, 'lstop', deadline }
+      'qstart', qstart + 1, 'lapnext', lapnext + 1, 'lmin', deadline_text, 'lstop', deadline_text }
     local n = 12
     -- (the rest as write_meta writes them: only where changed, each read as meta_of does)
     local was_qmin, was_qlen = l[4] and tn(l[4]), l[7] and tn(l[7])
