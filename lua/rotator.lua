@@ -807,8 +807,7 @@ local function define_module()
   -- The meta fields a claim reads (read_meta_fields; meta_of takes them by place), and those
   -- of them one worker's loop needs (M.loop_lease), which it reads alone: each field an HMGET
   -- names costs a call some 1k instructions (callgrind, Valkey 8). When the loop declines, it
-  -- reads the rest (REST_FIELDS); META_FROM says where each of META_FIELDS is then: among
-  -- LOOP_FIELDS (its place there), or among the rest (minus its place there).
+  -- reads the rest (see M.loop_places).
   local META_FIELDS = { 'seq', 'lapnext', 'qstart', 'qmin', 'pushed', 'taken', 'lapguess', 'qlen',
     'packed', 'origin', 'fence_ms', 'fence_max', 'dead_max', 'dead_age_ms', 'marked_n', 'marked_a',
     'marked_n_old', 'marked_a_old', 'lmin', 'lstop', 'lpass', 'lskip', 'rpasses', 'lpasses',
@@ -817,20 +816,7 @@ local function define_module()
   local LOOP_FIELDS = { 'seq', 'lapnext', 'qstart', 'qmin', 'taken', 'lapguess', 'qlen', 'packed',
     'origin', 'marked_n', 'marked_n_old', 'lmin', 'lstop', 'lpass', 'lskip', 'rpasses', 'lpasses',
     'smin', 'paused', 'rate_n', 'track_ids', 'prio' }
-  local REST_FIELDS, META_FROM = {}, {}
-  do
-    local in_loop = {}
-    for i = 1, #LOOP_FIELDS do in_loop[LOOP_FIELDS[i]] = i end
-    for i = 1, #META_FIELDS do
-      local name = META_FIELDS[i]
-      if in_loop[name] then
-        META_FROM[i] = in_loop[name]
-      else
-        REST_FIELDS[#REST_FIELDS + 1] = name
-        META_FROM[i] = -#REST_FIELDS
-      end
-    end
-  end
+  local LOOP_PLACES -- (made once needed: an EVAL call runs this chunk whole every time)
 
   function M.fail(code, message)
     return { err = code .. ' ' .. message }
@@ -1686,13 +1672,30 @@ local function define_module()
   -- lease list's length (it read its first two elements), and the meta fields it did not read.
   function M.loop_declined(length, head, l, found, now)
     local lease_length = #head < 2 and #head or M.read('LLEN', K.leases)
-    local rest = M.read('HMGET', K.meta, unpack(REST_FIELDS))
+    LOOP_PLACES = LOOP_PLACES or M.loop_places()
+    local from, rest = LOOP_PLACES.from, M.read('HMGET', K.meta, unpack(LOOP_PLACES.rest))
     local m = {}
     for i = 1, #META_FIELDS do
-      local from = META_FROM[i]
-      if from > 0 then m[i] = l[from] else m[i] = rest[-from] end
+      if from[i] > 0 then m[i] = l[from[i]] else m[i] = rest[-from[i]] end
     end
     return nil, length, lease_length, m, found, now
+  end
+
+  -- The meta fields not among LOOP_FIELDS (`rest`), and where each of META_FIELDS is found
+  -- (`from`): among LOOP_FIELDS (its place there), or among the rest (minus its place there).
+  function M.loop_places()
+    local in_loop, rest, from = {}, {}, {}
+    for i = 1, #LOOP_FIELDS do in_loop[LOOP_FIELDS[i]] = i end
+    for i = 1, #META_FIELDS do
+      local name = META_FIELDS[i]
+      if in_loop[name] then
+        from[i] = in_loop[name]
+      else
+        rest[#rest + 1] = name
+        from[i] = -#rest
+      end
+    end
+    return { rest = rest, from = from }
   end
 
   -- THE SHORT WAY of next, for the call a busy queue makes most: its acks (if any) are batch
