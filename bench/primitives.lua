@@ -10,9 +10,10 @@
 local FIELDS = { 'a', 'b', 'c', 'd', 'e', 'f', 'g', 'h', 'i', 'j', 'k', 'l', 'm', 'n', 'o', 'p',
   'q', 'r', 's', 't', 'u', 'v', 'w', 'x' }
 local STRUCT_24 = 'dddddddddddddddddddddddd' -- 24 doubles: what a Lua 5.1 number is
--- The fields lua/rotator.lua's read_meta asks a queue's meta hash for at every claim (a test
--- keeps the two lists the same), and what a plain queue's meta holds of them after a few
--- claims (as MONITOR and HGETALL show them).
+-- The fields lua/rotator.lua's read_meta asks a queue's meta hash for (META_FIELDS: a test
+-- keeps the two lists the same; every claim read them before one worker's loop read only its
+-- 22, LOOP_FIELDS), and what a plain queue's meta holds of them after a few claims (as
+-- MONITOR and HGETALL show them).
 local CLAIM_FIELDS = { 'seq', 'lapnext', 'qstart', 'qmin', 'pushed', 'taken', 'lapguess', 'qlen',
   'packed', 'origin', 'fence_ms', 'fence_max', 'dead_max', 'dead_age_ms', 'marked_n', 'marked_a',
   'marked_n_old', 'marked_a_old', 'lmin', 'lstop', 'lpass', 'lskip', 'rpasses', 'lpasses', 'smin',

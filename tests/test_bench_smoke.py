@@ -283,10 +283,14 @@ def test_bench_counters_isolate_runs_the_module_without_its_counters(tmp_path: P
     call = "\n    M.add_counts(s)\n"  # (write_meta's, inside define_module)
     assert call in source
     assert call not in bare
-    # No call reads a counter: they are only added to.
-    read_meta = source.split("  function M.read_meta(K)", 1)[1].split("\n  end\n")[0]
-    assert "HMGET" in read_meta
-    assert "'completed'" not in read_meta
+    # No call reads a counter: they are only added to. A claim reads the meta fields of
+    # META_FIELDS (read_meta_fields), one worker's loop those of LOOP_FIELDS.
+    assert "M.read('HMGET', K.meta, unpack(META_FIELDS))" in source
+    assert "M.read('HMGET', K.meta, unpack(LOOP_FIELDS))" in source
+    for fields in ("local META_FIELDS = {", "local LOOP_FIELDS = {"):
+        listed = source.split(fields, 1)[1].split("}", 1)[0]
+        assert "'seq'" in listed
+        assert "'completed'" not in listed
     run_smoke("bench.counters", tmp_path, 120, "--phases", "a", "--via", "fcall", "--isolate")
     data = json.loads((tmp_path / "counters.json").read_text())
     assert data["modules"]["before"].startswith("rotator-without-counters.lua (`--isolate`")
@@ -725,7 +729,7 @@ def test_bench_primitives_reads_the_meta_fields_the_module_reads() -> None:
         at = source.index(start) + len(start)
         return re.findall(r"'([a-z_]+)'", source[at : source.index(end, at)])
 
-    module = quoted(module_source(), "M.read('HMGET', K.meta,", ")")
+    module = quoted(module_source(), "local META_FIELDS = {", "}")
     bench = quoted(LIBRARY, "local CLAIM_FIELDS = {", "}")
     assert len(module) == 34
     assert bench == module
