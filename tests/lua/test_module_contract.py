@@ -235,3 +235,23 @@ def test_no_function_of_the_module_is_defined_twice() -> None:
     assert len(names) > 100  # (the pattern finds them)
     twice = sorted({name for name in names if names.count(name) > 1})
     assert twice == []
+
+
+def quoted_list(source: str, name: str) -> list[str]:
+    """The quoted names of the Lua table ``local <name> = { ... }``."""
+    body = source.split(f"local {name} = {{", 1)[1].split("}", 1)[0]
+    return re.findall(r"'([a-z_]+)'", body)
+
+
+def test_the_loops_meta_fields_are_the_claims_and_its_places_say_so() -> None:
+    """One worker's loop (M.loop_lease) reads LOOP_FIELDS by place: each is one of the fields
+    every other claim reads (META_FIELDS), once, and the comment the code's l[i] follow names
+    them at their places, so that reordering the list cannot go unnoticed."""
+    source = MODULE_PATH.read_text(encoding="utf-8")
+    meta, loop = quoted_list(source, "META_FIELDS"), quoted_list(source, "LOOP_FIELDS")
+    assert len(meta) == len(set(meta)) == 34
+    assert len(loop) == len(set(loop)) == 22
+    assert set(loop) <= set(meta)
+    places = source.split("-- (l by LOOP_FIELDS' places: ", 1)[1].split(")", 1)[0]
+    named = re.findall(r"(\d+) ([a-z_]+)", places.replace("\n    --", ""))
+    assert [(int(i), name) for i, name in named] == list(enumerate(loop, 1))
