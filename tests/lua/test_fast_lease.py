@@ -134,16 +134,8 @@ step = st.tuples(st.sampled_from(KINDS), st.integers(0, 50), st.integers(0, 3), 
 ADVANCES = [1, 200, 900, 1500, 5000]
 # Programs of a worker's loop (M.loop_lease's state) broken now and then by the others.
 LOOP_KINDS = [
-    "push",
-    *["loop"] * 16,
-    "next_any",
-    "ack_one",
-    "nack",
-    "extend",
-    "advance",
-    "advance",
-    "sweep",
-]
+    "push", *["loop"] * 16, "next_any", "ack_one", "nack", "extend", "advance", "advance", "sweep",
+]  # fmt: skip
 loop_step = st.tuples(st.sampled_from(LOOP_KINDS), st.integers(0, 50), st.integers(0, 3),
                       st.booleans())  # fmt: skip
 LOOP_LEASES = [LEASE_MS, LEASE_MS // 4, 4 * LEASE_MS]
