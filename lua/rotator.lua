@@ -1088,7 +1088,7 @@ local function define_module()
   -- one does, it is most often the fencing set alone (it keeps what a nack, a reclaim or an ack
   -- that dropped payloads revoked for the fence window): its size says so, one read where
   -- reading every side structure takes six.
-  -- `found`: what an EXISTS of them said, if the caller asked already (read_claim_keys).
+  -- `found`: what an EXISTS of them said, if the caller asked already (M.loop_lease).
   function M.read_sides_and_dead(found)
     found = found or rcall('EXISTS', K.done, K.done_old, K.marks, K.marks_old, K.revoked, K.dead)
     if found == 0 then
@@ -1263,26 +1263,17 @@ local function define_module()
   -- ring's length and the side structures' sizes also checks the keys the walk may write; the
   -- wake list, which a claim writes only when it idles or makes the earliest deadline, is
   -- checked by check_wake where that may happen: a claim behind other leases reads one key less.
-  -- The arguments, when given, are what read_claim_keys (and TIME) read already: a claim
-  -- the one-worker loop declined (M.loop_lease) reads nothing twice.
+  -- The arguments, when given, are what a claim the one-worker loop declined (M.loop_lease)
+  -- read already: the lists' lengths, and maybe the meta fields, the side structures' count
+  -- (EXISTS) and TIME; nothing is read twice, and the order of the reads stays this one.
   function M.read_walk_state(length, lease_length, fields, found, now)
-    if not length then length, lease_length, fields, found = M.read_claim_keys() end
-    local meta = M.meta_of(fields)
+    if not length then length, lease_length = M.read('LLEN', K.ring), M.read('LLEN', K.leases) end
+    local meta = M.meta_of(fields or M.read_meta_fields(K))
     local sides, dead_length = M.read_sides_and_dead(found)
     M.read_marked(sides, meta.marked)
     sides.origin, sides.seq, sides.lstop = meta.origin, meta.seq, meta.lstop
     return { length = length, lease_length = lease_length, meta = meta, sides = sides,
       dead_length = dead_length, now = now or M.now_ms() }
-  end
-
-  -- What a claim reads first, in this order: the lists' lengths, the meta hash's fields
-  -- (read_meta_fields), and how many of the side structures exist (see read_sides_and_dead).
-  function M.read_claim_keys()
-    local length = M.read('LLEN', K.ring)
-    local lease_length = M.read('LLEN', K.leases)
-    local fields = M.read_meta_fields(K)
-    return length, lease_length, fields,
-      rcall('EXISTS', K.done, K.done_old, K.marks, K.marks_old, K.revoked, K.dead)
   end
 
   -- Reads (and so type-checks) the wake list, once a call, before the first write of a call
@@ -1562,10 +1553,13 @@ local function define_module()
     local acked_deadline, call, jobs_text = string.match(ack, '^%*(%d+)%.1%.(%d+)/(%d+)$')
     local jobs = tonumber(jobs_text)
     if not jobs or jobs < 1 or jobs > LIMIT.count then return nil end
-    -- Its own reads, in read_claim_keys' order: the lease list's first two elements for its
+    -- Its own reads, in read_walk_state's order: the lease list's first two elements for its
     -- length (the loop's is 1) and its element, one command where LLEN and LINDEX are two.
+    -- Several workers' lease lists are declined before the meta is read, so that their
+    -- claims read it once, whole.
     local length = M.read('LLEN', K.ring)
     local head = M.read('LRANGE', K.leases, '0', '1')
+    if #head ~= 1 then return M.loop_declined(length, head) end
     local l = M.read('HMGET', K.meta, unpack(LOOP_FIELDS))
     local found = rcall('EXISTS', K.done, K.done_old, K.marks, K.marks_old, K.revoked, K.dead)
     -- (l by LOOP_FIELDS' places: 1 seq, 2 lapnext, 3 qstart, 4 qmin, 5 taken, 6 lapguess,
@@ -1573,7 +1567,7 @@ local function define_module()
     -- 15 lskip, 16 rpasses, 17 lpasses, 18 smin, 19 paused, 20 rate_n, 21 track_ids, 22 prio)
     local tn = tonumber
     local seq, lmin = l[1] and tn(l[1]), l[12] and tn(l[12])
-    if found > 1 or #head ~= 1 or not seq or not lmin or l[18] or l[19] == '1' or l[20]
+    if found > 1 or not seq or not lmin or l[18] or l[19] == '1' or l[20]
         or l[21] and l[21] ~= '0' or l[22] and l[22] ~= '0' or l[10] and l[10] ~= '0'
         or l[11] and l[11] ~= '0' then
       return M.loop_declined(length, head, l, found)
@@ -1669,9 +1663,11 @@ local function define_module()
   end
 
   -- What loop_lease read, completed as read_walk_state takes it, for a call it declines: the
-  -- lease list's length (it read its first two elements), and the meta fields it did not read.
+  -- lease list's length (it read its first two elements), and the meta fields it did not read
+  -- (when it read LOOP_FIELDS, `l`).
   function M.loop_declined(length, head, l, found, now)
     local lease_length = #head < 2 and #head or M.read('LLEN', K.leases)
+    if not l then return nil, length, lease_length end
     LOOP_PLACES = LOOP_PLACES or M.loop_places()
     local from, rest = LOOP_PLACES.from, M.read('HMGET', K.meta, unpack(LOOP_PLACES.rest))
     local m = {}
