@@ -11,17 +11,27 @@ local FIELDS = { 'a', 'b', 'c', 'd', 'e', 'f', 'g', 'h', 'i', 'j', 'k', 'l', 'm'
   'q', 'r', 's', 't', 'u', 'v', 'w', 'x' }
 local STRUCT_24 = 'dddddddddddddddddddddddd' -- 24 doubles: what a Lua 5.1 number is
 -- The fields lua/rotator.lua's read_meta asks a queue's meta hash for (META_FIELDS: a test
--- keeps the two lists the same; every claim read them before one worker's loop read only its
--- 22, LOOP_FIELDS), and what a plain queue's meta holds of them after a few claims (as
--- MONITOR and HGETALL show them).
-local CLAIM_FIELDS = { 'seq', 'lapnext', 'qstart', 'qmin', 'pushed', 'taken', 'lapguess', 'qlen',
-  'packed', 'origin', 'fence_ms', 'fence_max', 'dead_max', 'dead_age_ms', 'marked_n', 'marked_a',
-  'marked_n_old', 'marked_a_old', 'lmin', 'lstop', 'lpass', 'lskip', 'rpasses', 'lpasses', 'smin',
+-- keeps the two lists the same; one worker's loop reads 11 of them, LOOP_FIELDS), with the
+-- walk's twelve numbers packed in one field, and what a plain queue's meta holds of them after
+-- a few claims (as MONITOR and HGETALL show them). CLAIM_FIELDS_34: what it read before the
+-- walk's numbers were packed, a field each (CLAIM_META holds both).
+local CLAIM_FIELDS = { 'seq', 'walk', 'pushed', 'taken', 'origin', 'fence_ms', 'fence_max',
+  'dead_max', 'dead_age_ms', 'marked_n', 'marked_a', 'marked_n_old', 'marked_a_old', 'smin',
   'paused', 'rate_n', 'rate_ms', 'rate_tat', 'track_ids', 'prio', 'pseq', 'stale', 'layout' }
+local CLAIM_FIELDS_34 = { 'seq', 'lapnext', 'qstart', 'qmin', 'pushed', 'taken', 'lapguess',
+  'qlen', 'packed', 'origin', 'fence_ms', 'fence_max', 'dead_max', 'dead_age_ms', 'marked_n',
+  'marked_a', 'marked_n_old', 'marked_a_old', 'lmin', 'lstop', 'lpass', 'lskip', 'rpasses',
+  'lpasses', 'smin', 'paused', 'rate_n', 'rate_ms', 'rate_tat', 'track_ids', 'prio', 'pseq',
+  'stale', 'layout' }
 local CLAIM_META = { 'seq', '1795927715542', 'lapnext', '1795927715640', 'qstart',
   '1795927715538', 'pushed', '100', 'taken', '3', 'lapguess', '0', 'qlen', '101', 'origin',
   '1795927715536', 'lmin', '1795927745841', 'lstop', '1795927745841', 'lpass', '0', 'lskip', '0',
   'lpasses', '1', 'layout', 'rotator meta: a hash table on purpose, so that reading a field is O(1)' }
+-- The module's walk field (WALK_FORMAT): lapnext qstart qmin lapguess qlen packed lmin lstop
+-- lpass lskip rpasses lpasses, -inf for an absent one; CLAIM_META's numbers.
+local WALK_FORMAT, ABSENT = '<dddddddddddd', -1 / 0
+local WALK = { 1795927715640, 1795927715538, ABSENT, 0, 101, ABSENT, 1795927745841, 1795927745841,
+  0, 0, ABSENT, 1 }
 local STAMP = 1795926272913
 
 -- The numbers a call writes back, made the same way for both layouts.
@@ -53,10 +63,22 @@ redis.register_function('read_fields', function(keys)
   return sum(values)
 end)
 
--- (every field but the layout's text is a number)
+-- (every field but the layout's text and the walk is a number; the walk as the module reads it)
 redis.register_function('read_claim_meta', function(keys)
   local raw, values = redis.call('HMGET', keys[1], unpack(CLAIM_FIELDS)), {}
   for i = 1, #CLAIM_FIELDS - 1 do
+    if raw[i] and i ~= 2 then values[#values + 1] = tonumber(raw[i]) end
+  end
+  local walk = { struct.unpack(WALK_FORMAT, raw[2]) }
+  for i = 1, 12 do
+    if walk[i] ~= ABSENT then values[#values + 1] = walk[i] end
+  end
+  return #values
+end)
+
+redis.register_function('read_claim_meta_34', function(keys)
+  local raw, values = redis.call('HMGET', keys[1], unpack(CLAIM_FIELDS_34)), {}
+  for i = 1, #CLAIM_FIELDS_34 - 1 do
     if raw[i] then values[#values + 1] = tonumber(raw[i]) end
   end
   return #values
@@ -95,5 +117,6 @@ redis.register_function('prepare', function(keys)
   redis.call('HSET', keys[1], 'msgpack', cmsgpack.pack(unpack(values)),
     'struct', struct.pack(STRUCT_24, unpack(values)))
   redis.call('HSET', keys[1], unpack(CLAIM_META))
+  redis.call('HSET', keys[1], 'walk', struct.pack(WALK_FORMAT, unpack(WALK)))
   return 1
 end)

@@ -28,10 +28,9 @@ KEYS
   KEYS[7]  dead       LIST  dead letters "<reason>*<deliveries>*<ms>*<element>", oldest first;
                             reason "failed" (bury): element "<id>*<error>"
   KEYS[8]  wake       LIST  wake-up tokens that idle consumers block on (BLPOP)
-  KEYS[9]  meta       HASH  counters: seq origin lapnext lapguess qstart qlen qmin pushed taken
-                            packed (jobs in packed batches beyond one per element),
-                            marked_n marked_a marked_n_old marked_a_old (the marks' counts),
-                            lmin lstop lpass lskip rpasses lpasses (see LEASES),
+  KEYS[9]  meta       HASH  counters: seq origin pushed taken, walk (the claim walk's numbers,
+                            packed: see THE WALK'S NUMBERS), marked_n marked_a marked_n_old
+                            marked_a_old (the marks' counts),
                             dead_dropped, expired (a topic group's), smin paused (see
                             SCHEDULED), schedules ticking and "schedule:<name>" (see
                             SCHEDULES), rate_n rate_ms rate_tat (see rate_limit), d0..d25
@@ -798,9 +797,20 @@ local function define_module()
   -- cheaply. string.format('%d') costs about as much as "%.17g": larger numbers go as numbers.
   local SMALL_TEXT = { [-3] = '-3', [-2] = '-2', [-1] = '-1', [0] = '0', '1', '2', '3', '4' }
   -- The meta fields of a walk's state that write_meta writes back when they changed, by the
-  -- names they have in both (nil: absent).
-  local WRITTEN_META = { 'taken', 'qstart', 'qlen', 'lapnext', 'qmin', 'lmin', 'lstop', 'lpass',
-    'lskip', 'rpasses', 'lpasses', 'prio' }
+  -- names they have in both (nil: absent); the walk's numbers go packed (WALK_FIELDS).
+  local WRITTEN_META = { 'taken', 'prio' }
+  -- THE WALK'S NUMBERS: the ring's lap (lapnext lapguess), the idle lap (qstart qlen qmin),
+  -- the jobs in packed batches beyond one per element (packed), and the lease list's walk
+  -- (lmin lstop lpass lskip rpasses lpasses, see LEASES), kept in one meta field, "walk", as
+  -- twelve little-endian doubles packed by `struct` in this order (an absent one as -inf;
+  -- lapguess 1 or 0). Every claim reads and writes them: as a field each they cost a one-job
+  -- claim some 16% of its instructions more (each field an HMGET or HSET names, and each
+  -- number's strtod and formatting; bench.instructions). A queue a module before the packed
+  -- field wrote keeps them as a field each, by these names: read from there until the first
+  -- write of the packed field, which deletes them (M.walk_of).
+  local WALK_FIELDS = { 'lapnext', 'qstart', 'qmin', 'lapguess', 'qlen', 'packed', 'lmin', 'lstop',
+    'lpass', 'lskip', 'rpasses', 'lpasses' }
+  local WALK_FORMAT, WALK_BYTES, ABSENT = '<dddddddddddd', 96, -1 / 0
   -- An empty table for a result nothing adds to (read only): a table made and collected
   -- costs a claim about 1k instructions.
   local NONE = {}
@@ -808,14 +818,11 @@ local function define_module()
   -- of them one worker's loop needs (M.loop_lease), which it reads alone: each field an HMGET
   -- names costs a call some 1k instructions (callgrind, Valkey 8). When the loop declines, it
   -- reads the rest (see M.loop_places).
-  local META_FIELDS = { 'seq', 'lapnext', 'qstart', 'qmin', 'pushed', 'taken', 'lapguess', 'qlen',
-    'packed', 'origin', 'fence_ms', 'fence_max', 'dead_max', 'dead_age_ms', 'marked_n', 'marked_a',
-    'marked_n_old', 'marked_a_old', 'lmin', 'lstop', 'lpass', 'lskip', 'rpasses', 'lpasses',
-    'smin', 'paused', 'rate_n', 'rate_ms', 'rate_tat', 'track_ids', 'prio', 'pseq', 'stale',
-    'layout' }
-  local LOOP_FIELDS = { 'seq', 'lapnext', 'qstart', 'qmin', 'taken', 'lapguess', 'qlen', 'packed',
-    'origin', 'marked_n', 'marked_n_old', 'lmin', 'lstop', 'lpass', 'lskip', 'rpasses', 'lpasses',
-    'smin', 'paused', 'rate_n', 'track_ids', 'prio' }
+  local META_FIELDS = { 'seq', 'walk', 'pushed', 'taken', 'origin', 'fence_ms', 'fence_max',
+    'dead_max', 'dead_age_ms', 'marked_n', 'marked_a', 'marked_n_old', 'marked_a_old', 'smin',
+    'paused', 'rate_n', 'rate_ms', 'rate_tat', 'track_ids', 'prio', 'pseq', 'stale', 'layout' }
+  local LOOP_FIELDS = { 'seq', 'walk', 'taken', 'origin', 'marked_n', 'marked_n_old', 'smin',
+    'paused', 'rate_n', 'track_ids', 'prio' }
   local LOOP_PLACES -- (made once needed: an EVAL call runs this chunk whole every time)
 
   function M.fail(code, message)
@@ -1020,7 +1027,7 @@ local function define_module()
   -- name deleted before (unless that one visited more than an element per ms since it began).
   -- `delete` keeps the seq, which makes that sure. `seeded`: the seq is not stored yet.
   function M.read_meta(K)
-    return M.meta_of(M.read_meta_fields(K))
+    return M.meta_of(M.read_meta_fields(K), K.meta)
   end
 
   -- The meta hash's fields read_meta reads, as HMGET gives them (false: absent), in this order
@@ -1029,49 +1036,112 @@ local function define_module()
     return M.read('HMGET', K.meta, unpack(META_FIELDS))
   end
 
-  -- read_meta's table of the fields read_meta_fields read, `m`.
-  function M.meta_of(m)
-    local seq, origin = M.seq_origin(m[1], m[10])
+  -- read_meta's table of the fields read_meta_fields read, `m`, from the meta hash `meta_key`.
+  function M.meta_of(m, meta_key)
+    local seq, origin = M.seq_origin(m[1], m[5])
     -- (`m[i] and tn(m[i])`: most fields are absent, and calling tonumber costs more than the
     -- test; `or nil`: HMGET gives an absent field as false, which must read as nil)
     local tn = tonumber
-    local lapnext = m[2] and tn(m[2]) or nil
+    local w = M.walk_of(meta_key, m[2], m[1])
+    local lapnext = w.lapnext
     return {
       -- origin: the first seq of the queue as it is now (see refused_among)
       seq = seq, seeded = not m[1], origin = origin,
-      fence_ms = m[11] and tn(m[11]) or LIMIT.fence_ms,
-      fence_max = m[12] and tn(m[12]) or LIMIT.fence_max,
-      dead_max = m[13] and tn(m[13]) or LIMIT.dead_max,
-      dead_age_ms = m[14] and tn(m[14]) or LIMIT.dead_age_ms,
-      marked = { m[15] and tn(m[15]) or 0, m[16] and tn(m[16]) or 0, m[17] and tn(m[17]) or 0,
-        m[18] and tn(m[18]) or 0 }, -- see read_marked
+      fence_ms = m[6] and tn(m[6]) or LIMIT.fence_ms,
+      fence_max = m[7] and tn(m[7]) or LIMIT.fence_max,
+      dead_max = m[8] and tn(m[8]) or LIMIT.dead_max,
+      dead_age_ms = m[9] and tn(m[9]) or LIMIT.dead_age_ms,
+      marked = { m[10] and tn(m[10]) or 0, m[11] and tn(m[11]) or 0, m[12] and tn(m[12]) or 0,
+        m[13] and tn(m[13]) or 0 }, -- see read_marked
       -- The lease list's walk (see M.walk_leases): the earliest deadline it may hold, the
       -- deadline of the young lease its last walk stopped at, the elements left in its pass,
       -- and the passes of both lists since the acks and marks last aged.
-      lmin = m[19] and tn(m[19]) or nil, lstop = m[20] and tn(m[20]) or nil,
-      lpass = m[21] and tn(m[21]) or nil, lskip = m[22] and tn(m[22]) or nil,
-      rpasses = m[23] and tn(m[23]) or 0,
-      lpasses = m[24] and tn(m[24]) or 0,
+      lmin = w.lmin, lstop = w.lstop, lpass = w.lpass, lskip = w.lskip,
+      rpasses = w.rpasses or 0, lpasses = w.lpasses or 0,
       -- No later than the earliest due time of the scheduled jobs (see SCHEDULED); paused: see
       -- pause.
-      smin = m[25] and tn(m[25]) or nil, paused = m[26] == '1',
+      smin = m[14] and tn(m[14]) or nil, paused = m[15] == '1',
       -- The rate limit (see rate_limit): jobs per ms, and where its cell rate has got to.
-      rate_n = m[27] and tn(m[27]) or nil, rate_ms = m[28] and tn(m[28]) or nil,
-      rate_tat = m[29] and tn(m[29]) or nil,
+      rate_n = m[16] and tn(m[16]) or nil, rate_ms = m[17] and tn(m[17]) or nil,
+      rate_tat = m[18] and tn(m[18]) or nil,
       -- Whether K.ids indexes the queue's ids (see IDS).
-      track_ids = m[30] and tn(m[30]) or 0, tracked = m[30] == '1',
+      track_ids = m[19] and tn(m[19]) or 0, tracked = m[19] == '1',
       -- Jobs waiting at a priority level (in K.scheduled, below 0), and their push order so far
       -- (see PRIORITIES).
-      prio = m[31] and tn(m[31]) or 0, pseq = m[32] and tn(m[32]) or 0,
-      stale = m[33] and tn(m[33]) or 0, -- cancelled copies recorded (see parse_stale)
-      layout = m[34], -- see LIMIT.meta_layout
-      lapnext = lapnext, qstart = m[3] and tn(m[3]) or nil,
-      qmin = m[4] and tn(m[4]) or nil, pushed = m[5] and tn(m[5]) or 0,
-      taken = m[6] and tn(m[6]) or 0,
-      lapguess = m[7] == '1' or not lapnext, qlen = m[8] and tn(m[8]) or nil,
-      packed = m[9] and tn(m[9]) or 0, -- jobs in packed elements beyond one per element
-      lapguess_field = m[7],
+      prio = m[20] and tn(m[20]) or 0, pseq = m[21] and tn(m[21]) or 0,
+      stale = m[22] and tn(m[22]) or 0, -- cancelled copies recorded (see parse_stale)
+      layout = m[23], -- see LIMIT.meta_layout
+      lapnext = lapnext, qstart = w.qstart, qmin = w.qmin,
+      pushed = m[3] and tn(m[3]) or 0, taken = m[4] and tn(m[4]) or 0,
+      lapguess = w.lapguess == 1 or not lapnext, qlen = w.qlen,
+      packed = w.packed or 0, -- jobs in packed elements beyond one per element
+      walk = w, -- the numbers as stored (save_walk writes them back)
     }
+  end
+
+  -- The walk's numbers (THE WALK'S NUMBERS) the meta hash `meta_key` holds, from its walk field
+  -- as HMGET gave it (`packed`: false when absent), by name (nil: absent). `stored_seq`: the
+  -- hash's seq field as read; where it is set and the walk field is not (a queue a module
+  -- before the packed field wrote), the numbers are read from their own fields, and the table
+  -- notes `legacy` (save_walk deletes those). A walk field of another size (written by hand)
+  -- reads as absent, as a field that is not a number reads today; so does a NaN in it.
+  function M.walk_of(meta_key, packed, stored_seq)
+    if packed and #packed == WALK_BYTES then
+      -- (one constructor: a table grown a field at a time is rehashed four times)
+      local a, b, c, d, e, f, g, h, i, j, k, l = M.walk_values(packed)
+      return { lapnext = a, qstart = b, qmin = c, lapguess = d, qlen = e, packed = f, lmin = g,
+        lstop = h, lpass = i, lskip = j, rpasses = k, lpasses = l, stored = true }
+    end
+    local w = {}
+    if stored_seq then
+      local fields = M.read('HMGET', meta_key, unpack(WALK_FIELDS))
+      for i = 1, #WALK_FIELDS do
+        if fields[i] then w.legacy, w[WALK_FIELDS[i]] = true, tonumber(fields[i]) end
+      end
+    end
+    return w
+  end
+
+  -- The twelve numbers of a walk field of WALK_BYTES, in WALK_FIELDS' order (nil: absent).
+  -- (One worker's loop takes them as they are, M.loop_lease: a table of them costs it 5%.)
+  function M.walk_values(packed)
+    local a, b, c, d, e, f, g, h, i, j, k, l = struct.unpack(WALK_FORMAT, packed)
+    return a == a and a ~= ABSENT and a or nil, b == b and b ~= ABSENT and b or nil,
+      c == c and c ~= ABSENT and c or nil, d == d and d ~= ABSENT and d or nil,
+      e == e and e ~= ABSENT and e or nil, f == f and f ~= ABSENT and f or nil,
+      g == g and g ~= ABSENT and g or nil, h == h and h ~= ABSENT and h or nil,
+      i == i and i ~= ABSENT and i or nil, j == j and j ~= ABSENT and j or nil,
+      k == k and k ~= ABSENT and k or nil, l == l and l ~= ABSENT and l or nil
+  end
+
+  -- The walk field's value for twelve numbers in WALK_FIELDS' order (nil: absent).
+  function M.walk_packed(a, b, c, d, e, f, g, h, i, j, k, l)
+    return struct.pack(WALK_FORMAT, a or ABSENT, b or ABSENT, c or ABSENT, d or ABSENT,
+      e or ABSENT, f or ABSENT, g or ABSENT, h or ABSENT, i or ABSENT, j or ABSENT, k or ABSENT,
+      l or ABSENT)
+  end
+
+  -- The walk field's value for the numbers of `w` (walk_of's form).
+  function M.walk_text(w)
+    return M.walk_packed(w.lapnext, w.qstart, w.qmin, w.lapguess, w.qlen, w.packed, w.lmin,
+      w.lstop, w.lpass, w.lskip, w.rpasses, w.lpasses)
+  end
+
+  -- Writes the numbers of `w` (walk_of's table, changed by the caller) to the meta hash
+  -- `meta_key`, with the other fields given (field, value, ...), by one HSET; then deletes the
+  -- numbers' own fields of a queue an older module wrote (walk_of's `legacy`).
+  function M.save_walk(meta_key, w, ...)
+    rcall('HSET', meta_key, 'walk', M.walk_text(w), ...)
+    M.walk_saved(meta_key, w)
+  end
+
+  -- After the walk field of `w` was written: its legacy fields go (see walk_of).
+  function M.walk_saved(meta_key, w)
+    if w.legacy then
+      rcall('HDEL', meta_key, unpack(WALK_FIELDS))
+      w.legacy = nil
+    end
+    w.stored = true
   end
 
   -- The sizes of the side structures; reading them is also their type check.
@@ -1268,10 +1338,11 @@ local function define_module()
   -- (EXISTS) and TIME; nothing is read twice, and the order of the reads stays this one.
   function M.read_walk_state(length, lease_length, fields, found, now)
     if not length then length, lease_length = M.read('LLEN', K.ring), M.read('LLEN', K.leases) end
-    local meta = M.meta_of(fields or M.read_meta_fields(K))
+    local meta = M.meta_of(fields or M.read_meta_fields(K), K.meta)
     local sides, dead_length = M.read_sides_and_dead(found)
     M.read_marked(sides, meta.marked)
     sides.origin, sides.seq, sides.lstop = meta.origin, meta.seq, meta.lstop
+    sides.walk = meta.walk -- (write_acked writes it)
     return { length = length, lease_length = lease_length, meta = meta, sides = sides,
       dead_length = dead_length, now = now or M.now_ms() }
   end
@@ -1362,19 +1433,26 @@ local function define_module()
         fields[n + 1], fields[n + 2], n = name, value and (SMALL_TEXT[value] or value) or '', n + 2
       end
     end
-    local packed, lapguess = math.max(s.packed, 0), s.lapguess and '1' or '0'
+    local w = was.walk
+    local packed, lapguess = math.max(s.packed, 0), s.lapguess and 1 or 0
+    local changed = not w.stored or w.packed ~= packed or w.lapguess ~= lapguess
+    for i = 1, #WALK_FIELDS do
+      local name = WALK_FIELDS[i]
+      if name ~= 'packed' and name ~= 'lapguess' and s[name] ~= w[name] then
+        changed, w[name] = true, s[name]
+      end
+    end
+    if changed then
+      w.packed, w.lapguess = packed, lapguess
+      fields[n + 1], fields[n + 2], n = 'walk', M.walk_text(w), n + 2
+    end
     local stale = s.stale_count or was.stale
-    if packed ~= was.packed then
-      fields[n + 1], fields[n + 2], n = 'packed', SMALL_TEXT[packed] or packed, n + 2
-    end
-    if lapguess ~= was.lapguess_field then
-      fields[n + 1], fields[n + 2], n = 'lapguess', lapguess, n + 2
-    end
     if stale ~= was.stale then
       fields[n + 1], fields[n + 2] = 'stale', stale
     end
     M.marked_fields(s.sides, fields)
     rcall('HSET', K.meta, unpack(fields))
+    if changed then M.walk_saved(K.meta, w) end
     M.add_counts(s)
   end
 
@@ -1562,22 +1640,27 @@ local function define_module()
     if #head ~= 1 then return M.loop_declined(length, head) end
     local l = M.read('HMGET', K.meta, unpack(LOOP_FIELDS))
     local found = rcall('EXISTS', K.done, K.done_old, K.marks, K.marks_old, K.revoked, K.dead)
-    -- (l by LOOP_FIELDS' places: 1 seq, 2 lapnext, 3 qstart, 4 qmin, 5 taken, 6 lapguess,
-    -- 7 qlen, 8 packed, 9 origin, 10 marked_n, 11 marked_n_old, 12 lmin, 13 lstop, 14 lpass,
-    -- 15 lskip, 16 rpasses, 17 lpasses, 18 smin, 19 paused, 20 rate_n, 21 track_ids, 22 prio)
+    -- (l by LOOP_FIELDS' places: 1 seq, 2 walk, 3 taken, 4 origin, 5 marked_n,
+    -- 6 marked_n_old, 7 smin, 8 paused, 9 rate_n, 10 track_ids, 11 prio)
     local tn = tonumber
-    local seq, lmin = l[1] and tn(l[1]), l[12] and tn(l[12])
-    if found > 1 or not seq or not lmin or l[18] or l[19] == '1' or l[20]
-        or l[21] and l[21] ~= '0' or l[22] and l[22] ~= '0' or l[10] and l[10] ~= '0'
-        or l[11] and l[11] ~= '0' then
+    local seq = l[1] and tn(l[1])
+    -- (the walk's numbers, but for lpass and lskip, which it sets to 0; none without the field)
+    local was_lapnext, was_qstart, was_qmin, lapguess, was_qlen, packed, lmin, lstop, rpasses,
+      lpasses, _
+    if l[2] and #l[2] == WALK_BYTES then
+      was_lapnext, was_qstart, was_qmin, lapguess, was_qlen, packed, lmin, lstop, _, _, rpasses,
+        lpasses = M.walk_values(l[2])
+    end
+    if found > 1 or not seq or not lmin or l[7] or l[8] == '1' or l[9]
+        or l[10] and l[10] ~= '0' or l[11] and l[11] ~= '0' or l[5] and l[5] ~= '0'
+        or l[6] and l[6] ~= '0' then
       return M.loop_declined(length, head, l, found)
     end
     local now = M.now_ms()
     -- The ack is this queue's (its call seq since the queue's origin, see refused_among), and
     -- frees the young lease the last walk stopped at, if any (frees_tail): the walk goes on.
     call = tn(call)
-    local lstop = l[13] and tn(l[13])
-    if lmin <= now or call < (l[9] and tn(l[9]) or 0) or call >= seq
+    if lmin <= now or call < (l[4] and tn(l[4]) or 0) or call >= seq
         or lstop and string.format('%d', lstop) ~= acked_deadline then
       return M.loop_declined(length, head, l, found, now)
     end
@@ -1605,13 +1688,12 @@ local function define_module()
       return M.loop_declined(length, head, l, found, now)
     end
     -- The ring: `count` pending ids within the lap and the budget (one visit spent).
-    local lapnext = l[2] and tn(l[2]) or (seq + length + 1)
+    local lapnext = was_lapnext or (seq + length + 1)
     if count >= length or count > lapnext - seq - 1 or count > budget - 1 then
       return M.loop_declined(length, head, l, found, now)
     end
     local deadline = now + lease
-    local qmin = l[4] and tn(l[4])
-    local qstart, qlen = l[3] and tn(l[3]) or seq, l[7] and tn(l[7]) or length
+    local qmin, qstart, qlen = was_qmin, was_qstart or seq, was_qlen or length
     if qmin and qmin <= now then qmin, qstart, qlen = nil, seq, length end
     -- The earliest deadline yet: an idle consumer is woken to wait for it (note_leases).
     local wakes = deadline < (qmin and qmin < lmin and qmin or lmin)
@@ -1629,34 +1711,14 @@ local function define_module()
     if wakes then M.wake_one() end
     -- The lease pass (walk_leases for its one visit): it ends there, and when the ring was
     -- walked whole since the last ageing, the acks and marks age (none exist).
-    local rpasses, lpasses = l[16] and tn(l[16]) or 0, (l[17] and tn(l[17]) or 0) + 1
+    rpasses, lpasses = rpasses or 0, (lpasses or 0) + 1
     if rpasses >= 1 or length <= 1 then rpasses, lpasses = -1, 0 end
-    -- (the deadline as the stamp wrote it: Redis 7 formats a number given to a command with
-    -- "%.17g", some 2.7k instructions each)
-    local deadline_text = string.sub(first_stamp, 2, string.find(first_stamp, '.', 3, true) - 1)
-    local fields = { 'seq', seq + 1 + leased, 'taken', (l[5] and tn(l[5]) or 0) + leased,
-      'qstart', qstart + 1, 'lapnext', lapnext + 1, 'lmin', deadline_text, 'lstop', deadline_text }
-    local n = 12
-    -- (the rest as write_meta writes them: only where changed, each read as meta_of does)
-    local was_qmin, was_qlen = l[4] and tn(l[4]), l[7] and tn(l[7])
-    local was_packed = l[8] and tn(l[8]) or 0
-    local packed = math.max(was_packed - (jobs - 1) + leased - 1, 0)
-    local lapguess = (l[6] == '1' or not (l[2] and tn(l[2]))) and '1' or '0'
-    if qlen ~= was_qlen then fields[n + 1], fields[n + 2], n = 'qlen', qlen, n + 2 end
-    if qmin ~= was_qmin then fields[n + 1], fields[n + 2], n = 'qmin', qmin or '', n + 2 end
-    if (l[14] and tn(l[14])) ~= 0 then fields[n + 1], fields[n + 2], n = 'lpass', '0', n + 2 end
-    if (l[15] and tn(l[15])) ~= 0 then fields[n + 1], fields[n + 2], n = 'lskip', '0', n + 2 end
-    if rpasses ~= (l[16] and tn(l[16]) or 0) then
-      fields[n + 1], fields[n + 2], n = 'rpasses', SMALL_TEXT[rpasses] or rpasses, n + 2
-    end
-    if lpasses ~= (l[17] and tn(l[17]) or 0) then
-      fields[n + 1], fields[n + 2], n = 'lpasses', SMALL_TEXT[lpasses] or lpasses, n + 2
-    end
-    if packed ~= was_packed then
-      fields[n + 1], fields[n + 2], n = 'packed', SMALL_TEXT[packed] or packed, n + 2
-    end
-    if lapguess ~= l[6] then fields[n + 1], fields[n + 2] = 'lapguess', lapguess end
-    rcall('HSET', K.meta, unpack(fields))
+    -- (the walk's numbers as write_meta would write them)
+    lapguess = (lapguess == 1 or not was_lapnext) and 1 or 0
+    packed = math.max((packed or 0) - (jobs - 1) + leased - 1, 0)
+    rcall('HSET', K.meta, 'seq', seq + 1 + leased, 'taken', (l[3] and tn(l[3]) or 0) + leased,
+      'walk', M.walk_packed(lapnext + 1, qstart + 1, qmin, lapguess, qlen, packed, deadline,
+        deadline, 0, 0, rpasses, lpasses))
     M.add_count(K.meta, 'completed', jobs)
     local soonest = qmin and qmin < deadline and qmin or deadline
     return M.batch_reply(1, compact, packed_element, popped, leased, first_stamp, soonest - now)
@@ -2065,7 +2127,7 @@ local function define_module()
         n = #ids
         if n == 0 then return 0, now, ids end
       end
-      M.ensure_ring(K, length)
+      M.ensure_ring(K, length, meta)
       local pushed_to = nil -- (the ring's length after the push, as the last LPUSH replies)
       if ids then
         M.call_all('LPUSH', K.ring, ids)
@@ -2108,12 +2170,13 @@ local function define_module()
     -- push_group: record_push, expire_backlog): a push reads none of the claim's state, so it does
     -- not pay for it, and a publish reads 7 fields a group instead of all of them.
     function M.read_push_meta(K)
-      local m = M.read('HMGET', K.meta, 'seq', 'origin', 'pushed', 'taken', 'lapnext', 'track_ids',
+      local m = M.read('HMGET', K.meta, 'seq', 'origin', 'pushed', 'taken', 'walk', 'track_ids',
         'layout')
       local seq, origin = M.seq_origin(m[1], m[2])
+      local walk = M.walk_of(K.meta, m[5], m[1])
       return {
         seq = seq, origin = origin, seeded = not m[1], pushed = tonumber(m[3]) or 0,
-        taken = tonumber(m[4]) or 0, lapnext = tonumber(m[5]), tracked = m[6] == '1',
+        taken = tonumber(m[4]) or 0, lapnext = walk.lapnext, walk = walk, tracked = m[6] == '1',
         layout = m[7],
       }
     end
@@ -2125,11 +2188,15 @@ local function define_module()
       return M.read('LINDEX', K.pushlog, 0), wake
     end
 
-    -- A ring that does not exist (new, or deleted) gets its sentinel; lap counting restarts.
-    function M.ensure_ring(K, length)
+    -- A ring that does not exist (new, or deleted) gets its sentinel; lap counting restarts
+    -- (`meta`: read_meta's or read_push_meta's).
+    function M.ensure_ring(K, length, meta)
       if length == 0 then
         rcall('LPUSH', K.ring, SENTINEL)
-        rcall('HDEL', K.meta, 'lapnext')
+        if meta.walk.lapnext then
+          meta.lapnext, meta.walk.lapnext = nil, nil
+          M.save_walk(K.meta, meta.walk)
+        end
       end
     end
 
@@ -2153,8 +2220,9 @@ local function define_module()
       end
       -- Something new is available: consumers must visit every element the ring holds now (the
       -- new ones come last) before they may idle.
-      rcall('HSET', K.meta, 'pushed', meta.pushed, 'qstart', meta.seq, 'qlen',
-        length or rcall('LLEN', K.ring))
+      local walk = meta.walk
+      walk.qstart, walk.qlen = meta.seq, length or rcall('LLEN', K.ring)
+      M.save_walk(K.meta, walk, 'pushed', meta.pushed)
       -- (seq and origin written once, by the push that seeds them: a queue's stored seq only
       -- moves on with its claims, and an origin not stored reads as 0, see seq_origin; on
       -- Redis 7.0 each 13-digit number a command is given costs a %.17g formatting)
@@ -2209,12 +2277,13 @@ local function define_module()
     function M.read_issued(sides, fence)
       local c = MARK_COUNTS
       local m = fence
-        and M.read('HMGET', K.meta, 'origin', 'seq', 'lstop', c[1], c[2], c[3], c[4], 'fence_ms',
+        and M.read('HMGET', K.meta, 'origin', 'seq', 'walk', c[1], c[2], c[3], c[4], 'fence_ms',
           'fence_max')
-        or M.read('HMGET', K.meta, 'origin', 'seq', 'lstop', c[1], c[2], c[3], c[4])
+        or M.read('HMGET', K.meta, 'origin', 'seq', 'walk', c[1], c[2], c[3], c[4])
       sides.seq = tonumber(m[2]) or 0
       sides.origin = tonumber(m[1]) or 0
-      sides.lstop = tonumber(m[3])
+      sides.walk = M.walk_of(K.meta, m[3], m[2])
+      sides.lstop = sides.walk.lstop
       if fence then
         sides.fence_ms = tonumber(m[8]) or LIMIT.fence_ms
         sides.fence_max = tonumber(m[9]) or LIMIT.fence_max
@@ -2228,9 +2297,11 @@ local function define_module()
     function M.write_acked(sides)
       local fields = M.marked_fields(sides, {})
       if sides.lstop_was and not sides.lstop then
-        fields[#fields + 1], fields[#fields + 2] = 'lstop', ''
+        sides.walk.lstop = nil
+        M.save_walk(K.meta, sides.walk, unpack(fields))
+      elseif #fields > 0 then
+        rcall('HSET', K.meta, unpack(fields))
       end
-      if #fields > 0 then rcall('HSET', K.meta, unpack(fields)) end
     end
 
     -- Acks A[first..] (already checked); returns how many were accepted, and the accepted
@@ -2351,9 +2422,10 @@ local function define_module()
         -- for the jobs when they fall due (and at once if one is its tail, see frees_tail).
         local qmin = meta.qmin and math.min(meta.qmin, due) or due
         local lmin = meta.lmin and math.min(meta.lmin, due) or due
-        local lstop = M.frees_tail(given, meta.lstop) and '' or (meta.lstop or '')
-        rcall('HSET', K.meta, 'qmin', qmin, 'lmin', lmin, 'lstop', lstop, 'qstart', meta.seq,
-          'qlen', rcall('LLEN', K.ring), 'seq', meta.seq, 'origin', meta.origin)
+        local walk = meta.walk
+        walk.qmin, walk.lmin, walk.qstart, walk.qlen = qmin, lmin, meta.seq, rcall('LLEN', K.ring)
+        if M.frees_tail(given, meta.lstop) then walk.lstop = nil end
+        M.save_walk(K.meta, walk, 'seq', meta.seq, 'origin', meta.origin)
         M.add_count(K.meta, 'retried', #given)
         M.wake_one()
         local added = 2 * (#A - first + 1) -- each token, and maybe its batch
@@ -2392,9 +2464,10 @@ local function define_module()
       M.mark_leases(sides, buried, marks, touched)
       M.call_all('ZADD', K.revoked, revoke)
       M.trim_revoked(meta, now, #revoke / 2, sides.revoked + #revoke / 2)
-      local lmin = meta.lmin and math.min(meta.lmin, now) or now
-      local lstop = M.frees_tail(buried, meta.lstop) and '' or (meta.lstop or '')
-      rcall('HSET', K.meta, 'lmin', lmin, 'lstop', lstop)
+      local walk = meta.walk
+      walk.lmin = meta.lmin and math.min(meta.lmin, now) or now
+      if M.frees_tail(buried, meta.lstop) then walk.lstop = nil end
+      M.save_walk(K.meta, walk)
       if K.items then M.note_errors(3, reply, message) end
       return reply
     end
@@ -2507,7 +2580,8 @@ local function define_module()
       M.mark_leases(sides, extended, marks, touched)
       -- A shortened lease may now be the first thing to fall due: idle consumers wait for it.
       if any and (not meta.lmin or deadline < meta.lmin) then
-        rcall('HSET', K.meta, 'lmin', deadline)
+        meta.walk.lmin = deadline
+        M.save_walk(K.meta, meta.walk)
       end
       return reply
     end
@@ -3627,7 +3701,7 @@ local function define_module()
       end
       local jobs = {}
       for i = 1, #ids do jobs[i] = { level, ids[i], members[i] } end
-      M.ensure_ring(K, length) -- (a claim of a queue without a ring answers idle at once)
+      M.ensure_ring(K, length, meta) -- (a claim of a queue without a ring answers idle at once)
       local added = M.rank(meta, jobs)
       if added > 0 then M.record_push(K, meta, added, now, head) end
       return added
@@ -3746,7 +3820,7 @@ local function define_module()
         for i = 1, #ids do due[#due + 1] = ids[i] end
       end
       if #due + #ranked > 0 then
-        M.ensure_ring(K, length)
+        M.ensure_ring(K, length, meta)
         if #due > 0 then rcall('LPUSH', K.ring, unpack(due)) end
         M.rank(meta, ranked)
         M.record_push(K, meta, #due + #ranked, now, head)
@@ -3898,7 +3972,10 @@ local function define_module()
         local tokens = {}
         for j = 2, #revoke, 2 do tokens[#tokens + 1] = revoke[j] end
         -- (the walk waits at a young live lease: one of these may be it, and is done with)
-        if M.frees_tail(tokens, meta.lstop) then rcall('HSET', K.meta, 'lstop', '') end
+        if M.frees_tail(tokens, meta.lstop) then
+          meta.walk.lstop = nil
+          M.save_walk(K.meta, meta.walk)
+        end
       end
       M.add_count(K.meta, 'cancelled', found)
       return found
@@ -4319,7 +4396,7 @@ local function define_module()
       -- (a letter whose id the queue holds again goes all the same: that job will run)
       if meta.tracked then ids = M.admit(ids, 'p') end
       if #ids > 0 then
-        M.ensure_ring(K, length)
+        M.ensure_ring(K, length, meta)
         M.call_all('LPUSH', K.ring, ids)
         M.record_push(K, meta, #ids, M.now_ms(), head)
       end
@@ -4825,7 +4902,7 @@ local function define_module()
         pairs_ = M.pairs_of(ids, 2)
         if #ids == 0 then return 0 end
       end
-      M.ensure_ring(K, length)
+      M.ensure_ring(K, length, meta)
       M.count_copies(ids, stored)
       M.call_all('HSET', K.payloads, pairs_)
       M.call_all('LPUSH', K.ring, ids)
@@ -5111,8 +5188,7 @@ local function define_module()
     -- elements beyond what it drops).
     function M.push_group(group, ids, now, cap, look)
       local keys = group.keys
-      M.ensure_ring(keys, group.length)
-      if group.length == 0 then group.meta.lapnext = nil end -- ensure_ring restarted the laps
+      M.ensure_ring(keys, group.length, group.meta)
       local length = rcall('LPUSH', keys.ring, unpack(ids)) -- at most LIMIT.batch ids
       if cap then length = length - M.expire_backlog(group, #ids, cap, look) end
       M.record_push(keys, group.meta, #ids, now, group.head, length, group.wake)
@@ -5169,12 +5245,11 @@ local function define_module()
       if #back > 0 then M.call_all('RPUSH', keys.ring, back) end
       meta.taken = meta.taken + dropped
       local expired = tonumber(rcall('HMGET', keys.meta, 'expired')[1]) or 0
-      local fields = { 'taken', meta.taken, 'expired', expired + dropped }
-      if before_lap > 0 then
+      if before_lap > 0 then -- (record_push writes it, next)
         meta.lapnext = meta.lapnext - before_lap
-        fields[5], fields[6] = 'lapnext', meta.lapnext
+        meta.walk.lapnext = meta.lapnext
       end
-      rcall('HSET', keys.meta, unpack(fields))
+      rcall('HSET', keys.meta, 'taken', meta.taken, 'expired', expired + dropped)
       return dropped
     end
 

@@ -712,7 +712,9 @@ def test_bench_primitives_reads_and_writes_the_same_numbers_every_way(
         expected = sum(1795926272913 + i for i in range(1, 25))
         for read in ("read_fields", "read_msgpack", "read_struct"):
             assert client.fcall(read, 2, *keys) == expected, read
-        assert client.fcall("read_claim_meta", 2, *keys) == 13  # (the numbers a queue has)
+        # (the numbers a queue has: the same, packed and as a field each)
+        assert client.fcall("read_claim_meta", 2, *keys) == 13
+        assert client.fcall("read_claim_meta_34", 2, *keys) == 13
         assert client.fcall("write_8_fields", 2, *keys) == 8
         assert client.hmget(keys[1], "a", "h") == [b"1795926272914", b"1795926272921"]
         for write, read in (("write_msgpack", "read_msgpack"), ("write_struct", "read_struct")):
@@ -734,8 +736,11 @@ def test_bench_primitives_reads_the_meta_fields_the_module_reads() -> None:
 
     module = quoted(module_source(), "local META_FIELDS = {", "}")
     bench = quoted(LIBRARY, "local CLAIM_FIELDS = {", "}")
-    assert len(module) == 34
+    assert len(module) == 23
     assert bench == module
+    # (and the walk's numbers packed as the module packs them)
+    walk = quoted(module_source(), "local WALK_FIELDS = {", "}")
+    assert "local WALK_FORMAT, ABSENT = '<" + "d" * len(walk) + "', -1 / 0" in LIBRARY
 
 
 def test_bench_instructions_holds_the_payload_claim_against_its_floor_and_a_stream(

@@ -11,17 +11,13 @@ import redis
 from rotator import Job, ProtocolError, Retention, Topic
 from rotator.defaults import MAX_TRIM_BUDGET
 from rotator.keys import KEY_ROLES, QueueKeys
+from rotator.meta import meta_fields
 
 MARGIN = 16  # how far past the bound a backlog may be before a publish brings it back
 
 
-def text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
-
-
 def meta_of(client: redis.Redis, keys: QueueKeys) -> dict[str, str]:
-    raw = client.hgetall(keys.meta)
-    return {text(k): text(v) for k, v in raw.items()}
+    return meta_fields(cast(dict[bytes, bytes], client.hgetall(keys.meta)))
 
 
 def assert_one_lap_where_the_walk_expects_it(client: redis.Redis, keys: QueueKeys) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import re
+import struct
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -595,8 +596,30 @@ class RedisStub:
 
 
 # Builds the sandbox once per runtime: the redis table, readonly globals, a runner per chunk.
+# The part of Redis's `struct` library the module uses: little-endian doubles ("<ddd..."). Its
+# unpack returns the values and then the position after them, as Redis's does.
+_STRUCT_FORMAT = re.compile(rb"<d+")
+
+
+def _struct_format(fmt: bytes) -> str:
+    if not _STRUCT_FORMAT.fullmatch(fmt):
+        raise StubError(f"struct format {fmt!r} is not one the stub knows")
+    return "<" + "d" * (len(fmt) - 1)
+
+
+def _struct_pack(fmt: bytes, *values: float) -> bytes:
+    return struct.pack(_struct_format(fmt), *values)
+
+
+def _struct_unpack(fmt: bytes, data: bytes) -> tuple[float | int, ...]:
+    layout = _struct_format(fmt)
+    if len(data) < struct.calcsize(layout):
+        raise StubError("struct.unpack of a string too short: the module checks sizes first")
+    return (*struct.unpack_from(layout, data), struct.calcsize(layout) + 1)
+
+
 _SANDBOX_LUA = r"""
-function(dispatch, source, chunkname, watch)
+function(dispatch, source, chunkname, watch, struct_pack, struct_unpack)
   local chunk, compile_error = loadstring(source, chunkname)
   if not chunk then return nil, compile_error end
 
@@ -634,6 +657,7 @@ function(dispatch, source, chunkname, watch)
     tostring = tostring, type = type, unpack = unpack, xpcall = xpcall,
     string = readonly(string, 'string'), table = readonly(table, 'table'),
     math = readonly(math, 'math'), redis = readonly(redis, 'redis'),
+    struct = readonly({ pack = struct_pack, unpack = struct_unpack }, 'struct'),
   }
 
   return function(keys, argv)
@@ -675,7 +699,7 @@ class LuaScript:
         self._lua = lupa.LuaRuntime(encoding=None, unpack_returned_tuples=True, register_eval=False)
         self._gap: StubError | None = None
         make = self._lua.eval(_SANDBOX_LUA)
-        made = make(self._dispatch, source, chunkname.encode(), watch)
+        made = make(self._dispatch, source, chunkname.encode(), watch, _struct_pack, _struct_unpack)
         if isinstance(made, tuple):  # (nil, message): the chunk does not compile
             raise SyntaxError(made[1].decode(errors="replace"))
         self._runner = made

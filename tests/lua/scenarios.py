@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import pytest
 
 from rotator.keys import KEY_ROLES
+from rotator.meta import WALK_FIELDS, walk_numbers
 from rotator.models import COUNTER_FIELDS
 from rotator.protocol import unpack_element
 from tests.lua.backend import Backend, KeyState, ReplyError, Result
@@ -2383,6 +2384,103 @@ def payload_commands_check_arguments_keys_and_types_before_writing(b: Backend) -
 
 
 # -- topics ----------------------------------------------------------------------------------
+
+# -- the walk's numbers: one packed field, and a queue an older module kept ---------------------
+
+
+def walk_of(b: Backend) -> dict[str, int]:
+    """The meta's walk field, decoded (rotator.meta): its numbers by name."""
+    packed = b.hgetall("meta").get("walk")
+    assert packed is not None, b.hgetall("meta")
+    return walk_numbers(packed.encode("utf-8", "surrogateescape"))
+
+
+def as_an_older_module_kept_it(b: Backend) -> dict[str, int]:
+    """Rewrites the walk's numbers as a module before the packed field kept them: a field each,
+    in decimal, and "" where it had cleared a deadline (qmin, lstop). Returns the numbers."""
+    numbers = walk_of(b)
+    b.raw_command("HDEL", b.key("meta"), "walk")
+    for name in WALK_FIELDS:
+        if name in numbers:
+            b.raw_hset("meta", name, str(numbers[name]))
+        elif name in ("qmin", "lstop"):
+            b.raw_hset("meta", name, "")
+    return numbers
+
+
+def no_field_of_its_own(b: Backend) -> None:
+    meta = b.hgetall("meta")
+    assert not set(WALK_FIELDS) & set(meta), meta
+    assert "walk" in meta
+
+
+@scenario
+def the_walks_numbers_are_one_field_and_every_claim_keeps_them_there(b: Backend) -> None:
+    push(b, "a", "b", "c")
+    assert walk_of(b)["qstart"] == meta_seq(b)  # the push: its lap starts at the seq
+    first = nxt(b, 2, SHORT)
+    no_field_of_its_own(b)
+    numbers = walk_of(b)
+    assert numbers["lmin"] == first.jobs[0][0].deadline  # the earliest deadline in flight
+    b.sleep_ms(PAST_SHORT)
+    again = nxt(b, 10, LONG)  # c, then a and b again
+    assert sorted(again.ids) == ["a", "b", "c"]
+    assert walk_of(b)["lmin"] == again.jobs[0][0].deadline
+    no_field_of_its_own(b)
+
+
+@scenario
+def a_queue_an_older_module_kept_claims_from_its_walk_fields_and_packs_them(b: Backend) -> None:
+    """A queue written before the walk's numbers were packed keeps them as a field each: the
+    next claim reads them there, goes on where they say (the lap, the leases in flight), and
+    writes the packed field in their place."""
+    twin = b.fresh("packed")
+    for q in (b, twin):
+        push(q, "a", "b", "c", "d", "e")
+    held = {q.name: nxt(q, 2, SHORT) for q in (b, twin)}
+    numbers = as_an_older_module_kept_it(b)
+    assert "walk" not in b.hgetall("meta")
+    for q in (b, twin):
+        q.sleep_ms(PAST_SHORT)  # (each: a stub's fresh queue has a clock of its own)
+    got = {q.name: nxt(q, 10, LONG) for q in (b, twin)}
+    # The same jobs as the queue that never lost its packed field: the pending ones, and the
+    # two whose leases ran out (the lease list's walk found them where lmin said).
+    assert sorted(got[b.name].ids) == sorted(got[twin.name].ids) == ["a", "b", "c", "d", "e"]
+    assert [r for _, r in got[b.name].jobs] == [r for _, r in got[twin.name].jobs]
+    assert held[b.name].ids == ["a", "b"]
+    no_field_of_its_own(b)
+    assert walk_of(b)["qstart"] > numbers["qstart"]
+    assert ack(b, *got[b.name].tokens) == 5
+    laps(b)  # (acked elements leave with the walk that reaches them)
+    assert stats(b)["length"] == 0
+
+
+@scenario
+def a_queue_an_older_module_kept_takes_pushes_acks_and_nacks_and_packs_its_walk(
+    b: Backend,
+) -> None:
+    push(b, "a", "b", "c")
+    first = nxt(b, 3, LONG)
+    # A push reads the lap from the fields, and writes them packed with its own.
+    lapnext = as_an_older_module_kept_it(b)["lapnext"]
+    push(b, "d")
+    no_field_of_its_own(b)
+    assert walk_of(b)["lapnext"] == lapnext
+    assert walk_of(b)["qstart"] == meta_seq(b)
+    # A nack reads them too (due work: the idle lap starts again).
+    as_an_older_module_kept_it(b)
+    assert b.call("nack", 0, first.tokens[0]) == [1]
+    no_field_of_its_own(b)
+    assert walk_of(b)["qmin"] <= b.now_ms()
+    # An ack of the lease the lease list's walk stopped at reads it there, and clears it.
+    stop = nxt(b, 10, LONG)
+    assert sorted(stop.ids) == ["a", "d"]
+    as_an_older_module_kept_it(b)
+    assert ack(b, *first.tokens[1:], *stop.tokens) == 4
+    no_field_of_its_own(b)
+    laps(b)
+    assert stats(b)["length"] == 0
+
 
 TOPIC_ROLES = ("meta", "groups", "log", "bodies")
 QUEUE_ROLES = KEY_ROLES

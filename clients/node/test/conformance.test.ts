@@ -130,7 +130,11 @@ class Runner {
     if (kind === "list") return this.redis.lrange(key, 0, -1);
     if (kind === "set") return (await this.redis.smembers(key)).sort();
     if (kind === "zset") return this.redis.zrange(key, 0, -1);
-    if (kind === "hash") return this.redis.hgetall(key);
+    if (kind === "hash") {
+      // (by field: HGETALL's order is the hash table's, which a rehash step moves on a read)
+      const fields = Object.entries(await this.redis.hgetall(key));
+      return Object.fromEntries(fields.sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0)));
+    }
     if (kind === "none") return null;
     return this.redis.get(key);
   }
