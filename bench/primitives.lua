@@ -27,10 +27,10 @@ local CLAIM_META = { 'seq', '1795927715542', 'lapnext', '1795927715640', 'qstart
   '1795927715538', 'pushed', '100', 'taken', '3', 'lapguess', '0', 'qlen', '101', 'origin',
   '1795927715536', 'lmin', '1795927745841', 'lstop', '1795927745841', 'lpass', '0', 'lskip', '0',
   'lpasses', '1', 'layout', 'rotator meta: a hash table on purpose, so that reading a field is O(1)' }
--- The module's walk field (WALK_FORMAT): lapnext qstart qmin lapguess qlen packed lmin lstop
+-- The module's walk field (WALK_FORMAT): qstart qlen lapnext qmin lapguess packed lmin lstop
 -- lpass lskip rpasses lpasses, -inf for an absent one; CLAIM_META's numbers.
 local WALK_FORMAT, ABSENT = '<dddddddddddd', -1 / 0
-local WALK = { 1795927715640, 1795927715538, ABSENT, 0, 101, ABSENT, 1795927745841, 1795927745841,
+local WALK = { 1795927715538, 101, 1795927715640, ABSENT, 0, ABSENT, 1795927745841, 1795927745841,
   0, 0, ABSENT, 1 }
 local STAMP = 1795926272913
 

@@ -799,18 +799,20 @@ local function define_module()
   -- The meta fields of a walk's state that write_meta writes back when they changed, by the
   -- names they have in both (nil: absent); the walk's numbers go packed (WALK_FIELDS).
   local WRITTEN_META = { 'taken', 'prio' }
-  -- THE WALK'S NUMBERS: the ring's lap (lapnext lapguess), the idle lap (qstart qlen qmin),
+  -- THE WALK'S NUMBERS: the idle lap (qstart qlen qmin), the ring's lap (lapnext lapguess),
   -- the jobs in packed batches beyond one per element (packed), and the lease list's walk
   -- (lmin lstop lpass lskip rpasses lpasses, see LEASES), kept in one meta field, "walk", as
-  -- twelve little-endian doubles packed by `struct` in this order (an absent one as -inf;
-  -- lapguess 1 or 0). Every claim reads and writes them: as a field each they cost a one-job
-  -- claim some 16% of its instructions more (each field an HMGET or HSET names, and each
-  -- number's strtod and formatting; bench.instructions). A queue a module before the packed
-  -- field wrote keeps them as a field each, by these names: read from there until the first
-  -- write of the packed field, which deletes them (M.walk_of).
-  local WALK_FIELDS = { 'lapnext', 'qstart', 'qmin', 'lapguess', 'qlen', 'packed', 'lmin', 'lstop',
+  -- twelve little-endian doubles packed by `struct` in WALK_FIELDS' order (an absent one as
+  -- -inf; lapguess 1 or 0). Every claim reads and writes them: as a field each they cost a
+  -- one-job claim some 17% of its instructions more (each field an HMGET or HSET names, and
+  -- each number's strtod and formatting; bench.instructions). A push writes the first two and
+  -- reads the third (PUSH_WALK: it leaves the other bytes as they are). A queue a module before
+  -- the packed field wrote keeps them as a field each, by these names: read from there until
+  -- the first write of the packed field, which deletes them (M.walk_of).
+  local WALK_FIELDS = { 'qstart', 'qlen', 'lapnext', 'qmin', 'lapguess', 'packed', 'lmin', 'lstop',
     'lpass', 'lskip', 'rpasses', 'lpasses' }
   local WALK_FORMAT, WALK_BYTES, ABSENT = '<dddddddddddd', 96, -1 / 0
+  local PUSH_WALK = { written = '<dd', kept_from = 17, lapnext = '<d', lapnext_at = 17 }
   -- An empty table for a result nothing adds to (read only): a table made and collected
   -- costs a claim about 1k instructions.
   local NONE = {}
@@ -1089,7 +1091,7 @@ local function define_module()
     if packed and #packed == WALK_BYTES then
       -- (one constructor: a table grown a field at a time is rehashed four times)
       local a, b, c, d, e, f, g, h, i, j, k, l = M.walk_values(packed)
-      return { lapnext = a, qstart = b, qmin = c, lapguess = d, qlen = e, packed = f, lmin = g,
+      return { qstart = a, qlen = b, lapnext = c, qmin = d, lapguess = e, packed = f, lmin = g,
         lstop = h, lpass = i, lskip = j, rpasses = k, lpasses = l, stored = true }
     end
     local w = {}
@@ -1106,12 +1108,19 @@ local function define_module()
   -- (One worker's loop takes them as they are, M.loop_lease: a table of them costs it 5%.)
   function M.walk_values(packed)
     local a, b, c, d, e, f, g, h, i, j, k, l = struct.unpack(WALK_FORMAT, packed)
+    -- (walk_number's test written out: a call for each costs the loop some 1%)
     return a == a and a ~= ABSENT and a or nil, b == b and b ~= ABSENT and b or nil,
       c == c and c ~= ABSENT and c or nil, d == d and d ~= ABSENT and d or nil,
       e == e and e ~= ABSENT and e or nil, f == f and f ~= ABSENT and f or nil,
       g == g and g ~= ABSENT and g or nil, h == h and h ~= ABSENT and h or nil,
       i == i and i ~= ABSENT and i or nil, j == j and j ~= ABSENT and j or nil,
       k == k and k ~= ABSENT and k or nil, l == l and l ~= ABSENT and l or nil
+  end
+
+  -- A number of the walk field as unpacked: nil for an absent one (-inf), and for a NaN.
+  function M.walk_number(x)
+    if x == x and x ~= ABSENT then return x end
+    return nil
   end
 
   -- The walk field's value for twelve numbers in WALK_FIELDS' order (nil: absent).
@@ -1123,7 +1132,7 @@ local function define_module()
 
   -- The walk field's value for the numbers of `w` (walk_of's form).
   function M.walk_text(w)
-    return M.walk_packed(w.lapnext, w.qstart, w.qmin, w.lapguess, w.qlen, w.packed, w.lmin,
+    return M.walk_packed(w.qstart, w.qlen, w.lapnext, w.qmin, w.lapguess, w.packed, w.lmin,
       w.lstop, w.lpass, w.lskip, w.rpasses, w.lpasses)
   end
 
@@ -1645,10 +1654,10 @@ local function define_module()
     local tn = tonumber
     local seq = l[1] and tn(l[1])
     -- (the walk's numbers, but for lpass and lskip, which it sets to 0; none without the field)
-    local was_lapnext, was_qstart, was_qmin, lapguess, was_qlen, packed, lmin, lstop, rpasses,
+    local was_qstart, was_qlen, was_lapnext, was_qmin, lapguess, packed, lmin, lstop, rpasses,
       lpasses, _
     if l[2] and #l[2] == WALK_BYTES then
-      was_lapnext, was_qstart, was_qmin, lapguess, was_qlen, packed, lmin, lstop, _, _, rpasses,
+      was_qstart, was_qlen, was_lapnext, was_qmin, lapguess, packed, lmin, lstop, _, _, rpasses,
         lpasses = M.walk_values(l[2])
     end
     if found > 1 or not seq or not lmin or l[7] or l[8] == '1' or l[9]
@@ -1717,7 +1726,7 @@ local function define_module()
     lapguess = (lapguess == 1 or not was_lapnext) and 1 or 0
     packed = math.max((packed or 0) - (jobs - 1) + leased - 1, 0)
     rcall('HSET', K.meta, 'seq', seq + 1 + leased, 'taken', (l[3] and tn(l[3]) or 0) + leased,
-      'walk', M.walk_packed(lapnext + 1, qstart + 1, qmin, lapguess, qlen, packed, deadline,
+      'walk', M.walk_packed(qstart + 1, qlen, lapnext + 1, qmin, lapguess, packed, deadline,
         deadline, 0, 0, rpasses, lpasses))
     M.add_count(K.meta, 'completed', jobs)
     local soonest = qmin and qmin < deadline and qmin or deadline
@@ -2173,12 +2182,27 @@ local function define_module()
       local m = M.read('HMGET', K.meta, 'seq', 'origin', 'pushed', 'taken', 'walk', 'track_ids',
         'layout')
       local seq, origin = M.seq_origin(m[1], m[2])
-      local walk = M.walk_of(K.meta, m[5], m[1])
+      -- The walk's numbers: the stored field as it is, its lapnext read alone (see PUSH_WALK),
+      -- or walk_of's table where there is none.
+      local packed, walk, lapnext = m[5] and #m[5] == WALK_BYTES and m[5], nil, nil
+      if packed then
+        lapnext = M.walk_number(struct.unpack(PUSH_WALK.lapnext, packed, PUSH_WALK.lapnext_at))
+      else
+        walk = M.walk_of(K.meta, m[5], m[1])
+        lapnext = walk.lapnext
+      end
       return {
         seq = seq, origin = origin, seeded = not m[1], pushed = tonumber(m[3]) or 0,
-        taken = tonumber(m[4]) or 0, lapnext = walk.lapnext, walk = walk, tracked = m[6] == '1',
-        layout = m[7],
+        taken = tonumber(m[4]) or 0, tracked = m[6] == '1', layout = m[7],
+        lapnext = lapnext, walk_packed = packed, walk = walk,
       }
+    end
+
+    -- read_push_meta's walk as walk_of's table (made once asked for: most pushes rewrite the
+    -- stored field's first numbers only, record_push).
+    function M.push_walk(meta)
+      if not meta.walk then meta.walk = M.walk_of(nil, meta.walk_packed) end
+      return meta.walk
     end
 
     -- Reads (and so type-checks) what record_push will write: the push log's head, and the wake
@@ -2193,9 +2217,10 @@ local function define_module()
     function M.ensure_ring(K, length, meta)
       if length == 0 then
         rcall('LPUSH', K.ring, SENTINEL)
-        if meta.walk.lapnext then
-          meta.lapnext, meta.walk.lapnext = nil, nil
-          M.save_walk(K.meta, meta.walk)
+        if meta.lapnext then
+          local walk = M.push_walk(meta)
+          meta.lapnext, walk.lapnext = nil, nil
+          M.save_walk(K.meta, walk)
         end
       end
     end
@@ -2220,9 +2245,14 @@ local function define_module()
       end
       -- Something new is available: consumers must visit every element the ring holds now (the
       -- new ones come last) before they may idle.
-      local walk = meta.walk
-      walk.qstart, walk.qlen = meta.seq, length or rcall('LLEN', K.ring)
-      M.save_walk(K.meta, walk, 'pushed', meta.pushed)
+      local qlen, walk = length or rcall('LLEN', K.ring), meta.walk
+      if walk then
+        walk.qstart, walk.qlen = meta.seq, qlen
+        M.save_walk(K.meta, walk, 'pushed', meta.pushed)
+      else -- (the stored field, its first two numbers rewritten: PUSH_WALK)
+        rcall('HSET', K.meta, 'walk', struct.pack(PUSH_WALK.written, meta.seq, qlen) ..
+          string.sub(meta.walk_packed, PUSH_WALK.kept_from), 'pushed', meta.pushed)
+      end
       -- (seq and origin written once, by the push that seeds them: a queue's stored seq only
       -- moves on with its claims, and an origin not stored reads as 0, see seq_origin; on
       -- Redis 7.0 each 13-digit number a command is given costs a %.17g formatting)
@@ -5247,7 +5277,7 @@ local function define_module()
       local expired = tonumber(rcall('HMGET', keys.meta, 'expired')[1]) or 0
       if before_lap > 0 then -- (record_push writes it, next)
         meta.lapnext = meta.lapnext - before_lap
-        meta.walk.lapnext = meta.lapnext
+        M.push_walk(meta).lapnext = meta.lapnext
       end
       rcall('HSET', keys.meta, 'taken', meta.taken, 'expired', expired + dropped)
       return dropped

@@ -8,11 +8,11 @@ import math
 import struct
 
 WALK_FIELDS = (
-    "lapnext",
     "qstart",
+    "qlen",
+    "lapnext",
     "qmin",
     "lapguess",
-    "qlen",
     "packed",
     "lmin",
     "lstop",

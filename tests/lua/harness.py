@@ -597,7 +597,8 @@ class RedisStub:
 
 # Builds the sandbox once per runtime: the redis table, readonly globals, a runner per chunk.
 # The part of Redis's `struct` library the module uses: little-endian doubles ("<ddd..."). Its
-# unpack returns the values and then the position after them, as Redis's does.
+# unpack reads from an optional position and returns the values and then the position after
+# them, as Redis's does.
 _STRUCT_FORMAT = re.compile(rb"<d+")
 
 
@@ -611,11 +612,12 @@ def _struct_pack(fmt: bytes, *values: float) -> bytes:
     return struct.pack(_struct_format(fmt), *values)
 
 
-def _struct_unpack(fmt: bytes, data: bytes) -> tuple[float | int, ...]:
-    layout = _struct_format(fmt)
-    if len(data) < struct.calcsize(layout):
+def _struct_unpack(fmt: bytes, data: bytes, init: int = 1) -> tuple[float | int, ...]:
+    """From byte ``init`` (1-based, as Lua counts), as Redis's struct.unpack."""
+    layout, start = _struct_format(fmt), int(init) - 1
+    if start < 0 or len(data) < start + struct.calcsize(layout):
         raise StubError("struct.unpack of a string too short: the module checks sizes first")
-    return (*struct.unpack_from(layout, data), struct.calcsize(layout) + 1)
+    return (*struct.unpack_from(layout, data, start), start + struct.calcsize(layout) + 1)
 
 
 _SANDBOX_LUA = r"""
