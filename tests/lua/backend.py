@@ -54,6 +54,11 @@ def _text(raw: bytes | str) -> str:
     return raw if isinstance(raw, str) else raw.decode("utf-8", "surrogateescape")
 
 
+def _raw_bytes(text: str) -> bytes:
+    """What _text made of a value, given back as its bytes (any bytes, not only UTF-8's)."""
+    return text.encode("utf-8", "surrogateescape")
+
+
 def normalise(reply: object) -> Result:
     """A reply of either backend in the shared shape."""
     if reply is None or isinstance(reply, int):
@@ -239,7 +244,7 @@ class StubBackend(Backend):
         return StubBackend(f"{self.name}-{suffix}", self.path)
 
     def _raw(self, *args: str) -> None:
-        self.harness.stub.execute([a.encode() for a in args])
+        self.harness.stub.execute([_raw_bytes(a) for a in args])
 
     def raw_lpush(self, role: str, *values: str) -> None:
         self._raw("LPUSH", self.key(role), *values)
@@ -359,7 +364,7 @@ class RealBackend(Backend):
         self.client.delete(self.key(role))
 
     def raw_hset(self, role: str, field: str, value: str) -> None:
-        self.client.hset(self.key(role), field, value)
+        self.client.hset(self.key(role), field, _raw_bytes(value))
 
     def cleanup(self) -> None:
         """Delete the queue's keys and its fresh() siblings' (tests share a server, not queues)."""

@@ -9,7 +9,9 @@ range on a real server. A few scenarios need hours or minutes of clock and run o
 
 from __future__ import annotations
 
+import math
 import re
+import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -2427,6 +2429,28 @@ def the_walks_numbers_are_one_field_and_every_claim_keeps_them_there(b: Backend)
     assert sorted(again.ids) == ["a", "b", "c"]
     assert walk_of(b)["lmin"] == again.jobs[0][0].deadline
     no_field_of_its_own(b)
+
+
+@scenario
+def a_walk_field_written_by_hand_reads_as_no_numbers_and_loses_no_job(b: Backend) -> None:
+    """A walk field of another size, or holding a NaN, reads as absent (as a field that is not
+    a number always did): the claims go on with the lap guessed again, every job delivered once
+    and its lease still found when it runs out; the next write packs the field anew."""
+    nan = struct.pack("<12d", *[math.nan] * 12).decode("utf-8", "surrogateescape")
+    for junk in ("x", "", "\x00" * 95, nan):
+        q = b.fresh(f"junk{len(junk)}")  # (the NaNs' field is 96 bytes: the right size)
+        push(q, "a", "b", "c")
+        first = nxt(q, 1, SHORT)
+        assert first.ids == ["a"]
+        q.raw_hset("meta", "walk", junk)
+        rest = nxt(q, 10, LONG)
+        assert rest.ids == ["b", "c"]
+        assert len(walk_of(q)) > 0  # packed anew, whole
+        q.sleep_ms(PAST_SHORT)
+        again = nxt(q, 10, LONG)  # a's lease ran out: delivered again, not lost
+        assert again.ids == ["a"]
+        assert [r for _, r in again.jobs] == [1]
+        assert ack(q, *rest.tokens, *again.tokens) == 3
 
 
 @scenario
