@@ -805,14 +805,15 @@ local function define_module()
   -- twelve little-endian doubles packed by `struct` in WALK_FIELDS' order (an absent one as
   -- -inf; lapguess 1 or 0). Every claim reads and writes them: as a field each they cost a
   -- one-job claim some 17% of its instructions more (each field an HMGET or HSET names, and
-  -- each number's strtod and formatting; bench.instructions). A push writes the first two and
-  -- reads the third (PUSH_WALK: it leaves the other bytes as they are). A queue a module before
-  -- the packed field wrote keeps them as a field each, by these names: read from there until
-  -- the first write of the packed field, which deletes them (M.walk_of).
+  -- each number's strtod and formatting; bench.instructions). A call that needs one or two of
+  -- them reads them at their places (walk_number_at: a push lapnext, an ack lstop) and a push
+  -- rewrites the first two before the field's other bytes (record_push). A queue a module
+  -- before the packed field wrote keeps them as a field each, by these names: read from there
+  -- until the first write of the packed field, which deletes them (M.walk_of).
   local WALK_FIELDS = { 'qstart', 'qlen', 'lapnext', 'qmin', 'lapguess', 'packed', 'lmin', 'lstop',
     'lpass', 'lskip', 'rpasses', 'lpasses' }
   local WALK_FORMAT, WALK_BYTES, ABSENT = '<dddddddddddd', 96, -1 / 0
-  local PUSH_WALK = { written = '<dd', kept_from = 17, lapnext = '<d', lapnext_at = 17 }
+  local WALK_PLACE = { lapnext = 3, lstop = 8 } -- (their places in WALK_FIELDS)
   -- An empty table for a result nothing adds to (read only): a table made and collected
   -- costs a claim about 1k instructions.
   local NONE = {}
@@ -1121,6 +1122,26 @@ local function define_module()
   function M.walk_number(x)
     if x == x and x ~= ABSENT then return x end
     return nil
+  end
+
+  -- The walk as a call that needs few of its numbers reads it: the stored field when it is one
+  -- (`packed`; walk_number_at reads a number of it alone, walk_table makes the whole table
+  -- once asked for), or else walk_of's table (`walk`).
+  function M.walk_stored(meta_key, raw, stored_seq)
+    if raw and #raw == WALK_BYTES then return raw, nil end
+    return false, M.walk_of(meta_key, raw, stored_seq)
+  end
+
+  -- The walk's number `name` in a stored field (WALK_PLACE), without unpacking the others.
+  function M.walk_number_at(packed, name)
+    return M.walk_number(struct.unpack('<d', packed, 8 * WALK_PLACE[name] - 7))
+  end
+
+  -- `holder`'s walk as walk_of's table (holder.walk), made from its stored field
+  -- (holder.walk_packed, see walk_stored) once asked for.
+  function M.walk_table(holder)
+    if not holder.walk then holder.walk = M.walk_of(nil, holder.walk_packed) end
+    return holder.walk
   end
 
   -- The walk field's value for twelve numbers in WALK_FIELDS' order (nil: absent).
@@ -2182,27 +2203,14 @@ local function define_module()
       local m = M.read('HMGET', K.meta, 'seq', 'origin', 'pushed', 'taken', 'walk', 'track_ids',
         'layout')
       local seq, origin = M.seq_origin(m[1], m[2])
-      -- The walk's numbers: the stored field as it is, its lapnext read alone (see PUSH_WALK),
-      -- or walk_of's table where there is none.
-      local packed, walk, lapnext = m[5] and #m[5] == WALK_BYTES and m[5], nil, nil
-      if packed then
-        lapnext = M.walk_number(struct.unpack(PUSH_WALK.lapnext, packed, PUSH_WALK.lapnext_at))
-      else
-        walk = M.walk_of(K.meta, m[5], m[1])
-        lapnext = walk.lapnext
-      end
+      -- (the walk's lapnext alone, where the field is stored: see walk_stored)
+      local packed, walk = M.walk_stored(K.meta, m[5], m[1])
+      local lapnext = packed and M.walk_number_at(packed, 'lapnext') or walk and walk.lapnext
       return {
         seq = seq, origin = origin, seeded = not m[1], pushed = tonumber(m[3]) or 0,
         taken = tonumber(m[4]) or 0, tracked = m[6] == '1', layout = m[7],
         lapnext = lapnext, walk_packed = packed, walk = walk,
       }
-    end
-
-    -- read_push_meta's walk as walk_of's table (made once asked for: most pushes rewrite the
-    -- stored field's first numbers only, record_push).
-    function M.push_walk(meta)
-      if not meta.walk then meta.walk = M.walk_of(nil, meta.walk_packed) end
-      return meta.walk
     end
 
     -- Reads (and so type-checks) what record_push will write: the push log's head, and the wake
@@ -2218,7 +2226,7 @@ local function define_module()
       if length == 0 then
         rcall('LPUSH', K.ring, SENTINEL)
         if meta.lapnext then
-          local walk = M.push_walk(meta)
+          local walk = M.walk_table(meta)
           meta.lapnext, walk.lapnext = nil, nil
           M.save_walk(K.meta, walk)
         end
@@ -2249,9 +2257,9 @@ local function define_module()
       if walk then
         walk.qstart, walk.qlen = meta.seq, qlen
         M.save_walk(K.meta, walk, 'pushed', meta.pushed)
-      else -- (the stored field, its first two numbers rewritten: PUSH_WALK)
-        rcall('HSET', K.meta, 'walk', struct.pack(PUSH_WALK.written, meta.seq, qlen) ..
-          string.sub(meta.walk_packed, PUSH_WALK.kept_from), 'pushed', meta.pushed)
+      else -- (the stored field, its first two numbers, qstart and qlen, rewritten)
+        rcall('HSET', K.meta, 'walk', struct.pack('<dd', meta.seq, qlen) ..
+          string.sub(meta.walk_packed, 17), 'pushed', meta.pushed)
       end
       -- (seq and origin written once, by the push that seeds them: a queue's stored seq only
       -- moves on with its claims, and an origin not stored reads as 0, see seq_origin; on
@@ -2312,8 +2320,13 @@ local function define_module()
         or M.read('HMGET', K.meta, 'origin', 'seq', 'walk', c[1], c[2], c[3], c[4])
       sides.seq = tonumber(m[2]) or 0
       sides.origin = tonumber(m[1]) or 0
-      sides.walk = M.walk_of(K.meta, m[3], m[2])
-      sides.lstop = sides.walk.lstop
+      -- (the walk's lstop alone, where the field is stored: see walk_stored)
+      sides.walk_packed, sides.walk = M.walk_stored(K.meta, m[3], m[2])
+      if sides.walk_packed then
+        sides.lstop = M.walk_number_at(sides.walk_packed, 'lstop')
+      else
+        sides.lstop = sides.walk.lstop
+      end
       if fence then
         sides.fence_ms = tonumber(m[8]) or LIMIT.fence_ms
         sides.fence_max = tonumber(m[9]) or LIMIT.fence_max
@@ -2327,8 +2340,9 @@ local function define_module()
     function M.write_acked(sides)
       local fields = M.marked_fields(sides, {})
       if sides.lstop_was and not sides.lstop then
-        sides.walk.lstop = nil
-        M.save_walk(K.meta, sides.walk, unpack(fields))
+        local walk = M.walk_table(sides)
+        walk.lstop = nil
+        M.save_walk(K.meta, walk, unpack(fields))
       elseif #fields > 0 then
         rcall('HSET', K.meta, unpack(fields))
       end
@@ -5277,7 +5291,7 @@ local function define_module()
       local expired = tonumber(rcall('HMGET', keys.meta, 'expired')[1]) or 0
       if before_lap > 0 then -- (record_push writes it, next)
         meta.lapnext = meta.lapnext - before_lap
-        M.push_walk(meta).lapnext = meta.lapnext
+        M.walk_table(meta).lapnext = meta.lapnext
       end
       rcall('HSET', keys.meta, 'taken', meta.taken, 'expired', expired + dropped)
       return dropped

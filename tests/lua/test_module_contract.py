@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 
+from rotator.meta import WALK_FIELDS
 from tests.lua import harness
 from tests.lua.harness import MODULE_PATH, ROLES
 
@@ -259,6 +260,12 @@ def test_the_loops_meta_fields_are_the_claims_and_its_places_say_so() -> None:
     assert "walk" in loop
     assert not set(walk) & set(meta)
     assert f"'<{'d' * len(walk)}', {8 * len(walk)}," in source  # WALK_FORMAT, WALK_BYTES
+    assert tuple(walk) == WALK_FIELDS  # (rotator.meta decodes the field by these)
+    # (the numbers read alone are named at their places)
+    for name, place in re.findall(
+        r"(\w+) = (\d+)", source.split("local WALK_PLACE = {")[1].split("}")[0]
+    ):
+        assert walk[int(place) - 1] == name
     places = source.split("-- (l by LOOP_FIELDS' places: ", 1)[1].split(")", 1)[0]
     named = re.findall(r"(\d+) ([a-z_]+)", places.replace("\n    --", ""))
     assert [(int(i), name) for i, name in named] == list(enumerate(loop, 1))
