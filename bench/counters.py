@@ -122,9 +122,13 @@ def modules(before: Path | None = None, after: Path | None = None) -> tuple[Modu
 
 
 # The module's counts of what happened to its jobs (completed, redelivered, reclaimed,
-# lettered): never read by the calls, added to by M.write_meta's call of M.add_counts, with
-# an HINCRBY of each that the call changed. ``without_counters`` takes that call out.
+# lettered): added to by M.write_meta's call of M.add_counts, with an HINCRBY of each that
+# the call changed, and never read, but by one worker's loop (M.loop_lease), which reads
+# `completed` among its LOOP_FIELDS and writes the sum in the HSET of its other numbers.
+# ``without_counters`` takes out that call, and the loop's read and write.
 _ADD_COUNTS = "    M.add_counts(s)\n"  # (in write_meta, inside define_module)
+_LOOP_READ = ("'prio', 'completed' }", "'prio' }")  # (LOOP_FIELDS' last: l[12] is then nil)
+_LOOP_WRITE = (", 'completed', completed + jobs)", ")")  # (the end of the loop's HSET)
 ISOLATED_NAME = "rotator-without-counters.lua"  # --isolate's BEFORE
 
 
@@ -132,9 +136,11 @@ def without_counters(source: str) -> str:
     """``source`` with its counters not written (``--isolate``: BEFORE, against the same
     module with them, so the difference is what the counters themselves cost now). The edit
     must apply exactly once, or the module changed and this must follow it."""
-    if source.count(_ADD_COUNTS) != 1:
-        raise SystemExit(f"without_counters: {_ADD_COUNTS.strip()!r} is not in the module once")
-    return source.replace(_ADD_COUNTS, "")
+    for old, new in ((_ADD_COUNTS, ""), _LOOP_READ, _LOOP_WRITE):
+        if source.count(old) != 1:
+            raise SystemExit(f"without_counters: {old.strip()!r} is not in the module once")
+        source = source.replace(old, new)
+    return source
 
 
 def describe_modules(

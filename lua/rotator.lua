@@ -263,7 +263,7 @@ COMMANDS (ARGV[1]; numbers are decimal integers)
     The call a busy queue makes most (batch acks, in order or not, nothing else to repair,
     pending ids at the ring's tail) takes a short way, M.fast_lease, that writes exactly
     what the walk writes without building its state; one worker's loop (one batch ack of
-    the lease list's lone batch) a shorter one still, M.loop_lease, nine commands a call.
+    the lease list's lone batch) a shorter one still, M.loop_lease, seven commands a call.
   next_packed COUNT LEASE_MS BUDGET MAX_DELIVERIES [ACK_TOKEN ...]
     next, with this call's first deliveries sent as their packed element instead of a
     token each (what the Python client calls: less work on both sides of the wire).
@@ -818,14 +818,14 @@ local function define_module()
   -- costs a claim about 1k instructions.
   local NONE = {}
   -- The meta fields a claim reads (read_meta_fields; meta_of takes them by place), and those
-  -- of them one worker's loop needs (M.loop_lease), which it reads alone: each field an HMGET
-  -- names costs a call some 1k instructions (callgrind, Valkey 8). When the loop declines, it
-  -- reads the rest (see M.loop_places).
+  -- of them one worker's loop needs (M.loop_lease), which it reads alone, and the counter it
+  -- writes: each field an HMGET names costs a call some 1k instructions (callgrind, Valkey 8).
+  -- When the loop declines, it reads the rest (see M.loop_places).
   local META_FIELDS = { 'seq', 'walk', 'pushed', 'taken', 'origin', 'fence_ms', 'fence_max',
     'dead_max', 'dead_age_ms', 'marked_n', 'marked_a', 'marked_n_old', 'marked_a_old', 'smin',
     'paused', 'rate_n', 'rate_ms', 'rate_tat', 'track_ids', 'prio', 'pseq', 'stale', 'layout' }
   local LOOP_FIELDS = { 'seq', 'walk', 'taken', 'origin', 'marked_n', 'marked_n_old', 'smin',
-    'paused', 'rate_n', 'track_ids', 'prio' }
+    'paused', 'rate_n', 'track_ids', 'prio', 'completed' }
   local LOOP_PLACES -- (made once needed: an EVAL call runs this chunk whole every time)
 
   function M.fail(code, message)
@@ -1367,7 +1367,8 @@ local function define_module()
   -- read already: the lists' lengths, and maybe the meta fields, the side structures' count
   -- (EXISTS) and TIME; nothing is read twice, and the order of the reads stays this one.
   function M.read_walk_state(length, lease_length, fields, found, now)
-    if not length then length, lease_length = M.read('LLEN', K.ring), M.read('LLEN', K.leases) end
+    if not length then length = M.read('LLEN', K.ring) end
+    if not lease_length then lease_length = M.read('LLEN', K.leases) end
     local meta = M.meta_of(fields or M.read_meta_fields(K), K.meta)
     local sides, dead_length = M.read_sides_and_dead(found)
     M.read_marked(sides, meta.marked)
@@ -1486,9 +1487,10 @@ local function define_module()
     M.add_counts(s)
   end
 
-  -- The counters (see stats) are added to, never read, by the calls that change them: reading
+  -- The counters (see stats) are added to, not read, by the calls that change them: reading
   -- four fields and formatting their sums cost every call about 1 us, an HINCRBY of the ones
-  -- that changed costs only the calls that change them about 0.4 us each.
+  -- that changed costs only the calls that change them about 0.4 us each. (One worker's loop
+  -- is the exception: it writes `completed` in the HSET it makes anyway, M.loop_lease.)
   function M.add_counts(s)
     if s.completed ~= 0 then M.add_count(K.meta, 'completed', s.completed) end
     if s.redelivered ~= 0 then M.add_count(K.meta, 'redelivered', s.redelivered) end
@@ -1664,14 +1666,14 @@ local function define_module()
     -- Its own reads, in read_walk_state's order: the lease list's first two elements for its
     -- length (the loop's is 1) and its element, one command where LLEN and LINDEX are two.
     -- Several workers' lease lists are declined before the meta is read, so that their
-    -- claims read it once, whole.
-    local length = M.read('LLEN', K.ring)
+    -- claims read it once, whole. The ring it reads by its pop alone (pop_pending, guarded):
+    -- the lap's numbers say how far the pending ids reach, and the pop what is there.
     local head = M.read('LRANGE', K.leases, '0', '1')
-    if #head ~= 1 then return M.loop_declined(length, head) end
+    if #head ~= 1 then return M.loop_declined(head) end
     local l = M.read('HMGET', K.meta, unpack(LOOP_FIELDS))
     local found = rcall('EXISTS', K.done, K.done_old, K.marks, K.marks_old, K.revoked, K.dead)
     -- (l by LOOP_FIELDS' places: 1 seq, 2 walk, 3 taken, 4 origin, 5 marked_n,
-    -- 6 marked_n_old, 7 smin, 8 paused, 9 rate_n, 10 track_ids, 11 prio)
+    -- 6 marked_n_old, 7 smin, 8 paused, 9 rate_n, 10 track_ids, 11 prio, 12 completed)
     local tn = tonumber
     local seq = l[1] and tn(l[1])
     -- (the walk's numbers, but for lpass and lskip, which it sets to 0; none without the field)
@@ -1684,7 +1686,7 @@ local function define_module()
     if found > 1 or not seq or not lmin or l[7] or l[8] == '1' or l[9]
         or l[10] and l[10] ~= '0' or l[11] and l[11] ~= '0' or l[5] and l[5] ~= '0'
         or l[6] and l[6] ~= '0' then
-      return M.loop_declined(length, head, l, found)
+      return M.loop_declined(head, l, found)
     end
     local now = M.now_ms()
     -- The ack is this queue's (its call seq since the queue's origin, see refused_among), and
@@ -1692,7 +1694,7 @@ local function define_module()
     call = tn(call)
     if lmin <= now or call < (l[4] and tn(l[4]) or 0) or call >= seq
         or lstop and string.format('%d', lstop) ~= acked_deadline then
-      return M.loop_declined(length, head, l, found, now)
+      return M.loop_declined(head, l, found, now)
     end
     local batch = string.sub(ack, 1, -(#jobs_text + 2))
     -- One side structure may exist: the fencing set (read_sides_and_dead), and then the batch
@@ -1702,7 +1704,7 @@ local function define_module()
       revoked = M.read('ZCARD', K.revoked)
       local scores = revoked > 0 and rcall('ZMSCORE', K.revoked, batch, batch .. '*')
       if not scores or scores[1] or scores[2] then
-        return M.loop_declined(length, head, l, found, now)
+        return M.loop_declined(head, l, found, now)
       end
       -- (the fencing window's settings, for its trimming: read where they matter)
       fence = rcall('HMGET', K.meta, 'fence_ms', 'fence_max')
@@ -1715,21 +1717,27 @@ local function define_module()
     if string.sub(element, 1, start - 1) ~= batch .. '*' or #acked_deadline > LIMIT.int_digits
         or #batch > LIMIT.stamp_bytes or not string.find(element, '[^*]', start)
         or (ids or M.count_ids(element, start)) ~= jobs then
-      return M.loop_declined(length, head, l, found, now)
+      return M.loop_declined(head, l, found, now)
     end
-    -- The ring: `count` pending ids within the lap and the budget (one visit spent).
-    local lapnext = was_lapnext or (seq + length + 1)
-    if count >= length or count > lapnext - seq - 1 or count > budget - 1 then
-      return M.loop_declined(length, head, l, found, now)
+    -- The ring: `count` pending ids within the lap and the budget (one visit spent), the
+    -- lap's numbers known (a call after they were guessed again is the walk's). `completed`
+    -- goes in the meta's HSET, not a command of its own (HINCRBY): read, it must be a whole
+    -- number the sum keeps exact (one written by hand is the walk's, whose HINCRBY starts it
+    -- again).
+    local lapnext = was_lapnext
+    local completed = tn(l[12] or '0')
+    if not lapnext or not was_qlen or count > lapnext - seq - 1 or count > budget - 1
+        or was_qmin and was_qmin <= now or not completed or completed % 1 ~= 0
+        or completed + jobs >= 2^53 then
+      return M.loop_declined(head, l, found, now)
     end
     local deadline = now + lease
-    local qmin, qstart, qlen = was_qmin, was_qstart or seq, was_qlen or length
-    if qmin and qmin <= now then qmin, qstart, qlen = nil, seq, length end
+    local qmin, qstart, qlen = was_qmin, was_qstart or seq, was_qlen
     -- The earliest deadline yet: an idle consumer is woken to wait for it (note_leases).
     local wakes = deadline < (qmin and qmin < lmin and qmin or lmin)
     if wakes then M.read('LLEN', K.wake) end -- (its type, before the first write)
-    local popped, leased = M.pop_pending(count)
-    if not popped then return M.loop_declined(length, head, l, found, now) end
+    local popped, leased = M.pop_pending(count, true)
+    if not popped then return M.loop_declined(head, l, found, now) end
     -- Writes: the batch in the acked one's place, the wake-up, the meta's fields that change.
     local packed_element, first_stamp = M.pack_batch(popped, leased, deadline, seq)
     rcall('LSET', K.leases, '0', packed_element)
@@ -1742,31 +1750,30 @@ local function define_module()
     -- The lease pass (walk_leases for its one visit): it ends there, and when the ring was
     -- walked whole since the last ageing, the acks and marks age (none exist).
     rpasses, lpasses = rpasses or 0, (lpasses or 0) + 1
-    if rpasses >= 1 or length <= 1 then rpasses, lpasses = -1, 0 end
+    if rpasses >= 1 then rpasses, lpasses = -1, 0 end
     -- (the walk's numbers as write_meta would write them)
     lapguess = (lapguess == 1 or not was_lapnext) and 1 or 0
     packed = math.max((packed or 0) - (jobs - 1) + leased - 1, 0)
     rcall('HSET', K.meta, 'seq', seq + 1 + leased, 'taken', (l[3] and tn(l[3]) or 0) + leased,
       'walk', M.walk_packed(qstart + 1, qlen, lapnext + 1, qmin, lapguess, packed, deadline,
-        deadline, 0, 0, rpasses, lpasses))
-    M.add_count(K.meta, 'completed', jobs)
+        deadline, 0, 0, rpasses, lpasses), 'completed', completed + jobs)
     local soonest = qmin and qmin < deadline and qmin or deadline
     return M.batch_reply(1, compact, packed_element, popped, leased, first_stamp, soonest - now)
   end
 
   -- What loop_lease read, completed as read_walk_state takes it, for a call it declines: the
   -- lease list's length (it read its first two elements), and the meta fields it did not read
-  -- (when it read LOOP_FIELDS, `l`).
-  function M.loop_declined(length, head, l, found, now)
+  -- (when it read LOOP_FIELDS, `l`); the ring's length is read_walk_state's to read.
+  function M.loop_declined(head, l, found, now)
     local lease_length = #head < 2 and #head or M.read('LLEN', K.leases)
-    if not l then return nil, length, lease_length end
+    if not l then return nil, nil, lease_length end
     LOOP_PLACES = LOOP_PLACES or M.loop_places()
     local from, rest = LOOP_PLACES.from, M.read('HMGET', K.meta, unpack(LOOP_PLACES.rest))
     local m = {}
     for i = 1, #META_FIELDS do
       if from[i] > 0 then m[i] = l[from[i]] else m[i] = rest[-from[i]] end
     end
-    return nil, length, lease_length, m, found, now
+    return nil, nil, lease_length, m, found, now
   end
 
   -- The meta fields not among LOOP_FIELDS (`rest`), and where each of META_FIELDS is found
@@ -2029,9 +2036,20 @@ local function define_module()
   -- tail (popped, not read and trimmed: one command less). The batch stops early once its ids
   -- reach LIMIT.batch_bytes, and what it does not take goes back; all of it goes back when an
   -- element is not a pending id (the walk's then). Returns the ids in the order popped (the
-  -- tail first) and how many, or nil, the ring as it was.
-  function M.pop_pending(count)
-    local ids = rcall('RPOP', K.ring, SMALL_TEXT[count] or count)
+  -- tail first) and how many, or nil, the ring as it was. `guarded`: the caller has not read
+  -- the ring (M.loop_lease), so the pop is its type check, and it may find fewer than `count`.
+  function M.pop_pending(count, guarded)
+    local ids
+    if guarded then
+      ids = M.attempt('RPOP', K.ring, SMALL_TEXT[count] or count)
+      if not ids or ids.err then return nil end
+      if #ids < count then
+        M.unpop(ids, 1)
+        return nil
+      end
+    else
+      ids = rcall('RPOP', K.ring, SMALL_TEXT[count] or count)
+    end
     local bytes, most, id_bytes = 0, LIMIT.batch_bytes, LIMIT.id_bytes
     local n = 0
     for i = 1, #ids do

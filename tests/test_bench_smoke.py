@@ -286,14 +286,19 @@ def test_bench_counters_isolate_runs_the_module_without_its_counters(tmp_path: P
     call = "\n    M.add_counts(s)\n"  # (write_meta's, inside define_module)
     assert call in source
     assert call not in bare
-    # No call reads a counter: they are only added to. A claim reads the meta fields of
-    # META_FIELDS (read_meta_fields), one worker's loop those of LOOP_FIELDS.
+    # No call reads a counter but one worker's loop `completed` (it writes the sum in the
+    # HSET of its other numbers): they are only added to. A claim reads the meta fields of
+    # META_FIELDS (read_meta_fields), one worker's loop those of LOOP_FIELDS; the bare module
+    # reads no counter at all.
     assert "M.read('HMGET', K.meta, unpack(META_FIELDS))" in source
     assert "M.read('HMGET', K.meta, unpack(LOOP_FIELDS))" in source
-    for fields in ("local META_FIELDS = {", "local LOOP_FIELDS = {"):
+    for fields, counted in (("local META_FIELDS = {", False), ("local LOOP_FIELDS = {", True)):
         listed = source.split(fields, 1)[1].split("}", 1)[0]
         assert "'seq'" in listed
-        assert "'completed'" not in listed
+        assert ("'completed'" in listed) == counted
+        assert "'completed'" not in bare.split(fields, 1)[1].split("}", 1)[0]
+    assert "'completed', completed + jobs" in source
+    assert "'completed'," not in bare.split("function M.loop_lease(", 1)[1].split("\n  end\n")[0]
     run_smoke("bench.counters", tmp_path, 120, "--phases", "a", "--via", "fcall", "--isolate")
     data = json.loads((tmp_path / "counters.json").read_text())
     assert data["modules"]["before"].startswith("rotator-without-counters.lua (`--isolate`")

@@ -383,9 +383,10 @@ def test_stats_follow_a_job_through_its_life(client: redis.Redis, queue_name: st
 def test_a_counter_written_by_hand_starts_again_and_fails_no_call(
     client: redis.Redis, queue_name: str
 ) -> None:
-    """The calls add to the counters without reading them (HINCRBY): one that is not a whole
-    number, written by hand, must not fail a call that has already written its other changes
-    (stats reads it as 0, and the next change starts it again from what it adds)."""
+    """The calls add to the counters without reading them (HINCRBY; one worker's loop reads
+    `completed` and leaves one it cannot add to to them): one that is not a whole number,
+    written by hand, must not fail a call that has already written its other changes (stats
+    reads it as 0, and the next change starts it again from what it adds)."""
     q = short_lease(client, queue_name)
     q.push("a", "b", "c")
     client.hset(q.keys.meta, mapping={"completed": "garbage", "retried": "1.5"})

@@ -18,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.lua.harness import MODULE_PATH, Harness, ScriptError
+from tests.lua.harness import MODULE_PATH, Harness, Hash, ScriptError
 
 SWITCH = "local FAST_LEASE = true"
 LEASE_MS = 1000
@@ -299,10 +299,9 @@ def test_consumers_acking_out_of_order_take_the_short_way(tmp_path: Path, payloa
 
 
 # What the one-worker loop (M.loop_lease) sends: the claim's reads (the lease list's length
-# and element by one LRANGE), the pop, the batch in the acked one's place and the counters.
-LOOP_COMMANDS = [
-    b"LLEN", b"LRANGE", b"HMGET", b"EXISTS", b"TIME", b"RPOP", b"LSET", b"HSET", b"HINCRBY",
-]  # fmt: skip
+# and element by one LRANGE), the pop (which is the ring's read too), the batch in the acked
+# one's place, and the meta's numbers and counters by one HSET.
+LOOP_COMMANDS = [b"LRANGE", b"HMGET", b"EXISTS", b"TIME", b"RPOP", b"LSET", b"HSET"]
 
 
 def commands_since(twins: Twins, since: int) -> list[bytes]:
@@ -339,7 +338,7 @@ def test_one_workers_loop_wakes_an_idle_consumer_for_an_earlier_deadline(tmp_pat
     twins.both("next_packed", 1, LEASE_MS, 1000, 0, element[: element.index("*", 1)] + "/1")
     made = twins.fast.stub.calls[before:]
     assert [call[0] for call in made].index(b"RPOP") > made.index((b"LLEN", wake))
-    assert (b"LSET", twins.fast.keys[10].encode(), b"0") == made[-4][:3]
+    assert (b"LSET", twins.fast.keys[10].encode(), b"0") == made[-3][:3]
     assert len(twins.fast.stub.data[wake]) == min(tokens + 1, 16)  # (LIMIT.wake_tokens)
 
 
@@ -372,3 +371,78 @@ def test_one_workers_loop_leaves_what_it_does_not_recognise_to_the_others(
     twins.both("next_packed", 1, LEASE_MS, 1000, 0, ack.format(batch=batch, deadline=deadline,
                                                               call=call))  # fmt: skip
     assert (commands_since(twins, before) == LOOP_COMMANDS) == looped
+
+
+def loop_state(tmp_path: Path, jobs: int = 10) -> tuple[Twins, str]:
+    """Twins in one worker's loop: `jobs` pushed, one claimed; the batch ack to send next."""
+    twins = Twins(walk_only_module(tmp_path))
+    twins.both("push", *[f"job-{i}" for i in range(jobs)])
+    reply = twins.both("next_packed", 1, LEASE_MS, 1000, 0)
+    assert isinstance(reply, list)
+    element = str(reply[3])
+    return twins, element[: element.index("*", 1)] + "/1"
+
+
+def test_one_workers_loop_refuses_a_ring_of_another_type_and_writes_nothing(
+    tmp_path: Path,
+) -> None:
+    """The loop reads the ring only by its pop, guarded: a ring of another type (written by
+    hand) is declined there, and the walk refuses it by its type, as before anything else."""
+    twins, ack = loop_state(tmp_path)
+    ring = twins.fast.keys[0].encode()
+    for harness in (twins.fast, twins.walk):
+        harness.stub.data[ring] = b"not a list"
+    before = {key: repr(value) for key, value in twins.fast.stub.data.items()}
+    reply = twins.both("next_packed", 1, LEASE_MS, 1000, 0, ack)
+    assert isinstance(reply, str), reply
+    assert reply.startswith("ROTATOR_WRONGTYPE"), reply
+    assert {key: repr(value) for key, value in twins.fast.stub.data.items()} == before
+
+
+def test_one_workers_loop_puts_back_a_pop_that_is_not_its_jobs(tmp_path: Path) -> None:
+    """A ring holding fewer ids than the claim asks for, its sentinel gone (written by hand):
+    the loop pops, sees the ring was too short, puts the ids back as they were and declines;
+    the walk then leases them, as it always did, and no job is lost."""
+    twins, ack = loop_state(tmp_path)
+    ring = twins.fast.keys[0].encode()
+    for harness in (twins.fast, twins.walk):
+        harness.stub.data[ring] = [b"job-1", b"job-2"]  # (head first: job-2 is the tail)
+    before = len(twins.fast.stub.calls)
+    reply = twins.both("next_packed", 3, LEASE_MS, 1000, 0, ack)
+    assert commands_since(twins, before) != LOOP_COMMANDS
+    assert [c[0] for c in twins.fast.stub.calls[before:]].count(b"RPOP") >= 1
+    assert isinstance(reply, list)
+    leases = twins.fast.raw("leases")
+    assert isinstance(leases, list)
+    held = [part for element in [*leases, *twins.fast.ring()] for part in element.split(b"*")]
+    assert b"job-1" in held
+    assert b"job-2" in held
+
+
+@pytest.mark.parametrize("completed", [b"garbage", b"1.5", b"9007199254740993"])
+def test_one_workers_loop_leaves_a_counter_it_cannot_add_to_to_the_walk(
+    tmp_path: Path, completed: bytes
+) -> None:
+    """The loop writes `completed` with its other numbers (one HSET, no HINCRBY), so it reads
+    it: one that is not a whole number it can add to exactly (written by hand) sends the call
+    the walk's way, whose HINCRBY starts it again, as before, and no call fails."""
+    twins, ack = loop_state(tmp_path)
+    meta = twins.fast.keys[8].encode()
+    for harness in (twins.fast, twins.walk):
+        stored = harness.stub.data[meta]
+        assert isinstance(stored, Hash)
+        stored[b"completed"] = completed
+    before = len(twins.fast.stub.calls)
+    reply = twins.both("next_packed", 1, LEASE_MS, 1000, 0, ack)
+    assert commands_since(twins, before) != LOOP_COMMANDS
+    stored = twins.fast.stub.data[meta]
+    assert isinstance(stored, Hash)
+    big = completed.startswith(b"9")
+    assert stored[b"completed"] == (b"9007199254740994" if big else b"1")
+    # The loop's next call is its own again where the counter is exact, and adds to it.
+    assert isinstance(reply, list)
+    element = str(reply[3])
+    before = len(twins.fast.stub.calls)
+    twins.both("next_packed", 1, LEASE_MS, 1000, 0, element[: element.index("*", 1)] + "/1")
+    assert (commands_since(twins, before) == LOOP_COMMANDS) == (not big)
+    assert stored[b"completed"] == (b"9007199254740995" if big else b"2")
