@@ -1995,9 +1995,14 @@ local function define_module()
   -- Returns it, and its stamp (its batch name), which each token of it ends with.
   function M.pack_batch(batch, leased, deadline, seq)
     local first_stamp = string.format('*%d.1.%d', deadline, seq)
-    batch[0] = first_stamp -- (one string made, not a list and then the element)
-    local element = table.concat(batch, '*', 0, leased)
-    batch[0] = nil
+    local element
+    if leased == 1 then
+      element = first_stamp .. '*' .. batch[1] -- (one job: no table work at all)
+    else
+      batch[0] = first_stamp -- (one string made, not a list and then the element)
+      element = table.concat(batch, '*', 0, leased)
+      batch[0] = nil
+    end
     PACKED, PACKED_IDS = element, batch
     M.keep_packed(element, batch, leased)
     return element, first_stamp
