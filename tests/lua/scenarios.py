@@ -2917,3 +2917,69 @@ def a_batch_ack_after_one_of_its_jobs_was_acked_alone_is_refused(b: Backend) -> 
     assert stats(b)["done"] == 3
     laps(b)
     assert stats(b)["length"] == 0
+
+
+# -- one worker's loop (M.loop_lease) ---------------------------------------------------------
+
+
+def loop_claim(b: Backend, count: int, ack_of: str | None) -> tuple[str, str]:
+    """One worker's call: next_packed of `count`, acking the batch it claimed before
+    (`ack_of`, its packed element) whole. Its packed element and its ids joined by "*"."""
+    acks = () if ack_of is None else (ack_of[: ack_of.index("*", 1)] + f"/{ack_of.count('*') - 1}",)
+    reply = b.call("next_packed", count, LONG, BUDGET, 0, *acks)
+    assert isinstance(reply, list), reply
+    element = reply[3]
+    assert isinstance(element, str), reply
+    return element, element[element.index("*", 1) + 1 :]
+
+
+def a_worker_in_its_loop(b: Backend, jobs: int = 10) -> str:
+    """A queue of `jobs` ids whose one worker has claimed twice, acking as it claims: the
+    state one worker's loop serves. The element of its batch in flight."""
+    push(b, *[f"j{i}" for i in range(jobs)])
+    element, _ = loop_claim(b, 1, None)
+    element, _ = loop_claim(b, 1, element)
+    return element
+
+
+@scenario
+def one_workers_loop_refuses_a_ring_of_another_type_and_writes_nothing(b: Backend) -> None:
+    """The loop reads the ring by its pop alone: a ring of another type (written by hand)
+    is refused by its type, and nothing is written."""
+    element = a_worker_in_its_loop(b)
+    b.raw_del("ring")
+    b.raw_set("ring", "oops")
+    ack_of = element[: element.index("*", 1)] + "/1"
+    message = expect_error(b, "ROTATOR_WRONGTYPE", "next_packed", 1, LONG, BUDGET, 0, ack_of)
+    assert b.key("ring") in message
+
+
+@scenario
+def one_workers_loop_puts_back_a_ring_too_short_for_its_claim(b: Backend) -> None:
+    """A ring holding fewer ids than the claim asks for, its sentinel gone (written by hand):
+    the loop's pop finds too few, puts them back as they were, and the walk leases them; no
+    job is lost or delivered twice."""
+    element = a_worker_in_its_loop(b)
+    b.raw_del("ring")
+    b.raw_rpush("ring", "j8", "j9")  # (j2..j7 taken out by hand: only these two are left)
+    element, ids = loop_claim(b, 3, element)
+    assert sorted(ids.split("*")) == ["j8", "j9"]
+    assert counters(b)["completed"] == 2  # j0, j1
+    assert b.state("ring") == ("list", ["*lap"])
+
+
+@scenario
+def one_workers_loop_leaves_a_completed_count_it_cannot_add_to_to_the_walk(b: Backend) -> None:
+    """The loop writes `completed` in the HSET of its numbers, so it reads it: one written by
+    hand that is not a whole number, or too large to add to exactly, goes the walk's way,
+    whose HINCRBY starts it again or adds to it; no call fails."""
+    for value, after in (("x", "1"), ("1.5", "1"), ("9007199254740993", "9007199254740994")):
+        q = b.fresh(f"completed{len(value)}")
+        element = a_worker_in_its_loop(q)  # (completed: 1)
+        q.raw_hset("meta", "completed", value)
+        element, ids = loop_claim(q, 1, element)
+        assert ids == "j2"
+        assert q.hgetall("meta")["completed"] == after
+        element, ids = loop_claim(q, 1, element)  # the loop's again where it can add
+        assert ids == "j3"
+        assert q.hgetall("meta")["completed"] == str(int(after) + 1)
