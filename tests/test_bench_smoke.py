@@ -895,3 +895,24 @@ def test_bench_lean_claim_claims_one_worker_loop_and_refuses_any_other_state(
     finally:
         client.delete(*keys)
         client.function_delete("rotator_lean_claim")
+
+
+def test_bench_lua_steps_smoke(tmp_path: Path) -> None:
+    """bench.lua_steps on tiny sizes: each case's calls counted by the module's functions,
+    the stand-in's own Lua left out. One worker's loop spends its steps in M.loop_lease most
+    (and builds no walk's table: read_walk_state never runs), a claim of 100 more than a
+    claim of one, and the counts add up to the case's figure."""
+    printed = run_smoke("bench.lua_steps", tmp_path, 120)
+    data = json.loads((tmp_path / "lua_steps.json").read_text())
+    one, hundred, push = data["cases"]
+    assert one["name"].startswith("next_packed 1 + batch ack")
+    names = [step["name"] for step in one["functions"]]
+    assert names[0] == "M.loop_lease", names
+    assert "M.read_walk_state" not in names
+    assert "main" in names  # (the library's entry: the chunk itself ran once, before)
+    assert "(the chunk)" not in names
+    for case in (one, hundred, push):
+        assert case["per_call"] == pytest.approx(sum(s["per_call"] for s in case["functions"]))
+    assert 200 < one["per_call"] < hundred["per_call"]
+    assert "M.push_ids" in [step["name"] for step in push["functions"]]
+    assert "| `M.loop_lease` |" in printed

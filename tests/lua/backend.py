@@ -204,9 +204,10 @@ class StubBackend(Backend):
 
     exact_clock = True
 
-    def __init__(self, name: str = "q", path: Path = MODULE_PATH) -> None:
+    def __init__(self, name: str = "q", path: Path = MODULE_PATH, *, library: bool = False) -> None:
         self.path = path  # another module file: to check that scenarios catch its mistakes
-        self.harness = Harness(name, path=path)
+        self.library = library  # loaded as a function library and called as FCALL calls it
+        self.harness = Harness(name, path=path, library=library)
         self.name = name
         self.keys = queue_keys(name)
         self.tracked: list[str] = []
@@ -241,7 +242,7 @@ class StubBackend(Backend):
         raise TypeError(f"unexpected stub value {value!r}")
 
     def fresh(self, suffix: str) -> Backend:
-        return StubBackend(f"{self.name}-{suffix}", self.path)
+        return StubBackend(f"{self.name}-{suffix}", self.path, library=self.library)
 
     def _raw(self, *args: str) -> None:
         self.harness.stub.execute([_raw_bytes(a) for a in args])

@@ -621,9 +621,10 @@ def _struct_unpack(fmt: bytes, data: bytes, init: int = 1) -> tuple[float | int,
 
 
 _SANDBOX_LUA = r"""
-function(dispatch, source, chunkname, watch, struct_pack, struct_unpack)
+function(dispatch, source, chunkname, watch, struct_pack, struct_unpack, as_library)
   local chunk, compile_error = loadstring(source, chunkname)
   if not chunk then return nil, compile_error end
+  local registered -- (a library's function, once its chunk has run: FUNCTION LOAD's part)
 
   local function readonly(t, what)
     return setmetatable({}, {
@@ -648,6 +649,9 @@ function(dispatch, source, chunkname, watch, struct_pack, struct_unpack)
     return { err = message }
   end
   function redis.status_reply(message) return { ok = message } end
+  if as_library then
+    function redis.register_function(_, f) registered = f end
+  end
 
   -- What Redis 7 offers a script, minus what the module has no business using (os, loadstring).
   local library = {
@@ -663,8 +667,10 @@ function(dispatch, source, chunkname, watch, struct_pack, struct_unpack)
   }
 
   return function(keys, argv)
+    -- A library's calls run only the function it registered (FCALL), with no KEYS or ARGV.
+    if registered then return pcall(registered, keys, argv) end
     -- Empty, so every assignment reaches __newindex (KEYS = ... fails too, as in Redis).
-    local globals, per_call = {}, { KEYS = keys, ARGV = argv }
+    local globals, per_call = {}, as_library and {} or { KEYS = keys, ARGV = argv }
     setmetatable(globals, {
       __index = function(_, name)
         local value = per_call[name]
@@ -679,7 +685,12 @@ function(dispatch, source, chunkname, watch, struct_pack, struct_unpack)
       __metatable = 'globals',
     })
     setfenv(chunk, globals)
-    return pcall(chunk)
+    if not as_library then return pcall(chunk) end
+    -- A library's first call runs its chunk first, as FUNCTION LOAD does.
+    local ok, load_error = pcall(chunk)
+    if not ok then return ok, load_error end
+    if not registered then return false, 'the library registered no function' end
+    return pcall(registered, keys, argv)
   end
 end
 """
@@ -694,17 +705,27 @@ class LuaScript:
         source: bytes,
         chunkname: str,
         watch: Callable[[Any], None] | None = None,
+        library: bool = False,
     ) -> None:
         """``watch``, when given, sees every table the chunk gives a metatable (a test reads
-        the module's function table M that way)."""
+        the module's function table M that way). ``library``: the chunk is a function library
+        (``redis.register_function`` exists while it runs, the first call), and every call
+        runs the function it registered, as FCALL does."""
         self.stub = stub
         self._lua = lupa.LuaRuntime(encoding=None, unpack_returned_tuples=True, register_eval=False)
         self._gap: StubError | None = None
         make = self._lua.eval(_SANDBOX_LUA)
-        made = make(self._dispatch, source, chunkname.encode(), watch, _struct_pack, _struct_unpack)
+        made = make(
+            self._dispatch, source, chunkname.encode(), watch, _struct_pack, _struct_unpack, library
+        )
         if isinstance(made, tuple):  # (nil, message): the chunk does not compile
             raise SyntaxError(made[1].decode(errors="replace"))
         self._runner = made
+
+    def runtime_eval(self, code: str) -> Any:
+        """``code`` evaluated in the script's own Lua runtime, outside its sandbox (a bench
+        sets a debug hook there: bench.lua_steps)."""
+        return self._lua.eval(code)
 
     def rawget(self, table: Any, key: bytes) -> Any:
         """``table[key]`` without its metatable (a table ``watch`` saw)."""
@@ -802,12 +823,23 @@ def _error_text(value: Any) -> str:
 class Harness:
     """The real module on a RedisStub, with one queue's thirteen keys and a fake clock."""
 
-    def __init__(self, name: str = "q", now_ms: int = START_MS, path: Path = MODULE_PATH) -> None:
+    def __init__(
+        self,
+        name: str = "q",
+        now_ms: int = START_MS,
+        path: Path = MODULE_PATH,
+        *,
+        library: bool = False,
+    ) -> None:
+        """``library``: the module loaded as a function library and called as FCALL calls it
+        (rotator.script.library_source's name line, on the module's first line, so that line
+        numbers stay the file's)."""
         self.stub = RedisStub(now_ms)
         self.name = name
         self.keys = queue_keys(name)
         self.source = path.read_bytes()
-        self.script = LuaScript(self.stub, self.source, MODULE_CHUNKNAME)
+        source = b"local FUNCTION_NAME = 'rotator_stub' " + self.source if library else self.source
+        self.script = LuaScript(self.stub, source, MODULE_CHUNKNAME, library=library)
 
     @property
     def now_ms(self) -> int:

@@ -20,9 +20,13 @@ from tests.lua.harness import (
 from tests.lua.scenarios import SCENARIOS, Scenario
 
 
+@pytest.mark.parametrize("library", [False, True], ids=["eval", "library"])
 @pytest.mark.parametrize("scenario", SCENARIOS, ids=[s.__name__ for s in SCENARIOS])
-def test_scenario_on_the_stub(scenario: Scenario) -> None:
-    scenario(StubBackend())
+def test_scenario_on_the_stub(scenario: Scenario, library: bool) -> None:
+    """Each scenario as EVAL runs the module (the whole chunk a call) and as FCALL runs a
+    library (its chunk once, then the function it registered, keeping what a library keeps
+    between calls)."""
+    scenario(StubBackend(library=library))
 
 
 def _script(source: str, stub: RedisStub | None = None) -> LuaScript:
