@@ -36,9 +36,10 @@ KEYS
                             SCHEDULES), rate_n rate_ms rate_tat (see rate_limit), d0..d25
                             dsum (see durations), prio pseq (see PRIORITIES), completed
                             redelivered reclaimed lettered retried cancelled (added to by
-                            the calls that change them, read by stats alone), stale (see
-                            IDS), copies (see pushp), layout (written once: keeps it a
-                            hash table, see LIMIT.meta_layout); settings (configure)
+                            the calls that change them, read by stats alone, and completed
+                            by one worker's loop, which writes it with its own numbers),
+                            stale (see IDS), copies (see pushp), layout (written once: keeps
+                            it a hash table, see LIMIT.meta_layout); settings (configure)
   KEYS[10] pushlog    LIST  "<pushed>:<ms>" push checkpoints, one a second at most, newest
                             first (pending age); the newest's count is meta pushed
   KEYS[11] leases     LIST  the jobs in flight: leases and packed batches, newest at the head,
