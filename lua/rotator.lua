@@ -1133,8 +1133,10 @@ local function define_module()
     return false, M.walk_of(meta_key, raw, stored_seq)
   end
 
-  -- The walk's number `name` in a stored field (WALK_PLACE), without unpacking the others.
-  function M.walk_number_at(packed, name)
+  -- The walk's number `name` as walk_stored gave the walk: at its place in the stored field
+  -- (WALK_PLACE), without unpacking the others, or else from walk_of's table.
+  function M.walk_number_at(packed, walk, name)
+    if not packed then return walk[name] end
     return M.walk_number(struct.unpack('<d', packed, 8 * WALK_PLACE[name] - 7))
   end
 
@@ -1678,11 +1680,10 @@ local function define_module()
     local tn = tonumber
     local seq = l[1] and tn(l[1])
     -- (the walk's numbers, but for lpass and lskip, which it sets to 0; none without the field)
-    local was_qstart, was_qlen, was_lapnext, was_qmin, lapguess, packed, lmin, lstop, rpasses,
-      lpasses, _
+    local qstart, qlen, lapnext, qmin, lapguess, packed, lmin, lstop, rpasses, lpasses, _
     if l[2] and #l[2] == WALK_BYTES then
-      was_qstart, was_qlen, was_lapnext, was_qmin, lapguess, packed, lmin, lstop, _, _, rpasses,
-        lpasses = M.walk_values(l[2])
+      qstart, qlen, lapnext, qmin, lapguess, packed, lmin, lstop, _, _, rpasses, lpasses =
+        M.walk_values(l[2])
     end
     if found > 1 or not seq or not lmin or l[7] or l[8] == '1' or l[9]
         or l[10] and l[10] ~= '0' or l[11] and l[11] ~= '0' or l[5] and l[5] ~= '0'
@@ -1721,19 +1722,18 @@ local function define_module()
       return M.loop_declined(head, l, found, now)
     end
     -- The ring: `count` pending ids within the lap and the budget (one visit spent), the
-    -- lap's numbers known (a call after they were guessed again is the walk's). `completed`
+    -- lap's numbers known (a call without them is the walk's, which guesses them). `completed`
     -- goes in the meta's HSET, not a command of its own (HINCRBY): read, it must be a whole
     -- number the sum keeps exact (one written by hand is the walk's, whose HINCRBY starts it
     -- again).
-    local lapnext = was_lapnext
     local completed = tn(l[12] or '0')
-    if not lapnext or not was_qlen or count > lapnext - seq - 1 or count > budget - 1
-        or was_qmin and was_qmin <= now or not completed or completed % 1 ~= 0
+    if not lapnext or not qlen or count > lapnext - seq - 1 or count > budget - 1
+        or qmin and qmin <= now or not completed or completed % 1 ~= 0
         or completed + jobs >= 2^53 then
       return M.loop_declined(head, l, found, now)
     end
     local deadline = now + lease
-    local qmin, qstart, qlen = was_qmin, was_qstart or seq, was_qlen
+    qstart = qstart or seq
     -- The earliest deadline yet: an idle consumer is woken to wait for it (note_leases).
     local wakes = deadline < (qmin and qmin < lmin and qmin or lmin)
     if wakes then M.read('LLEN', K.wake) end -- (its type, before the first write)
@@ -1753,7 +1753,7 @@ local function define_module()
     rpasses, lpasses = rpasses or 0, (lpasses or 0) + 1
     if rpasses >= 1 then rpasses, lpasses = -1, 0 end
     -- (the walk's numbers as write_meta would write them)
-    lapguess = (lapguess == 1 or not was_lapnext) and 1 or 0
+    lapguess = lapguess == 1 and 1 or 0
     packed = math.max((packed or 0) - (jobs - 1) + leased - 1, 0)
     rcall('HSET', K.meta, 'seq', seq + 1 + leased, 'taken', (l[3] and tn(l[3]) or 0) + leased,
       'walk', M.walk_packed(qstart + 1, qlen, lapnext + 1, qmin, lapguess, packed, deadline,
@@ -2229,7 +2229,7 @@ local function define_module()
       local seq, origin = M.seq_origin(m[1], m[2])
       -- (the walk's lapnext alone, where the field is stored: see walk_stored)
       local packed, walk = M.walk_stored(K.meta, m[5], m[1])
-      local lapnext = packed and M.walk_number_at(packed, 'lapnext') or walk and walk.lapnext
+      local lapnext = M.walk_number_at(packed, walk, 'lapnext')
       return {
         seq = seq, origin = origin, seeded = not m[1], pushed = tonumber(m[3]) or 0,
         taken = tonumber(m[4]) or 0, tracked = m[6] == '1', layout = m[7],
@@ -2346,11 +2346,7 @@ local function define_module()
       sides.origin = tonumber(m[1]) or 0
       -- (the walk's lstop alone, where the field is stored: see walk_stored)
       sides.walk_packed, sides.walk = M.walk_stored(K.meta, m[3], m[2])
-      if sides.walk_packed then
-        sides.lstop = M.walk_number_at(sides.walk_packed, 'lstop')
-      else
-        sides.lstop = sides.walk.lstop
-      end
+      sides.lstop = M.walk_number_at(sides.walk_packed, sides.walk, 'lstop')
       if fence then
         sides.fence_ms = tonumber(m[8]) or LIMIT.fence_ms
         sides.fence_max = tonumber(m[9]) or LIMIT.fence_max
