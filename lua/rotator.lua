@@ -767,8 +767,10 @@ local LAYOUTS
 -- budget every call), at most LIMIT.known_ints of them (`nints`). `leased`: the packed
 -- elements claims made lately, by their text, how many ids each holds, at most
 -- LIMIT.known_batches of them (`nleased`); `named`: of those a payload claim made (to be
--- acked by name), the ids themselves (never changed once kept: a caller gets a copy). See
--- M.keep_packed.
+-- acked by name), the ids themselves (never changed once kept: a caller gets a copy);
+-- `acks`: of those, what one worker's loop needs of each one's whole-batch ack, by the ack's
+-- text (M.loop_ack). See M.keep_packed. `second`, `second_ms`: TIME's last seconds as text,
+-- and as ms (M.now_ms).
 local KEPT
 local LIBRARY = false
 -- The module's functions (sections 3 to 14 define them, see define_module).
@@ -862,10 +864,13 @@ local function define_module()
     return redis.pcall(name, key, ...)
   end
 
-  -- (TIME's digits made numbers by arithmetic: tonumber converts a string twice)
+  -- (TIME's digits made numbers by arithmetic: tonumber converts a string twice. A library
+  -- converts the seconds once a second: a conversion costs some 1.9k instructions.)
   function M.now_ms()
-    local t = rcall('TIME')
-    return t[1] * 1000 + math.floor(t[2] / 1000)
+    local t, kept = rcall('TIME'), KEPT
+    local second = t[1]
+    if second ~= kept.second then kept.second, kept.second_ms = second, second * 1000 end
+    return kept.second_ms + math.floor(t[2] / 1000)
   end
 
   -- A whole number in [lo, hi] written in plain digits; strtod-isms like "1e3" or "nan" fail.
@@ -1662,10 +1667,8 @@ local function define_module()
         or budget <= 1 then
       return nil
     end
-    -- The ack: "*<deadline>.1.<call seq>/<jobs>" (check_tokens' form of a batch ack).
-    local acked_deadline, call, jobs_text = string.match(ack, '^%*(%d+)%.1%.(%d+)/(%d+)$')
-    local jobs = tonumber(jobs_text)
-    if not jobs or jobs < 1 or jobs > LIMIT.count then return nil end
+    local acked_deadline, call, jobs, batch, made = M.loop_ack(ack)
+    if not acked_deadline then return nil end
     -- Its own reads, in read_walk_state's order: the lease list's first two elements for its
     -- length (the loop's is 1) and its element, one command where LLEN and LINDEX are two.
     -- Several workers' lease lists are declined before the meta is read, so that their
@@ -1693,12 +1696,10 @@ local function define_module()
     local now = M.now_ms()
     -- The ack is this queue's (its call seq since the queue's origin, see refused_among), and
     -- frees the young lease the last walk stopped at, if any (frees_tail): the walk goes on.
-    call = tn(call)
     if lmin <= now or call < (l[4] and tn(l[4]) or 0) or call >= seq
-        or lstop and string.format('%d', lstop) ~= acked_deadline then
+        or lstop and lstop ~= acked_deadline then
       return M.loop_declined(head, l, found, now)
     end
-    local batch = string.sub(ack, 1, -(#jobs_text + 2))
     -- One side structure may exist: the fencing set (read_sides_and_dead), and then the batch
     -- must not be in it (refused_among: by its name, or fenced whole as "<batch>*").
     local revoked, fence = 0, nil
@@ -1712,14 +1713,19 @@ local function define_module()
       fence = rcall('HMGET', K.meta, 'fence_ms', 'fence_max')
     end
     -- The lease list's one element is the acked batch, of as many ids as the ack says, well
-    -- formed (fast_window's place, own_deadline).
+    -- formed (fast_window's place, own_deadline): the one this library made, when it knew
+    -- the ack (strings are interned: one pointer's comparison), or else checked as it is.
     local element = head[1]
-    local start = #batch + 2
-    local ids = KEPT.leased[element]
-    if string.sub(element, 1, start - 1) ~= batch .. '*' or #acked_deadline > LIMIT.int_digits
-        or #batch > LIMIT.stamp_bytes or not string.find(element, '[^*]', start)
-        or (ids or M.count_ids(element, start)) ~= jobs then
-      return M.loop_declined(head, l, found, now)
+    if made then
+      if element ~= made then return M.loop_declined(head, l, found, now) end
+    else
+      local start = #batch + 2
+      local ids = KEPT.leased[element]
+      if string.sub(element, 1, start - 1) ~= batch .. '*' or #batch > LIMIT.stamp_bytes
+          or not string.find(element, '[^*]', start)
+          or (ids or M.count_ids(element, start)) ~= jobs then
+        return M.loop_declined(head, l, found, now)
+      end
     end
     -- The ring: `count` pending ids within the lap and the budget (one visit spent), the
     -- lap's numbers known (a call without them is the walk's, which guesses them). `completed`
@@ -1760,6 +1766,23 @@ local function define_module()
         deadline, 0, 0, rpasses, lpasses), 'completed', completed + jobs)
     local soonest = qmin and qmin < deadline and qmin or deadline
     return M.batch_reply(1, compact, packed_element, popped, leased, first_stamp, soonest - now)
+  end
+
+  -- The batch ack one worker's loop takes, "*<deadline>.1.<call seq>/<jobs>" (check_tokens'
+  -- form): its deadline, call seq and jobs as numbers, its batch ("*<deadline>.1.<call seq>"),
+  -- and the packed element it names if this library made that element (keep_packed), which
+  -- spares the loop parsing the ack and checking the element (some 5% of its instructions);
+  -- nil for any other form. The deadline's digits start with no 0, as a stamp's do: compared
+  -- as a number, it is then the same text as the stamp's.
+  function M.loop_ack(ack)
+    local known = KEPT.acks[ack]
+    if known then return known[1], known[2], known[3], known[4], known[5] end
+    local deadline, call, jobs_text = string.match(ack, '^%*([1-9]%d*)%.1%.(%d+)/(%d+)$')
+    local jobs = tonumber(jobs_text)
+    if not jobs or jobs < 1 or jobs > LIMIT.count or #deadline > LIMIT.int_digits then
+      return nil
+    end
+    return tonumber(deadline), tonumber(call), jobs, string.sub(ack, 1, -(#jobs_text + 2))
   end
 
   -- What loop_lease read, completed as read_walk_state takes it, for a call it declines: the
@@ -2005,7 +2028,7 @@ local function define_module()
       batch[0] = nil
     end
     PACKED, PACKED_IDS = element, batch
-    M.keep_packed(element, batch, leased)
+    M.keep_packed(element, batch, leased, first_stamp, deadline, seq)
     return element, first_stamp
   end
 
@@ -2026,16 +2049,21 @@ local function define_module()
   -- and need not count its ids, a search each; a payload claim that drops what its acks
   -- complete (FRESH_ACKS) gets the element back as a named batch ack, whose ids then need not
   -- be cut out of it again (a find and a new string each: at a batch of 100, some 40% of
-  -- the claim's Lua instructions). The copy costs one unpack, in C. An EVAL call's KEPT ends
-  -- with the call, so it keeps nothing.
-  function M.keep_packed(element, ids, n)
+  -- the claim's Lua instructions). The copy costs one unpack, in C. When the caller gives the
+  -- element's stamp ("*<deadline>.1.<seq>"), its `deadline` and `seq`, the batch's whole ack
+  -- is kept too (loop_ack). An EVAL call's KEPT ends with the call, so it keeps nothing.
+  function M.keep_packed(element, ids, n, stamp, deadline, seq)
     if not LIBRARY then return end
     local kept = KEPT
     if kept.nleased >= LIMIT.known_batches then
-      kept.leased, kept.named, kept.nleased = {}, {}, 0
+      kept.leased, kept.named, kept.acks, kept.nleased = {}, {}, {}, 0
     end
     kept.leased[element], kept.nleased = n, kept.nleased + 1
     if FRESH_ACKS then kept.named[element] = { unpack(ids, 1, n) } end
+    if stamp then
+      kept.acks[stamp .. '/' .. (SMALL_TEXT[n] or string.format('%d', n))] =
+        { deadline, seq, n, stamp, element }
+    end
   end
 
   -- The short ways' batch of first deliveries: `count` pending ids popped off the ring's
@@ -5729,7 +5757,7 @@ local function define_module()
     rcall = redis.call
     if not PAD then -- this chunk's first call: every EVAL call, a library's first FCALL
       PAD, LAYOUTS = M.make_pad(), {}
-      KEPT = { ints = {}, nints = 0, leased = {}, named = {}, nleased = 0 }
+      KEPT = { ints = {}, nints = 0, leased = {}, named = {}, acks = {}, nleased = 0 }
       setmetatable(M, ON_FIRST_USE)
     end
     local layout = LAYOUTS[args[1]]

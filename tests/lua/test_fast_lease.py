@@ -54,11 +54,12 @@ def named_ack(tokens: list[str]) -> str:
 
 class Twins:
     """``payloads``: a queue with payloads, called as the Python client calls one (pushp,
-    nextp_packed DROP 1 with named batch acks, ackp)."""
+    nextp_packed DROP 1 with named batch acks, ackp). ``library``: both modules loaded as
+    function libraries (FCALL), which keep what they learn across calls (KEPT)."""
 
-    def __init__(self, walk_only: Path, payloads: bool = False) -> None:
-        self.fast = Harness("fast-twin")
-        self.walk = Harness("fast-twin", path=walk_only)
+    def __init__(self, walk_only: Path, payloads: bool = False, library: bool = False) -> None:
+        self.fast = Harness("fast-twin", library=library)
+        self.walk = Harness("fast-twin", path=walk_only, library=library)
         self.payloads = payloads
         base = self.fast.keys[0].removesuffix(":ring")
         self.payload_keys = [*self.fast.keys, f"{base}:payloads"]
@@ -210,6 +211,17 @@ def test_in_a_workers_loop_the_short_way_writes_what_the_walk_writes(
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(program=st.lists(loop_step, min_size=1, max_size=120))
+def test_in_a_workers_loop_a_library_writes_what_the_walk_writes(
+    tmp_path_factory: pytest.TempPathFactory, program: list[Step]
+) -> None:
+    """The same, both modules as libraries: the loop then knows the batch acks of the
+    batches it made (M.loop_ack) and takes them without parsing them."""
+    walk_only = walk_only_module(tmp_path_factory.mktemp("fast"))
+    run(Twins(walk_only, library=True), program, backlog=150)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(program=st.lists(step, min_size=1, max_size=120))
 def test_with_payloads_the_short_way_writes_what_the_walk_writes(
     tmp_path_factory: pytest.TempPathFactory, program: list[Step]
@@ -308,11 +320,12 @@ def commands_since(twins: Twins, since: int) -> list[bytes]:
     return [call[0] for call in twins.fast.stub.calls[since:]]
 
 
+@pytest.mark.parametrize("library", [False, True], ids=["eval", "library"])
 @pytest.mark.parametrize("compact", [True, False], ids=["next_packed", "next"])
-def test_one_workers_loop_takes_its_own_path(tmp_path: Path, compact: bool) -> None:
+def test_one_workers_loop_takes_its_own_path(tmp_path: Path, compact: bool, library: bool) -> None:
     """A worker acking its previous batch as it claims the next, of one job or several: from
     the second call on, every call is the loop's fixed commands (and the walk agrees)."""
-    twins = Twins(walk_only_module(tmp_path))
+    twins = Twins(walk_only_module(tmp_path), library=library)
     twins.both("push", *[f"job-{i}" for i in range(100)])
     for call, count in enumerate((1, 1, 1, 3, 1, 5, 1, 1)):
         acks = [batch_ack(b) for b in twins.batches]
@@ -355,12 +368,13 @@ def test_one_workers_loop_wakes_an_idle_consumer_for_an_earlier_deadline(tmp_pat
         ("{batch}/1x", False),  # not a batch ack: refused
     ],
 )
+@pytest.mark.parametrize("library", [False, True], ids=["eval", "library"])
 def test_one_workers_loop_leaves_what_it_does_not_recognise_to_the_others(
-    tmp_path: Path, ack: str, looped: bool
+    tmp_path: Path, ack: str, looped: bool, library: bool
 ) -> None:
     """An ack that is not exactly the lone batch's goes the way it always went (fast_lease
     or the walk, which refuse it or keep it as they did), and both harnesses still agree."""
-    twins = Twins(walk_only_module(tmp_path))
+    twins = Twins(walk_only_module(tmp_path), library=library)
     twins.both("push", *[f"job-{i}" for i in range(10)])
     reply = twins.both("next_packed", 1, LEASE_MS, 1000, 0)
     assert isinstance(reply, list)
@@ -373,9 +387,9 @@ def test_one_workers_loop_leaves_what_it_does_not_recognise_to_the_others(
     assert (commands_since(twins, before) == LOOP_COMMANDS) == looped
 
 
-def loop_state(tmp_path: Path, jobs: int = 10) -> tuple[Twins, str]:
+def loop_state(tmp_path: Path, jobs: int = 10, library: bool = False) -> tuple[Twins, str]:
     """Twins in one worker's loop: `jobs` pushed, one claimed; the batch ack to send next."""
-    twins = Twins(walk_only_module(tmp_path))
+    twins = Twins(walk_only_module(tmp_path), library=library)
     twins.both("push", *[f"job-{i}" for i in range(jobs)])
     reply = twins.both("next_packed", 1, LEASE_MS, 1000, 0)
     assert isinstance(reply, list)
@@ -446,3 +460,35 @@ def test_one_workers_loop_leaves_a_counter_it_cannot_add_to_to_the_walk(
     twins.both("next_packed", 1, LEASE_MS, 1000, 0, element[: element.index("*", 1)] + "/1")
     assert (commands_since(twins, before) == LOOP_COMMANDS) == (not big)
     assert stored[b"completed"] == (b"9007199254740995" if big else b"2")
+
+
+@pytest.mark.parametrize("library", [False, True], ids=["eval", "library"])
+def test_one_workers_loop_checks_the_element_of_an_ack_it_knows(
+    tmp_path: Path, library: bool
+) -> None:
+    """A library knows the batch ack of each batch it made (M.loop_ack), and then takes the
+    lease list's element only if it is that very batch: one written over by hand (the same
+    stamp, another id) is the walk's, as it is for a script, which checks it as it is; both
+    harnesses agree, and the id written in is not lost."""
+    twins, ack = loop_state(tmp_path, library=library)
+    reply = twins.both("next_packed", 1, LEASE_MS, 1000, 0, ack)  # (a batch the loop made)
+    assert isinstance(reply, list)
+    made = str(reply[3])
+    ack = made[: made.index("*", 1)] + "/1"
+    leases = twins.fast.key("leases")
+    stored = twins.fast.stub.data[leases]
+    assert isinstance(stored, list)
+    (element,) = stored
+    other = element[: element.index(b"*", 1)] + b"*other-job"
+    for harness in (twins.fast, twins.walk):
+        harness.stub.data[leases] = [other]
+    before = len(twins.fast.stub.calls)
+    reply = twins.both("next_packed", 1, LEASE_MS, 1000, 0, ack)
+    assert (commands_since(twins, before) == LOOP_COMMANDS) == (not library)
+    assert isinstance(reply, list)
+    assert reply[2] == 1  # the ack accepted either way
+    # The batch made before the hand's write is not in the lease list (acked whole), and the
+    # next call's batch is leased from the ring as usual.
+    element = str(reply[3])
+    assert element.endswith("*job-2")
+    twins.both("next_packed", 1, LEASE_MS, 1000, 0, element[: element.index("*", 1)] + "/1")
