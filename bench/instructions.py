@@ -28,7 +28,10 @@ DROP 1`` carrying the named batch ack of the call before: the packed element, wh
 it drops), bodies of 64 bytes. And in each round, the pattern's floor (``bench/floor.lua`` by
 EVALSHA, one job a call with the call before's token acked, as ``bench.profiles`` runs it),
 against which the one-job cases are given too: the ratio issue 14's server-time target is
-about, in counts that do not move with the machine; and, where the payload case runs, its
+about, in counts that do not move with the machine; the one-job claim by FCALL also against
+the module's contract, bare (``bench/contract_floor.lua``: the loop's seven commands on a
+queue's thirteen keys with next_packed's arguments, and no logic), which splits what is left
+into what the contract costs and what the module's Lua does; and, where the payload case runs, its
 layout's floor (``bench/payload_floor.lua``, layout ``hash``, 100 a claim) and a Stream read by
 one group (``XREADGROUP COUNT 100`` and the ``XACK`` of its entries), per 100 deliveries.
 """
@@ -71,6 +74,7 @@ from rotator.script import module_source
 from tests.servers import ServerProcess
 
 RESULTS = Path(__file__).resolve().parent / "results"
+CONTRACT_SCRIPT = (RESULTS.parent / "contract_floor.lua").read_text(encoding="utf-8")
 LEASE_MS = 30_000
 BUDGET = 1000
 WARM_CALLS = 20  # unmeasured calls first: the first defines what a library keeps
@@ -105,8 +109,9 @@ CASES = (
 BODY = b"x" * 64  # a payload queue's bodies (as bench.topics' PAYLOAD)
 # What the module's cases are held against (each counted in every round): the pattern's floor
 # for the one-job cases; for the payload case, its layout's floor and a Stream.
-FLOOR, PAYLOAD_FLOOR, STREAM = (
+FLOOR, CONTRACT, PAYLOAD_FLOOR, STREAM = (
     "the floor: one job + ack (bench/floor.lua by EVALSHA)",
+    "the contract, bare: the loop's 7 commands on 13 keys, no logic (bench/contract_floor.lua)",
     "the payload floor: 100 + ack (bench/payload_floor.lua, hash layout, by EVALSHA)",
     "a Stream: XREADGROUP COUNT 100 + XACK of the 100 (one group, bodies of 64 bytes)",
 )
@@ -278,6 +283,25 @@ def floor_per_call(meter: Meter[Figure], calls: int, tag: str) -> Figure:
     return meter.per_call(calls_of, calls, keys)
 
 
+def contract_per_call(meter: Meter[Figure], calls: int, tag: str) -> Figure:
+    """``meter``'s figure per call of the module's contract, bare (bench/contract_floor.lua by
+    FCALL, as the module is called in a worker's one-job loop): its seven commands on a
+    queue's thirteen keys, with next_packed's arguments and a batch ack, and no logic."""
+    client = meter.client
+    keys = queue_keys(f"instructions-contract-{tag}").all
+    client.function_load(CONTRACT_SCRIPT, replace=True)
+    client.rpush(keys[0], *job_ids(WARM_CALLS + calls + 1))
+    client.rpush(keys[10], "*1.1.1*job")
+    ack = f"*{int(time.time() * 1000) + LEASE_MS}.1.{int(time.time() * 1000)}/1"
+
+    def calls_of(n: int) -> None:
+        for _ in range(n):
+            client.fcall("rotator_contract_claim", len(keys), *keys, "next_packed", 1, LEASE_MS,
+                         BUDGET, 0, ack)  # fmt: skip
+
+    return meter.per_call(calls_of, calls, keys)
+
+
 def payload_floor_per_call(meter: Meter[Figure], calls: int, tag: str) -> Figure:
     """``meter``'s figure per claim of 100 of the payload queue's layout floor
     (bench/payload_floor.lua, layout ``hash``: ids in the ring, bodies in a hash) by EVALSHA,
@@ -313,17 +337,21 @@ def stream_per_call(meter: Meter[Figure], calls: int, tag: str) -> Figure:
 
 REFERENCES: dict[str, Callable[[Counted, int, str], float]] = {
     FLOOR: floor_per_call,
+    CONTRACT: contract_per_call,
     PAYLOAD_FLOOR: payload_floor_per_call,
     STREAM: stream_per_call,
 }
 
 
 def held_against(case: Case) -> tuple[str, ...]:
-    """The references a case is given against: the floor for a one-job claim, the payload
-    floor and a Stream for the payload claim; none for the others."""
+    """The references a case is given against: the floor for a one-job claim (and the bare
+    contract for one by FCALL, which calls it as the module is called), the payload floor and
+    a Stream for the payload claim; none for the others."""
     if case.payloads:
         return (PAYLOAD_FLOOR, STREAM)
-    return (FLOOR,) if case.batch == 1 else ()
+    if case.batch != 1:
+        return ()
+    return (FLOOR, CONTRACT) if case.via == "fcall" else (FLOOR,)
 
 
 def cases_of(pair: tuple[Module, Module]) -> list[Case]:

@@ -16,7 +16,7 @@ import redis
 
 from bench.bounds import OLD_MODULE, Module
 from bench.counters import without_counters
-from bench.instructions import FLOOR, PAYLOAD_FLOOR, STREAM, cases_of
+from bench.instructions import CONTRACT, FLOOR, PAYLOAD_FLOOR, STREAM, cases_of
 from bench.primitives import CASES, LIBRARY
 from bench.server_time import (
     KERNEL,
@@ -636,6 +636,16 @@ def test_bench_wake_smoke(tmp_path: Path) -> None:
         assert 0 < low <= run[kind]["p50_vs_streams"] <= high
     assert run["streams"]["p50_vs_streams"] == 1.0
     assert "| Streams XREADGROUP BLOCK |" in printed
+    # The slow log's pass: every kind's push and the claim after its wake-up, found and timed
+    # (the module's calls run commands of their own: longer than an LPUSH or a BLPOP).
+    for kind in kinds:
+        timed = run[kind]["wake_server_us"]
+        for call in ("push", "claim"):
+            assert timed[call] is not None, (kind, timed)
+            assert 0 <= timed[call] < 100_000, (kind, timed)
+    for kind in ("rotator", "rotator-fcall"):
+        assert run[kind]["wake_server_us"]["push"] > run["blpop"]["wake_server_us"]["push"]
+        assert run[kind]["wake_server_us"]["claim"] > run["blpop"]["wake_server_us"]["claim"]
 
 
 def test_bench_tracked_smoke(tmp_path: Path) -> None:
@@ -677,14 +687,19 @@ def test_bench_instructions_smoke(tmp_path: Path) -> None:
     # A hundred jobs a call are more work than one.
     assert by["fcall", 100] > by["fcall", 1]
     assert "| now / before (range) |" in printed
-    # The pattern's floor: a call of its own, less work than the module's one-job call, which
-    # is given against it. (The smoke's modules have no payload case: no payload references.)
-    (floor,) = run["references"].values()
-    assert 10_000 < floor["median"] < by["fcall", 1]
+    # The pattern's floor and the bare contract: calls of their own, less work than the
+    # module's one-job call, which is given against both (by EVALSHA, against the floor
+    # only). (The smoke's modules have no payload case: no payload references.)
+    references = {name: figure["median"] for name, figure in run["references"].items()}
+    assert set(references) == {FLOOR, CONTRACT}
+    assert 10_000 < references[FLOOR] < by["fcall", 1]
+    # The contract's thirteen keys and seven commands cost more than the floor's two and six.
+    assert references[FLOOR] < references[CONTRACT] < by["fcall", 1]
     for row in run["rows"]:
-        ratios = row["against"].values()
-        assert len(ratios) == (row["batch"] == 1), row
-        assert all(ratio["median"] == row["now"] / floor["median"] for ratio in ratios)
+        wanted = {FLOOR, CONTRACT} if row["via"] == "fcall" else {FLOOR}
+        assert set(row["against"]) == (wanted if row["batch"] == 1 else set()), row
+        for name, ratio in row["against"].items():
+            assert ratio["median"] == row["now"] / references[name]
     assert "| now / reference (range) |" in printed
 
 
@@ -758,7 +773,7 @@ def test_bench_instructions_holds_the_payload_claim_against_its_floor_and_a_stre
     printed = run_smoke("bench.instructions", tmp_path, 300, "--before", "lua/rotator.lua")
     (run,) = json.loads((tmp_path / "instructions.json").read_text())["runs"]
     references = {name: figure["median"] for name, figure in run["references"].items()}
-    assert set(references) == {FLOOR, PAYLOAD_FLOOR, STREAM}
+    assert set(references) == {FLOOR, CONTRACT, PAYLOAD_FLOOR, STREAM}
     assert all(10_000 < count < 10_000_000 for count in references.values()), references
     assert references[STREAM] > references[PAYLOAD_FLOOR]
     (payload,) = [row for row in run["rows"] if row["via"] == "fcall" and row["batch"] == 100
