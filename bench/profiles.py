@@ -316,7 +316,45 @@ def wake_latency(url: str, samples: int, rounds: int = 5) -> dict[str, dict[str,
     minute, where one kind after another met its own (on this VM the figures moved by 2x
     from one minute to the next). ``samples`` per kind, cut into ``rounds`` consecutive
     rounds; each kind's p50 is also given against the Stream's, round by round: the median
-    of the rounds' ratios, with their range."""
+    of the rounds' ratios, with their range.
+
+    Then a shorter pass of the same (WAKE_TIMED wake-ups a kind) with the server's slow log
+    taking every command: the server's own time of the push and of the claim that follows the
+    wake-up (wake_server_us), apart from the latencies, which logging every command would
+    slow."""
+    latencies = _wake_cycle(url, samples)
+    size = max(1, samples // rounds)
+    cuts = [(lo, lo + size) for lo in range(0, samples - size + 1, size)]
+    timed = _wake_cycle(url, min(samples, WAKE_TIMED), timed=True)
+    results: dict[str, dict[str, Any]] = {}
+    for kind in WAKE_CONSUMERS:
+        ratios = [
+            statistics.median(latencies[kind][lo:hi])
+            / statistics.median(latencies["streams"][lo:hi])
+            for lo, hi in cuts
+        ]
+        results[kind] = {
+            "p50_ms": percentile(latencies[kind], 50),
+            "p99_ms": percentile(latencies[kind], 99),
+            "p50_vs_streams": round(statistics.median(ratios), 2),
+            "p50_vs_streams_range": [round(min(ratios), 2), round(max(ratios), 2)],
+            **timed[kind],
+        }
+    return results
+
+
+WAKE_TIMED = 100  # wake-ups a kind in wake_latency's pass with the slow log on
+# What a kind's push and claim are called in the slow log: its top-level command, and for
+# rotator the module's command after the keys (the claim: the first after a push).
+WAKE_PUSH = {"rotator": "push", "blpop": "lpush", "streams": "xadd"}
+WAKE_CLAIM = {"rotator": "next_packed", "blpop": "blpop", "streams": "xreadgroup"}
+SLOWLOG_SETTINGS = ("slowlog-log-slower-than", "slowlog-max-len")
+
+
+def _wake_cycle(url: str, samples: int, timed: bool = False) -> dict[str, Any]:
+    """wake_latency's cycle: each kind's latencies in ms, or with ``timed``, each kind's
+    wake_server_us: the median server µs (the slow log's) of its pushes and of the claims
+    that followed them."""
     context = multiprocessing.get_context("spawn")
     client = redis.Redis.from_url(url)
     kinds = list(WAKE_CONSUMERS)
@@ -332,28 +370,55 @@ def wake_latency(url: str, samples: int, rounds: int = 5) -> dict[str, dict[str,
         outs[kind].get(timeout=60)
     pushes = {kind: _push_for(kind, client, names[kind]) for kind in kinds}
     time.sleep(0.1)  # (every consumer is blocked by now)
-    for i in range(samples):
-        for k in range(len(kinds)):
-            time.sleep(0.02)
-            pushes[kinds[(i + k) % len(kinds)]](str(time.monotonic_ns()))
-    latencies = {kind: outs[kind].get(timeout=60) for kind in kinds}
+    settings = SLOWLOG_SETTINGS
+    saved = {name: str(client.config_get(name)[name]) for name in settings}
+    if timed:
+        client.config_set("slowlog-max-len", 100 * samples * len(kinds))
+        client.config_set("slowlog-log-slower-than", 0)
+        client.slowlog_reset()
+    try:
+        for i in range(samples):
+            for k in range(len(kinds)):
+                time.sleep(0.02)
+                pushes[kinds[(i + k) % len(kinds)]](str(time.monotonic_ns()))
+        latencies = {kind: outs[kind].get(timeout=60) for kind in kinds}
+        logged = client.slowlog_get(100 * samples * len(kinds)) if timed else []
+    finally:
+        for name, value in saved.items():
+            client.config_set(name, value)
     for consumer in consumers:
         consumer.join()
     for name in names.values():
         delete_run_keys(client, name)
-    size = max(1, samples // rounds)
-    cuts = [(lo, lo + size) for lo in range(0, samples - size + 1, size)]
-    results: dict[str, dict[str, Any]] = {}
-    for kind in kinds:
-        ratios = [
-            statistics.median(latencies[kind][lo:hi])
-            / statistics.median(latencies["streams"][lo:hi])
-            for lo, hi in cuts
-        ]
-        results[kind] = {
-            "p50_ms": percentile(latencies[kind], 50),
-            "p99_ms": percentile(latencies[kind], 99),
-            "p50_vs_streams": round(statistics.median(ratios), 2),
-            "p50_vs_streams_range": [round(min(ratios), 2), round(max(ratios), 2)],
-        }
-    return results
+    if not timed:
+        return latencies
+    return {kind: {"wake_server_us": _wake_server_us(logged, names[kind], kind)} for kind in kinds}
+
+
+def _wake_server_us(logged: list[Any], name: str, kind: str) -> dict[str, float | None]:
+    """From the slow log's entries (``logged``, newest first), the median µs of a kind's
+    pushes and of the claims that followed them, on the keys whose name holds ``name``."""
+    family = kind.split("-", maxsplit=1)[0]
+    push, claim = WAKE_PUSH[family], WAKE_CLAIM[family]
+    pushes: list[int] = []
+    claims: list[int] = []
+    pushed = False
+    for entry in sorted(logged, key=lambda e: e["id"]):
+        args = entry["command"].split()
+        if not any(name.encode() in arg for arg in args[1:]):
+            continue
+        command = args[0].decode().lower()
+        if family == "rotator":
+            if command not in ("fcall", "evalsha"):
+                continue  # (a command the module called: inside its script's time)
+            command = args[3 + int(args[2])].decode().lower()
+        if command == push:
+            pushes.append(entry["duration"])
+            pushed = True
+        elif command == claim and pushed:
+            claims.append(entry["duration"])
+            pushed = False
+    return {
+        "push": statistics.median(pushes) if pushes else None,
+        "claim": statistics.median(claims) if claims else None,
+    }

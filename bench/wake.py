@@ -9,6 +9,10 @@ Each kind's samples are cut into consecutive rounds, and its p50 is given agains
 Stream's round by round (the median of the rounds' ratios, with their range): on this 2-core
 VM the wake-up of an idle process moves by 2x from one minute to the next, so kinds measured
 one after another (as ``python -m bench`` did before) were compared across different minutes.
+A second, shorter pass (``WAKE_TIMED`` wake-ups a kind) runs with the server's slow log
+taking every command, for the server's own time of each kind's push and of the claim that
+follows the wake-up (apart, as logging every command slows every call): how much of the
+latency the two calls' server time is, on a server that had idled 80 ms.
 Writes ``bench/results/wake.{json,md}``.
 """
 
@@ -57,23 +61,32 @@ def markdown(data: dict[str, Any]) -> str:
         "",
         f"{data['samples']} wake-ups a consumer, the four consumers blocked at once and woken "
         f"in turn, 20 ms apart; p50 against the Stream's in {data['rounds']} rounds (median, "
-        "range). Milliseconds from the push to the consumer holding the job.",
+        "range). Milliseconds from the push to the consumer holding the job. Server µs: the "
+        "median server time (the slow log's, in a pass of its own) of the push and of the "
+        "claim that followed the wake-up (rotator's module call, the BLPOP, the XREADGROUP).",
         "",
     ]
     for server, run_ in data["results"].items():
         lines += [
-            f"| {server} {run_['version']} | p50 ms | p99 ms | p50 vs Streams (range) |",
-            "|---|---:|---:|---:|",
+            f"| {server} {run_['version']} | p50 ms | p99 ms | p50 vs Streams (range) "
+            "| push, server µs | claim, server µs |",
+            "|---|---:|---:|---:|---:|---:|",
         ]
         for kind in WAKE_CONSUMERS:
             wake = run_[kind]
             low, high = wake["p50_vs_streams_range"]
+            timed = wake.get("wake_server_us", {})  # (none in runs from before it)
             lines.append(
                 f"| {WAKE_LABELS.get(kind, kind)} | {wake['p50_ms']:.2f} | {wake['p99_ms']:.2f} "
-                f"| {wake['p50_vs_streams']:.2f}x ({low:.2f}-{high:.2f}) |"
+                f"| {wake['p50_vs_streams']:.2f}x ({low:.2f}-{high:.2f}) "
+                f"| {_us(timed.get('push'))} | {_us(timed.get('claim'))} |"
             )
         lines.append("")
     return "\n".join(lines)
+
+
+def _us(value: float | None) -> str:
+    return "" if value is None else f"{value:.0f}"
 
 
 def main(argv: list[str] | None = None) -> int:
