@@ -770,7 +770,8 @@ local LAYOUTS
 -- acked by name), the ids themselves (never changed once kept: a caller gets a copy);
 -- `acks`: of those, what one worker's loop needs of each one's whole-batch ack, by the ack's
 -- text (M.loop_ack). See M.keep_packed. `second`, `second_ms`: TIME's last seconds as text,
--- and as ms (M.now_ms).
+-- and as ms (M.now_ms); `origin`, `origin_n`: the last queue origin one worker's loop read,
+-- as text and as a number (M.loop_lease).
 local KEPT
 local LIBRARY = false
 -- The module's functions (sections 3 to 14 define them, see define_module).
@@ -1696,7 +1697,9 @@ local function define_module()
     local now = M.now_ms()
     -- The ack is this queue's (its call seq since the queue's origin, see refused_among), and
     -- frees the young lease the last walk stopped at, if any (frees_tail): the walk goes on.
-    if lmin <= now or call < (l[4] and tn(l[4]) or 0) or call >= seq
+    local origin, kept = l[4], KEPT -- (its digits converted once: they seldom change)
+    if origin and origin ~= kept.origin then kept.origin, kept.origin_n = origin, tn(origin) end
+    if lmin <= now or call < (origin and kept.origin_n or 0) or call >= seq
         or lstop and lstop ~= acked_deadline then
       return M.loop_declined(head, l, found, now)
     end

@@ -18,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.lua.harness import MODULE_PATH, Harness, Hash, ScriptError
+from tests.lua.harness import MODULE_PATH, Harness, Hash, ScriptError, queue_keys
 
 SWITCH = "local FAST_LEASE = true"
 LEASE_MS = 1000
@@ -468,8 +468,9 @@ def test_one_workers_loop_checks_the_element_of_an_ack_it_knows(
 ) -> None:
     """A library knows the batch ack of each batch it made (M.loop_ack), and then takes the
     lease list's element only if it is that very batch: one written over by hand (the same
-    stamp, another id) is the walk's, as it is for a script, which checks it as it is; both
-    harnesses agree, and the id written in is not lost."""
+    stamp, another id) is the walk's, where a script's loop, which checks the element as it
+    is, takes it; both harnesses agree either way (the ack completes the batch of that stamp),
+    and the next claim leases the ring's next id."""
     twins, ack = loop_state(tmp_path, library=library)
     reply = twins.both("next_packed", 1, LEASE_MS, 1000, 0, ack)  # (a batch the loop made)
     assert isinstance(reply, list)
@@ -489,6 +490,31 @@ def test_one_workers_loop_checks_the_element_of_an_ack_it_knows(
     assert reply[2] == 1  # the ack accepted either way
     # The batch made before the hand's write is not in the lease list (acked whole), and the
     # next call's batch is leased from the ring as usual.
-    element = str(reply[3])
-    assert element.endswith("*job-2")
-    twins.both("next_packed", 1, LEASE_MS, 1000, 0, element[: element.index("*", 1)] + "/1")
+    leased = str(reply[3])
+    assert leased.endswith("*job-2")
+    twins.both("next_packed", 1, LEASE_MS, 1000, 0, leased[: leased.index("*", 1)] + "/1")
+
+
+def test_one_workers_loop_of_a_library_checks_each_queues_own_origin(tmp_path: Path) -> None:
+    """A library converts the origin the loop reads once (KEPT), for its check that an ack
+    is from after the queue was made: with two queues in turn, made a second apart, each
+    ack is held against its own queue's origin, not the last one read (the first queue's
+    acks are older than the second queue's origin, and still loop after its turn)."""
+    harness = Harness("first", library=True)
+    queues = [queue_keys("second"), harness.keys]  # (the later queue's turn first)
+    harness.call_keys(queues[1], "push", *[f"a{i}" for i in range(10)])
+    harness.advance(1000)
+    harness.call_keys(queues[0], "push", *[f"b{i}" for i in range(10)])
+    acks: list[list[str]] = [[], []]
+    looped = []
+    for turn in range(6):
+        keys = queues[turn % 2]
+        before = len(harness.stub.calls)
+        reply = harness.call_keys(keys, "next_packed", 1, LEASE_MS, 1000, 0, *acks[turn % 2])
+        assert isinstance(reply, list)
+        element = text(reply[3])
+        assert isinstance(element, str)
+        acks[turn % 2] = [element[: element.index("*", 1)] + "/1"]
+        looped.append([call[0] for call in harness.stub.calls[before:]] == LOOP_COMMANDS)
+        harness.advance(5)
+    assert looped == [False, False, True, True, True, True]
