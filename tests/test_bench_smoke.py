@@ -648,6 +648,27 @@ def test_bench_wake_smoke(tmp_path: Path) -> None:
         assert run[kind]["wake_server_us"]["claim"] > run["blpop"]["wake_server_us"]["claim"]
 
 
+def test_bench_calls_smoke(tmp_path: Path) -> None:
+    """bench.calls on tiny sizes: the one-job call profile alone, every pattern beside the
+    floor, each against it round by round; rotator's module call spends more command time
+    than the floor script, which does less, and a PING, which does nothing."""
+    printed = run_smoke("bench.calls", tmp_path, 120)
+    data = json.loads((tmp_path / "calls.json").read_text())
+    rows = {row["pattern"]: row for row in data["results"]["redis"]["rows"]}
+    assert set(rows) == {"ping", "floor", "rotator", "rotator-fcall", "streams"}
+    for pattern in ("rotator", "rotator-fcall", "streams"):
+        low, high = rows[pattern]["wall_vs_floor_range"]
+        assert 0 < low <= rows[pattern]["wall_vs_floor"] <= high, pattern
+        assert rows[pattern]["commands_vs_floor"] > 0, pattern
+    for pattern in ("rotator", "rotator-fcall"):
+        assert (
+            rows[pattern]["commands_us"]
+            > rows["floor"]["commands_us"]
+            > rows["ping"]["commands_us"]
+        )
+    assert "| rotator-fcall | 1 |" in printed
+
+
 def test_bench_tracked_smoke(tmp_path: Path) -> None:
     """bench.tracked (issue 21) end to end on tiny sizes: the product before the lease list,
     unpacked from bench/baseline and run with its own package and module (each loop checks
