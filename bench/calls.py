@@ -20,9 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.harness import machine_info, module_info, standard_main, started, write_results
+from bench.harness import run_on_each_server, standard_main, write_results
 from bench.profiles import call_profile
 from bench.report import call_profile_section
+from tests.servers import ServerProcess
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -38,19 +39,12 @@ SIZES = {"full": Sizes(10_000, 5), "quick": Sizes(2_000, 3), "smoke": Sizes(100,
 
 def run(servers: list[str], mode: str, workdir: Path, out: Path, log: Any) -> dict[str, Any]:
     sizes = SIZES[mode]
-    results: dict[str, Any] = {}
-    for kind in servers:
-        with started(kind, workdir / kind) as server:
-            log(f"{kind} {server.version}: {sizes.jobs} one-job calls a run, {sizes.rounds} rounds")
-            rows = call_profile(server.client(), server.url, (1,), sizes.jobs, sizes.rounds)
-            results[kind] = {"version": server.version, "rows": rows}
-    data = {
-        "machine": machine_info(mode),
-        "module": module_info(),
-        "jobs": sizes.jobs,
-        "rounds": sizes.rounds,
-        "results": results,
-    }
+
+    def measure(server: ServerProcess) -> dict[str, Any]:
+        log(f"{server.kind} {server.version}: {sizes.jobs} one-job calls a run")
+        return {"rows": call_profile(server.client(), server.url, (1,), **vars(sizes))}
+
+    data = run_on_each_server(servers, mode, workdir, measure, **vars(sizes))
     return write_results(out, "calls", data, markdown)
 
 

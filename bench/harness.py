@@ -101,6 +101,23 @@ def write_results(
 BenchRun = Callable[..., dict[str, Any]]
 
 
+def run_on_each_server(
+    servers: list[str],
+    mode: str,
+    workdir: Path,
+    measure: Callable[[ServerProcess], dict[str, Any]],
+    **sizes: Any,
+) -> dict[str, Any]:
+    """A bench's data: ``measure`` run on a server of its own of each kind in ``servers``
+    (its figures beside the server's version, under ``results``), with the machine, the
+    module and the run's ``sizes``; for write_results."""
+    results: dict[str, Any] = {}
+    for kind in servers:
+        with started(kind, workdir / kind) as server:
+            results[kind] = {"version": server.version, **measure(server)}
+    return {"machine": machine_info(mode), "module": module_info(), **sizes, "results": results}
+
+
 def standard_main(
     argv: list[str] | None,
     doc: str | None,

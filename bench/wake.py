@@ -22,9 +22,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.harness import machine_info, module_info, standard_main, started, write_results
+from bench.harness import run_on_each_server, standard_main, write_results
 from bench.profiles import WAKE_CONSUMERS, wake_latency
 from bench.report import WAKE_LABELS
+from tests.servers import ServerProcess
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -40,18 +41,12 @@ SIZES = {"full": Sizes(500, 5), "quick": Sizes(200, 5), "smoke": Sizes(8, 2)}
 
 def run(servers: list[str], mode: str, workdir: Path, out: Path, log: Any) -> dict[str, Any]:
     sizes = SIZES[mode]
-    results: dict[str, Any] = {}
-    for kind in servers:
-        with started(kind, workdir / kind) as server:
-            log(f"{kind} {server.version}: {sizes.samples} wake-ups a consumer")
-            results[kind] = {"version": server.version, **wake_latency(server.url, **vars(sizes))}
-    data = {
-        "machine": machine_info(mode),
-        "module": module_info(),
-        "samples": sizes.samples,
-        "rounds": sizes.rounds,
-        "results": results,
-    }
+
+    def measure(server: ServerProcess) -> dict[str, Any]:
+        log(f"{server.kind} {server.version}: {sizes.samples} wake-ups a consumer")
+        return wake_latency(server.url, **vars(sizes))
+
+    data = run_on_each_server(servers, mode, workdir, measure, **vars(sizes))
     return write_results(out, "wake", data, markdown)
 
 
