@@ -769,9 +769,11 @@ local LAYOUTS
 -- LIMIT.known_batches of them (`nleased`); `named`: of those a payload claim made (to be
 -- acked by name), the ids themselves (never changed once kept: a caller gets a copy);
 -- `acks`: of those, what one worker's loop needs of each one's whole-batch ack, by the ack's
--- text (M.loop_ack). See M.keep_packed. `second`, `second_ms`: TIME's last seconds as text,
--- and as ms (M.now_ms); `origin`, `origin_n`: the last queue origin one worker's loop read,
--- as text and as a number (M.loop_lease).
+-- text (M.loop_ack). See M.keep_packed. And texts read last, with what they convert to
+-- (a conversion costs some 2k instructions, a look-up a tenth of that): `second`,
+-- `second_ms`, TIME's seconds and as ms (M.now_ms); `origin`, `origin_n`, a queue's origin
+-- (M.origin_number); `checkpoint`, `checkpoint_ms`, a push log's head and its time
+-- (M.checkpoint_ms).
 local KEPT
 local LIBRARY = false
 -- The module's functions (sections 3 to 14 define them, see define_module).
@@ -1029,7 +1031,15 @@ local function define_module()
   -- starts at now, and its origin is its first seq.
   function M.seq_origin(seq_field, origin_field)
     local seq = tonumber(seq_field) or M.now_ms()
-    return seq, tonumber(origin_field) or (seq_field and 0 or seq)
+    return seq, origin_field and M.origin_number(origin_field) or (seq_field and 0 or seq)
+  end
+
+  -- A queue's stored origin as a number (nil: not one). It changes only when the queue is
+  -- made again, so a library converts each text once (KEPT).
+  function M.origin_number(text)
+    local kept = KEPT
+    if text ~= kept.origin then kept.origin, kept.origin_n = text, tonumber(text) end
+    return kept.origin_n
   end
 
   -- A queue without a seq (new, or its keys deleted by hand) starts counting visits at the
@@ -1697,9 +1707,7 @@ local function define_module()
     local now = M.now_ms()
     -- The ack is this queue's (its call seq since the queue's origin, see refused_among), and
     -- frees the young lease the last walk stopped at, if any (frees_tail): the walk goes on.
-    local origin, kept = l[4], KEPT -- (its digits converted once: they seldom change)
-    if origin and origin ~= kept.origin then kept.origin, kept.origin_n = origin, tn(origin) end
-    if lmin <= now or call < (origin and kept.origin_n or 0) or call >= seq
+    if lmin <= now or call < (l[4] and M.origin_number(l[4]) or 0) or call >= seq
         or lstop and lstop ~= acked_deadline then
       return M.loop_declined(head, l, found, now)
     end
@@ -2296,7 +2304,7 @@ local function define_module()
     -- added, up to LIMIT.pushlog_drops dropped: the log stays short).
     function M.record_push(K, meta, n, now, head, length, wake)
       local pushlog = K.pushlog
-      local head_ms = head and tonumber(string.match(head, ':(%d+)$'))
+      local head_ms = head and M.checkpoint_ms(head)
       meta.pushed = meta.pushed + n
       if not (head_ms and now - head_ms < LIMIT.pushlog_bucket_ms and now >= head_ms) then
         rcall('LPUSH', pushlog, meta.pushed .. ':' .. now)
@@ -2322,6 +2330,16 @@ local function define_module()
       if meta.seeded then rcall('HSET', K.meta, 'seq', meta.seq, 'origin', meta.origin) end
       if not meta.layout then rcall('HSET', K.meta, 'layout', LIMIT.meta_layout) end
       M.add_wake_tokens(K, n, wake)
+    end
+
+    -- The time of a push log checkpoint "<pushed>:<ms>" (nil for another form). A new one
+    -- starts at most once a second, so a library reads each once (KEPT).
+    function M.checkpoint_ms(head)
+      local kept = KEPT
+      if head ~= kept.checkpoint then
+        kept.checkpoint, kept.checkpoint_ms = head, tonumber(string.match(head, ':(%d+)$'))
+      end
+      return kept.checkpoint_ms
     end
 
     -- Starts the per-item stats (the fifteenth key, when the call has it) of ids just pushed (or
@@ -5760,7 +5778,9 @@ local function define_module()
     rcall = redis.call
     if not PAD then -- this chunk's first call: every EVAL call, a library's first FCALL
       PAD, LAYOUTS = M.make_pad(), {}
-      KEPT = { ints = {}, nints = 0, leased = {}, named = {}, acks = {}, nleased = 0 }
+      KEPT = { ints = {}, nints = 0, leased = {}, named = {}, acks = {}, nleased = 0,
+        second = false, second_ms = 0, origin = false, origin_n = false, checkpoint = false,
+        checkpoint_ms = false } -- (every field made at once: no table grown in a call)
       setmetatable(M, ON_FIRST_USE)
     end
     local layout = LAYOUTS[args[1]]
