@@ -56,6 +56,16 @@ def queue_keys(name: str) -> tuple[str, ...]:
     return tuple(f"rotator:{{{name}}}:{role}" for role in ROLES)
 
 
+def as_text(value: object) -> object:
+    """A reply with its strings as text (bytes that are not UTF-8 kept by surrogates), so
+    that two replies, or a reply and what a test expects, compare and print readably."""
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "surrogateescape")
+    if isinstance(value, list):
+        return [as_text(v) for v in value]
+    return value
+
+
 class StubError(AssertionError):
     """The script used a command or form the stub does not implement: extend the stub."""
 

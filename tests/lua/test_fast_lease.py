@@ -18,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.lua.harness import MODULE_PATH, Harness, Hash, ScriptError, queue_keys
+from tests.lua.harness import MODULE_PATH, Harness, Hash, ScriptError, as_text, queue_keys
 
 SWITCH = "local FAST_LEASE = true"
 LEASE_MS = 1000
@@ -30,14 +30,6 @@ def walk_only_module(directory: Path) -> Path:
     path = directory / "rotator-walk-only.lua"
     path.write_text(source.replace(SWITCH, "local FAST_LEASE = false"), encoding="utf-8")
     return path
-
-
-def text(value: object) -> object:
-    if isinstance(value, bytes):
-        return value.decode("utf-8", "surrogateescape")
-    if isinstance(value, list):
-        return [text(v) for v in value]
-    return value
 
 
 def batch_ack(tokens: list[str]) -> str:
@@ -74,9 +66,9 @@ class Twins:
         for harness in (self.fast, self.walk):
             try:
                 if extended:
-                    replies.append(("ok", text(harness.call_keys(self.payload_keys, *argv))))
+                    replies.append(("ok", as_text(harness.call_keys(self.payload_keys, *argv))))
                 else:
-                    replies.append(("ok", text(harness.call(*argv))))
+                    replies.append(("ok", as_text(harness.call(*argv))))
             except ScriptError as error:
                 replies.append(("error", str(error)))
         assert replies[0] == replies[1], (argv, replies)
@@ -512,7 +504,7 @@ def test_one_workers_loop_of_a_library_checks_each_queues_own_origin(tmp_path: P
         before = len(harness.stub.calls)
         reply = harness.call_keys(keys, "next_packed", 1, LEASE_MS, 1000, 0, *acks[turn % 2])
         assert isinstance(reply, list)
-        element = text(reply[3])
+        element = as_text(reply[3])
         assert isinstance(element, str)
         acks[turn % 2] = [element[: element.index("*", 1)] + "/1"]
         looped.append([call[0] for call in harness.stub.calls[before:]] == LOOP_COMMANDS)

@@ -14,7 +14,7 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.lua.harness import ROLES, Harness, ScriptError, queue_keys
+from tests.lua.harness import ROLES, Harness, ScriptError, as_text, queue_keys
 
 LEASE_MS = 1000
 QUEUES = (queue_keys("kept-a"), queue_keys("kept-b"))
@@ -22,14 +22,6 @@ ADVANCES = (1, 300, 999, 1000, 1500, 2 * LEASE_MS)
 KINDS = ("push", "push", "loop", "loop", "loop", "next", "ack", "advance", "delete", "stats")
 Step = tuple[str, int, int]
 step = st.tuples(st.sampled_from(KINDS), st.integers(0, 1), st.integers(0, 40))
-
-
-def text(value: object) -> object:
-    if isinstance(value, bytes):
-        return value.decode("utf-8", "surrogateescape")
-    if isinstance(value, list):
-        return [text(v) for v in value]
-    return value
 
 
 class Pair:
@@ -46,7 +38,7 @@ class Pair:
         replies = []
         for harness in (self.library, self.script):
             try:
-                replies.append(("ok", text(harness.call_keys(QUEUES[queue], *argv))))
+                replies.append(("ok", as_text(harness.call_keys(QUEUES[queue], *argv))))
             except ScriptError as error:
                 replies.append(("error", str(error)))
         assert replies[0] == replies[1], (queue, argv, replies)
