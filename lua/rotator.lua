@@ -2392,7 +2392,7 @@ local function define_module()
           'fence_max')
         or M.read('HMGET', K.meta, 'origin', 'seq', 'walk', c[1], c[2], c[3], c[4])
       sides.seq = tonumber(m[2]) or 0
-      sides.origin = tonumber(m[1]) or 0
+      sides.origin = m[1] and M.origin_number(m[1]) or 0
       -- (the walk's lstop alone, where the field is stored: see walk_stored)
       sides.walk_packed, sides.walk = M.walk_stored(K.meta, m[3], m[2])
       sides.lstop = M.walk_number_at(sides.walk_packed, sides.walk, 'lstop')
