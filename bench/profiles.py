@@ -370,8 +370,7 @@ def _wake_cycle(url: str, samples: int, timed: bool = False) -> dict[str, Any]:
         outs[kind].get(timeout=60)
     pushes = {kind: _push_for(kind, client, names[kind]) for kind in kinds}
     time.sleep(0.1)  # (every consumer is blocked by now)
-    settings = SLOWLOG_SETTINGS
-    saved = {name: str(client.config_get(name)[name]) for name in settings}
+    saved = {name: str(client.config_get(name)[name]) for name in SLOWLOG_SETTINGS} if timed else {}
     if timed:
         client.config_set("slowlog-max-len", 100 * samples * len(kinds))
         client.config_set("slowlog-log-slower-than", 0)
