@@ -8,6 +8,7 @@ import statistics
 import time
 from collections.abc import Callable
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import redis
@@ -15,7 +16,10 @@ import redis
 from bench.harness import Loop, delete_run_keys, percentile, run_clients, server_usec
 from bench.patterns import PATTERNS, PRELOAD_CHUNK, job_ids
 from rotator import Rotator
+from rotator.commands import decode_next_packed
+from rotator.defaults import DEFAULT_BUDGET, DEFAULT_LEASE_TIMEOUT
 from rotator.models import Job
+from rotator.script import function_name, module_source
 
 STEADY_BATCH = 100
 
@@ -289,15 +293,68 @@ def _streams_consumer(url: str, name: str, samples: int, out: Any) -> None:
     out.put(latencies)
 
 
+# A prototype of a hand-off wake-up (bench/handoff_push.lua, appended to the module's
+# library): the push claims its job by the module's own next_packed in the same call and
+# hands the packed element to the blocked consumer through a list it BLPOPs.
+HANDOFF_FUNCTION = "rotator_handoff_push"
+HANDOFF_SOURCE = (Path(__file__).parent / "handoff_push.lua").read_text(encoding="utf-8")
+
+
+def handoff_library() -> str:
+    """The module's library source with the hand-off prototype registered beside it, under
+    a library name of its own (so it never replaces the module's)."""
+    registered = "redis.register_function(FUNCTION_NAME, main)"
+    name = f"handoff_{function_name()}"
+    source = f"#!lua name={name}\nlocal FUNCTION_NAME = '{name}'\n{module_source()}"
+    if registered not in source:
+        raise RuntimeError("the module no longer registers its function as handoff_library expects")
+    return source.replace(registered, f"{registered}\n{HANDOFF_SOURCE}", 1)
+
+
+def _handoff_list(name: str) -> str:
+    return f"rotator:{{{name}}}:handoff"
+
+
+def _handoff_consumer(url: str, name: str, samples: int, out: Any) -> None:
+    q = Rotator.from_url(url, name)
+    client = redis.Redis.from_url(url)
+    latencies: list[float] = []
+    out.put("ready")
+    while len(latencies) < samples:
+        popped: Any = client.blpop([_handoff_list(name)], timeout=5)
+        if popped:
+            for job in decode_next_packed([0, -1, 0, popped[1]]).jobs:
+                latencies.append((time.monotonic_ns() - int(job.id)) / 1e6)
+                q.ack(job)
+            # The claim that finds nothing before blocking (where the protocol would register
+            # the consumer as a waiter): it takes the acked lease away, as rotator's consumer
+            # does before it blocks, so that the next hand-off's claim does not.
+            for job in q.next(1):
+                raise RuntimeError(f"the hand-off queue held {job.id} after its hand-off")
+    out.put(latencies)
+
+
+def _handoff_push(client: redis.Redis, name: str) -> Callable[[str], Any]:
+    client.function_load(handoff_library(), replace=True)
+    q = Rotator(client, name)
+    keys = [*q.keys.all, _handoff_list(name)]
+    # next_packed's LEASE_MS BUDGET MAX_DELIVERIES, as a Rotator with the defaults sends them
+    head = (round(DEFAULT_LEASE_TIMEOUT * 1000), DEFAULT_BUDGET, 0)
+    return lambda stamp: client.fcall(HANDOFF_FUNCTION, len(keys), *keys, stamp, *head)
+
+
 WAKE_CONSUMERS: dict[str, Callable[..., None]] = {
     "rotator": _rotator_consumer,
     "rotator-fcall": partial(_rotator_consumer, functions=True),
+    "handoff": _handoff_consumer,
     "blpop": _blpop_consumer,
     "streams": _streams_consumer,
 }
 
 
 def _push_for(kind: str, client: redis.Redis, name: str) -> Callable[[str], Any]:
+    if kind == "handoff":
+        return _handoff_push(client, name)
     if kind.startswith("rotator"):
         return Rotator(client, name, functions=kind == "rotator-fcall").push
     if kind == "blpop":
@@ -307,12 +364,13 @@ def _push_for(kind: str, client: redis.Redis, name: str) -> Callable[[str], Any]
 
 def wake_latency(url: str, samples: int, rounds: int = 5) -> dict[str, dict[str, Any]]:
     """Push -> claim for an idle blocked consumer in its own process: rotator's
-    next(block=...) by EVALSHA and by FCALL, a bare BLPOP (the floor for any blocking
-    consumer on this machine and server) and a Streams XREADGROUP BLOCK.
+    next(block=...) by EVALSHA and by FCALL, the hand-off prototype (HANDOFF_FUNCTION), a
+    bare BLPOP (the floor for any blocking consumer on this machine and server) and a Streams
+    XREADGROUP BLOCK.
 
-    All four consumers block at once, and the producer takes them in turn, each push 20 ms
-    after the one before (so the server idles 20 ms before each push, and a consumer about
-    80), the order turning every cycle: every kind's samples meet the same machine, minute by
+    All the consumers block at once, and the producer takes them in turn, each push 20 ms
+    after the one before (so the server idles 20 ms before each push, and a consumer 20 ms a
+    kind), the order turning every cycle: every kind's samples meet the same machine, minute by
     minute, where one kind after another met its own (on this VM the figures moved by 2x
     from one minute to the next). ``samples`` per kind, cut into ``rounds`` consecutive
     rounds; each kind's p50 is also given against the Stream's, round by round: the median
@@ -346,8 +404,13 @@ def wake_latency(url: str, samples: int, rounds: int = 5) -> dict[str, dict[str,
 WAKE_TIMED = 100  # wake-ups a kind in wake_latency's pass with the slow log on
 # What a kind's push and claim are called in the slow log: its top-level command, and for
 # rotator the module's command after the keys (the claim: the first after a push).
-WAKE_PUSH = {"rotator": "push", "blpop": "lpush", "streams": "xadd"}
-WAKE_CLAIM = {"rotator": "next_packed", "blpop": "blpop", "streams": "xreadgroup"}
+WAKE_PUSH = {"rotator": "push", "handoff": "fcall", "blpop": "lpush", "streams": "xadd"}
+WAKE_CLAIM = {
+    "rotator": "next_packed",
+    "handoff": "blpop",
+    "blpop": "blpop",
+    "streams": "xreadgroup",
+}
 SLOWLOG_SETTINGS = ("slowlog-log-slower-than", "slowlog-max-len")
 
 
@@ -407,6 +470,8 @@ def _wake_server_us(logged: list[Any], name: str, kind: str) -> dict[str, float 
         if not any(name.encode() in arg for arg in args[1:]):
             continue
         command = args[0].decode().lower()
+        if family == "handoff" and command == "fcall" and args[1].decode() != HANDOFF_FUNCTION:
+            continue  # (the consumer's ack)
         if family == "rotator":
             if command not in ("fcall", "evalsha"):
                 continue  # (a command the module called: inside its script's time)

@@ -16,6 +16,7 @@ from rotator.defaults import DEFAULT_WORK_BATCH
 WAKE_LABELS = {
     "rotator": "rotator next(block=...)",
     "rotator-fcall": "rotator next(block=...), functions=True (FCALL)",
+    "handoff": "a hand-off push (prototype: bench/handoff_push.lua, FCALL)",
     "blpop": "bare BLPOP (the floor)",
     "streams": "Streams XREADGROUP BLOCK",
 }

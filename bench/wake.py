@@ -1,7 +1,10 @@
 """Wake latency, interleaved: push -> claim for an idle blocked consumer, rotator by FCALL and
-by EVALSHA beside a bare BLPOP and a Streams XREADGROUP BLOCK, the four consumers blocked at
-once and woken in turn (``bench.profiles.wake_latency``; issue 14 asks rotator's p50 within
-1.2x of XREADGROUP's).
+by EVALSHA beside a bare BLPOP and a Streams XREADGROUP BLOCK, the consumers blocked at once
+and woken in turn (``bench.profiles.wake_latency``; issue 14 asks rotator's p50 within 1.2x
+of XREADGROUP's). Beside them, a prototype of a hand-off wake-up
+(``bench/handoff_push.lua``): the push claims its job by the module's own claim in the same
+call and hands it to the blocked consumer through a list it BLPOPs, so the consumer wakes
+holding a lease instead of a token that sends it to claim.
 
     .venv/bin/python -m bench.wake [--quick | --smoke] [--servers redis,valkey] [--table]
 
@@ -54,11 +57,13 @@ def markdown(data: dict[str, Any]) -> str:
     lines = [
         "# Wake latency, interleaved (`python -m bench.wake`)",
         "",
-        f"{data['samples']} wake-ups a consumer, the four consumers blocked at once and woken "
+        f"{data['samples']} wake-ups a consumer, the consumers blocked at once and woken "
         f"in turn, 20 ms apart; p50 against the Stream's in {data['rounds']} rounds (median, "
         "range). Milliseconds from the push to the consumer holding the job. Server µs: the "
         "median server time (the slow log's, in a pass of its own) of the push and of the "
-        "claim that followed the wake-up (rotator's module call, the BLPOP, the XREADGROUP).",
+        "claim that followed the wake-up (rotator's module call, the BLPOP, the XREADGROUP; "
+        "the hand-off's push is the module's push and claim in one call, its claim the BLPOP "
+        "of what it was handed).",
         "",
     ]
     for server, run_ in data["results"].items():
