@@ -21,8 +21,11 @@ lets more go than its burst of JOBS plus one every PER_MS / JOBS ms, and tells a
 when one more may go. Time is the test's: the module is
 loaded in a test-only variant whose `M.now_ms()` reads the clock from a field of the queue's
 own meta hash (KEYS[9]), so both sides see the same instant. The variant differs from
-lua/rotator.lua in that one function only, and is called the way rotator calls the real one:
-a redis-py Script (SCRIPT LOAD, then EVALSHA, reloaded after SCRIPT FLUSH).
+lua/rotator.lua in that one function only, and is called both ways rotator calls the real
+one (each machine runs twice): as a function library by FCALL, the default, loaded again
+after FUNCTION FLUSH, which keeps the module's memos (KEPT) from one call to the next and
+from one example's queue to the next; and as a redis-py Script (SCRIPT LOAD, then EVALSHA,
+reloaded after SCRIPT FLUSH), which keeps nothing between calls.
 
 The main machine's queue does not track ids: its unique pushes and cancels are refused
 (ROTATOR_UNTRACKED) and write nothing. A second machine (TrackedMachine) drives a queue that
@@ -38,6 +41,7 @@ More examples: ROTATOR_MODEL_PROFILE=model-nightly pytest tests/test_model.py
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 import re
 import time
@@ -75,7 +79,7 @@ from rotator import (
     Stats,
 )
 from rotator.protocol import Batches, encode_durations
-from rotator.script import module_source, run
+from rotator.script import FunctionCall, module_source, run
 from tests import model as spec
 from tests.model import (
     SENTINEL,
@@ -149,11 +153,49 @@ def clocked_source() -> str:
     return clocked
 
 
-def clocked_rotator(client: redis.Redis, name: str, **options: Any) -> Rotator:
-    """A Rotator whose every call goes to the clocked variant of the module."""
+@functools.cache
+def clocked_library() -> tuple[str, str]:
+    """The clocked variant as a function library: its name (its own, so that it never
+    replaces the module's library on the server) and its source."""
+    source = clocked_source()
+    name = f"rotator_clocked_{hashlib.sha1(source.encode('utf-8')).hexdigest()[:16]}"
+    return name, f"#!lua name={name}\nlocal FUNCTION_NAME = '{name}'\n{source}"
+
+
+class ClockedFunctionCall(FunctionCall):
+    """The clocked variant called as rotator calls its library by default: FCALL (through the
+    fast lane), loaded again when the server does not have it. A library keeps what the
+    module remembers from one call to the next (its memos, see KEPT in the module), where a
+    script's call keeps nothing: the machines run both ways."""
+
+    def __init__(self, client: redis.Redis) -> None:  # (FunctionCall's, by the clocked name)
+        self.client = client
+        self.name, self.source = clocked_library()
+        self.lane = self.LANE.serving(client, "FCALL", self.name)
+
+    def load(self) -> None:
+        self.client.function_load(self.source, replace=True)
+
+
+def clocked_rotator(
+    client: redis.Redis, name: str, *, library: bool = False, **options: Any
+) -> Rotator:
+    """A Rotator whose every call goes to the clocked variant of the module: by EVALSHA of a
+    redis-py Script, or with ``library`` by FCALL of the variant loaded as a library."""
     queue = Rotator(client, name, **options)
-    queue._sender.script = client.register_script(clocked_source())
+    queue._sender.script = (
+        ClockedFunctionCall(client) if library else client.register_script(clocked_source())
+    )
     return queue
+
+
+def flush_module(client: redis.Redis, library: bool) -> None:
+    """What a restart or an admin can do to the loaded module: the script cache flushed, or
+    with ``library`` every function library deleted (the next call loads it again)."""
+    if library:
+        client.function_flush()
+    else:
+        client.script_flush()
 
 
 def set_clock(client: redis.Redis, queue: Rotator, ms: int) -> None:
@@ -333,6 +375,7 @@ class Series:
 
 class RotatorMachine(RuleBasedStateMachine):
     client: redis.Redis  # set by on_server()
+    library: bool  # (FCALL, or EVALSHA)
 
     def __init__(self) -> None:
         super().__init__()
@@ -341,7 +384,12 @@ class RotatorMachine(RuleBasedStateMachine):
         self.m = RotatorModel(now=START_MS)
         name = f"m-{uuid.uuid4().hex[:12]}"
         self.q = clocked_rotator(
-            client, name, timeout=LEASE_MS / 1000, max_deliveries=MAX_DELIVERIES, budget=BUDGET
+            client,
+            name,
+            library=self.library,
+            timeout=LEASE_MS / 1000,
+            max_deliveries=MAX_DELIVERIES,
+            budget=BUDGET,
         )
         self.keys = self.q.keys.all
         set_clock(client, self.q, START_MS)
@@ -945,7 +993,7 @@ class RotatorMachine(RuleBasedStateMachine):
     @rule()
     @checked
     def script_flush(self) -> None:
-        self.admin.script_flush()
+        flush_module(self.admin, self.library)
 
     @precondition(lambda self: bool(self.m.ring))
     @rule(raw=st.sampled_from(CORRUPT))
@@ -1249,15 +1297,38 @@ def test_the_clocked_variant_differs_from_the_module_only_in_its_clock() -> None
 Machine = TypeVar("Machine", bound=RuleBasedStateMachine)
 
 
-def on_server(machine: type[Machine], client: redis.Redis) -> type[Machine]:
-    """``machine`` bound to ``client`` (Hypothesis makes the instances itself)."""
-    return type(f"{machine.__name__}OnServer", (machine,), {"client": client})
+def on_server(machine: type[Machine], client: redis.Redis, calls: str) -> type[Machine]:
+    """``machine`` bound to ``client``, calling the module as ``calls`` says (``"library"``:
+    FCALL, rotator's default; ``"script"``: EVALSHA). Hypothesis makes the instances."""
+    bound = {"client": client, "library": calls == "library"}
+    return type(f"{machine.__name__}OnServer", (machine,), bound)
+
+
+# Each machine runs the module both ways rotator calls it: as a library (FCALL, the default),
+# which keeps its memos from call to call and from one example's queue to the next, and as a
+# script (EVALSHA), which keeps nothing.
+CALLS = pytest.mark.parametrize("calls", ["library", "script"])
+CALLED_BY = {"library": "fcall", "script": "evalsha"}
+
+
+@contextmanager
+def called_by(client: redis.Redis, calls: str) -> Iterator[None]:
+    """Checks that the module was called as ``calls`` says, and never the other way, while
+    the block ran (the server's command counts)."""
+    client.config_resetstat()
+    yield
+    counted = client.info("commandstats")
+    made = {command: counted.get(f"cmdstat_{command}", {}).get("calls", 0) for command in
+            CALLED_BY.values()}  # fmt: skip
+    assert made[CALLED_BY[calls]] > 0, made
+    assert sum(made.values()) == made[CALLED_BY[calls]], made
 
 
 @pytest.mark.timeout(MACHINE_TIMEOUT_S)
-def test_the_module_behaves_like_the_model(server: ServerProcess) -> None:
-    with server.client() as client:
-        run_state_machine_as_test(on_server(RotatorMachine, client), settings=PROFILE)
+@CALLS
+def test_the_module_behaves_like_the_model(server: ServerProcess, calls: str) -> None:
+    with server.client() as client, called_by(client, calls):
+        run_state_machine_as_test(on_server(RotatorMachine, client, calls), settings=PROFILE)
 
 
 # -- a queue that tracks ids: unique pushes and cancel ------------------------------------------
@@ -1290,13 +1361,16 @@ class TrackedMachine(RuleBasedStateMachine):
     and not cancelled was completed exactly once and the ids hash is empty."""
 
     client: redis.Redis  # set by on_server()
+    library: bool  # (FCALL, or EVALSHA)
 
     def __init__(self) -> None:
         super().__init__()
         self.admin = self.client
         self.failed = False
         self.t = TrackedIds(now=START_MS)
-        self.q = clocked_rotator(self.admin, f"t-{uuid.uuid4().hex[:12]}", timeout=LEASE_MS / 1000)
+        self.q = clocked_rotator(
+            self.admin, f"t-{uuid.uuid4().hex[:12]}", library=self.library, timeout=LEASE_MS / 1000
+        )
         set_clock(self.admin, self.q, START_MS)
         self.tokens: list[bytes] = []  # deliveries the test's workers hold (not given back)
 
@@ -1327,7 +1401,7 @@ class TrackedMachine(RuleBasedStateMachine):
                 refused()
         assert self.admin.exists(self.q.keys.ring, self.q.keys.scheduled, self.q.keys.ids) == 0
         if occupied is not None:
-            with scratch_queue(self.admin) as other:
+            with scratch_queue(self.admin, self.library) as other:
                 other.push("x", delay=None if occupied == "push" else 5.0)
                 before = other.stats()
                 with pytest.raises(InvalidArgument):
@@ -1530,9 +1604,11 @@ class TrackedMachine(RuleBasedStateMachine):
 
 
 @pytest.mark.timeout(MACHINE_TIMEOUT_S)
-def test_a_tracked_queue_behaves_like_the_id_model(server: ServerProcess) -> None:
-    with server.client() as client:
-        run_state_machine_as_test(on_server(TrackedMachine, client), settings=TRACKED_PROFILE)
+@CALLS
+def test_a_tracked_queue_behaves_like_the_id_model(server: ServerProcess, calls: str) -> None:
+    with server.client() as client, called_by(client, calls):
+        machine = on_server(TrackedMachine, client, calls)
+        run_state_machine_as_test(machine, settings=TRACKED_PROFILE)
 
 
 # -- a queue with payloads: each delivery carries its id's payload, acks take it once ----------
@@ -1556,6 +1632,7 @@ class PayloadMachine(RuleBasedStateMachine):
     accepted whole. At teardown, drained: the hash is empty."""
 
     client: redis.Redis  # set by on_server()
+    library: bool  # (FCALL, or EVALSHA)
 
     def __init__(self) -> None:
         super().__init__()
@@ -1563,7 +1640,11 @@ class PayloadMachine(RuleBasedStateMachine):
         self.failed = False
         self.now = START_MS
         self.q = clocked_rotator(
-            self.admin, f"p-{uuid.uuid4().hex[:12]}", timeout=LEASE_MS / 1000, payloads=True
+            self.admin,
+            f"p-{uuid.uuid4().hex[:12]}",
+            library=self.library,
+            timeout=LEASE_MS / 1000,
+            payloads=True,
         )
         set_clock(self.admin, self.q, START_MS)
         self.payload: dict[str, bytes] = {}  # the payload each queued id is delivered with
@@ -1691,9 +1772,11 @@ class PayloadMachine(RuleBasedStateMachine):
 
 
 @pytest.mark.timeout(MACHINE_TIMEOUT_S)
-def test_a_payload_queue_behaves_like_the_payload_model(server: ServerProcess) -> None:
-    with server.client() as client:
-        run_state_machine_as_test(on_server(PayloadMachine, client), settings=TRACKED_PROFILE)
+@CALLS
+def test_a_payload_queue_behaves_like_the_payload_model(server: ServerProcess, calls: str) -> None:
+    with server.client() as client, called_by(client, calls):
+        machine = on_server(PayloadMachine, client, calls)
+        run_state_machine_as_test(machine, settings=TRACKED_PROFILE)
 
 
 # -- arbitrary bytes in the ring -------------------------------------------------------------
@@ -1723,8 +1806,8 @@ ELEMENTS = st.one_of(
 
 
 @contextmanager
-def scratch_queue(client: redis.Redis) -> Iterator[Rotator]:
-    queue = clocked_rotator(client, f"g-{uuid.uuid4().hex[:12]}")
+def scratch_queue(client: redis.Redis, library: bool) -> Iterator[Rotator]:
+    queue = clocked_rotator(client, f"g-{uuid.uuid4().hex[:12]}", library=library)
     try:
         set_clock(client, queue, START_MS)
         yield queue
@@ -1732,7 +1815,10 @@ def scratch_queue(client: redis.Redis) -> Iterator[Rotator]:
         client.delete(*queue.keys.all)
 
 
-def test_any_bytes_in_the_ring_end_delivered_dead_lettered_or_valid(server: ServerProcess) -> None:
+@CALLS
+def test_any_bytes_in_the_ring_end_delivered_dead_lettered_or_valid(
+    server: ServerProcess, calls: str
+) -> None:
     with server.client() as client:
 
         @settings(PROFILE, max_examples=100)
@@ -1740,7 +1826,7 @@ def test_any_bytes_in_the_ring_end_delivered_dead_lettered_or_valid(server: Serv
         @example(raw=[b"b*1.999999999.1"])  # the next delivery count has 10 digits
         @example(raw=[b"*1", b"x*nan", SENTINEL, b"", b"\xff\xfe", b"a*1.1.1"])
         def check(raw: list[bytes]) -> None:
-            with scratch_queue(client) as q:
+            with scratch_queue(client, calls == "library") as q:
                 q.push("v")
                 client.lpush(q.keys.ring, *raw)
                 delivered: Counter[bytes] = Counter()
@@ -1783,14 +1869,15 @@ def test_any_bytes_in_the_ring_end_delivered_dead_lettered_or_valid(server: Serv
         check()
 
 
+@CALLS
 def test_a_claim_moves_at_most_1000_due_jobs_earliest_first_as_the_model_does(
-    server: ServerProcess,
+    server: ServerProcess, calls: str
 ) -> None:
     """More jobs due than one claim moves (PROMOTE): the earliest go, ties by id bytes, smin
     stays at the earliest left (due already), and the next claim moves the rest; every reply
     and key as the model has them, and the queue then drains."""
     with server.client() as client:
-        machine = on_server(RotatorMachine, client)()
+        machine = on_server(RotatorMachine, client, calls)()
         try:
             bulk = [b"x%04d" % i for i in range(spec.PROMOTE + 1)]
             machine.push_later_raw(b"AT", 0, bulk[::-1])  # due now
