@@ -181,6 +181,14 @@ class ChaosRun:
 
     # -- processes -------------------------------------------------------------------------
 
+    def calls_in_turn(self, role: str, functions: bool | None) -> bool:
+        """How the next process of ``role`` calls the module: as asked, or, not asked, FCALL
+        for the first two (the library, as rotator calls it by default, with what it keeps
+        from call to call), EVALSHA for the next two, and so on: every run of two workers or
+        more meets both, and a run whose workers alternate two modes (our loop and
+        ``Rotator.work``) meets each mode both ways."""
+        return self._names[role] // 2 % 2 == 0 if functions is None else functions
+
     def _spawn(
         self,
         role: str,
@@ -217,9 +225,12 @@ class ChaosRun:
         poll: float = 0.5,
         socket_timeout: float = 2.0,
         url: str | None = None,
-        functions: bool = False,
+        functions: bool | None = None,
         env: Mapping[str, str] | None = None,
     ) -> Proc:
+        """A worker process; ``functions``: FCALL (True) or EVALSHA (False); by default the
+        run's workers take FCALL (rotator's default) and EVALSHA in turn (calls_in_turn)."""
+        functions = self.calls_in_turn("worker", functions)
         options: dict[str, Any] = {
             "lease": lease,
             "job_ms": job_ms,
@@ -273,14 +284,16 @@ class ChaosRun:
         rate: float = 1000.0,
         socket_timeout: float = 2.0,
         url: str | None = None,
-        functions: bool = False,
+        functions: bool | None = None,
         later: float = 0.0,
         soon: float = 0.0,
         spread: float = 0.0,
         priorities: Sequence[int] = (),
     ) -> Proc:
         """A producer process; ``later``, ``soon`` and ``spread``: scheduled pushes;
-        ``priorities``: the levels its batches take in turn (see ``producer.py``)."""
+        ``priorities``: the levels its batches take in turn (see ``producer.py``);
+        ``functions`` as for :meth:`spawn_worker`."""
+        functions = self.calls_in_turn("producer", functions)
         argv = [
             "--url",
             url or self.url,
@@ -558,6 +571,10 @@ class ChaosRun:
             report.payloads_left = int(self.admin().hlen(self.rotator().keys.payloads))
         report.notes.update(self.notes)
         report.notes["drained"] = drained
+        report.notes["calls"] = dict(
+            Counter("fcall" if p.options["functions"] else "evalsha" for p in self.procs
+                    if p.role == "worker")
+        )  # fmt: skip
         exits = self.unexpected_exits()
         if exits:
             report.notes["unexpected_exits"] = exits

@@ -69,6 +69,10 @@ def test_workers_killed_mid_job_lose_nothing_and_every_duplicate_is_explained(
     assert not report.structure, report.summary()
     assert report.quiescent, report.summary()
     assert "unexpected_exits" not in report.notes, report.summary()
+    # Workers and their replacements called the module both ways (FCALL first, rotator's
+    # default; see ChaosRun.calls_in_turn).
+    assert report.notes["calls"]["fcall"] >= 2, report.notes
+    assert report.notes["calls"]["evalsha"] >= 2, report.notes
 
 
 CRASH_CASES = [
