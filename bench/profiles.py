@@ -19,7 +19,7 @@ from rotator import Rotator
 from rotator.commands import decode_next_packed
 from rotator.defaults import DEFAULT_BUDGET, DEFAULT_LEASE_TIMEOUT
 from rotator.models import Job
-from rotator.script import function_name, module_source
+from rotator.script import function_name, library_source
 
 STEADY_BATCH = 100
 
@@ -304,8 +304,8 @@ def handoff_library() -> str:
     """The module's library source with the hand-off prototype registered beside it, under
     a library name of its own (so it never replaces the module's)."""
     registered = "redis.register_function(FUNCTION_NAME, main)"
-    name = f"handoff_{function_name()}"
-    source = f"#!lua name={name}\nlocal FUNCTION_NAME = '{name}'\n{module_source()}"
+    name = function_name()
+    source = library_source().replace(name, f"handoff_{name}")  # (its shebang, FUNCTION_NAME)
     if registered not in source:
         raise RuntimeError("the module no longer registers its function as handoff_library expects")
     return source.replace(registered, f"{registered}\n{HANDOFF_SOURCE}", 1)
