@@ -343,10 +343,41 @@ def _handoff_push(client: redis.Redis, name: str) -> Callable[[str], Any]:
     return lambda stamp: client.fcall(HANDOFF_FUNCTION, len(keys), *keys, stamp, *head)
 
 
+# The module's contract, bare (bench/contract_floor.lua), woken as next(block=...) is: the
+# push's eight commands, and the one-job loop's seven pipelined behind the consumer's BLPOP
+# of the wake list; no logic. What any module keeping this state could do, on this protocol.
+CONTRACT_SOURCE = (Path(__file__).parent / "contract_floor.lua").read_text(encoding="utf-8")
+CONTRACT_PUSH, CONTRACT_CLAIM = "rotator_contract_push", "rotator_contract_claim"
+
+
+def _contract_consumer(url: str, name: str, samples: int, out: Any) -> None:
+    client = redis.Redis.from_url(url)
+    client.function_load(CONTRACT_SOURCE, replace=True)
+    keys = Rotator(client, name).keys
+    client.rpush(keys.leases, "*0.1.0*seed")  # (the one element the loop's LSET replaces)
+    claim = [CONTRACT_CLAIM, len(keys.all), *keys.all, "next_packed", 1, 30000, 1000, 0]
+    latencies: list[float] = []
+    out.put("ready")
+    while len(latencies) < samples:
+        pipe: Any = client.pipeline(transaction=False)
+        pipe.blpop([keys.wake], timeout=5)
+        pipe.fcall(*claim)
+        _, reply = pipe.execute()
+        if reply[3]:
+            latencies.append((time.monotonic_ns() - int(reply[3].rsplit(b"*", 1)[1])) / 1e6)
+    out.put(latencies)
+
+
+def _contract_push(client: redis.Redis, name: str) -> Callable[[str], Any]:
+    keys = Rotator(client, name).keys.all
+    return lambda stamp: client.fcall(CONTRACT_PUSH, len(keys), *keys, "push", stamp)
+
+
 WAKE_CONSUMERS: dict[str, Callable[..., None]] = {
     "rotator": _rotator_consumer,
     "rotator-fcall": partial(_rotator_consumer, functions=True),
     "handoff": _handoff_consumer,
+    "contract": _contract_consumer,
     "blpop": _blpop_consumer,
     "streams": _streams_consumer,
 }
@@ -355,6 +386,8 @@ WAKE_CONSUMERS: dict[str, Callable[..., None]] = {
 def _push_for(kind: str, client: redis.Redis, name: str) -> Callable[[str], Any]:
     if kind == "handoff":
         return _handoff_push(client, name)
+    if kind == "contract":
+        return _contract_push(client, name)
     if kind.startswith("rotator"):
         return Rotator(client, name, functions=kind == "rotator-fcall").push
     if kind == "blpop":
@@ -364,9 +397,9 @@ def _push_for(kind: str, client: redis.Redis, name: str) -> Callable[[str], Any]
 
 def wake_latency(url: str, samples: int, rounds: int = 5) -> dict[str, dict[str, Any]]:
     """Push -> claim for an idle blocked consumer in its own process: rotator's
-    next(block=...) by EVALSHA and by FCALL, the hand-off prototype (HANDOFF_FUNCTION), a
-    bare BLPOP (the floor for any blocking consumer on this machine and server) and a Streams
-    XREADGROUP BLOCK.
+    next(block=...) by EVALSHA and by FCALL, the hand-off prototype (HANDOFF_FUNCTION), the
+    module's contract, bare (CONTRACT_PUSH, CONTRACT_CLAIM), a bare BLPOP (the floor for any
+    blocking consumer on this machine and server) and a Streams XREADGROUP BLOCK.
 
     All the consumers block at once, and the producer takes them in turn, each push 20 ms
     after the one before (so the server idles 20 ms before each push, and a consumer 20 ms a
@@ -402,12 +435,20 @@ def wake_latency(url: str, samples: int, rounds: int = 5) -> dict[str, dict[str,
 
 
 WAKE_TIMED = 100  # wake-ups a kind in wake_latency's pass with the slow log on
-# What a kind's push and claim are called in the slow log: its top-level command, and for
-# rotator the module's command after the keys (the claim: the first after a push).
-WAKE_PUSH = {"rotator": "push", "handoff": "fcall", "blpop": "lpush", "streams": "xadd"}
+# What a kind's push and claim are called in the slow log: its top-level command, for
+# rotator the module's command after the keys (the claim: the first after a push), and for
+# the bench's own functions (FCALL) their names.
+WAKE_PUSH = {
+    "rotator": "push",
+    "handoff": HANDOFF_FUNCTION,
+    "contract": CONTRACT_PUSH,
+    "blpop": "lpush",
+    "streams": "xadd",
+}
 WAKE_CLAIM = {
     "rotator": "next_packed",
     "handoff": "blpop",
+    "contract": CONTRACT_CLAIM,
     "blpop": "blpop",
     "streams": "xreadgroup",
 }
@@ -470,8 +511,8 @@ def _wake_server_us(logged: list[Any], name: str, kind: str) -> dict[str, float 
         if not any(name.encode() in arg for arg in args[1:]):
             continue
         command = args[0].decode().lower()
-        if family == "handoff" and command == "fcall" and args[1].decode() != HANDOFF_FUNCTION:
-            continue  # (the consumer's ack)
+        if family in ("handoff", "contract") and command == "fcall":
+            command = args[1].decode()  # (the bench's own function, or the consumer's ack)
         if family == "rotator":
             if command not in ("fcall", "evalsha"):
                 continue  # (a command the module called: inside its script's time)

@@ -17,6 +17,7 @@ WAKE_LABELS = {
     "rotator": "rotator next(block=...)",
     "rotator-fcall": "rotator next(block=...), functions=True (FCALL)",
     "handoff": "a hand-off push (prototype: bench/handoff_push.lua, FCALL)",
+    "contract": "the module's contract, bare (bench/contract_floor.lua: push, claim after BLPOP)",
     "blpop": "bare BLPOP (the floor)",
     "streams": "Streams XREADGROUP BLOCK",
 }

@@ -78,7 +78,8 @@ def test_bench_smoke_writes_every_scenario(tmp_path: Path) -> None:
     scaling = data["queue_length_scaling"] + data["in_flight_scaling"]
     assert all(row["server_us_per_job"] > 0 for row in scaling)  # whichever way it calls
     assert data["memory_bytes_per_job"]["rotator_pending"] > 0
-    assert set(data["wake_latency"]) == {"rotator", "rotator-fcall", "handoff", "blpop", "streams"}
+    kinds = {"rotator", "rotator-fcall", "handoff", "contract", "blpop", "streams"}
+    assert set(data["wake_latency"]) == kinds
     assert all(wake["p50_ms"] is not None for wake in data["wake_latency"].values())
     profiled = {(row["pattern"], row["batch"]) for row in data["call_profile"]}
     assert profiled == {("ping", 1)} | {
@@ -623,12 +624,12 @@ def test_bench_lane_smoke(tmp_path: Path) -> None:
 
 
 def test_bench_wake_smoke(tmp_path: Path) -> None:
-    """bench.wake on tiny sizes: the five consumers blocked at once and woken in turn; every
-    kind gets each of its wake-ups, and its p50 against the Stream's, round by round."""
+    """bench.wake on tiny sizes: the consumers blocked at once and woken in turn; every kind
+    gets each of its wake-ups, and its p50 against the Stream's, round by round."""
     printed = run_smoke("bench.wake", tmp_path, 120)
     data = json.loads((tmp_path / "wake.json").read_text())
     run = data["results"]["redis"]
-    kinds = {"rotator", "rotator-fcall", "handoff", "blpop", "streams"}
+    kinds = {"rotator", "rotator-fcall", "handoff", "contract", "blpop", "streams"}
     assert kinds == set(run) - {"version"}
     for kind in kinds:
         assert 0 < run[kind]["p50_ms"] <= run[kind]["p99_ms"] < 5000
@@ -652,6 +653,9 @@ def test_bench_wake_smoke(tmp_path: Path) -> None:
     assert handoff["push"] > run["rotator-fcall"]["wake_server_us"]["push"]
     assert handoff["claim"] < run["rotator-fcall"]["wake_server_us"]["claim"]
     assert "| a hand-off push (prototype: bench/handoff_push.lua, FCALL) |" in printed
+    # The contract, bare: its push makes the module's push's commands without its logic.
+    contract = run["contract"]["wake_server_us"]
+    assert contract["push"] < run["rotator-fcall"]["wake_server_us"]["push"]
 
 
 def test_bench_calls_smoke(tmp_path: Path) -> None:
