@@ -31,7 +31,9 @@ against which the one-job cases are given too: the ratio issue 14's server-time 
 about, in counts that do not move with the machine; the one-job claim by FCALL also against
 the module's contract, bare (``bench/contract_floor.lua``: the loop's seven commands on a
 queue's thirteen keys with next_packed's arguments, and no logic), which splits what is left
-into what the contract costs and what the module's Lua does; and, where the payload case runs, its
+into what the contract costs and what the module's Lua does, and the push by FCALL against
+the push's contract, bare (the same library: its eight commands, no logic); and, where the
+payload case runs, its
 layout's floor (``bench/payload_floor.lua``, layout ``hash``, 100 a claim) and a Stream read by
 one group (``XREADGROUP COUNT 100`` and the ``XACK`` of its entries), per 100 deliveries.
 """
@@ -109,9 +111,10 @@ CASES = (
 BODY = b"x" * 64  # a payload queue's bodies (as bench.topics' PAYLOAD)
 # What the module's cases are held against (each counted in every round): the pattern's floor
 # for the one-job cases; for the payload case, its layout's floor and a Stream.
-FLOOR, CONTRACT, PAYLOAD_FLOOR, STREAM = (
+FLOOR, CONTRACT, PUSH_CONTRACT, PAYLOAD_FLOOR, STREAM = (
     "the floor: one job + ack (bench/floor.lua by EVALSHA)",
     "the contract, bare: the loop's 7 commands on 13 keys, no logic (bench/contract_floor.lua)",
+    "the push's contract, bare: its 8 commands on 13 keys, no logic (bench/contract_floor.lua)",
     "the payload floor: 100 + ack (bench/payload_floor.lua, hash layout, by EVALSHA)",
     "a Stream: XREADGROUP COUNT 100 + XACK of the 100 (one group, bodies of 64 bytes)",
 )
@@ -303,6 +306,22 @@ def contract_per_call(meter: Meter[Figure], calls: int, tag: str) -> Figure:
     return meter.per_call(calls_of, calls, keys)
 
 
+def push_contract_per_call(meter: Meter[Figure], calls: int, tag: str) -> Figure:
+    """``meter``'s figure per push of one id by the push's contract, bare
+    (bench/contract_floor.lua by FCALL): the module's push's eight commands on a queue's
+    thirteen keys, and no logic."""
+    client = meter.client
+    keys = queue_keys(f"instructions-push-contract-{tag}").all
+    client.function_load(CONTRACT_SCRIPT, replace=True)
+    pushed = iter(job_ids(WARM_CALLS + calls))
+
+    def pushes(n: int) -> None:
+        for _ in range(n):
+            client.fcall("rotator_contract_push", len(keys), *keys, "push", next(pushed))
+
+    return meter.per_call(pushes, calls, keys)
+
+
 def payload_floor_per_call(meter: Meter[Figure], calls: int, tag: str) -> Figure:
     """``meter``'s figure per claim of 100 of the payload queue's layout floor
     (bench/payload_floor.lua, layout ``hash``: ids in the ring, bodies in a hash) by EVALSHA,
@@ -339,6 +358,7 @@ def stream_per_call(meter: Meter[Figure], calls: int, tag: str) -> Figure:
 REFERENCES: dict[str, Callable[[Counted, int, str], float]] = {
     FLOOR: floor_per_call,
     CONTRACT: contract_per_call,
+    PUSH_CONTRACT: push_contract_per_call,
     PAYLOAD_FLOOR: payload_floor_per_call,
     STREAM: stream_per_call,
 }
@@ -346,10 +366,13 @@ REFERENCES: dict[str, Callable[[Counted, int, str], float]] = {
 
 def held_against(case: Case) -> tuple[str, ...]:
     """The references a case is given against: the floor for a one-job claim (and the bare
-    contract for one by FCALL, which calls it as the module is called), the payload floor and
-    a Stream for the payload claim; none for the others."""
+    contract for one by FCALL, which calls it as the module is called), the push's bare
+    contract for a push by FCALL, the payload floor and a Stream for the payload claim; none
+    for the others."""
     if case.payloads:
         return (PAYLOAD_FLOOR, STREAM)
+    if case.batch == 0:
+        return (PUSH_CONTRACT,) if case.via == "fcall" else ()
     if case.batch != 1:
         return ()
     return (FLOOR, CONTRACT) if case.via == "fcall" else (FLOOR,)
@@ -454,9 +477,10 @@ def markdown(data: dict[str, Any]) -> str:
     lines += [
         "",
         "NOW against references counted in the same rounds: the pattern's floor for the one-job "
-        "calls (issue 14 asks them for at most twice its server time), the payload layout's "
-        "floor and a Stream for the payload claim (issue 23 asks it for 1.2x a Stream's "
-        "deliveries per second):",
+        "calls (issue 14 asks them for at most twice its server time), the module's contract, "
+        "bare, for the one-job claim and the push (what the module's own Lua costs beyond its "
+        "commands), the payload layout's floor and a Stream for the payload claim (issue 23 "
+        "asks it for 1.2x a Stream's deliveries per second):",
         "",
         "| server | case | reference | reference's | now | now / reference (range) |",
         "|---|---|---|---:|---:|---:|",

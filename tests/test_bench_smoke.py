@@ -16,7 +16,7 @@ import redis
 
 from bench.bounds import OLD_MODULE, Module
 from bench.counters import without_counters
-from bench.instructions import CONTRACT, FLOOR, PAYLOAD_FLOOR, STREAM, cases_of
+from bench.instructions import CONTRACT, FLOOR, PAYLOAD_FLOOR, PUSH_CONTRACT, STREAM, cases_of
 from bench.primitives import CASES, LIBRARY
 from bench.server_time import (
     KERNEL,
@@ -722,13 +722,17 @@ def test_bench_instructions_smoke(tmp_path: Path) -> None:
     # module's one-job call, which is given against both (by EVALSHA, against the floor
     # only). (The smoke's modules have no payload case: no payload references.)
     references = {name: figure["median"] for name, figure in run["references"].items()}
-    assert set(references) == {FLOOR, CONTRACT}
+    assert set(references) == {FLOOR, CONTRACT, PUSH_CONTRACT}
     assert 10_000 < references[FLOOR] < by["fcall", 1]
     # The contract's thirteen keys and seven commands cost more than the floor's two and six.
     assert references[FLOOR] < references[CONTRACT] < by["fcall", 1]
+    # The push's eight commands, bare, cost less than the module's push that makes them.
+    assert 10_000 < references[PUSH_CONTRACT] < by["fcall", 0]
     for row in run["rows"]:
         wanted = {FLOOR, CONTRACT} if row["via"] == "fcall" else {FLOOR}
-        assert set(row["against"]) == (wanted if row["batch"] == 1 else set()), row
+        if row["batch"] == 0:
+            wanted = {PUSH_CONTRACT} if row["via"] == "fcall" else set()
+        assert set(row["against"]) == (wanted if row["batch"] in (0, 1) else set()), row
         for name, ratio in row["against"].items():
             assert ratio["median"] == row["now"] / references[name]
     assert "| now / reference (range) |" in printed
@@ -804,7 +808,7 @@ def test_bench_instructions_holds_the_payload_claim_against_its_floor_and_a_stre
     printed = run_smoke("bench.instructions", tmp_path, 300, "--before", "lua/rotator.lua")
     (run,) = json.loads((tmp_path / "instructions.json").read_text())["runs"]
     references = {name: figure["median"] for name, figure in run["references"].items()}
-    assert set(references) == {FLOOR, CONTRACT, PAYLOAD_FLOOR, STREAM}
+    assert set(references) == {FLOOR, CONTRACT, PUSH_CONTRACT, PAYLOAD_FLOOR, STREAM}
     assert all(10_000 < count < 10_000_000 for count in references.values()), references
     assert references[STREAM] > references[PAYLOAD_FLOOR]
     (payload,) = [row for row in run["rows"] if row["via"] == "fcall" and row["batch"] == 100
