@@ -1,10 +1,13 @@
 """Wake latency, interleaved: push -> claim for an idle blocked consumer, rotator by FCALL and
 by EVALSHA beside a bare BLPOP and a Streams XREADGROUP BLOCK, the consumers blocked at once
 and woken in turn (``bench.profiles.wake_latency``; issue 14 asks rotator's p50 within 1.2x
-of XREADGROUP's). Beside them, a prototype of a hand-off wake-up
-(``bench/handoff_push.lua``): the push claims its job by the module's own claim in the same
+of XREADGROUP's). Beside them, two references: a prototype of a hand-off wake-up
+(``bench/handoff_push.lua``: the push claims its job by the module's own claim in the same
 call and hands it to the blocked consumer through a list it BLPOPs, so the consumer wakes
-holding a lease instead of a token that sends it to claim.
+holding a lease instead of a token that sends it to claim), and the module's contract, bare
+(``bench/contract_floor.lua``: the push's eight commands and the one-job loop's seven,
+pipelined behind the consumer's BLPOP as ``next(block=...)`` sends its claim, no logic),
+which says what the protocol and its state cost apart from the module's Lua.
 
     .venv/bin/python -m bench.wake [--quick | --smoke] [--servers redis,valkey] [--table]
 
@@ -63,7 +66,7 @@ def markdown(data: dict[str, Any]) -> str:
         "median server time (the slow log's, in a pass of its own) of the push and of the "
         "claim that followed the wake-up (rotator's module call, the BLPOP, the XREADGROUP; "
         "the hand-off's push is the module's push and claim in one call, its claim the BLPOP "
-        "of what it was handed).",
+        "of what it was handed; the contract's are its two functions).",
         "",
     ]
     for server, run_ in data["results"].items():
