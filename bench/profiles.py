@@ -298,6 +298,9 @@ def _streams_consumer(url: str, name: str, samples: int, out: Any) -> None:
 # hands the packed element to the blocked consumer through a list it BLPOPs.
 HANDOFF_FUNCTION = "rotator_handoff_push"
 HANDOFF_SOURCE = (Path(__file__).parent / "handoff_push.lua").read_text(encoding="utf-8")
+# The bench's own claims' LEASE_MS BUDGET MAX_DELIVERIES, as a Rotator with the defaults sends
+# them to next_packed.
+CLAIM_HEAD = (round(DEFAULT_LEASE_TIMEOUT * 1000), DEFAULT_BUDGET, 0)
 
 
 def handoff_library() -> str:
@@ -338,9 +341,7 @@ def _handoff_push(client: redis.Redis, name: str) -> Callable[[str], Any]:
     client.function_load(handoff_library(), replace=True)
     q = Rotator(client, name)
     keys = [*q.keys.all, _handoff_list(name)]
-    # next_packed's LEASE_MS BUDGET MAX_DELIVERIES, as a Rotator with the defaults sends them
-    head = (round(DEFAULT_LEASE_TIMEOUT * 1000), DEFAULT_BUDGET, 0)
-    return lambda stamp: client.fcall(HANDOFF_FUNCTION, len(keys), *keys, stamp, *head)
+    return lambda stamp: client.fcall(HANDOFF_FUNCTION, len(keys), *keys, stamp, *CLAIM_HEAD)
 
 
 # The module's contract, bare (bench/contract_floor.lua), woken as next(block=...) is: the
@@ -355,7 +356,7 @@ def _contract_consumer(url: str, name: str, samples: int, out: Any) -> None:
     client.function_load(CONTRACT_SOURCE, replace=True)
     keys = Rotator(client, name).keys
     client.rpush(keys.leases, "*0.1.0*seed")  # (the one element the loop's LSET replaces)
-    claim = [CONTRACT_CLAIM, len(keys.all), *keys.all, "next_packed", 1, 30000, 1000, 0]
+    claim = [CONTRACT_CLAIM, len(keys.all), *keys.all, "next_packed", 1, *CLAIM_HEAD]
     latencies: list[float] = []
     out.put("ready")
     while len(latencies) < samples:
@@ -363,7 +364,7 @@ def _contract_consumer(url: str, name: str, samples: int, out: Any) -> None:
         pipe.blpop([keys.wake], timeout=5)
         pipe.fcall(*claim)
         _, reply = pipe.execute()
-        if reply[3]:
+        if reply[3]:  # (its stamp is not a real one: the id is read after the last "*")
             latencies.append((time.monotonic_ns() - int(reply[3].rsplit(b"*", 1)[1])) / 1e6)
     out.put(latencies)
 
