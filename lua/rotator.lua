@@ -90,6 +90,10 @@ ELEMENTS OF THE RING
   The ring holds the sentinel, pending ids and deferred jobs; leases and packed batches live
   in the lease list (KEYS[11]), and one met in the ring (written there by hand, or by a module
   from before the lease list) moves there at its visit.
+  A push puts its ids at the ring's head, behind everything pending; onto a ring that holds
+  only its sentinel (an idle queue's), at its tail, ahead of the sentinel, in push order (meta
+  lapnext moves on by as many): a consumer woken by the push leases them without crossing
+  the lap first. Either way they are met in push order, after every id pushed before them.
 
 LEASES (how a claim avoids the jobs in flight)
   Each lease, packed batch or re-lease is pushed at the lease list's head when it is made, so
@@ -819,7 +823,7 @@ local function define_module()
   local WALK_FIELDS = { 'qstart', 'qlen', 'lapnext', 'qmin', 'lapguess', 'packed', 'lmin', 'lstop',
     'lpass', 'lskip', 'rpasses', 'lpasses' }
   local WALK_FORMAT, WALK_BYTES, ABSENT = '<dddddddddddd', 96, -1 / 0
-  local WALK_PLACE = { lapnext = 3, lstop = 8 } -- (their places in WALK_FIELDS)
+  local WALK_PLACE = { lapnext = 3, lapguess = 5, lstop = 8 } -- (their places in WALK_FIELDS)
   -- An empty table for a result nothing adds to (read only): a table made and collected
   -- costs a claim about 1k instructions.
   local NONE = {}
@@ -2221,8 +2225,10 @@ local function define_module()
         if n == 0 then return 0, now, ids end
       end
       M.ensure_ring(K, length, meta)
-      local pushed_to = nil -- (the ring's length after the push, as the last LPUSH replies)
-      if ids then
+      local pushed_to = nil -- (the ring's length after the push, as the last push replies)
+      if M.only_the_sentinel(length, meta) then
+        pushed_to = M.push_ahead(meta, ids or { unpack(A, first) })
+      elseif ids then
         M.call_all('LPUSH', K.ring, ids)
       else
         for i = first, #A, LIMIT.batch do
@@ -2232,6 +2238,28 @@ local function define_module()
       -- (nothing between read_push_keys and here writes the wake list: a full one stays as it is)
       M.record_push(K, meta, n, now, head, pushed_to, wake)
       return n, now, ids
+    end
+
+    -- Whether the ring of `length` elements holds its sentinel alone, by the lap's numbers
+    -- (read_push_meta's `meta`): the sentinel is the next element a claim meets, and nothing
+    -- is pending before it. (Numbers some hand made wrong cost only the order: the walk
+    -- meets whatever is there, and counts the lap again.)
+    function M.only_the_sentinel(length, meta)
+      return length == 1 and meta.lapnext == meta.seq + 1 and meta.lapguess ~= 1
+    end
+
+    -- Pushes `ids` (at most LIMIT.batch) onto a ring that holds only its sentinel, ahead of it
+    -- (see ELEMENTS OF THE RING): at the tail, the first last, so a claim meets them in push
+    -- order and then the sentinel. A consumer woken by this push then leases them the short
+    -- way; behind the sentinel, its claim would first cross the lap (the walk). The lap they
+    -- join ends one element per id later (record_push writes lapnext on by meta.ahead); no
+    -- acks or marks can be waiting for ids that were never leased, so the ageing the lap's
+    -- end brings loses nothing of theirs. Returns the ring's length after the push.
+    function M.push_ahead(meta, ids)
+      local n, reversed = #ids, {}
+      for i = 1, n do reversed[i] = ids[n + 1 - i] end
+      meta.ahead = n
+      return rcall('RPUSH', K.ring, unpack(reversed))
     end
 
     -- A push given as `unique ...` (see IDS) needs a queue that tracks ids: elsewhere it could
@@ -2266,13 +2294,14 @@ local function define_module()
       local m = M.read('HMGET', K.meta, 'seq', 'origin', 'pushed', 'taken', 'walk', 'track_ids',
         'layout')
       local seq, origin = M.seq_origin(m[1], m[2])
-      -- (the walk's lapnext alone, where the field is stored: see walk_stored)
+      -- (the walk's lap numbers alone, where the field is stored: see walk_stored)
       local packed, walk = M.walk_stored(K.meta, m[5], m[1])
-      local lapnext = M.walk_number_at(packed, walk, 'lapnext')
       return {
         seq = seq, origin = origin, seeded = not m[1], pushed = tonumber(m[3]) or 0,
         taken = tonumber(m[4]) or 0, tracked = m[6] == '1', layout = m[7],
-        lapnext = lapnext, walk_packed = packed, walk = walk,
+        lapnext = M.walk_number_at(packed, walk, 'lapnext'),
+        lapguess = M.walk_number_at(packed, walk, 'lapguess'),
+        walk_packed = packed, walk = walk, ahead = false, -- (ahead: see push_ahead)
       }
     end
 
@@ -2316,10 +2345,14 @@ local function define_module()
       end
       -- Something new is available: consumers must visit every element the ring holds now (the
       -- new ones come last) before they may idle.
-      local qlen, walk = length or rcall('LLEN', K.ring), meta.walk
+      local qlen, walk, ahead = length or rcall('LLEN', K.ring), meta.walk, meta.ahead
       if walk then
         walk.qstart, walk.qlen = meta.seq, qlen
+        if ahead then walk.lapnext = walk.lapnext + ahead end
         M.save_walk(K.meta, walk, 'pushed', meta.pushed)
+      elseif ahead then -- (the stored field, qstart, qlen and lapnext rewritten)
+        rcall('HSET', K.meta, 'walk', struct.pack('<ddd', meta.seq, qlen, meta.lapnext + ahead)
+          .. string.sub(meta.walk_packed, 25), 'pushed', meta.pushed)
       else -- (the stored field, its first two numbers, qstart and qlen, rewritten)
         rcall('HSET', K.meta, 'walk', struct.pack('<dd', meta.seq, qlen) ..
           string.sub(meta.walk_packed, 17), 'pushed', meta.pushed)
@@ -5018,7 +5051,11 @@ local function define_module()
       M.ensure_ring(K, length, meta)
       M.count_copies(ids, stored)
       M.call_all('HSET', K.payloads, pairs_)
-      M.call_all('LPUSH', K.ring, ids)
+      if M.only_the_sentinel(length, meta) then
+        M.push_ahead(meta, ids)
+      else
+        M.call_all('LPUSH', K.ring, ids)
+      end
       M.record_push(K, meta, #ids, now, head, nil, wake) -- (nothing wrote the wake list since)
       M.enqueued(ids, now)
       return #ids

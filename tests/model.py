@@ -378,7 +378,14 @@ class RotatorModel:
             return 0
         self._seed()
         self._ensure_ring()
-        self.ring[:0] = reversed(ids)
+        lapnext = self.lapnext
+        if len(self.ring) == 1 and lapnext == self.seq + 1 and not self.lapguess:
+            # Onto a ring of its sentinel alone (by the lap's numbers): ahead of it, at the
+            # tail, in push order; the lap ends as many visits later.
+            self.ring.extend(reversed(ids))
+            self.lapnext = lapnext + len(ids)
+        else:
+            self.ring[:0] = reversed(ids)
         self.pushed_ids.update(ids)
         self._record_push(len(ids))
         return len(ids)

@@ -1007,12 +1007,41 @@ def idle_is_set_only_after_a_whole_lap_found_nothing(b: Backend) -> None:
     assert got.idle == 0
     assert nxt(b, 10, LONG).idle == 1
     assert nxt(b, 10, LONG).idle == 1
+    # Onto the idle ring "c" goes ahead of the sentinel, "d" behind it.
     push(b, "c")
-    after_push = nxt(b, 10, LONG, budget=1)
-    assert (after_push.jobs, after_push.idle) == ([], 0)
+    push(b, "d")
+    got = nxt(b, 10, LONG, budget=1)
+    assert (got.ids, got.idle) == (["c"], 0)
+    after_c = nxt(b, 10, LONG, budget=1)  # only the sentinel
+    assert (after_c.jobs, after_c.idle) == ([], 0)
     got = nxt(b, 10, LONG)
-    assert got.ids == ["c"]
+    assert got.ids == ["d"]
     assert got.idle == 0
+    assert nxt(b, 10, LONG).idle == 1
+
+
+@scenario
+def a_push_onto_an_idle_queue_goes_ahead_of_its_sentinel(b: Backend) -> None:
+    # (a consumer woken by the push then leases its ids without crossing the lap first)
+    push(b, "a")
+    got = nxt(b, 10, LONG)
+    assert ack(b, *got.tokens) == 1
+    assert nxt(b, 10, LONG).idle == 1
+    assert b.ring() == [SENTINEL]
+    lapnext = walk_of(b)["lapnext"]
+    push(b, "b", "c")
+    assert b.ring() == [SENTINEL, "c", "b"]  # (the tail first: "b" is met first)
+    assert walk_of(b)["lapnext"] == lapnext + 2
+    push(b, "d")  # behind the sentinel, as the ring holds more than it
+    assert b.ring() == ["d", SENTINEL, "c", "b"]
+    first = nxt(b, 2, LONG)
+    assert (first.ids, first.idle) == (["b", "c"], 0)
+    assert b.ring() == ["d", SENTINEL]  # the sentinel not met yet
+    then = nxt(b, 10, LONG)
+    assert then.ids == ["d"]
+    assert ack(b, *first.tokens, *then.tokens) == 3
+    laps(b)
+    assert stats(b)["length"] == 0
     assert nxt(b, 10, LONG).idle == 1
 
 
@@ -2489,7 +2518,7 @@ def a_queue_an_older_module_kept_takes_pushes_acks_and_nacks_and_packs_its_walk(
     lapnext = as_an_older_module_kept_it(b)["lapnext"]
     push(b, "d")
     no_field_of_its_own(b)
-    assert walk_of(b)["lapnext"] == lapnext
+    assert walk_of(b)["lapnext"] == lapnext + 1  # (onto a ring of its sentinel: ahead of it)
     assert walk_of(b)["qstart"] == meta_seq(b)
     # A nack reads them too (due work: the idle lap starts again).
     as_an_older_module_kept_it(b)

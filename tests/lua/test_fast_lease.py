@@ -302,6 +302,30 @@ def test_consumers_acking_out_of_order_take_the_short_way(tmp_path: Path, payloa
     assert len(twins.fast.stub.data.get(twins.fast.keys[3].encode(), ())) <= 3
 
 
+@pytest.mark.parametrize("library", [False, True], ids=["eval", "library"])
+def test_a_consumer_woken_by_a_push_takes_the_short_way(tmp_path: Path, library: bool) -> None:
+    """A consumer of an idle queue woken by a push (of one id or a few): the ids went ahead
+    of the ring's sentinel, so its claim takes them the short way, without crossing the lap
+    first (and the walk agrees); it acks each by its token, and its next claim finds the
+    queue idle again."""
+    twins = Twins(walk_only_module(tmp_path), library=library)
+    twins.both("push", "first")
+    twins.next(1, [], compact=True)
+    for token in twins.batches.pop():
+        twins.both("ack", token)
+    for round_, n in enumerate((1, 1, 3, 1, 2)):
+        assert twins.both("next_packed", 1, LEASE_MS, 1000, 0) == [1, -1, 0, ""]  # idle
+        twins.advance(20)
+        twins.both("push", *[f"r{round_}-{i}" for i in range(n)])
+        before = len(twins.fast.stub.calls)
+        twins.next(n, [], compact=True)
+        assert short_way_taken(twins, n, before)
+        batch = twins.batches.pop()
+        assert [token.split("*")[0] for token in batch] == [f"r{round_}-{i}" for i in range(n)]
+        for token in batch:
+            twins.both("ack", token)
+
+
 # What the one-worker loop (M.loop_lease) sends: the claim's reads (the lease list's length
 # and element by one LRANGE), the pop (which is the ring's read too), the batch in the acked
 # one's place, and the meta's numbers and counters by one HSET.
