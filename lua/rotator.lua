@@ -1677,6 +1677,7 @@ local function define_module()
   -- walk's, which then refuse or take it as they always have. Returns the reply, or nil and
   -- what it read (read_walk_state's arguments), having changed nothing.
   function M.loop_lease(first, count, lease, budget, compact)
+    if #A == first - 1 then return M.fresh_lease(count, lease, budget, compact) end
     local ack = A[first]
     if #A ~= first or string.byte(ack) ~= BYTE_STAR or #ack > LIMIT.batch_ack_bytes
         or budget <= 1 then
@@ -1781,6 +1782,71 @@ local function define_module()
         deadline, 0, 0, rpasses, lpasses), 'completed', completed + jobs)
     local soonest = qmin and qmin < deadline and qmin or deadline
     return M.batch_reply(1, compact, packed_element, popped, leased, first_stamp, soonest - now)
+  end
+
+  -- A FRESH START, the short way's state with nothing in flight as a path of its own, as
+  -- loop_lease is for one worker's loop: the call acks nothing, the lease list is empty, no
+  -- side structure exists but the fencing set, no setting that changes a claim is on, and
+  -- `count` pending ids lie at the ring's tail within the lap. A consumer woken on an idle
+  -- queue makes this claim (a push onto an idle ring goes ahead of its sentinel: push_ahead),
+  -- as may a worker's first. fast_lease's work there comes down to fixed writes (the
+  -- batch pushed onto the lease list, a wake-up for its deadline, the meta's numbers), which
+  -- this makes from the meta fields read by place (LOOP_FIELDS), without the tables of the
+  -- walk's state. Anything else is fast_lease's and the walk's. Returns the reply, or nil and
+  -- what it read (as loop_lease does), having changed nothing.
+  function M.fresh_lease(count, lease, budget, compact)
+    local head = M.read('LRANGE', K.leases, '0', '1')
+    if #head ~= 0 then return M.loop_declined(head) end
+    local l = M.read('HMGET', K.meta, unpack(LOOP_FIELDS))
+    local found = rcall('EXISTS', K.done, K.done_old, K.marks, K.marks_old, K.revoked, K.dead)
+    -- (l by LOOP_FIELDS' places, as in loop_lease)
+    local seq = l[1] and tonumber(l[1])
+    local qstart, qlen, lapnext, qmin, lapguess, packed, lmin, lstop, lpass, lskip, rpasses,
+      lpasses
+    if l[2] and #l[2] == WALK_BYTES then
+      qstart, qlen, lapnext, qmin, lapguess, packed, lmin, lstop, lpass, lskip, rpasses,
+        lpasses = M.walk_values(l[2])
+    end
+    if found > 1 or not seq or not lapnext or not qlen or lmin or lstop or l[7]
+        or l[8] == '1' or l[9] or l[10] and l[10] ~= '0' or l[11] and l[11] ~= '0'
+        or l[5] and l[5] ~= '0' or l[6] and l[6] ~= '0' or count > lapnext - seq - 1
+        or count > budget then
+      return M.loop_declined(head, l, found)
+    end
+    local now = M.now_ms()
+    if qmin and qmin <= now then return M.loop_declined(head, l, found, now) end
+    -- One side structure may exist: the fencing set (read_sides_and_dead), which the call
+    -- trims (by the fencing window's settings, read where they matter).
+    local revoked, fence = 0, nil
+    if found == 1 then
+      revoked = M.read('ZCARD', K.revoked)
+      if revoked == 0 then return M.loop_declined(head, l, found, now) end
+      fence = rcall('HMGET', K.meta, 'fence_ms', 'fence_max')
+    end
+    local deadline = now + lease
+    -- The earliest deadline yet (none is in flight but one due later on the ring's lap, qmin):
+    -- an idle consumer is woken to wait for it (note_leases); the wake list's type is checked
+    -- before the pop, the call's first write.
+    local wakes = not qmin or deadline < qmin
+    if wakes then M.read('LLEN', K.wake) end
+    local popped, leased = M.pop_pending(count, true)
+    if not popped then return M.loop_declined(head, l, found, now) end
+    local packed_element, first_stamp = M.pack_batch(popped, leased, deadline, seq)
+    rcall('LPUSH', K.leases, packed_element)
+    if fence then
+      M.trim_revoked({ fence_ms = tonumber(fence[1]) or LIMIT.fence_ms,
+        fence_max = tonumber(fence[2]) or LIMIT.fence_max }, now, 0, revoked)
+    end
+    TRIMMED = true -- (as trim_revoked notes it)
+    if wakes then M.wake_one() end
+    -- (the walk's numbers as write_meta would write them: the lease list now holds this
+    -- call's batch alone, so its earliest deadline and its stop are the batch's)
+    rcall('HSET', K.meta, 'seq', seq + leased, 'taken', (l[3] and tonumber(l[3]) or 0) + leased,
+      'walk', M.walk_packed(qstart or seq, qlen, lapnext, qmin, lapguess == 1 and 1 or 0,
+        math.max((packed or 0) + leased - 1, 0), deadline, deadline, lpass, lskip,
+        rpasses or 0, lpasses or 0))
+    local soonest = qmin and qmin < deadline and qmin or deadline
+    return M.batch_reply(0, compact, packed_element, popped, leased, first_stamp, soonest - now)
   end
 
   -- The batch ack one worker's loop takes, "*<deadline>.1.<call seq>/<jobs>" (check_tokens'

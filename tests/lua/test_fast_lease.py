@@ -132,6 +132,13 @@ LOOP_KINDS = [
 loop_step = st.tuples(st.sampled_from(LOOP_KINDS), st.integers(0, 50), st.integers(0, 3),
                       st.booleans())  # fmt: skip
 LOOP_LEASES = [LEASE_MS, LEASE_MS // 4, 4 * LEASE_MS]
+# Programs of a consumer whose queue runs dry and is woken by pushes (M.fresh_lease's state)
+# broken now and then by the others.
+WAKE_KINDS = [
+    *["wake"] * 10, "push", "next", "next_any", "ack_one", "nack", "extend", "advance", "sweep",
+]  # fmt: skip
+wake_step = st.tuples(st.sampled_from(WAKE_KINDS), st.integers(0, 50), st.integers(0, 3),
+                      st.booleans())  # fmt: skip
 
 
 def run(twins: Twins, program: list[Step], backlog: int = 0) -> None:
@@ -139,15 +146,36 @@ def run(twins: Twins, program: list[Step], backlog: int = 0) -> None:
     pushed = 0
     if backlog:
         twins.both("push", *[f"old-{i}" for i in range(backlog)])
+
+    def push(n: int) -> None:
+        nonlocal pushed
+        ids = [f"job-{pushed + i}" for i in range(n)]
+        if twins.payloads:
+            twins.both("pushp", *[part for i in ids for part in (i, f"p-{i}")])
+        else:
+            twins.both("push", *ids)
+        pushed += n
+
     for kind, a, b, flag in program:
         if kind == "push":
-            n = a % 6 + 1
-            ids = [f"job-{pushed + i}" for i in range(n)]
-            if twins.payloads:
-                twins.both("pushp", *[part for i in ids for part in (i, f"p-{i}")])
+            push(a % 6 + 1)
+        elif kind == "wake":
+            # A consumer's cycle on a queue that runs dry: it acks what it holds, each token
+            # alone (`flag`) or by batch acks on its claim, which finds the queue idle (or
+            # not), then claims what a push brings, acking nothing: a fresh start, where
+            # nothing else is in flight.
+            acked = named_ack if twins.payloads else batch_ack
+            held, twins.batches = twins.batches, []
+            if flag:
+                for token in [token for batch in held for token in batch] + twins.later:
+                    twins.both("ackp" if twins.payloads else "ack", token)
+                twins.later = []
+                twins.next(1, [], True)
             else:
-                twins.both("push", *ids)
-            pushed += n
+                twins.next(1, [acked(batch) for batch in held], True)
+            twins.advance(ADVANCES[b % 2])
+            push(a % 3 + 1)
+            twins.next(a % 3 + 1, [], True, lease_ms=LOOP_LEASES[b % len(LOOP_LEASES)])
         elif kind == "next":
             # Batch acks of the oldest calls not yet acked: what a worker sends most.
             chosen, twins.batches = twins.batches[:b], twins.batches[b:]
@@ -214,6 +242,18 @@ def test_in_a_workers_loop_a_library_writes_what_the_walk_writes(
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(program=st.lists(wake_step, min_size=1, max_size=60), library=st.booleans())
+def test_a_consumer_woken_on_a_queue_that_runs_dry_writes_what_the_walk_writes(
+    tmp_path_factory: pytest.TempPathFactory, program: list[Step], library: bool
+) -> None:
+    """The same, on programs of a consumer whose queue runs dry and is woken by pushes
+    (M.fresh_lease, and the pushes ahead of an idle ring's sentinel), as a script or as
+    libraries."""
+    walk_only = walk_only_module(tmp_path_factory.mktemp("fast"))
+    run(Twins(walk_only, library=library), program)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(program=st.lists(step, min_size=1, max_size=120))
 def test_with_payloads_the_short_way_writes_what_the_walk_writes(
     tmp_path_factory: pytest.TempPathFactory, program: list[Step]
@@ -249,16 +289,20 @@ def test_with_payloads_a_busy_queue_takes_the_short_way(tmp_path: Path) -> None:
 def test_a_busy_queue_takes_the_short_way(tmp_path: Path) -> None:
     """The one-job loop and the batch loop of a steady queue do take it (and still agree)."""
     twins = Twins(walk_only_module(tmp_path))
+    meta = twins.fast.keys[8].encode()
     twins.both("push", *[f"job-{i}" for i in range(300)])
     for count in (1, 1, 1, 100, 1, 50):
         acks = [batch_ack(b) for b in twins.batches]
         twins.batches = []
         before = len(twins.fast.stub.calls)
         twins.next(count, acks, compact=True)
-        made = [c[0] for c in twins.fast.stub.calls[before:]]
-        # The short way reads no side structure beyond their sizes and writes no mark.
+        calls = twins.fast.stub.calls[before:]
+        made = [c[0] for c in calls]
+        # The short way reads no side structure beyond their sizes and writes no mark. (The
+        # first call, which acks nothing, reads the meta hash twice: a fresh start's fields,
+        # then, declined (the lap not known yet), the rest.)
         assert made.count(b"HSET") == 1, made  # the meta hash only
-        assert made.count(b"HMGET") == 1, made  # the meta hash only
+        assert {c[1] for c in calls if c[0] == b"HMGET"} == {meta}, made
         assert b"HDEL" not in made, made
         assert b"SMISMEMBER" not in made, made
         twins.advance(10)
@@ -302,28 +346,47 @@ def test_consumers_acking_out_of_order_take_the_short_way(tmp_path: Path, payloa
     assert len(twins.fast.stub.data.get(twins.fast.keys[3].encode(), ())) <= 3
 
 
+# What a fresh start (M.fresh_lease) sends: the lease list's first two elements (none), the
+# meta's fields, the side structures' count, the time, the wake list's type, the pop, the
+# batch pushed onto the lease list, a wake-up for its deadline, the meta's numbers; with a
+# fencing set, its size and settings, and its trim.
+FRESH_COMMANDS = [b"LRANGE", b"HMGET", b"EXISTS", b"TIME", b"LLEN", b"RPOP", b"LPUSH", b"LPUSH",
+                  b"HSET"]  # fmt: skip
+FENCED_FRESH_COMMANDS = [b"LRANGE", b"HMGET", b"EXISTS", b"TIME", b"ZCARD", b"HMGET", b"LLEN",
+                         b"RPOP", b"LPUSH", b"ZRANGEBYSCORE", b"LPUSH", b"HSET"]  # fmt: skip
+
+
 @pytest.mark.parametrize("library", [False, True], ids=["eval", "library"])
-def test_a_consumer_woken_by_a_push_takes_the_short_way(tmp_path: Path, library: bool) -> None:
+@pytest.mark.parametrize("acks", ["batch", "token"])
+def test_a_consumer_woken_by_a_push_takes_a_fresh_start(
+    tmp_path: Path, acks: str, library: bool
+) -> None:
     """A consumer of an idle queue woken by a push (of one id or a few): the ids went ahead
-    of the ring's sentinel, so its claim takes them the short way, without crossing the lap
-    first (and the walk agrees); it acks each by its token, and its next claim finds the
-    queue idle again."""
+    of the ring's sentinel, so its claim takes them by a fresh start's fixed commands (and
+    the walk agrees), without crossing the lap first. It acks them as its next claim finds
+    the queue idle again (a batch ack), or each by its token before (which fences the batch:
+    the fresh start then trims the fencing set)."""
     twins = Twins(walk_only_module(tmp_path), library=library)
     twins.both("push", "first")
     twins.next(1, [], compact=True)
-    for token in twins.batches.pop():
-        twins.both("ack", token)
     for round_, n in enumerate((1, 1, 3, 1, 2)):
-        assert twins.both("next_packed", 1, LEASE_MS, 1000, 0) == [1, -1, 0, ""]  # idle
+        held = twins.batches.pop()
+        if acks == "token":
+            for token in held:
+                twins.both("ack", token)
+        idle = [batch_ack(held)] if acks == "batch" else []
+        reply = twins.both("next_packed", 1, LEASE_MS, 1000, 0, *idle)
+        assert isinstance(reply, list)
+        assert (reply[0], reply[2], reply[3]) == (1, len(idle), ""), reply  # idle
         twins.advance(20)
         twins.both("push", *[f"r{round_}-{i}" for i in range(n)])
         before = len(twins.fast.stub.calls)
         twins.next(n, [], compact=True)
-        assert short_way_taken(twins, n, before)
-        batch = twins.batches.pop()
-        assert [token.split("*")[0] for token in batch] == [f"r{round_}-{i}" for i in range(n)]
-        for token in batch:
-            twins.both("ack", token)
+        expected = FENCED_FRESH_COMMANDS if acks == "token" else FRESH_COMMANDS
+        assert commands_since(twins, before) == expected
+        assert [token.split("*")[0] for token in twins.batches[-1]] == [
+            f"r{round_}-{i}" for i in range(n)
+        ]
 
 
 # What the one-worker loop (M.loop_lease) sends: the claim's reads (the lease list's length
