@@ -722,8 +722,9 @@ local BYTE_S = 115 -- 's': opens an id index entry of a scheduled job
 -- M.remember_dropped); no token, batch or batch fence ends so.
 local DROPPED_MARK = '+'
 
--- next takes the short ways (M.loop_lease, M.fast_lease) where they apply. A test flips this
--- to compare them with the walk key by key (tests/lua/test_fast_lease.py).
+-- next takes the short ways (M.loop_lease, M.fresh_lease, M.fast_lease), and push its own
+-- (M.plain_push), where they apply. A test flips this to compare them with the walk (and
+-- push_ids) key by key (tests/lua/test_fast_lease.py).
 local FAST_LEASE = true
 
 -- 2. CALL STATE -----------------------------------------------------------------------------------
@@ -865,8 +866,9 @@ local function define_module()
     return reply
   end
 
-  -- A write the server may refuse for what it finds there (a counter written by hand that is not
-  -- a whole number): its error reply, where rcall would fail the call.
+  -- A command the server may refuse for what it finds there (a write: a counter written by hand
+  -- that is not a whole number; a short way's guarded read: a key of another type): its error
+  -- reply, where rcall would fail the call.
   function M.attempt(name, key, ...)
     return redis.pcall(name, key, ...)
   end
@@ -2268,7 +2270,56 @@ local function define_module()
   -- way of next with batch acks, calls none of them, so an EVAL call of it does not create them.
   function M.define_push_ack()
     function M.push()
+      if FAST_LEASE and not UNIQUE then
+        local pushed = M.plain_push()
+        if pushed then return pushed end
+      end
       return (M.push_ids(2))
+    end
+
+    -- A PLAIN PUSH, push's commonest state as a path of its own, as loop_lease is for one
+    -- worker's loop: at most LIMIT.batch valid ids onto a queue that exists (a ring, and its
+    -- meta's seq, layout and stored walk field) and does not track ids. push_ids' work there
+    -- comes down to fixed commands (the ring's length, the meta's fields, the wake list's
+    -- length, the push log's head, the time; the push, the meta's numbers, a wake-up, and a
+    -- checkpoint once a second), which this makes without the meta's table or its unpacking.
+    -- Its reads are guarded: anything else, or anything that looks wrong (a key of another
+    -- type), it leaves to push_ids, which then pushes or refuses as it always has. Returns how
+    -- many it pushed, or nil, having written nothing.
+    function M.plain_push()
+      local n = #A - 1
+      if n < 1 or n > LIMIT.batch then return nil end
+      for i = 2, #A do
+        if not M.valid_id(A[i]) then return nil end
+      end
+      local length = M.attempt('LLEN', K.ring)
+      local m = M.attempt('HMGET', K.meta, 'seq', 'pushed', 'taken', 'walk', 'track_ids', 'layout')
+      local wake = M.attempt('LLEN', K.wake)
+      local head = M.attempt('LINDEX', K.pushlog, '0')
+      -- (m by place: 1 seq, 2 pushed, 3 taken, 4 walk, 5 track_ids, 6 layout)
+      local seq = type(m) == 'table' and not m.err and m[1] and tonumber(m[1])
+      if not seq or type(length) ~= 'number' or length == 0 or type(wake) ~= 'number'
+          or type(head) == 'table' or not m[6] or m[5] == '1' or not m[4]
+          or #m[4] ~= WALK_BYTES then
+        return nil
+      end
+      local pushed = (m[2] and tonumber(m[2]) or 0) + n
+      local now = M.now_ms()
+      M.note_checkpoint(K, head, now, pushed, m[3])
+      local walk = m[4]
+      local _, _, lapnext, _, lapguess = struct.unpack('<ddddd', walk)
+      if M.only_the_sentinel(length, seq, lapnext, lapguess) then
+        local ahead
+        length, ahead = M.push_ahead({ unpack(A, 2) })
+        walk = struct.pack('<ddd', seq, length, lapnext + ahead) .. string.sub(walk, 25)
+      else
+        length = rcall('LPUSH', K.ring, unpack(A, 2))
+        walk = struct.pack('<dd', seq, length) .. string.sub(walk, 17)
+      end
+      -- (record_push's writes: the walk's qstart and qlen, and lapnext for a push ahead)
+      rcall('HSET', K.meta, 'walk', walk, 'pushed', pushed)
+      M.add_wake_tokens(K, n, wake)
+      return n
     end
 
     -- push's work, with the ids starting at A[first]. Also returns the time of the push;
@@ -2292,8 +2343,8 @@ local function define_module()
       end
       M.ensure_ring(K, length, meta)
       local pushed_to = nil -- (the ring's length after the push, as the last push replies)
-      if M.only_the_sentinel(length, meta) then
-        pushed_to = M.push_ahead(meta, ids or { unpack(A, first) })
+      if M.only_the_sentinel(length, meta.seq, meta.lapnext, meta.lapguess) then
+        pushed_to, meta.ahead = M.push_ahead(ids or { unpack(A, first) })
       elseif ids then
         M.call_all('LPUSH', K.ring, ids)
       else
@@ -2307,25 +2358,26 @@ local function define_module()
     end
 
     -- Whether the ring of `length` elements holds its sentinel alone, by the lap's numbers
-    -- (read_push_meta's `meta`): the sentinel is the next element a claim meets, and nothing
-    -- is pending before it. (Numbers some hand made wrong cost only the order: the walk
-    -- meets whatever is there, and counts the lap again.)
-    function M.only_the_sentinel(length, meta)
-      return length == 1 and meta.lapnext == meta.seq + 1 and meta.lapguess ~= 1
+    -- (the queue's seq, the walk's lapnext and lapguess, as numbers or nil): the sentinel is
+    -- the next element a claim meets, and nothing is pending before it. (Numbers some hand
+    -- made wrong cost only the order: the walk meets whatever is there, and counts the lap
+    -- again.)
+    function M.only_the_sentinel(length, seq, lapnext, lapguess)
+      return length == 1 and lapnext == seq + 1 and lapguess ~= 1
     end
 
     -- Pushes `ids` (at most LIMIT.batch) onto a ring that holds only its sentinel, ahead of it
     -- (see ELEMENTS OF THE RING): at the tail, the first last, so a claim meets them in push
     -- order and then the sentinel. A consumer woken by this push then leases them the short
     -- way; behind the sentinel, its claim would first cross the lap (the walk). The lap they
-    -- join ends one element per id later (record_push writes lapnext on by meta.ahead); no
-    -- acks or marks can be waiting for ids that were never leased, so the ageing the lap's
-    -- end brings loses nothing of theirs. Returns the ring's length after the push.
-    function M.push_ahead(meta, ids)
+    -- join ends one element per id later (the caller writes lapnext on by as many: meta.ahead
+    -- for record_push); no acks or marks can be waiting for ids that were never leased, so
+    -- the ageing the lap's end brings loses nothing of theirs. Returns the ring's length
+    -- after the push, and how many it pushed.
+    function M.push_ahead(ids)
       local n, reversed = #ids, {}
       for i = 1, n do reversed[i] = ids[n + 1 - i] end
-      meta.ahead = n
-      return rcall('RPUSH', K.ring, unpack(reversed))
+      return rcall('RPUSH', K.ring, unpack(reversed)), n
     end
 
     -- A push given as `unique ...` (see IDS) needs a queue that tracks ids: elsewhere it could
@@ -2398,17 +2450,8 @@ local function define_module()
     -- writes one, and drops a few fully consumed ones from the tail (at most one a second is
     -- added, up to LIMIT.pushlog_drops dropped: the log stays short).
     function M.record_push(K, meta, n, now, head, length, wake)
-      local pushlog = K.pushlog
-      local head_ms = head and M.checkpoint_ms(head)
       meta.pushed = meta.pushed + n
-      if not (head_ms and now - head_ms < LIMIT.pushlog_bucket_ms and now >= head_ms) then
-        rcall('LPUSH', pushlog, meta.pushed .. ':' .. now)
-        for _ = 1, LIMIT.pushlog_drops do
-          local tail = rcall('LINDEX', pushlog, -1)
-          if not tail or (tonumber(string.match(tail, '^(%d+):')) or 0) > meta.taken then break end
-          rcall('RPOP', pushlog)
-        end
-      end
+      M.note_checkpoint(K, head, now, meta.pushed, meta.taken)
       -- Something new is available: consumers must visit every element the ring holds now (the
       -- new ones come last) before they may idle.
       local qlen, walk, ahead = length or rcall('LLEN', K.ring), meta.walk, meta.ahead
@@ -2429,6 +2472,22 @@ local function define_module()
       if meta.seeded then rcall('HSET', K.meta, 'seq', meta.seq, 'origin', meta.origin) end
       if not meta.layout then rcall('HSET', K.meta, 'layout', LIMIT.meta_layout) end
       M.add_wake_tokens(K, n, wake)
+    end
+
+    -- The push log's checkpoint for a push at `now` after which the queue has had `pushed` ids
+    -- (`head`: the log's head as read; `taken`: the meta's count, a number or its field), and
+    -- the fully consumed ones it then drops (see record_push).
+    function M.note_checkpoint(K, head, now, pushed, taken)
+      local head_ms = head and M.checkpoint_ms(head)
+      if head_ms and now - head_ms < LIMIT.pushlog_bucket_ms and now >= head_ms then return end
+      local pushlog = K.pushlog
+      rcall('LPUSH', pushlog, pushed .. ':' .. now)
+      taken = tonumber(taken) or 0
+      for _ = 1, LIMIT.pushlog_drops do
+        local tail = rcall('LINDEX', pushlog, -1)
+        if not tail or (tonumber(string.match(tail, '^(%d+):')) or 0) > taken then break end
+        rcall('RPOP', pushlog)
+      end
     end
 
     -- The time of a push log checkpoint "<pushed>:<ms>" (nil for another form). A new one
@@ -5117,8 +5176,9 @@ local function define_module()
       M.ensure_ring(K, length, meta)
       M.count_copies(ids, stored)
       M.call_all('HSET', K.payloads, pairs_)
-      if M.only_the_sentinel(length, meta) then
-        M.push_ahead(meta, ids)
+      if M.only_the_sentinel(length, meta.seq, meta.lapnext, meta.lapguess) then
+        local _, ahead = M.push_ahead(ids)
+        meta.ahead = ahead
       else
         M.call_all('LPUSH', K.ring, ids)
       end

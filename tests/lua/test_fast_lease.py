@@ -389,6 +389,39 @@ def test_a_consumer_woken_by_a_push_takes_a_fresh_start(
         ]
 
 
+# What a plain push (M.plain_push) sends within its checkpoint's second: the ring's length,
+# the meta's fields, the wake list's length, the push log's head, the time; the push, the
+# meta's numbers, a wake-up.
+PLAIN_PUSH_COMMANDS = [b"LLEN", b"HMGET", b"LLEN", b"LINDEX", b"TIME", b"LPUSH", b"HSET", b"LPUSH"]
+
+
+@pytest.mark.parametrize("library", [False, True], ids=["eval", "library"])
+def test_a_plain_push_takes_its_own_path(tmp_path: Path, library: bool) -> None:
+    """Valid ids pushed onto a queue that exists and does not track ids: fixed commands (and
+    push_ids, which the walk-only twin takes, writes the same), ahead of an idle ring's
+    sentinel too, with a checkpoint once a second."""
+    twins = Twins(walk_only_module(tmp_path), library=library)
+
+    def pushed(*ids: str) -> list[bytes]:
+        before = len(twins.fast.stub.calls)
+        assert twins.both("push", *ids) == len(ids)
+        return commands_since(twins, before)
+
+    assert pushed("first") != PLAIN_PUSH_COMMANDS  # (a new queue: push_ids makes it)
+    twins.next(1, [], compact=True)
+    assert twins.both("next_packed", 1, LEASE_MS, 1000, 0, batch_ack(twins.batches.pop()))[0] == 1
+    ahead = pushed("a")  # onto the idle ring: ahead of its sentinel
+    assert ahead == [*PLAIN_PUSH_COMMANDS[:5], b"RPUSH", *PLAIN_PUSH_COMMANDS[6:]]
+    assert pushed("b", "c") == PLAIN_PUSH_COMMANDS
+    twins.advance(1500)  # a new second: a checkpoint
+    made = pushed("d")
+    assert made[:5] == PLAIN_PUSH_COMMANDS[:5]
+    assert made[-3:] == PLAIN_PUSH_COMMANDS[-3:]
+    assert made.count(b"LPUSH") == 3, made
+    pushlog = twins.fast.stub.data[twins.fast.keys[9].encode()]
+    assert pushlog[0].startswith(b"5:"), pushlog
+
+
 # What the one-worker loop (M.loop_lease) sends: the claim's reads (the lease list's length
 # and element by one LRANGE), the pop (which is the ring's read too), the batch in the acked
 # one's place, and the meta's numbers and counters by one HSET.
