@@ -25,7 +25,10 @@ batch ack of the call before, the Python client's loop), the same with batches o
 push of one id onto a busy queue (nobody blocked: its wake list full). By FCALL only (the
 default mode), where both modules have it: a payload queue's claim of 100 (``nextp_packed 100
 DROP 1`` carrying the named batch ack of the call before: the packed element, whose payloads
-it drops), bodies of 64 bytes. And in each round, the pattern's floor (``bench/floor.lua`` by
+it drops), bodies of 64 bytes; and a blocked consumer's cycle on an idle queue, less its
+``BLPOP`` (a push of one id, the claim that follows it, and the claim carrying its batch ack
+that finds the queue idle again: ``bench.wake``'s calls, counted warm), a cycle as a call.
+And in each round, the pattern's floor (``bench/floor.lua`` by
 EVALSHA, one job a call with the call before's token acked, as ``bench.profiles`` runs it),
 against which the one-job cases are given too: the ratio issue 14's server-time target is
 about, in counts that do not move with the machine; the one-job claim by FCALL also against
@@ -97,6 +100,7 @@ class Case:
     via: str  # "fcall" or "evalsha"
     batch: int  # jobs per claim; 0: a push of one id
     payloads: bool = False  # a payload queue's claim (nextp_packed DROP 1), its acks named
+    wake: bool = False  # a blocked consumer's cycle (wake_cycles), counted a cycle
 
 
 CASES = (
@@ -107,6 +111,8 @@ CASES = (
         for via in ("fcall", "evalsha")
     ),
     Case("nextp_packed 100 + named batch ack by FCALL", "fcall", 100, payloads=True),
+    Case("a wake-up's cycle (push onto an idle queue, its claim, the ack finding it idle) by "
+         "FCALL", "fcall", 1, wake=True),
 )  # fmt: skip
 BODY = b"x" * 64  # a payload queue's bodies (as bench.topics' PAYLOAD)
 # What the module's cases are held against (each counted in every round): the pattern's floor
@@ -221,6 +227,8 @@ def per_call(meter: Meter[Figure], module: Module, case: Case, calls: int, tag: 
     """``meter``'s figure per call of ``case`` by ``module`` (``calls`` of them)."""
     if case.payloads:
         return payload_claims(meter, module, case, calls, tag)
+    if case.wake:
+        return wake_cycles(meter, module, calls, tag)
     client = meter.client
     keys = queue_keys(f"instructions-{module.label}-{case.via}-{case.batch}-{tag}").all
     call = module.call if case.via == "evalsha" else module.fcall
@@ -242,6 +250,29 @@ def per_call(meter: Meter[Figure], module: Module, case: Case, calls: int, tag: 
             ack = [whole_batch_ack(packed)]
 
     return meter.per_call(claims, calls, keys)
+
+
+def wake_cycles(meter: Meter[Figure], module: Module, calls: int, tag: str) -> Figure:
+    """``meter``'s figure per cycle of a consumer blocked on an idle queue, by FCALL (as
+    bench.wake's consumer makes it, less the BLPOP): a push of one id onto the idle queue,
+    the claim of one job that follows it (acking nothing), and the claim carrying that
+    job's batch ack, which finds the queue idle again."""
+    client = meter.client
+    keys = queue_keys(f"instructions-{module.label}-wake-{tag}").all
+    pushed = iter(job_ids(WARM_CALLS + calls + 1))
+    module.fcall(client, keys, "push", next(pushed))
+    held = module.fcall(client, keys, "next_packed", 1, LEASE_MS, BUDGET, 0)[3]
+
+    def cycles(n: int) -> None:
+        nonlocal held
+        for _ in range(n):
+            idle = module.fcall(client, keys, "next_packed", 1, LEASE_MS, BUDGET, 0,
+                                whole_batch_ack(held))  # fmt: skip
+            assert idle[0] == 1, idle  # (idle: the queue held nothing else)
+            module.fcall(client, keys, "push", next(pushed))
+            held = module.fcall(client, keys, "next_packed", 1, LEASE_MS, BUDGET, 0)[3]
+
+    return meter.per_call(cycles, calls, keys)
 
 
 def payload_claims(
@@ -368,9 +399,11 @@ def held_against(case: Case) -> tuple[str, ...]:
     """The references a case is given against: the floor for a one-job claim (and the bare
     contract for one by FCALL, which calls it as the module is called), the push's bare
     contract for a push by FCALL, the payload floor and a Stream for the payload claim; none
-    for the others."""
+    for the others (a wake-up's cycle among them)."""
     if case.payloads:
         return (PAYLOAD_FLOOR, STREAM)
+    if case.wake:
+        return ()
     if case.batch == 0:
         return (PUSH_CONTRACT,) if case.via == "fcall" else ()
     if case.batch != 1:
@@ -413,7 +446,9 @@ def run_server(
             row["against"] = {
                 name: against(row["now_by_round"], counts[name]) for name in held_against(case)
             }
-            rows.append({"case": case.name, "via": case.via, "batch": case.batch, **row})
+            rows.append(
+                {"case": case.name, "via": case.via, "batch": case.batch, "wake": case.wake, **row}
+            )
             log(f"  {case.name}: {figures(row)} a call")
         for name, by_round in counts.items():
             log(f"  {name}: {statistics.median(by_round) / 1000:.1f}k a call")

@@ -17,7 +17,9 @@ one instruction that calls them). Results: ``bench/results/lua_steps.{json,md}``
 
 Cases, each after a few unmeasured calls on a queue of its own: a worker's one-job call
 (``next_packed 1`` carrying the batch ack of the call before: one worker's loop, issue 14's
-case), the same with batches of 100, and a push of one id.
+case), the same with batches of 100, a push of one id, and the claim a consumer blocked on
+an idle queue makes when a push of one id wakes it (the calls between, its ack finding the
+queue idle and the push, not counted).
 """
 
 from __future__ import annotations
@@ -82,24 +84,35 @@ def function_names() -> dict[int, str]:
     return names
 
 
-def counted(harness: Harness, calls: int, call: Callable[[], None]) -> dict[int, int]:
-    """The module's VM instructions over ``calls`` calls of ``call``, by defining line."""
+def counted(
+    harness: Harness, calls: int, call: Callable[[], None], prepare: Prepare = None
+) -> dict[int, int]:
+    """The module's VM instructions over ``calls`` calls of ``call``, by defining line; the
+    calls ``prepare`` makes before each (a case's other calls) are not counted."""
     counts = harness.script.runtime_eval("{}")
     start = harness.script.runtime_eval(_COUNT_HOOK)
     stop = harness.script.runtime_eval("function() debug.sethook() end")
-    start(counts, b"@" + MODULE_CHUNKNAME.removeprefix("@").encode())
+    chunkname = b"@" + MODULE_CHUNKNAME.removeprefix("@").encode()
     try:
         for _ in range(calls):
+            if prepare:
+                prepare()
+            start(counts, chunkname)
             call()
+            stop()
     finally:
         stop()
     return {int(line): int(n) for line, n in counts.items()}
 
 
-def worker_loop(batch: int) -> Callable[[Harness, int], Callable[[], None]]:
+Prepare = Callable[[], None] | None  # a case's calls before each counted one, uncounted
+Setup = Callable[[Harness, int], tuple[Prepare, Callable[[], None]]]
+
+
+def worker_loop(batch: int) -> Setup:
     """A worker claiming ``batch`` jobs a call, acking the batch before whole."""
 
-    def setup(harness: Harness, calls: int) -> Callable[[], None]:
+    def setup(harness: Harness, calls: int) -> tuple[Prepare, Callable[[], None]]:
         ids = job_ids((WARM_CALLS + calls + 2) * batch)  # (the ring never runs dry)
         for start in range(0, len(ids), 1000):
             harness.call("push", *ids[start : start + 1000])
@@ -112,35 +125,67 @@ def worker_loop(batch: int) -> Callable[[Harness, int], Callable[[], None]]:
             ack = whole_batch_ack(packed[3])
             held[0] = harness.call("next_packed", batch, LEASE_MS, BUDGET, 0, ack)
 
-        return call
+        return None, call
 
     return setup
 
 
-def push_one(harness: Harness, _: int) -> Callable[[], None]:
+def push_one(harness: Harness, _: int) -> tuple[Prepare, Callable[[], None]]:
     harness.call("push", *job_ids(1000, prefix="old"))
     pushed = iter(job_ids(100_000))
 
     def call() -> None:
         assert harness.call("push", next(pushed)) == 1
 
-    return call
+    return None, call
 
 
-# A case: its name, and what readies a queue for its calls and returns the call to count.
-CASES: list[tuple[str, Callable[[Harness, int], Callable[[], None]]]] = [
+def claim_after_a_wake_up(harness: Harness, _: int) -> tuple[Prepare, Callable[[], None]]:
+    """A consumer blocked on an idle queue (bench.wake's): uncounted, the claim carrying the
+    batch ack of its last job, which finds the queue idle, and a push of one id; counted,
+    the claim that follows the push, acking nothing."""
+    pushed = iter(job_ids(100_000))
+    harness.call("push", next(pushed))
+    held = [harness.call("next_packed", 1, LEASE_MS, BUDGET, 0)]
+
+    def element() -> bytes:
+        reply = held[0]
+        assert isinstance(reply, list), reply
+        assert isinstance(reply[3], bytes), reply
+        return reply[3]
+
+    def prepare() -> None:
+        idle = harness.call("next_packed", 1, LEASE_MS, BUDGET, 0, whole_batch_ack(element()))
+        assert isinstance(idle, list), idle
+        assert idle[0] == 1, idle  # (idle: the queue held nothing else)
+        harness.call("push", next(pushed))
+
+    def call() -> None:
+        held[0] = harness.call("next_packed", 1, LEASE_MS, BUDGET, 0)
+        element()
+
+    return prepare, call
+
+
+# A case: its name, and what readies a queue for its calls and returns them: the call to
+# count, and what goes before each (uncounted).
+CASES: list[tuple[str, Setup]] = [
     ("next_packed 1 + batch ack (one worker's loop)", worker_loop(1)),
     ("next_packed 100 + batch ack", worker_loop(100)),
     ("push of one id", push_one),
-]
+    ("next_packed 1 after a wake-up (acks nothing; pushed onto the idle queue)",
+     claim_after_a_wake_up),
+]  # fmt: skip
 
 
-def measure(name: str, make: Callable[[Harness, int], Callable[[], None]], calls: int) -> Case:
+def measure(name: str, make: Setup, calls: int) -> Case:
     harness = Harness(f"steps-{len(name)}", library=True)
-    call = make(harness, calls)
+    prepare, call = make(harness, calls)
     for _ in range(WARM_CALLS):
+        if prepare:
+            prepare()
         call()
-    counts = counted(harness, calls, call)
+    counts = counted(harness, calls, call, prepare)
     names = function_names()
     steps = sorted(
         (Step(line, names.get(line, "?"), n / calls) for line, n in counts.items()),

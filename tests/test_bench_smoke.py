@@ -707,16 +707,21 @@ def test_bench_instructions_smoke(tmp_path: Path) -> None:
     assert data["before"] == "bench/baseline/rotator-5b7616c.lua"
     (run,) = data["runs"]
     assert run["server"] == "redis"
-    cases = {(row["via"], row["batch"]) for row in run["rows"]}
-    assert cases == {(via, batch) for via in ("fcall", "evalsha") for batch in (0, 1, 100)}
     for row in run["rows"]:
         assert 10_000 < row["before"] < 10_000_000, row
         assert 10_000 < row["now"] < 10_000_000, row
-    by = {(row["via"], row["batch"]): row["now"] for row in run["rows"]}
+    (wake,) = [row for row in run["rows"] if row["wake"]]
+    rows = [row for row in run["rows"] if not row["wake"]]
+    cases = {(row["via"], row["batch"]) for row in rows}
+    assert cases == {(via, batch) for via in ("fcall", "evalsha") for batch in (0, 1, 100)}
+    by = {(row["via"], row["batch"]): row["now"] for row in rows}
     # An EVALSHA call runs the module's file first; FCALL runs only its main.
     assert by["evalsha", 1] > by["fcall", 1]
     # A hundred jobs a call are more work than one.
     assert by["fcall", 100] > by["fcall", 1]
+    # A wake-up's cycle (by FCALL, held against nothing) is three calls: a push and two claims.
+    assert (wake["via"], wake["against"]) == ("fcall", {})
+    assert wake["now"] > by["fcall", 1] + by["fcall", 0]
     assert "| now / before (range) |" in printed
     # The pattern's floor and the bare contract: calls of their own, less work than the
     # module's one-job call, which is given against both (by EVALSHA, against the floor
@@ -728,7 +733,7 @@ def test_bench_instructions_smoke(tmp_path: Path) -> None:
     assert references[FLOOR] < references[CONTRACT] < by["fcall", 1]
     # The push's eight commands, bare, cost less than the module's push that makes them.
     assert 10_000 < references[PUSH_CONTRACT] < by["fcall", 0]
-    for row in run["rows"]:
+    for row in rows:
         wanted = {FLOOR, CONTRACT} if row["via"] == "fcall" else {FLOOR}
         if row["batch"] == 0:
             wanted = {PUSH_CONTRACT} if row["via"] == "fcall" else set()
@@ -954,15 +959,21 @@ def test_bench_lua_steps_smoke(tmp_path: Path) -> None:
     claim of one, and the counts add up to the case's figure."""
     printed = run_smoke("bench.lua_steps", tmp_path, 120)
     data = json.loads((tmp_path / "lua_steps.json").read_text())
-    one, hundred, push = data["cases"]
+    one, hundred, push, woken = data["cases"]
     assert one["name"].startswith("next_packed 1 + batch ack")
     names = [step["name"] for step in one["functions"]]
     assert names[0] == "M.loop_lease", names
     assert "M.read_walk_state" not in names
     assert "main" in names  # (the library's entry: the chunk itself ran once, before)
     assert "(the chunk)" not in names
-    for case in (one, hundred, push):
+    for case in (one, hundred, push, woken):
         assert case["per_call"] == pytest.approx(sum(s["per_call"] for s in case["functions"]))
     assert 200 < one["per_call"] < hundred["per_call"]
-    assert "M.push_ids" in [step["name"] for step in push["functions"]]
+    # A push of plain ids takes its own path, and a consumer woken by one a fresh start:
+    # neither builds the walk's state, and the calls between (not counted) leave no trace.
+    assert "M.plain_push" in [step["name"] for step in push["functions"]]
+    assert "M.push_ids" not in [step["name"] for step in push["functions"]]
+    woken_names = [step["name"] for step in woken["functions"]]
+    assert woken_names[0] == "M.fresh_lease", woken_names
+    assert not {"M.read_walk_state", "M.push", "M.fast_lease"} & set(woken_names)
     assert "| `M.loop_lease` |" in printed
