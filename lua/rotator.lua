@@ -1766,11 +1766,7 @@ local function define_module()
     -- Writes: the batch in the acked one's place, the wake-up, the meta's fields that change.
     local packed_element, first_stamp = M.pack_batch(popped, leased, deadline, seq)
     rcall('LSET', K.leases, '0', packed_element)
-    if fence then
-      M.trim_revoked({ fence_ms = tn(fence[1]) or LIMIT.fence_ms,
-        fence_max = tn(fence[2]) or LIMIT.fence_max }, now, 0, revoked)
-    end
-    TRIMMED = true -- (as trim_revoked notes it)
+    M.trim_fence(fence, now, revoked)
     if wakes then M.wake_one() end
     -- The lease pass (walk_leases for its one visit): it ends there, and when the ring was
     -- walked whole since the last ageing, the acks and marks age (none exist).
@@ -1835,11 +1831,7 @@ local function define_module()
     if not popped then return M.loop_declined(head, l, found, now) end
     local packed_element, first_stamp = M.pack_batch(popped, leased, deadline, seq)
     rcall('LPUSH', K.leases, packed_element)
-    if fence then
-      M.trim_revoked({ fence_ms = tonumber(fence[1]) or LIMIT.fence_ms,
-        fence_max = tonumber(fence[2]) or LIMIT.fence_max }, now, 0, revoked)
-    end
-    TRIMMED = true -- (as trim_revoked notes it)
+    M.trim_fence(fence, now, revoked)
     if wakes then M.wake_one() end
     -- (the walk's numbers as write_meta would write them: the lease list now holds this
     -- call's batch alone, so its earliest deadline and its stop are the batch's)
@@ -1849,6 +1841,17 @@ local function define_module()
         rpasses or 0, lpasses or 0))
     local soonest = qmin and qmin < deadline and qmin or deadline
     return M.batch_reply(0, compact, packed_element, popped, leased, first_stamp, soonest - now)
+  end
+
+  -- The short ways' trim of the fencing set (trim_revoked), of `revoked` members, by its
+  -- settings as they read them (`fence`: the meta's fence_ms and fence_max as HMGET gave
+  -- them, or nil where the set does not exist).
+  function M.trim_fence(fence, now, revoked)
+    if fence then
+      M.trim_revoked({ fence_ms = tonumber(fence[1]) or LIMIT.fence_ms,
+        fence_max = tonumber(fence[2]) or LIMIT.fence_max }, now, 0, revoked)
+    end
+    TRIMMED = true -- (as trim_revoked notes it)
   end
 
   -- The batch ack one worker's loop takes, "*<deadline>.1.<call seq>/<jobs>" (check_tokens'
