@@ -178,6 +178,8 @@ IDS (a queue that tracks ids: unique jobs and cancel)
 COMMANDS (ARGV[1]; numbers are decimal integers)
   push ID [ID ...]
     Appends pending ids (at most 5000 per call); all or nothing. Wakes idle consumers.
+    Plain ids onto a queue that exists and does not track ids take a short way,
+    M.plain_push, that writes exactly what the general push writes.
     reply: number pushed
     errors: ROTATOR_BADID, ROTATOR_TOOMANY
   push_later IN|AT TIME ID [ID ...]                               (KEYS 1..13, or 1..15)
@@ -268,7 +270,9 @@ COMMANDS (ARGV[1]; numbers are decimal integers)
     The call a busy queue makes most (batch acks, in order or not, nothing else to repair,
     pending ids at the ring's tail) takes a short way, M.fast_lease, that writes exactly
     what the walk writes without building its state; one worker's loop (one batch ack of
-    the lease list's lone batch) a shorter one still, M.loop_lease, seven commands a call.
+    the lease list's lone batch) a shorter one still, M.loop_lease, seven commands a call;
+    and a claim that acks nothing while nothing is in flight (a consumer woken on an idle
+    queue) another, M.fresh_lease.
   next_packed COUNT LEASE_MS BUDGET MAX_DELIVERIES [ACK_TOKEN ...]
     next, with this call's first deliveries sent as their packed element instead of a
     token each (what the Python client calls: less work on both sides of the wire).
