@@ -2313,18 +2313,15 @@ local function define_module()
       local pushed = (m[2] and tonumber(m[2]) or 0) + n
       local now = M.now_ms()
       M.note_checkpoint(K, head, now, pushed, m[3])
-      local walk = m[4]
-      local _, _, lapnext, _, lapguess = struct.unpack('<ddddd', walk)
+      local _, _, lapnext, _, lapguess = struct.unpack('<ddddd', m[4])
+      local ahead = nil
       if M.only_the_sentinel(length, seq, lapnext, lapguess) then
-        local ahead
         length, ahead = M.push_ahead({ unpack(A, 2) })
-        walk = struct.pack('<ddd', seq, length, lapnext + ahead) .. string.sub(walk, 25)
       else
         length = rcall('LPUSH', K.ring, unpack(A, 2))
-        walk = struct.pack('<dd', seq, length) .. string.sub(walk, 17)
       end
-      -- (record_push's writes: the walk's qstart and qlen, and lapnext for a push ahead)
-      rcall('HSET', K.meta, 'walk', walk, 'pushed', pushed)
+      rcall('HSET', K.meta, 'walk', M.pushed_walk(m[4], seq, length, lapnext, ahead), 'pushed',
+        pushed)
       M.add_wake_tokens(K, n, wake)
       return n
     end
@@ -2466,12 +2463,10 @@ local function define_module()
         walk.qstart, walk.qlen = meta.seq, qlen
         if ahead then walk.lapnext = walk.lapnext + ahead end
         M.save_walk(K.meta, walk, 'pushed', meta.pushed)
-      elseif ahead then -- (the stored field, qstart, qlen and lapnext rewritten)
-        rcall('HSET', K.meta, 'walk', struct.pack('<ddd', meta.seq, qlen, meta.lapnext + ahead)
-          .. string.sub(meta.walk_packed, 25), 'pushed', meta.pushed)
-      else -- (the stored field, its first two numbers, qstart and qlen, rewritten)
-        rcall('HSET', K.meta, 'walk', struct.pack('<dd', meta.seq, qlen) ..
-          string.sub(meta.walk_packed, 17), 'pushed', meta.pushed)
+      else
+        rcall('HSET', K.meta, 'walk',
+          M.pushed_walk(meta.walk_packed, meta.seq, qlen, meta.lapnext, ahead), 'pushed',
+          meta.pushed)
       end
       -- (seq and origin written once, by the push that seeds them: a queue's stored seq only
       -- moves on with its claims, and an origin not stored reads as 0, see seq_origin; on
@@ -2479,6 +2474,16 @@ local function define_module()
       if meta.seeded then rcall('HSET', K.meta, 'seq', meta.seq, 'origin', meta.origin) end
       if not meta.layout then rcall('HSET', K.meta, 'layout', LIMIT.meta_layout) end
       M.add_wake_tokens(K, n, wake)
+    end
+
+    -- A stored walk field (`packed`) as a push leaves it: the idle lap's first two numbers,
+    -- qstart and qlen, rewritten (`seq`, `qlen`), and lapnext moved on by `ahead` ids where
+    -- the push went ahead of the sentinel (push_ahead); the rest as it was.
+    function M.pushed_walk(packed, seq, qlen, lapnext, ahead)
+      if ahead then
+        return struct.pack('<ddd', seq, qlen, lapnext + ahead) .. string.sub(packed, 25)
+      end
+      return struct.pack('<dd', seq, qlen) .. string.sub(packed, 17)
     end
 
     -- The push log's checkpoint for a push at `now` after which the queue has had `pushed` ids
