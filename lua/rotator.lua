@@ -94,6 +94,8 @@ ELEMENTS OF THE RING
   only its sentinel (an idle queue's), at its tail, ahead of the sentinel, in push order (meta
   lapnext moves on by as many): a consumer woken by the push leases them without crossing
   the lap first. Either way they are met in push order, after every id pushed before them.
+  A topic's publish and replay push onto each group's ring the same way (behind the
+  sentinel where the backlog's bound would drop some of them again).
 
 LEASES (how a claim avoids the jobs in flight)
   Each lease, packed batch or re-lease is pushed at the lease list's head when it is made, so
@@ -2316,7 +2318,7 @@ local function define_module()
       local _, _, lapnext, _, lapguess = struct.unpack('<ddddd', m[4])
       local ahead = nil
       if M.only_the_sentinel(length, seq, lapnext, lapguess) then
-        length, ahead = M.push_ahead({ unpack(A, 2) })
+        length, ahead = M.push_ahead(K.ring, { unpack(A, 2) })
       else
         length = rcall('LPUSH', K.ring, unpack(A, 2))
       end
@@ -2348,7 +2350,7 @@ local function define_module()
       M.ensure_ring(K, length, meta)
       local pushed_to = nil -- (the ring's length after the push, as the last push replies)
       if M.only_the_sentinel(length, meta.seq, meta.lapnext, meta.lapguess) then
-        pushed_to, meta.ahead = M.push_ahead(ids or { unpack(A, first) })
+        pushed_to, meta.ahead = M.push_ahead(K.ring, ids or { unpack(A, first) })
       elseif ids then
         M.call_all('LPUSH', K.ring, ids)
       else
@@ -2376,12 +2378,13 @@ local function define_module()
     -- way; behind the sentinel, its claim would first cross the lap (the walk). The lap they
     -- join ends one element per id later (the caller writes lapnext on by as many: meta.ahead
     -- for record_push); no acks or marks can be waiting for ids that were never leased, so
-    -- the ageing the lap's end brings loses nothing of theirs. Returns the ring's length
-    -- after the push, and how many it pushed.
-    function M.push_ahead(ids)
+    -- the ageing the lap's end brings loses nothing of theirs. `ring`: the queue's, or a
+    -- topic group's (push_group). Returns the ring's length after the push, and how many it
+    -- pushed.
+    function M.push_ahead(ring, ids)
       local n, reversed = #ids, {}
       for i = 1, n do reversed[i] = ids[n + 1 - i] end
-      return rcall('RPUSH', K.ring, unpack(reversed)), n
+      return rcall('RPUSH', ring, unpack(reversed)), n
     end
 
     -- A push given as `unique ...` (see IDS) needs a queue that tracks ids: elsewhere it could
@@ -5189,7 +5192,7 @@ local function define_module()
       M.count_copies(ids, stored)
       M.call_all('HSET', K.payloads, pairs_)
       if M.only_the_sentinel(length, meta.seq, meta.lapnext, meta.lapguess) then
-        local _, ahead = M.push_ahead(ids)
+        local _, ahead = M.push_ahead(K.ring, ids)
         meta.ahead = ahead
       else
         M.call_all('LPUSH', K.ring, ids)
@@ -5474,10 +5477,19 @@ local function define_module()
     -- Pushes ids onto a group's ring as `push` does (read_group read its keys first); with
     -- `cap`, then bounds the group's backlog to it (expire_backlog, reading at most `look`
     -- elements beyond what it drops).
+    -- Onto a ring of its sentinel alone, the ids go ahead of it as a queue's push puts them
+    -- (push_ahead: a consumer woken by the publish leases them the short way), unless the
+    -- backlog's bound then drops some of them again (expire_backlog counts the lap's end from
+    -- the ids behind the sentinel).
     function M.push_group(group, ids, now, cap, look)
-      local keys = group.keys
-      M.ensure_ring(keys, group.length, group.meta)
-      local length = rcall('LPUSH', keys.ring, unpack(ids)) -- at most LIMIT.batch ids
+      local keys, meta, length = group.keys, group.meta, nil
+      M.ensure_ring(keys, group.length, meta)
+      if M.only_the_sentinel(group.length, meta.seq, meta.lapnext, meta.lapguess)
+          and not (cap and M.backlog_excess(meta, #ids, cap) > LIMIT.trim_extra) then
+        length, meta.ahead = M.push_ahead(keys.ring, ids)
+      else
+        length = rcall('LPUSH', keys.ring, unpack(ids)) -- at most LIMIT.batch ids
+      end
       if cap then length = length - M.expire_backlog(group, #ids, cap, look) end
       M.record_push(keys, group.meta, #ids, now, group.head, length, group.wake)
     end
@@ -5493,7 +5505,7 @@ local function define_module()
     -- this group) and in the meta's `expired`. Returns how many went.
     function M.expire_backlog(group, n, cap, look)
       local keys, meta = group.keys, group.meta
-      local excess = meta.pushed + n - meta.taken - cap
+      local excess = M.backlog_excess(meta, n, cap)
       if excess <= LIMIT.trim_extra then return 0 end
       -- Pending ids are elements of their own, and the sentinel is not one: the ring's length
       -- bounds the backlog when the counters say more (a ring lost without its meta).
@@ -5539,6 +5551,12 @@ local function define_module()
       end
       rcall('HSET', keys.meta, 'taken', meta.taken, 'expired', expired + dropped)
       return dropped
+    end
+
+    -- How far a group's backlog (`meta`: read_push_meta's) passes `cap` once `n` more ids are
+    -- pushed.
+    function M.backlog_excess(meta, n, cap)
+      return meta.pushed + n - meta.taken - cap
     end
 
     -- The one group this call names: its ring must be registered under GROUP, and its keys

@@ -2565,6 +2565,13 @@ def publish(b: Backend, groups: tuple[str, ...], *payloads: str, keep: int = 0) 
     return [str(i) for i in reply]
 
 
+def group_ring(b: Backend, group: str) -> list[str]:
+    kind, elements = b.key_state(group_keys(b, group)[0])
+    assert kind == "list"
+    assert isinstance(elements, list)
+    return [str(e) for e in elements]
+
+
 def group_next(b: Backend, group: str, count: int = 100) -> list[tuple[str, Result]]:
     keys = (*group_keys(b, group), topic_keys(b)[3])
     reply = b.call_keys(keys, "nextp", count, LONG, BUDGET, 0, 0)
@@ -2647,25 +2654,65 @@ def retention_by_count_drops_the_oldest_payloads(b: Backend) -> None:
 @scenario
 def an_idle_groups_backlog_is_bounded_by_the_retained_count(b: Backend) -> None:
     subscribe(b, "g")
-    ring, meta = group_keys(b, "g")[0], group_keys(b, "g")[8]
+    meta = group_keys(b, "g")[8]
 
-    def group_ring() -> list[str]:
-        kind, elements = b.key_state(ring)
-        assert kind == "list"
-        assert isinstance(elements, list)
-        return [str(e) for e in elements]
+    def ring() -> list[str]:
+        return group_ring(b, "g")
 
     ids = publish(b, ("g",), *[f"p{i}" for i in range(40)], keep=10)
     # 30 over the count: the oldest 30 pending ids left the ring, counted in `expired`.
     assert b.key_state(meta)[1]["expired"] == "30"  # type: ignore[index]
-    assert group_ring() == [*reversed(ids[-10:]), SENTINEL]  # the sentinel stays at the tail
+    assert ring() == [*reversed(ids[-10:]), SENTINEL]  # the sentinel stays at the tail
     for i in range(16):  # up to 16 over the count is let be
         ids += publish(b, ("g",), f"q{i}", keep=10)
-    assert len(group_ring()) == 27
+    assert len(ring()) == 27
     ids += publish(b, ("g",), "r", keep=10)  # 17 over: back to the count
     assert b.key_state(meta)[1]["expired"] == "47"  # type: ignore[index]
-    assert group_ring() == [*reversed(ids[-10:]), SENTINEL]
+    assert ring() == [*reversed(ids[-10:]), SENTINEL]
     assert [i for i, _ in group_next(b, "g")] == ids[-10:]
+
+
+@scenario
+def a_publish_onto_an_idle_group_goes_ahead_of_its_sentinel(b: Backend) -> None:
+    # (as a push onto an idle queue: a consumer woken by the publish leases without crossing
+    # the lap first; behind the sentinel where the backlog's bound drops some again)
+    subscribe(b, "g")
+    gkeys = group_keys(b, "g")
+    keys, meta = (*gkeys, topic_keys(b)[3]), gkeys[8]
+
+    def ring() -> list[str]:
+        return group_ring(b, "g")
+
+    def lapnext() -> int:
+        packed = b.key_state(meta)[1]["walk"]  # type: ignore[index]
+        return walk_numbers(str(packed).encode("utf-8", "surrogateescape"))["lapnext"]
+
+    def drained() -> None:
+        reply = b.call_keys(keys, "nextp", 100, LONG, BUDGET, 0, 0)
+        assert isinstance(reply, list)
+        tokens = [str(t) for t in reply[3::3]]
+        if tokens:
+            assert b.call_keys(keys, "ackp", *tokens) == len(tokens)
+        idle = b.call_keys(keys, "nextp", 100, LONG, BUDGET, 0, 0)
+        assert isinstance(idle, list)
+        assert idle[0] == 1
+        assert ring() == [SENTINEL]
+
+    publish(b, ("g",), "a")
+    drained()
+    before = lapnext()
+    ids = publish(b, ("g",), "b", "c")
+    assert ring() == [SENTINEL, ids[1], ids[0]]  # (the tail first: "b" is met first)
+    assert lapnext() == before + 2
+    later = publish(b, ("g",), "d")  # behind the sentinel, as the ring holds more than it
+    assert ring() == [later[0], SENTINEL, ids[1], ids[0]]
+    assert [i for i, _ in group_next(b, "g", 2)] == ids
+    assert ring() == [later[0], SENTINEL]
+    assert [i for i, _ in group_next(b, "g")] == later
+    drained()
+    cut = publish(b, ("g",), *[f"p{i}" for i in range(30)], keep=10)  # 20 over: 20 dropped
+    assert ring() == [*reversed(cut[-10:]), SENTINEL]
+    assert [i for i, _ in group_next(b, "g")] == cut[-10:]
 
 
 @scenario
