@@ -15,7 +15,7 @@ import redis
 
 from bench.harness import Loop, delete_run_keys, percentile, run_clients, server_usec
 from bench.patterns import PATTERNS, PRELOAD_CHUNK, job_ids
-from rotator import Rotator
+from rotator import Rotator, Topic
 from rotator.commands import decode_next_packed
 from rotator.defaults import DEFAULT_BUDGET, DEFAULT_LEASE_TIMEOUT
 from rotator.models import Job
@@ -269,6 +269,21 @@ def _rotator_consumer(url: str, name: str, samples: int, out: Any, functions: bo
     out.put(latencies)
 
 
+def _topic_consumer(url: str, name: str, samples: int, out: Any) -> None:
+    """A topic's group, woken by a publish (the stamp is the message's body: its id is the
+    server's)."""
+    topic = Topic(redis.Redis.from_url(url), name, functions=True)
+    topic.subscribe("g")
+    group = topic.group("g")
+    latencies: list[float] = []
+    out.put("ready")
+    while len(latencies) < samples:
+        for job in group.next(1, block=5.0):
+            latencies.append((time.monotonic_ns() - int(job.payload or b"0")) / 1e6)
+            group.ack(job)
+    out.put(latencies)
+
+
 def _blpop_consumer(url: str, name: str, samples: int, out: Any) -> None:
     client = redis.Redis.from_url(url)
     latencies: list[float] = []
@@ -377,6 +392,7 @@ def _contract_push(client: redis.Redis, name: str) -> Callable[[str], Any]:
 WAKE_CONSUMERS: dict[str, Callable[..., None]] = {
     "rotator": _rotator_consumer,
     "rotator-fcall": partial(_rotator_consumer, functions=True),
+    "topic-fcall": _topic_consumer,
     "handoff": _handoff_consumer,
     "contract": _contract_consumer,
     "blpop": _blpop_consumer,
@@ -391,6 +407,8 @@ def _push_for(kind: str, client: redis.Redis, name: str) -> Callable[[str], Any]
         return _contract_push(client, name)
     if kind.startswith("rotator"):
         return Rotator(client, name, functions=kind == "rotator-fcall").push
+    if kind == "topic-fcall":
+        return Topic(client, name, functions=True).publish
     if kind == "blpop":
         return lambda stamp: client.lpush(name, stamp)
     return lambda stamp: client.xadd(name, {"id": stamp})
@@ -398,7 +416,8 @@ def _push_for(kind: str, client: redis.Redis, name: str) -> Callable[[str], Any]
 
 def wake_latency(url: str, samples: int, rounds: int = 5) -> dict[str, dict[str, Any]]:
     """Push -> claim for an idle blocked consumer in its own process: rotator's
-    next(block=...) by EVALSHA and by FCALL, the hand-off prototype (HANDOFF_FUNCTION), the
+    next(block=...) by EVALSHA and by FCALL, a topic's group woken by a publish (by FCALL),
+    the hand-off prototype (HANDOFF_FUNCTION), the
     module's contract, bare (CONTRACT_PUSH, CONTRACT_CLAIM), a bare BLPOP (the floor for any
     blocking consumer on this machine and server) and a Streams XREADGROUP BLOCK.
 
@@ -441,6 +460,7 @@ WAKE_TIMED = 100  # wake-ups a kind in wake_latency's pass with the slow log on
 # the bench's own functions (FCALL) their names.
 WAKE_PUSH = {
     "rotator": "push",
+    "topic": "tpublish",
     "handoff": HANDOFF_FUNCTION,
     "contract": CONTRACT_PUSH,
     "blpop": "lpush",
@@ -448,6 +468,7 @@ WAKE_PUSH = {
 }
 WAKE_CLAIM = {
     "rotator": "next_packed",
+    "topic": "nextp_packed",
     "handoff": "blpop",
     "contract": CONTRACT_CLAIM,
     "blpop": "blpop",
@@ -514,7 +535,7 @@ def _wake_server_us(logged: list[Any], name: str, kind: str) -> dict[str, float 
         command = args[0].decode().lower()
         if family in ("handoff", "contract") and command == "fcall":
             command = args[1].decode()  # (the bench's own function, or the consumer's ack)
-        if family == "rotator":
+        if family in ("rotator", "topic"):
             if command not in ("fcall", "evalsha"):
                 continue  # (a command the module called: inside its script's time)
             command = args[3 + int(args[2])].decode().lower()

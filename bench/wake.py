@@ -1,7 +1,8 @@
 """Wake latency, interleaved: push -> claim for an idle blocked consumer, rotator by FCALL and
 by EVALSHA beside a bare BLPOP and a Streams XREADGROUP BLOCK, the consumers blocked at once
 and woken in turn (``bench.profiles.wake_latency``; issue 14 asks rotator's p50 within 1.2x
-of XREADGROUP's). Beside them, two references: a prototype of a hand-off wake-up
+of XREADGROUP's), and a topic's group woken by a publish (a Stream's consumer group is what
+a topic is set beside: issue 23). Beside them, two references: a prototype of a hand-off wake-up
 (``bench/handoff_push.lua``: the push claims its job by the module's own claim in the same
 call and hands it to the blocked consumer through a list it BLPOPs, so the consumer wakes
 holding a lease instead of a token that sends it to claim), and the module's contract, bare

@@ -78,7 +78,7 @@ def test_bench_smoke_writes_every_scenario(tmp_path: Path) -> None:
     scaling = data["queue_length_scaling"] + data["in_flight_scaling"]
     assert all(row["server_us_per_job"] > 0 for row in scaling)  # whichever way it calls
     assert data["memory_bytes_per_job"]["rotator_pending"] > 0
-    kinds = {"rotator", "rotator-fcall", "handoff", "contract", "blpop", "streams"}
+    kinds = {"rotator", "rotator-fcall", "topic-fcall", "handoff", "contract", "blpop", "streams"}
     assert set(data["wake_latency"]) == kinds
     assert all(wake["p50_ms"] is not None for wake in data["wake_latency"].values())
     profiled = {(row["pattern"], row["batch"]) for row in data["call_profile"]}
@@ -629,7 +629,7 @@ def test_bench_wake_smoke(tmp_path: Path) -> None:
     printed = run_smoke("bench.wake", tmp_path, 120)
     data = json.loads((tmp_path / "wake.json").read_text())
     run = data["results"]["redis"]
-    kinds = {"rotator", "rotator-fcall", "handoff", "contract", "blpop", "streams"}
+    kinds = {"rotator", "rotator-fcall", "topic-fcall", "handoff", "contract", "blpop", "streams"}
     assert kinds == set(run) - {"version"}
     for kind in kinds:
         assert 0 < run[kind]["p50_ms"] <= run[kind]["p99_ms"] < 5000
@@ -644,7 +644,7 @@ def test_bench_wake_smoke(tmp_path: Path) -> None:
         for call in ("push", "claim"):
             assert timed[call] is not None, (kind, timed)
             assert 0 <= timed[call] < 100_000, (kind, timed)
-    for kind in ("rotator", "rotator-fcall"):
+    for kind in ("rotator", "rotator-fcall", "topic-fcall"):
         assert run[kind]["wake_server_us"]["push"] > run["blpop"]["wake_server_us"]["push"]
         assert run[kind]["wake_server_us"]["claim"] > run["blpop"]["wake_server_us"]["claim"]
     # The hand-off prototype's push is the module's push and claim in one call (more than
