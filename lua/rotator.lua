@@ -420,7 +420,8 @@ COMMANDS (ARGV[1]; numbers are decimal integers)
   nextp_packed COUNT LEASE_MS BUDGET MAX_DELIVERIES DROP [ACK_TOKEN ...]
                                                                     (KEYS 1..14, or 1..15)
     nextp, with this call's first deliveries sent as next_packed sends them (what the Python
-    client calls).
+    client calls). With DROP 1, one worker's loop (its one ack the named batch ack of the
+    lease list's lone batch) takes M.loop_lease too, and drops that batch's payloads.
     reply: {idle, wait_ms, acked, packed, payload1, ..., payloadK, token, reclaimed, payload,
       ...}: packed as in next_packed, then the payloads of its K jobs in their order, then
       each later delivery as in nextp
@@ -1595,10 +1596,11 @@ local function define_module()
     local budget = M.int_arg(4, 'BUDGET', 1, LIMIT.budget)
     local max_deliveries = M.int_arg(5, 'MAX_DELIVERIES', 0, LIMIT.max_deliveries)
     local looped, length, lease_length, fields, found, now -- (what loop_lease read)
-    if FAST_LEASE and batches == true then
+    if FAST_LEASE and batches then
       looped, length, lease_length, fields, found, now =
-        M.loop_lease(first, count, lease, budget, compact)
-      if looped then return looped, NONE end
+        M.loop_lease(first, count, lease, budget, compact, batches == 'named')
+      -- (a named batch ack's loop: `length` is the state its dropped payloads need, M.forget)
+      if looped then return looped, NONE, length end
     end
     M.check_tokens(first, false, batches)
     local state = M.read_walk_state(length, lease_length, fields, found, now)
@@ -1684,15 +1686,23 @@ local function define_module()
   -- in that state; anything else, or anything that looks wrong, is fast_lease's and the
   -- walk's, which then refuse or take it as they always have. Returns the reply, or nil and
   -- what it read (read_walk_state's arguments), having changed nothing.
-  function M.loop_lease(first, count, lease, budget, compact)
+  -- `named`: a payload claim's loop (nextp_packed DROP 1), whose ack names its batch (NAMED:
+  -- the packed element itself, which the lease list's one element must then be), and whose
+  -- ids' payloads go (DROPPED, for M.forget); it then also returns what forget needs to know
+  -- of the call: {meta = the fencing window's settings, now, sides = {revoked = its size}}.
+  function M.loop_lease(first, count, lease, budget, compact, named)
     if #A == first - 1 then return M.fresh_lease(count, lease, budget, compact) end
-    local ack = A[first]
-    if #A ~= first or string.byte(ack) ~= BYTE_STAR or #ack > LIMIT.batch_ack_bytes
-        or budget <= 1 then
+    local ack, ids = A[first], nil
+    if #A ~= first or string.byte(ack) ~= BYTE_STAR or budget <= 1
+        or not named and #ack > LIMIT.batch_ack_bytes then
       return nil
     end
+    if named then
+      ack, ids = M.loop_named(ack)
+      if not ack then return nil end
+    end
     local acked_deadline, call, jobs, batch, made = M.loop_ack(ack)
-    if not acked_deadline then return nil end
+    if not acked_deadline or ids and made and made ~= A[first] then return nil end
     -- Its own reads, in read_walk_state's order: the lease list's first two elements for its
     -- length (the loop's is 1) and its element, one command where LLEN and LINDEX are two.
     -- Several workers' lease lists are declined before the meta is read, so that their
@@ -1733,13 +1743,16 @@ local function define_module()
       if not scores or scores[1] or scores[2] then
         return M.loop_declined(head, l, found, now)
       end
-      -- (the fencing window's settings, for its trimming: read where they matter)
-      fence = rcall('HMGET', K.meta, 'fence_ms', 'fence_max')
     end
+    -- (the fencing window's settings, for its trimming, and for the memory of the payloads a
+    -- named ack drops: read where they matter)
+    if found == 1 or ids then fence = rcall('HMGET', K.meta, 'fence_ms', 'fence_max') end
     -- The lease list's one element is the acked batch, of as many ids as the ack says, well
     -- formed (fast_window's place, own_deadline): the one this library made, when it knew
     -- the ack (strings are interned: one pointer's comparison), or else checked as it is.
+    -- A named ack is that very element.
     local element = head[1]
+    if ids and element ~= A[first] then return M.loop_declined(head, l, found, now) end
     if made then
       if element ~= made then return M.loop_declined(head, l, found, now) end
     else
@@ -1772,8 +1785,14 @@ local function define_module()
     -- Writes: the batch in the acked one's place, the wake-up, the meta's fields that change.
     local packed_element, first_stamp = M.pack_batch(popped, leased, deadline, seq)
     rcall('LSET', K.leases, '0', packed_element)
-    M.trim_fence(fence, now, revoked)
+    M.trim_fence(found == 1 and fence, now, revoked)
     if wakes then M.wake_one() end
+    local dropping = nil -- (a named ack's: its batch's payloads go, M.forget)
+    if ids then
+      M.drop_named(batch, ids)
+      dropping = { now = now, sides = { revoked = revoked }, meta = {
+        fence_ms = tn(fence[1]) or LIMIT.fence_ms, fence_max = tn(fence[2]) or LIMIT.fence_max } }
+    end
     -- The lease pass (walk_leases for its one visit): it ends there, and when the ring was
     -- walked whole since the last ageing, the acks and marks age (none exist).
     rpasses, lpasses = rpasses or 0, (lpasses or 0) + 1
@@ -1785,7 +1804,19 @@ local function define_module()
       'walk', M.walk_packed(qstart + 1, qlen, lapnext + 1, qmin, lapguess, packed, deadline,
         deadline, 0, 0, rpasses, lpasses), 'completed', completed + jobs)
     local soonest = qmin and qmin < deadline and qmin or deadline
-    return M.batch_reply(1, compact, packed_element, popped, leased, first_stamp, soonest - now)
+    return M.batch_reply(1, compact, packed_element, popped, leased, first_stamp, soonest - now),
+      dropping
+  end
+
+  -- A named batch ack as one worker's loop takes it (`named`: the packed element a payload
+  -- claim sent, "*<deadline>.1.<call seq>*<id>*<id>..."): its batch ack and its ids (a list
+  -- of the call's own: M.drop_named takes it over), name_batch's checks passed; nil for
+  -- any other form.
+  function M.loop_named(named)
+    local star = string.find(named, '*', 2, true)
+    local ids = star and M.name_batch(named, star)
+    if not ids then return nil end
+    return string.sub(named, 1, star - 1) .. '/' .. #ids, ids
   end
 
   -- A FRESH START, the short way's state with nothing in flight as a path of its own, as
@@ -2091,7 +2122,9 @@ local function define_module()
     if state.dead_length > 0 then M.trim_dead(meta, now, state.dead_length, 0) end
     if wakes then M.wake_one() end
     if not lmin or deadline < lmin then lmin = deadline end
-    if lease_length - visited == 0 then lstop = lmin end -- the list holds this call's batch only
+    -- The list holds this call's batch only: the walk stops at it, at its tokens' deadline (an
+    -- earlier lmin, kept from a lease that has left the list, is not one of its leases').
+    if lease_length - visited == 0 then lstop = deadline end
     M.write_meta({
       meta = meta, seq = seq + visited + leased, taken = meta.taken + leased,
       packed = packed + leased - 1, qstart = qstart + visited, qlen = qlen,
@@ -5326,7 +5359,7 @@ local function define_module()
         end
       end
       M.delivered(reply, ids, packed, at)
-      if drop == 1 then
+      if drop == 1 and state then -- (none from a fresh start: it acks nothing)
         M.forget(accepted, { fence = state.meta, now = state.now, revoked = state.sides.revoked })
       end
       M.add_durations(times)
