@@ -1689,7 +1689,8 @@ local function define_module()
   -- `named`: a payload claim's loop (nextp_packed DROP 1), whose ack names its batch (NAMED:
   -- the packed element itself, which the lease list's one element must then be), and whose
   -- ids' payloads go (DROPPED, for M.forget); it then also returns what forget needs to know
-  -- of the call: {meta = the fencing window's settings, now, sides = {revoked = its size}}.
+  -- of the call: {meta = the fencing window's settings, now, sides = {revoked = its size},
+  -- copies = {meta copies as a number, or none}}.
   function M.loop_lease(first, count, lease, budget, compact, named)
     if #A == first - 1 then return M.fresh_lease(count, lease, budget, compact) end
     local ack, ids = A[first], nil
@@ -1745,8 +1746,12 @@ local function define_module()
       end
     end
     -- (the fencing window's settings, for its trimming, and for the memory of the payloads a
-    -- named ack drops: read where they matter)
-    if found == 1 or ids then fence = rcall('HMGET', K.meta, 'fence_ms', 'fence_max') end
+    -- named ack drops, with the count of their copies, M.forget's: read where they matter)
+    if ids then
+      fence = rcall('HMGET', K.meta, 'fence_ms', 'fence_max', 'copies')
+    elseif found == 1 then
+      fence = rcall('HMGET', K.meta, 'fence_ms', 'fence_max')
+    end
     -- The lease list's one element is the acked batch, of as many ids as the ack says, well
     -- formed (fast_window's place, own_deadline): the one this library made, when it knew
     -- the ack (strings are interned: one pointer's comparison), or else checked as it is.
@@ -1790,7 +1795,7 @@ local function define_module()
     local dropping = nil -- (a named ack's: its batch's payloads go, M.forget)
     if ids then
       M.drop_named(batch, ids)
-      dropping = { now = now, sides = { revoked = revoked }, meta = {
+      dropping = { now = now, sides = { revoked = revoked }, copies = { tn(fence[3]) }, meta = {
         fence_ms = tn(fence[1]) or LIMIT.fence_ms, fence_max = tn(fence[2]) or LIMIT.fence_max } }
     end
     -- The lease pass (walk_leases for its one visit): it ends there, and when the ring was
@@ -5073,7 +5078,8 @@ local function define_module()
     -- otherwise be taken for a first one, and drop the payload of a copy of its id queued since.
     -- They are kept for the fence window, at most LIMIT.drop_memory_ms: scored that much before
     -- a refusal made now, so the fence's own trim (trim_revoked) drops them in time. `call`:
-    -- what the call read, {fence = its fence_ms and fence_max, now = ms, revoked = the set's size}.
+    -- what the call read, {fence = its fence_ms and fence_max, now = ms, revoked = the set's size,
+    -- copies = {meta copies as a number, or none} where it read that too}.
     function M.remember_dropped(tokens, batches, call)
       local n = #tokens + #batches
       if n == 0 then return end
@@ -5128,7 +5134,9 @@ local function define_module()
       end
       if #ids == 0 then return end
       M.remember_dropped(accepted, dropped.batches, call)
-      local known = M.copies_known()
+      -- (meta copies, as the call read it already, or read now)
+      local known
+      if call.copies then known = call.copies[1] else known = M.copies_known() end
       -- (without copies, every id's payload goes; HDEL takes an id given twice as once)
       local gone = known == 0 and ids or M.forget_copies(ids, known)
       if #gone == 0 then return end
@@ -5360,7 +5368,8 @@ local function define_module()
       end
       M.delivered(reply, ids, packed, at)
       if drop == 1 and state then -- (none from a fresh start: it acks nothing)
-        M.forget(accepted, { fence = state.meta, now = state.now, revoked = state.sides.revoked })
+        M.forget(accepted, { fence = state.meta, now = state.now, revoked = state.sides.revoked,
+          copies = state.copies })
       end
       M.add_durations(times)
       return out

@@ -2232,6 +2232,33 @@ def meta_counts_the_copies_and_a_queue_without_the_count_still_looks_them_up(b: 
 
 
 @scenario
+def a_workers_payload_loop_keeps_the_payload_of_a_copy_still_queued(b: Backend) -> None:
+    """One worker's loop on a queue with payloads (each claim carrying the named batch ack of
+    the one before, which one worker's short way takes): an acked id with a copy still queued
+    keeps its payload, whether meta counts the copies or (an older module's meta) not."""
+    keys = payload_keys(b)
+    assert b.call_keys(keys, "pushp", "a", "pa", "b", "pb") == 2
+    assert b.call_keys(keys, "pushp", "a", "pa") == 1
+    assert b.hgetall("meta").get("copies") == "1"
+    first = str(nextp_packed(b, keys, 1)[3])
+    second = nextp_packed(b, keys, 1, named(first))
+    assert (str(second[3]).split("*")[2:], second[2]) == (["b"], 1)
+    assert b.key_state(keys[N_QUEUE_KEYS]) == ("hash", {"a": "pa", "b": "pb"})  # a's copy
+    assert b.hgetall("meta").get("copies") == "0"
+    b.raw_hset("meta", "copies", "")  # unknown, as on a queue of an older module
+    assert b.call_keys(keys, "pushp", "b", "pb") == 1  # a copy of the b held
+    third = nextp_packed(b, keys, 1, named(str(second[3])))
+    assert (str(third[3]).split("*")[2:], third[4]) == (["a"], "pa")
+    assert b.key_state(keys[N_QUEUE_KEYS]) == ("hash", {"a": "pa", "b": "pb"})  # b's copy
+    fourth = nextp_packed(b, keys, 1, named(str(third[3])))
+    assert (str(fourth[3]).split("*")[2:], fourth[4]) == (["b"], "pb")
+    assert b.key_state(keys[N_QUEUE_KEYS]) == ("hash", {"b": "pb"})
+    last = nextp_packed(b, keys, 1, named(str(fourth[3])))
+    assert (last[0], last[2]) == (1, 1)  # idle, the last batch acked
+    assert b.key_state(keys[N_QUEUE_KEYS]) == ("none", None)
+
+
+@scenario
 def two_copies_of_an_id_acked_in_one_call_take_its_payload(b: Backend) -> None:
     """Found by the payload model: the copies count was read once for both, so the second
     copy's ack took the count again and the payload stayed for good."""
