@@ -19,7 +19,8 @@ Cases, each after a few unmeasured calls on a queue of its own: a worker's one-j
 (``next_packed 1`` carrying the batch ack of the call before: one worker's loop, issue 14's
 case), the same with batches of 100, a push of one id, and the claim a consumer blocked on
 an idle queue makes when a push of one id wakes it (the calls between, its ack finding the
-queue idle and the push, not counted).
+queue idle and the push, not counted), and a worker of a queue with payloads claiming 100 a
+call with the named batch ack of the call before (issue 23's case).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from bench.harness import machine_info, module_info, standard_main, write_result
 from tests.lua.harness import MODULE_CHUNKNAME, MODULE_PATH, Harness
 
 RESULTS = Path(__file__).resolve().parent / "results"
+BODY = b"x" * 64  # (a payload, as bench.instructions' payload claims carry)
 CALLS = {"smoke": 5, "quick": 50, "full": 200}  # measured calls a case (the count is exact)
 WARM_CALLS = 5
 LEASE_MS, BUDGET = 60_000, 1000
@@ -167,6 +169,25 @@ def claim_after_a_wake_up(harness: Harness, _: int) -> tuple[Prepare, Callable[[
     return prepare, call
 
 
+def payload_loop(harness: Harness, calls: int) -> tuple[Prepare, Callable[[], None]]:
+    """A worker of a queue with payloads claiming 100 a call (nextp_packed DROP 1), each
+    call carrying the named batch ack of the one before, whose payloads it drops."""
+    keys = [*harness.keys, harness.keys[0].removesuffix(":ring") + ":payloads"]
+    ids = job_ids((WARM_CALLS + calls + 2) * 100)
+    for start in range(0, len(ids), 1000):
+        pairs = [half for job_id in ids[start : start + 1000] for half in (job_id, BODY)]
+        harness.call_keys(keys, "pushp", *pairs)
+    held = [harness.call_keys(keys, "nextp_packed", 100, LEASE_MS, BUDGET, 0, 1)]
+
+    def call() -> None:
+        reply = held[0]
+        assert isinstance(reply, list), reply
+        assert isinstance(reply[3], bytes), reply
+        held[0] = harness.call_keys(keys, "nextp_packed", 100, LEASE_MS, BUDGET, 0, 1, reply[3])
+
+    return None, call
+
+
 # A case: its name, and what readies a queue for its calls and returns them: the call to
 # count, and what goes before each (uncounted).
 CASES: list[tuple[str, Setup]] = [
@@ -175,6 +196,7 @@ CASES: list[tuple[str, Setup]] = [
     ("push of one id", push_one),
     ("next_packed 1 after a wake-up (acks nothing; pushed onto the idle queue)",
      claim_after_a_wake_up),
+    ("nextp_packed 100 + named batch ack (a worker of a queue with payloads)", payload_loop),
 ]  # fmt: skip
 
 

@@ -959,14 +959,14 @@ def test_bench_lua_steps_smoke(tmp_path: Path) -> None:
     claim of one, and the counts add up to the case's figure."""
     printed = run_smoke("bench.lua_steps", tmp_path, 120)
     data = json.loads((tmp_path / "lua_steps.json").read_text())
-    one, hundred, push, woken = data["cases"]
+    one, hundred, push, woken, payloads = data["cases"]
     assert one["name"].startswith("next_packed 1 + batch ack")
     names = [step["name"] for step in one["functions"]]
     assert names[0] == "M.loop_lease", names
     assert "M.read_walk_state" not in names
     assert "main" in names  # (the library's entry: the chunk itself ran once, before)
     assert "(the chunk)" not in names
-    for case in (one, hundred, push, woken):
+    for case in (one, hundred, push, woken, payloads):
         assert case["per_call"] == pytest.approx(sum(s["per_call"] for s in case["functions"]))
     assert 200 < one["per_call"] < hundred["per_call"]
     # A push of plain ids takes its own path, and a consumer woken by one a fresh start:
@@ -976,4 +976,9 @@ def test_bench_lua_steps_smoke(tmp_path: Path) -> None:
     woken_names = [step["name"] for step in woken["functions"]]
     assert woken_names[0] == "M.fresh_lease", woken_names
     assert not {"M.read_walk_state", "M.push", "M.fast_lease"} & set(woken_names)
+    # A worker of a queue with payloads takes one worker's loop too, its named batch ack's
+    # payloads dropped from there (not the short way's tables).
+    payload_names = [step["name"] for step in payloads["functions"]]
+    assert {"M.loop_lease", "M.loop_named", "M.forget"} <= set(payload_names), payload_names
+    assert not {"M.read_walk_state", "M.fast_lease", "M.check_named"} & set(payload_names)
     assert "| `M.loop_lease` |" in printed
