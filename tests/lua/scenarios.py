@@ -2320,6 +2320,11 @@ def a_named_batch_ack_that_names_other_ids_is_refused_and_changes_nothing(b: Bac
         expect_error(b, "ROTATOR_BADTOKEN", "nextp_packed", 1, LONG, BUDGET, 0, 1, bad, keys=keys)
     too_many = [f"*{stamp}*" + "*".join(f"i{k}" for k in range(1000))] * 6
     expect_error(b, "ROTATOR_TOOMANY", "ackp", *too_many, keys=keys)
+    # Riding on a claim while the lease list holds that batch alone (one worker's loop's
+    # state, which compares the named element with it): refused as well, nothing dropped.
+    claimed = nextp_packed(b, keys, 1, f"*{stamp}*a*x")
+    assert (claimed[2], str(claimed[3]).split("*")[2:]) == (0, ["x"])
+    assert b.key_state(keys[N_QUEUE_KEYS]) == ("hash", {"a": "pa", "b": "pb", "x": "px"})
     assert b.call_keys(keys, "ackp", element) == 1
     assert b.key_state(keys[N_QUEUE_KEYS]) == ("hash", {"x": "px"})
 
