@@ -751,7 +751,9 @@ local FRESH_ACKS
 -- The call names its batch acks (ackp, nextp DROP 1): check_tokens turned each named batch ack
 -- into its batch ack "<batch>/<jobs>" and keeps here what it named ({element, ids}); the ids
 -- of those accepted for the first time go to DROPPED.ids, whose payloads are dropped, and
--- their batch names to DROPPED.batches, which the call remembers (M.remember_dropped).
+-- their batch names to DROPPED.batches, which the call remembers (M.remember_dropped). (One
+-- worker's loop takes its named batch ack without NAMED, and leaves in DROPPED.call what
+-- M.forget needs to know of the call, which the walk's state holds otherwise.)
 local NAMED, DROPPED
 -- The call has trimmed the revoked set (M.trim_revoked): a call trims it once.
 local TRIMMED
@@ -1599,8 +1601,7 @@ local function define_module()
     if FAST_LEASE and batches then
       looped, length, lease_length, fields, found, now =
         M.loop_lease(first, count, lease, budget, compact, batches == 'named')
-      -- (a named batch ack's loop: `length` is the state its dropped payloads need, M.forget)
-      if looped then return looped, NONE, length end
+      if looped then return looped, NONE end
     end
     M.check_tokens(first, false, batches)
     local state = M.read_walk_state(length, lease_length, fields, found, now)
@@ -1688,9 +1689,7 @@ local function define_module()
   -- what it read (read_walk_state's arguments), having changed nothing.
   -- `named`: a payload claim's loop (nextp_packed DROP 1), whose ack names its batch (NAMED:
   -- the packed element itself, which the lease list's one element must then be), and whose
-  -- ids' payloads go (DROPPED, for M.forget); it then also returns what forget needs to know
-  -- of the call: {meta = the fencing window's settings, now, sides = {revoked = its size},
-  -- copies = {meta copies as a number, or none}}.
+  -- ids' payloads go: DROPPED, with what M.forget needs to know of the call (its `call`).
   function M.loop_lease(first, count, lease, budget, compact, named)
     if #A == first - 1 then return M.fresh_lease(count, lease, budget, compact) end
     local ack, ids = A[first], nil
@@ -1792,10 +1791,9 @@ local function define_module()
     rcall('LSET', K.leases, '0', packed_element)
     M.trim_fence(found == 1 and fence, now, revoked)
     if wakes then M.wake_one() end
-    local dropping = nil -- (a named ack's: its batch's payloads go, M.forget)
-    if ids then
+    if ids then -- (a named ack's batch: its payloads go, M.forget)
       M.drop_named(batch, ids)
-      dropping = { now = now, sides = { revoked = revoked }, copies = { tn(fence[3]) }, meta = {
+      DROPPED.call = { now = now, revoked = revoked, copies = { tn(fence[3]) }, fence = {
         fence_ms = tn(fence[1]) or LIMIT.fence_ms, fence_max = tn(fence[2]) or LIMIT.fence_max } }
     end
     -- The lease pass (walk_leases for its one visit): it ends there, and when the ring was
@@ -1809,8 +1807,7 @@ local function define_module()
       'walk', M.walk_packed(qstart + 1, qlen, lapnext + 1, qmin, lapguess, packed, deadline,
         deadline, 0, 0, rpasses, lpasses), 'completed', completed + jobs)
     local soonest = qmin and qmin < deadline and qmin or deadline
-    return M.batch_reply(1, compact, packed_element, popped, leased, first_stamp, soonest - now),
-      dropping
+    return M.batch_reply(1, compact, packed_element, popped, leased, first_stamp, soonest - now)
   end
 
   -- A named batch ack as one worker's loop takes it (`named`: the packed element a payload
@@ -4935,7 +4932,8 @@ local function define_module()
       dropped.batches[#dropped.batches + 1] = batch
     end
 
-    -- This call's DROPPED, made on first use.
+    -- This call's DROPPED, made on first use: the ids whose payloads go, the batches acked by
+    -- name, and (one worker's loop's: M.loop_lease) `call`, what M.forget needs to know of it.
     function M.dropped()
       DROPPED = DROPPED or { ids = {}, batches = {} }
       return DROPPED
@@ -5367,9 +5365,10 @@ local function define_module()
         end
       end
       M.delivered(reply, ids, packed, at)
-      if drop == 1 and state then -- (none from a fresh start: it acks nothing)
-        M.forget(accepted, { fence = state.meta, now = state.now, revoked = state.sides.revoked,
-          copies = state.copies })
+      if drop == 1 then -- (one worker's loop read what forget needs: DROPPED.call)
+        local call = state and { fence = state.meta, now = state.now,
+          revoked = state.sides.revoked } or DROPPED and DROPPED.call
+        if call then M.forget(accepted, call) end -- (none: a fresh start, which acks nothing)
       end
       M.add_durations(times)
       return out
