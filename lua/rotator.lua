@@ -779,8 +779,9 @@ local LAYOUTS
 -- every EVAL call an upvalue per function using it). `ints`: the whole-number arguments
 -- int_arg has read, by their text, their number (a worker sends the same count, lease and
 -- budget every call), at most LIMIT.known_ints of them (`nints`). `leased`: the packed
--- elements claims made lately, by their text, how many ids each holds, at most
--- LIMIT.known_batches of them (`nleased`); `named`: of those a payload claim made (to be
+-- elements claims made lately, by their text, how many ids each holds: the last
+-- LIMIT.known_batches of them (`nleased`), and the as many before (the tables' __index, see
+-- M.keep_packed); `named`: of those a payload claim made (to be
 -- acked by name), the ids themselves (never changed once kept: a caller gets a copy);
 -- `acks`: of those, what one worker's loop needs of each one's whole-batch ack, by the ack's
 -- text (M.loop_ack). See M.keep_packed. And texts read last, with what they convert to
@@ -2179,11 +2180,16 @@ local function define_module()
   -- the claim's Lua instructions). The copy costs one unpack, in C. When the caller gives the
   -- element's stamp ("*<deadline>.1.<seq>"), its `deadline` and `seq`, the batch's whole ack
   -- is kept too (loop_ack). An EVAL call's KEPT ends with the call, so it keeps nothing.
+  -- Every LIMIT.known_batches batches the tables start again, the full ones kept behind them
+  -- for their look-ups (__index), the ones before those dropped: the batches several workers
+  -- hold when the tables start again stay known (each element names its own ids, so what is
+  -- kept is never wrong, only old).
   function M.keep_packed(element, ids, n, stamp, deadline, seq)
     if not LIBRARY then return end
     local kept = KEPT
     if kept.nleased >= LIMIT.known_batches then
-      kept.leased, kept.named, kept.acks, kept.nleased = {}, {}, {}, 0
+      kept.leased, kept.named, kept.acks, kept.nleased =
+        M.behind(kept.leased), M.behind(kept.named), M.behind(kept.acks), 0
     end
     kept.leased[element], kept.nleased = n, kept.nleased + 1
     if FRESH_ACKS then kept.named[element] = { unpack(ids, 1, n) } end
@@ -2191,6 +2197,12 @@ local function define_module()
       kept.acks[stamp .. '/' .. (SMALL_TEXT[n] or string.format('%d', n))] =
         { deadline, seq, n, stamp, element }
     end
+  end
+
+  -- A new table whose misses look in `full` (its own look-ups no further: the generation
+  -- before it is dropped).
+  function M.behind(full)
+    return setmetatable({}, { __index = setmetatable(full, nil) })
   end
 
   -- The short ways' batch of first deliveries: `count` pending ids popped off the ring's

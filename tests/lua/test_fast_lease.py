@@ -18,6 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from bench.lua_steps import counted, function_names
 from tests.lua.harness import MODULE_PATH, Harness, Hash, ScriptError, as_text, queue_keys
 
 SWITCH = "local FAST_LEASE = true"
@@ -661,3 +662,40 @@ def test_one_workers_loop_of_a_library_checks_each_queues_own_origin(tmp_path: P
         looped.append([call[0] for call in harness.stub.calls[before:]] == LOOP_COMMANDS)
         harness.advance(5)
     assert looped == [False, False, True, True, True, True]
+
+
+def test_a_library_knows_the_batches_several_workers_hold_as_its_memory_turns() -> None:
+    """Four workers of a queue with payloads, each acking its last batch by name, out of
+    order: a library keeps the batches it made (the last LIMIT.known_batches, and as many
+    before: M.keep_packed), so over 100 claims, six turns of that memory, none splits a named
+    ack or counts an element's ids again."""
+    harness = Harness("known", library=True)
+    keys = [*harness.keys, harness.keys[0].removesuffix(":ring") + ":payloads"]
+    ids = [f"job-{i}" for i in range(11_000)]
+    for start in range(0, len(ids), 1000):
+        harness.call_keys(
+            keys, "pushp", *[part for i in ids[start : start + 1000] for part in (i, "p")]
+        )
+    held: list[bytes] = []
+    for _ in range(4):
+        reply = harness.call_keys(keys, "nextp_packed", 100, LEASE_MS, 1000, 0, 1)
+        assert isinstance(reply, list)
+        assert isinstance(reply[3], bytes)
+        held.append(reply[3])
+    turn = 0
+
+    def claims() -> None:
+        nonlocal turn
+        for _ in range(100):
+            worker = (1, 0, 3, 2)[turn % 4]
+            reply = harness.call_keys(keys, "nextp_packed", 100, LEASE_MS, 1000, 0, 1, held[worker])
+            assert isinstance(reply, list)
+            assert reply[2] == 1, reply[:4]  # (its named ack accepted)
+            assert isinstance(reply[3], bytes)
+            held[worker], turn = reply[3], turn + 1
+
+    called = counted(harness, 1, claims, None)
+    names = function_names()
+    ran = {names.get(line) for line in called}
+    assert "M.fast_lease" in ran  # (several workers: the short way, not one worker's loop)
+    assert not {"M.split_ids", "M.count_ids"} & ran, sorted(n for n in ran if n)
