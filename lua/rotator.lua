@@ -624,7 +624,7 @@ local LIMIT = {
   -- about 4-8 us of server time, so no call passes 10 ms.
   budget = 1000,
   known_ints = 64, -- whole-number arguments a library keeps read (KEPT)
-  known_batches = 16, -- packed elements a library keeps: their id counts, ids (M.keep_packed)
+  known_batches = 16, -- packed elements a library keeps a generation (two kept: M.keep_packed)
   trim_budget = 2000, -- retained messages one ttrim drops at most (about 3 ms)
   lease_ms = 86400000, -- one day; longer jobs extend their lease
   max_deliveries = 1000000, -- next's MAX_DELIVERIES (0 there: no limit)
@@ -780,7 +780,7 @@ local LAYOUTS
 -- int_arg has read, by their text, their number (a worker sends the same count, lease and
 -- budget every call), at most LIMIT.known_ints of them (`nints`). `leased`: the packed
 -- elements claims made lately, by their text, how many ids each holds: the last
--- LIMIT.known_batches of them (`nleased`), and the as many before (the tables' __index, see
+-- LIMIT.known_batches of them (`nleased`), and as many before those (the tables' __index, see
 -- M.keep_packed); `named`: of those a payload claim made (to be
 -- acked by name), the ids themselves (never changed once kept: a caller gets a copy);
 -- `acks`: of those, what one worker's loop needs of each one's whole-batch ack, by the ack's
