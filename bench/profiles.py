@@ -417,9 +417,9 @@ def _push_for(kind: str, client: redis.Redis, name: str) -> Callable[[str], Any]
 def wake_latency(url: str, samples: int, rounds: int = 5) -> dict[str, dict[str, Any]]:
     """Push -> claim for an idle blocked consumer in its own process: rotator's
     next(block=...) by EVALSHA and by FCALL, a topic's group woken by a publish (by FCALL),
-    the hand-off prototype (HANDOFF_FUNCTION), the
-    module's contract, bare (CONTRACT_PUSH, CONTRACT_CLAIM), a bare BLPOP (the floor for any
-    blocking consumer on this machine and server) and a Streams XREADGROUP BLOCK.
+    the hand-off prototype (HANDOFF_FUNCTION), the module's contract, bare (CONTRACT_PUSH,
+    CONTRACT_CLAIM), a bare BLPOP (the floor for any blocking consumer on this machine and
+    server) and a Streams XREADGROUP BLOCK.
 
     All the consumers block at once, and the producer takes them in turn, each push 20 ms
     after the one before (so the server idles 20 ms before each push, and a consumer 20 ms a

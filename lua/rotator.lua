@@ -1465,6 +1465,18 @@ local function define_module()
     M.add_wake_tokens(K, 1)
   end
 
+  -- add_wake_tokens for `n` ids where nothing has read the wake list, guarded, so that it may
+  -- be a short way's first write: false, nothing written, for a list of another type. (Where
+  -- a consumer waits, the list is empty: its length need not be read first.)
+  function M.wake_first(n)
+    local tokens = {}
+    for i = 1, math.min(n, LIMIT.wake_tokens) do tokens[i] = '1' end
+    local length = M.attempt('LPUSH', K.wake, unpack(tokens))
+    if type(length) ~= 'number' then return false end
+    if length > LIMIT.wake_tokens then rcall('LTRIM', K.wake, 0, LIMIT.wake_tokens - 1) end
+    return true
+  end
+
   -- Forgets refused tokens past the fencing window, oldest first, and beyond its count: at most
   -- what this call added plus LIMIT.trim_step, so the set shrinks steadily and no call does
   -- work in proportion to it. A token forgotten is no longer refused (README, "Guarantees").
@@ -1863,16 +1875,18 @@ local function define_module()
     end
     local deadline = now + lease
     -- The earliest deadline yet (none is in flight but one due later on the ring's lap, qmin):
-    -- an idle consumer is woken to wait for it (note_leases); the wake list's type is checked
-    -- before the pop, the call's first write.
-    local wakes = not qmin or deadline < qmin
-    if wakes then M.read('LLEN', K.wake) end
+    -- an idle consumer is woken to wait for it (note_leases), by the call's second write,
+    -- guarded: a wake list of another type puts the pop back, and the call is the others'
+    -- (which refuse it), the ring as it was.
     local popped, leased = M.pop_pending(count, true)
     if not popped then return M.loop_declined(head, l, found, now) end
+    if (not qmin or deadline < qmin) and not M.wake_first(1) then
+      M.unpop(popped, 1)
+      return M.loop_declined(head, l, found, now)
+    end
     local packed_element, first_stamp = M.pack_batch(popped, leased, deadline, seq)
     rcall('LPUSH', K.leases, packed_element)
     M.trim_fence(fence, now, revoked)
-    if wakes then M.wake_one() end
     -- (the walk's numbers as write_meta would write them: the lease list now holds this
     -- call's batch alone, so its earliest deadline and its stop are the batch's)
     rcall('HSET', K.meta, 'seq', seq + leased, 'taken', (l[3] and tonumber(l[3]) or 0) + leased,
@@ -2336,9 +2350,10 @@ local function define_module()
     -- A PLAIN PUSH, push's commonest state as a path of its own, as loop_lease is for one
     -- worker's loop: at most LIMIT.batch valid ids onto a queue that exists (a ring, and its
     -- meta's seq, layout and stored walk field) and does not track ids. push_ids' work there
-    -- comes down to fixed commands (the ring's length, the meta's fields, the wake list's
-    -- length, the push log's head, the time; the push, the meta's numbers, a wake-up, and a
-    -- checkpoint once a second), which this makes without the meta's table or its unpacking.
+    -- comes down to fixed commands (the ring's length, the meta's fields, the push log's
+    -- head, the wake list's length, the time; the push, the meta's numbers, a wake-up, and a
+    -- checkpoint once a second; onto an idle ring the wake-up first, without the length),
+    -- which this makes without the meta's table or its unpacking.
     -- Its reads are guarded: anything else, or anything that looks wrong (a key of another
     -- type), it leaves to push_ids, which then pushes or refuses as it always has. Returns how
     -- many it pushed, or nil, having written nothing.
@@ -2350,28 +2365,35 @@ local function define_module()
       end
       local length = M.attempt('LLEN', K.ring)
       local m = M.attempt('HMGET', K.meta, 'seq', 'pushed', 'taken', 'walk', 'track_ids', 'layout')
-      local wake = M.attempt('LLEN', K.wake)
       local head = M.attempt('LINDEX', K.pushlog, '0')
       -- (m by place: 1 seq, 2 pushed, 3 taken, 4 walk, 5 track_ids, 6 layout)
       local seq = type(m) == 'table' and not m.err and m[1] and tonumber(m[1])
-      if not seq or type(length) ~= 'number' or length == 0 or type(wake) ~= 'number'
-          or type(head) == 'table' or not m[6] or m[5] == '1' or not m[4]
-          or #m[4] ~= WALK_BYTES then
+      if not seq or type(length) ~= 'number' or length == 0 or type(head) == 'table'
+          or not m[6] or m[5] == '1' or not m[4] or #m[4] ~= WALK_BYTES then
         return nil
+      end
+      local _, _, lapnext, _, lapguess = struct.unpack('<ddddd', m[4])
+      local idle, wake = M.only_the_sentinel(length, seq, lapnext, lapguess), nil
+      -- The wake-ups: onto an idle ring (where consumers wait, their wake list empty) as the
+      -- first write, guarded; onto a busy one, whose wake list is full, after its length.
+      if idle then
+        if not M.wake_first(n) then return nil end
+      else
+        wake = M.attempt('LLEN', K.wake)
+        if type(wake) ~= 'number' then return nil end
       end
       local pushed = (m[2] and tonumber(m[2]) or 0) + n
       local now = M.now_ms()
       M.note_checkpoint(K, head, now, pushed, m[3])
-      local _, _, lapnext, _, lapguess = struct.unpack('<ddddd', m[4])
       local ahead = nil
-      if M.only_the_sentinel(length, seq, lapnext, lapguess) then
+      if idle then
         length, ahead = M.push_ahead(K.ring, { unpack(A, 2) })
       else
         length = rcall('LPUSH', K.ring, unpack(A, 2))
       end
       rcall('HSET', K.meta, 'walk', M.pushed_walk(m[4], seq, length, lapnext, ahead), 'pushed',
         pushed)
-      M.add_wake_tokens(K, n, wake)
+      if not idle then M.add_wake_tokens(K, n, wake) end
       return n
     end
 

@@ -376,13 +376,12 @@ def test_consumers_acking_out_of_order_take_the_short_way(tmp_path: Path, payloa
 
 
 # What a fresh start (M.fresh_lease) sends: the lease list's first two elements (none), the
-# meta's fields, the side structures' count, the time, the wake list's type, the pop, the
-# batch pushed onto the lease list, a wake-up for its deadline, the meta's numbers; with a
-# fencing set, its size and settings, and its trim.
-FRESH_COMMANDS = [b"LRANGE", b"HMGET", b"EXISTS", b"TIME", b"LLEN", b"RPOP", b"LPUSH", b"LPUSH",
-                  b"HSET"]  # fmt: skip
-FENCED_FRESH_COMMANDS = [b"LRANGE", b"HMGET", b"EXISTS", b"TIME", b"ZCARD", b"HMGET", b"LLEN",
-                         b"RPOP", b"LPUSH", b"ZRANGEBYSCORE", b"LPUSH", b"HSET"]  # fmt: skip
+# meta's fields, the side structures' count, the time, the pop, a wake-up for its deadline
+# (guarded: the wake list's type is not read apart), the batch pushed onto the lease list,
+# the meta's numbers; with a fencing set, its size and settings, and its trim.
+FRESH_COMMANDS = [b"LRANGE", b"HMGET", b"EXISTS", b"TIME", b"RPOP", b"LPUSH", b"LPUSH", b"HSET"]
+FENCED_FRESH_COMMANDS = [b"LRANGE", b"HMGET", b"EXISTS", b"TIME", b"ZCARD", b"HMGET", b"RPOP",
+                         b"LPUSH", b"LPUSH", b"ZRANGEBYSCORE", b"HSET"]  # fmt: skip
 
 
 @pytest.mark.parametrize("library", [False, True], ids=["eval", "library"])
@@ -419,9 +418,11 @@ def test_a_consumer_woken_by_a_push_takes_a_fresh_start(
 
 
 # What a plain push (M.plain_push) sends within its checkpoint's second: the ring's length,
-# the meta's fields, the wake list's length, the push log's head, the time; the push, the
-# meta's numbers, a wake-up.
-PLAIN_PUSH_COMMANDS = [b"LLEN", b"HMGET", b"LLEN", b"LINDEX", b"TIME", b"LPUSH", b"HSET", b"LPUSH"]
+# the meta's fields, the push log's head, the wake list's length, the time; the push, the
+# meta's numbers, a wake-up. Onto an idle ring (its sentinel alone): the wake-up first, in
+# place of the wake list's length, and the push at the tail.
+PLAIN_PUSH_COMMANDS = [b"LLEN", b"HMGET", b"LINDEX", b"LLEN", b"TIME", b"LPUSH", b"HSET", b"LPUSH"]
+IDLE_PLAIN_PUSH_COMMANDS = [b"LLEN", b"HMGET", b"LINDEX", b"LPUSH", b"TIME", b"RPUSH", b"HSET"]
 
 
 @pytest.mark.parametrize("library", [False, True], ids=["eval", "library"])
@@ -442,7 +443,7 @@ def test_a_plain_push_takes_its_own_path(tmp_path: Path, library: bool) -> None:
     assert isinstance(idle, list)
     assert idle[0] == 1, idle
     ahead = pushed("a")  # onto the idle ring: ahead of its sentinel
-    assert ahead == [*PLAIN_PUSH_COMMANDS[:5], b"RPUSH", *PLAIN_PUSH_COMMANDS[6:]]
+    assert ahead == IDLE_PLAIN_PUSH_COMMANDS
     assert pushed("b", "c") == PLAIN_PUSH_COMMANDS
     twins.advance(1500)  # a new second: a checkpoint
     made = pushed("d")
@@ -555,6 +556,48 @@ def test_one_workers_loop_refuses_a_ring_of_another_type_and_writes_nothing(
     assert isinstance(reply, str), reply
     assert reply.startswith("ROTATOR_WRONGTYPE"), reply
     assert {key: repr(value) for key, value in twins.fast.stub.data.items()} == before
+
+
+@pytest.mark.parametrize("library", [False, True], ids=["eval", "library"])
+def test_a_wake_list_of_another_type_leaves_an_idle_queue_as_it_was(
+    tmp_path: Path, library: bool
+) -> None:
+    """A plain push onto an idle ring and a fresh start make their wake-up first among their
+    writes (the fresh start after its pop), guarded: a wake list of another type (written by
+    hand) sends the call to the general path, which refuses it by its type, and nothing
+    changes (the fresh start's pop put back), as with the walk."""
+    twins = Twins(walk_only_module(tmp_path), library=library)
+    twins.both("push", "first")
+    twins.next(1, [], compact=True)
+    idle = twins.both("next_packed", 1, LEASE_MS, 1000, 0, batch_ack(twins.batches.pop()))
+    assert isinstance(idle, list)
+    assert idle[0] == 1, idle
+    wake = twins.fast.keys[7].encode()
+    assert wake.endswith(b":wake")
+
+    def refused(*argv: str | int) -> list[bytes]:
+        for harness in (twins.fast, twins.walk):
+            harness.stub.data[wake] = b"not a list"
+        before = {key: repr(value) for key, value in twins.fast.stub.data.items()}
+        since = len(twins.fast.stub.calls)
+        reply = twins.both(*argv)
+        assert isinstance(reply, str), reply
+        assert reply.startswith("ROTATOR_WRONGTYPE"), reply
+        assert {key: repr(value) for key, value in twins.fast.stub.data.items()} == before
+        return commands_since(twins, since)
+
+    made = refused("push", "a")  # onto the idle ring
+    assert made[:4] == IDLE_PLAIN_PUSH_COMMANDS[:4], made  # (its wake-up tried first)
+    for harness in (twins.fast, twins.walk):
+        del harness.stub.data[wake]
+    twins.both("push", "a")  # ahead of the sentinel, waking
+    made = refused("next_packed", 1, LEASE_MS, 1000, 0)  # a fresh start's state
+    assert made[:6] == [*FRESH_COMMANDS[:6]], made  # (popped, its wake-up tried)
+    assert made[6] == b"RPUSH", made  # (the pop put back)
+    for harness in (twins.fast, twins.walk):
+        del harness.stub.data[wake]
+    twins.next(1, [], compact=True)  # and once the list is a list again, the fresh start
+    assert [token.split("*")[0] for token in twins.batches[-1]] == ["a"]
 
 
 def test_one_workers_loop_puts_back_a_pop_that_is_not_its_jobs(tmp_path: Path) -> None:
