@@ -1289,14 +1289,23 @@ local function define_module()
   -- LIMIT.wake_tokens long (trimmed only when this push made it longer). `wake`: the list's
   -- length where the caller read it and nothing was pushed onto it since; then only the tokens
   -- that fit go (the same list as pushing all and trimming), and none onto a full list.
-  function M.add_wake_tokens(K, n, wake)
+  -- `guarded`: a short way's first write, where nothing has read the list (where a consumer
+  -- waits, it is empty: its length need not be read first): false, nothing written, for a
+  -- list of another type. True otherwise.
+  function M.add_wake_tokens(K, n, wake, guarded)
     local want = math.min(n, LIMIT.wake_tokens - (wake or 0))
-    if want <= 0 then return end
+    if want <= 0 then return true end
     local tokens = {}
     for i = 1, want do tokens[i] = '1' end
-    if rcall('LPUSH', K.wake, unpack(tokens)) > LIMIT.wake_tokens then
-      rcall('LTRIM', K.wake, 0, LIMIT.wake_tokens - 1)
+    local length
+    if guarded then
+      length = M.attempt('LPUSH', K.wake, unpack(tokens))
+      if type(length) ~= 'number' then return false end
+    else
+      length = rcall('LPUSH', K.wake, unpack(tokens))
     end
+    if length > LIMIT.wake_tokens then rcall('LTRIM', K.wake, 0, LIMIT.wake_tokens - 1) end
+    return true
   end
 
   -- 5. ACK CHECKS: what the short way of next asks of its batch acks ------------------------------
@@ -1463,18 +1472,6 @@ local function define_module()
   -- One more wake-up token (the list kept short).
   function M.wake_one()
     M.add_wake_tokens(K, 1)
-  end
-
-  -- add_wake_tokens for `n` ids where nothing has read the wake list, guarded, so that it may
-  -- be a short way's first write: false, nothing written, for a list of another type. (Where
-  -- a consumer waits, the list is empty: its length need not be read first.)
-  function M.wake_first(n)
-    local tokens = {}
-    for i = 1, math.min(n, LIMIT.wake_tokens) do tokens[i] = '1' end
-    local length = M.attempt('LPUSH', K.wake, unpack(tokens))
-    if type(length) ~= 'number' then return false end
-    if length > LIMIT.wake_tokens then rcall('LTRIM', K.wake, 0, LIMIT.wake_tokens - 1) end
-    return true
   end
 
   -- Forgets refused tokens past the fencing window, oldest first, and beyond its count: at most
@@ -1880,7 +1877,7 @@ local function define_module()
     -- (which refuse it), the ring as it was.
     local popped, leased = M.pop_pending(count, true)
     if not popped then return M.loop_declined(head, l, found, now) end
-    if (not qmin or deadline < qmin) and not M.wake_first(1) then
+    if (not qmin or deadline < qmin) and not M.add_wake_tokens(K, 1, nil, true) then
       M.unpop(popped, 1)
       return M.loop_declined(head, l, found, now)
     end
@@ -2377,7 +2374,7 @@ local function define_module()
       -- The wake-ups: onto an idle ring (where consumers wait, their wake list empty) as the
       -- first write, guarded; onto a busy one, whose wake list is full, after its length.
       if idle then
-        if not M.wake_first(n) then return nil end
+        if not M.add_wake_tokens(K, n, nil, true) then return nil end
       else
         wake = M.attempt('LLEN', K.wake)
         if type(wake) ~= 'number' then return nil end
@@ -5265,8 +5262,7 @@ local function define_module()
       M.count_copies(ids, stored)
       M.call_all('HSET', K.payloads, pairs_)
       if M.only_the_sentinel(length, meta.seq, meta.lapnext, meta.lapguess) then
-        local _, ahead = M.push_ahead(K.ring, ids)
-        meta.ahead = ahead
+        meta.ahead = select(2, M.push_ahead(K.ring, ids))
       else
         M.call_all('LPUSH', K.ring, ids)
       end
