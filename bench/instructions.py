@@ -25,7 +25,8 @@ batch ack of the call before, the Python client's loop), the same with batches o
 push of one id onto a busy queue (nobody blocked: its wake list full). By FCALL only (the
 default mode), where both modules have it: a payload queue's claim of 100 (``nextp_packed 100
 DROP 1`` carrying the named batch ack of the call before: the packed element, whose payloads
-it drops), bodies of 64 bytes; and a blocked consumer's cycle on an idle queue, less its
+it drops), bodies of 64 bytes, for one worker and for four taking turns (each acking the
+batch it claimed a turn ago); and a blocked consumer's cycle on an idle queue, less its
 ``BLPOP`` (a push of one id, the claim that follows it, and the claim carrying its batch ack
 that finds the queue idle again: ``bench.wake``'s calls, counted warm), a cycle as a call.
 And in each round, the pattern's floor (``bench/floor.lua`` by
@@ -101,6 +102,7 @@ class Case:
     batch: int  # jobs per claim; 0: a push of one id
     payloads: bool = False  # a payload queue's claim (nextp_packed DROP 1), its acks named
     wake: bool = False  # a blocked consumer's cycle (wake_cycles), counted a cycle
+    workers: int = 1  # a payload case's workers taking turns, each acking its batch before
 
 
 CASES = (
@@ -111,6 +113,8 @@ CASES = (
         for via in ("fcall", "evalsha")
     ),
     Case("nextp_packed 100 + named batch ack by FCALL", "fcall", 100, payloads=True),
+    Case("nextp_packed 100 + named batch ack, four workers taking turns, by FCALL", "fcall",
+         100, payloads=True, workers=4),
     Case("a wake-up's cycle (push onto an idle queue, its claim, the ack finding it idle) by "
          "FCALL", "fcall", 1, wake=True),
 )  # fmt: skip
@@ -279,22 +283,25 @@ def payload_claims(
     meter: Meter[Figure], module: Module, case: Case, calls: int, tag: str
 ) -> Figure:
     """``meter``'s figure per payload claim of ``case.batch`` jobs, each carrying the named
-    batch ack of the claim before (the Python client's loop on a payload queue)."""
+    batch ack of the claim before (the Python client's loop on a payload queue); with
+    ``case.workers`` of them taking turns, of the claim its worker made a turn ago."""
     client = meter.client
     names = queue_keys(f"instructions-{module.label}-payloads-{case.batch}-{tag}")
     keys = [*names.all, names.payloads]
-    ids = job_ids((WARM_CALLS + calls + 1) * case.batch)
+    ids = job_ids((WARM_CALLS + calls + case.workers) * case.batch)
     for start in range(0, len(ids), 1000):
         pairs = [half for job_id in ids[start : start + 1000] for half in (job_id, BODY)]
         module.fcall(client, keys, "pushp", *pairs)
-    ack: list[bytes] = []
+    acks: list[list[bytes]] = [[] for _ in range(case.workers)]
+    turn = 0
 
     def claims(n: int) -> None:
-        nonlocal ack
+        nonlocal turn
         for _ in range(n):
+            worker, turn = turn % case.workers, turn + 1
             reply = module.fcall(client, keys, "nextp_packed", case.batch, LEASE_MS, BUDGET, 0, 1,
-                                 *ack)  # fmt: skip
-            ack = [reply[3]]  # (the named batch ack: the packed element itself)
+                                 *acks[worker])  # fmt: skip
+            acks[worker] = [reply[3]]  # (the named batch ack: the packed element itself)
 
     return meter.per_call(claims, calls, keys)
 

@@ -20,7 +20,8 @@ Cases, each after a few unmeasured calls on a queue of its own: a worker's one-j
 case), the same with batches of 100, a push of one id, and the claim a consumer blocked on
 an idle queue makes when a push of one id wakes it (the calls between, its ack finding the
 queue idle and the push, not counted), and a worker of a queue with payloads claiming 100 a
-call with the named batch ack of the call before (issue 23's case).
+call with the named batch ack of the call before (issue 23's case), and four such workers
+taking turns, each acking the batch it claimed a turn ago.
 """
 
 from __future__ import annotations
@@ -188,6 +189,30 @@ def payload_loop(harness: Harness, calls: int) -> tuple[Prepare, Callable[[], No
     return None, call
 
 
+def payload_turns(harness: Harness, calls: int) -> tuple[Prepare, Callable[[], None]]:
+    """Four workers of a queue with payloads taking turns, each claiming 100 a call with the
+    named batch ack of the batch it claimed a turn ago (the oldest in flight)."""
+    keys = [*harness.keys, harness.keys[0].removesuffix(":ring") + ":payloads"]
+    ids = job_ids((WARM_CALLS + calls + 5) * 100)
+    for start in range(0, len(ids), 1000):
+        pairs = [half for job_id in ids[start : start + 1000] for half in (job_id, BODY)]
+        harness.call_keys(keys, "pushp", *pairs)
+    held = [harness.call_keys(keys, "nextp_packed", 100, LEASE_MS, BUDGET, 0, 1) for _ in range(4)]
+    turn = [0]
+
+    def call() -> None:
+        worker = turn[0] % 4
+        reply = held[worker]
+        assert isinstance(reply, list), reply
+        assert isinstance(reply[3], bytes), reply
+        held[worker] = harness.call_keys(
+            keys, "nextp_packed", 100, LEASE_MS, BUDGET, 0, 1, reply[3]
+        )
+        turn[0] += 1
+
+    return None, call
+
+
 # A case: its name, and what readies a queue for its calls and returns them: the call to
 # count, and what goes before each (uncounted).
 CASES: list[tuple[str, Setup]] = [
@@ -197,6 +222,7 @@ CASES: list[tuple[str, Setup]] = [
     ("next_packed 1 after a wake-up (acks nothing; pushed onto the idle queue)",
      claim_after_a_wake_up),
     ("nextp_packed 100 + named batch ack (a worker of a queue with payloads)", payload_loop),
+    ("nextp_packed 100 + named batch ack, four workers taking turns", payload_turns),
 ]  # fmt: skip
 
 

@@ -1686,14 +1686,16 @@ local function define_module()
   end
 
   -- ONE WORKER'S LOOP, the short way's commonest state as a path of its own (issue 14): the
-  -- call acks, by one batch ack, the batch that is all the lease list holds (a worker claiming
-  -- and acking in turn), no side structure exists but the fencing set (which has not fenced
-  -- the batch), no setting that changes a claim is on (pause, scheduled jobs, a rate limit,
-  -- tracked ids, priorities, marks counted), and `count` pending ids lie at the ring's tail.
-  -- There fast_lease's work comes down to fixed writes (drop the acked batch, lease the ids in
-  -- its place, move the counters), which this makes from the meta fields read by place, with
-  -- no table of the walk's state, the acks, the lease list's places or the fields to write,
-  -- and reading only the meta fields it needs (LOOP_FIELDS). It checks what fast_lease checks
+  -- call acks, by one batch ack, the batch at the lease list's tail, which is all the list
+  -- holds (a worker claiming and acking in turn) or the oldest of several workers' batches
+  -- with a young lease before it (workers taking turns: each acks the batch it claimed a turn
+  -- ago), no side structure exists but the fencing set (which has not fenced the batch), no
+  -- setting that changes a claim is on (pause, scheduled jobs, a rate limit, tracked ids,
+  -- priorities, marks counted), and `count` pending ids lie at the ring's tail. There
+  -- fast_lease's work comes down to fixed writes (drop the acked batch, lease the ids at the
+  -- head, move the counters), which this makes from the meta fields read by place, with no
+  -- table of the walk's state, the acks, the lease list's places or the fields to write, and
+  -- reading only the meta fields it needs (LOOP_FIELDS). It checks what fast_lease checks
   -- in that state; anything else, or anything that looks wrong, is fast_lease's and the
   -- walk's, which then refuse or take it as they always have. Returns the reply, or nil and
   -- what it read (read_walk_state's arguments), having changed nothing.
@@ -1713,36 +1715,37 @@ local function define_module()
     end
     local acked_deadline, call, jobs, batch, made = M.loop_ack(ack)
     if not acked_deadline or ids and made and made ~= A[first] then return nil end
-    -- Its own reads, in read_walk_state's order: the lease list's first two elements for its
-    -- length (the loop's is 1) and its element, one command where LLEN and LINDEX are two.
-    -- Several workers' lease lists are declined before the meta is read, so that their
-    -- claims read it once, whole. The ring it reads by its pop alone (pop_pending, guarded):
-    -- the lap's numbers say how far the pending ids reach, and the pop what is there.
-    local head = M.read('LRANGE', K.leases, '0', '1')
-    if #head ~= 1 then return M.loop_declined(head) end
+    -- Its own reads, in read_walk_state's order: the lease list's last two elements (the
+    -- acked batch, and the lease before it if any), with its length where there are two. The
+    -- ring it reads by its pop alone (pop_pending, guarded): the lap's numbers say how far the
+    -- pending ids reach, and the pop what is there.
+    local tail = M.read('LRANGE', K.leases, '-2', '-1')
+    local lease_length = #tail < 2 and #tail or M.read('LLEN', K.leases)
+    if lease_length == 0 then return M.loop_declined(0) end
     local l = M.read('HMGET', K.meta, unpack(LOOP_FIELDS))
     local found = rcall('EXISTS', K.done, K.done_old, K.marks, K.marks_old, K.revoked, K.dead)
     -- (l by LOOP_FIELDS' places: 1 seq, 2 walk, 3 taken, 4 origin, 5 marked_n,
     -- 6 marked_n_old, 7 smin, 8 paused, 9 rate_n, 10 track_ids, 11 prio, 12 completed)
     local tn = tonumber
     local seq = l[1] and tn(l[1])
-    -- (the walk's numbers, but for lpass and lskip, which it sets to 0; none without the field)
-    local qstart, qlen, lapnext, qmin, lapguess, packed, lmin, lstop, rpasses, lpasses, _
+    -- (the walk's numbers; none without the field)
+    local qstart, qlen, lapnext, qmin, lapguess, packed, lmin, lstop, lpass, lskip, rpasses
+    local lpasses
     if l[2] and #l[2] == WALK_BYTES then
-      qstart, qlen, lapnext, qmin, lapguess, packed, lmin, lstop, _, _, rpasses, lpasses =
-        M.walk_values(l[2])
+      qstart, qlen, lapnext, qmin, lapguess, packed, lmin, lstop, lpass, lskip, rpasses,
+        lpasses = M.walk_values(l[2])
     end
     if found > 1 or not seq or not lmin or l[7] or l[8] == '1' or l[9]
         or l[10] and l[10] ~= '0' or l[11] and l[11] ~= '0' or l[5] and l[5] ~= '0'
         or l[6] and l[6] ~= '0' then
-      return M.loop_declined(head, l, found)
+      return M.loop_declined(lease_length, l, found)
     end
     local now = M.now_ms()
     -- The ack is this queue's (its call seq since the queue's origin, see refused_among), and
     -- frees the young lease the last walk stopped at, if any (frees_tail): the walk goes on.
     if lmin <= now or call < (l[4] and M.origin_number(l[4]) or 0) or call >= seq
         or lstop and lstop ~= acked_deadline then
-      return M.loop_declined(head, l, found, now)
+      return M.loop_declined(lease_length, l, found, now)
     end
     -- One side structure may exist: the fencing set (read_sides_and_dead), and then the batch
     -- must not be in it (refused_among: by its name, or fenced whole as "<batch>*").
@@ -1751,7 +1754,7 @@ local function define_module()
       revoked = M.read('ZCARD', K.revoked)
       local scores = revoked > 0 and rcall('ZMSCORE', K.revoked, batch, batch .. '*')
       if not scores or scores[1] or scores[2] then
-        return M.loop_declined(head, l, found, now)
+        return M.loop_declined(lease_length, l, found, now)
       end
     end
     -- (the fencing window's settings, for its trimming, and for the memory of the payloads a
@@ -1761,21 +1764,30 @@ local function define_module()
     elseif found == 1 then
       fence = rcall('HMGET', K.meta, 'fence_ms', 'fence_max')
     end
-    -- The lease list's one element is the acked batch, of as many ids as the ack says, well
-    -- formed (fast_window's place, own_deadline): the one this library made, when it knew
-    -- the ack (strings are interned: one pointer's comparison), or else checked as it is.
-    -- A named ack is that very element.
-    local element = head[1]
-    if ids and element ~= A[first] then return M.loop_declined(head, l, found, now) end
+    -- The lease list's tail is the acked batch, of as many ids as the ack says, well formed
+    -- (fast_window's place, own_deadline): the one this library made, when it knew the ack
+    -- (strings are interned: one pointer's comparison), or else checked as it is. A named
+    -- ack is that very element.
+    local element = tail[#tail]
+    if ids and element ~= A[first] then return M.loop_declined(lease_length, l, found, now) end
     if made then
-      if element ~= made then return M.loop_declined(head, l, found, now) end
+      if element ~= made then return M.loop_declined(lease_length, l, found, now) end
     else
       local start = #batch + 2
       local ids = KEPT.leased[element]
       if string.sub(element, 1, start - 1) ~= batch .. '*' or #batch > LIMIT.stamp_bytes
           or not string.find(element, '[^*]', start)
           or (ids or M.count_ids(element, start)) ~= jobs then
-        return M.loop_declined(head, l, found, now)
+        return M.loop_declined(lease_length, l, found, now)
+      end
+    end
+    -- Several workers: the lease before it is young, and the walk, having dropped the acked
+    -- batch, stops there (fast_lease's window of two, its byte limit included).
+    local stop = nil
+    if lease_length > 1 then
+      stop = M.young_stop(tail[1], batch, now)
+      if not stop or #element > LIMIT.lease_bytes then
+        return M.loop_declined(lease_length, l, found, now)
       end
     end
     -- The ring: `count` pending ids within the lap and the budget (one visit spent), the
@@ -1787,7 +1799,7 @@ local function define_module()
     if not lapnext or not qlen or count > lapnext - seq - 1 or count > budget - 1
         or qmin and qmin <= now or not completed or completed % 1 ~= 0
         or completed + jobs >= 2^53 then
-      return M.loop_declined(head, l, found, now)
+      return M.loop_declined(lease_length, l, found, now)
     end
     local deadline = now + lease
     qstart = qstart or seq
@@ -1795,10 +1807,16 @@ local function define_module()
     local wakes = deadline < (qmin and qmin < lmin and qmin or lmin)
     if wakes then M.read('LLEN', K.wake) end -- (its type, before the first write)
     local popped, leased = M.pop_pending(count, true)
-    if not popped then return M.loop_declined(head, l, found, now) end
-    -- Writes: the batch in the acked one's place, the wake-up, the meta's fields that change.
+    if not popped then return M.loop_declined(lease_length, l, found, now) end
+    -- Writes: the batch in the acked one's place (alone) or at the head, the wake-up, the
+    -- meta's fields that change.
     local packed_element, first_stamp = M.pack_batch(popped, leased, deadline, seq)
-    rcall('LSET', K.leases, '0', packed_element)
+    if stop then
+      rcall('RPOP', K.leases)
+      rcall('LPUSH', K.leases, packed_element)
+    else
+      rcall('LSET', K.leases, '0', packed_element)
+    end
     M.trim_fence(found == 1 and fence, now, revoked)
     if wakes then M.wake_one() end
     if ids then -- (a named ack's batch: its payloads go, M.forget)
@@ -1806,18 +1824,48 @@ local function define_module()
       DROPPED.call = { now = now, revoked = revoked, copies = { tn(fence[3]) }, fence = {
         fence_ms = tn(fence[1]) or LIMIT.fence_ms, fence_max = tn(fence[2]) or LIMIT.fence_max } }
     end
-    -- The lease pass (walk_leases for its one visit): it ends there, and when the ring was
-    -- walked whole since the last ageing, the acks and marks age (none exist).
-    rpasses, lpasses = rpasses or 0, (lpasses or 0) + 1
-    if rpasses >= 1 then rpasses, lpasses = -1, 0 end
+    -- The lease pass (walk_leases for its one visit): it ends there when the visit uses it
+    -- up (as the one batch's always does), and when the ring and the rest of the lease list
+    -- were walked whole since the last ageing, the acks and marks age (none exist). The ring
+    -- holds its sentinel behind the popped ids (the lap's numbers), so its length is more
+    -- than 1 (walked_whole).
+    rpasses, lpasses = rpasses or 0, lpasses or 0
+    if stop then
+      lskip = lskip or 0
+      if not lpass or lpass <= 0 then lpass, lskip = lease_length, 0 end
+      if lskip > 0 then lskip = lskip - 1 else lpass = lpass - 1 end
+    end
+    if not stop or lpass <= 0 then
+      lpasses, lpass, lskip = lpasses + 1, lease_length - 1, 0
+      if rpasses >= 1 and (lpasses >= 1 or not stop) then rpasses, lpasses = -1, 0 end
+    end
+    -- The walk stops at the young lease, or else at the new batch.
+    lstop = stop or deadline
+    lmin = stop and stop < deadline and stop or deadline
     -- (the walk's numbers as write_meta would write them)
     lapguess = lapguess == 1 and 1 or 0
     packed = math.max((packed or 0) - (jobs - 1) + leased - 1, 0)
     rcall('HSET', K.meta, 'seq', seq + 1 + leased, 'taken', (l[3] and tn(l[3]) or 0) + leased,
-      'walk', M.walk_packed(qstart + 1, qlen, lapnext + 1, qmin, lapguess, packed, deadline,
-        deadline, 0, 0, rpasses, lpasses), 'completed', completed + jobs)
-    local soonest = qmin and qmin < deadline and qmin or deadline
+      'walk', M.walk_packed(qstart + 1, qlen, lapnext + 1, qmin, lapguess, packed, lmin,
+        lstop, lpass, lskip, rpasses, lpasses), 'completed', completed + jobs)
+    local soonest = qmin and qmin < lmin and qmin or lmin
     return M.batch_reply(1, compact, packed_element, popped, leased, first_stamp, soonest - now)
+  end
+
+  -- The deadline of the young lease (`element`) before the acked batch (`acked`), where the
+  -- walk stops (fast_window's place): nil when it is due, malformed, or the acked batch again.
+  function M.young_stop(element, acked, now)
+    local star = string.find(element, '*', 2, true)
+    if not star then return nil end
+    local deadline
+    if string.byte(element) == BYTE_STAR then
+      local batch = string.sub(element, 1, star - 1)
+      if batch == acked then return nil end
+      deadline = M.own_deadline(element, batch)
+    else
+      deadline = M.own_deadline(element)
+    end
+    return deadline and deadline > now and deadline or nil
   end
 
   -- A named batch ack as one worker's loop takes it (`named`: the packed element a payload
@@ -1843,7 +1891,7 @@ local function define_module()
   -- what it read (as loop_lease does), having changed nothing.
   function M.fresh_lease(count, lease, budget, compact)
     local head = M.read('LRANGE', K.leases, '0', '1')
-    if #head ~= 0 then return M.loop_declined(head) end
+    if #head ~= 0 then return M.loop_declined(M.lease_length_of(head)) end
     local l = M.read('HMGET', K.meta, unpack(LOOP_FIELDS))
     local found = rcall('EXISTS', K.done, K.done_old, K.marks, K.marks_old, K.revoked, K.dead)
     -- (l by LOOP_FIELDS' places, as in loop_lease)
@@ -1858,16 +1906,16 @@ local function define_module()
         or l[8] == '1' or l[9] or l[10] and l[10] ~= '0' or l[11] and l[11] ~= '0'
         or l[5] and l[5] ~= '0' or l[6] and l[6] ~= '0' or count > lapnext - seq - 1
         or count > budget then
-      return M.loop_declined(head, l, found)
+      return M.loop_declined(0, l, found)
     end
     local now = M.now_ms()
-    if qmin and qmin <= now then return M.loop_declined(head, l, found, now) end
+    if qmin and qmin <= now then return M.loop_declined(0, l, found, now) end
     -- One side structure may exist: the fencing set (read_sides_and_dead), which the call
     -- trims (by the fencing window's settings, read where they matter).
     local revoked, fence = 0, nil
     if found == 1 then
       revoked = M.read('ZCARD', K.revoked)
-      if revoked == 0 then return M.loop_declined(head, l, found, now) end
+      if revoked == 0 then return M.loop_declined(0, l, found, now) end
       fence = rcall('HMGET', K.meta, 'fence_ms', 'fence_max')
     end
     local deadline = now + lease
@@ -1876,10 +1924,10 @@ local function define_module()
     -- guarded: a wake list of another type puts the pop back, and the call is the others'
     -- (which refuse it), the ring as it was.
     local popped, leased = M.pop_pending(count, true)
-    if not popped then return M.loop_declined(head, l, found, now) end
+    if not popped then return M.loop_declined(0, l, found, now) end
     if (not qmin or deadline < qmin) and not M.add_wake_tokens(K, 1, nil, true) then
       M.unpop(popped, 1)
-      return M.loop_declined(head, l, found, now)
+      return M.loop_declined(0, l, found, now)
     end
     local packed_element, first_stamp = M.pack_batch(popped, leased, deadline, seq)
     rcall('LPUSH', K.leases, packed_element)
@@ -1922,11 +1970,15 @@ local function define_module()
     return tonumber(deadline), tonumber(call), jobs, string.sub(ack, 1, -(#jobs_text + 2))
   end
 
+  -- The lease list's length, from two of its elements read (`two`): LLEN's where they are two.
+  function M.lease_length_of(two)
+    return #two < 2 and #two or M.read('LLEN', K.leases)
+  end
+
   -- What loop_lease read, completed as read_walk_state takes it, for a call it declines: the
-  -- lease list's length (it read its first two elements), and the meta fields it did not read
-  -- (when it read LOOP_FIELDS, `l`); the ring's length is read_walk_state's to read.
-  function M.loop_declined(head, l, found, now)
-    local lease_length = #head < 2 and #head or M.read('LLEN', K.leases)
+  -- lease list's length, and the meta fields it did not read (when it read LOOP_FIELDS,
+  -- `l`); the ring's length is read_walk_state's to read.
+  function M.loop_declined(lease_length, l, found, now)
     if not l then return nil, nil, lease_length end
     LOOP_PLACES = LOOP_PLACES or M.loop_places()
     local from, rest = LOOP_PLACES.from, M.read('HMGET', K.meta, unpack(LOOP_PLACES.rest))

@@ -816,10 +816,12 @@ def test_bench_instructions_holds_the_payload_claim_against_its_floor_and_a_stre
     assert set(references) == {FLOOR, CONTRACT, PUSH_CONTRACT, PAYLOAD_FLOOR, STREAM}
     assert all(10_000 < count < 10_000_000 for count in references.values()), references
     assert references[STREAM] > references[PAYLOAD_FLOOR]
-    (payload,) = [row for row in run["rows"] if row["via"] == "fcall" and row["batch"] == 100
-                  and "nextp" in row["case"]]  # fmt: skip
-    assert set(payload["against"]) == {PAYLOAD_FLOOR, STREAM}
-    assert payload["against"][STREAM]["median"] == payload["now"] / references[STREAM]
+    payloads = [row for row in run["rows"] if row["via"] == "fcall" and row["batch"] == 100
+                and "nextp" in row["case"]]  # fmt: skip
+    assert len(payloads) == 2  # (one worker, four taking turns)
+    for payload in payloads:
+        assert set(payload["against"]) == {PAYLOAD_FLOOR, STREAM}
+        assert payload["against"][STREAM]["median"] == payload["now"] / references[STREAM]
     assert f"| {STREAM} |" in printed
 
 
@@ -829,7 +831,8 @@ def test_bench_instructions_has_the_payload_case_where_both_modules_have_nextp_p
     now = Module("now", module_source())
     old = Module("before", OLD_MODULE.read_text(encoding="utf-8"))
     assert [case.name for case in cases_of((now, now)) if case.payloads] == [
-        "nextp_packed 100 + named batch ack by FCALL"
+        "nextp_packed 100 + named batch ack by FCALL",
+        "nextp_packed 100 + named batch ack, four workers taking turns, by FCALL",
     ]
     assert not [case for case in cases_of((old, now)) if case.payloads]
 
@@ -959,14 +962,14 @@ def test_bench_lua_steps_smoke(tmp_path: Path) -> None:
     claim of one, and the counts add up to the case's figure."""
     printed = run_smoke("bench.lua_steps", tmp_path, 120)
     data = json.loads((tmp_path / "lua_steps.json").read_text())
-    one, hundred, push, woken, payloads = data["cases"]
+    one, hundred, push, woken, payloads, turns = data["cases"]
     assert one["name"].startswith("next_packed 1 + batch ack")
     names = [step["name"] for step in one["functions"]]
     assert names[0] == "M.loop_lease", names
     assert "M.read_walk_state" not in names
     assert "main" in names  # (the library's entry: the chunk itself ran once, before)
     assert "(the chunk)" not in names
-    for case in (one, hundred, push, woken, payloads):
+    for case in (one, hundred, push, woken, payloads, turns):
         assert case["per_call"] == pytest.approx(sum(s["per_call"] for s in case["functions"]))
     assert 200 < one["per_call"] < hundred["per_call"]
     # A push of plain ids takes its own path, and a consumer woken by one a fresh start:
@@ -981,4 +984,8 @@ def test_bench_lua_steps_smoke(tmp_path: Path) -> None:
     payload_names = [step["name"] for step in payloads["functions"]]
     assert {"M.loop_lease", "M.loop_named", "M.forget"} <= set(payload_names), payload_names
     assert not {"M.read_walk_state", "M.fast_lease", "M.check_named"} & set(payload_names)
+    # So do four such workers taking turns, each acking the batch at the lease list's tail.
+    turn_names = [step["name"] for step in turns["functions"]]
+    assert {"M.loop_lease", "M.young_stop", "M.forget"} <= set(turn_names), turn_names
+    assert not {"M.read_walk_state", "M.fast_lease"} & set(turn_names)
     assert "| `M.loop_lease` |" in printed

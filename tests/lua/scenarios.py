@@ -2259,6 +2259,42 @@ def a_workers_payload_loop_keeps_the_payload_of_a_copy_still_queued(b: Backend) 
 
 
 @scenario
+def workers_taking_turns_complete_each_job_once(b: Backend) -> None:
+    """Three workers of a queue with payloads taking turns, each claim carrying the named
+    batch ack of the batch its worker claimed a turn ago (the lease list's tail, which the
+    loop takes off as it leases the new batch at the head): every job is delivered once with
+    its payload, the lease list holds one batch a worker, and the last acks leave nothing."""
+    keys = payload_keys(b)
+    ids = [f"j{i:02d}" for i in range(14)]
+    assert b.call_keys(keys, "pushp", *[part for i in ids for part in (i, f"p-{i}")]) == 14
+    held: list[str] = []
+    delivered: list[str] = []
+    for turn in range(9):
+        acks = (named(held[turn % 3]),) if turn >= 3 else ()
+        reply = nextp_packed(b, keys, 2, *acks)
+        assert reply[2] == len(acks), reply[:4]
+        element = str(reply[3])
+        got = element.split("*")[2:] if element else []
+        assert reply[4:] == [f"p-{i}" for i in got]
+        delivered += got
+        if turn >= 3:
+            held[turn % 3] = element
+        else:
+            held.append(element)
+        leases = b.lrange("leases")
+        assert leases[0] == element or not element  # (the newest at the head)
+        assert len(leases) == len([e for e in held if e]), leases
+    assert delivered == ids  # each once, in push order (the 9th claim found 0 left)
+    for worker in (0, 1, 2):  # (the last acks: each worker's claim finds the queue idle)
+        if held[worker]:
+            reply = nextp_packed(b, keys, 2, named(held[worker]))
+            assert (reply[2], reply[3]) == (1, ""), reply[:4]
+    assert b.lrange("leases") == []
+    assert b.key_state(keys[N_QUEUE_KEYS]) == ("none", None)  # every payload dropped
+    assert counters(b)["completed"] == 14
+
+
+@scenario
 def two_copies_of_an_id_acked_in_one_call_take_its_payload(b: Backend) -> None:
     """Found by the payload model: the copies count was read once for both, so the second
     copy's ack took the count again and the payload stayed for good."""

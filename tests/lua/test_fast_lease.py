@@ -15,7 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from bench.lua_steps import counted, function_names
@@ -133,6 +133,13 @@ LOOP_KINDS = [
 loop_step = st.tuples(st.sampled_from(LOOP_KINDS), st.integers(0, 50), st.integers(0, 3),
                       st.booleans())  # fmt: skip
 LOOP_LEASES = [LEASE_MS, LEASE_MS // 4, 4 * LEASE_MS]
+# Programs of workers taking turns (M.loop_lease with several workers' batches in flight)
+# broken now and then by the others.
+TURN_KINDS = [
+    *["turn"] * 12, "push", "loop", "next_any", "ack_one", "nack", "extend", "advance", "sweep",
+]  # fmt: skip
+turn_step = st.tuples(st.sampled_from(TURN_KINDS), st.integers(0, 50), st.integers(0, 3),
+                      st.booleans())  # fmt: skip
 # Programs of a consumer whose queue runs dry and is woken by pushes (M.fresh_lease's state)
 # broken now and then by the others.
 WAKE_KINDS = [
@@ -193,6 +200,14 @@ def run(twins: Twins, program: list[Step], backlog: int = 0) -> None:
             acks = [acked(batch) for batch in twins.batches] + twins.later
             twins.batches, twins.later = [], []
             twins.next(a % 3 + 1, acks, flag, lease_ms=LOOP_LEASES[b % len(LOOP_LEASES)])
+        elif kind == "turn":
+            # Workers taking turns: each acks the batch it claimed a turn ago, the oldest
+            # held, as it claims again (a batch or none, held `b` turns: up to 4 workers).
+            acked = named_ack if twins.payloads else batch_ack
+            chosen = twins.batches[:1] if len(twins.batches) > b else []
+            twins.batches = twins.batches[len(chosen) :]
+            twins.next(a % 3 + 1, [acked(batch) for batch in chosen], flag,
+                       lease_ms=LOOP_LEASES[a % len(LOOP_LEASES)])  # fmt: skip
         elif kind == "next_any":
             # Batch acks of calls other than the oldest: several consumers finishing out of
             # order, so batches are acked before the one at the lease list's tail.
@@ -243,6 +258,31 @@ def test_in_a_workers_loop_a_library_writes_what_the_walk_writes(
     batches it made (M.loop_ack) and takes them without parsing them."""
     walk_only = walk_only_module(tmp_path_factory.mktemp("fast"))
     run(Twins(walk_only, library=True), program, backlog=150)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(program=st.lists(turn_step, min_size=30, max_size=100), payloads=st.booleans(),
+       library=st.booleans())  # fmt: skip
+# A lease pass that ends at the acked batch after an ageing whose lease pass had not ended
+# (its count -1): the ring walked whole, but not the rest of the lease list, so nothing ages
+# (walked_whole). Found by a random run, then shrunk; about 1 program in 100 reaches it.
+@example(program=[
+    ("next_any", 27, 0, True), ("loop", 2, 0, False), ("turn", 1, 0, True), ("turn", 2, 0, False),
+    ("turn", 2, 0, False), ("turn", 1, 0, True), ("turn", 0, 0, True), ("turn", 0, 0, True),
+    ("turn", 1, 1, False), ("turn", 0, 2, True), ("turn", 2, 3, False), ("turn", 2, 0, False),
+    ("turn", 0, 0, True), ("next_any", 35, 1, True), ("turn", 0, 0, False), ("turn", 0, 0, False),
+    ("next_any", 1, 3, True), ("sweep", 0, 0, True), ("turn", 0, 3, False), ("push", 2, 0, False),
+    ("turn", 2, 0, True), ("next_any", 0, 1, False),
+], payloads=False, library=False)  # fmt: skip
+def test_workers_taking_turns_write_what_the_walk_writes(
+    tmp_path_factory: pytest.TempPathFactory, program: list[Step], payloads: bool, library: bool
+) -> None:
+    """The same, on programs of up to four workers taking turns, each acking the batch it
+    claimed a turn ago (M.loop_lease with the lease list longer than one), with or without
+    payloads, as a script or as libraries; a short backlog, so that the ring's laps end and
+    the acks age among the turns."""
+    walk_only = walk_only_module(tmp_path_factory.mktemp("fast"))
+    run(Twins(walk_only, payloads=payloads, library=library), program, backlog=40)
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -463,6 +503,84 @@ LOOP_COMMANDS = [b"LRANGE", b"HMGET", b"EXISTS", b"TIME", b"RPOP", b"LSET", b"HS
 
 def commands_since(twins: Twins, since: int) -> list[bytes]:
     return [call[0] for call in twins.fast.stub.calls[since:]]
+
+
+# What the loop sends for workers taking turns: the lease list's last two elements and its
+# length, the claim's reads, the pop, the acked batch off the tail and the new one onto the
+# head, the meta's numbers; with payloads, as PAYLOAD_LOOP_COMMANDS (the fencing set there).
+TURNS_COMMANDS = [b"LRANGE", b"LLEN", b"HMGET", b"EXISTS", b"TIME", b"RPOP", b"RPOP", b"LPUSH",
+                  b"HSET"]  # fmt: skip
+PAYLOAD_TURNS_COMMANDS = [b"HLEN", b"LRANGE", b"LLEN", b"HMGET", b"EXISTS", b"TIME", b"ZCARD",
+                          b"ZMSCORE", b"HMGET", b"RPOP", b"RPOP", b"LPUSH", b"ZRANGEBYSCORE",
+                          b"HSET", b"HMGET", b"ZADD", b"HDEL"]  # fmt: skip
+
+
+@pytest.mark.parametrize("library", [False, True], ids=["eval", "library"])
+@pytest.mark.parametrize("payloads", [False, True], ids=["plain", "payloads"])
+def test_workers_taking_turns_take_the_loop(tmp_path: Path, payloads: bool, library: bool) -> None:
+    """Four workers, each acking the batch it claimed a turn ago (the lease list's tail) as
+    it claims again: from the third turn on (with payloads, the fencing set is there by
+    then), every claim is the loop's fixed commands, the acked batch off the tail and the
+    new one onto the head (and the walk agrees)."""
+    twins = Twins(walk_only_module(tmp_path), payloads=payloads, library=library)
+    ids = [f"j{i}" for i in range(400)]
+    if payloads:
+        twins.both("pushp", *[part for i in ids for part in (i, f"p-{i}")])
+    else:
+        twins.both("push", *ids)
+    acked = named_ack if payloads else batch_ack
+    leases = twins.fast.keys[10].encode()
+    held: dict[int, list[str]] = {}
+    for turn in range(5):
+        for worker in range(4):
+            acks = [acked(held[worker])] if worker in held else []
+            before = len(twins.fast.stub.calls)
+            twins.next(10, acks, compact=True)
+            held[worker] = twins.batches.pop()
+            made = twins.fast.stub.calls[before:]
+            if turn > 1:
+                assert [c[0] for c in made] == (PAYLOAD_TURNS_COMMANDS if payloads
+                                                else TURNS_COMMANDS), made  # fmt: skip
+                assert (b"RPOP", leases) in [c[:2] for c in made]
+                assert len(twins.fast.stub.data[leases]) == 4
+            twins.advance(5)
+    if payloads:  # (every batch acked has its payloads dropped: 16 of 10 jobs)
+        assert len(twins.fast.stub.data[twins.payload_keys[-1].encode()]) == 400 - 160
+
+
+@pytest.mark.parametrize(
+    ("young", "looped"),
+    [
+        ("{batch2}", True),  # the next worker's batch
+        ("x*{deadline2}.2.{call2}", True),  # a later delivery's lease (a token)
+        ("{batch1}*y", False),  # the acked batch again: a copy written by hand
+        ("*{deadline2}.1.{call2}", False),  # a batch name with no ids
+        ("x*1.2.{call2}", False),  # a lease that is due
+        ("garbage", False),  # neither
+    ],
+)
+def test_workers_taking_turns_leave_what_they_do_not_recognise_to_the_others(
+    tmp_path: Path, young: str, looped: bool
+) -> None:
+    """The lease before the acked tail must be a young lease of another batch or job; with
+    anything else there the claim goes the way it always went, and both harnesses agree."""
+    twins = Twins(walk_only_module(tmp_path))
+    twins.both("push", *[f"job-{i}" for i in range(10)])
+    twins.next(1, [], compact=True)
+    twins.next(1, [], compact=True)
+    first, second = (b[0] for b in twins.batches)
+    batch1, batch2 = (t[t.index("*") : -5] for t in (first, second))
+    deadline2, _, call2 = batch2[1:].split(".")
+    leases = twins.fast.keys[10]
+    element = young.format(batch1=batch1, batch2=batch2, deadline2=deadline2, call2=call2)
+    if young != "{batch2}":  # (the second batch's element written over by hand, in both)
+        for harness in (twins.fast, twins.walk):
+            listed = harness.stub.data[leases.encode()]
+            assert isinstance(listed, list)
+            listed[0] = element.encode()
+    before = len(twins.fast.stub.calls)
+    twins.next(1, [batch_ack([first])], compact=True)
+    assert (commands_since(twins, before) == TURNS_COMMANDS) == looped
 
 
 @pytest.mark.parametrize("library", [False, True], ids=["eval", "library"])
