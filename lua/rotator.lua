@@ -1720,7 +1720,7 @@ local function define_module()
     -- ring it reads by its pop alone (pop_pending, guarded): the lap's numbers say how far the
     -- pending ids reach, and the pop what is there.
     local tail = M.read('LRANGE', K.leases, '-2', '-1')
-    local lease_length = #tail < 2 and #tail or M.read('LLEN', K.leases)
+    local lease_length = M.lease_length_of(tail)
     if lease_length == 0 then return M.loop_declined(0) end
     local l = M.read('HMGET', K.meta, unpack(LOOP_FIELDS))
     local found = rcall('EXISTS', K.done, K.done_old, K.marks, K.marks_old, K.revoked, K.dead)
@@ -5007,8 +5007,9 @@ local function define_module()
     function M.drop_named(batch, ids)
       local dropped = M.dropped()
       if #dropped.ids == 0 then
-        dropped.ids = ids
+        dropped.ids = ids -- (as it is: it may be a list the library keeps, see name_batch)
       else
+        if not dropped.own then dropped.ids, dropped.own = { unpack(dropped.ids) }, true end
         local into = dropped.ids
         for j = 1, #ids do into[#into + 1] = ids[j] end
       end
@@ -5053,10 +5054,10 @@ local function define_module()
           or find(token, '**', star, true) or string.byte(token, -1) == BYTE_STAR then
         return nil -- (or an empty id: "**", or an ending "*")
       end
-      -- (one this library made lately: the ids it was made of, which the split would give; a
-      -- copy, as the call may add to the list it gets)
+      -- (one this library made lately: the ids it was made of, which the split would give;
+      -- the list it keeps, which no caller adds to: drop_named copies it first)
       local known = KEPT.named[token]
-      if known then return { unpack(known) } end
+      if known then return known end
       local ids = M.split_ids(token, star + 1, nil, LIMIT.id_bytes)
       if ids and #ids > LIMIT.count then return nil end
       return ids
