@@ -12,6 +12,7 @@ taking and the declining of the short way are compared.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -386,18 +387,26 @@ def short_way_taken(twins: Twins, count: int, since: int) -> bool:
     )
 
 
-@pytest.mark.parametrize("payloads", [False, True], ids=["plain", "payloads"])
-def test_consumers_acking_out_of_order_take_the_short_way(tmp_path: Path, payloads: bool) -> None:
-    """Four consumers, each acking its previous batch as it asks for the next, in an order
-    that changes every round: a batch acked before the one at the lease list's tail is
-    marked, and dropped when the tail reaches it, the short way (and as the walk would)."""
-    twins = Twins(walk_only_module(tmp_path), payloads=payloads)
+def workers_twins(
+    tmp_path: Path, payloads: bool, library: bool = False
+) -> tuple[Twins, Callable[[list[str]], str]]:
+    """Twins of a queue of 400 jobs (with payloads or not) for several workers, and the
+    batch ack a worker sends for a batch it holds (named, with payloads)."""
+    twins = Twins(walk_only_module(tmp_path), payloads=payloads, library=library)
     ids = [f"j{i}" for i in range(400)]
     if payloads:
         twins.both("pushp", *[part for i in ids for part in (i, f"p-{i}")])
     else:
         twins.both("push", *ids)
-    acked = named_ack if payloads else batch_ack
+    return twins, named_ack if payloads else batch_ack
+
+
+@pytest.mark.parametrize("payloads", [False, True], ids=["plain", "payloads"])
+def test_consumers_acking_out_of_order_take_the_short_way(tmp_path: Path, payloads: bool) -> None:
+    """Four consumers, each acking its previous batch as it asks for the next, in an order
+    that changes every round: a batch acked before the one at the lease list's tail is
+    marked, and dropped when the tail reaches it, the short way (and as the walk would)."""
+    twins, acked = workers_twins(tmp_path, payloads)
     held: dict[int, list[str]] = {}
     taken = calls = 0
     for order in ([0, 1, 2, 3], [1, 0, 3, 2], [3, 2, 1, 0], [2, 0, 3, 1], [0, 3, 1, 2]):
@@ -522,13 +531,7 @@ def test_workers_taking_turns_take_the_loop(tmp_path: Path, payloads: bool, libr
     it claims again: from the third turn on (with payloads, the fencing set is there by
     then), every claim is the loop's fixed commands, the acked batch off the tail and the
     new one onto the head (and the walk agrees)."""
-    twins = Twins(walk_only_module(tmp_path), payloads=payloads, library=library)
-    ids = [f"j{i}" for i in range(400)]
-    if payloads:
-        twins.both("pushp", *[part for i in ids for part in (i, f"p-{i}")])
-    else:
-        twins.both("push", *ids)
-    acked = named_ack if payloads else batch_ack
+    twins, acked = workers_twins(tmp_path, payloads, library)
     leases = twins.fast.keys[10].encode()
     held: dict[int, list[str]] = {}
     for turn in range(5):
