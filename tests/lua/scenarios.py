@@ -2284,7 +2284,7 @@ def workers_taking_turns_complete_each_job_once(b: Backend) -> None:
         leases = b.lrange("leases")
         assert leases[0] == element or not element  # (the newest at the head)
         assert len(leases) == len([e for e in held if e]), leases
-    assert delivered == ids  # each once, in push order (the 9th claim found 0 left)
+    assert delivered == ids  # each once, in push order (the last two claims found none)
     for worker in (0, 1, 2):  # (the last acks: each worker's claim finds the queue idle)
         if held[worker]:
             reply = nextp_packed(b, keys, 2, named(held[worker]))
