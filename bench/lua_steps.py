@@ -170,14 +170,20 @@ def claim_after_a_wake_up(harness: Harness, _: int) -> tuple[Prepare, Callable[[
     return prepare, call
 
 
-def payload_loop(harness: Harness, calls: int) -> tuple[Prepare, Callable[[], None]]:
-    """A worker of a queue with payloads claiming 100 a call (nextp_packed DROP 1), each
-    call carrying the named batch ack of the one before, whose payloads it drops."""
+def payload_queue(harness: Harness, jobs: int) -> list[str]:
+    """A queue with payloads holding ``jobs`` jobs, bodies of BODY: its keys."""
     keys = [*harness.keys, harness.keys[0].removesuffix(":ring") + ":payloads"]
-    ids = job_ids((WARM_CALLS + calls + 2) * 100)
+    ids = job_ids(jobs)
     for start in range(0, len(ids), 1000):
         pairs = [half for job_id in ids[start : start + 1000] for half in (job_id, BODY)]
         harness.call_keys(keys, "pushp", *pairs)
+    return keys
+
+
+def payload_loop(harness: Harness, calls: int) -> tuple[Prepare, Callable[[], None]]:
+    """A worker of a queue with payloads claiming 100 a call (nextp_packed DROP 1), each
+    call carrying the named batch ack of the one before, whose payloads it drops."""
+    keys = payload_queue(harness, (WARM_CALLS + calls + 2) * 100)
     held = [harness.call_keys(keys, "nextp_packed", 100, LEASE_MS, BUDGET, 0, 1)]
 
     def call() -> None:
@@ -192,11 +198,7 @@ def payload_loop(harness: Harness, calls: int) -> tuple[Prepare, Callable[[], No
 def payload_turns(harness: Harness, calls: int) -> tuple[Prepare, Callable[[], None]]:
     """Four workers of a queue with payloads taking turns, each claiming 100 a call with the
     named batch ack of the batch it claimed a turn ago (the oldest in flight)."""
-    keys = [*harness.keys, harness.keys[0].removesuffix(":ring") + ":payloads"]
-    ids = job_ids((WARM_CALLS + calls + 5) * 100)
-    for start in range(0, len(ids), 1000):
-        pairs = [half for job_id in ids[start : start + 1000] for half in (job_id, BODY)]
-        harness.call_keys(keys, "pushp", *pairs)
+    keys = payload_queue(harness, (WARM_CALLS + calls + 5) * 100)
     held = [harness.call_keys(keys, "nextp_packed", 100, LEASE_MS, BUDGET, 0, 1) for _ in range(4)]
     turn = [0]
 

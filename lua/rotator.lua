@@ -782,7 +782,8 @@ local LAYOUTS
 -- elements claims made lately, by their text, how many ids each holds: the last
 -- LIMIT.known_batches of them (`nleased`), and as many before those (the tables' __index, see
 -- M.keep_packed); `named`: of those a payload claim made (to be
--- acked by name), the ids themselves (never changed once kept: a caller gets a copy);
+-- acked by name), the ids themselves (never changed once kept: name_batch hands out the list,
+-- and M.drop_named copies it before adding to it);
 -- `acks`: of those, what one worker's loop needs of each one's whole-batch ack, by the ack's
 -- text (M.loop_ack). See M.keep_packed. And texts read last, with what they convert to
 -- (a conversion costs some 2k instructions, a look-up a tenth of that): `second`,
@@ -1855,17 +1856,9 @@ local function define_module()
   -- The deadline of the young lease (`element`) before the acked batch (`acked`), where the
   -- walk stops (fast_window's place): nil when it is due, malformed, or the acked batch again.
   function M.young_stop(element, acked, now)
-    local star = string.find(element, '*', 2, true)
-    if not star then return nil end
-    local deadline
-    if string.byte(element) == BYTE_STAR then
-      local batch = string.sub(element, 1, star - 1)
-      if batch == acked then return nil end
-      deadline = M.own_deadline(element, batch)
-    else
-      deadline = M.own_deadline(element)
-    end
-    return deadline and deadline > now and deadline or nil
+    local batch, deadline = M.lease_place(element)
+    if batch == acked or not deadline or deadline <= now then return nil end
+    return deadline
   end
 
   -- A named batch ack as one worker's loop takes it (`named`: the packed element a payload
@@ -2332,20 +2325,28 @@ local function define_module()
     local places, found = {}, {}
     for j = 1, #slice do
       local element = slice[j]
-      local star = string.find(element, '*', 2, true)
-      local place = { element = element }
-      if star and string.byte(element) == BYTE_STAR then
-        place.batch = string.sub(element, 1, star - 1)
-        place.deadline = M.own_deadline(element, place.batch)
-        if found[place.batch] then return nil end -- (a copy written by hand: the walk's)
-        found[place.batch] = element
-      elseif star then
-        place.name = element
-        place.deadline = M.own_deadline(element)
+      local batch, deadline, starred = M.lease_place(element)
+      if batch then
+        if found[batch] then return nil end -- (a copy written by hand: the walk's)
+        found[batch] = element
       end
-      places[j] = place
+      places[j] = { element = element, batch = batch, deadline = deadline,
+        name = starred and not batch and element or nil }
     end
     return places, found
+  end
+
+  -- A lease list element as the short ways read it: its batch name when it is a packed batch
+  -- (nil for a lease of one job), its deadline (own_deadline: nil when malformed), and
+  -- whether it holds a "*" after its first byte (neither: nothing the module writes there).
+  function M.lease_place(element)
+    local star = string.find(element, '*', 2, true)
+    if not star then return nil, nil, false end
+    if string.byte(element) == BYTE_STAR then
+      local batch = string.sub(element, 1, star - 1)
+      return batch, M.own_deadline(element, batch), true
+    end
+    return nil, M.own_deadline(element), true
   end
 
   -- The marks of the acked batches (`names`) and of the places read (fast_window), into each
