@@ -1,7 +1,8 @@
 --[[
 rotator.lua: a reliable job queue on one Redis list (the ring). Redis >= 6.2 or Valkey >= 7.2.
 
-Load once and call by SHA; the first ARGV picks the command. The queue commands take the thirteen
+Load once and call by SHA (or as a function library: FUNCTIONS, below); the first ARGV picks
+the command. The queue commands take the thirteen
 queue KEYS below; pushp/nextp/ackp take them plus KEYS[14] (and KEYS[15] to keep per-item
 stats); pushi/nackp/items take all fifteen; the topic commands (t...) take the
 TOPIC KEYS, then thirteen queue KEYS per consumer group. All keys of one call must share one hash
@@ -576,6 +577,23 @@ REDIS-CLI
   redis-cli EVALSHA $SHA 4 $T ttrim 1 0 2000              # 1: keeps the last message
   redis-cli EVALSHA $SHA 17 $T $G tstats
   redis-cli EVALSHA $SHA 17 $T $G tunsubscribe mail       # 1
+
+FUNCTIONS
+  Loaded by FUNCTION LOAD with two first lines, "#!lua name=<name>" and "local FUNCTION_NAME =
+  '<name>'" (the clients' name is "rotator_" and the first 16 hex digits of this file's SHA1:
+  rotator/script.py's library_source), the module registers two functions: <name>, which
+  takes every command by FCALL as EVALSHA takes it, and <name>_ro, registered 'no-writes',
+  which takes by FCALL_RO the commands that only read (stats peek scan dead schedules items
+  tstats, and durations without counts) and refuses any other: ROTATOR_BADCMD, nothing
+  changed. A server runs FCALL_RO where it refuses FCALL of a function that may write: out
+  of memory under noeviction, and on a read-only replica.
+  L=rotator_$(sha1sum lua/rotator.lua | cut -c1-16)
+  (printf '#!lua name=%s\nlocal FUNCTION_NAME = "%s"\n' $L $L; cat lua/rotator.lua) |
+    redis-cli -x FUNCTION LOAD REPLACE                    # the library's name
+  R=$(for r in ring done done_old marks marks_old revoked dead wake meta pushlog leases scheduled ids; do
+        printf 'rotator:{reports}:%s ' $r; done)
+  redis-cli FCALL $L 13 $R push report-1 report-2        # 2
+  redis-cli FCALL_RO ${L}_ro 13 $R stats                 # length 2, pending 2, ...
 ]]
 
 -- SECTIONS, in this order
@@ -5966,6 +5984,10 @@ local function define_module()
     tseek=topic ttrim=topic tstats=topic
   ]]
 
+  -- The commands that only read: those the library's read-only function runs (read_only;
+  -- durations only without counts to add, when it reads the histogram).
+  local READS = ' stats peek scan dead schedules items tstats durations '
+
   -- A command's KEYS layout (see COMMANDS), nil for anything that is not a command.
   function M.layout_of(command)
     if type(command) ~= 'string' or not string.find(command, '^[%l_]+$') then return nil end
@@ -6153,16 +6175,34 @@ local function define_module()
     end
     error(result, 0) -- a bug: let Redis report it
   end
-  return main
+
+  -- The library's read-only function, registered 'no-writes' and called by FCALL_RO: the
+  -- server runs it where it refuses FCALL of a function that may write (out of memory under
+  -- noeviction, a read-only replica), so stats and the other reads answer there. It runs the
+  -- commands that only read (READS) and refuses any other before it reads or writes
+  -- anything: ROTATOR_BADCMD, nothing changed.
+  local function read_only(keys, args)
+    local command = args[1]
+    if type(command) ~= 'string' or not string.find(command, '^[%l_]+$')
+        or not string.find(READS, ' ' .. command .. ' ', 1, true)
+        or command == 'durations' and #args > 1 then
+      return M.fail('ROTATOR_BADCMD', M.printable(command) ..
+        ' may write: call it by FCALL, not FCALL_RO')
+    end
+    return main(keys, args)
+  end
+  return main, read_only
 end
 
-local main = define_module()
+local main, read_only = define_module()
 
 if redis.register_function then
   -- Loaded as a library: the loader's first lines name it (FUNCTION_NAME), see
-  -- rotator/script.py. Registered once; FCALL then runs only `main`.
+  -- rotator/script.py. Registered once; FCALL then runs only `main`, FCALL_RO `read_only`.
   LIBRARY = true
   redis.register_function(FUNCTION_NAME, main)
+  redis.register_function({ function_name = FUNCTION_NAME .. '_ro', callback = read_only,
+    flags = { 'no-writes' } })
   return
 end
 return main(KEYS, ARGV)

@@ -1402,9 +1402,11 @@ def scripts(ctx: click.Context, json: bool) -> None:
     """The Lua module's SHA and path, how to load it with redis-cli, and its function library.
 
     With --url (or ROTATOR_URL) it also says how clients call the module on that server
-    (mode): FCALL of the library where the server has functions and the ACL allows FCALL
-    (and FUNCTION LOAD while the library is missing), EVALSHA otherwise. Without a URL it
-    connects to nothing.
+    (mode): FCALL of the library where the server has functions and the ACL allows FCALL and
+    FCALL_RO (and FUNCTION LOAD while the library is missing), EVALSHA otherwise. By FCALL,
+    the calls that only read (stats, peek...) go by FCALL_RO to the library's read-only
+    function (`reads`), which a server runs out of memory and on a read-only replica.
+    Without a URL it connects to nothing.
 
     \b
     Examples:
@@ -1414,9 +1416,11 @@ def scripts(ctx: click.Context, json: bool) -> None:
     path = str(module_path())
     # -x: the script from stdin (it is longer than one argv string may be, 128 KB on Linux)
     load = f"redis-cli -x SCRIPT LOAD < {shlex.quote(path)}"
-    data = {"sha": module_sha(), "path": path, "load": load, "library": function_name()}
+    library = function_name()
+    data = {"sha": module_sha(), "path": path, "load": load, "library": library}
+    data["reads"] = f"{library}_ro"
     lines = [f"sha      {data['sha']}", f"path     {path}", f"load     {load}"]
-    lines.append(f"library  {data['library']}")
+    lines += [f"library  {library}", f"reads    {data['reads']}"]
     url = server_url(ctx)
     if url:
         data["mode"] = probe_mode(redis.Redis.from_url(url))

@@ -7,6 +7,11 @@ and retries once when the server answers NOSCRIPT (after SCRIPT FLUSH, a restart
 failover). Either way a "not loaded" reply means nothing ran, so the one retry cannot apply a
 command twice.
 
+By FCALL, the commands that only read (:func:`reads_only`) go by FCALL_RO to the library's
+read-only function (registered ``no-writes``): a server runs it out of memory under
+``noeviction`` and on a read-only replica, where it refuses FCALL of a function that may
+write, so ``stats`` and the other reads answer there as they do by EVALSHA.
+
 The default (``functions=None``) is the faster mode the server allows: FCALL, unless the
 server has no functions (Redis before 7) or the ACL refuses ``FCALL`` or, when the library is
 missing, ``FUNCTION LOAD``; then EVALSHA. It is chosen at the first call on a client and
@@ -19,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import weakref
+from collections.abc import Sequence
 from functools import cache
 from importlib import resources
 from pathlib import Path
@@ -68,6 +74,23 @@ def function_name() -> str:
     return f"rotator_{module_sha()[:16]}"
 
 
+# The commands the module's read-only function runs (its READS); durations only without counts
+# to add, when it reads the histogram.
+READ_COMMANDS = frozenset(
+    (b"stats", b"peek", b"scan", b"dead", b"schedules", b"items", b"tstats", b"durations")
+)
+
+
+def reads_only(args: Sequence[Any]) -> bool:
+    """True for a module call (its ARGV) that only reads: FCALL_RO's."""
+    if not args:
+        return False
+    command = args[0]
+    if isinstance(command, str):
+        command = command.encode()
+    return command in READ_COMMANDS and (command != b"durations" or len(args) == 1)
+
+
 def library_source() -> str:
     """The module as a function library: a shebang naming it, and the name it registers."""
     name = function_name()
@@ -85,10 +108,22 @@ class FunctionCall:
         self.name = function_name()
         self.lane: Any = self.LANE.serving(client, "FCALL", self.name)
 
+    @property
+    def read_name(self) -> str:
+        """The library's read-only function, registered beside the module's."""
+        return f"{self.name}_ro"
+
+    def command(self, args: Sequence[Any]) -> tuple[str, str]:
+        """The verb and function that call the module with ``args``: FCALL_RO of the
+        read-only function for a call that only reads, FCALL of the module otherwise."""
+        return ("FCALL_RO", self.read_name) if reads_only(args) else ("FCALL", self.name)
+
     def load(self) -> None:
         self.client.function_load(library_source(), replace=True)
 
     def fcall(self, keys: tuple[str, ...], args: list[Any]) -> Any:
+        if reads_only(args):  # (not a worker's loop: the lane serves FCALL of the module)
+            return send_undecoded(self.client, "FCALL_RO", self.read_name, keys, args)
         lane = self.lane
         if lane is not None and lane.ready():
             return lane.call(keys, args)
@@ -114,6 +149,8 @@ class AsyncFunctionCall(FunctionCall):
         await self.client.function_load(library_source(), replace=True)
 
     async def fcall(self, keys: tuple[str, ...], args: list[Any]) -> Any:
+        if reads_only(args):
+            return await send_undecoded(self.client, "FCALL_RO", self.read_name, keys, args)
         lane = self.lane
         if lane is not None and await lane.ready():
             return await lane.call(keys, args)
@@ -207,7 +244,7 @@ class ClusterFunctionCall(FunctionCall):
             return super().fcall(keys, args)
         try:
             return self.client.execute_command(
-                "FCALL", self.name, len(keys), *keys, *args, target_nodes=node, **RAW
+                *self.command(args), len(keys), *keys, *args, target_nodes=node, **RAW
             )
         except _CLUSTER_RETRIED:
             if not self.client.retry.get_retries():
@@ -224,7 +261,7 @@ class AsyncClusterFunctionCall(AsyncFunctionCall):
             return await super().fcall(keys, args)
         try:
             return await self.client.execute_command(
-                "FCALL", self.name, len(keys), *keys, *args, target_nodes=node, **RAW
+                *self.command(args), len(keys), *keys, *args, target_nodes=node, **RAW
             )
         except _CLUSTER_RETRIED:
             if not self.client.retry.get_retries():
@@ -244,10 +281,12 @@ def chosen_mode(client: Any) -> str | None:
 
 def _fcall_refused(error: ResponseError) -> bool:
     """The server cannot run the library for this client: it has no functions, or the ACL
-    refuses FCALL or FUNCTION LOAD (a refusal of a command the module calls is not this)."""
+    refuses FCALL, FCALL_RO (the reads') or FUNCTION LOAD (a refusal of a command the module
+    calls is not this)."""
     text = str(error).lower()
     if isinstance(error, NoPermissionError):
-        return "'fcall'" in text or "'function|load'" in text or "'function'" in text
+        names = ("fcall", "fcall_ro", "function|load", "function")
+        return any(f"'{name}'" in text for name in names)
     return "unknown command 'fcall'" in text or "unknown command 'function'" in text
 
 
@@ -277,7 +316,7 @@ class AutoCall:
         (noting the choice), False when the error is the command's own."""
         if isinstance(error, ReadOnlyError):
             # A read-only replica refuses FCALL of a library that may write before it runs;
-            # a script runs there, and a command that only reads succeeds (this call only).
+            # a script runs there, and fails at its first write (this call only).
             return True
         refused = _fcall_refused(error)
         _CHOSEN[self.client] = "evalsha" if refused else "fcall"
@@ -373,7 +412,7 @@ def module_command(caller: Any, keys: tuple[str, ...], args: list[Any]) -> list[
     """The command that calls the module as ``caller`` does, to send in a pipeline."""
     caller = pipelined_caller(caller)
     if isinstance(caller, FunctionCall):
-        return ["FCALL", caller.name, len(keys), *keys, *args]
+        return [*caller.command(args), len(keys), *keys, *args]
     return ["EVALSHA", caller.sha, len(keys), *keys, *args]
 
 

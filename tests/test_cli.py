@@ -492,6 +492,8 @@ def test_scripts_with_a_url_says_how_clients_call_the_module_there(
     text = ok(cli(server, "scripts"))
 
     assert data["library"] == function_name()
+    assert data["reads"] == f"{function_name()}_ro"
+    assert ["reads", data["reads"]] in [line.split() for line in text.splitlines()]
     assert data["mode"] == "fcall"  # Redis 7 and Valkey 8 have functions; the default user may
     assert ["mode", "fcall"] in [line.split() for line in text.splitlines()]
     assert "mode" not in ok_json(run("scripts", "--json", env={"ROTATOR_URL": None}))

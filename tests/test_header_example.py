@@ -17,6 +17,7 @@ from pathlib import Path
 
 import redis
 
+from rotator.script import function_name
 from tests.lua.test_module_contract import header_commands, section
 from tests.servers import ServerProcess, find_cli_binary
 
@@ -32,6 +33,7 @@ TAGS = ("orders", "emails", "news")
 
 @dataclass(frozen=True)
 class Call:
+    verb: str  # EVALSHA, FCALL or FCALL_RO
     command: str  # the module command (`unique` calls: the push command after it)
     args: list[str]  # its ARGV after the command
     reply: list[str]  # redis-cli's output lines
@@ -40,6 +42,12 @@ class Call:
 def header_example() -> str:
     """The REDIS-CLI section of the header as a shell script."""
     return textwrap.dedent(section("REDIS-CLI")).strip("\n") + "\n"
+
+
+def functions_example() -> str:
+    """The FUNCTIONS section's shell lines (after its text) as a script."""
+    text = textwrap.dedent(section("FUNCTIONS").split("\n", 1)[1])
+    return text[text.index("\nL=") + 1 :].strip("\n") + "\n"
 
 
 def run_with_logging_cli(server: ServerProcess, script: str, tmp_path: Path) -> list[Call]:
@@ -72,12 +80,13 @@ def run_with_logging_cli(server: ServerProcess, script: str, tmp_path: Path) -> 
     for record in records:
         args_line, _, output = record.partition("\n")
         args = args_line.split(FIELD)[:-1]
-        if args[0].upper() != "EVALSHA":
-            continue  # SCRIPT LOAD
+        verb = args[0].upper()
+        if verb not in ("EVALSHA", "FCALL", "FCALL_RO"):
+            continue  # SCRIPT LOAD, FUNCTION LOAD
         argv = args[3 + int(args[2]) :]
         if argv[0] == "unique":
             argv = argv[1:]
-        calls.append(Call(argv[0], argv[1:], output.rstrip("\n").split("\n")))
+        calls.append(Call(verb, argv[0], argv[1:], output.rstrip("\n").split("\n")))
     return calls
 
 
@@ -143,3 +152,26 @@ def test_the_header_redis_cli_example_runs_as_written(
     assert client.keys("rotator:{emails}:*") == [b"rotator:{emails}:meta"]
     assert client.zcard("rotator:{news}:topic:log") == 1
     assert not client.keys("rotator:{news}:group:*")
+
+
+def test_the_header_functions_example_runs_as_written(
+    server: ServerProcess, client: redis.Redis, tmp_path: Path
+) -> None:
+    if leftovers := client.keys("rotator:{reports}:*"):
+        client.delete(*leftovers)
+    client.function_flush()
+    calls = run_with_logging_cli(server, functions_example(), tmp_path)
+    assert [(call.verb, call.command) for call in calls] == [
+        ("FCALL", "push"),
+        ("FCALL_RO", "stats"),
+    ]
+    assert calls[0].reply == ["2"]
+    stats = calls[1].reply
+    counts = dict(zip(stats[::2], stats[1::2], strict=True))
+    assert (counts["length"], counts["pending"], counts["pushed"]) == ("2", "2", "2")
+    # The library it loaded is the clients' own: the same name, both functions.
+    (library,) = client.function_list()
+    fields = dict(zip(library[::2], library[1::2], strict=True))
+    assert fields[b"library_name"] == function_name().encode()
+    names = {dict(zip(f[::2], f[1::2], strict=True))[b"name"] for f in fields[b"functions"]}
+    assert names == {function_name().encode(), f"{function_name()}_ro".encode()}

@@ -14,9 +14,10 @@ import redis
 
 from tests.lua.backend import RealBackend, ReplyError, StubBackend, normalise, strip_script_suffix
 from tests.lua.harness import LuaScript, RedisStub, ScriptError
-from tests.lua.scenarios import FAKE_CLOCK_ONLY, SCENARIOS, Scenario
+from tests.lua.scenarios import FAKE_CLOCK_ONLY, LIBRARY_ONLY, SCENARIOS, Scenario
 
 REAL_TIME = [s for s in SCENARIOS if s.__name__ not in FAKE_CLOCK_ONLY]
+BY_SCRIPT = [s for s in REAL_TIME if s.__name__ not in LIBRARY_ONLY]
 
 
 @pytest.fixture
@@ -34,7 +35,7 @@ def library_backend(client: redis.Redis, queue_name: str) -> Iterator[RealBacken
     real.cleanup()
 
 
-@pytest.mark.parametrize("scenario", REAL_TIME, ids=[s.__name__ for s in REAL_TIME])
+@pytest.mark.parametrize("scenario", BY_SCRIPT, ids=[s.__name__ for s in BY_SCRIPT])
 def test_scenario_on_a_real_server(scenario: Scenario, backend: RealBackend) -> None:
     scenario(backend)
 

@@ -353,11 +353,12 @@ def test_in_fcall_mode_a_worker_needs_no_script_commands_at_all(
 ) -> None:
     rule = rule_for(queue_name, "w", drop=frozenset({"evalsha", "script|load"}))
     FunctionCall(client).load()  # the admin's one-time step
-    with acl_user(server, client, rule, extra=("+fcall",)) as worker:
+    with acl_user(server, client, rule, extra=("+fcall", "+fcall_ro")) as worker:
         q = Rotator(worker.client, queue_name, functions=True)
         assert q.push("a", "b") == 2
         jobs = q.next(2)
         assert q.ack(*jobs) == 2
+        assert q.stats().done == 2  # (by FCALL_RO)
         for forbidden in (("EVAL", "return 1", "0"), ("SCRIPT", "LOAD", "return 1")):
             with pytest.raises(redis.exceptions.NoPermissionError):
                 command(worker.client, *forbidden)
@@ -365,6 +366,22 @@ def test_in_fcall_mode_a_worker_needs_no_script_commands_at_all(
             ("command", "script|load", "toplevel"),
             ("command", "eval", "toplevel"),
         ]
+
+
+def test_a_worker_allowed_fcall_but_not_fcall_ro_uses_evalsha_from_its_first_read(
+    server: ServerProcess, client: redis.Redis, queue_name: str
+) -> None:
+    rule = rule_for(queue_name, "w")
+    FunctionCall(client).load()
+    with acl_user(server, client, rule, extra=("+fcall",)) as worker:
+        q = Rotator(worker.client, queue_name)
+        assert q.push("a") == 1
+        assert chosen_mode(worker.client) == "fcall"
+        assert q.stats().pending == 1  # FCALL_RO refused: nothing ran, it went by EVALSHA
+        assert chosen_mode(worker.client) == "evalsha"
+        assert q.push("b") == 1
+        assert q.stats().pending == 2
+        assert denials(client, worker.user) == [("command", "fcall_ro", "toplevel")]
 
 
 # -- queue names and key patterns ----------------------------------------------------------

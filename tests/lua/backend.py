@@ -87,6 +87,11 @@ class Backend(ABC):
         """The module with any KEYS; raises ReplyError on an error reply."""
 
     @abstractmethod
+    def call_read_only(self, *argv: Arg) -> Result:
+        """The module by its library's read-only function (FCALL_RO) on this queue's thirteen
+        keys: a backend that calls it as a library only."""
+
+    @abstractmethod
     def sleep_ms(self, ms: int) -> None:
         """Let `ms` of server time pass."""
 
@@ -219,6 +224,14 @@ class StubBackend(Backend):
             raise ReplyError(str(error)) from None
         return normalise(reply)
 
+    def call_read_only(self, *argv: Arg) -> Result:
+        assert self.library, "a script has no read-only function"
+        try:
+            reply: Reply = self.harness.call_read_only(*argv)
+        except ScriptError as error:
+            raise ReplyError(str(error)) from None
+        return normalise(reply)
+
     def sleep_ms(self, ms: int) -> None:
         self.harness.advance(ms)
 
@@ -307,6 +320,15 @@ class RealBackend(Backend):
                 reply = self.client.fcall(function_name(), len(keys), *keys, *argv)
             else:
                 reply = self.client.evalsha(self.sha, len(keys), *keys, *argv)
+        except redis.ResponseError as error:
+            raise ReplyError(strip_script_suffix(str(error))) from None
+        return normalise(reply)
+
+    def call_read_only(self, *argv: Arg) -> Result:
+        assert self.via == "fcall", "a script has no read-only function"
+        keys = self.keys
+        try:
+            reply = self.client.fcall_ro(f"{function_name()}_ro", len(keys), *keys, *argv)
         except redis.ResponseError as error:
             raise ReplyError(strip_script_suffix(str(error))) from None
         return normalise(reply)

@@ -153,8 +153,16 @@ def _clamp_range(length: int, start: int, stop: int) -> tuple[int, int] | None:
 class RedisStub:
     """An in-memory keyspace and the subset of Redis commands rotator.lua calls."""
 
+    # The commands that only read: all a read-only function may call (read_only).
+    READS = frozenset(
+        b"TIME TYPE EXISTS LLEN LRANGE LINDEX LPOS SCARD SMISMEMBER HMGET HLEN ZCARD ZMSCORE "
+        b"ZSCORE HGET HGETALL HSTRLEN ZRANGE ZRANGEBYSCORE ZCOUNT".split()
+    )
+
     def __init__(self, now_ms: int = START_MS) -> None:
         self.now_ms = now_ms
+        # While a 'no-writes' function runs (FCALL_RO): a write is refused, as Redis does.
+        self.read_only = False
         self.data: dict[bytes, Value] = {}
         self.calls: list[tuple[bytes, ...]] = []  # every command the script ran, for tests
         # name -> (Redis arity: exact if >= 0, at least -arity if < 0; implementation)
@@ -214,6 +222,8 @@ class RedisStub:
         arity, run = self.commands[name]
         if (arity >= 0 and len(args) != arity) or (arity < 0 and len(args) < -arity):
             raise CommandError(ARITY)
+        if self.read_only and name not in self.READS:
+            raise CommandError("ERR Write commands are not allowed from read-only scripts.")
         self.calls.append(tuple(args))
         for key, at in list(self.expires.items()):  # a key past its expiry is gone
             if at <= self.now_ms:
@@ -635,6 +645,7 @@ function(dispatch, source, chunkname, watch, struct_pack, struct_unpack, as_libr
   local chunk, compile_error = loadstring(source, chunkname)
   if not chunk then return nil, compile_error end
   local registered -- (a library's function, once its chunk has run: FUNCTION LOAD's part)
+  local functions = {} -- (a library's functions by name)
 
   local function readonly(t, what)
     return setmetatable({}, {
@@ -660,7 +671,13 @@ function(dispatch, source, chunkname, watch, struct_pack, struct_unpack, as_libr
   end
   function redis.status_reply(message) return { ok = message } end
   if as_library then
-    function redis.register_function(_, f) registered = f end
+    -- Both forms: (name, callback), and { function_name =, callback =, flags = }. Calls run
+    -- the first function registered (the module's FCALL one) unless they name another.
+    function redis.register_function(name, f)
+      if type(name) == 'table' then name, f = name.function_name, name.callback end
+      functions[name] = f
+      registered = registered or f
+    end
   end
 
   -- What Redis 7 offers a script, minus what the module has no business using (os, loadstring).
@@ -676,9 +693,9 @@ function(dispatch, source, chunkname, watch, struct_pack, struct_unpack, as_libr
     struct = readonly({ pack = struct_pack, unpack = struct_unpack }, 'struct'),
   }
 
-  return function(keys, argv)
-    -- A library's calls run only the function it registered (FCALL), with no KEYS or ARGV.
-    if registered then return pcall(registered, keys, argv) end
+  return function(keys, argv, name)
+    -- A library's calls run only a function it registered (FCALL), with no KEYS or ARGV.
+    if registered then return pcall(name and functions[name] or registered, keys, argv) end
     -- Empty, so every assignment reaches __newindex (KEYS = ... fails too, as in Redis).
     local globals, per_call = {}, as_library and {} or { KEYS = keys, ARGV = argv }
     setmetatable(globals, {
@@ -700,7 +717,7 @@ function(dispatch, source, chunkname, watch, struct_pack, struct_unpack, as_libr
     local ok, load_error = pcall(chunk)
     if not ok then return ok, load_error end
     if not registered then return false, 'the library registered no function' end
-    return pcall(registered, keys, argv)
+    return pcall(name and functions[name] or registered, keys, argv)
   end
 end
 """
@@ -741,12 +758,18 @@ class LuaScript:
         """``table[key]`` without its metatable (a table ``watch`` saw)."""
         return self._lua.eval("rawget")(table, key)
 
-    def run(self, keys: Sequence[bytes | str], argv: Sequence[bytes | str | int]) -> Reply:
-        """Run the chunk with KEYS/ARGV; the reply as redis-py would see it, or ScriptError."""
+    def run(
+        self,
+        keys: Sequence[bytes | str],
+        argv: Sequence[bytes | str | int],
+        function: bytes | None = None,
+    ) -> Reply:
+        """Run the chunk with KEYS/ARGV; the reply as redis-py would see it, or ScriptError.
+        ``function``: a library's function of that name (by default the first registered)."""
         self._gap = None
         lua_keys = self._lua.table_from([_arg_bytes(k) for k in keys])
         lua_argv = self._lua.table_from([_arg_bytes(a) for a in argv])
-        result = self._runner(lua_keys, lua_argv)
+        result = self._runner(lua_keys, lua_argv, function)
         # pcall's results: (true, reply...) or (false, error); a bare true when nothing returned.
         ok, value = (result[0], result[1]) if isinstance(result, tuple) else (result, None)
         if self._gap is not None:
@@ -861,6 +884,15 @@ class Harness:
     def call(self, *argv: bytes | str | int) -> Reply:
         """Run one command of the module on this queue's thirteen keys."""
         return self.script.run(self.keys, argv)
+
+    def call_read_only(self, *argv: bytes | str | int) -> Reply:
+        """Run one command by the library's read-only function, as FCALL_RO does: a write
+        it makes is refused (the harness must be a ``library``)."""
+        self.stub.read_only = True
+        try:
+            return self.script.run(self.keys, argv, function=b"rotator_stub_ro")
+        finally:
+            self.stub.read_only = False
 
     def call_keys(self, keys: Sequence[bytes | str], *argv: bytes | str | int) -> Reply:
         """Run the module with any KEYS (to test its key checks)."""

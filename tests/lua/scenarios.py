@@ -37,10 +37,17 @@ REVOKED_KEEP_MS = 2 * 86_400_000  # the module keeps refused tokens this long
 Scenario = Callable[[Backend], None]
 SCENARIOS: list[Scenario] = []
 FAKE_CLOCK_ONLY: set[str] = set()
+LIBRARY_ONLY: set[str] = set()
 
 
 def scenario(func: Scenario) -> Scenario:
     SCENARIOS.append(func)
+    return func
+
+
+def library_only(func: Scenario) -> Scenario:
+    """A scenario of the module loaded as a function library (FCALL): stub and servers."""
+    LIBRARY_ONLY.add(func.__name__)
     return func
 
 
@@ -3127,3 +3134,54 @@ def one_workers_loop_leaves_a_completed_count_it_cannot_add_to_to_the_walk(b: Ba
         element, ids = loop_claim(q, 1, element)  # the loop's again where it can add
         assert ids == "j3"
         assert q.hgetall("meta")["completed"] == str(int(after) + 1)
+
+
+# -- the library's read-only function ----------------------------------------------------------
+
+
+@scenario
+@library_only
+def the_read_only_function_replies_to_each_read_as_the_module_and_refuses_the_rest(
+    b: Backend,
+) -> None:
+    """FCALL_RO of the library's read-only function: each read replies as by FCALL and writes
+    nothing (the stub refuses a write while it runs, as a server does), and any other command
+    is refused before anything is read: ROTATOR_BADCMD, nothing changed."""
+    push(b, "a", "b", "c", "d")
+    buried = nxt(b, 1).tokens[0]
+    assert b.call("bury", "bad input", buried) == [1]
+    assert nxt(b, 2).ids == ["b", "c"]  # (the claim writes a's letter)
+    assert b.call("schedule", "SET", "nightly", "report", 86_400_000, "every day") == 1
+    b.call("durations", 90, 6, 2)
+    before = b.snapshot()
+    reads: list[tuple[str | int, ...]] = [
+        ("peek", 10),
+        ("scan", 0, 100, 100),
+        ("dead", 0, 10),
+        ("schedules",),
+        ("durations",),
+    ]
+    for read in reads:
+        assert b.call_read_only(*read) == b.call(*read), read
+    by_fcall, read_only = all_stats(b), b.call_read_only("stats")
+    assert isinstance(read_only, list)
+    got = {str(k): v for k, v in zip(read_only[0::2], read_only[1::2], strict=True)}
+    got.pop("oldest_pending_age_ms"), by_fcall.pop("oldest_pending_age_ms")  # (time moves)
+    assert got == by_fcall
+    assert b.snapshot() == before
+    refused = [
+        ("push", "e"),
+        ("next", 1, LONG, BUDGET, 0),
+        ("unique", "push", "e"),
+        ("durations", 90, 6, 2),
+        ("ack", buried),
+        ("sweep", 100),
+        ("no_such",),
+        ("STATS",),
+    ]
+    for argv in refused:
+        with pytest.raises(ReplyError) as caught:
+            b.call_read_only(*argv)
+        assert caught.value.code == "ROTATOR_BADCMD", (argv, caught.value)
+        assert "may write: call it by FCALL, not FCALL_RO" in str(caught.value), argv
+    assert b.snapshot() == before

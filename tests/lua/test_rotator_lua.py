@@ -17,16 +17,38 @@ from tests.lua.harness import (
     StubError,
     called_commands,
 )
-from tests.lua.scenarios import SCENARIOS, Scenario
+from tests.lua.scenarios import LIBRARY_ONLY, SCENARIOS, Scenario
+
+# (a library's scenario as a library only)
+STUB_RUNS = [
+    (scenario, library)
+    for scenario in SCENARIOS
+    for library in (False, True)
+    if library or scenario.__name__ not in LIBRARY_ONLY
+]
 
 
-@pytest.mark.parametrize("library", [False, True], ids=["eval", "library"])
-@pytest.mark.parametrize("scenario", SCENARIOS, ids=[s.__name__ for s in SCENARIOS])
+@pytest.mark.parametrize(
+    ("scenario", "library"),
+    STUB_RUNS,
+    ids=[f"{s.__name__}-{'library' if library else 'eval'}" for s, library in STUB_RUNS],
+)
 def test_scenario_on_the_stub(scenario: Scenario, library: bool) -> None:
     """Each scenario as EVAL runs the module (the whole chunk a call) and as FCALL runs a
     library (its chunk once, then the function it registered, keeping what a library keeps
     between calls)."""
     scenario(StubBackend(library=library))
+
+
+def test_the_stub_refuses_a_write_while_a_read_only_function_runs() -> None:
+    harness = Harness("ro", library=True)
+    harness.call("push", "a")
+    ring = harness.ring()
+    harness.stub.read_only = True
+    with pytest.raises(ScriptError, match="Write commands are not allowed from read-only"):
+        harness.call("push", "b")  # (the module's own function, not the read-only one)
+    harness.stub.read_only = False
+    assert harness.ring() == ring
 
 
 def _script(source: str, stub: RedisStub | None = None) -> LuaScript:

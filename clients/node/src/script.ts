@@ -10,6 +10,11 @@
  * FCALL, `functions: false` EVALSHA. The library has the Python client's name and source,
  * so both share it.
  *
+ * By FCALL, the commands that only read (see readsOnly) go by FCALL_RO to the library's
+ * read-only function (registered 'no-writes'): a server runs it out of memory under
+ * noeviction and on a read-only replica, where it refuses FCALL of a function that may
+ * write, so stats and the other reads answer there as they do by EVALSHA.
+ *
  * A reply saying the script or library is missing (after SCRIPT FLUSH, FUNCTION FLUSH, a
  * restart or a failover) means nothing ran: it is loaded and the call sent once more; if it
  * was flushed again meanwhile, the source itself goes with EVAL. A refusal of FCALL itself
@@ -49,6 +54,26 @@ export function functionName(): string {
   return `rotator_${moduleSha().slice(0, 16)}`;
 }
 
+/** The commands the module's read-only function runs (its READS); durations only without
+ * counts to add, when it reads the histogram. */
+export const READ_COMMANDS: ReadonlySet<string> = new Set([
+  "stats",
+  "peek",
+  "scan",
+  "dead",
+  "schedules",
+  "items",
+  "tstats",
+  "durations",
+]);
+
+/** A module call (its ARGV) that only reads: FCALL_RO's. */
+export function readsOnly(args: readonly Arg[]): boolean {
+  const command = args[0];
+  const name = Buffer.isBuffer(command) ? command.toString("utf8") : String(command);
+  return READ_COMMANDS.has(name) && (name !== "durations" || args.length === 1);
+}
+
 /** The module as a function library: a shebang naming it, and the name it registers. */
 export function librarySource(): string {
   const name = functionName();
@@ -74,11 +99,12 @@ export function isNotLoaded(error: unknown): boolean {
 }
 
 /** The server cannot run the library for this client: it has no functions, or the ACL refuses
- * FCALL or FUNCTION LOAD (a refusal of a command the module calls is not this). */
+ * FCALL, FCALL_RO (the reads') or FUNCTION LOAD (a refusal of a command the module calls is
+ * not this). */
 function isFcallRefused(error: unknown): boolean {
   const text = lowerMessage(error);
   if (text.startsWith("noperm")) {
-    return text.includes("'fcall'") || text.includes("'function|load'") || text.includes("'function'");
+    return ["fcall", "fcall_ro", "function|load", "function"].some((name) => text.includes(`'${name}'`));
   }
   return text.includes("unknown command 'fcall'") || text.includes("unknown command 'function'");
 }
@@ -136,8 +162,7 @@ export class ModuleCaller {
     args: readonly Arg[],
     replies: Replies = "strings",
   ): ChainableCommander {
-    const [verb, name] =
-      this.mode === "fcall" ? (["FCALL", this.functionName] as const) : (["EVALSHA", this.sha] as const);
+    const [verb, name] = this.mode === "fcall" ? this.functionCommand(args) : (["EVALSHA", this.sha] as const);
     const rest = [name, keys.length, ...keys, ...args];
     return replies === "buffers" ? pipeline.callBuffer(verb, ...rest) : pipeline.call(verb, ...rest);
   }
@@ -166,7 +191,7 @@ export class ModuleCaller {
   private asScript(error: unknown): boolean {
     if (lowerMessage(error).startsWith("readonly")) {
       // A read-only replica refuses FCALL of a library that may write before it runs; a
-      // script runs there, and a command that only reads succeeds (this call only).
+      // script runs there, and fails at its first write (this call only).
       return true;
     }
     const refused = isFcallRefused(error);
@@ -174,9 +199,16 @@ export class ModuleCaller {
     return refused;
   }
 
+  /** The verb and function that call the module with `args` by a function: FCALL_RO of the
+   * read-only function for a call that only reads, FCALL of the module otherwise. */
+  private functionCommand(args: readonly Arg[]): readonly [string, string] {
+    return readsOnly(args) ? ["FCALL_RO", `${this.functionName}_ro`] : ["FCALL", this.functionName];
+  }
+
   private async fcall(keys: readonly string[], args: readonly Arg[], replies: Replies): Promise<unknown> {
-    const call = [this.functionName, keys.length, ...keys, ...args];
-    return this.sendLoading(replies, "FCALL", call, isFunctionMissing, () => this.loadLibrary());
+    const [verb, name] = this.functionCommand(args);
+    const call = [name, keys.length, ...keys, ...args];
+    return this.sendLoading(replies, verb, call, isFunctionMissing, () => this.loadLibrary());
   }
 
   private async evalsha(keys: readonly string[], args: readonly Arg[], replies: Replies): Promise<unknown> {

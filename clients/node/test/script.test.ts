@@ -5,6 +5,7 @@ import { execFileSync } from "node:child_process";
 import { after, before, describe, test } from "node:test";
 import Redis, { type RedisOptions } from "ioredis";
 import { InvalidArgument, ModuleCaller, Rotator, functionName, librarySource, queueKeys } from "../dist/index";
+import { READ_COMMANDS, moduleSource, readsOnly } from "../dist/script";
 import { HOST, KINDS, ROOT, ServerProcess, commandStat, python, uniqueName } from "./servers";
 
 /** The libraries the server holds, by name. */
@@ -25,6 +26,14 @@ async function oneJob(q: Rotator): Promise<void> {
   const [job] = await q.next();
   assert.equal(await q.ack(job!), 1);
 }
+
+test("the calls sent by FCALL_RO are the module's reads, durations only without counts", () => {
+  const reads = /local READS = ' ([a-z_ ]+) '/.exec(moduleSource());
+  assert.ok(reads, "no READS in the module");
+  assert.deepEqual([...READ_COMMANDS].sort(), reads[1]!.split(" ").sort());
+  assert.ok(readsOnly(["stats"]) && readsOnly([Buffer.from("peek"), 5]) && readsOnly(["durations"]));
+  assert.ok(!readsOnly(["durations", 90, 6, 2]) && !readsOnly(["push", "a"]) && !readsOnly([]));
+});
 
 for (const kind of KINDS) {
   describe(`calling the module on ${kind}`, () => {
@@ -109,7 +118,7 @@ for (const kind of KINDS) {
       assert.equal((await q.stats()).pending, 0);
     });
 
-    test("on a read-only replica a reading call runs as a script, and the choice stays open", async () => {
+    test("on a read-only replica a reading call goes by FCALL_RO, and a write is refused", async () => {
       const replica = new ServerProcess(kind);
       await replica.start();
       try {
@@ -122,20 +131,45 @@ for (const kind of KINDS) {
           assert.ok(Date.now() < giveUp, "the replica did not sync in 10 s");
           await new Promise((r) => setTimeout(r, 50));
         }
-        // The library came with the sync; FCALL of it is refused there (it may write).
+        // The library came with the sync: its read-only function runs there.
         const q = new Rotator(replicaClient, name);
         assert.equal((await q.stats()).pending, 2);
         assert.equal((await q.stats()).pending, 2);
-        // Each call tried FCALL (refused before it ran), then ran as a script.
-        const info = await replicaClient.info("commandstats");
-        assert.equal(commandStat(info, "fcall"), 0, info);
-        assert.equal(commandStat(info, "fcall", "rejected_calls"), 2, info);
-        // (the first EVALSHA found no script: scripts are not replicated, the library is)
-        assert.equal(commandStat(info, "evalsha") - commandStat(info, "evalsha", "failed_calls"), 2, info);
-        await assert.rejects(q.push("c"), /READONLY/); // a write is the server's to refuse
+        let info = await replicaClient.info("commandstats");
+        assert.equal(commandStat(info, "fcall_ro"), 2, info);
+        assert.equal(commandStat(info, "evalsha"), 0, info);
+        // A write: FCALL refused before it ran (it may write), then the script's first write.
+        await assert.rejects(q.push("c"), /READONLY/);
+        info = await replicaClient.info("commandstats");
+        assert.equal(commandStat(info, "fcall", "rejected_calls"), 1, info);
+        assert.equal((await q.stats()).pending, 2);
       } finally {
         replica.stop();
       }
+    });
+
+    test("out of memory under noeviction, the reads answer by FCALL_RO and a write changes nothing", async () => {
+      const name = uniqueName("oom");
+      const q = new Rotator(client(), name);
+      await q.push("a", "b");
+      await q.next();
+      const ring = async (): Promise<string[]> => redis.lrange(queueKeys(name).all[0]!, 0, -1);
+      const stats = await q.stats();
+      const before = await ring();
+      await redis.call("CONFIG", "SET", "maxmemory-policy", "noeviction");
+      await redis.call("CONFIG", "SET", "maxmemory", "1");
+      try {
+        const during = await q.stats();
+        assert.equal(during.pending, 1);
+        assert.equal(during.inFlight, stats.inFlight);
+        assert.deepEqual(await q.dead(), []);
+        await assert.rejects(q.push("c"), /OOM/);
+        assert.deepEqual(await ring(), before);
+        assert.equal((await q.stats()).pending, 1);
+      } finally {
+        await redis.call("CONFIG", "SET", "maxmemory", "0");
+      }
+      assert.equal(await q.push("c"), 1);
     });
 
     test("functions: false calls by EVALSHA and loads no library", async () => {
