@@ -39,8 +39,10 @@ KEYS
                             redelivered reclaimed lettered retried cancelled (added to by
                             the calls that change them, read by stats alone, and completed
                             by one worker's loop, which writes it with its own numbers),
-                            stale (see IDS), copies (see pushp), layout (written once: keeps
-                            it a hash table, see LIMIT.meta_layout); settings (configure)
+                            stale (see IDS), copies (see pushp), lease_max (the longest
+                            LEASE_MS a claim has given: see next's wait_ms), layout (written
+                            once: keeps it a hash table, see LIMIT.meta_layout); settings
+                            (configure)
   KEYS[10] pushlog    LIST  "<pushed>:<ms>" push checkpoints, one a second at most, newest
                             first (pending age); the newest's count is meta pushed
   KEYS[11] leases     LIST  the jobs in flight: leases and packed batches, newest at the head,
@@ -261,9 +263,16 @@ COMMANDS (ARGV[1]; numbers are decimal integers)
     reply: {idle, wait_ms, acked, token1, reclaimed1, token2, reclaimed2, ...}
       idle     1 when a whole lap since the last push found nothing, and nothing in the lease
                list is due: block on KEYS[8]
-      wait_ms  ms until the earliest known lease deadline or nack due time, -1 if none
-    A call whose new leases fall due before anything known so far pushes one wake-up, so an
-    idle consumer blocked before they existed waits for them instead of its whole block.
+      wait_ms  ms until the earliest known lease deadline or nack due time, and at most
+               LEASE_MS: an idle consumer blocks no longer than its own lease time, so a lease
+               another consumer takes meanwhile (for as long, or longer) falls due no sooner
+               than it looks again
+    A call whose new leases fall due before anything known so far, and are shorter than the
+    longest LEASE_MS a claim of the queue has given (meta lease_max, which a claim raises to
+    its own), pushes one wake-up, so an idle consumer blocked before they existed waits for
+    them instead of its whole wait. Consumers that share one lease time push none: a wake-up
+    would only spin an idle consumer, whose claim then runs before the reply of the claim
+    that woke it.
       acked    how many ACK_TOKENs were accepted
       reclaimedN 1 when tokenN re-leases a job whose previous lease expired
     errors: ROTATOR_BADARG, ROTATOR_BADTOKEN, ROTATOR_TOOMANY
@@ -838,7 +847,7 @@ local function define_module()
   local SMALL_TEXT = { [-3] = '-3', [-2] = '-2', [-1] = '-1', [0] = '0', '1', '2', '3', '4' }
   -- The meta fields of a walk's state that write_meta writes back when they changed, by the
   -- names they have in both (nil: absent); the walk's numbers go packed (WALK_FIELDS).
-  local WRITTEN_META = { 'taken', 'prio' }
+  local WRITTEN_META = { 'taken', 'prio', 'lease_max' }
   -- THE WALK'S NUMBERS: the idle lap (qstart qlen qmin), the ring's lap (lapnext lapguess),
   -- the jobs in packed batches beyond one per element (packed), and the lease list's walk
   -- (lmin lstop lpass lskip rpasses lpasses, see LEASES), kept in one meta field, "walk", as
@@ -863,9 +872,10 @@ local function define_module()
   -- When the loop declines, it reads the rest (see M.loop_places).
   local META_FIELDS = { 'seq', 'walk', 'pushed', 'taken', 'origin', 'fence_ms', 'fence_max',
     'dead_max', 'dead_age_ms', 'marked_n', 'marked_a', 'marked_n_old', 'marked_a_old', 'smin',
-    'paused', 'rate_n', 'rate_ms', 'rate_tat', 'track_ids', 'prio', 'pseq', 'stale', 'layout' }
+    'paused', 'rate_n', 'rate_ms', 'rate_tat', 'track_ids', 'prio', 'pseq', 'stale', 'layout',
+    'lease_max' }
   local LOOP_FIELDS = { 'seq', 'walk', 'taken', 'origin', 'marked_n', 'marked_n_old', 'smin',
-    'paused', 'rate_n', 'track_ids', 'prio', 'completed' }
+    'paused', 'rate_n', 'track_ids', 'prio', 'completed', 'lease_max' }
   local LOOP_PLACES -- (made once needed: an EVAL call runs this chunk whole every time)
 
   function M.fail(code, message)
@@ -1126,6 +1136,7 @@ local function define_module()
       prio = m[20] and tn(m[20]) or 0, pseq = m[21] and tn(m[21]) or 0,
       stale = m[22] and tn(m[22]) or 0, -- cancelled copies recorded (see parse_stale)
       layout = m[23], -- see LIMIT.meta_layout
+      lease_max = m[24] and tn(m[24]) or nil, -- the longest LEASE_MS a claim gave (M.lease)
       lapnext = lapnext, qstart = w.qstart, qmin = w.qmin,
       pushed = m[3] and tn(m[3]) or 0, taken = m[4] and tn(m[4]) or 0,
       lapguess = w.lapguess == 1 or not lapnext, qlen = w.qlen,
@@ -1630,13 +1641,13 @@ local function define_module()
     if FAST_LEASE and batches then
       looped, length, lease_length, fields, found, now =
         M.loop_lease(first, count, lease, budget, compact, batches == 'named')
-      if looped then return looped, NONE end
+      if looped then return M.wait_capped(looped, lease), NONE end
     end
     M.check_tokens(first, false, batches)
     local state = M.read_walk_state(length, lease_length, fields, found, now)
     if state.meta.paused then
       local reply, accepted = M.lease_held(first, compact, state, -1)
-      return reply, accepted, state
+      return M.wait_capped(reply, lease), accepted, state
     end
     if state.meta.smin and state.meta.smin <= state.now then
       M.check_wake(state) -- (promote pushes, and wakes)
@@ -1646,17 +1657,42 @@ local function define_module()
     if not state.meta.rate_n then
       local reply, accepted = M.lease_now(first, count, lease, budget, max_deliveries, compact,
         state)
-      return reply, accepted, state
+      return M.wait_capped(reply, lease), accepted, state
     end
     local rate = M.rate_allowance(state.meta, state.now)
     if rate.allowed < 1 then
       local reply, accepted = M.lease_held(first, compact, state, rate.wait)
-      return reply, accepted, state
+      return M.wait_capped(reply, lease), accepted, state
     end
     local reply, accepted = M.lease_now(first, math.min(count, rate.allowed), lease, budget,
       max_deliveries, compact, state)
     M.note_rate(rate, M.leased_count(reply, compact))
-    return reply, accepted, state
+    return M.wait_capped(reply, lease), accepted, state
+  end
+
+  -- An idle consumer waits no longer than its own lease time (see next's wait_ms), so that a
+  -- lease as long, taken while it waits, falls due no sooner than it looks again: the reply's
+  -- wait_ms, at most `lease` (none known: `lease`).
+  function M.wait_capped(reply, lease)
+    local wait = reply[2]
+    if wait < 0 or wait > lease then reply[2] = lease end
+    return reply
+  end
+
+  -- Whether a claim's new leases, falling due at `deadline` after `lease` ms, wake an idle
+  -- consumer to wait for them (note_leases): they fall due before anything known so far
+  -- (`before`, nil: nothing), and sooner than an idle consumer may be waiting, which is as
+  -- long as the longest LEASE_MS a claim has given (`lease_max`, nil: none known; see
+  -- wait_capped). Claims of one lease time wake no one: a wake-up would spin an idle consumer
+  -- whose claim, pipelined behind its BLPOP, runs before this call's reply goes out.
+  function M.deadline_wakes(deadline, before, lease, lease_max)
+    return (not before or deadline < before) and (not lease_max or lease < lease_max)
+  end
+
+  -- The lease_max a claim of `lease` ms leaves (the meta's `lease_max` as read): raised to it.
+  function M.raised_lease_max(lease, lease_max)
+    if lease > 0 and (not lease_max or lease > lease_max) then return lease end
+    return lease_max
   end
 
   -- lease's work once the queue may lease: the short way, or the walk.
@@ -1744,7 +1780,8 @@ local function define_module()
     local l = M.read('HMGET', K.meta, unpack(LOOP_FIELDS))
     local found = rcall('EXISTS', K.done, K.done_old, K.marks, K.marks_old, K.revoked, K.dead)
     -- (l by LOOP_FIELDS' places: 1 seq, 2 walk, 3 taken, 4 origin, 5 marked_n,
-    -- 6 marked_n_old, 7 smin, 8 paused, 9 rate_n, 10 track_ids, 11 prio, 12 completed)
+    -- 6 marked_n_old, 7 smin, 8 paused, 9 rate_n, 10 track_ids, 11 prio, 12 completed,
+    -- 13 lease_max)
     local tn = tonumber
     local seq = l[1] and tn(l[1])
     -- (the walk's numbers; none without the field)
@@ -1823,7 +1860,9 @@ local function define_module()
     local deadline = now + lease
     qstart = qstart or seq
     -- The earliest deadline yet: an idle consumer is woken to wait for it (note_leases).
-    local wakes = deadline < (qmin and qmin < lmin and qmin or lmin)
+    local lease_max = l[13] and tn(l[13])
+    local wakes = M.deadline_wakes(deadline, qmin and qmin < lmin and qmin or lmin, lease,
+      lease_max)
     if wakes then M.read('LLEN', K.wake) end -- (its type, before the first write)
     local popped, leased = M.pop_pending(count, true)
     if not popped then return M.loop_declined(lease_length, l, found, now) end
@@ -1867,6 +1906,7 @@ local function define_module()
     rcall('HSET', K.meta, 'seq', seq + 1 + leased, 'taken', (l[3] and tn(l[3]) or 0) + leased,
       'walk', M.walk_packed(qstart + 1, qlen, lapnext + 1, qmin, lapguess, packed, lmin,
         lstop, lpass, lskip, rpasses, lpasses), 'completed', completed + jobs)
+    M.raise_lease_max(lease, lease_max)
     local soonest = qmin and qmin < lmin and qmin or lmin
     return M.batch_reply(1, compact, packed_element, popped, leased, first_stamp, soonest - now)
   end
@@ -1906,7 +1946,7 @@ local function define_module()
     local l = M.read('HMGET', K.meta, unpack(LOOP_FIELDS))
     local found = rcall('EXISTS', K.done, K.done_old, K.marks, K.marks_old, K.revoked, K.dead)
     -- (l by LOOP_FIELDS' places, as in loop_lease)
-    local seq = l[1] and tonumber(l[1])
+    local seq, lease_max = l[1] and tonumber(l[1]), l[13] and tonumber(l[13])
     local qstart, qlen, lapnext, qmin, lapguess, packed, lmin, lstop, lpass, lskip, rpasses,
       lpasses
     if l[2] and #l[2] == WALK_BYTES then
@@ -1936,7 +1976,8 @@ local function define_module()
     -- (which refuse it), the ring as it was.
     local popped, leased = M.pop_pending(count, true)
     if not popped then return M.loop_declined(0, l, found, now) end
-    if (not qmin or deadline < qmin) and not M.add_wake_tokens(K, 1, nil, true) then
+    if M.deadline_wakes(deadline, qmin, lease, lease_max)
+        and not M.add_wake_tokens(K, 1, nil, true) then
       M.unpop(popped, 1)
       return M.loop_declined(0, l, found, now)
     end
@@ -1949,8 +1990,16 @@ local function define_module()
       'walk', M.walk_packed(qstart or seq, qlen, lapnext, qmin, lapguess == 1 and 1 or 0,
         math.max((packed or 0) + leased - 1, 0), deadline, deadline, lpass, lskip,
         rpasses or 0, lpasses or 0))
+    M.raise_lease_max(lease, lease_max)
     local soonest = qmin and qmin < deadline and qmin or deadline
     return M.batch_reply(0, compact, packed_element, popped, leased, first_stamp, soonest - now)
+  end
+
+  -- The short ways' write of a raised lease_max (raised_lease_max): rare, a command of its own.
+  function M.raise_lease_max(lease, lease_max)
+    if M.raised_lease_max(lease, lease_max) ~= lease_max then
+      rcall('HSET', K.meta, 'lease_max', lease)
+    end
   end
 
   -- The short ways' trim of the fencing set (trim_revoked), of `revoked` members, by its
@@ -2153,7 +2202,7 @@ local function define_module()
     -- The earliest deadline yet: an idle consumer is woken to wait for it (note_leases). The
     -- wake list's type is checked before the ring's pop, the call's first write: a refusal
     -- after it would lose the popped ids.
-    local wakes = not before or deadline < before
+    local wakes = M.deadline_wakes(deadline, before, lease, meta.lease_max)
     if wakes then M.check_wake(state) end
     local batch, leased = M.pop_pending(count)
     if not batch then return nil end
@@ -2208,7 +2257,7 @@ local function define_module()
       lapnext = lapnext + visited, lapguess = meta.lapguess, qmin = qmin, lmin = lmin,
       lstop = lstop, lpass = lpass, lskip = lskip, rpasses = rpasses, lpasses = lpasses,
       sides = sides, completed = completed, redelivered = 0, reclaimed = 0, lettered = 0,
-      prio = meta.prio,
+      prio = meta.prio, lease_max = M.raised_lease_max(lease, meta.lease_max),
     })
     local soonest = M.soonest(qmin, lmin, meta.smin)
     return M.batch_reply(k, compact, element, batch, leased, first_stamp,
@@ -3054,7 +3103,8 @@ local function define_module()
       -- unique, because the next call that leases starts at a higher visit number.
       local seq_base = tostring(meta.seq)
       local s = {
-        now = now, deadline = now + lease, max_deliveries = max_deliveries, sides = sides,
+        now = now, deadline = now + lease, lease = lease, max_deliveries = max_deliveries,
+        sides = sides, lease_max = M.raised_lease_max(lease, meta.lease_max),
         seq_base = seq_base, first = '*' .. (now + lease) .. '.1.' .. seq_base, meta = meta,
         length = length, live = length, -- ring length as it is at this point of the visits
         -- The lease list: its length, the elements the walk took from its tail, those it puts
@@ -3701,7 +3751,7 @@ local function define_module()
       if s.leased > 0 then
         local before = s.meta.lmin
         if s.qmin and (not before or s.qmin < before) then before = s.qmin end
-        if not before or s.deadline < before then
+        if M.deadline_wakes(s.deadline, before, s.lease, s.meta.lease_max) then
           M.wake_one()
         end
         if not lmin or s.deadline < lmin then lmin = s.deadline end

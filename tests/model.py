@@ -292,6 +292,8 @@ class Walk:
     lease_more: bool = False  # the lease walk stopped for want of room, budget or bytes
     ring_live: int = 0  # the ring's length while the lease walk runs
     lmin_before: int | None = None  # meta lmin when the call began
+    lease_ms: int = 0  # the claim's LEASE_MS
+    lease_max_before: int | None = None  # meta lease_max when the call began
     moved: int = 0  # deferred jobs the lease walk moved to the ring
     aged: bool = False  # the acks and marks aged in this call (once a call at most)
 
@@ -369,6 +371,9 @@ class RotatorModel:
     # (ms, jobs) of each claim that leased under the rate limit since it was last set.
     rate_log: list[tuple[int, int]] = field(default_factory=list)
     held_wait: int | None = None  # the last claim's wait_ms when the rate limit held it
+    # The longest LEASE_MS a claim of the queue has given (meta lease_max): an idle consumer
+    # waits at most its own, so only a shorter lease may fall due while one waits.
+    lease_max: int | None = None
 
     # -- commands -------------------------------------------------------------------------
 
@@ -402,6 +407,10 @@ class RotatorModel:
         acks, times = split_times(acks)
         reply = self._claim(count, lease, budget, max_deliveries, acks)
         self._add(times)
+        # An idle consumer waits at most its own lease time (see _note_leases).
+        lease_ms = int_arg(lease, 1, LEASE_MS)
+        if reply[1] < 0 or reply[1] > lease_ms:
+            reply[1] = lease_ms
         return reply
 
     def _claim(
@@ -469,6 +478,8 @@ class RotatorModel:
         acked = self._ack_tokens(acks)
         if length == 0 and walk.lease_length == 0:
             return [1, -1 if self.smin is None else max(self.smin - self.now, 1), acked]
+        if self.lease_max is None or lease_ms > self.lease_max:
+            self.lease_max = lease_ms  # (raised by every claim of a queue that exists)
         walk.reply = [0, -1, acked]
         if self.qmin is not None and self.qmin <= self.now:
             # Something came due since the last idle lap: look at a whole lap again.
@@ -1176,6 +1187,8 @@ class RotatorModel:
             ring_length=length,
             lease_length=len(self.leases),
             lmin_before=self.lmin,
+            lease_ms=lease_ms,
+            lease_max_before=self.lease_max,
         )
 
     def _seed(self) -> None:
@@ -1583,13 +1596,15 @@ class RotatorModel:
 
     def _note_leases(self, w: Walk) -> None:
         """The earliest deadline the lease list may hold; a wake-up for new leases that fall
-        due before anything known (the module's note_leases)."""
+        due before anything known, and sooner than an idle consumer may be waiting: shorter
+        than the longest lease a claim gave before (the module's note_leases)."""
         lmin = self.lmin
         if w.leased > 0:
             before = w.lmin_before
             if self.qmin is not None and (before is None or self.qmin < before):
                 before = self.qmin
-            if before is None or w.deadline < before:
+            shorter = w.lease_max_before is None or w.lease_ms < w.lease_max_before
+            if (before is None or w.deadline < before) and shorter:
                 self.wake = min(self.wake + 1, WAKE_TOKENS)
             if lmin is None or w.deadline < lmin:
                 lmin = w.deadline

@@ -12,6 +12,7 @@ import threading
 import time
 from typing import Any
 
+import pytest
 import redis
 
 from rotator import Job, Rotator
@@ -110,13 +111,17 @@ def test_due_leases_are_reclaimed_reading_what_the_count_needs_not_what_is_in_fl
     assert read <= 2  # the first slice of the lease list; the ring is not needed
 
 
+@pytest.mark.parametrize("consumer_lease", [30.0, 2.0], ids=["longer", "as-long"])
 def test_a_consumer_idle_before_a_lease_was_taken_reclaims_it_soon_after_its_deadline(
-    client: redis.Redis, queue_name: str
+    client: redis.Redis, queue_name: str, consumer_lease: float
 ) -> None:
-    """The call that takes the lease wakes the idle consumer, which then waits for the lease's
-    deadline rather than for its whole block."""
-    worker = Rotator(client, queue_name, timeout=0.5)
-    consumer = Rotator(client, queue_name, timeout=30.0)
+    """An idle consumer waits no longer than its own lease time, and one whose lease is longer
+    than the lease another then takes is woken by that claim: either way it reclaims the
+    lease soon after its deadline, not at the end of its block."""
+    worker = Rotator(client, queue_name, timeout=2.0)
+    consumer = Rotator(client, queue_name, timeout=consumer_lease)
+    worker.push("warm-up")
+    worker.ack(*worker.next())  # (the queue exists: its claims note their lease times)
     held: list[Job] = []
     got: list[tuple[str, bool, float]] = []
 
@@ -130,7 +135,7 @@ def test_a_consumer_idle_before_a_lease_was_taken_reclaims_it_soon_after_its_dea
     threads = [threading.Thread(target=work), threading.Thread(target=wait)]
     for thread in threads:
         thread.start()
-        time.sleep(0.3)  # blocked on an empty queue: the worker first, then the consumer
+        time.sleep(0.3)  # blocked on an idle queue: the worker first, then the consumer
     Rotator(client, queue_name).push("job")  # one wake-up: the worker's, blocked first
     for thread in threads:
         thread.join(10)

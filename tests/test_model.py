@@ -797,8 +797,8 @@ class RotatorMachine(RuleBasedStateMachine):
             return
         due = self.due_now()
         got = self.raw(command, *args, *acks)
-        if self.m.paused:
-            assert got[:2] == [1, -1], f"paused, yet not told to wait for resume: {got}"
+        if self.m.paused:  # (to wait for resume, or its own lease time at most)
+            assert got[:2] == [1, lease], f"paused, yet not told to wait: {got}"
             assert got[3:] == ([b""] if packed else []), f"paused, yet leased: {got}"
         else:
             self.check_due_jobs_left_the_schedule(due)
@@ -813,7 +813,7 @@ class RotatorMachine(RuleBasedStateMachine):
         assert got[4::2] == want[4::2]  # the reclaimed flags
         for expected, token in zip(want[3::2], got[3::2], strict=True):
             self.m.adopt(expected, token)
-        self.check_idle_reply(got)
+        self.check_idle_reply(got, lease)
         self.remember(got[3::2])
 
     @precondition(lambda self: self.m.paused and self.has_tokens())
@@ -859,7 +859,7 @@ class RotatorMachine(RuleBasedStateMachine):
             reply = self.m.next(count, LEASE_MS, BUDGET, MAX_DELIVERIES, sent)
             if packed is not acks and reply[2] < len(packed):
                 self.m.ack(acks)  # a batch ack was refused: the client acks one by one
-            self.check_idle_reply(reply)
+            self.check_idle_reply(reply, LEASE_MS)
             acks = packed = []
             pairs = client_order(list(zip(reply[3::2], reply[4::2], strict=True)))
             if pairs or reply[0] == 1:
@@ -891,12 +891,15 @@ class RotatorMachine(RuleBasedStateMachine):
         left = self.admin.zrangebyscore(self.q.keys.scheduled, 0, self.m.now)
         assert len(left) <= max(due - spec.PROMOTE, 0), f"{left} stay scheduled at {self.m.now}"
 
-    def check_idle_reply(self, reply: list[Any]) -> None:
-        """A consumer told to block (idle = 1) for wait_ms must not sleep through work."""
+    def check_idle_reply(self, reply: list[Any], lease_ms: int) -> None:
+        """A consumer told to block (idle = 1) for wait_ms must not sleep through work, nor
+        longer than its own lease time (`lease_ms`): a lease as long, taken by another
+        consumer meanwhile, falls due no sooner than it looks again."""
         if reply[0] != 1 or not CHECK_IDLE_REPLIES:
             return
+        assert 1 <= reply[1] <= lease_ms, f"told to wait {reply[1]} ms, its lease {lease_ms}"
         if self.m.paused:
-            assert reply[1] == -1, f"paused, yet told to wait {reply[1]} ms"
+            assert reply[1] == lease_ms, f"paused, yet told to wait {reply[1]} ms"
             return
         if self.m.held_wait is not None:
             # At the rate limit: told when one more job may go, not later, not sooner (but 1
@@ -906,17 +909,17 @@ class RotatorMachine(RuleBasedStateMachine):
             assert wait >= 1, wait
             assert self.m.rate_allowance(now)[0] == 0
             short = RATE_WAIT_MAY_FALL_SHORT and self.m.rate_allowance(now + wait + 1)[0] >= 1
-            assert self.m.rate_allowance(now + wait)[0] >= 1 or short, f"{wait} ms: still held"
+            capped = wait == lease_ms  # (it looks again within its lease time, held or not)
+            assert self.m.rate_allowance(now + wait)[0] >= 1 or short or capped, (
+                f"{wait} ms: still held"
+            )
             assert wait == 1 or self.m.rate_allowance(now + wait - 1)[0] == 0
             return
         assert not self.m.takeable_now(), "idle reply while a job could be leased now"
         dues = self.m.reachable_dues()
-        if reply[1] == -1:
-            assert not dues, f"wait_ms -1 while leases fall due at {dues} (now {self.m.now})"
-        else:
-            assert not dues or self.m.now + reply[1] <= min(dues), (
-                f"wait_ms {reply[1]} sleeps past a lease due at {min(dues)} (now {self.m.now})"
-            )
+        assert not dues or self.m.now + reply[1] <= min(dues), (
+            f"wait_ms {reply[1]} sleeps past a lease due at {min(dues)} (now {self.m.now})"
+        )
 
     @precondition(has_tokens)
     @rule(picks=PICKS, foreign=st.booleans(), times=TIMES)
@@ -1101,6 +1104,7 @@ class RotatorMachine(RuleBasedStateMachine):
             "schedules": {k: v for k, v in meta.items() if k.startswith(b"schedule:")},
             "rate": [None if value is None else float(value) for value in rate],
             "histogram": {k: int(v) for k, v in meta.items() if HISTOGRAM.fullmatch(k)},
+            "lease_max": None if b"lease_max" not in meta else int(meta[b"lease_max"]),
         }
 
     def model_state(self) -> dict[str, Any]:
@@ -1128,6 +1132,7 @@ class RotatorMachine(RuleBasedStateMachine):
             "schedules": {b"schedule:" + name: d.field() for name, d in m.schedule_defs.items()},
             "rate": [m.rate_n, m.rate_ms, m.rate_tat],
             "histogram": m.histogram,
+            "lease_max": m.lease_max,
         }
 
     @invariant()

@@ -1005,7 +1005,7 @@ def budget_bounds_the_elements_visited_per_call(b: Backend) -> None:
 
 @scenario
 def idle_is_set_only_after_a_whole_lap_found_nothing(b: Backend) -> None:
-    assert b.call("next", 10, LONG, BUDGET, 0) == [1, -1, 0]  # no queue at all
+    assert b.call("next", 10, LONG, BUDGET, 0) == [1, LONG, 0]  # no queue at all
     push(b, "a", "b")
     partial = nxt(b, 10, LONG, budget=1)  # only the sentinel
     assert (partial.jobs, partial.idle) == ([], 0)
@@ -1056,7 +1056,7 @@ def a_push_onto_an_idle_queue_goes_ahead_of_its_sentinel(b: Backend) -> None:
 def wait_ms_is_the_time_to_the_earliest_deadline(b: Backend) -> None:
     push(b, "a")
     sentinel_only = nxt(b, 10, LONG, budget=1)
-    assert sentinel_only.wait_ms == -1
+    assert sentinel_only.wait_ms == LONG  # nothing known: at most its own lease
     got = nxt(b, 10, LONG)
     assert got.ids == ["a"]
     within(got.wait_ms, LONG - 1000, LONG)
@@ -1074,6 +1074,43 @@ def wait_ms_is_the_time_to_the_earliest_deadline(b: Backend) -> None:
     within(idle.wait_ms, 29_000, 30_000 - 20)
     if b.exact_clock:
         assert idle.wait_ms == 30_000 - 20
+
+
+@scenario
+def an_idle_consumer_waits_at_most_its_lease_and_only_a_shorter_lease_wakes_one(
+    b: Backend,
+) -> None:
+    """wait_ms is at most the claim's LEASE_MS, so an idle consumer looks again before a lease
+    as long as its own, taken meanwhile, falls due. A claim that makes the earliest deadline
+    pushes a wake-up only when its lease is shorter than the longest a claim has given (meta
+    lease_max, raised by every claim, idle ones too): the consumer that may be waiting longer.
+    The first claim of a queue pushes one (nothing known of a waiting consumer's lease)."""
+    assert b.call("next", 10, 5_000, BUDGET, 0) == [1, 5_000, 0]  # no queue: its own lease
+    assert not b.exists("meta")  # (a claim of no queue writes nothing)
+    push(b, "a")
+    pushed = b.llen("wake")
+    first = nxt(b, 1, LONG)
+    assert b.llen("wake") == pushed + 1
+    assert b.hgetall("meta")["lease_max"] == str(LONG)
+    assert ack(b, *first.tokens) == 1
+    idle = nxt(b, 10, LONG)
+    assert (idle.idle, idle.wait_ms, b.llen("wake")) == (1, LONG, 0)
+    push(b, "b")
+    pushed = b.llen("wake")
+    same = nxt(b, 1, LONG)  # as long as any before: no wake-up
+    assert (same.ids, b.llen("wake")) == (["b"], pushed)
+    short_wait = nxt(b, 10, 5_000)  # the young lease falls due later than its own lease
+    assert (short_wait.idle, short_wait.wait_ms) == (1, 5_000)
+    long_wait = nxt(b, 10, 2 * LONG)  # waits for the lease's deadline, and raises lease_max
+    within(long_wait.wait_ms, LONG - 1000, LONG)
+    assert b.hgetall("meta")["lease_max"] == str(2 * LONG)
+    assert ack(b, *same.tokens) == 1
+    assert nxt(b, 10, LONG).idle == 1
+    push(b, "c")
+    pushed = b.llen("wake")
+    shorter = nxt(b, 1, LONG)  # shorter than the 2 * LONG an idle consumer may wait
+    assert (shorter.ids, b.llen("wake")) == (["c"], pushed + 1)
+    assert b.hgetall("meta")["lease_max"] == str(2 * LONG)
 
 
 @scenario
@@ -1462,7 +1499,7 @@ def processing_times_ride_on_a_next_or_an_ack(b: Backend) -> None:
     assert b.call("ack", token, "#3,2:1") == 1
     assert ints(b.call("durations"))[2:7] == [1, 0, 0, 1, 1]
     assert all_stats(b)["dsum"] == 73
-    assert b.call("next", 1, LONG, BUDGET, 0, "#1,0:1") == [1, -1, 0]  # with no token too
+    assert b.call("next", 1, LONG, BUDGET, 0, "#1,0:1") == [1, LONG, 0]  # with no token too
     for bad in ["#", "#5", "#5,", "#5,26:1", "#5,3:0", "#5,3:1,", "#x,1:1", "#5;1:1"]:
         expect_error(b, "ROTATOR_BADARG", "ack", token, bad)
         expect_error(b, "ROTATOR_BADARG", "next", 1, LONG, BUDGET, 0, bad)
@@ -1569,7 +1606,7 @@ def a_paused_queue_takes_pushes_and_acks_and_leases_nothing(b: Backend) -> None:
     push(b, "c")
     b.sleep_ms(PAST_SHORT)  # a's lease expires: not reclaimed while paused
     got = nxt(b, 10, acks=(out.text,))
-    assert (got.idle, got.wait_ms, got.acked, got.jobs) == (1, -1, 1, [])
+    assert (got.idle, got.wait_ms, got.acked, got.jobs) == (1, LONG, 1, [])
     assert b.llen("wake") == 0  # no spin on the wake-ups of pushes made while paused
     assert b.call("resume") == 1
     assert b.call("resume") == 0
