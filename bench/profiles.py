@@ -3,7 +3,9 @@ fast an idle blocked consumer sees a push."""
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -389,15 +391,52 @@ def _contract_push(client: redis.Redis, name: str) -> Callable[[str], Any]:
     return lambda stamp: client.fcall(CONTRACT_PUSH, len(keys), *keys, "push", stamp)
 
 
+# Kinds whose queue (or consumer group) IDLE_CONSUMERS consumers block on at once, as a
+# worker pool's do: a push wakes one of them. Each reports (stamp, ms) a job as it gets it,
+# and leaves when it gets a STOP job, which the producer pushes once the samples are in.
+IDLE_CONSUMERS = 4
+STOP = "stop"
+
+
+def _rotator_pool_consumer(url: str, name: str, out: Any) -> None:
+    q = Rotator.from_url(url, name, functions=True)
+    out.put("ready")
+    while True:
+        for job in q.next(1, block=5.0):
+            q.ack(job)
+            if job.id == STOP:
+                return
+            out.put((int(job.id), (time.monotonic_ns() - int(job.id)) / 1e6))
+
+
+def _streams_pool_consumer(url: str, name: str, out: Any) -> None:
+    client = redis.Redis.from_url(url)
+    with contextlib.suppress(redis.ResponseError):  # (made by the first of the pool)
+        client.xgroup_create(name, "workers", id="$", mkstream=True)
+    consumer = f"c{os.getpid()}"
+    out.put("ready")
+    while True:
+        reply: Any = client.xreadgroup("workers", consumer, {name: ">"}, count=1, block=5000)
+        for entry_id, fields in reply[0][1] if reply else []:
+            client.xack(name, "workers", entry_id)
+            if fields[b"id"] == STOP.encode():
+                return
+            stamp = int(fields[b"id"])
+            out.put((stamp, (time.monotonic_ns() - stamp) / 1e6))
+
+
 WAKE_CONSUMERS: dict[str, Callable[..., None]] = {
     "rotator": _rotator_consumer,
     "rotator-fcall": partial(_rotator_consumer, functions=True),
+    "rotator-fcall-pool": _rotator_pool_consumer,
     "topic-fcall": _topic_consumer,
     "handoff": _handoff_consumer,
     "contract": _contract_consumer,
     "blpop": _blpop_consumer,
     "streams": _streams_consumer,
+    "streams-pool": _streams_pool_consumer,
 }
+POOL_KINDS = frozenset(("rotator-fcall-pool", "streams-pool"))
 
 
 def _push_for(kind: str, client: redis.Redis, name: str) -> Callable[[str], Any]:
@@ -406,7 +445,7 @@ def _push_for(kind: str, client: redis.Redis, name: str) -> Callable[[str], Any]
     if kind == "contract":
         return _contract_push(client, name)
     if kind.startswith("rotator"):
-        return Rotator(client, name, functions=kind == "rotator-fcall").push
+        return Rotator(client, name, functions=kind.startswith("rotator-fcall")).push
     if kind == "topic-fcall":
         return Topic(client, name, functions=True).publish
     if kind == "blpop":
@@ -420,6 +459,9 @@ def wake_latency(url: str, samples: int, rounds: int = 5) -> dict[str, dict[str,
     the hand-off prototype (HANDOFF_FUNCTION), the module's contract, bare (CONTRACT_PUSH,
     CONTRACT_CLAIM), a bare BLPOP (the floor for any blocking consumer on this machine and
     server) and a Streams XREADGROUP BLOCK.
+
+    Two kinds (POOL_KINDS) have IDLE_CONSUMERS consumers, each in its own process, blocked on
+    one queue, or in one consumer group, as a worker pool's are: a push wakes one of them.
 
     All the consumers block at once, and the producer takes them in turn, each push 20 ms
     after the one before (so the server idles 20 ms before each push, and a consumer 20 ms a
@@ -489,11 +531,18 @@ def _wake_cycle(url: str, samples: int, timed: bool = False) -> dict[str, Any]:
     consumers = [
         context.Process(target=consume, args=(url, names[kind], samples, outs[kind]))
         for kind, consume in WAKE_CONSUMERS.items()
+        if kind not in POOL_KINDS
     ]
+    for kind in POOL_KINDS:
+        consumers += [
+            context.Process(target=WAKE_CONSUMERS[kind], args=(url, names[kind], outs[kind]))
+            for _ in range(IDLE_CONSUMERS)
+        ]
     for consumer in consumers:
         consumer.start()
     for kind in kinds:
-        outs[kind].get(timeout=60)
+        for _ in range(IDLE_CONSUMERS if kind in POOL_KINDS else 1):
+            outs[kind].get(timeout=60)
     pushes = {kind: _push_for(kind, client, names[kind]) for kind in kinds}
     time.sleep(0.1)  # (every consumer is blocked by now)
     saved = {name: str(client.config_get(name)[name]) for name in SLOWLOG_SETTINGS} if timed else {}
@@ -506,8 +555,11 @@ def _wake_cycle(url: str, samples: int, timed: bool = False) -> dict[str, Any]:
             for k in range(len(kinds)):
                 time.sleep(0.02)
                 pushes[kinds[(i + k) % len(kinds)]](str(time.monotonic_ns()))
-        latencies = {kind: outs[kind].get(timeout=60) for kind in kinds}
+        latencies = {kind: _wake_samples(kind, outs[kind], samples) for kind in kinds}
         logged = client.slowlog_get(100 * samples * len(kinds)) if timed else []
+        for kind in POOL_KINDS:
+            for _ in range(IDLE_CONSUMERS):
+                pushes[kind](STOP)
     finally:
         for name, value in saved.items():
             client.config_set(name, value)
@@ -518,6 +570,15 @@ def _wake_cycle(url: str, samples: int, timed: bool = False) -> dict[str, Any]:
     if not timed:
         return latencies
     return {kind: {"wake_server_us": _wake_server_us(logged, names[kind], kind)} for kind in kinds}
+
+
+def _wake_samples(kind: str, out: Any, samples: int) -> list[float]:
+    """A kind's latencies in push order: its consumer's list, or a pool's jobs as they came."""
+    if kind not in POOL_KINDS:
+        latencies: list[float] = out.get(timeout=60)
+        return latencies
+    stamped = sorted(out.get(timeout=60) for _ in range(samples))
+    return [ms for _, ms in stamped]
 
 
 def _wake_server_us(logged: list[Any], name: str, kind: str) -> dict[str, float | None]:

@@ -21,6 +21,8 @@ WAKE_LABELS = {
     "contract": "the module's contract, bare (bench/contract_floor.lua: push, claim after BLPOP)",
     "blpop": "bare BLPOP (the floor)",
     "streams": "Streams XREADGROUP BLOCK",
+    "rotator-fcall-pool": "rotator next(block=...) by FCALL, four idle consumers on the queue",
+    "streams-pool": "Streams XREADGROUP BLOCK, four idle consumers in the group",
 }
 
 

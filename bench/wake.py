@@ -8,7 +8,9 @@ call and hands it to the blocked consumer through a list it BLPOPs, so the consu
 holding a lease instead of a token that sends it to claim), and the module's contract, bare
 (``bench/contract_floor.lua``: the push's eight commands and the one-job loop's seven,
 pipelined behind the consumer's BLPOP as ``next(block=...)`` sends its claim, no logic),
-which says what the protocol and its state cost apart from the module's Lua.
+which says what the protocol and its state cost apart from the module's Lua. And a worker
+pool's case: four idle consumers, each in its own process, blocked on one queue (by FCALL),
+beside four in one Stream's consumer group: a push wakes one of them.
 
     .venv/bin/python -m bench.wake [--quick | --smoke] [--servers redis,valkey] [--table]
 

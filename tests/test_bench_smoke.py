@@ -79,7 +79,7 @@ def test_bench_smoke_writes_every_scenario(tmp_path: Path) -> None:
     assert all(row["server_us_per_job"] > 0 for row in scaling)  # whichever way it calls
     assert data["memory_bytes_per_job"]["rotator_pending"] > 0
     kinds = {"rotator", "rotator-fcall", "topic-fcall", "handoff", "contract", "blpop", "streams"}
-    assert set(data["wake_latency"]) == kinds
+    assert set(data["wake_latency"]) == kinds | {"rotator-fcall-pool", "streams-pool"}
     assert all(wake["p50_ms"] is not None for wake in data["wake_latency"].values())
     profiled = {(row["pattern"], row["batch"]) for row in data["call_profile"]}
     assert profiled == {("ping", 1)} | {
@@ -630,6 +630,7 @@ def test_bench_wake_smoke(tmp_path: Path) -> None:
     data = json.loads((tmp_path / "wake.json").read_text())
     run = data["results"]["redis"]
     kinds = {"rotator", "rotator-fcall", "topic-fcall", "handoff", "contract", "blpop", "streams"}
+    kinds |= {"rotator-fcall-pool", "streams-pool"}  # (four idle consumers on one queue, group)
     assert kinds == set(run) - {"version"}
     for kind in kinds:
         assert 0 < run[kind]["p50_ms"] <= run[kind]["p99_ms"] < 5000
