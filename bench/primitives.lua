@@ -17,7 +17,8 @@ local STRUCT_24 = 'dddddddddddddddddddddddd' -- 24 doubles: what a Lua 5.1 numbe
 -- walk's numbers were packed, a field each (CLAIM_META holds both).
 local CLAIM_FIELDS = { 'seq', 'walk', 'pushed', 'taken', 'origin', 'fence_ms', 'fence_max',
   'dead_max', 'dead_age_ms', 'marked_n', 'marked_a', 'marked_n_old', 'marked_a_old', 'smin',
-  'paused', 'rate_n', 'rate_ms', 'rate_tat', 'track_ids', 'prio', 'pseq', 'stale', 'layout' }
+  'paused', 'rate_n', 'rate_ms', 'rate_tat', 'track_ids', 'prio', 'pseq', 'stale', 'layout',
+  'lease_max' }
 local CLAIM_FIELDS_34 = { 'seq', 'lapnext', 'qstart', 'qmin', 'pushed', 'taken', 'lapguess',
   'qlen', 'packed', 'origin', 'fence_ms', 'fence_max', 'dead_max', 'dead_age_ms', 'marked_n',
   'marked_a', 'marked_n_old', 'marked_a_old', 'lmin', 'lstop', 'lpass', 'lskip', 'rpasses',

@@ -875,7 +875,7 @@ local function define_module()
     'paused', 'rate_n', 'rate_ms', 'rate_tat', 'track_ids', 'prio', 'pseq', 'stale', 'layout',
     'lease_max' }
   local LOOP_FIELDS = { 'seq', 'walk', 'taken', 'origin', 'marked_n', 'marked_n_old', 'smin',
-    'paused', 'rate_n', 'track_ids', 'prio', 'completed', 'lease_max' }
+    'paused', 'rate_n', 'track_ids', 'prio', 'lease_max', 'completed' }
   local LOOP_PLACES -- (made once needed: an EVAL call runs this chunk whole every time)
 
   function M.fail(code, message)
@@ -1780,8 +1780,8 @@ local function define_module()
     local l = M.read('HMGET', K.meta, unpack(LOOP_FIELDS))
     local found = rcall('EXISTS', K.done, K.done_old, K.marks, K.marks_old, K.revoked, K.dead)
     -- (l by LOOP_FIELDS' places: 1 seq, 2 walk, 3 taken, 4 origin, 5 marked_n,
-    -- 6 marked_n_old, 7 smin, 8 paused, 9 rate_n, 10 track_ids, 11 prio, 12 completed,
-    -- 13 lease_max)
+    -- 6 marked_n_old, 7 smin, 8 paused, 9 rate_n, 10 track_ids, 11 prio, 12 lease_max,
+    -- 13 completed)
     local tn = tonumber
     local seq = l[1] and tn(l[1])
     -- (the walk's numbers; none without the field)
@@ -1851,7 +1851,7 @@ local function define_module()
     -- goes in the meta's HSET, not a command of its own (HINCRBY): read, it must be a whole
     -- number the sum keeps exact (one written by hand is the walk's, whose HINCRBY starts it
     -- again).
-    local completed = tn(l[12] or '0')
+    local completed = tn(l[13] or '0')
     if not lapnext or not qlen or count > lapnext - seq - 1 or count > budget - 1
         or qmin and qmin <= now or not completed or completed % 1 ~= 0
         or completed + jobs >= 2^53 then
@@ -1860,7 +1860,7 @@ local function define_module()
     local deadline = now + lease
     qstart = qstart or seq
     -- The earliest deadline yet: an idle consumer is woken to wait for it (note_leases).
-    local lease_max = l[13] and tn(l[13])
+    local lease_max = l[12] and tn(l[12])
     local wakes = M.deadline_wakes(deadline, qmin and qmin < lmin and qmin or lmin, lease,
       lease_max)
     if wakes then M.read('LLEN', K.wake) end -- (its type, before the first write)
@@ -1946,7 +1946,7 @@ local function define_module()
     local l = M.read('HMGET', K.meta, unpack(LOOP_FIELDS))
     local found = rcall('EXISTS', K.done, K.done_old, K.marks, K.marks_old, K.revoked, K.dead)
     -- (l by LOOP_FIELDS' places, as in loop_lease)
-    local seq, lease_max = l[1] and tonumber(l[1]), l[13] and tonumber(l[13])
+    local seq, lease_max = l[1] and tonumber(l[1]), l[12] and tonumber(l[12])
     local qstart, qlen, lapnext, qmin, lapguess, packed, lmin, lstop, lpass, lskip, rpasses,
       lpasses
     if l[2] and #l[2] == WALK_BYTES then

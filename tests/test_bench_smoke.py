@@ -797,7 +797,7 @@ def test_bench_primitives_reads_the_meta_fields_the_module_reads() -> None:
 
     module = quoted(module_source(), "local META_FIELDS = {", "}")
     bench = quoted(LIBRARY, "local CLAIM_FIELDS = {", "}")
-    assert len(module) == 23
+    assert len(module) == 24
     assert bench == module
     # (and the walk's numbers packed as the module packs them)
     walk = quoted(module_source(), "local WALK_FIELDS = {", "}")
