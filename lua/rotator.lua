@@ -221,7 +221,8 @@ COMMANDS (ARGV[1]; numbers are decimal integers)
            times ran out), last_tick_ms (0: none yet), dues_left, last_due_ms (-1: none), ...}
   pause
     next, next_packed and nextp lease nothing (nor reclaim expired leases) until resume: they
-    take their acks and reply idle with wait_ms -1. Pushes, acks, nacks, extends and leases
+    take their acks and reply idle, to wait until resume wakes them (or their LEASE_MS at
+    most, as any idle reply: see next's wait_ms). Pushes, acks, nacks, extends and leases
     already out go on as before.
     reply: 1, or 0 when the queue was paused already
   resume
@@ -240,7 +241,7 @@ COMMANDS (ARGV[1]; numbers are decimal integers)
     per PER_MS (1..86400000) ms: at most JOBS in a burst, then one every PER_MS / JOBS ms
     (a generic cell rate kept in meta: rate_n rate_ms rate_tat). A call may lease fewer than
     its COUNT; one that may lease none takes its acks and replies idle with wait_ms until
-    one more may go. JOBS 0 lifts the limit.
+    one more may go (or its LEASE_MS, if sooner). JOBS 0 lifts the limit.
     reply: 1
     errors: ROTATOR_BADARG
   push_chunk CHUNK TTL_MS ID [ID ...]                     (KEYS 1..13, KEYS[14] a marker hash)
@@ -4196,8 +4197,9 @@ local function define_module()
     end
 
     -- next on a queue that may lease nothing now (paused, or at its rate limit): takes the acks
-    -- and idles for `wait_ms` (-1: until woken). Wake-ups pushed meanwhile would only spin the
-    -- idle consumers: resume wakes them, and the rate limit's wait ends by itself.
+    -- and idles for `wait_ms` (-1: until woken; M.lease caps either at the call's lease time).
+    -- Wake-ups pushed meanwhile would only spin the idle consumers: resume wakes them, and the
+    -- rate limit's wait ends by itself.
     function M.lease_held(first, compact, state, wait_ms)
       M.check_wake(state)
       local sides = state.sides
