@@ -13,10 +13,10 @@ read-only function (registered ``no-writes``): a server runs it out of memory un
 write, so ``stats`` and the other reads answer there as they do by EVALSHA.
 
 The default (``functions=None``) is the faster mode the server allows: FCALL, unless the
-server has no functions (Redis before 7) or the ACL refuses ``FCALL`` or, when the library is
-missing, ``FUNCTION LOAD``; then EVALSHA. It is chosen at the first call on a client and
-remembered for that client (:func:`chosen_mode`). A refusal of FCALL itself means nothing
-ran, so falling back cannot apply a command twice.
+server has no functions (Redis before 7) or the ACL refuses ``FCALL``, ``FCALL_RO`` or, when
+the library is missing, ``FUNCTION LOAD``; then EVALSHA. It is chosen at the first call on a
+client and remembered for that client (:func:`chosen_mode`). A refusal of FCALL itself means
+nothing ran, so falling back cannot apply a command twice.
 """
 
 from __future__ import annotations
