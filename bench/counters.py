@@ -127,7 +127,7 @@ def modules(before: Path | None = None, after: Path | None = None) -> tuple[Modu
 # `completed` among its LOOP_FIELDS and writes the sum in the HSET of its other numbers.
 # ``without_counters`` takes out that call, and the loop's read and write.
 _ADD_COUNTS = "    M.add_counts(s)\n"  # (in write_meta, inside define_module)
-_LOOP_READ = ("'completed' }", "}")  # (LOOP_FIELDS' last: l[13] is then nil)
+_LOOP_READ = ("'prio', 'completed' }", "'prio' }")  # (LOOP_FIELDS' last: l[12] is then nil)
 _LOOP_WRITE = (", 'completed', completed + jobs)", ")")  # (the end of the loop's HSET)
 ISOLATED_NAME = "rotator-without-counters.lua"  # --isolate's BEFORE
 

@@ -40,7 +40,7 @@ KEYS
                             the calls that change them, read by stats alone, and completed
                             by one worker's loop, which writes it with its own numbers),
                             stale (see IDS), copies (see pushp), lease_max (the longest
-                            LEASE_MS a claim has given: see next's wait_ms), layout (written
+                            LEASE_MS of a claim that leased nothing: see next), layout (written
                             once: keeps it a hash table, see LIMIT.meta_layout); settings
                             (configure)
   KEYS[10] pushlog    LIST  "<pushed>:<ms>" push checkpoints, one a second at most, newest
@@ -269,9 +269,9 @@ COMMANDS (ARGV[1]; numbers are decimal integers)
                another consumer takes meanwhile (for as long, or longer) falls due no sooner
                than it looks again
     A call whose new leases fall due before anything known so far, and are shorter than the
-    longest LEASE_MS a claim of the queue has given (meta lease_max, which a claim raises to
-    its own), pushes one wake-up, so an idle consumer blocked before they existed waits for
-    them instead of its whole wait. Consumers that share one lease time push none: a wake-up
+    longest LEASE_MS an idle consumer may be waiting (meta lease_max, which a call that
+    leases nothing raises to its own), pushes one wake-up, so an idle consumer blocked
+    before they existed waits for them instead of its whole wait. Consumers that share one lease time push none: a wake-up
     would only spin an idle consumer, whose claim then runs before the reply of the claim
     that woke it.
       acked    how many ACK_TOKENs were accepted
@@ -876,7 +876,11 @@ local function define_module()
     'paused', 'rate_n', 'rate_ms', 'rate_tat', 'track_ids', 'prio', 'pseq', 'stale', 'layout',
     'lease_max' }
   local LOOP_FIELDS = { 'seq', 'walk', 'taken', 'origin', 'marked_n', 'marked_n_old', 'smin',
-    'paused', 'rate_n', 'track_ids', 'prio', 'lease_max', 'completed' }
+    'paused', 'rate_n', 'track_ids', 'prio', 'completed' }
+  -- A fresh start's: the loop's, and lease_max (its wake-up's rule, deadline_wakes). (Written
+  -- out: a library's chunk runs at FUNCTION LOAD, where `unpack` is not there yet.)
+  local FRESH_FIELDS = { 'seq', 'walk', 'taken', 'origin', 'marked_n', 'marked_n_old', 'smin',
+    'paused', 'rate_n', 'track_ids', 'prio', 'completed', 'lease_max' }
   local LOOP_PLACES -- (made once needed: an EVAL call runs this chunk whole every time)
 
   function M.fail(code, message)
@@ -1137,7 +1141,7 @@ local function define_module()
       prio = m[20] and tn(m[20]) or 0, pseq = m[21] and tn(m[21]) or 0,
       stale = m[22] and tn(m[22]) or 0, -- cancelled copies recorded (see parse_stale)
       layout = m[23], -- see LIMIT.meta_layout
-      lease_max = m[24] and tn(m[24]) or nil, -- the longest LEASE_MS a claim gave (M.lease)
+      lease_max = m[24] and tn(m[24]) or nil, -- see deadline_wakes
       lapnext = lapnext, qstart = w.qstart, qmin = w.qmin,
       pushed = m[3] and tn(m[3]) or 0, taken = m[4] and tn(m[4]) or 0,
       lapguess = w.lapguess == 1 or not lapnext, qlen = w.qlen,
@@ -1642,12 +1646,13 @@ local function define_module()
     if FAST_LEASE and batches then
       looped, length, lease_length, fields, found, now =
         M.loop_lease(first, count, lease, budget, compact, batches == 'named')
-      if looped then return M.wait_capped(looped, lease), NONE end
+      -- (a claim that leased waits at most until its own deadline: wait_capped holds)
+      if looped then return looped, NONE end
     end
     M.check_tokens(first, false, batches)
     local state = M.read_walk_state(length, lease_length, fields, found, now)
     if state.meta.paused then
-      local reply, accepted = M.lease_held(first, compact, state, -1)
+      local reply, accepted = M.lease_held(first, compact, state, -1, lease)
       return M.wait_capped(reply, lease), accepted, state
     end
     if state.meta.smin and state.meta.smin <= state.now then
@@ -1662,7 +1667,7 @@ local function define_module()
     end
     local rate = M.rate_allowance(state.meta, state.now)
     if rate.allowed < 1 then
-      local reply, accepted = M.lease_held(first, compact, state, rate.wait)
+      local reply, accepted = M.lease_held(first, compact, state, rate.wait, lease)
       return M.wait_capped(reply, lease), accepted, state
     end
     local reply, accepted = M.lease_now(first, math.min(count, rate.allowed), lease, budget,
@@ -1682,17 +1687,20 @@ local function define_module()
 
   -- Whether a claim's new leases, falling due at `deadline` after `lease` ms, wake an idle
   -- consumer to wait for them (note_leases): they fall due before anything known so far
-  -- (`before`, nil: nothing), and sooner than an idle consumer may be waiting, which is as
-  -- long as the longest LEASE_MS a claim has given (`lease_max`, nil: none known; see
-  -- wait_capped). Claims of one lease time wake no one: a wake-up would spin an idle consumer
-  -- whose claim, pipelined behind its BLPOP, runs before this call's reply goes out.
+  -- (`before`, nil: nothing), and sooner than an idle consumer may be waiting. One waits at
+  -- most the LEASE_MS of the claim that told it to (wait_capped), a claim that leased
+  -- nothing: such a claim raises the meta's lease_max to its LEASE_MS (raised_lease_max), so
+  -- only a lease shorter than `lease_max` (nil: none known) may fall due while one waits.
+  -- Claims of one lease time wake no one: a wake-up would spin an idle consumer whose claim,
+  -- pipelined behind its BLPOP, runs before this call's reply goes out.
   function M.deadline_wakes(deadline, before, lease, lease_max)
     return (not before or deadline < before) and (not lease_max or lease < lease_max)
   end
 
-  -- The lease_max a claim of `lease` ms leaves (the meta's `lease_max` as read): raised to it.
-  function M.raised_lease_max(lease, lease_max)
-    if lease > 0 and (not lease_max or lease > lease_max) then return lease end
+  -- The lease_max a claim of `lease` ms that leased `leased` jobs leaves (`lease_max`: the
+  -- meta's as read): raised to `lease` by a claim that leased nothing (see deadline_wakes).
+  function M.raised_lease_max(lease, leased, lease_max)
+    if leased == 0 and lease > 0 and (not lease_max or lease > lease_max) then return lease end
     return lease_max
   end
 
@@ -1781,8 +1789,7 @@ local function define_module()
     local l = M.read('HMGET', K.meta, unpack(LOOP_FIELDS))
     local found = rcall('EXISTS', K.done, K.done_old, K.marks, K.marks_old, K.revoked, K.dead)
     -- (l by LOOP_FIELDS' places: 1 seq, 2 walk, 3 taken, 4 origin, 5 marked_n,
-    -- 6 marked_n_old, 7 smin, 8 paused, 9 rate_n, 10 track_ids, 11 prio, 12 lease_max,
-    -- 13 completed)
+    -- 6 marked_n_old, 7 smin, 8 paused, 9 rate_n, 10 track_ids, 11 prio, 12 completed)
     local tn = tonumber
     local seq = l[1] and tn(l[1])
     -- (the walk's numbers; none without the field)
@@ -1852,7 +1859,7 @@ local function define_module()
     -- goes in the meta's HSET, not a command of its own (HINCRBY): read, it must be a whole
     -- number the sum keeps exact (one written by hand is the walk's, whose HINCRBY starts it
     -- again).
-    local completed = tn(l[13] or '0')
+    local completed = tn(l[12] or '0')
     if not lapnext or not qlen or count > lapnext - seq - 1 or count > budget - 1
         or qmin and qmin <= now or not completed or completed % 1 ~= 0
         or completed + jobs >= 2^53 then
@@ -1860,10 +1867,13 @@ local function define_module()
     end
     local deadline = now + lease
     qstart = qstart or seq
-    -- The earliest deadline yet: an idle consumer is woken to wait for it (note_leases).
-    local lease_max = l[12] and tn(l[12])
-    local wakes = M.deadline_wakes(deadline, qmin and qmin < lmin and qmin or lmin, lease,
-      lease_max)
+    -- The earliest deadline yet, of a lease shorter than an idle consumer may be waiting: it
+    -- is woken to wait for it (deadline_wakes; lease_max read only where the first holds).
+    local wakes = deadline < (qmin and qmin < lmin and qmin or lmin)
+    if wakes then
+      local lease_max = tn(rcall('HGET', K.meta, 'lease_max') or '')
+      wakes = not lease_max or lease < lease_max
+    end
     if wakes then M.read('LLEN', K.wake) end -- (its type, before the first write)
     local popped, leased = M.pop_pending(count, true)
     if not popped then return M.loop_declined(lease_length, l, found, now) end
@@ -1907,7 +1917,6 @@ local function define_module()
     rcall('HSET', K.meta, 'seq', seq + 1 + leased, 'taken', (l[3] and tn(l[3]) or 0) + leased,
       'walk', M.walk_packed(qstart + 1, qlen, lapnext + 1, qmin, lapguess, packed, lmin,
         lstop, lpass, lskip, rpasses, lpasses), 'completed', completed + jobs)
-    M.raise_lease_max(lease, lease_max)
     local soonest = qmin and qmin < lmin and qmin or lmin
     return M.batch_reply(1, compact, packed_element, popped, leased, first_stamp, soonest - now)
   end
@@ -1944,10 +1953,10 @@ local function define_module()
   function M.fresh_lease(count, lease, budget, compact)
     local head = M.read('LRANGE', K.leases, '0', '1')
     if #head ~= 0 then return M.loop_declined(M.lease_length_of(head)) end
-    local l = M.read('HMGET', K.meta, unpack(LOOP_FIELDS))
+    local l = M.read('HMGET', K.meta, unpack(FRESH_FIELDS))
     local found = rcall('EXISTS', K.done, K.done_old, K.marks, K.marks_old, K.revoked, K.dead)
-    -- (l by LOOP_FIELDS' places, as in loop_lease)
-    local seq, lease_max = l[1] and tonumber(l[1]), l[12] and tonumber(l[12])
+    -- (l by FRESH_FIELDS' places: LOOP_FIELDS', as in loop_lease, then lease_max, the last)
+    local seq, lease_max = l[1] and tonumber(l[1]), tonumber(l[#FRESH_FIELDS] or '')
     local qstart, qlen, lapnext, qmin, lapguess, packed, lmin, lstop, lpass, lskip, rpasses,
       lpasses
     if l[2] and #l[2] == WALK_BYTES then
@@ -1991,16 +2000,8 @@ local function define_module()
       'walk', M.walk_packed(qstart or seq, qlen, lapnext, qmin, lapguess == 1 and 1 or 0,
         math.max((packed or 0) + leased - 1, 0), deadline, deadline, lpass, lskip,
         rpasses or 0, lpasses or 0))
-    M.raise_lease_max(lease, lease_max)
     local soonest = qmin and qmin < deadline and qmin or deadline
     return M.batch_reply(0, compact, packed_element, popped, leased, first_stamp, soonest - now)
-  end
-
-  -- The short ways' write of a raised lease_max (raised_lease_max): rare, a command of its own.
-  function M.raise_lease_max(lease, lease_max)
-    if M.raised_lease_max(lease, lease_max) ~= lease_max then
-      rcall('HSET', K.meta, 'lease_max', lease)
-    end
   end
 
   -- The short ways' trim of the fencing set (trim_revoked), of `revoked` members, by its
@@ -2258,7 +2259,7 @@ local function define_module()
       lapnext = lapnext + visited, lapguess = meta.lapguess, qmin = qmin, lmin = lmin,
       lstop = lstop, lpass = lpass, lskip = lskip, rpasses = rpasses, lpasses = lpasses,
       sides = sides, completed = completed, redelivered = 0, reclaimed = 0, lettered = 0,
-      prio = meta.prio, lease_max = M.raised_lease_max(lease, meta.lease_max),
+      prio = meta.prio, lease_max = meta.lease_max,
     })
     local soonest = M.soonest(qmin, lmin, meta.smin)
     return M.batch_reply(k, compact, element, batch, leased, first_stamp,
@@ -3105,7 +3106,7 @@ local function define_module()
       local seq_base = tostring(meta.seq)
       local s = {
         now = now, deadline = now + lease, lease = lease, max_deliveries = max_deliveries,
-        sides = sides, lease_max = M.raised_lease_max(lease, meta.lease_max),
+        sides = sides, lease_max = meta.lease_max, -- (see finish_walk)
         seq_base = seq_base, first = '*' .. (now + lease) .. '.1.' .. seq_base, meta = meta,
         length = length, live = length, -- ring length as it is at this point of the visits
         -- The lease list: its length, the elements the walk took from its tail, those it puts
@@ -3741,6 +3742,7 @@ local function define_module()
       s.seq = s.seq + s.visited
       if s.soonest and (not s.qmin or s.soonest < s.qmin) then s.qmin = s.soonest end
       M.note_leases(s)
+      s.lease_max = M.raised_lease_max(s.lease, s.leased, s.meta.lease_max)
       M.write_meta(s)
     end
 
@@ -4200,13 +4202,18 @@ local function define_module()
     -- and idles for `wait_ms` (-1: until woken; M.lease caps either at the call's lease time).
     -- Wake-ups pushed meanwhile would only spin the idle consumers: resume wakes them, and the
     -- rate limit's wait ends by itself.
-    function M.lease_held(first, compact, state, wait_ms)
+    -- `lease`: the call's LEASE_MS, to which it raises lease_max (see deadline_wakes).
+    function M.lease_held(first, compact, state, wait_ms, lease)
       M.check_wake(state)
       local sides = state.sides
       sides.lstop_was = sides.lstop
       local acked, accepted = M.ack_tokens(first, state.length + state.lease_length, sides)
       M.write_acked(sides)
       rcall('DEL', K.wake)
+      local lease_max = state.meta.lease_max
+      if M.raised_lease_max(lease, 0, lease_max) ~= lease_max then
+        rcall('HSET', K.meta, 'lease_max', lease)
+      end
       return compact and { 1, wait_ms, acked, '' } or { 1, wait_ms, acked }, accepted
     end
 

@@ -371,7 +371,7 @@ class RotatorModel:
     # (ms, jobs) of each claim that leased under the rate limit since it was last set.
     rate_log: list[tuple[int, int]] = field(default_factory=list)
     held_wait: int | None = None  # the last claim's wait_ms when the rate limit held it
-    # The longest LEASE_MS a claim of the queue has given (meta lease_max): an idle consumer
+    # The longest LEASE_MS of a claim that leased nothing (meta lease_max): an idle consumer
     # waits at most its own, so only a shorter lease may fall due while one waits.
     lease_max: int | None = None
 
@@ -429,7 +429,7 @@ class RotatorModel:
         self.claims += 1
         self.held_wait = None
         if self.paused:
-            return self._held(acks, -1)
+            return self._held(acks, -1, lease_ms)
         if self.smin is not None and self.smin <= self.now:
             self._promote()
         if self.rate_n is None:
@@ -437,7 +437,7 @@ class RotatorModel:
         allowed, wait, tat, step = self.rate_allowance(self.now)
         if allowed < 1:
             self.held_wait = wait
-            return self._held(acks, wait)
+            return self._held(acks, wait, lease_ms)
         reply = self._lease_now(min(n, allowed), lease_ms, limit, most, acks)
         leased = (len(reply) - 3) // 2
         if leased > 0:
@@ -445,12 +445,19 @@ class RotatorModel:
             self.rate_log.append((self.now, leased))
         return reply
 
-    def _held(self, acks: list[bytes], wait_ms: int) -> list[Any]:
+    def _held(self, acks: list[bytes], wait_ms: int, lease_ms: int) -> list[Any]:
         """A claim that may lease nothing (paused, or at the rate limit): it takes its acks
         and idles for wait_ms; wake-ups would only spin the idle consumers."""
         acked = self._ack_tokens(acks)
         self.wake = 0
+        self._raise_lease_max(lease_ms)
         return [1, wait_ms, acked]
+
+    def _raise_lease_max(self, lease_ms: int) -> None:
+        """A claim that leased nothing: its consumer may wait its lease time (see
+        _note_leases)."""
+        if self.lease_max is None or lease_ms > self.lease_max:
+            self.lease_max = lease_ms
 
     def rate_allowance(self, now: int) -> tuple[int, int, float, float]:
         """The generic cell rate at `now`: (jobs a claim may lease, ms until one more may go,
@@ -478,8 +485,6 @@ class RotatorModel:
         acked = self._ack_tokens(acks)
         if length == 0 and walk.lease_length == 0:
             return [1, -1 if self.smin is None else max(self.smin - self.now, 1), acked]
-        if self.lease_max is None or lease_ms > self.lease_max:
-            self.lease_max = lease_ms  # (raised by every claim of a queue that exists)
         walk.reply = [0, -1, acked]
         if self.qmin is not None and self.qmin <= self.now:
             # Something came due since the last idle lap: look at a whole lap again.
@@ -488,6 +493,8 @@ class RotatorModel:
         self._lease_prioritized(walk)
         self._finish_walk(walk)
         reply = walk.reply
+        if walk.leased == 0:
+            self._raise_lease_max(lease_ms)
         assert self.qstart is not None
         assert self.qlen is not None
         if walk.leased == 0 and self.seq - self.qstart >= self.qlen and not walk.lease_more:

@@ -1082,19 +1082,20 @@ def an_idle_consumer_waits_at_most_its_lease_and_only_a_shorter_lease_wakes_one(
 ) -> None:
     """wait_ms is at most the claim's LEASE_MS, so an idle consumer looks again before a lease
     as long as its own, taken meanwhile, falls due. A claim that makes the earliest deadline
-    pushes a wake-up only when its lease is shorter than the longest a claim has given (meta
-    lease_max, raised by every claim, idle ones too): the consumer that may be waiting longer.
-    The first claim of a queue pushes one (nothing known of a waiting consumer's lease)."""
+    pushes a wake-up only when its lease is shorter than the longest an idle consumer may be
+    waiting (meta lease_max, raised by the claims that lease nothing), and while none is
+    known (a queue's first claims)."""
     assert b.call("next", 10, 5_000, BUDGET, 0) == [1, 5_000, 0]  # no queue: its own lease
     assert not b.exists("meta")  # (a claim of no queue writes nothing)
     push(b, "a")
     pushed = b.llen("wake")
     first = nxt(b, 1, LONG)
     assert b.llen("wake") == pushed + 1
-    assert b.hgetall("meta")["lease_max"] == str(LONG)
+    assert "lease_max" not in b.hgetall("meta")  # (a claim that leased: no consumer waits)
     assert ack(b, *first.tokens) == 1
     idle = nxt(b, 10, LONG)
     assert (idle.idle, idle.wait_ms, b.llen("wake")) == (1, LONG, 0)
+    assert b.hgetall("meta")["lease_max"] == str(LONG)
     push(b, "b")
     pushed = b.llen("wake")
     same = nxt(b, 1, LONG)  # as long as any before: no wake-up
