@@ -271,9 +271,9 @@ COMMANDS (ARGV[1]; numbers are decimal integers)
     A call whose new leases fall due before anything known so far, and are shorter than the
     longest LEASE_MS an idle consumer may be waiting (meta lease_max, which a call that
     leases nothing raises to its own), pushes one wake-up, so an idle consumer blocked
-    before they existed waits for them instead of its whole wait. Consumers that share one lease time push none: a wake-up
-    would only spin an idle consumer, whose claim then runs before the reply of the claim
-    that woke it.
+    before they existed waits for them instead of its whole wait. Consumers that share one
+    lease time push none: a wake-up would only spin an idle consumer, whose claim then runs
+    before the reply of the claim that woke it.
       acked    how many ACK_TOKENs were accepted
       reclaimedN 1 when tokenN re-leases a job whose previous lease expired
     errors: ROTATOR_BADARG, ROTATOR_BADTOKEN, ROTATOR_TOOMANY
@@ -3106,7 +3106,7 @@ local function define_module()
       local seq_base = tostring(meta.seq)
       local s = {
         now = now, deadline = now + lease, lease = lease, max_deliveries = max_deliveries,
-        sides = sides, lease_max = meta.lease_max, -- (see finish_walk)
+        sides = sides,
         seq_base = seq_base, first = '*' .. (now + lease) .. '.1.' .. seq_base, meta = meta,
         length = length, live = length, -- ring length as it is at this point of the visits
         -- The lease list: its length, the elements the walk took from its tail, those it puts

@@ -122,12 +122,11 @@ class FunctionCall:
         self.client.function_load(library_source(), replace=True)
 
     def fcall(self, keys: tuple[str, ...], args: list[Any]) -> Any:
-        if reads_only(args):  # (not a worker's loop: the lane serves FCALL of the module)
-            return send_undecoded(self.client, "FCALL_RO", self.read_name, keys, args)
-        lane = self.lane
-        if lane is not None and lane.ready():
+        verb, name = self.command(args)
+        lane = self.lane  # (it serves FCALL of the module: a worker's loop, not the reads)
+        if verb == "FCALL" and lane is not None and lane.ready():
             return lane.call(keys, args)
-        return send_undecoded(self.client, "FCALL", self.name, keys, args)
+        return send_undecoded(self.client, verb, name, keys, args)
 
     def __call__(self, keys: tuple[str, ...], args: list[Any]) -> Any:
         for attempt in range(2):
@@ -149,12 +148,11 @@ class AsyncFunctionCall(FunctionCall):
         await self.client.function_load(library_source(), replace=True)
 
     async def fcall(self, keys: tuple[str, ...], args: list[Any]) -> Any:
-        if reads_only(args):
-            return await send_undecoded(self.client, "FCALL_RO", self.read_name, keys, args)
+        verb, name = self.command(args)
         lane = self.lane
-        if lane is not None and await lane.ready():
+        if verb == "FCALL" and lane is not None and await lane.ready():
             return await lane.call(keys, args)
-        return await send_undecoded(self.client, "FCALL", self.name, keys, args)
+        return await send_undecoded(self.client, verb, name, keys, args)
 
     async def __call__(self, keys: tuple[str, ...], args: list[Any]) -> Any:
         for attempt in range(2):
