@@ -432,7 +432,11 @@ COMMANDS (ARGV[1]; numbers are decimal integers)
                                                                     (KEYS 1..14, or 1..15)
     nextp, with this call's first deliveries sent as next_packed sends them (what the Python
     client calls). With DROP 1, one worker's loop (its one ack the named batch ack of the
-    lease list's lone batch) takes M.loop_lease too, and drops that batch's payloads.
+    lease list's lone batch) takes M.loop_lease too, and drops that batch's payloads. A
+    claim whose one ack is a named batch ack of a batch in the lease list but not at its
+    tail (several workers acking out of order), on a queue with no marks and a lease list
+    of at most LIMIT.take_out_look (64) elements, takes that batch out of the list at once
+    (LPOS, LREM) instead of marking it acked until the walk reaches it.
     reply: {idle, wait_ms, acked, packed, payload1, ..., payloadK, token, reclaimed, payload,
       ...}: packed as in next_packed, then the payloads of its K jobs in their order, then
       each later delivery as in nextp
@@ -725,6 +729,10 @@ local LIMIT = {
   -- A named batch ack "*<deadline>.1.<call seq>*<id>*<id>..." (the packed element itself)
   -- is looked for among this many elements at each end of the lease list (LPOS MAXLEN).
   named_look = 100,
+  -- A named batch ack of a batch in a lease list at most this long, not at its tail (acked
+  -- out of order, as several workers ack), takes its element out at once (M.takes_out):
+  -- LPOS and LREM each compare at most this many elements.
+  take_out_look = 64,
   -- A token's seq ends in the job's place in its call, zero-padded: 5 digits hold any place
   -- a call gives out (at most LIMIT.count); place_format writes that width.
   place_digits = 5,
@@ -1712,7 +1720,7 @@ local function define_module()
       if reply then return reply, {} end
     end
     local s = M.start_walk(lease, max_deliveries, state)
-    local acked, accepted = M.ack_tokens(first, s.length + s.lease_length, s.sides)
+    local acked, accepted = M.ack_tokens(first, s.length + s.lease_length, s.sides, s)
     s.lstop = s.sides.lstop
     local reply = compact and { 0, -1, acked, '' } or { 0, -1, acked }
     if s.length == 0 and s.lease_length == 0 then
@@ -1805,10 +1813,15 @@ local function define_module()
       return M.loop_declined(lease_length, l, found)
     end
     local now = M.now_ms()
+    -- A named ack of a batch other than the tail's (workers acking out of order) takes its
+    -- batch out where it is (M.takes_out, as the walk's ack_tokens does): no lease is
+    -- visited, and the walk stops where it stopped, at the tail (`lstop`, known).
+    local element = tail[#tail]
+    local out = ids and element ~= A[first]
     -- The ack is this queue's (its call seq since the queue's origin, see refused_among), and
     -- frees the young lease the last walk stopped at, if any (frees_tail): the walk goes on.
     if lmin <= now or call < (l[4] and M.origin_number(l[4]) or 0) or call >= seq
-        or lstop and lstop ~= acked_deadline then
+        or out and not lstop or not out and lstop and lstop ~= acked_deadline then
       return M.loop_declined(lease_length, l, found, now)
     end
     -- One side structure may exist: the fencing set (read_sides_and_dead), and then the batch
@@ -1831,10 +1844,12 @@ local function define_module()
     -- The lease list's tail is the acked batch, of as many ids as the ack says, well formed
     -- (fast_window's place, own_deadline): the one this library made, when it knew the ack
     -- (strings are interned: one pointer's comparison), or else checked as it is. A named
-    -- ack is that very element.
-    local element = tail[#tail]
-    if ids and element ~= A[first] then return M.loop_declined(lease_length, l, found, now) end
-    if made then
+    -- ack is that very element, or one the list holds once, not at its tail (`out`).
+    if out then
+      if not M.takes_out(A[first], lease_length) then
+        return M.loop_declined(lease_length, l, found, now)
+      end
+    elseif made then
       if element ~= made then return M.loop_declined(lease_length, l, found, now) end
     else
       local start = #batch + 2
@@ -1848,7 +1863,7 @@ local function define_module()
     -- Several workers: the lease before it is young, and the walk, having dropped the acked
     -- batch, stops there (fast_lease's window of two, its byte limit included).
     local stop = nil
-    if lease_length > 1 then
+    if lease_length > 1 and not out then
       stop = M.young_stop(tail[1], batch, now)
       if not stop or #element > LIMIT.lease_bytes then
         return M.loop_declined(lease_length, l, found, now)
@@ -1880,7 +1895,10 @@ local function define_module()
     -- Writes: the batch in the acked one's place (alone) or at the head, the wake-up, the
     -- meta's fields that change.
     local packed_element, first_stamp = M.pack_batch(popped, leased, deadline, seq)
-    if stop then
+    if out then
+      rcall('LREM', K.leases, '-1', A[first])
+      rcall('LPUSH', K.leases, packed_element)
+    elseif stop then
       rcall('RPOP', K.leases)
       rcall('LPUSH', K.leases, packed_element)
     else
@@ -1898,25 +1916,32 @@ local function define_module()
     -- were walked whole since the last ageing, the acks and marks age (none exist). The ring
     -- holds its sentinel behind the popped ids (the lap's numbers), so its length is more
     -- than 1 (walked_whole).
+    -- A batch taken out is no visit: the pass, the lap and the walk's stop stay as they were.
     rpasses, lpasses = rpasses or 0, lpasses or 0
+    local visited = out and 0 or 1
     if stop then
       lskip = lskip or 0
       if not lpass or lpass <= 0 then lpass, lskip = lease_length, 0 end
       if lskip > 0 then lskip = lskip - 1 else lpass = lpass - 1 end
     end
-    if not stop or lpass <= 0 then
+    if not out and (not stop or lpass <= 0) then
       lpasses, lpass, lskip = lpasses + 1, lease_length - 1, 0
       if rpasses >= 1 and (lpasses >= 1 or not stop) then rpasses, lpasses = -1, 0 end
     end
     -- The walk stops at the young lease, or else at the new batch.
-    lstop = stop or deadline
-    lmin = stop and stop < deadline and stop or deadline
+    if out then
+      lmin = lmin < deadline and lmin or deadline
+    else
+      lstop = stop or deadline
+      lmin = stop and stop < deadline and stop or deadline
+    end
     -- (the walk's numbers as write_meta would write them)
     lapguess = lapguess == 1 and 1 or 0
     packed = math.max((packed or 0) - (jobs - 1) + leased - 1, 0)
-    rcall('HSET', K.meta, 'seq', seq + 1 + leased, 'taken', (l[3] and tn(l[3]) or 0) + leased,
-      'walk', M.walk_packed(qstart + 1, qlen, lapnext + 1, qmin, lapguess, packed, lmin,
-        lstop, lpass, lskip, rpasses, lpasses), 'completed', completed + jobs)
+    rcall('HSET', K.meta, 'seq', seq + visited + leased,
+      'taken', (l[3] and tn(l[3]) or 0) + leased,
+      'walk', M.walk_packed(qstart + visited, qlen, lapnext + visited, qmin, lapguess, packed,
+        lmin, lstop, lpass, lskip, rpasses, lpasses), 'completed', completed + jobs)
     local soonest = qmin and qmin < lmin and qmin or lmin
     return M.batch_reply(1, compact, packed_element, popped, leased, first_stamp, soonest - now)
   end
@@ -2076,8 +2101,9 @@ local function define_module()
   -- marks, meet the acked batches at the tail and drop them, stop at the young lease, and
   -- lease the pending ids; this does the same writes without building the walk's state. A
   -- batch acked out of order (several consumers) stays marked, as the walk leaves it, until
-  -- the tail reaches it. Returns the reply, or nil (nothing written) when the state is any
-  -- other, for the walk to handle.
+  -- the tail reaches it; a named ack the walk's ack takes out of the list at once (M.take_out)
+  -- is left to the walk (or one worker's loop). Returns the reply, or nil (nothing written)
+  -- when the state is any other, for the walk to handle.
   function M.fast_lease(first, count, lease, budget, compact, state)
     local length, lease_length, meta, sides = state.length, state.lease_length, state.meta,
       state.sides
@@ -2117,6 +2143,11 @@ local function define_module()
     -- or found by the server); an acked batch marked already (an ack sent again) is the walk's.
     local marks = M.fast_marks(names, places, sides)
     if not marks then return nil end
+    -- (a named ack the walk takes out of the lease list at once: M.take_out's)
+    if k == 1 and NAMED and sides[K.marks] + sides[K.marks_old] == 0
+        and M.takes_out(NAMED[A[first]].element, lease_length) then
+      return nil
+    end
     for i = 1, k do
       local batch = names[i]
       if marks[batch] then return nil end
@@ -2781,16 +2812,24 @@ local function define_module()
     -- Acks A[first..] (already checked); returns how many were accepted, and the accepted
     -- tokens. A token goes into the done set; its batch, which may still be one packed element,
     -- is marked "t" (touched) so that the element is broken up at its next visit. A batch ack
-    -- marks its batch "a<jobs>": the packed element then leaves the ring as a whole.
-    function M.ack_tokens(first, ring_length, sides)
+    -- marks its batch "a<jobs>": the packed element then leaves the ring as a whole. `s`: a
+    -- claim's walk (lease_now), whose one named batch ack may take its batch out of the lease
+    -- list at once instead (take_out).
+    function M.ack_tokens(first, ring_length, sides, s)
       if #A < first or ring_length == 0 then return 0 end
       local refused = M.refused_among(first, sides)
-      if NAMED then M.check_named(first, refused, sides) end
+      local out = nil -- (the ack whose batch was taken out)
+      if NAMED then
+        M.check_named(first, refused, sides)
+        if s then out = M.take_out(first, refused, sides, s) end
+      end
       local accepted, batch_names, batch_marks, touched = {}, {}, {}, {}
       local n = 0
       for i = first, #A do
         local arg = A[i]
-        if not refused[arg] then
+        if arg == out then
+          n = n + 1
+        elseif not refused[arg] then
           refused[arg] = true -- given twice, counted once
           n = n + 1
           if string.byte(arg) == BYTE_STAR then
@@ -2816,6 +2855,25 @@ local function define_module()
       M.write_marks(sides, batch_names, values, false)
       M.touch(touched, sides)
       return n, accepted
+    end
+
+    -- A claim's one named batch ack (A[first], NAMED) taken out of the lease list at once
+    -- where M.takes_out says so, on a queue with no marks: not refused, and its payloads
+    -- dropped by check_named. The walk's state (`s`) loses the element and counts its jobs
+    -- completed, as a visit of the element marked acked would. Returns the ack taken out, or
+    -- nil.
+    function M.take_out(first, refused, sides, s)
+      local ack = A[first]
+      local named = #A == first and NAMED[ack]
+      if not named or refused[ack] or s.tracked or sides[K.marks] + sides[K.marks_old] > 0
+          or not M.takes_out(named.element, s.lease_length) then
+        return nil
+      end
+      rcall('LREM', K.leases, '-1', named.element)
+      local jobs = #named.ids
+      s.lease_length, s.completed = s.lease_length - 1, s.completed + jobs
+      s.packed = s.packed - (jobs - 1)
+      return ack
     end
 
     -- Marks batches (a set of names) touched, without overwriting a batch ack.
@@ -5179,6 +5237,20 @@ local function define_module()
     function M.near_an_end(element)
       return rcall('LPOS', K.leases, element, 'MAXLEN', LIMIT.named_look)
         or rcall('LPOS', K.leases, element, 'RANK', -1, 'MAXLEN', LIMIT.named_look)
+    end
+
+    -- Whether a named batch ack's element (`element`, name_batch's checks passed) is taken
+    -- out of the lease list (of `lease_length` elements) where it lies, at once, rather than
+    -- marked acked until the walk reaches it: the list is at most LIMIT.take_out_look long and
+    -- holds the element once, not at its tail (the tail's batch the walk drops by its visit).
+    -- Several workers ack out of order: a mark costs their claims more (written, looked up at
+    -- each later claim, deleted) than an LREM of a short list, and with none written the
+    -- claims stay on one worker's loop (M.loop_lease). The one ack of a call only, on a queue
+    -- with no marks: where it is taken out, the walk and the short ways agree by the same test.
+    function M.takes_out(element, lease_length)
+      if lease_length < 2 or lease_length > LIMIT.take_out_look then return false end
+      local at = rcall('LPOS', K.leases, element, 'COUNT', '2', 'MAXLEN', LIMIT.take_out_look)
+      return #at == 1 and at[1] < lease_length - 1
     end
 
     -- Of `tokens`, those in neither done set, nor of a batch acked whole (an "a" mark: a named

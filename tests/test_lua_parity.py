@@ -72,6 +72,17 @@ SNIPPETS = [
     "redis.call('ZREMRANGEBYRANK', KEYS[1], 0, 0), redis.call('ZMSCORE', KEYS[1], 'a', 'b')}",
     "redis.call('RPUSH', KEYS[1], 'a', 'x', 'b', 'x', 'x') "
     "return {redis.call('LREM', KEYS[1], 2, 'x'), redis.call('LRANGE', KEYS[1], 0, -1)}",
+    "redis.call('RPUSH', KEYS[1], 'x', 'a', 'x', 'b', 'x') "
+    "return {redis.call('LREM', KEYS[1], -2, 'x'), redis.call('LRANGE', KEYS[1], 0, -1), "
+    "redis.call('LREM', KEYS[1], -1, 'no'), redis.call('LREM', KEYS[1], -5, 'x')}",
+    "redis.call('RPUSH', KEYS[1], 'x', 'a', 'x', 'b', 'x') "
+    "return {redis.call('LPOS', KEYS[1], 'x', 'COUNT', 2), "
+    "redis.call('LPOS', KEYS[1], 'x', 'COUNT', 0), "
+    "redis.call('LPOS', KEYS[1], 'x', 'COUNT', 2, 'MAXLEN', 2), "
+    "redis.call('LPOS', KEYS[1], 'x', 'RANK', -1, 'COUNT', 2), "
+    "redis.call('LPOS', KEYS[1], 'no', 'COUNT', 2), "
+    "redis.call('LPOS', KEYS[1] .. 'x', 'x', 'COUNT', 2), "
+    "redis.call('LPOS', KEYS[1], 'x', 'RANK', 2)}",
     "redis.call('HSET', KEYS[1], 'n', 1) "
     "return {redis.call('HINCRBY', KEYS[1], 'n', -1), redis.call('HINCRBY', KEYS[1], 'm', 2), "
     "redis.pcall('HINCRBY', KEYS[1], 'x', 'y').err ~= nil}",

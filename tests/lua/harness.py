@@ -321,9 +321,9 @@ class RedisStub:
         return Status(b"OK")
 
     def _lpos(self, args: list[bytes]) -> Reply:
-        """LPOS key element [RANK r] [MAXLEN m] (COUNT, which rotator never sends, is not
-        here): the head-based index of the first match found, or nil."""
-        rank, maxlen = 1, 0
+        """LPOS key element [RANK r] [COUNT c] [MAXLEN m]: the head-based index of the first
+        match found, or nil; with COUNT, a list of the first c found (0: all)."""
+        rank, maxlen, count = 1, 0, None
         options = args[2:]
         if len(options) % 2:
             raise CommandError("ERR syntax error")
@@ -336,19 +336,29 @@ class RedisStub:
                 maxlen = parse_int(value)
                 if maxlen < 0:
                     raise CommandError("ERR MAXLEN can't be negative")
+            elif name.upper() == b"COUNT":
+                count = parse_int(value)
+                if count < 0:
+                    raise CommandError("ERR COUNT can't be negative")
             else:
                 raise StubError(f"the Redis stub's LPOS does not take {name!r}; add it with tests")
         items = self._list(args[0]) or []
         order = range(len(items)) if rank > 0 else range(len(items) - 1, -1, -1)
         skip = abs(rank) - 1
+        found: list[Reply] = []
         for compared, index in enumerate(order, 1):
             if maxlen and compared > maxlen:
                 break
             if items[index] == args[1]:
                 if skip == 0:
-                    return index
-                skip -= 1
-        return None
+                    found.append(index)
+                    if count is None or len(found) == count:
+                        break
+                else:
+                    skip -= 1
+        if count is not None:
+            return found
+        return found[0] if found else None
 
     def _lindex(self, args: list[bytes]) -> Reply:
         index = parse_int(args[1])
@@ -388,16 +398,15 @@ class RedisStub:
     def _lrem(self, args: list[bytes]) -> Reply:
         key, count_raw, value = args
         count = parse_int(count_raw)
-        if count < 0:
-            raise StubError("LREM from the tail is not implemented in the stub")
         items = self._list(key) or []
+        order = items if count >= 0 else reversed(items)  # (a negative count: from the tail)
         kept, removed = [], 0
-        for item in items:
-            if item == value and (count == 0 or removed < count):
+        for item in order:
+            if item == value and (count == 0 or removed < abs(count)):
                 removed += 1
             else:
                 kept.append(item)
-        items[:] = kept
+        items[:] = kept if count >= 0 else kept[::-1]
         self._vacuum(key)
         return removed
 

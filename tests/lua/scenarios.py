@@ -2376,6 +2376,57 @@ def tokens_of_a_batch_acked_by_name_drop_no_payload_again(b: Backend) -> None:
 
 
 @scenario
+def a_batch_acked_out_of_order_by_name_leaves_the_lease_list_at_once(b: Backend) -> None:
+    """Workers of a queue with payloads ack out of order: a claim's named ack of a batch that
+    is not the lease list's tail takes the batch out where it lies (no mark), drops its
+    payloads, and counts its jobs completed; sent again (its reply lost), it is refused and
+    drops nothing."""
+    keys = payload_keys(b)
+    ids = [f"j{i}" for i in range(12)]
+    assert b.call_keys(keys, "pushp", *[part for i in ids for part in (i, f"p-{i}")]) == 12
+    held = [str(nextp_packed(b, keys, 2)[3]) for _ in range(3)]  # (the tail: held[0])
+    before = counters(b)
+    claimed = nextp_packed(b, keys, 2, held[1])  # (the middle batch: out of order)
+    assert claimed[2] == 1
+    assert str(claimed[3]).split("*")[2:] == ["j6", "j7"]
+    leases = b.key_state(b.keys[10])
+    assert leases == ("list", [str(claimed[3]), held[2], held[0]])
+    assert b.key_state(b.keys[3]) == ("none", None)  # (no mark written)
+    assert payload_ids(b, keys) == {f"j{i}" for i in (0, 1, *range(4, 12))}
+    assert counters(b)["completed"] == before["completed"] + 2
+    state = stats(b)
+    assert (state["in_flight"], state["pending"], state["done"]) == (6, 4, 0)
+    # The same ack again, on the next claim: refused, nothing dropped or taken out.
+    assert b.call_keys(keys, "pushp", "j2", "p-again") == 1
+    again = nextp_packed(b, keys, 1, held[1])
+    assert again[2] == 0
+    assert b.key_state(keys[N_QUEUE_KEYS])[1] == {
+        **{f"j{i}": f"p-j{i}" for i in (0, 1, *range(4, 12))},
+        "j2": "p-again",
+    }
+    assert b.key_state(b.keys[10])[0] == "list"
+    assert str(again[3]) in str(b.key_state(b.keys[10])[1])
+    assert str(again[3]).split("*")[2:] == ["j8"]
+    # Acked by ackp (no claim), they are marked, and the next claim's walk drops them.
+    for element in (held[0], held[2], str(claimed[3]), str(again[3])):
+        assert b.call_keys(keys, "ackp", element) == 1
+    last = nextp_packed(b, keys, 10)
+    assert str(last[3]).split("*")[2:] == ["j9", "j10", "j11", "j2"]
+    assert counters(b)["completed"] == before["completed"] + 9
+    assert b.key_state(b.keys[3]) == ("none", None)
+    assert b.key_state(b.keys[10]) == ("list", [str(last[3])])
+    assert payload_ids(b, keys) == {"j9", "j10", "j11", "j2"}
+
+
+def payload_ids(b: Backend, keys: tuple[str, ...]) -> set[str]:
+    """The ids whose payloads a queue with payloads keeps."""
+    kind, value = b.key_state(keys[N_QUEUE_KEYS])
+    assert kind == "hash", kind
+    assert isinstance(value, dict), value
+    return set(value)
+
+
+@scenario
 def a_named_batch_ack_that_names_other_ids_is_refused_and_changes_nothing(b: Backend) -> None:
     keys = payload_keys(b)
     assert b.call_keys(keys, "pushp", "a", "pa", "b", "pb", "x", "px") == 3

@@ -23,15 +23,33 @@ from bench.lua_steps import counted, function_names
 from tests.lua.harness import MODULE_PATH, Harness, Hash, ScriptError, as_text, queue_keys
 
 SWITCH = "local FAST_LEASE = true"
+TAKE_OUT = "  take_out_look = 64,"
 LEASE_MS = 1000
 
 
-def walk_only_module(directory: Path) -> Path:
+def walk_only_module(directory: Path, take_out: bool = True) -> Path:
     source = MODULE_PATH.read_text(encoding="utf-8")
     assert source.count(SWITCH) == 1
     path = directory / "rotator-walk-only.lua"
-    path.write_text(source.replace(SWITCH, "local FAST_LEASE = false"), encoding="utf-8")
+    path.write_text(
+        without_take_out(source, take_out).replace(SWITCH, "local FAST_LEASE = false"),
+        encoding="utf-8",
+    )
     return path
+
+
+def no_take_out_module(directory: Path) -> Path:
+    """The module as it ships, but no named ack takes its batch out of the lease list at once
+    (M.takes_out): as on a lease list longer than LIMIT.take_out_look, a batch acked out of
+    order is marked until the walk reaches it."""
+    path = directory / "rotator-no-take-out.lua"
+    path.write_text(without_take_out(MODULE_PATH.read_text(encoding="utf-8"), False), "utf-8")
+    return path
+
+
+def without_take_out(source: str, take_out: bool) -> str:
+    assert source.count(TAKE_OUT) == 1
+    return source if take_out else source.replace(TAKE_OUT, "  take_out_look = 0,")
 
 
 def batch_ack(tokens: list[str]) -> str:
@@ -51,8 +69,14 @@ class Twins:
     nextp_packed DROP 1 with named batch acks, ackp). ``library``: both modules loaded as
     function libraries (FCALL), which keep what they learn across calls (KEPT)."""
 
-    def __init__(self, walk_only: Path, payloads: bool = False, library: bool = False) -> None:
-        self.fast = Harness("fast-twin", library=library)
+    def __init__(
+        self,
+        walk_only: Path,
+        payloads: bool = False,
+        library: bool = False,
+        fast: Path = MODULE_PATH,
+    ) -> None:
+        self.fast = Harness("fast-twin", path=fast, library=library)
         self.walk = Harness("fast-twin", path=walk_only, library=library)
         self.payloads = payloads
         base = self.fast.keys[0].removesuffix(":ring")
@@ -311,13 +335,17 @@ def test_in_a_workers_loop_with_payloads_the_short_way_writes_what_the_walk_writ
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(program=st.lists(step, min_size=1, max_size=120))
+@given(program=st.lists(step, min_size=1, max_size=120), take_out=st.booleans())
 def test_with_payloads_the_short_way_writes_what_the_walk_writes(
-    tmp_path_factory: pytest.TempPathFactory, program: list[Step]
+    tmp_path_factory: pytest.TempPathFactory, program: list[Step], take_out: bool
 ) -> None:
     """The same, on a queue with payloads: named batch acks drop the same payloads either
-    way, and every payload delivered is the job's own."""
-    run(Twins(walk_only_module(tmp_path_factory.mktemp("fast")), payloads=True), program)
+    way, and every payload delivered is the job's own; with a batch acked out of order taken
+    out of the lease list at once (M.takes_out), or marked (take-out off, as on a long lease
+    list)."""
+    directory = tmp_path_factory.mktemp("fast")
+    fast = MODULE_PATH if take_out else no_take_out_module(directory)
+    run(Twins(walk_only_module(directory, take_out), payloads=True, fast=fast), program)
 
 
 # What one worker's loop sends on a queue with payloads (nextp_packed DROP 1, its ack the named
@@ -405,7 +433,9 @@ def workers_twins(
 def test_consumers_acking_out_of_order_take_the_short_way(tmp_path: Path, payloads: bool) -> None:
     """Four consumers, each acking its previous batch as it asks for the next, in an order
     that changes every round: a batch acked before the one at the lease list's tail is
-    marked, and dropped when the tail reaches it, the short way (and as the walk would)."""
+    marked, and dropped when the tail reaches it, the short way (and as the walk would); a
+    named ack (payloads) takes its batch out of the short lease list at once, on one worker's
+    loop (and as the walk's ack does), so no mark is written."""
     twins, acked = workers_twins(tmp_path, payloads)
     held: dict[int, list[str]] = {}
     taken = calls = 0
@@ -420,8 +450,13 @@ def test_consumers_acking_out_of_order_take_the_short_way(tmp_path: Path, payloa
             twins.advance(5)
     assert calls == 20
     assert taken == calls, f"{taken} of {calls} calls took the short way"
-    # At most the batches acked ahead of the one at the tail are marked.
-    assert len(twins.fast.stub.data.get(twins.fast.keys[3].encode(), ())) <= 3
+    # At most the batches acked ahead of the one at the tail are marked; none taken out.
+    marks = twins.fast.stub.data.get(twins.fast.keys[3].encode(), ())
+    assert len(marks) <= 3 if not payloads else not marks
+    assert len(twins.fast.stub.data[twins.fast.keys[10].encode()]) == 4  # (the batches held)
+    if payloads:  # (both took batches out: the loop, and the walk's ack)
+        for harness in (twins.fast, twins.walk):
+            assert b"LREM" in [call[0] for call in harness.stub.calls]
 
 
 # What a fresh start (M.fresh_lease) sends: the lease list's first two elements (none), the
@@ -832,12 +867,9 @@ def test_one_workers_loop_of_a_library_checks_each_queues_own_origin(tmp_path: P
     assert looped == [False, False, True, True, True, True]
 
 
-def test_a_library_knows_the_batches_several_workers_hold_as_its_memory_turns() -> None:
-    """Four workers of a queue with payloads, each acking its last batch by name, out of
-    order: a library keeps the batches it made (the last LIMIT.known_batches, and as many
-    before: M.keep_packed), so over 100 claims, six turns of that memory, none splits a named
-    ack or counts an element's ids again."""
-    harness = Harness("known", library=True)
+def four_payload_workers_out_of_order(harness: Harness) -> set[str | None]:
+    """The module's functions that ran while four workers of a queue with payloads, each
+    acking its last batch by name, made 100 claims out of order (workers 1, 0, 3, 2 in turn)."""
     keys = [*harness.keys, harness.keys[0].removesuffix(":ring") + ":payloads"]
     ids = [f"job-{i}" for i in range(11_000)]
     for start in range(0, len(ids), 1000):
@@ -864,6 +896,36 @@ def test_a_library_knows_the_batches_several_workers_hold_as_its_memory_turns() 
 
     called = counted(harness, 1, claims, None)
     names = function_names()
-    ran = {names.get(line) for line in called}
+    return {names.get(line) for line in called}
+
+
+def test_a_library_knows_the_batches_several_workers_hold_as_its_memory_turns(
+    tmp_path: Path,
+) -> None:
+    """Four workers acking out of order where their batches are not taken out (take-out off,
+    as on a lease list longer than LIMIT.take_out_look): their claims take the short way,
+    whose marks stand for the batches acked. A library keeps the batches it made (the last
+    LIMIT.known_batches, and as many before: M.keep_packed), so over 100 claims, six turns of
+    that memory, none splits a named ack or counts an element's ids again."""
+    harness = Harness("known", path=no_take_out_module(tmp_path), library=True)
+    ran = four_payload_workers_out_of_order(harness)
     assert "M.fast_lease" in ran  # (several workers: the short way, not one worker's loop)
     assert not {"M.split_ids", "M.count_ids"} & ran, sorted(n for n in ran if n)
+
+
+def test_workers_acking_out_of_order_take_their_batches_out_on_one_workers_loop() -> None:
+    """Four workers of a queue with no marks, acking out of order: each claim's named ack
+    takes its batch out of the short lease list where it lies (M.takes_out), or drops the
+    tail's, so every claim is one worker's loop's, no mark is written, and nothing is split
+    or counted again."""
+    harness = Harness("taken-out", library=True)
+    ran = four_payload_workers_out_of_order(harness)
+    assert {"M.loop_lease", "M.takes_out"} <= ran
+    assert not {"M.fast_lease", "M.take_out", "M.split_ids", "M.count_ids"} & ran, sorted(
+        n for n in ran if n
+    )
+    base = harness.keys[0].removesuffix(":ring")
+    assert not harness.stub.data.get(f"{base}:marks".encode())
+    leases = harness.stub.data[f"{base}:leases".encode()]
+    assert isinstance(leases, list)
+    assert len(leases) == 4

@@ -213,10 +213,21 @@ def test_every_redis_call_names_its_command_literally_and_none_scans() -> None:
     # LPOS walks a list: only ever bounded by MAXLEN.
     lpos = re.findall(r"rcall\('LPOS',[^)]*\)", BODY)
     assert lpos
-    assert all("'MAXLEN', LIMIT.named_look" in call for call in lpos), lpos
-    # LREM walks a list from its head: never the ring; on the dead letters (capped, see
-    # configure's dead_max) only as far as the letters requeue_dead marked.
-    assert re.findall(r"rcall\('LREM', ([\w.]+)", BODY) == ["K.dead"]
+    assert all(
+        "'MAXLEN', LIMIT.named_look" in call or "'MAXLEN', LIMIT.take_out_look" in call
+        for call in lpos
+    ), lpos
+    # LREM walks a list: never the ring; on the dead letters (capped, see configure's
+    # dead_max) only as far as the letters requeue_dead marked; on the lease list only where
+    # it holds at most LIMIT.take_out_look elements (M.takes_out, checked just before).
+    assert re.findall(r"rcall\('LREM', ([\w.]+)", BODY) == ["K.leases", "K.leases", "K.dead"]
+    takes_out = re.search(r"function M\.takes_out\(.*?\n    end\n", BODY, re.DOTALL)
+    assert takes_out
+    assert "lease_length > LIMIT.take_out_look then return false" in takes_out[0]
+    pieces = re.split(r"\n\s*function M\.", BODY)  # (each function's own text, roughly)
+    removing = [piece for piece in pieces if "rcall('LREM', K.leases" in piece]
+    assert [piece.split("(", 1)[0] for piece in removing] == ["loop_lease", "take_out"]
+    assert all("M.takes_out(" in piece for piece in removing)
 
 
 def test_the_redis_cli_example_uses_the_thirteen_keys_in_order() -> None:
