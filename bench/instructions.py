@@ -25,11 +25,12 @@ batch ack of the call before, the Python client's loop), the same with batches o
 push of one id onto a busy queue (nobody blocked: its wake list full). By FCALL only (the
 default mode), where both modules have it: a payload queue's claim of 100 (``nextp_packed 100
 DROP 1`` carrying the named batch ack of the call before: the packed element, whose payloads
-it drops), bodies of 64 bytes, for one worker and for four taking turns (each acking the
-batch it claimed a turn ago); and a blocked consumer's cycle on an idle queue, less its
-``BLPOP`` (a push of one id, the claim that follows it, and the claim carrying its batch ack
-that finds the queue idle again: ``bench.wake``'s calls, counted warm), a cycle as a call.
-And in each round, the pattern's floor (``bench/floor.lua`` by
+it drops), bodies of 64 bytes, for one worker, for four taking turns (each acking the
+batch it claimed a turn ago) and for four out of order (each once a round, in an order that
+changes from round to round: ``bench.lua_steps.OUT_OF_ORDER``); and a blocked consumer's
+cycle on an idle queue, less its ``BLPOP`` (a push of one id, the claim that follows it,
+and the claim carrying its batch ack that finds the queue idle again: ``bench.wake``'s calls,
+counted warm), a cycle as a call. And in each round, the pattern's floor (``bench/floor.lua`` by
 EVALSHA, one job a call with the call before's token acked, as ``bench.profiles`` runs it),
 against which the one-job cases are given too: the ratio issue 14's server-time target is
 about, in counts that do not move with the machine; the one-job claim by FCALL also against
@@ -70,6 +71,7 @@ from bench.harness import (
     sized_parser,
     write_results,
 )
+from bench.lua_steps import OUT_OF_ORDER
 from bench.patterns import FLOOR_SCRIPT, preload_floor
 from bench.payload_floor import FLOOR_SCRIPT as PAYLOAD_FLOOR_SCRIPT
 from bench.payload_floor import floor_keys
@@ -103,6 +105,7 @@ class Case:
     payloads: bool = False  # a payload queue's claim (nextp_packed DROP 1), its acks named
     wake: bool = False  # a blocked consumer's cycle (wake_cycles), counted a cycle
     workers: int = 1  # a payload case's workers taking turns, each acking its batch before
+    out_of_order: bool = False  # the workers' claims in lua_steps.OUT_OF_ORDER, not in turn
 
 
 CASES = (
@@ -115,6 +118,8 @@ CASES = (
     Case("nextp_packed 100 + named batch ack by FCALL", "fcall", 100, payloads=True),
     Case("nextp_packed 100 + named batch ack, four workers taking turns, by FCALL", "fcall",
          100, payloads=True, workers=4),
+    Case("nextp_packed 100 + named batch ack, four workers out of order, by FCALL", "fcall",
+         100, payloads=True, workers=4, out_of_order=True),
     Case("a wake-up's cycle (push onto an idle queue, its claim, the ack finding it idle) by "
          "FCALL", "fcall", 1, wake=True),
 )  # fmt: skip
@@ -284,7 +289,8 @@ def payload_claims(
 ) -> Figure:
     """``meter``'s figure per payload claim of ``case.batch`` jobs, each carrying the named
     batch ack of the claim before (the Python client's loop on a payload queue); with
-    ``case.workers`` of them taking turns, of the claim its worker made a turn ago."""
+    ``case.workers`` of them taking turns, of the claim its worker made a turn ago (or four
+    out of order: ``case.out_of_order``)."""
     client = meter.client
     names = queue_keys(f"instructions-{module.label}-payloads-{case.batch}-{tag}")
     keys = [*names.all, names.payloads]
@@ -298,7 +304,10 @@ def payload_claims(
     def claims(n: int) -> None:
         nonlocal turn
         for _ in range(n):
-            worker, turn = turn % case.workers, turn + 1
+            worker = turn % case.workers
+            if case.out_of_order:
+                worker = OUT_OF_ORDER[turn % len(OUT_OF_ORDER)]
+            turn += 1
             reply = module.fcall(client, keys, "nextp_packed", case.batch, LEASE_MS, BUDGET, 0, 1,
                                  *acks[worker])  # fmt: skip
             acks[worker] = [reply[3]]  # (the named batch ack: the packed element itself)

@@ -21,7 +21,7 @@ case), the same with batches of 100, a push of one id, and the claim a consumer 
 an idle queue makes when a push of one id wakes it (the calls between, its ack finding the
 queue idle and the push, not counted), and a worker of a queue with payloads claiming 100 a
 call with the named batch ack of the call before (issue 23's case), and four such workers
-taking turns, each acking the batch it claimed a turn ago.
+taking turns, each acking the batch it claimed a turn ago, and four out of order.
 """
 
 from __future__ import annotations
@@ -198,12 +198,32 @@ def payload_loop(harness: Harness, calls: int) -> tuple[Prepare, Callable[[], No
 def payload_turns(harness: Harness, calls: int) -> tuple[Prepare, Callable[[], None]]:
     """Four workers of a queue with payloads taking turns, each claiming 100 a call with the
     named batch ack of the batch it claimed a turn ago (the oldest in flight)."""
+    return payload_workers(harness, calls, (0, 1, 2, 3))
+
+
+def payload_out_of_order(harness: Harness, calls: int) -> tuple[Prepare, Callable[[], None]]:
+    """Four such workers out of order: each claims once a round, in an order that changes
+    from round to round (OUT_OF_ORDER), so half the named acks are of a batch other than the
+    lease list's tail."""
+    return payload_workers(harness, calls, OUT_OF_ORDER)
+
+
+# Four workers' claims out of order (bench.instructions' too): four rounds, each worker once
+# a round. (One order repeated would settle into turns: each acking the oldest batch.)
+OUT_OF_ORDER = (1, 0, 3, 2, 3, 2, 1, 0, 2, 0, 3, 1, 0, 3, 1, 2)
+
+
+def payload_workers(
+    harness: Harness, calls: int, order: tuple[int, ...]
+) -> tuple[Prepare, Callable[[], None]]:
+    """Four workers of a queue with payloads claiming 100 a call in ``order``, each with the
+    named batch ack of the batch it claimed last."""
     keys = payload_queue(harness, (WARM_CALLS + calls + 5) * 100)
     held = [harness.call_keys(keys, "nextp_packed", 100, LEASE_MS, BUDGET, 0, 1) for _ in range(4)]
     turn = [0]
 
     def call() -> None:
-        worker = turn[0] % 4
+        worker = order[turn[0] % len(order)]
         reply = held[worker]
         assert isinstance(reply, list), reply
         assert isinstance(reply[3], bytes), reply
@@ -225,6 +245,7 @@ CASES: list[tuple[str, Setup]] = [
      claim_after_a_wake_up),
     ("nextp_packed 100 + named batch ack (a worker of a queue with payloads)", payload_loop),
     ("nextp_packed 100 + named batch ack, four workers taking turns", payload_turns),
+    ("nextp_packed 100 + named batch ack, four workers out of order", payload_out_of_order),
 ]  # fmt: skip
 
 

@@ -819,7 +819,7 @@ def test_bench_instructions_holds_the_payload_claim_against_its_floor_and_a_stre
     assert references[STREAM] > references[PAYLOAD_FLOOR]
     payloads = [row for row in run["rows"] if row["via"] == "fcall" and row["batch"] == 100
                 and "nextp" in row["case"]]  # fmt: skip
-    assert len(payloads) == 2  # (one worker, four taking turns)
+    assert len(payloads) == 3  # (one worker, four taking turns, four out of order)
     for payload in payloads:
         assert set(payload["against"]) == {PAYLOAD_FLOOR, STREAM}
         assert payload["against"][STREAM]["median"] == payload["now"] / references[STREAM]
@@ -834,6 +834,7 @@ def test_bench_instructions_has_the_payload_case_where_both_modules_have_nextp_p
     assert [case.name for case in cases_of((now, now)) if case.payloads] == [
         "nextp_packed 100 + named batch ack by FCALL",
         "nextp_packed 100 + named batch ack, four workers taking turns, by FCALL",
+        "nextp_packed 100 + named batch ack, four workers out of order, by FCALL",
     ]
     assert not [case for case in cases_of((old, now)) if case.payloads]
 
@@ -963,14 +964,14 @@ def test_bench_lua_steps_smoke(tmp_path: Path) -> None:
     claim of one, and the counts add up to the case's figure."""
     printed = run_smoke("bench.lua_steps", tmp_path, 120)
     data = json.loads((tmp_path / "lua_steps.json").read_text())
-    one, hundred, push, woken, payloads, turns = data["cases"]
+    one, hundred, push, woken, payloads, turns, out_of_order = data["cases"]
     assert one["name"].startswith("next_packed 1 + batch ack")
     names = [step["name"] for step in one["functions"]]
     assert names[0] == "M.loop_lease", names
     assert "M.read_walk_state" not in names
     assert "main" in names  # (the library's entry: the chunk itself ran once, before)
     assert "(the chunk)" not in names
-    for case in (one, hundred, push, woken, payloads, turns):
+    for case in (one, hundred, push, woken, payloads, turns, out_of_order):
         assert case["per_call"] == pytest.approx(sum(s["per_call"] for s in case["functions"]))
     assert 200 < one["per_call"] < hundred["per_call"]
     # A push of plain ids takes its own path, and a consumer woken by one a fresh start:
@@ -989,4 +990,8 @@ def test_bench_lua_steps_smoke(tmp_path: Path) -> None:
     turn_names = [step["name"] for step in turns["functions"]]
     assert {"M.loop_lease", "M.young_stop", "M.forget"} <= set(turn_names), turn_names
     assert not {"M.read_walk_state", "M.fast_lease"} & set(turn_names)
+    # And four out of order: a named ack of a batch not at the tail takes it out at once.
+    out_names = [step["name"] for step in out_of_order["functions"]]
+    assert {"M.loop_lease", "M.takes_out", "M.young_stop"} <= set(out_names), out_names
+    assert not {"M.read_walk_state", "M.fast_lease", "M.fast_marks"} & set(out_names)
     assert "| `M.loop_lease` |" in printed
