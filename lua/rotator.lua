@@ -2144,8 +2144,9 @@ local function define_module()
     local marks = M.fast_marks(names, places, sides)
     if not marks then return nil end
     -- (a named ack the walk takes out of the lease list at once: M.take_out's)
-    if k == 1 and NAMED and sides[K.marks] + sides[K.marks_old] == 0
-        and M.takes_out(NAMED[A[first]].element, lease_length) then
+    local lone_named = k == 1 and NAMED and NAMED[A[first]]
+    if lone_named and sides[K.marks] + sides[K.marks_old] == 0
+        and M.takes_out(lone_named.element, lease_length) then
       return nil
     end
     for i = 1, k do
