@@ -429,14 +429,17 @@ def workers_twins(
     return twins, named_ack if payloads else batch_ack
 
 
+@pytest.mark.parametrize("library", [False, True], ids=["eval", "library"])
 @pytest.mark.parametrize("payloads", [False, True], ids=["plain", "payloads"])
-def test_consumers_acking_out_of_order_take_the_short_way(tmp_path: Path, payloads: bool) -> None:
+def test_consumers_acking_out_of_order_take_the_short_way(
+    tmp_path: Path, payloads: bool, library: bool
+) -> None:
     """Four consumers, each acking its previous batch as it asks for the next, in an order
     that changes every round: a batch acked before the one at the lease list's tail is
     marked, and dropped when the tail reaches it, the short way (and as the walk would); a
     named ack (payloads) takes its batch out of the short lease list at once, on one worker's
     loop (and as the walk's ack does), so no mark is written."""
-    twins, acked = workers_twins(tmp_path, payloads)
+    twins, acked = workers_twins(tmp_path, payloads, library)
     held: dict[int, list[str]] = {}
     taken = calls = 0
     for order in ([0, 1, 2, 3], [1, 0, 3, 2], [3, 2, 1, 0], [2, 0, 3, 1], [0, 3, 1, 2]):
