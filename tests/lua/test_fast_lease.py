@@ -19,7 +19,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from bench.lua_steps import counted, function_names
+from bench.lua_steps import OUT_OF_ORDER, counted, function_names
 from tests.lua.harness import MODULE_PATH, Harness, Hash, ScriptError, as_text, queue_keys
 
 SWITCH = "local FAST_LEASE = true"
@@ -453,7 +453,8 @@ def test_consumers_acking_out_of_order_take_the_short_way(
             twins.advance(5)
     assert calls == 20
     assert taken == calls, f"{taken} of {calls} calls took the short way"
-    # At most the batches acked ahead of the one at the tail are marked; none taken out.
+    # Plain: at most the batches acked ahead of the tail's are marked. Payloads: none (each
+    # was taken out).
     marks = twins.fast.stub.data.get(twins.fast.keys[3].encode(), ())
     assert len(marks) <= 3 if not payloads else not marks
     assert len(twins.fast.stub.data[twins.fast.keys[10].encode()]) == 4  # (the batches held)
@@ -872,7 +873,9 @@ def test_one_workers_loop_of_a_library_checks_each_queues_own_origin(tmp_path: P
 
 def four_payload_workers_out_of_order(harness: Harness) -> set[str | None]:
     """The module's functions that ran while four workers of a queue with payloads, each
-    acking its last batch by name, made 100 claims out of order (workers 1, 0, 3, 2 in turn)."""
+    acking its last batch by name, made 100 claims out of order: each once a round, the order
+    changing from round to round (bench.lua_steps.OUT_OF_ORDER; one order repeated would
+    settle into turns, each acking the oldest batch)."""
     keys = [*harness.keys, harness.keys[0].removesuffix(":ring") + ":payloads"]
     ids = [f"job-{i}" for i in range(11_000)]
     for start in range(0, len(ids), 1000):
@@ -890,7 +893,7 @@ def four_payload_workers_out_of_order(harness: Harness) -> set[str | None]:
     def claims() -> None:
         nonlocal turn
         for _ in range(100):
-            worker = (1, 0, 3, 2)[turn % 4]
+            worker = OUT_OF_ORDER[turn % len(OUT_OF_ORDER)]
             reply = harness.call_keys(keys, "nextp_packed", 100, LEASE_MS, 1000, 0, 1, held[worker])
             assert isinstance(reply, list)
             assert reply[2] == 1, reply[:4]  # (its named ack accepted)
