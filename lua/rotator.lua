@@ -1883,12 +1883,10 @@ local function define_module()
     local deadline = now + lease
     qstart = qstart or seq
     -- The earliest deadline yet, of a lease shorter than an idle consumer may be waiting: it
-    -- is woken to wait for it (deadline_wakes; lease_max read only where the first holds).
-    local wakes = deadline < (qmin and qmin < lmin and qmin or lmin)
-    if wakes then
-      local lease_max = tn(rcall('HGET', K.meta, 'lease_max') or '')
-      wakes = not lease_max or lease < lease_max
-    end
+    -- is woken to wait for it (deadline_wakes; lease_max read only where the deadline is).
+    local before = qmin and qmin < lmin and qmin or lmin
+    local wakes = deadline < before and M.deadline_wakes(deadline, before, lease,
+      tn(rcall('HGET', K.meta, 'lease_max') or ''))
     if wakes then M.read('LLEN', K.wake) end -- (its type, before the first write)
     local popped, leased = M.pop_pending(count, true)
     if not popped then return M.loop_declined(lease_length, l, found, now) end
@@ -2381,28 +2379,24 @@ local function define_module()
       ids = rcall('RPOP', K.ring, SMALL_TEXT[count] or count)
     end
     local most, id_bytes, n = LIMIT.batch_bytes, LIMIT.id_bytes, #ids
-    if n * id_bytes < most then
-      -- (ids this few cannot reach batch_bytes: each one's size alone is checked, the
-      -- commonest batch's loop, some 40% of its steps where the sum and count are kept)
-      for i = 1, n do
-        local size = #ids[i]
-        if size == 0 or size > id_bytes then
-          M.unpop(ids, 1)
-          return nil
-        end
+    for i = 1, n do
+      local size = #ids[i]
+      if size == 0 or size > id_bytes then
+        M.unpop(ids, 1)
+        return nil
       end
-    else
+    end
+    -- (only a batch of more ids than batch_bytes / id_bytes may reach batch_bytes: it stops at
+    -- the id that does, its bytes summed apart, so the commonest batch's loop is the check
+    -- alone, where the sum and count took some 40% of its steps)
+    if n * id_bytes >= most then
       local bytes = 0
-      n = 0
-      for i = 1, #ids do
-        local size = #ids[i]
-        if size == 0 or size > id_bytes then
-          M.unpop(ids, 1)
-          return nil
+      for i = 1, n do
+        bytes = bytes + #ids[i]
+        if bytes >= most then
+          n = i
+          break
         end
-        n = n + 1
-        bytes = bytes + size
-        if bytes >= most then break end
       end
     end
     -- A pending id holds no "*" (a lease, a packed batch and the sentinel do): one search
