@@ -5,6 +5,7 @@ from __future__ import annotations
 from rotator.core import Rotator
 from rotator.errors import (
     EmbeddedServerError,
+    FunctionsUnavailable,
     GroupsChanged,
     InvalidArgument,
     InvalidJobId,
@@ -45,6 +46,7 @@ __all__ = [
     "Durability",
     "Durations",
     "EmbeddedServerError",
+    "FunctionsUnavailable",
     "GroupsChanged",
     "InvalidArgument",
     "InvalidJobId",

