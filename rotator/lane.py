@@ -6,12 +6,13 @@ for one special command, and packs all the arguments afresh; a one-job call spen
 sixth of its client CPU there (about 12 µs of 46 here). The lane keeps what matters to a
 caller: a connection taken from the client's pool and given back (so pool limits, fork
 safety and stale-socket checks hold), the connection's own retry policy (the same
-``call_with_retry``, which drops the connection after an error it retries, as redis-py does),
-and the same reply parsing and error classes. What it adds is packing: the command's
-constant head (``FCALL <name> <numkeys> <keys>``) is packed once per key list, and only the
-arguments that change are packed per call. A blocked claim's ``BLPOP`` and the call after it
-go in one write the same way (:meth:`Lane.call_after`): about 13 µs less client CPU a wake
-than redis-py's pipeline.
+``call_with_retry``, which drops the connection after an error it retries, and before
+redis-py 6 retries only what the connection's ``retry_on_error`` names, as redis-py does:
+:meth:`Lane.on_failure`), and the same reply parsing and error classes. What it adds is
+packing: the command's constant head (``FCALL <name> <numkeys> <keys>``) is packed once per
+key list, and only the arguments that change are packed per call. A blocked claim's
+``BLPOP`` and the call after it go in one write the same way (:meth:`Lane.call_after`):
+about 13 µs less client CPU a wake than redis-py's pipeline.
 
 A client the lane cannot serve as redis-py would (a single-connection client, one whose
 ``execute_command`` was replaced or wrapped, as tracing tools do, redis-py's observability
@@ -20,6 +21,7 @@ turned on, or no hiredis) gets no lane: its calls go through ``execute_command``
 
 from __future__ import annotations
 
+import functools
 import types
 from collections.abc import Sequence
 from typing import Any
@@ -40,6 +42,17 @@ except ImportError:  # redis-py before 8 records nothing
 
     def _observed() -> bool:
         return False
+
+
+@functools.cache
+def _async_recorder() -> Any:
+    """redis-py's asyncio ``is_enabled`` of its observability, or None before redis-py 8,
+    which records nothing (imported on first use: sync callers never load redis.asyncio)."""
+    try:
+        from redis.asyncio.observability.recorder import is_enabled  # noqa: PLC0415
+    except ImportError:
+        return None
+    return is_enabled
 
 
 # False: every call goes through redis-py's execute_command (for clients made after; the
@@ -138,10 +151,20 @@ class Lane:
         conn = pool.get_connection()
         try:
             return conn.retry.call_with_retry(
-                lambda: self._send(conn, command), lambda _error: conn.disconnect()
+                lambda: self._send(conn, command), self.on_failure(conn)
             )
         finally:
             pool.release(conn)
+
+    def on_failure(self, conn: Any) -> Any:
+        """What the client does when a send on ``conn`` fails, before its Retry sends it
+        again: drops the connection. Before redis-py 6 it also gives up unless the error is
+        one the connection retries (``retry_on_error``: none by default), which that version's
+        ``_disconnect_raise`` does; from 6 the Retry decides alone."""
+        own = getattr(self.client, "_disconnect_raise", None)
+        if own is not None:
+            return lambda error: own(conn, error)
+        return lambda _error: conn.disconnect()
 
     @staticmethod
     def _send(conn: Any, command: bytes) -> Any:
@@ -164,7 +187,7 @@ class Lane:
         conn = pool.get_connection()
         try:
             return conn.retry.call_with_retry(  # type: ignore[no-any-return]
-                lambda: self._send_after(conn, before, command), lambda _error: conn.disconnect()
+                lambda: self._send_after(conn, before, command), self.on_failure(conn)
             )
         finally:
             pool.release(conn)
@@ -201,9 +224,8 @@ class AsyncLane(Lane):
         return cls(client, verb, name)
 
     async def ready(self) -> bool:  # type: ignore[override]
-        from redis.asyncio.observability.recorder import is_enabled  # noqa: PLC0415
-
-        return not await is_enabled()
+        recorder = _async_recorder()
+        return recorder is None or not await recorder()
 
     async def call(self, keys: tuple[Any, ...], args: Sequence[Any]) -> Any:
         command = self.packed(keys, args)
@@ -213,7 +235,7 @@ class AsyncLane(Lane):
         conn = await pool.get_connection()
         try:
             return await conn.retry.call_with_retry(
-                lambda: self._send_async(conn, command), lambda _error: conn.disconnect()
+                lambda: self._send_async(conn, command), self.on_failure(conn)
             )
         finally:
             await pool.release(conn)
@@ -235,7 +257,7 @@ class AsyncLane(Lane):
         try:
             return await conn.retry.call_with_retry(  # type: ignore[no-any-return]
                 lambda: self._send_after_async(conn, before, command),
-                lambda _error: conn.disconnect(),
+                self.on_failure(conn),
             )
         finally:
             await pool.release(conn)

@@ -40,7 +40,7 @@ def test_the_servers_are_the_versions_named(
         assert str(new.info("server")["redis_version"]).startswith("8.2.")
         # Plain Redis (8 builds its vector sets in as a module): the wheel's graph module is
         # never loaded.
-        modules = {module[b"name"] for module in new.execute_command("MODULE", "LIST")}
+        modules = {module[b"name"] for module in new.module_list()}
         assert modules <= {b"vectorset"}, modules
 
 
