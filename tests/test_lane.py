@@ -160,13 +160,7 @@ def lost_reply(server: ServerProcess, retries: int) -> tuple[type[BaseException]
     """One FCALL whose reply would come after the client's socket timeout (the server
     paused for writes): what was raised, and how many FCALLs the server ran."""
     admin: Any = server.client()
-    # (retry_on_error: redis-py before 6 retries only the errors named there, none by default)
-    client = redis.Redis(
-        port=server.port,
-        socket_timeout=0.2,
-        retry=Retry(NoBackoff(), retries),
-        retry_on_error=[redis.TimeoutError],
-    )
+    client = redis.Redis(port=server.port, socket_timeout=0.2, retry=Retry(NoBackoff(), retries))
     q = Rotator(client, f"lost-{retries}-{id(client)}", functions=True)
     q.push("warm")  # (the library is loaded)
     before = fcall_count(admin)

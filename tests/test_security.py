@@ -229,8 +229,10 @@ def test_a_worker_with_the_rule_runs_the_whole_api_and_uses_every_command_it_gra
         rule = {w[1:] for w in rule_for(queue_name, "w") if w.startswith("+")}
         if server_knows_client_setinfo(client):
             rule.add("client|setinfo")
-        assert rule - use.used == {"ping"}
-        assert use.used <= rule
+        # (redis-py 5 authenticates by AUTH, which any user may send, where redis-py 8 sends
+        # HELLO: so 5 leaves HELLO unused)
+        assert rule - use.used - {"hello"} == {"ping"}
+        assert use.used - {"auth"} <= rule
 
 
 def test_a_worker_cannot_touch_another_queue(
