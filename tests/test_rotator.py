@@ -413,7 +413,7 @@ def test_peek_shows_states_and_changes_nothing(client: redis.Redis, q: Rotator) 
 def test_a_client_made_from_a_url_blocks_past_its_socket_timeout(
     server: ServerProcess, queue_name: str
 ) -> None:
-    """redis-py 8 keeps a URL client's socket timeout (5 s; redis-py 5 has none) out of the
+    """redis-py 8 keeps a URL client's socket timeout (5 s; redis-py 6.0 has none) out of the
     pool's kwargs: the wait on the wake list must still stay within it, or a long block fails
     with TimeoutError."""
     q = Rotator.from_url(server.url, queue_name, timeout=30.0)

@@ -229,8 +229,8 @@ def test_a_worker_with_the_rule_runs_the_whole_api_and_uses_every_command_it_gra
         rule = {w[1:] for w in rule_for(queue_name, "w") if w.startswith("+")}
         if server_knows_client_setinfo(client):
             rule.add("client|setinfo")
-        # (redis-py 5 authenticates by AUTH, which any user may send, where redis-py 8 sends
-        # HELLO: so 5 leaves HELLO unused)
+        # (an older redis-py, 6.0 say, authenticates by AUTH, which any user may send, where
+        # redis-py 8 sends HELLO: the older one leaves HELLO unused)
         assert rule - use.used - {"hello"} == {"ping"}
         assert use.used - {"auth"} <= rule
 
