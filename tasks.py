@@ -69,9 +69,10 @@ def apt_install(*packages: str) -> None:
     subprocess.run(["apt-get", "install", "-y", "-qq", *packages], check=True, env=env)
 
 
-def fresh(extra: str, venv_dir: Path = VENV) -> bool:
-    """True when the package was installed with ``extra`` since pyproject.toml last changed."""
-    stamp = venv_dir / f".installed-{extra}"
+def fresh(extra: str, venv_dir: Path | None = None) -> bool:
+    """True when the package was installed with ``extra`` (into ``venv_dir``, .venv unless
+    said) since pyproject.toml last changed."""
+    stamp = (venv_dir or VENV) / f".installed-{extra}"
     pyproject = ROOT / "pyproject.toml"
     return stamp.exists() and stamp.stat().st_mtime >= pyproject.stat().st_mtime
 
