@@ -197,7 +197,7 @@ def test_min_versions() -> None:
         [str(BIN / "python"), "-c", find], check=True, capture_output=True, text=True
     ).stdout.split()
     names = ("ROTATOR_VALKEY_SERVER", "ROTATOR_REDIS6_SERVER", "ROTATOR_REDIS8_SERVER")
-    env = {**os.environ, **dict(zip(names, found, strict=True))}
+    env = {**dict(zip(names, found, strict=True)), **os.environ}  # (a path set already wins)
     say(f"tests of the client layer on {', '.join(MIN_VERSIONS)}")
     subprocess.run(
         [str(MIN_VENV / "bin" / "python"), "-m", "pytest", *PARALLEL, *MIN_TESTS],
