@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 
-from redis.exceptions import ResponseError
+from redis.exceptions import OutOfMemoryError, ReadOnlyError, ResponseError
 
 
 class RotatorError(Exception):
@@ -106,9 +106,26 @@ _CODES: dict[str, type[RotatorError]] = {
 NO_FUNCTIONS = re.compile(r"unknown command ['`](fcall|fcall_ro|function)['`]", re.IGNORECASE)
 
 
+# Redis 6.2 wraps a server error met by a command a script calls in the script's own error:
+# "Error running script (call to f_<sha>): @user_script:<line>: @user_script: <line>: -OOM
+# command not allowed ...", where Redis 7 replies with the server's error as it is. The two
+# refusals that come at a script's first write, before it wrote anything (OOM, READONLY), are
+# raised as redis-py raises the server's own reply (its class, the message after the code):
+# the same error on every server, which a caller (and a sharded queue's retry) can tell.
+SCRIPT_WRAPPED = re.compile(
+    r"^Error running script \(call to f_[0-9a-f]{40}\): @user_script:\d+: "
+    r"(?:@user_script: \d+: )?-(?P<code>OOM|READONLY) (?P<rest>.*)$",
+    re.DOTALL,
+)
+_UNWRAPPED: dict[str, type[ResponseError]] = {"OOM": OutOfMemoryError, "READONLY": ReadOnlyError}
+
+
 def error_from_reply(error: ResponseError) -> Exception:
     """The typed error for a server error reply; the reply itself when it is not ours."""
     message = str(error)
+    wrapped = SCRIPT_WRAPPED.match(message)
+    if wrapped:
+        return _UNWRAPPED[wrapped["code"]](wrapped["rest"])
     if NO_FUNCTIONS.search(message):
         return FunctionsUnavailable(
             "this server has no functions (Redis before 7): leave functions= to its default "

@@ -222,7 +222,9 @@ class ServerProcess:
         if self.kind != "redis6":  # (6.2 has no such setting: DEBUG is always on there)
             args += ["--enable-debug-command", "local"]  # DEBUG SLEEP etc. for chaos tests
         for key, value in self.config.items():
-            args += [f"--{key}", value]  # later flags win, so these override the defaults above
+            # Later flags win, so these override the defaults above. A setting of several words
+            # goes as several arguments: Redis 6.2 takes "replicaof" no other way.
+            args += [f"--{key}", *(value.split() or [value])]
         with self.log_path.open("ab") as log:
             log.write(f"{LAUNCH_MARK}{' '.join(args)}\n".encode())
             log.flush()

@@ -373,7 +373,11 @@ def without_age(stats: Stats) -> Stats:
     return dataclasses.replace(stats, oldest_pending_age=None)
 
 
-@KINDS
+# Redis 6.2 and 8.2 too: 6.2 runs the module by EVALSHA, which meets the refusal at its first
+# write, and wraps it in the script's error (rotator.errors.SCRIPT_WRAPPED).
+@pytest.mark.parametrize(
+    "kind", ["redis", "valkey", "redis6", "redis8"], ids=["redis7", "valkey8", "redis6", "redis8"]
+)
 def test_a_read_only_replica_refuses_every_write_with_read_only_error_and_nothing_changes(
     kind: Kind, tmp_path: Path
 ) -> None:

@@ -12,22 +12,24 @@ forced FCALL fails typed, having run nothing.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 import redis
 import redis.asyncio as aredis
 from click.testing import CliRunner
 
-from rotator import FunctionsUnavailable, Rotator, Topic
+from rotator import FunctionsUnavailable, Rotator, Stats, Topic
 from rotator.aio import AsyncRotator
 from rotator.cli import main
-from rotator.errors import error_from_reply
+from rotator.errors import InvalidJobId, error_from_reply
 from rotator.script import _fcall_refused, chosen_mode
-from tests.helpers import drain, monitored
-from tests.servers import ServerProcess
+from tests.helpers import drain, monitored, snapshot
+from tests.servers import Kind, ServerProcess
 
 
 def test_the_servers_are_the_versions_named(
@@ -230,3 +232,95 @@ def test_other_unknown_commands_are_not_taken_for_it(reply: str) -> None:
     error = redis.ResponseError(reply)
     assert not _fcall_refused(error)
     assert not isinstance(error_from_reply(error), FunctionsUnavailable)
+
+
+# -- the server's own refusals: the same error on every server ---------------------------------
+
+# Redis 6.2's errors when a command the module calls is refused at the script's first write
+# (read off the servers): redis-py raises them as a plain ResponseError, where Redis 7 replies
+# with the server's error as it is.
+WRAPPED_BY_62 = "Error running script (call to f_{sha}): @user_script:6315: @user_script: {line}: "
+OOM = "command not allowed when used memory > 'maxmemory'."
+
+
+@pytest.mark.parametrize(
+    ("reply", "raised"),
+    [
+        (f"-OOM {OOM}", redis.exceptions.OutOfMemoryError(OOM)),
+        (
+            "-READONLY You can't write against a read only replica.",
+            redis.ReadOnlyError("You can't write against a read only replica."),
+        ),
+    ],
+    ids=["oom", "readonly"],
+)
+def test_a_refusal_wrapped_in_the_scripts_error_is_raised_as_the_servers_own(
+    reply: str, raised: redis.ResponseError
+) -> None:
+    error = redis.ResponseError(WRAPPED_BY_62.format(sha="0" * 40, line=2550) + reply)
+    typed = error_from_reply(error)
+    assert (type(typed), str(typed)) == (type(raised), str(raised))
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        # Other errors a script meets stay as they are: the command's own, or the ACL's.
+        WRAPPED_BY_62.format(sha="0" * 40, line=7) + "-WRONGTYPE Operation against a key",
+        WRAPPED_BY_62.format(sha="0" * 40, line=7)
+        + "The user executing the script can't run this command or subcommand",
+        # Not a script's error: a Lua value that merely says so.
+        f"ROTATOR_BADID Error running script (call to f_{'0' * 40}): -OOM x",
+    ],
+)
+def test_other_errors_of_a_script_are_left_as_they_are(reply: str) -> None:
+    error = redis.ResponseError(reply)
+    assert type(error_from_reply(error)) in (redis.ResponseError, InvalidJobId)
+
+
+async def push_by_asyncio(server: ServerProcess, queue_name: str) -> None:
+    client = aredis.Redis(host=server.host, port=server.port)
+    try:
+        await AsyncRotator(client, queue_name, payloads=True).push_payloads({"d": b"4"})
+    finally:
+        await client.aclose()
+
+
+@pytest.mark.parametrize("kind", ["redis6", "redis8"])
+def test_out_of_memory_every_write_raises_out_of_memory_error_and_changes_nothing(
+    kind: Kind, tmp_path: Path
+) -> None:
+    # Redis 8.2 refuses the library's FCALL before it runs; Redis 6.2 runs the script, and
+    # refuses its first write: either way the caller gets redis-py's OutOfMemoryError, and
+    # the reads still answer. (Not `next`: Redis 6.2 judges a script by its first write alone,
+    # and a claim's is a pop, which frees memory, so it runs whole there.)
+    config = {"maxmemory-policy": "noeviction"}
+    with ServerProcess(kind, tmp_path / kind, config) as server, server.client() as client:
+        queue = Rotator(client, "oom", payloads=True)
+        queue.push_payloads({"a": b"1", "b": b"2"})
+        (job,) = queue.next()
+        keys = snapshot(client, queue)
+        stats = queue.stats()
+        writes: dict[str, Callable[[], object]] = {
+            "push": lambda: queue.push_payloads({"c": b"3"}),
+            "ack": lambda: queue.ack(job),
+            "nack": lambda: queue.nack(job),
+            "push by asyncio": lambda: asyncio.run(push_by_asyncio(server, "oom")),
+        }
+        refused: dict[str, str] = {}
+        client.config_set("maxmemory", 1)
+        try:
+            for name, write in writes.items():
+                with pytest.raises(redis.exceptions.OutOfMemoryError) as error:
+                    write()
+                refused[name] = str(error.value)
+            during = queue.stats()
+        finally:
+            client.config_set("maxmemory", 0)
+        assert refused == dict.fromkeys(writes, OOM)
+        assert without_age(during) == without_age(stats)
+        assert snapshot(client, queue) == keys
+
+
+def without_age(stats: Stats) -> Stats:
+    return dataclasses.replace(stats, oldest_pending_age=None)

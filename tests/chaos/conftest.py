@@ -1,6 +1,9 @@
 """Fixtures for the chaos tests: a fresh server per test (faults kill it), and a seed.
 
-Every test runs on Redis 7 and on Valkey 8 (the ``kind`` fixture). The seed comes from
+Every test runs on Redis 7, Valkey 8 and Redis 8.2, the newest server we support (the ``kind``
+fixture, ``CHAOS_KINDS``); the server faults' and the network faults' also on Redis 6.2, the
+oldest, which has no functions, so every process there calls the module by EVALSHA
+(``on_the_oldest_too``). The seed comes from
 ``CHAOS_SEED`` or is drawn at random; it is in every failure message and report.json, so a
 failing schedule can be replayed with ``CHAOS_SEED=<seed> pytest -k <test>``. The session
 summary of the runs' figures is printed by ``tests/conftest.py`` (see ``summary.py``).
@@ -22,7 +25,17 @@ from tests.servers import Kind
 MakeRun = Callable[..., ChaosRun]
 
 
-@pytest.fixture(params=["redis", "valkey"], ids=["redis7", "valkey8"])
+# The servers every chaos test runs on, by the id its test carries.
+CHAOS_KINDS: dict[str, Kind] = {"redis7": "redis", "valkey8": "valkey", "redis8": "redis8"}
+_OLDEST_TOO: dict[str, Kind] = {**CHAOS_KINDS, "redis6": "redis6"}
+# A test that runs on Redis 6.2 as well, whose restarts lose the script cache with no library
+# to come back from the AOF (parametrizing ``kind`` overrides the fixture below).
+on_the_oldest_too = pytest.mark.parametrize(
+    "kind", list(_OLDEST_TOO.values()), ids=list(_OLDEST_TOO)
+)
+
+
+@pytest.fixture(params=list(CHAOS_KINDS.values()), ids=list(CHAOS_KINDS))
 def kind(request: pytest.FixtureRequest) -> Kind:
     found: Kind = request.param
     return found

@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 import pytest
 
+from tests.chaos.conftest import on_the_oldest_too
 from tests.chaos.faultproxy import FaultProxy, Mode, RequestFramer
 from tests.chaos.harness import ChaosRun
 
@@ -22,6 +23,7 @@ AOF_EVERYSEC = {"appendonly": "yes", "appendfsync": "everysec"}
 MakeRun = Callable[..., ChaosRun]
 
 
+@on_the_oldest_too
 @pytest.mark.chaos
 @pytest.mark.timeout(60)
 def test_lost_replies_and_dropped_connections_lose_nothing(chaos: MakeRun) -> None:

@@ -11,6 +11,7 @@ import pytest
 import redis
 
 from rotator import Rotator
+from tests.chaos.conftest import on_the_oldest_too
 from tests.chaos.harness import ChaosRun, cpu_seconds
 from tests.helpers import snapshot
 
@@ -21,6 +22,7 @@ NO_PERSISTENCE = {"appendonly": "no", "save": ""}
 MakeRun = Callable[..., ChaosRun]
 
 
+@on_the_oldest_too
 @pytest.mark.chaos
 @pytest.mark.timeout(60)
 def test_server_kill9_with_appendfsync_always_loses_no_confirmed_job(chaos: MakeRun) -> None:
@@ -71,6 +73,7 @@ def test_server_kill9_with_appendfsync_always_loses_no_confirmed_job(chaos: Make
     assert "unexpected_exits" not in report.notes, report.summary()
 
 
+@on_the_oldest_too
 @pytest.mark.chaos
 @pytest.mark.timeout(60)
 def test_negative_control_without_persistence_the_checker_reports_the_loss(
@@ -97,6 +100,7 @@ def test_negative_control_without_persistence_the_checker_reports_the_loss(
     assert not report.unexplained, report.summary()
 
 
+@on_the_oldest_too
 @pytest.mark.chaos
 @pytest.mark.timeout(60)
 def test_workers_back_off_while_the_server_is_down_and_finish_after(chaos: MakeRun) -> None:
@@ -136,6 +140,7 @@ def test_workers_back_off_while_the_server_is_down_and_finish_after(chaos: MakeR
     assert "unexpected_exits" not in report.notes, report.summary()
 
 
+@on_the_oldest_too
 @pytest.mark.chaos
 @pytest.mark.timeout(60)
 def test_oom_with_noeviction_refuses_writes_without_writing_and_loses_nothing(

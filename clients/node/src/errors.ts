@@ -3,6 +3,7 @@
  * ROTATOR_* codes; errorFromReply is the one place that turns them (and the server's own
  * WRONGTYPE/BUSY replies) into these classes, as rotator/errors.py does for Python.
  */
+import { ReplyError } from "ioredis";
 
 export class RotatorError extends Error {
   override name = "RotatorError";
@@ -78,6 +79,15 @@ export class FunctionsUnavailable extends RotatorError {
  * reply names the command, quoted 'so' by Redis 7 and `so` by Redis 6.2. */
 export const NO_FUNCTIONS = /unknown command ['`](fcall|fcall_ro|function)['`]/i;
 
+/** Redis 6.2 wraps a server error met by a command a script calls in the script's own error:
+ * "ERR Error running script (call to f_<sha>): @user_script:<line>: @user_script: <line>: -OOM
+ * command not allowed ...", where Redis 7 replies with the server's error as it is. The two
+ * refusals that come at a script's first write, before it wrote anything (OOM, READONLY), are
+ * rejected with the server's own reply: the same error on every server (rotator/errors.py's
+ * SCRIPT_WRAPPED). */
+export const SCRIPT_WRAPPED =
+  /^(?:ERR )?Error running script \(call to f_[0-9a-f]{40}\): @user_script:\d+: (?:@user_script: \d+: )?-((?:OOM|READONLY) .*)$/s;
+
 type ErrorClass = new (message: string) => RotatorError;
 
 /** The module's error codes (and the server's own) and the class each one raises. */
@@ -99,6 +109,12 @@ export const ERROR_CODES: Readonly<Record<string, ErrorClass>> = {
 /** The typed error for a server error reply; the error itself when it is not ours. */
 export function errorFromReply(error: unknown): unknown {
   if (!(error instanceof Error)) return error;
+  const wrapped = SCRIPT_WRAPPED.exec(error.message);
+  if (wrapped) {
+    const own = new ReplyError(wrapped[1]) as Error;
+    (own as { cause?: unknown }).cause = error;
+    return own;
+  }
   if (NO_FUNCTIONS.test(error.message)) {
     const typed = new FunctionsUnavailable(
       "this server has no functions (Redis before 7): leave functions to its default " +

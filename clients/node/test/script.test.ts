@@ -4,12 +4,13 @@
 import assert from "node:assert/strict";
 import { execFileSync } from "node:child_process";
 import { after, before, describe, test } from "node:test";
-import Redis, { type RedisOptions } from "ioredis";
+import Redis, { ReplyError, type RedisOptions } from "ioredis";
 import {
   FunctionsUnavailable,
   InvalidArgument,
   ModuleCaller,
   Rotator,
+  errorFromReply,
   functionName,
   librarySource,
   queueKeys,
@@ -233,6 +234,41 @@ describe("calling the module on redis6 (no functions)", () => {
     const reader = client();
     assert.equal((await new Rotator(reader, uniqueName("read6")).stats()).length, 0);
     assert.equal(new ModuleCaller(reader).mode, "evalsha");
+  });
+
+  test("out of memory, a write rejects with the server's own OOM reply, as on Redis 7, and writes nothing", async () => {
+    // 6.2 runs the script and refuses its first write, wrapping the refusal in the script's
+    // error: the client unwraps it (SCRIPT_WRAPPED).
+    const q = new Rotator(client(), uniqueName("oom6"));
+    await q.push("a");
+    const [job] = await q.next();
+    const keys = async (): Promise<[string, string][]> => {
+      const names = (await redis.keys(`*${q.name}*`)).sort();
+      return Promise.all(names.map(async (name) => [name, String(await redis.call("DUMP", name))] as [string, string]));
+    };
+    const before = await keys();
+    await redis.config("SET", "maxmemory", "1");
+    try {
+      for (const write of [() => q.push("b"), () => q.ack(job!), () => q.nack(job!)]) {
+        await assert.rejects(write(), (error: unknown) => {
+          assert.ok(error instanceof ReplyError, String(error));
+          assert.match((error as Error).message, /^OOM command not allowed when used memory > 'maxmemory'\.$/);
+          return true;
+        });
+      }
+    } finally {
+      await redis.config("SET", "maxmemory", "0");
+    }
+    assert.deepEqual(await keys(), before);
+  });
+
+  test("the script's wrapping of a refusal is taken off; other script errors stay as they are", () => {
+    const wrapped = `ERR Error running script (call to f_${"0".repeat(40)}): @user_script:6315: @user_script: 2671: `;
+    const readOnly = errorFromReply(new ReplyError(`${wrapped}-READONLY You can't write against a read only replica.`));
+    assert.ok(readOnly instanceof ReplyError);
+    assert.equal((readOnly as Error).message, "READONLY You can't write against a read only replica.");
+    const own = new ReplyError(`${wrapped}-WRONGTYPE Operation against a key`);
+    assert.equal(errorFromReply(own), own);
   });
 
   test("functions: true fails with FunctionsUnavailable and writes nothing", async () => {
