@@ -12,6 +12,7 @@ go to pytest (which runs on two processes unless they say `-n`).
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -207,6 +208,31 @@ def test_min_versions() -> None:
     run(MIN_VENV / "bin" / "python", "-m", "pytest", *PARALLEL, *MIN_TESTS)
 
 
+def lowest_ioredis() -> str:
+    """The lowest ioredis clients/node/package.json allows: its range's first floor
+    ("^5.11.1 || ^6.0.0": 5.11.1)."""
+    manifest = json.loads((NODE_CLIENT / "package.json").read_text(encoding="utf-8"))
+    found = re.search(r"\d+\.\d+\.\d+", manifest["dependencies"]["ioredis"])
+    if not found:
+        sys.exit("clients/node/package.json: no ioredis version")
+    return found[0]
+
+
+def test_node(env: dict[str, str]) -> None:
+    """npm test on the ioredis of package-lock.json (the newest), then on the lowest the range
+    allows, installed for the run alone: package-lock.json's comes back after, whatever the
+    run did."""
+    subprocess.run(["npm", "test", "--silent"], cwd=NODE_CLIENT, check=True, env=env)
+    lowest = lowest_ioredis()
+    say(f"the Node client's tests on ioredis {lowest}, the lowest it allows")
+    npm_install = ["npm", "install", "--no-save", "--no-audit", "--no-fund"]
+    try:
+        subprocess.run([*npm_install, f"ioredis@{lowest}"], cwd=NODE_CLIENT, check=True)
+        subprocess.run(["npm", "test", "--silent"], cwd=NODE_CLIENT, check=True, env=env)
+    finally:
+        subprocess.run(["npm", "ci", "--no-audit", "--no-fund"], cwd=NODE_CLIENT, check=True)
+
+
 def test(args: list[str]) -> None:
     ensure_venv("dev")
     ensure_redis_server()
@@ -227,7 +253,10 @@ def test(args: list[str]) -> None:
         test_min_versions()
     say("the Node client: its tests and the conformance scenarios (npm test)")
     env = {**os.environ, "ROTATOR_PYTHON": str(BIN / "python")}
-    subprocess.run(["npm", "test", "--silent"], cwd=NODE_CLIENT, check=True, env=env)
+    if args:
+        subprocess.run(["npm", "test", "--silent"], cwd=NODE_CLIENT, check=True, env=env)
+    else:  # (the whole suite: then the lowest ioredis too)
+        test_node(env)
 
 
 def main() -> None:

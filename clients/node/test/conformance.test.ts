@@ -130,7 +130,7 @@ class Runner {
     const kind = await this.redis.type(key);
     if (kind === "list") return this.redis.lrange(key, 0, -1);
     if (kind === "set") return (await this.redis.smembers(key)).sort();
-    if (kind === "zset") return this.redis.zrange(key, 0, -1);
+    if (kind === "zset") return this.redis.zrange(key, "0", "-1");
     if (kind === "hash") {
       // (by field: HGETALL's order is the hash table's, which a rehash step moves on a read)
       const fields = Object.entries(await this.redis.hgetall(key));
