@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from rotator.core import Rotator
 from rotator.errors import (
+    DurabilityUnavailable,
     EmbeddedServerError,
     FunctionsUnavailable,
     GroupsChanged,
@@ -44,6 +45,7 @@ __all__ = [
     "DeadLetter",
     "Discovered",
     "Durability",
+    "DurabilityUnavailable",
     "Durations",
     "EmbeddedServerError",
     "FunctionsUnavailable",

@@ -30,7 +30,7 @@ from redis.exceptions import (
 )
 
 from rotator.commands import ClientCall, Flow, ModuleCall
-from rotator.errors import InvalidArgument, NotDurable
+from rotator.errors import DurabilityUnavailable, InvalidArgument, NotDurable
 from rotator.models import Durability
 from rotator.script import (
     AutoCall,
@@ -121,6 +121,21 @@ def no_waitaof(error: ResponseError) -> bool:
     return "unknown command" in str(error).lower()
 
 
+def aof_disabled(error: ResponseError) -> bool:
+    """True when ``error`` is WAITAOF's refusal to wait for the local AOF of a server whose
+    appendonly is off (Redis 7.2+, Valkey)."""
+    return "appendonly is disabled" in str(error)
+
+
+def local_aof_unavailable(name: str, error: ResponseError) -> DurabilityUnavailable:
+    server = f"the server {name}" if name else "the server"
+    return DurabilityUnavailable(
+        f"durability asks for the local AOF (local_aof=True, the default), but {server} has "
+        "appendonly off, so nothing was written: turn appendonly on, or pass "
+        f"Durability(local_aof=False, replicas=N) to wait for N replicas only ({error})"
+    )
+
+
 def _warn_no_waitaof() -> None:
     global _warned_no_waitaof
     if not _warned_no_waitaof:
@@ -176,8 +191,10 @@ def durable_flow(
     decide as for any call). A not-loaded reply (NOSCRIPT, or FCALL's "function not
     found"; nothing ran) sends the pair again with EVAL of the source, after loading the
     library in FCALL mode, for the next calls. With ``local_aof``, whether the server has
-    WAITAOF (Redis 7.2+, Valkey) is learned once per server with ``WAITAOF 0 0 1``, which
-    returns at once.
+    WAITAOF (Redis 7.2+, Valkey) is learned once per server with ``WAITAOF 1 0 1``, which
+    returns within a millisecond, and which such a server refuses where its appendonly is
+    off: then DurabilityUnavailable is raised, before anything is written (and the server is
+    asked again at the next call, which finds appendonly turned on).
 
     Returns the call's decoded reply; raises NotDurable when the wait did not confirm
     what ``durability`` asks within its timeout: the write was applied, but is not
@@ -193,7 +210,9 @@ def durable_flow(
         for _ in range(4):  # at most: a MOVED and an ASK followed, a NOSCRIPT answered
             name = "" if node is None else str(node.name)
             if durability.local_aof and name not in waitaof:
-                (probe,) = yield NodeCall(node, [("WAITAOF", 0, 0, 1)])
+                (probe,) = yield NodeCall(node, [("WAITAOF", 1, 0, 1)])
+                if isinstance(probe, ResponseError) and aof_disabled(probe):
+                    raise local_aof_unavailable(name, probe)
                 waitaof[name] = not (isinstance(probe, ResponseError) and no_waitaof(probe))
             wait = wait_command(durability, waitaof.get(name, False))
             sent = [("ASKING",)] * asking + [command] + ([wait] if wait is not None else [])

@@ -66,6 +66,12 @@ class NotDurable(RotatorError):
     """The write was applied, but not confirmed persisted/replicated within the timeout."""
 
 
+class DurabilityUnavailable(RotatorError):
+    """The durability asked for cannot be had from this server (``local_aof`` where its
+    appendonly is off); nothing was written. Not a NotDurable, whose write was applied: a
+    caller that takes NotDurable for "written" must not take this one for it."""
+
+
 class EmbeddedServerError(RotatorError):
     """The embedded server could not be found, started or stopped."""
 

@@ -25,11 +25,18 @@ import redis
 import redis.asyncio as aredis
 
 import rotator.durability
-from rotator import Durability, InvalidArgument, NotDurable, Rotator, Stats
+from rotator import (
+    Durability,
+    DurabilityUnavailable,
+    InvalidArgument,
+    NotDurable,
+    Rotator,
+    Stats,
+)
 from rotator.aio import AsyncRotator
 from rotator.script import function_name
 from tests.helpers import wait_until
-from tests.servers import ServerProcess
+from tests.servers import Kind, ServerProcess
 from tests.test_sharded_durability import Stall
 
 
@@ -100,12 +107,37 @@ def test_a_claim_is_a_durable_call_and_so_are_the_acks_riding_on_it(
         q.next()
 
 
-def test_asking_for_local_aof_on_a_server_without_aof_is_not_durable(
-    valkey_server: ServerProcess, queue_name: str
+@pytest.mark.parametrize("kind", ["valkey", "redis8"], ids=["valkey8", "redis8"])
+def test_asking_for_the_local_aof_of_a_server_without_aof_is_refused_before_any_write(
+    kind: Kind, tmp_path: Path
 ) -> None:
-    q = Rotator(valkey_server.client(), queue_name, durability=Durability())
-    with pytest.raises(NotDurable, match="appendonly"):
-        q.push("x")
+    # (servers with WAITAOF, which refuses the local AOF's wait there; the AOF off, as a
+    # server that relies on its replicas has it)
+    with ServerProcess(kind, tmp_path) as server, server.client() as client:
+        q = Rotator(client, "no-aof", durability=Durability())
+        plain = Rotator(client, "no-aof")
+        calls = {"push": lambda: q.push("x"), "next": q.next}
+        for name, call in calls.items():
+            with pytest.raises(DurabilityUnavailable, match="appendonly off") as refused:
+                call()
+            assert not isinstance(refused.value, NotDurable), name  # (that one was written)
+        with pytest.raises(DurabilityUnavailable):
+            asyncio.run(durable_async_push(server, "no-aof"))
+        assert client.keys("*no-aof*") == []  # nothing written, not even a new ring
+        # Not remembered: the server's answer is asked for again, and appendonly turned on
+        # makes the next durable call go through.
+        client.config_set("appendonly", "yes")
+        wait_until(lambda: client.info("persistence")["aof_rewrite_in_progress"] == 0)
+        assert q.push("x") == 1
+        assert plain.stats().pending == 1
+
+
+async def durable_async_push(server: ServerProcess, name: str) -> int:
+    client = aredis.Redis(host=server.host, port=server.port)
+    try:
+        return await AsyncRotator(client, name, durability=Durability()).push("y")
+    finally:
+        await client.aclose()
 
 
 @pytest.mark.parametrize(
