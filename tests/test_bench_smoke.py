@@ -995,3 +995,19 @@ def test_bench_lua_steps_smoke(tmp_path: Path) -> None:
     assert {"M.loop_lease", "M.takes_out", "M.young_stop"} <= set(out_names), out_names
     assert not {"M.read_walk_state", "M.fast_lease", "M.fast_marks"} & set(out_names)
     assert "| `M.loop_lease` |" in printed
+
+
+def test_bench_durability_smoke(tmp_path: Path) -> None:
+    """bench.durability on tiny sizes, on Valkey (it has WAITAOF): every way of waiting
+    pushes with each appendfsync setting, each push confirmed (a NotDurable would end the
+    run), and the table names each way."""
+    printed = run_smoke("bench.durability", tmp_path, 120, "--servers", "valkey")
+    data = json.loads((tmp_path / "durability.json").read_text())
+    run = data["results"]["valkey"]
+    ways = {"plain", "local", "ack", "fsync", "fsync-alone"}
+    for fsync in ("always", "everysec"):
+        assert set(run[fsync]) == ways
+        for way in ways:
+            low, high = run[fsync][way]["ms_range"]
+            assert 0 < low <= run[fsync][way]["ms"] <= high < 10_000, (fsync, way)
+    assert "| replica's fsync (WAIT 1, WAITAOF 1 1: rotator) |" in printed

@@ -16,7 +16,7 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -34,6 +34,7 @@ from rotator import (
     Stats,
 )
 from rotator.aio import AsyncRotator
+from rotator.durability import wait_commands
 from rotator.script import function_name
 from tests.helpers import wait_until
 from tests.servers import Kind, ServerProcess
@@ -116,7 +117,7 @@ def test_asking_for_the_local_aof_of_a_server_without_aof_is_refused_before_any_
     with ServerProcess(kind, tmp_path) as server, server.client() as client:
         q = Rotator(client, "no-aof", durability=Durability())
         plain = Rotator(client, "no-aof")
-        calls = {"push": lambda: q.push("x"), "next": q.next}
+        calls: dict[str, Callable[[], object]] = {"push": lambda: q.push("x"), "next": q.next}
         for name, call in calls.items():
             with pytest.raises(DurabilityUnavailable, match="appendonly off") as refused:
                 call()
@@ -138,6 +139,17 @@ async def durable_async_push(server: ServerProcess, name: str) -> int:
         return await AsyncRotator(client, name, durability=Durability()).push("y")
     finally:
         await client.aclose()
+
+
+def test_the_waits_for_replicas_fsync_share_the_timeout_a_wait_first() -> None:
+    with_replicas = wait_commands(Durability(replicas=2, timeout=2.0), waitaof=True)
+    assert with_replicas == [("WAIT", 2, 500), ("WAITAOF", 1, 2, 1500)]
+    assert sum(command[-1] for command in with_replicas) == 2000  # (within the socket's)
+    assert wait_commands(Durability(timeout=2.0), waitaof=True) == [("WAITAOF", 1, 0, 2000)]
+    acked = Durability(local_aof=False, replicas=1, timeout=0.3)
+    assert wait_commands(acked, waitaof=True) == [("WAIT", 1, 300)]
+    smallest = wait_commands(Durability(replicas=1, timeout=0.001), waitaof=True)
+    assert [command[-1] for command in smallest] == [1, 1]  # (0 would wait for ever)
 
 
 @pytest.mark.parametrize(
@@ -177,9 +189,10 @@ def test_a_durability_timeout_must_be_shorter_than_the_clients_socket_timeout(
 
 # -- one pipeline, one connection: a server and its replica ---------------------------------
 
-# WAITAOF 1 1 (Redis 7.0: WAIT 1). Measured here: Valkey 8.1 answers a WAITAOF that waits
-# for a replica in about 1 s (the replica reports its fsynced offset once a second), so the
-# tests use it sparingly; ACKED waits for the replica's acknowledgement (WAIT) on any server.
+# WAITAOF 1 1 after a WAIT 1 (Redis 7.0: WAIT 1); a WAITAOF alone would wait about 1 s for a
+# replica on Valkey 8.1 (the replica reports its fsynced offset once a second: see
+# rotator.durability.wait_commands). ACKED waits for the replica's acknowledgement (WAIT) on
+# any server.
 ON_REPLICA = Durability(replicas=1, timeout=3)
 ACKED = Durability(local_aof=False, replicas=1, timeout=3)
 IMPATIENT = Durability(local_aof=False, replicas=1, timeout=0.3)
@@ -253,19 +266,21 @@ class AsyncRecording(aredis.Connection):
         await super().send_packed_command(command, check_health)
 
 
-def durable_trips(server: ServerProcess) -> tuple[set[str], str]:
-    """The module commands a durable call may go as, and the wait that goes with it."""
-    return {"EVALSHA", "FCALL"}, "WAITAOF" if has_waitaof(server) else "WAIT"
+def durable_trips(server: ServerProcess) -> tuple[set[str], list[str]]:
+    """The module commands a durable call may go as, and the waits that go with it (for
+    ON_REPLICA): where the server has WAITAOF, a WAIT for the replica first (see
+    rotator.durability.wait_commands)."""
+    return {"EVALSHA", "FCALL"}, ["WAIT", "WAITAOF"] if has_waitaof(server) else ["WAIT"]
 
 
 def test_a_durable_call_and_its_wait_go_in_one_round_trip_on_one_connection(
     replicated: tuple[ServerProcess, ServerProcess], queue_name: str
 ) -> None:
-    """Each durable push and ack is one round trip: the module call and its WAITAOF (WAIT
-    on Redis 7.0) sent at once on one connection. Whether the server has WAITAOF is asked
-    once per client (WAITAOF 0 0 1), not per queue or call. Without ``local_aof`` the wait
-    is WAIT on any server (replicas acknowledge; WAITAOF would wait for their fsync), and
-    nothing is asked."""
+    """Each durable push and ack is one round trip: the module call and its WAIT and WAITAOF
+    (WAIT alone on Redis 7.0) sent at once on one connection. Whether the server has
+    WAITAOF is asked once per client (WAITAOF 1 0 1), not per queue or call. Without
+    ``local_aof`` the wait is WAIT on any server (replicas acknowledge; WAITAOF would wait
+    for their fsync), and nothing is asked."""
     server, replica = replicated
     pool = redis.ConnectionPool(host=server.host, port=server.port, connection_class=Recording)
     client = redis.Redis(connection_pool=pool)
@@ -280,7 +295,7 @@ def test_a_durable_call_and_its_wait_go_in_one_round_trip_on_one_connection(
     assert first.push("b") == 1
     ((_, names),) = Recording.trips
     assert names[0] in modules
-    assert names[1:] == [wait]
+    assert names[1:] == wait
     acking = Rotator(client, queue_name, durability=ACKED)
     (job,) = acking.next()  # not a durable call
     Recording.trips.clear()
@@ -322,7 +337,7 @@ def test_an_async_durable_call_and_its_wait_go_in_one_round_trip_on_one_connecti
         assert await queue.push("b") == 1
         ((_, names),) = Recording.trips
         assert names[0] in modules
-        assert names[1:] == [wait]
+        assert names[1:] == wait
         await client.aclose()
 
     Recording.trips.clear()
