@@ -91,9 +91,9 @@ def wait_commands(durability: Durability, waitaof: bool) -> list[tuple[Any, ...]
     them, and otherwise reports that fsync once a second: a WAITAOF alone took a second on
     Redis 8.2 and Valkey 8.1, appendfsync always on both. The WAIT's answer comes after the
     replica's fsync (with appendfsync always), so the WAITAOF's own request then finds it:
-    0.6 ms (``python -m bench.durability``). The WAIT's answer is not read; the two share
-    the timeout, the WAITAOF keeping three quarters of it (the local fsync of appendfsync
-    everysec takes up to a second)."""
+    under a millisecond (``python -m bench.durability``). The WAIT's answer is not read;
+    the two share the timeout, the WAITAOF keeping three quarters of it (the local fsync of
+    appendfsync everysec takes up to a second)."""
     timeout_ms = max(2, int(durability.timeout * 1000))
     if durability.local_aof:
         if waitaof:
