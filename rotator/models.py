@@ -278,11 +278,12 @@ class WorkSummary:
 class Durability:
     """What a push, ack or nack must reach before the call returns.
 
-    ``local_aof``: fsynced to the server's own append-only file (needs ``appendonly yes``).
+    ``local_aof``: fsynced to the server's own append-only file (needs ``appendonly yes``:
+    a server with WAITAOF and the AOF off raises DurabilityUnavailable, nothing written).
     ``replicas``: acknowledged by (with ``local_aof``, fsynced on) this many replicas.
     ``timeout``: seconds to wait for that. With ``appendfsync everysec`` a server confirms a
-    write at its next sync, up to a second later (Redis 7.2 and later; a replica reports its
-    own once a second), so the default leaves a second more than that.
+    write at its next sync, up to a second later (Redis 7.2 and later, and replicas), so the
+    default leaves a second more than that; with ``appendfsync always``, at once.
     """
 
     local_aof: bool = True
