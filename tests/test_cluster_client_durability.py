@@ -1,11 +1,12 @@
 """Rotator and AsyncRotator on a cluster client (``RedisCluster``, sync and asyncio) with
-``durability=``, on 3 masters with a replica each (the `replicated_cluster` fixture, Redis
-7.0: WAIT). The queue's keys share one hash tag, so one master holds it: each durable call
-goes with its wait in one pipeline on one connection of that master's own client (as a
-sharded queue's do), not through the cluster client, which sends a keyless WAIT to a node
-of its choosing (redis-py 8.1: its default node) on a connection that made none of the
-writes: a confirmation at once, whatever the queue's replica has (checked against the
-code before this change: these tests failed there)."""
+``durability=``, on 3 masters with a replica each: the `replicated_cluster` fixture's
+(Redis 7.0: WAIT), and one of Redis 8.2 with every node's AOF on (WAIT, then WAITAOF
+1 1). The queue's keys share one hash tag, so one master holds it: each durable call goes
+with its wait in one pipeline on one connection of that master's own client (as a sharded
+queue's do), not through the cluster client, which sends a keyless WAIT to a node of its
+choosing (redis-py 8.1: its default node) on a connection that made none of the writes: a
+confirmation at once, whatever the queue's replica has (checked against the code before
+this change: these tests failed there)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from redis.crc import key_slot
 from rotator import Durability, NotDurable, Rotator, Stats
 from rotator.aio import AsyncRotator
 from rotator.sharded_aio import async_cluster_client
-from tests.servers import ReplicatedClusterProcess, ServerProcess
+from tests.servers import REPLICATED_CONFIG, ReplicatedClusterProcess, ServerProcess
 from tests.test_sharded_durability import Stall
 
 pytestmark = pytest.mark.cluster
@@ -35,6 +36,34 @@ def _quiet_no_waitaof(monkeypatch: pytest.MonkeyPatch) -> None:
     """Redis 7.0 has no WAITAOF: as in test_sharded_durability.py, the once-per-process
     warning is said here as if already said, and unsaid after."""
     monkeypatch.setattr("rotator.durability._warned_no_waitaof", True)
+
+
+@pytest.fixture(scope="module")
+def redis8_aof_cluster(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[ReplicatedClusterProcess]:
+    """As the fixture's cluster, on Redis 8.2 with every node's AOF on (fsynced at once):
+    a durable call waits for the master's fsync and a replica's."""
+    cluster = ReplicatedClusterProcess(tmp_path_factory.mktemp("redis8-aof"), "redis8")
+    cluster.extra_config = {**REPLICATED_CONFIG, "appendonly": "yes", "appendfsync": "always"}
+    with cluster:
+        yield cluster
+
+
+@pytest.fixture(params=["redis7", "redis8"])
+def replicated_cluster(
+    request: pytest.FixtureRequest, replicated_cluster_process: ReplicatedClusterProcess
+) -> Iterator[ReplicatedClusterProcess]:
+    """The session's Redis 7.0 cluster, or this module's Redis 8.2 one; whole before and
+    after each test (a test stalls a replica)."""
+    cluster: ReplicatedClusterProcess = (
+        replicated_cluster_process
+        if request.param == "redis7"
+        else request.getfixturevalue("redis8_aof_cluster")
+    )
+    cluster.heal()
+    yield cluster
+    cluster.heal()
 
 
 @pytest.fixture
