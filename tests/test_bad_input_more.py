@@ -8,7 +8,6 @@ started by the test itself, of both kinds.
 
 from __future__ import annotations
 
-import dataclasses
 import re
 import subprocess
 import sys
@@ -23,9 +22,9 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from rotator import InvalidJobId, InvalidToken, Rotator, ServerBusy, Stats
+from rotator import InvalidJobId, InvalidToken, Rotator, ServerBusy
 from rotator.protocol import text
-from tests.helpers import drain, snapshot
+from tests.helpers import drain, snapshot, without_age
 from tests.servers import Kind, ServerProcess, free_ports
 
 T = TypeVar("T")
@@ -367,10 +366,6 @@ def test_busy_from_someone_elses_script_is_server_busy_and_changes_nothing(
 
 
 # -- row 36: a read-only replica ---------------------------------------------------------------
-
-
-def without_age(stats: Stats) -> Stats:
-    return dataclasses.replace(stats, oldest_pending_age=None)
 
 
 # Redis 6.2 and 8.2 too: 6.2 runs the module by EVALSHA, which meets the refusal at its first

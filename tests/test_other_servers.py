@@ -12,7 +12,6 @@ forced FCALL fails typed, having run nothing.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import time
 from collections.abc import Callable, Iterator
@@ -23,12 +22,12 @@ import redis
 import redis.asyncio as aredis
 from click.testing import CliRunner
 
-from rotator import FunctionsUnavailable, Rotator, Stats, Topic
+from rotator import FunctionsUnavailable, Rotator, Topic
 from rotator.aio import AsyncRotator
 from rotator.cli import main
 from rotator.errors import InvalidJobId, error_from_reply
 from rotator.script import _fcall_refused, chosen_mode
-from tests.helpers import drain, monitored, snapshot
+from tests.helpers import drain, monitored, snapshot, without_age
 from tests.servers import Kind, ServerProcess
 
 
@@ -320,7 +319,3 @@ def test_out_of_memory_every_write_raises_out_of_memory_error_and_changes_nothin
         assert refused == dict.fromkeys(writes, OOM)
         assert without_age(during) == without_age(stats)
         assert snapshot(client, queue) == keys
-
-
-def without_age(stats: Stats) -> Stats:
-    return dataclasses.replace(stats, oldest_pending_age=None)

@@ -6,7 +6,6 @@ Redis 7 and Valkey 8 servers; tests/lua/test_read_only.py runs the same reads on
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -16,11 +15,11 @@ import pytest
 import redis
 import redis.asyncio as aredis
 
-from rotator import Rotator, Stats, Topic, TopicStats
+from rotator import Rotator, Stats, Topic
 from rotator.aio import AsyncRotator
 from rotator.errors import ProtocolError, error_from_reply
 from rotator.script import READ_COMMANDS, function_name, module_source, reads_only
-from tests.helpers import snapshot
+from tests.helpers import snapshot, without_age
 from tests.servers import Kind, ServerProcess
 
 KINDS = pytest.mark.parametrize("kind", ["redis", "valkey"], ids=["redis7", "valkey8"])
@@ -36,16 +35,6 @@ def test_the_calls_sent_by_fcall_ro_are_the_modules_reads() -> None:
     assert not reads_only([b"durations", 90, 6, 2])  # counts to add: a write
     assert not any(reads_only(args) for args in ([b"push", b"a"], [b"unique", b"push", b"a"]))
     assert not reads_only([])
-
-
-def without_age(value: Any) -> Any:
-    """A read's result with the oldest pending job's age (it grows as the test runs) left out."""
-    if isinstance(value, Stats):
-        return dataclasses.replace(value, oldest_pending_age=None)
-    if isinstance(value, TopicStats):
-        groups = {name: without_age(stats) for name, stats in value.groups.items()}
-        return dataclasses.replace(value, groups=groups)
-    return value
 
 
 @pytest.fixture
