@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,8 +35,7 @@ import rotator.durability
 from bench.harness import machine_info, module_info, standard_main, write_results
 from rotator import Durability, Rotator
 from rotator.durability import wait_commands
-from tests.helpers import wait_until
-from tests.servers import Kind, ServerProcess
+from tests.servers import Kind, ServerProcess, replicated_pair
 
 RESULTS = Path(__file__).resolve().parent / "results"
 FSYNCS = ("always", "everysec")
@@ -83,21 +82,15 @@ WAYS = {
 }
 
 
-@contextmanager
-def replicated(kind: Kind, workdir: Path, fsync: str) -> Iterator[ServerProcess]:
-    """A server (yielded) and its replica, AOF on with ``fsync``, the link up."""
+def replicated(kind: Kind, workdir: Path, fsync: str) -> AbstractContextManager[Any]:
+    """A server and its replica, AOF on with ``fsync``, the link up."""
     config = {
         "appendonly": "yes",
         "appendfsync": fsync,
         "repl-diskless-sync": "yes",
         "repl-diskless-sync-delay": "0",
     }
-    with ServerProcess(kind, workdir / "primary", config) as primary:
-        link = {**config, "replicaof": f"{primary.host} {primary.port}"}
-        with ServerProcess(kind, workdir / "replica", link) as replica:
-            with replica.client(decode_responses=True) as client:
-                wait_until(lambda: client.info("replication")["master_link_status"] == "up")
-            yield primary
+    return replicated_pair(kind, workdir, config)
 
 
 def measure(server: ServerProcess, sizes: Sizes) -> dict[str, Any]:
@@ -134,7 +127,7 @@ def run(servers: list[str], mode: str, workdir: Path, out: Path, log: Any) -> di
     results: dict[str, Any] = {}
     for kind in servers:
         for fsync in FSYNCS:
-            with replicated(kind, workdir / f"{kind}-{fsync}", fsync) as server:  # type: ignore[arg-type]
+            with replicated(kind, workdir / f"{kind}-{fsync}", fsync) as (server, _):  # type: ignore[arg-type]
                 log(f"{kind} {server.version}, appendfsync {fsync}: {sizes.pushes} pushes a way")
                 found = measure(server, sizes)
                 results.setdefault(kind, {"version": server.version})[fsync] = found

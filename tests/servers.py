@@ -14,7 +14,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal, Self
@@ -266,6 +266,24 @@ class ServerProcess:
         # and nothing else; only signal while it is unreaped, so the pid is still ours.
         if self._proc is not None and self._proc.poll() is None:
             os.killpg(self._proc.pid, sig)
+
+
+@contextlib.contextmanager
+def replicated_pair(
+    kind: Kind, workdir: Path, config: Mapping[str, str]
+) -> Iterator[tuple[ServerProcess, ServerProcess]]:
+    """A server and its replica, both with ``config``, once the replica's link is up (about
+    1 s with diskless sync)."""
+    with ServerProcess(kind, workdir / "primary", config) as primary:
+        link = {**config, "replicaof": f"{primary.host} {primary.port}"}
+        with ServerProcess(kind, workdir / "replica", link) as replica:
+            give_up = time.monotonic() + START_TIMEOUT
+            with replica.client(decode_responses=True) as client:
+                while client.info("replication")["master_link_status"] != "up":
+                    if time.monotonic() > give_up:
+                        raise ServerError(f"the replica on port {replica.port} never linked up")
+                    time.sleep(0.01)
+            yield primary, replica
 
 
 class ClusterProcess:

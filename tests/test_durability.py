@@ -37,7 +37,7 @@ from rotator.aio import AsyncRotator
 from rotator.durability import wait_commands
 from rotator.script import function_name
 from tests.helpers import wait_until
-from tests.servers import Kind, ServerProcess
+from tests.servers import Kind, ServerProcess, replicated_pair
 from tests.test_sharded_durability import Stall
 
 
@@ -212,12 +212,8 @@ def replicated_servers(
 ) -> Iterator[tuple[ServerProcess, ServerProcess]]:
     """A server and its replica, the link up (about 1 s), for this module's tests."""
     workdir = tmp_path_factory.mktemp(f"replicated-{request.param}")
-    with ServerProcess(request.param, workdir / "primary", REPLICATED_CONFIG) as primary:
-        config = {**REPLICATED_CONFIG, "replicaof": f"{primary.host} {primary.port}"}
-        with ServerProcess(request.param, workdir / "replica", config) as replica:
-            with replica.client(decode_responses=True) as client:
-                wait_until(lambda: client.info("replication")["master_link_status"] == "up")
-            yield primary, replica
+    with replicated_pair(request.param, workdir, REPLICATED_CONFIG) as pair:
+        yield pair
 
 
 @pytest.fixture
