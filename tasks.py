@@ -30,6 +30,8 @@ NODE_CLIENT = ROOT / "clients" / "node"
 # pytest-xdist processes; each test file runs whole in one, in order, on its own fixtures.
 # `tasks.py test -n 0` runs it in one process.
 PARALLEL = ("-n", "2", "--dist", "loadfile")
+NPM_CI = ("npm", "ci", "--no-audit", "--no-fund")
+NPM_TEST = ("npm", "test", "--silent")
 # The suite runs on the newest releases the extras resolve to; the tests of the layer that
 # talks to redis-py and click run again on the lowest versions pyproject.toml allows, in a
 # venv of their own (lowest_requirements reads them there).
@@ -162,7 +164,7 @@ def build_node_client() -> None:
     lock = NODE_CLIENT / "package-lock.json"
     if not installed.exists() or installed.stat().st_mtime < lock.stat().st_mtime:
         say("npm ci in clients/node")
-        subprocess.run(["npm", "ci", "--no-audit", "--no-fund"], cwd=NODE_CLIENT, check=True)
+        subprocess.run(NPM_CI, cwd=NODE_CLIENT, check=True)
     say("building clients/node")
     subprocess.run(["npm", "run", "--silent", "build"], cwd=NODE_CLIENT, check=True)
 
@@ -218,19 +220,21 @@ def lowest_ioredis() -> str:
     return found[0]
 
 
-def test_node(env: dict[str, str]) -> None:
-    """npm test on the ioredis of package-lock.json (the newest), then on the lowest the range
-    allows, installed for the run alone: package-lock.json's comes back after, whatever the
-    run did."""
-    subprocess.run(["npm", "test", "--silent"], cwd=NODE_CLIENT, check=True, env=env)
+def test_node(env: dict[str, str], lowest_too: bool) -> None:
+    """npm test on the ioredis of package-lock.json (the newest); ``lowest_too``: then on the
+    lowest the range allows, installed for the run alone (package-lock.json's comes back
+    after, whatever the run did)."""
+    subprocess.run(NPM_TEST, cwd=NODE_CLIENT, check=True, env=env)
+    if not lowest_too:
+        return
     lowest = lowest_ioredis()
     say(f"the Node client's tests on ioredis {lowest}, the lowest it allows")
     npm_install = ["npm", "install", "--no-save", "--no-audit", "--no-fund"]
     try:
         subprocess.run([*npm_install, f"ioredis@{lowest}"], cwd=NODE_CLIENT, check=True)
-        subprocess.run(["npm", "test", "--silent"], cwd=NODE_CLIENT, check=True, env=env)
+        subprocess.run(NPM_TEST, cwd=NODE_CLIENT, check=True, env=env)
     finally:
-        subprocess.run(["npm", "ci", "--no-audit", "--no-fund"], cwd=NODE_CLIENT, check=True)
+        subprocess.run(NPM_CI, cwd=NODE_CLIENT, check=True)
 
 
 def test(args: list[str]) -> None:
@@ -249,14 +253,11 @@ def test(args: list[str]) -> None:
     say("tests")
     chosen = "no:xdist" in args or any(a.startswith(("-n", "--numprocesses")) for a in args)
     run(BIN / "python", "-m", "pytest", *([] if chosen else PARALLEL), *args)
-    if not args:  # (the whole suite: then the lowest versions too)
+    whole = not args  # (the whole suite: then on the lowest versions allowed too)
+    if whole:
         test_min_versions()
     say("the Node client: its tests and the conformance scenarios (npm test)")
-    env = {**os.environ, "ROTATOR_PYTHON": str(BIN / "python")}
-    if args:
-        subprocess.run(["npm", "test", "--silent"], cwd=NODE_CLIENT, check=True, env=env)
-    else:  # (the whole suite: then the lowest ioredis too)
-        test_node(env)
+    test_node({**os.environ, "ROTATOR_PYTHON": str(BIN / "python")}, lowest_too=whole)
 
 
 def main() -> None:
