@@ -159,6 +159,8 @@ REFERENCES: dict[str, Callable[[Meter[Profile], int, str], Profile]] = {
 # its name (or its library's, for the allocator). Lua's functions by their file in Lua 5.1's
 # source (lgc.c, ltable.c, lstring.c, the libraries), the allocator's by glibc's and jemalloc's
 # names, and the Lua-server glue by the servers' script_lua.c and eval.c/function_lua.c.
+# (Valkey's scriptingEngineManager* functions are the server's: its cron visits every engine to
+# sum their memory, whatever the clients run, and one sample of it once fell in a Stream's run.)
 KERNEL, UNRESOLVED, SERVER = "kernel: system calls, network", "unresolved (stripped)", "the server"
 BUCKETS: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
     (name, re.compile(pattern))
@@ -179,8 +181,8 @@ BUCKETS: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
          r"(luaArgsToServerArgv|luaRedis\w+|luaServer\w+|lua_push\w+|lua_to\w+|lua_raw\w+"
          r"|lua_type|lua_is\w+|lua_next|lua_createtable|lua_settable|lua_gettable|lua_newtable"
          r"|freeLuaServerArgv|luaReplyTo\w+|redisProtocolToLuaType\w*|parseReply|callReply\w+"
-         r"|luaCallFunction|luaEngine\w+|scriptCall|scripting\w+|fcallCommand|evalSha\w*"
-         r"|evalGeneric\w*|luaSetErrorMetatable|luaSetTableProtection\w*|scriptPrepare\w*"
+         r"|luaCallFunction|luaEngine\w+|scriptCall|scripting(?!EngineManager)\w+|fcallCommand"
+         r"|evalSha\w*|evalGeneric\w*|luaSetErrorMetatable|luaSetTableProtection\w*|scriptPrepare\w*"
          r"|scriptResetRun|luaMaskCountHook|luaLdb\w+|lua_getfield|lua_setfield|lua_call)"),
         ("Lua interpreter",
          r"(luaV_\w+|luaD_\w+|luaF_\w+|luaO_\w+|luaT_\w+|luaG_\w+|luaE_\w+|luaK_\w+|index2adr"
