@@ -21,7 +21,12 @@ from redis.cluster import RedisCluster
 from rotator.server import EmbeddedServer
 from tests.chaos import summary
 from tests.chaos.harness import REPORTS
-from tests.servers import ClusterProcess, ReplicatedClusterProcess, ServerProcess
+from tests.servers import (
+    REPLICATED_CONFIG,
+    ClusterProcess,
+    ReplicatedClusterProcess,
+    ServerProcess,
+)
 
 
 @pytest.fixture(scope="session")
@@ -111,16 +116,32 @@ def replicated_cluster_process(
         yield started
 
 
-@pytest.fixture
-def replicated_cluster(
-    replicated_cluster_process: ReplicatedClusterProcess,
+@pytest.fixture(scope="module")
+def redis8_aof_cluster(
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[ReplicatedClusterProcess]:
-    """The session's replicated cluster, whole: a test may kill masters (failover tests
-    do); the nodes it killed are started again after it (they rejoin as replicas) and the
-    next test gets 3 masters with a synced replica each, all slots served."""
-    replicated_cluster_process.heal()
-    yield replicated_cluster_process
-    replicated_cluster_process.heal()
+    """3 masters with a replica each on Redis 8.2, the newest Redis rotator supports, every
+    node's AOF on and fsynced at once: a durable call waits for the master's fsync and a
+    replica's (WAIT, then WAITAOF 1 1), where the session's Redis 7.0 cluster has WAIT
+    alone. Started once for each test file that asks (by tests.helpers.ON_EACH_CLUSTER)."""
+    cluster = ReplicatedClusterProcess(tmp_path_factory.mktemp("redis8-aof"), "redis8")
+    cluster.extra_config = {**REPLICATED_CONFIG, "appendonly": "yes", "appendfsync": "always"}
+    with cluster:
+        yield cluster
+
+
+@pytest.fixture
+def replicated_cluster(request: pytest.FixtureRequest) -> Iterator[ReplicatedClusterProcess]:
+    """The session's replicated cluster (Redis 7.0), or under ON_EACH_CLUSTER each kind in
+    turn, whole: a test may kill masters (failover tests do); the nodes it killed are
+    started again after it (they rejoin as replicas) and the next test gets 3 masters with a
+    synced replica each, all slots served."""
+    kind = getattr(request, "param", "redis7")
+    fixture = "replicated_cluster_process" if kind == "redis7" else "redis8_aof_cluster"
+    cluster: ReplicatedClusterProcess = request.getfixturevalue(fixture)
+    cluster.heal()
+    yield cluster
+    cluster.heal()
 
 
 @pytest.fixture

@@ -22,10 +22,11 @@ from redis.crc import key_slot
 from rotator import Durability, NotDurable, Rotator, Stats
 from rotator.aio import AsyncRotator
 from rotator.sharded_aio import async_cluster_client
-from tests.servers import REPLICATED_CONFIG, ReplicatedClusterProcess, ServerProcess
+from tests.helpers import ON_EACH_CLUSTER
+from tests.servers import ReplicatedClusterProcess, ServerProcess
 from tests.test_sharded_durability import Stall
 
-pytestmark = pytest.mark.cluster
+pytestmark = [pytest.mark.cluster, ON_EACH_CLUSTER]
 
 REPLICA = Durability(replicas=1, timeout=3)
 IMPATIENT = Durability(replicas=1, timeout=0.3)
@@ -36,34 +37,6 @@ def _quiet_no_waitaof(monkeypatch: pytest.MonkeyPatch) -> None:
     """Redis 7.0 has no WAITAOF: as in test_sharded_durability.py, the once-per-process
     warning is said here as if already said, and unsaid after."""
     monkeypatch.setattr("rotator.durability._warned_no_waitaof", True)
-
-
-@pytest.fixture(scope="module")
-def redis8_aof_cluster(
-    tmp_path_factory: pytest.TempPathFactory,
-) -> Iterator[ReplicatedClusterProcess]:
-    """As the fixture's cluster, on Redis 8.2 with every node's AOF on (fsynced at once):
-    a durable call waits for the master's fsync and a replica's."""
-    cluster = ReplicatedClusterProcess(tmp_path_factory.mktemp("redis8-aof"), "redis8")
-    cluster.extra_config = {**REPLICATED_CONFIG, "appendonly": "yes", "appendfsync": "always"}
-    with cluster:
-        yield cluster
-
-
-@pytest.fixture(params=["redis7", "redis8"])
-def replicated_cluster(
-    request: pytest.FixtureRequest, replicated_cluster_process: ReplicatedClusterProcess
-) -> Iterator[ReplicatedClusterProcess]:
-    """The session's Redis 7.0 cluster, or this module's Redis 8.2 one; whole before and
-    after each test (a test stalls a replica)."""
-    cluster: ReplicatedClusterProcess = (
-        replicated_cluster_process
-        if request.param == "redis7"
-        else request.getfixturevalue("redis8_aof_cluster")
-    )
-    cluster.heal()
-    yield cluster
-    cluster.heal()
 
 
 @pytest.fixture

@@ -1,9 +1,10 @@
 """ShardedRotator on the real 3-master Redis Cluster: routing by id, shards spread over the
 masters, the stored shard count, blocking wake-ups across shards, bounded retries, and
 worker processes completing every job once; and on 3 masters with a replica each (the
-`replicated_cluster` fixture): a master killed mid-run with durable pushes and acks, and a
-shard's slot migrated to another master mid-run, while a producer pushes and worker
-processes run (tests/test_sharded_durability.py has the rest of ``durability=``)."""
+`replicated_cluster` fixture, Redis 7.0, and one of Redis 8.2 with AOF on): a master killed
+mid-run with durable pushes and acks, and a shard's slot migrated to another master mid-run,
+while a producer pushes and worker processes run (tests/test_sharded_durability.py has the
+rest of ``durability=``)."""
 
 from __future__ import annotations
 
@@ -53,6 +54,7 @@ from rotator.sharded import (
     shard_names,
     shard_of_id,
 )
+from tests.helpers import ON_EACH_CLUSTER
 from tests.servers import ClusterProcess, ReplicatedClusterProcess
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -886,6 +888,7 @@ def run_through(
 
 @pytest.mark.cluster
 @pytest.mark.timeout(60)
+@ON_EACH_CLUSTER
 def test_a_master_killed_mid_run_fails_over_and_no_durable_push_or_ack_is_lost(
     replicated_cluster: ReplicatedClusterProcess,
     queue_name: str,
@@ -957,6 +960,7 @@ def test_a_master_killed_mid_run_fails_over_and_no_durable_push_or_ack_is_lost(
 
 @pytest.mark.cluster
 @pytest.mark.timeout(60)
+@ON_EACH_CLUSTER
 def test_a_shards_slot_migrates_to_another_master_mid_run_and_nothing_is_lost(
     replicated_cluster: ReplicatedClusterProcess, queue_name: str, tmp_path: Path
 ) -> None:
