@@ -11,6 +11,7 @@ import shutil
 import tempfile
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from tests.chaos.harness import REPORTS
 from tests.servers import (
     REPLICATED_CONFIG,
     ClusterProcess,
+    Kind,
     ReplicatedClusterProcess,
     ServerProcess,
 )
@@ -124,10 +126,36 @@ def redis8_aof_cluster(
     node's AOF on and fsynced at once: a durable call waits for the master's fsync and a
     replica's (WAIT, then WAITAOF 1 1), where the session's Redis 7.0 cluster has WAIT
     alone. Started once for each test file that asks (by tests.helpers.ON_EACH_CLUSTER)."""
-    cluster = ReplicatedClusterProcess(tmp_path_factory.mktemp("redis8-aof"), "redis8")
+    with aof_cluster(tmp_path_factory, "redis8") as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="module")
+def valkey8_aof_cluster(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[ReplicatedClusterProcess]:
+    """As redis8_aof_cluster, on Valkey 8.1 (the embedded server's)."""
+    with aof_cluster(tmp_path_factory, "valkey") as cluster:
+        yield cluster
+
+
+@contextmanager
+def aof_cluster(
+    tmp_path_factory: pytest.TempPathFactory, kind: Kind
+) -> Iterator[ReplicatedClusterProcess]:
+    """A replicated cluster of `kind` with every node's AOF on, fsynced at each write."""
+    cluster = ReplicatedClusterProcess(tmp_path_factory.mktemp(f"{kind}-aof"), kind)
     cluster.extra_config = {**REPLICATED_CONFIG, "appendonly": "yes", "appendfsync": "always"}
     with cluster:
         yield cluster
+
+
+# The replicated clusters by the name ON_EACH_CLUSTER gives each.
+REPLICATED_CLUSTERS = {
+    "redis7": "replicated_cluster_process",
+    "redis8-aof": "redis8_aof_cluster",
+    "valkey8-aof": "valkey8_aof_cluster",
+}
 
 
 @pytest.fixture
@@ -137,8 +165,7 @@ def replicated_cluster(request: pytest.FixtureRequest) -> Iterator[ReplicatedClu
     started again after it (they rejoin as replicas) and the next test gets 3 masters with a
     synced replica each, all slots served."""
     kind = getattr(request, "param", "redis7")
-    fixture = "replicated_cluster_process" if kind == "redis7" else "redis8_aof_cluster"
-    cluster: ReplicatedClusterProcess = request.getfixturevalue(fixture)
+    cluster: ReplicatedClusterProcess = request.getfixturevalue(REPLICATED_CLUSTERS[kind])
     cluster.heal()
     yield cluster
     cluster.heal()

@@ -17,10 +17,10 @@ from rotator import Rotator, Stats, TopicStats
 from rotator.protocol import text
 
 # A test (or a file's pytestmark) marked so runs on each kind of replicated cluster that
-# conftest's `replicated_cluster` gives: the session's Redis 7.0 one (WAIT alone) and the
-# file's Redis 8.2 one with AOF on (WAIT, then WAITAOF).
+# conftest's `replicated_cluster` gives: the session's Redis 7.0 one (WAIT alone), and the
+# file's Redis 8.2 and Valkey 8.1 ones with AOF on (WAIT, then WAITAOF).
 ON_EACH_CLUSTER = pytest.mark.parametrize(
-    "replicated_cluster", ["redis7", "redis8-aof"], indirect=True
+    "replicated_cluster", ["redis7", "redis8-aof", "valkey8-aof"], indirect=True
 )
 
 

@@ -1,7 +1,7 @@
 """Rotator and AsyncRotator on a cluster client (``RedisCluster``, sync and asyncio) with
 ``durability=``, on 3 masters with a replica each: the `replicated_cluster` fixture's
-(Redis 7.0: WAIT), and one of Redis 8.2 with every node's AOF on (WAIT, then WAITAOF
-1 1). The queue's keys share one hash tag, so one master holds it: each durable call goes
+(Redis 7.0: WAIT), and Redis 8.2 and Valkey 8.1 ones with every node's AOF on (WAIT, then
+WAITAOF 1 1). The queue's keys share one hash tag, so one master holds it: each durable call goes
 with its wait in one pipeline on one connection of that master's own client (as a sharded
 queue's do), not through the cluster client, which sends a keyless WAIT to a node of its
 choosing (redis-py 8.1: its default node) on a connection that made none of the writes: a

@@ -1,5 +1,6 @@
 """ShardedRotator with ``durability=`` on 3 masters with a replica each (the
-`replicated_cluster` fixture, Redis 7.0: WAIT, no WAITAOF) and on a Valkey 8 one (WAITAOF):
+`replicated_cluster` fixture, Redis 7.0: WAIT, no WAITAOF) and on a Valkey 8 one with AOF on
+(conftest's valkey8_aof_cluster: WAIT, then WAITAOF):
 each durable call and its wait go in one pipeline on one connection of the shard's master,
 so a call returns only once the shard's replica has its write, and raises NotDurable (the
 write applied, not confirmed) when that replica does not answer in time. The first two
@@ -25,7 +26,7 @@ from rotator import Durability, InvalidArgument, NotDurable, Rotator, ShardedRot
 from rotator.script import function_name
 from rotator.sharded import cluster_client
 from rotator.sharded_aio import AsyncShardedRotator, async_cluster_client
-from tests.servers import REPLICATED_CONFIG, ReplicatedClusterProcess, ServerProcess
+from tests.servers import ReplicatedClusterProcess, ServerProcess
 
 pytestmark = pytest.mark.cluster
 
@@ -345,32 +346,20 @@ def test_a_durability_timeout_must_be_shorter_than_the_socket_timeout(
 # -- Valkey 8: WAITAOF ---------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def valkey_aof_cluster(
-    tmp_path_factory: pytest.TempPathFactory,
-) -> Iterator[ReplicatedClusterProcess]:
-    """As the fixture's cluster, on Valkey 8 with every node's AOF on: WAITAOF 1 1 waits
-    for the master's fsync and a replica's."""
-    cluster = ReplicatedClusterProcess(tmp_path_factory.mktemp("valkey-aof"), "valkey")
-    cluster.extra_config = {**REPLICATED_CONFIG, "appendonly": "yes", "appendfsync": "everysec"}
-    with cluster:
-        yield cluster
-
-
 def test_on_valkey_a_durable_push_waits_with_waitaof_for_the_shards_replica(
-    valkey_aof_cluster: ReplicatedClusterProcess, queue_name: str
+    valkey8_aof_cluster: ReplicatedClusterProcess, queue_name: str
 ) -> None:
     """Valkey has WAITAOF (found once per master by the probe): ``Durability(replicas=1)``
     waits for the master's AOF and the replica's. The replica sleeps for 0.6 s: the push
     returns once it woke and fsynced, and it has the job; with a 0.3 s timeout, the next
     push raises NotDurable, and was applied."""
-    client = valkey_aof_cluster.client(socket_timeout=5)
+    client = valkey8_aof_cluster.client(socket_timeout=5)
     queue = ShardedRotator(client, queue_name, shards=3, durability=REPLICA)
     impatient = ShardedRotator(
         client, queue_name, shards=3, durability=Durability(replicas=1, timeout=0.3)
     )
     try:
-        _, replica = shard_nodes(valkey_aof_cluster, queue, "v")
+        _, replica = shard_nodes(valkey8_aof_cluster, queue, "v")
         with Stall(replica, 0.6):
             began = time.monotonic()
             assert queue.push("v") == 1
@@ -388,19 +377,19 @@ def test_on_valkey_a_durable_push_waits_with_waitaof_for_the_shards_replica(
 
 
 def test_on_valkey_a_rotator_on_the_cluster_client_waits_with_waitaof(
-    valkey_aof_cluster: ReplicatedClusterProcess, queue_name: str
+    valkey8_aof_cluster: ReplicatedClusterProcess, queue_name: str
 ) -> None:
     """A plain Rotator on the cluster client: its durable push goes as the shards' do, with
     WAITAOF on the queue's master (through the cluster client, WAITAOF went to the default
     node on a connection that made no write, and "confirmed" at once). It returns once the
     replica woke and fsynced; with a 0.3 s timeout, it raises NotDurable, and was
     applied."""
-    client = valkey_aof_cluster.client(socket_timeout=5)
+    client = valkey8_aof_cluster.client(socket_timeout=5)
     queue = Rotator(client, queue_name, durability=REPLICA)
     impatient = Rotator(client, queue_name, durability=Durability(replicas=1, timeout=0.3))
     try:
-        master = valkey_aof_cluster.master_of_slot(key_slot(queue.keys.ring.encode()))
-        replica = valkey_aof_cluster.replica_of(master)
+        master = valkey8_aof_cluster.master_of_slot(key_slot(queue.keys.ring.encode()))
+        replica = valkey8_aof_cluster.replica_of(master)
         with Stall(replica, 0.6):
             began = time.monotonic()
             assert queue.push("v") == 1
