@@ -425,9 +425,15 @@ def _streams_pool_consumer(url: str, name: str, out: Any) -> None:
             out.put((stamp, (time.monotonic_ns() - stamp) / 1e6))
 
 
+# Beside rotator-fcall, two kinds that say how far its figure can be read: the same kind again
+# with a consumer of its own (an A/A control: two identical kinds land apart by the bench's
+# own noise, which the rounds' range does not show), and the same consumer woken by the
+# module's push sent as a bare FCALL by redis-py (what the push's Python client adds).
 WAKE_CONSUMERS: dict[str, Callable[..., None]] = {
     "rotator": _rotator_consumer,
     "rotator-fcall": partial(_rotator_consumer, functions=True),
+    "rotator-fcall-again": partial(_rotator_consumer, functions=True),
+    "rotator-fcall-bare-push": partial(_rotator_consumer, functions=True),
     "rotator-fcall-pool": _rotator_pool_consumer,
     "topic-fcall": _topic_consumer,
     "handoff": _handoff_consumer,
@@ -444,6 +450,8 @@ def _push_for(kind: str, client: redis.Redis, name: str) -> Callable[[str], Any]
         return _handoff_push(client, name)
     if kind == "contract":
         return _contract_push(client, name)
+    if kind == "rotator-fcall-bare-push":
+        return _bare_push(client, name)
     if kind.startswith("rotator"):
         return Rotator(client, name, functions=kind.startswith("rotator-fcall")).push
     if kind == "topic-fcall":
@@ -451,6 +459,14 @@ def _push_for(kind: str, client: redis.Redis, name: str) -> Callable[[str], Any]
     if kind == "blpop":
         return lambda stamp: client.lpush(name, stamp)
     return lambda stamp: client.xadd(name, {"id": stamp})
+
+
+def _bare_push(client: redis.Redis, name: str) -> Callable[[str], Any]:
+    """The module's push of one id as a bare FCALL, none of the Python client's code (its
+    consumer, a Rotator's, has loaded the library by then)."""
+    keys = Rotator(client, name).keys.all
+    function = function_name()
+    return lambda stamp: client.fcall(function, len(keys), *keys, "push", stamp)
 
 
 def wake_latency(url: str, samples: int, rounds: int = 5) -> dict[str, dict[str, Any]]:

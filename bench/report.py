@@ -16,6 +16,8 @@ from rotator.defaults import DEFAULT_WORK_BATCH
 WAKE_LABELS = {
     "rotator": "rotator next(block=...)",
     "rotator-fcall": "rotator next(block=...), functions=True (FCALL)",
+    "rotator-fcall-again": "the same again, a consumer of its own (an A/A control: the noise)",
+    "rotator-fcall-bare-push": "the same, woken by the module's push as a bare FCALL (no client)",
     "topic-fcall": "a topic's group, next(block=...) woken by a publish (FCALL)",
     "handoff": "a hand-off push (prototype: bench/handoff_push.lua, FCALL)",
     "contract": "the module's contract, bare (bench/contract_floor.lua: push, claim after BLPOP)",

@@ -10,7 +10,11 @@ holding a lease instead of a token that sends it to claim), and the module's con
 pipelined behind the consumer's BLPOP as ``next(block=...)`` sends its claim, no logic),
 which says what the protocol and its state cost apart from the module's Lua. And a worker
 pool's case: four idle consumers, each in its own process, blocked on one queue (by FCALL),
-beside four in one Stream's consumer group: a push wakes one of them.
+beside four in one Stream's consumer group: a push wakes one of them. And two controls of
+the FCALL kind: the same kind again with a consumer of its own (an A/A control: two kinds
+alike land apart by the bench's own noise, which the rounds' range does not show), and its
+consumer woken by the module's push sent as a bare FCALL by redis-py (what the Python
+client's push adds to the latency).
 
     .venv/bin/python -m bench.wake [--quick | --smoke] [--servers redis,valkey] [--table]
 

@@ -79,6 +79,7 @@ def test_bench_smoke_writes_every_scenario(tmp_path: Path) -> None:
     assert all(row["server_us_per_job"] > 0 for row in scaling)  # whichever way it calls
     assert data["memory_bytes_per_job"]["rotator_pending"] > 0
     kinds = {"rotator", "rotator-fcall", "topic-fcall", "handoff", "contract", "blpop", "streams"}
+    kinds |= {"rotator-fcall-again", "rotator-fcall-bare-push"}  # (bench.wake's controls)
     assert set(data["wake_latency"]) == kinds | {"rotator-fcall-pool", "streams-pool"}
     assert all(wake["p50_ms"] is not None for wake in data["wake_latency"].values())
     profiled = {(row["pattern"], row["batch"]) for row in data["call_profile"]}
@@ -631,6 +632,7 @@ def test_bench_wake_smoke(tmp_path: Path) -> None:
     run = data["results"]["redis"]
     kinds = {"rotator", "rotator-fcall", "topic-fcall", "handoff", "contract", "blpop", "streams"}
     kinds |= {"rotator-fcall-pool", "streams-pool"}  # (four idle consumers on one queue, group)
+    kinds |= {"rotator-fcall-again", "rotator-fcall-bare-push"}  # (an A/A control; no client)
     assert kinds == set(run) - {"version"}
     for kind in kinds:
         assert 0 < run[kind]["p50_ms"] <= run[kind]["p99_ms"] < 5000
@@ -645,7 +647,7 @@ def test_bench_wake_smoke(tmp_path: Path) -> None:
         for call in ("push", "claim"):
             assert timed[call] is not None, (kind, timed)
             assert 0 <= timed[call] < 100_000, (kind, timed)
-    for kind in ("rotator", "rotator-fcall", "topic-fcall"):
+    for kind in ("rotator", "rotator-fcall", "topic-fcall", "rotator-fcall-bare-push"):
         assert run[kind]["wake_server_us"]["push"] > run["blpop"]["wake_server_us"]["push"]
         assert run[kind]["wake_server_us"]["claim"] > run["blpop"]["wake_server_us"]["claim"]
     # The hand-off prototype's push is the module's push and claim in one call (more than
