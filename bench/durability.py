@@ -35,7 +35,7 @@ import rotator.durability
 from bench.harness import machine_info, module_info, standard_main, write_results
 from rotator import Durability, Rotator
 from rotator.durability import wait_commands
-from tests.servers import Kind, ServerProcess, replicated_pair
+from tests.servers import ServerProcess, replicated_pair
 
 RESULTS = Path(__file__).resolve().parent / "results"
 FSYNCS = ("always", "everysec")
@@ -82,17 +82,6 @@ WAYS = {
 }
 
 
-def replicated(kind: Kind, workdir: Path, fsync: str) -> AbstractContextManager[Any]:
-    """A server and its replica, AOF on with ``fsync``, the link up."""
-    config = {
-        "appendonly": "yes",
-        "appendfsync": fsync,
-        "repl-diskless-sync": "yes",
-        "repl-diskless-sync-delay": "0",
-    }
-    return replicated_pair(kind, workdir, config)
-
-
 def measure(server: ServerProcess, sizes: Sizes) -> dict[str, Any]:
     """Each way's push wall times, ms: round by round, the ways in turn."""
     client = redis.Redis(host=server.host, port=server.port, socket_timeout=TIMEOUT + 2)
@@ -127,7 +116,8 @@ def run(servers: list[str], mode: str, workdir: Path, out: Path, log: Any) -> di
     results: dict[str, Any] = {}
     for kind in servers:
         for fsync in FSYNCS:
-            with replicated(kind, workdir / f"{kind}-{fsync}", fsync) as (server, _):  # type: ignore[arg-type]
+            aof = {"appendonly": "yes", "appendfsync": fsync}
+            with replicated_pair(kind, workdir / f"{kind}-{fsync}", aof) as (server, _):  # type: ignore[arg-type]
                 log(f"{kind} {server.version}, appendfsync {fsync}: {sizes.pushes} pushes a way")
                 found = measure(server, sizes)
                 results.setdefault(kind, {"version": server.version})[fsync] = found

@@ -36,13 +36,11 @@ STOP_GRACE = 10.0  # seconds to wait for a clean exit before SIGKILL
 START_ATTEMPTS = 5  # a port free at bind(0) can be taken before the server binds it
 CLUSTER_TIMEOUT = 30.0  # seconds for `--cluster create` and for every node to say ok
 CLUSTER_MASTERS = 3  # the fewest masters `--cluster create` accepts
+# Diskless sync without delay makes a replica's first sync about 1.5 s (FIELD-NOTES).
+FAST_SYNC = {"repl-diskless-sync": "yes", "repl-diskless-sync-delay": "0"}
 # A replicated cluster fails over within about 2.5 s of a master's death at this node timeout
-# (ms); diskless sync without delay makes a replica's first sync about 1.5 s (FIELD-NOTES).
-REPLICATED_CONFIG = {
-    "cluster-node-timeout": "1000",
-    "repl-diskless-sync": "yes",
-    "repl-diskless-sync-delay": "0",
-}
+# (ms).
+REPLICATED_CONFIG = {"cluster-node-timeout": "1000", **FAST_SYNC}
 
 HOST = "127.0.0.1"
 LAUNCH_MARK = "\n### launch: "  # written to server.log before each start
@@ -270,12 +268,13 @@ class ServerProcess:
 
 @contextlib.contextmanager
 def replicated_pair(
-    kind: Kind, workdir: Path, config: Mapping[str, str]
+    kind: Kind, workdir: Path, config: Mapping[str, str] | None = None
 ) -> Iterator[tuple[ServerProcess, ServerProcess]]:
-    """A server and its replica, both with ``config``, once the replica's link is up (about
-    1 s with diskless sync)."""
-    with ServerProcess(kind, workdir / "primary", config) as primary:
-        link = {**config, "replicaof": f"{primary.host} {primary.port}"}
+    """A server and its replica, both with ``config`` (and FAST_SYNC), once the replica's
+    link is up (about 1 s)."""
+    both = {**FAST_SYNC, **(config or {})}
+    with ServerProcess(kind, workdir / "primary", both) as primary:
+        link = {**both, "replicaof": f"{primary.host} {primary.port}"}
         with ServerProcess(kind, workdir / "replica", link) as replica:
             give_up = time.monotonic() + START_TIMEOUT
             with replica.client(decode_responses=True) as client:

@@ -25,7 +25,7 @@ from redis.retry import Retry
 from rotator import InvalidJobId, InvalidToken, Rotator, ServerBusy
 from rotator.protocol import text
 from tests.helpers import drain, snapshot, without_age
-from tests.servers import Kind, ServerProcess, free_ports
+from tests.servers import Kind, ServerProcess, free_ports, replicated_pair
 
 T = TypeVar("T")
 KINDS = pytest.mark.parametrize("kind", ["redis", "valkey"], ids=["redis7", "valkey8"])
@@ -376,42 +376,39 @@ def test_busy_from_someone_elses_script_is_server_busy_and_changes_nothing(
 def test_a_read_only_replica_refuses_every_write_with_read_only_error_and_nothing_changes(
     kind: Kind, tmp_path: Path
 ) -> None:
-    fast_sync = {"repl-diskless-sync-delay": "0"}
-    with ServerProcess(kind, tmp_path / "primary", fast_sync) as primary:
-        replica_of = {"replicaof": f"{primary.host} {primary.port}"}
-        with ServerProcess(kind, tmp_path / "replica", replica_of) as replica:
-            to_primary, to_replica = primary.client(), replica.client()
-            on_primary = Rotator(to_primary, "ro", timeout=30.0)
-            on_replica = Rotator(to_replica, "ro", timeout=30.0)
-            on_primary.push("a", "b")
-            (job,) = on_primary.next()
-            give_up = time.monotonic() + 20
-            while snapshot(to_replica, on_replica) != snapshot(to_primary, on_primary):
-                assert time.monotonic() < give_up, "the replica never caught up"
-                time.sleep(0.05)
-            before = snapshot(to_primary, on_primary)
-            calls: dict[str, Callable[[], object]] = {
-                "push": lambda: on_replica.push("c"),
-                "next": on_replica.next,
-                "ack": lambda: on_replica.ack(job),
-                "nack": lambda: on_replica.nack(job),
-                "extend": lambda: on_replica.extend(job),
-                "sweep": on_replica.sweep,
-            }
-            errors: dict[str, redis.RedisError] = {}
-            for name, call in calls.items():
-                with pytest.raises(redis.RedisError) as refused:
-                    call()
-                errors[name] = refused.value
-            assert without_age(on_replica.stats()) == without_age(on_primary.stats())
-            assert snapshot(to_primary, on_primary) == before
-            assert snapshot(to_replica, on_replica) == before
-            for name, error in errors.items():
-                assert "READONLY" in f"{type(error).__name__} {error}".upper(), (name, error)
-            # The type too: redis-py's Sentinel client reconnects to the new master on it.
-            assert {name: type(error) for name, error in errors.items()} == dict.fromkeys(
-                calls, redis.ReadOnlyError
-            )
+    with replicated_pair(kind, tmp_path) as (primary, replica):
+        to_primary, to_replica = primary.client(), replica.client()
+        on_primary = Rotator(to_primary, "ro", timeout=30.0)
+        on_replica = Rotator(to_replica, "ro", timeout=30.0)
+        on_primary.push("a", "b")
+        (job,) = on_primary.next()
+        give_up = time.monotonic() + 20
+        while snapshot(to_replica, on_replica) != snapshot(to_primary, on_primary):
+            assert time.monotonic() < give_up, "the replica never caught up"
+            time.sleep(0.05)
+        before = snapshot(to_primary, on_primary)
+        calls: dict[str, Callable[[], object]] = {
+            "push": lambda: on_replica.push("c"),
+            "next": on_replica.next,
+            "ack": lambda: on_replica.ack(job),
+            "nack": lambda: on_replica.nack(job),
+            "extend": lambda: on_replica.extend(job),
+            "sweep": on_replica.sweep,
+        }
+        errors: dict[str, redis.RedisError] = {}
+        for name, call in calls.items():
+            with pytest.raises(redis.RedisError) as refused:
+                call()
+            errors[name] = refused.value
+        assert without_age(on_replica.stats()) == without_age(on_primary.stats())
+        assert snapshot(to_primary, on_primary) == before
+        assert snapshot(to_replica, on_replica) == before
+        for name, error in errors.items():
+            assert "READONLY" in f"{type(error).__name__} {error}".upper(), (name, error)
+        # The type too: redis-py's Sentinel client reconnects to the new master on it.
+        assert {name: type(error) for name, error in errors.items()} == dict.fromkeys(
+            calls, redis.ReadOnlyError
+        )
 
 
 # -- row 41: a server that refuses connections -------------------------------------------------

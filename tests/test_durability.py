@@ -196,13 +196,8 @@ def test_a_durability_timeout_must_be_shorter_than_the_clients_socket_timeout(
 ON_REPLICA = Durability(replicas=1, timeout=3)
 ACKED = Durability(local_aof=False, replicas=1, timeout=3)
 IMPATIENT = Durability(local_aof=False, replicas=1, timeout=0.3)
-# Each write fsynced at once (WAITAOF returns when it is), a replica's first sync fast.
-REPLICATED_CONFIG = {
-    "appendonly": "yes",
-    "appendfsync": "always",
-    "repl-diskless-sync": "yes",
-    "repl-diskless-sync-delay": "0",
-}
+# Each write fsynced at once (WAITAOF returns when it is).
+AOF_ALWAYS = {"appendonly": "yes", "appendfsync": "always"}
 COMMAND = re.compile(rb"\*\d+\r\n\$\d+\r\n([A-Za-z]+)\r\n")  # a RESP array's first word
 
 
@@ -212,7 +207,7 @@ def replicated_servers(
 ) -> Iterator[tuple[ServerProcess, ServerProcess]]:
     """A server and its replica, the link up (about 1 s), for this module's tests."""
     workdir = tmp_path_factory.mktemp(f"replicated-{request.param}")
-    with replicated_pair(request.param, workdir, REPLICATED_CONFIG) as pair:
+    with replicated_pair(request.param, workdir, AOF_ALWAYS) as pair:
         yield pair
 
 
