@@ -92,10 +92,41 @@ def queue_name(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture(scope="session")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterProcess]:
-    """A 3-master Redis Cluster for tests marked `cluster`, started once for the session."""
+def redis7_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterProcess]:
+    """A 3-master Redis 7.0 Cluster, started once for the session."""
     with ClusterProcess(tmp_path_factory.mktemp("cluster")) as started:
         yield started
+
+
+@pytest.fixture(scope="session")
+def valkey8_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterProcess]:
+    """A 3-master Valkey 8.1 cluster (the embedded server's), started once for the session
+    by the first test that asks (a file whose CLUSTER_KINDS names it)."""
+    with ClusterProcess(tmp_path_factory.mktemp("valkey-cluster"), "valkey") as started:
+        yield started
+
+
+# The 3-master clusters by the names a test file's CLUSTER_KINDS gives.
+PLAIN_CLUSTERS = {"redis7": "redis7_cluster", "valkey8": "valkey8_cluster"}
+
+
+@pytest.fixture
+def cluster(request: pytest.FixtureRequest) -> ClusterProcess:
+    """A 3-master cluster for tests marked `cluster`: Redis 7.0's, or each kind that the test
+    file's CLUSTER_KINDS names in turn (see pytest_generate_tests)."""
+    found: ClusterProcess = request.getfixturevalue(
+        PLAIN_CLUSTERS[getattr(request, "param", "redis7")]
+    )
+    return found
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """A test file that sets CLUSTER_KINDS (names of PLAIN_CLUSTERS) runs each of its tests
+    that use the `cluster` fixture once on each of those clusters; other files use Redis
+    7.0's alone, with unchanged test ids."""
+    kinds = getattr(metafunc.module, "CLUSTER_KINDS", None)
+    if kinds and "cluster" in metafunc.fixturenames:
+        metafunc.parametrize("cluster", kinds, indirect=True)
 
 
 @pytest.fixture

@@ -23,6 +23,10 @@ ON_EACH_CLUSTER = pytest.mark.parametrize(
     "replicated_cluster", ["redis7", "redis8-aof", "valkey8-aof"], indirect=True
 )
 
+# A test file that sets ``CLUSTER_KINDS = EACH_PLAIN_CLUSTER`` runs each of its tests that use
+# conftest's `cluster` (3 masters, no replicas) on Redis 7.0 and on Valkey 8.1.
+EACH_PLAIN_CLUSTER = ("redis7", "valkey8")
+
 
 def snapshot(client: redis.Redis, rotator: Rotator) -> dict[str, Any]:
     """Every key of a queue, by value, so a test can assert that nothing changed."""

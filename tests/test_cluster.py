@@ -1,4 +1,5 @@
-"""Rotator on a real 3-master Redis Cluster: queues on different nodes, one slot per queue."""
+"""Rotator on a real 3-master cluster, Redis 7.0 and Valkey 8.1: queues on different nodes, one
+slot per queue."""
 
 from __future__ import annotations
 
@@ -18,9 +19,11 @@ from redis.retry import Retry
 from rotator import Rotator
 from rotator.aio import AsyncRotator
 from rotator.script import chosen_mode
+from tests.helpers import EACH_PLAIN_CLUSTER
 from tests.servers import ClusterProcess
 
 pytestmark = pytest.mark.cluster
+CLUSTER_KINDS = EACH_PLAIN_CLUSTER
 
 
 def slot(client: RedisCluster, key: str) -> int:

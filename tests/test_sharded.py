@@ -1,8 +1,8 @@
-"""ShardedRotator on the real 3-master Redis Cluster: routing by id, shards spread over the
-masters, the stored shard count, blocking wake-ups across shards, bounded retries, and
-worker processes completing every job once; and on 3 masters with a replica each (the
-`replicated_cluster` fixture: Redis 7.0, and Redis 8.2 and Valkey 8.1 with AOF on): a
-master killed mid-run with durable pushes and acks, and a shard's slot migrated to another
+"""ShardedRotator on real 3-master clusters, Redis 7.0 and Valkey 8.1: routing by id, shards
+spread over the masters, the stored shard count, blocking wake-ups across shards, bounded
+retries, and worker processes completing every job once; and on 3 masters with a replica
+each (the `replicated_cluster` fixture: Redis 7.0, and Redis 8.2 and Valkey 8.1 with AOF on):
+a master killed mid-run with durable pushes and acks, and a shard's slot migrated to another
 master mid-run, while a producer pushes and worker processes run
 (tests/test_sharded_durability.py has the rest of ``durability=``)."""
 
@@ -54,9 +54,10 @@ from rotator.sharded import (
     shard_names,
     shard_of_id,
 )
-from tests.helpers import ON_EACH_CLUSTER
+from tests.helpers import EACH_PLAIN_CLUSTER, ON_EACH_CLUSTER
 from tests.servers import ClusterProcess, ReplicatedClusterProcess
 
+CLUSTER_KINDS = EACH_PLAIN_CLUSTER
 ROOT = Path(__file__).resolve().parent.parent
 
 

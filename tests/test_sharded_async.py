@@ -1,8 +1,9 @@
-"""AsyncShardedRotator, the asyncio twin of ShardedRotator, on the real 3-master Redis Cluster:
-the same API (compared by introspection), the same queue (a sync ShardedRotator reads what
-the async one wrote), the stored shard count, a blocked consumer woken across shards without
-polling, the async worker loop completing every job once, bounded retries that do not block
-the event loop, and bad input refused with typed errors and nothing changed.
+"""AsyncShardedRotator, the asyncio twin of ShardedRotator, on real 3-master clusters (Redis
+7.0 and Valkey 8.1): the same API (compared by introspection), the same queue (a sync
+ShardedRotator reads what the async one wrote), the stored shard count, a blocked consumer
+woken across shards without polling, the async worker loop completing every job once,
+bounded retries that do not block the event loop, and bad input refused with typed errors
+and nothing changed.
 
 Each scenario runs with ``asyncio.run`` on an async cluster client of its own (made by
 ``async_cluster_client``, as ``from_url`` makes it) that it closes.
@@ -39,10 +40,11 @@ from rotator.aio import AsyncRotator
 from rotator.commands import push_chunk, push_ids
 from rotator.sharded import CONNECT_TIMEOUT, SOCKET_TIMEOUT, layout_key
 from rotator.sharded_aio import AsyncRetryingSender, AsyncShardedRotator, async_cluster_client
-from tests.helpers import snapshot
+from tests.helpers import EACH_PLAIN_CLUSTER, snapshot
 from tests.servers import ClusterProcess
 from tests.test_api_parity import public_methods, public_properties
 
+CLUSTER_KINDS = EACH_PLAIN_CLUSTER
 Scenario = Callable[[AsyncRedisCluster], Awaitable[None]]
 
 
