@@ -2,7 +2,7 @@
 -- The module's contract, bare: what one worker's one-job loop (M.loop_lease) and a push of
 -- one id cost the server before any of their logic. A function library called as the
 -- module is (FCALL, a queue's thirteen keys, the command's arguments), making the loop's
--- seven commands, or the push's eight, with the same keys and as many fields, and nothing
+-- eight commands, or the push's nine, with the same keys and as many fields, and nothing
 -- else: no check, no number read or written as a number, no fencing. Against bench/floor.lua
 -- (the pattern's floor) it says what the contract itself costs (its keys, its arguments, the
 -- commands that keep the state); against the module, what the module's own Lua costs
@@ -29,6 +29,7 @@ local WALK = '0123456789abcdef0123456789abcdef0123456789abcdef' ..
 
 local function claim(keys, args)
   local ring, meta, leases = keys[1], keys[9], keys[11]
+  redis.call('HGET', meta, 'format') -- (every call's first: the storage format's check)
   redis.call('LRANGE', leases, '0', '1')
   redis.call('HMGET', meta, unpack(FIELDS))
   redis.call('EXISTS', keys[2], keys[3], keys[4], keys[5], keys[6], keys[7])
@@ -41,11 +42,12 @@ local function claim(keys, args)
   return { 0, -1, 1, element }
 end
 
--- The push's eight commands (M.push_ids with record_push, a push within its checkpoint's
--- second): the ring's length, the seven meta fields it reads, the wake list's length, the
+-- The push's nine commands (M.push_ids with record_push, a push within its checkpoint's
+-- second): the storage format's check, the ring's length, the seven meta fields it reads, the wake list's length, the
 -- push log's head, the time, the id pushed, the meta written back, a wake-up.
 local function push(keys, args)
   local ring, wake, meta, pushlog = keys[1], keys[8], keys[9], keys[10]
+  redis.call('HGET', meta, 'format')
   redis.call('LLEN', ring)
   redis.call('HMGET', meta, 'seq', 'origin', 'pushed', 'taken', 'walk', 'track_ids', 'layout')
   redis.call('LLEN', wake)

@@ -34,7 +34,7 @@ counted warm), a cycle as a call. And in each round, the pattern's floor (``benc
 EVALSHA, one job a call with the call before's token acked, as ``bench.profiles`` runs it),
 against which the one-job cases are given too: the ratio issue 14's server-time target is
 about, in counts that do not move with the machine; the one-job claim by FCALL also against
-the module's contract, bare (``bench/contract_floor.lua``: the loop's seven commands on a
+the module's contract, bare (``bench/contract_floor.lua``: the loop's eight commands on a
 queue's thirteen keys with next_packed's arguments, and no logic), which splits what is left
 into what the contract costs and what the module's Lua does, and the push by FCALL against
 the push's contract, bare (the same library: its eight commands, no logic); and, where the
@@ -355,7 +355,7 @@ def contract_per_call(meter: Meter[Figure], calls: int, tag: str) -> Figure:
 
 def push_contract_per_call(meter: Meter[Figure], calls: int, tag: str) -> Figure:
     """``meter``'s figure per push of one id by the push's contract, bare
-    (bench/contract_floor.lua by FCALL): the module's push's eight commands on a queue's
+    (bench/contract_floor.lua by FCALL): the module's push's nine commands on a queue's
     thirteen keys, and no logic."""
     client = meter.client
     keys = queue_keys(f"instructions-push-contract-{tag}").all

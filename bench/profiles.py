@@ -362,7 +362,7 @@ def _handoff_push(client: redis.Redis, name: str) -> Callable[[str], Any]:
 
 
 # The module's contract, bare (bench/contract_floor.lua), woken as next(block=...) is: the
-# push's eight commands, and the one-job loop's seven pipelined behind the consumer's BLPOP
+# push's nine commands, and the one-job loop's eight pipelined behind the consumer's BLPOP
 # of the wake list; no logic. What any module keeping this state could do, on this protocol.
 CONTRACT_SOURCE = (Path(__file__).parent / "contract_floor.lua").read_text(encoding="utf-8")
 CONTRACT_PUSH, CONTRACT_CLAIM = "rotator_contract_push", "rotator_contract_claim"

@@ -6,7 +6,7 @@ a topic is set beside: issue 23). Beside them, two references: a prototype of a 
 (``bench/handoff_push.lua``: the push claims its job by the module's own claim in the same
 call and hands it to the blocked consumer through a list it BLPOPs, so the consumer wakes
 holding a lease instead of a token that sends it to claim), and the module's contract, bare
-(``bench/contract_floor.lua``: the push's eight commands and the one-job loop's seven,
+(``bench/contract_floor.lua``: the push's nine commands and the one-job loop's eight,
 pipelined behind the consumer's BLPOP as ``next(block=...)`` sends its claim, no logic),
 which says what the protocol and its state cost apart from the module's Lua. And a worker
 pool's case: four idle consumers, each in its own process, blocked on one queue (by FCALL),

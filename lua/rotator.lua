@@ -42,7 +42,7 @@ KEYS
                             stale (see IDS), copies (see pushp), lease_max (the longest
                             LEASE_MS of a claim that leased nothing: see next), layout (written
                             once: keeps it a hash table, see LIMIT.meta_layout); settings
-                            (configure)
+                            (configure); format (see FORMAT)
   KEYS[10] pushlog    LIST  "<pushed>:<ms>" push checkpoints, one a second at most, newest
                             first (pending age); the newest's count is meta pushed
   KEYS[11] leases     LIST  the jobs in flight: leases and packed batches, newest at the head,
@@ -57,7 +57,8 @@ KEYS
                             per-item stats, kept only by calls given this key (0: unknown)
 
 TOPIC KEYS (then KEYS[5..17] are group 1's thirteen queue keys, KEYS[18..30] group 2's, ...)
-  KEYS[1]  topic      HASH  seq (last message seq), ms (last message ms), bytes (retained)
+  KEYS[1]  topic      HASH  seq (last message seq), ms (last message ms), bytes (retained),
+                            format (see FORMAT)
   KEYS[2]  groups     HASH  group name -> its ring key (KEYS[1] of its thirteen queue keys)
   KEYS[3]  log        ZSET  one entry per run of messages a publish stored: "<ms>-<first>-<bytes>"
                             scored by <first>, the run's oldest retained seq; a run ends
@@ -179,6 +180,18 @@ IDS (a queue that tracks ids: unique jobs and cancel)
   visits; a tracked queue takes no short way (M.fast_lease). Counts (stats) include a
   cancelled job until the walk drops it (a sweep reaches a young lease at its deadline).
   track_ids 0 drops the index.
+
+FORMAT (rolling upgrades)
+  These keys, laid out as above, are storage format 1. A later module that stores something
+  another way has a higher format: it converts a queue in place at its first write, records
+  its format in meta's field `format` (a topic's: in KEYS[1]'s `format`, and in every group's
+  meta, by a topic command), and reads the older formats as before. Every call reads that
+  field first (HGET: the queue's meta; a topic command: the topic's KEYS[1]). Absent or "1":
+  the call goes on. Anything else: ROTATOR_FORMAT, nothing written. So a client left on an
+  older module during a rolling upgrade stops with that error on a queue a newer one has
+  converted, instead of misreading it (two modules that keep one state two ways can each
+  lease a job the other holds). This module writes no `format`: format 1 is the absent
+  field's.
 
 COMMANDS (ARGV[1]; numbers are decimal integers)
   push ID [ID ...]
@@ -519,10 +532,12 @@ COMMANDS (ARGV[1]; numbers are decimal integers)
 ERRORS (replies start with the code)
   ROTATOR_BADCMD, ROTATOR_BADARG, ROTATOR_BADID, ROTATOR_BADTOKEN, ROTATOR_TOOMANY,
   ROTATOR_KEYS, ROTATOR_WRONGTYPE, ROTATOR_STALE (retry: the topic's groups changed),
-  ROTATOR_NOGROUP, ROTATOR_UNTRACKED (unique or cancel on a queue without the id index). Every argument and key type is checked before the first
-  write, so a failing call changes nothing. The server may wrap the reply: Redis 7.0 and
-  Valkey 8 send "ERR ROTATOR_BADARG ... script: <sha>, on @user_script:<line>." to EVALSHA
-  (a client strips a leading "ERR " before it reads the code).
+  ROTATOR_NOGROUP, ROTATOR_UNTRACKED (unique or cancel on a queue without the id index),
+  ROTATOR_FORMAT (a newer module's storage format: see FORMAT). Every argument and key type
+  is checked before the first write, so a failing call changes nothing. The server may wrap
+  the reply: Redis 7.0 and Valkey 8 send "ERR ROTATOR_BADARG ... script: <sha>, on
+  @user_script:<line>." to EVALSHA (a client strips a leading "ERR " before it reads the
+  code).
 
 REDIS-CLI
   SHA=$(redis-cli -x SCRIPT LOAD < lua/rotator.lua)
@@ -665,6 +680,7 @@ local LIMIT = {
   -- are kept, for how long.
   fence_ms = 3600000, fence_max = 1000000, dead_max = 100000, dead_age_ms = 7 * 86400000,
   track_ids = 0, -- see IDS
+  format = '1', -- this module's storage format, as meta's `format` names it (see FORMAT)
   trim_step = 1000, -- refused tokens or dead letters one call drops beyond what it adds
   -- How long an ack that dropped payloads is remembered at most (M.remember_dropped): a
   -- call retried after its reply was lost comes again within this.
@@ -916,6 +932,17 @@ local function define_module()
         ', not the type rotator keeps there')
     end
     return reply
+  end
+
+  -- A command, once the storage format of the queue (or the topic) its keys name is this
+  -- module's (FORMAT): a newer module's refused before anything is read or written.
+  function M.run(handler, meta)
+    local format = M.read('HGET', meta, 'format')
+    if format and format ~= LIMIT.format then
+      M.refuse('ROTATOR_FORMAT', meta .. ' is in storage format ' .. M.printable(format) ..
+        ', which this module (format ' .. LIMIT.format .. ') does not know: upgrade this client')
+    end
+    return handler()
   end
 
   -- A command the server may refuse for what it finds there (a write: a counter written by hand
@@ -6305,7 +6332,7 @@ local function define_module()
     if not handler then
       return M.fail('ROTATOR_BADCMD', 'unknown command ' .. M.printable(args[1]))
     end
-    local ok, result = pcall(handler)
+    local ok, result = pcall(M.run, handler, T and T.topic or K.meta)
     if ok or (type(result) == 'table' and result.err) then return result end
     -- An error from a command Redis refused (READONLY, OOM, NOPERM...) reaches pcall as a
     -- string: reply with it as it is, so its code survives for the client to see.

@@ -20,6 +20,7 @@ from rotator.errors import (
     RotatorError,
     ServerBusy,
     ShardsMismatch,
+    UnknownFormat,
     UnknownGroup,
     WrongKeyType,
 )
@@ -74,6 +75,7 @@ __all__ = [
     "Topic",
     "TopicGroup",
     "TopicStats",
+    "UnknownFormat",
     "UnknownGroup",
     "WorkSummary",
     "WrongKeyType",

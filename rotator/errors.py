@@ -49,6 +49,12 @@ class NotTracked(RotatorError):
     ``configure(track_ids=True)`` on the queue while it is empty first. Nothing was written."""
 
 
+class UnknownFormat(RotatorError):
+    """The queue (or topic) is in a storage format this client's module does not know: a
+    newer rotator converted it, so upgrade this client (README: Upgrades). Nothing was
+    written. Not transient: a worker loop stops on it."""
+
+
 class ServerBusy(RotatorError):
     """The server is running someone else's slow script (BUSY); retry later."""
 
@@ -104,6 +110,7 @@ _CODES: dict[str, type[RotatorError]] = {
     "ROTATOR_BADCMD": ProtocolError,
     "ROTATOR_KEYS": ProtocolError,
     "ROTATOR_UNTRACKED": NotTracked,
+    "ROTATOR_FORMAT": UnknownFormat,
 }
 
 

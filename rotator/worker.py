@@ -367,9 +367,12 @@ class Worker:
             if self.concurrency == 1:
                 self._loop(stop_when_empty)
             else:
+                failed: list[BaseException] = []
                 threads = [
                     threading.Thread(
-                        target=self._loop, args=(stop_when_empty,), name=f"rotator-{i}"
+                        target=self._thread_loop,
+                        args=(stop_when_empty, failed),
+                        name=f"rotator-{i}",
                     )
                     for i in range(self.concurrency)
                 ]
@@ -378,6 +381,8 @@ class Worker:
                 for thread in threads:
                     while thread.is_alive():  # join in slices so signals reach the main thread
                         thread.join(0.2)
+                if failed:
+                    raise failed[0]
         finally:
             self._stop.set()
             heartbeat.join()
@@ -396,6 +401,15 @@ class Worker:
             self.stop()
 
         return {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+    def _thread_loop(self, stop_when_empty: bool, failed: list[BaseException]) -> None:
+        """One of several loops, in a thread of its own: an error that ends it (one not worth
+        waiting out) stops the others too, and run raises it, as with one loop."""
+        try:
+            self._loop(stop_when_empty)
+        except BaseException as error:
+            failed.append(error)
+            self._stop.set()
 
     def _loop(self, stop_when_empty: bool) -> None:
         ledger = self._ledger

@@ -173,6 +173,9 @@ class Runner:
         elif "plant" in step:
             for role, value in step["plant"].items():
                 self.client.set(self.key(role), value)
+        elif "plant_fields" in step:
+            for role, fields in step["plant_fields"].items():
+                self.client.hset(self.key(role), mapping=fields)
         elif "state" in step:
             for role, want in step["state"].items():
                 self.match(want, self.read(role), f"{where} state {role}")

@@ -77,10 +77,12 @@ from rotator import (
     RateLimit,
     Rotator,
     Stats,
+    UnknownFormat,
 )
 from rotator.protocol import Batches, encode_durations
 from rotator.script import FunctionCall, module_source, run
 from tests import model as spec
+from tests.helpers import snapshot
 from tests.model import (
     SENTINEL,
     Refused,
@@ -1005,6 +1007,30 @@ class RotatorMachine(RuleBasedStateMachine):
         """Outside the contract: an admin LPUSHes an element no client could have made."""
         self.admin.lpush(self.keys[0], raw)
         self.m.raw_lpush(raw)
+
+    @rule(
+        call=st.sampled_from(["push", "next", "stats", "peek", "pause"]),
+        written=st.sampled_from([b"2", b"0", b""]),
+    )
+    @checked
+    def newer_format(self, call: str, written: bytes) -> None:
+        """Outside the contract: a newer module converted the queue (its storage format in
+        meta). The call is refused, UnknownFormat, and no key changes; the conversion undone,
+        the queue goes on as the model says."""
+        meta = self.q.keys.meta
+        self.admin.hset(meta, "format", written)
+        before = snapshot(self.admin, self.q)
+        calls: dict[str, Callable[[], object]] = {
+            "push": lambda: self.q.push("f"),
+            "next": lambda: self.q.next(1),
+            "stats": self.q.stats,
+            "peek": self.q.peek,
+            "pause": self.q.pause,
+        }
+        with pytest.raises(UnknownFormat):
+            calls[call]()
+        assert snapshot(self.admin, self.q) == before
+        self.admin.hdel(meta, "format")
 
     # -- inspecting and maintenance --------------------------------------------------------
 

@@ -1159,7 +1159,19 @@ def wrong_key_types_give_wrongtype_and_change_nothing(b: Backend) -> None:
     touched_by: dict[str, set[str]] = {
         "ring": {"push", "next", "ack", "nack", "bury", "extend", "stats", "peek", "requeue_dead"},
         "done": {"next", "ack", "nack", "bury", "extend", "stats", "peek"},
-        "meta": {"push", "next", "nack", "bury", "stats", "requeue_dead"},
+        # (every command: the storage format's check reads it first)
+        "meta": {
+            "push",
+            "next",
+            "ack",
+            "nack",
+            "bury",
+            "extend",
+            "stats",
+            "peek",
+            "dead",
+            "requeue_dead",
+        },
         "revoked": {"next", "ack", "nack", "bury", "extend", "peek"},
         "marks_old": {"next", "nack", "bury", "extend", "stats", "peek"},
         "pushlog": {"push", "stats", "requeue_dead"},
@@ -1259,6 +1271,104 @@ def unknown_command_gives_badcmd(b: Backend) -> None:
     for argv in [("frobnicate",), ("PUSH", "x"), ("Next", 1, LONG, BUDGET, 0), ("",)]:
         expect_error(b, "ROTATOR_BADCMD", *argv)
     expect_error(b, "ROTATOR_BADCMD")
+
+
+# -- the storage format (FORMAT) ------------------------------------------------------------
+
+# What a later module that stores something another way would write in meta's `format`.
+NEWER_FORMAT = "2"
+
+
+@scenario
+def a_queue_in_another_storage_format_refuses_every_command_and_changes_nothing(
+    b: Backend,
+) -> None:
+    """A queue whose meta names a storage format other than this module's (a newer module
+    converted it, or a person wrote it) refuses every command with ROTATOR_FORMAT, naming
+    the format, and nothing changes; this module's format ("1"), or none, goes on. This
+    module never writes the field."""
+    held = lease_one(b, "a")
+    push(b, "b", "c")
+    assert "format" not in b.hgetall("meta")
+    commands: list[tuple[str | int, ...]] = [
+        ("push", "x"),
+        ("push_later", "IN", 1000, "x"),
+        ("push_priority", 3, "IN", 0, "x"),
+        ("next", 1, LONG, BUDGET, 0),
+        ("next_packed", 1, LONG, BUDGET, 0, held.text),
+        ("ack", held.text),
+        ("nack", 0, held.text),
+        ("bury", "boom", held.text),
+        ("extend", 1000, held.text),
+        ("pause",),
+        ("configure", "dead_max", 10),
+        ("sweep", BUDGET),
+        ("stats",),
+        ("peek", 10),
+        ("dead", 0, 10),
+        ("delete",),
+    ]
+    for written in (NEWER_FORMAT, "0", "1.0", ""):
+        b.raw_hset("meta", "format", written)
+        for argv in commands:
+            message = expect_error(b, "ROTATOR_FORMAT", *argv)
+            assert f'storage format "{written}"' in message, message
+        expect_error(b, "ROTATOR_BADCMD", "no_such")  # (known before the queue is read)
+    for argv in [("pushp", "p", "body"), ("nextp", 1, LONG, BUDGET, 0, 1)]:
+        expect_error(b, "ROTATOR_FORMAT", *argv, keys=payload_keys(b))
+    b.raw_hset("meta", "format", "1")  # this module's: as if absent
+    assert b.call("push", "d") == 1
+    assert ack(b, held.text) == 1
+    assert nxt(b, 3).ids == ["b", "c", "d"]
+    b.raw_command("HDEL", b.key("meta"), "format")
+    assert b.call("push", "e") == 1
+    assert "format" not in b.hgetall("meta")
+
+
+@scenario
+@library_only
+def the_read_only_function_refuses_a_queue_in_another_storage_format(b: Backend) -> None:
+    push(b, "a")
+    b.raw_hset("meta", "format", NEWER_FORMAT)
+    before = b.snapshot()
+    for argv in [("stats",), ("peek", 10), ("scan", 0, 100, 100), ("durations",)]:
+        with pytest.raises(ReplyError) as caught:
+            b.call_read_only(*argv)
+        assert caught.value.code == "ROTATOR_FORMAT", (argv, caught.value)
+    assert b.snapshot() == before
+
+
+@scenario
+def a_topic_in_another_storage_format_refuses_its_commands_and_changes_nothing(
+    b: Backend,
+) -> None:
+    """A topic command checks the topic's own hash (KEYS[1]); a group's queue commands check
+    the group's meta, as any queue's do."""
+    subscribe(b, "g")
+    publish(b, ("g",), "one")
+    everything = with_groups(b, "g")
+    meta = topic_keys(b)[0]
+    b.raw_command("HSET", meta, "format", NEWER_FORMAT)
+    before = state_of(b, everything)
+    refused: list[tuple[tuple[str, ...], tuple[str | int, ...]]] = [
+        (everything, ("tpublish", 0, 0, "two")),
+        (everything, ("tsubscribe", "g")),
+        (everything, ("tstats",)),
+        (topic_keys(b), ("tseek", 0)),
+        (topic_keys(b), ("ttrim", 0, 0, 10)),
+    ]
+    for keys, argv in refused:
+        with pytest.raises(ReplyError) as caught:
+            b.call_keys(keys, *argv)
+        assert caught.value.code == "ROTATOR_FORMAT", (argv, caught.value)
+        assert state_of(b, everything) == before
+    assert [i for i, _ in group_next(b, "g")] != []  # the group's own meta: format 1
+    b.raw_command("HDEL", meta, "format")
+    b.raw_command("HSET", group_keys(b, "g")[8], "format", NEWER_FORMAT)
+    with pytest.raises(ReplyError) as caught:
+        group_next(b, "g")
+    assert caught.value.code == "ROTATOR_FORMAT"
+    assert len(publish(b, ("g",), "two")) == 1  # (a topic command: the topic's format)
 
 
 # -- stats and peek --------------------------------------------------------------------------

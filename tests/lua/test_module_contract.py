@@ -181,8 +181,9 @@ def test_error_codes_in_the_header_and_the_body_agree() -> None:
         codes = set(CODE_RE.findall(errors[1])) if errors else set()
         assert codes <= listed, name
         per_command |= codes
-    # The rest apply to every command: key count, command name, key types.
-    assert listed - per_command == {"ROTATOR_KEYS", "ROTATOR_BADCMD", "ROTATOR_WRONGTYPE"}
+    # The rest apply to every command: key count, command name, key types, storage format.
+    every = {"ROTATOR_KEYS", "ROTATOR_BADCMD", "ROTATOR_WRONGTYPE", "ROTATOR_FORMAT"}
+    assert listed - per_command == every
 
 
 def test_every_redis_call_names_its_command_literally_and_none_scans() -> None:

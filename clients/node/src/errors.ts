@@ -59,6 +59,13 @@ export class GroupsChanged extends RotatorError {
   override name = "GroupsChanged";
 }
 
+/** The queue (or topic) is in a storage format this client's module does not know: a newer
+ * rotator converted it, so upgrade this client (README: Upgrades). Nothing was written. A
+ * worker loop stops on it. */
+export class UnknownFormat extends RotatorError {
+  override name = "UnknownFormat";
+}
+
 /** The topic has no consumer group of that name (subscribe first). */
 export class UnknownGroup extends RotatorError {
   override name = "UnknownGroup";
@@ -104,6 +111,7 @@ export const ERROR_CODES: Readonly<Record<string, ErrorClass>> = {
   ROTATOR_BADCMD: ProtocolError,
   ROTATOR_KEYS: ProtocolError,
   ROTATOR_UNTRACKED: NotTracked,
+  ROTATOR_FORMAT: UnknownFormat,
 };
 
 /** The typed error for a server error reply; the error itself when it is not ours. */

@@ -9,6 +9,7 @@
  * has used half its length. On SIGINT/SIGTERM (or options.signal) it stops claiming, lets the
  * running handlers finish and acks them, gives back any job claimed meanwhile, and resolves.
  */
+import { UnknownFormat } from "./errors";
 import type { Job } from "./protocol";
 import type { Rotator } from "./rotator";
 
@@ -161,6 +162,7 @@ export async function work(queue: Rotator, handler: Handler, options: WorkOption
         retryMs = CLAIM_RETRY_FIRST;
       } catch (error) {
         acks = [...riding, ...acks];
+        if (error instanceof UnknownFormat) throw error; // (a newer rotator's queue: upgrade)
         logger.error("rotator: claim failed, retrying:", error);
         await sleep(retryMs);
         retryMs = Math.min(retryMs * 2, CLAIM_RETRY_CAP);

@@ -218,6 +218,10 @@ class Runner {
       for (const [role, value] of Object.entries(step["plant"] as Record<string, string>)) {
         await this.redis.set(this.key(role), value);
       }
+    } else if ("plant_fields" in step) {
+      for (const [role, fields] of Object.entries(step["plant_fields"] as Record<string, Record<string, string>>)) {
+        await this.redis.hset(this.key(role), fields);
+      }
     } else if ("state" in step) {
       for (const [role, want] of Object.entries(step["state"] as Record<string, unknown>)) {
         this.match(want, await this.read(role), `${where} state ${role}`);

@@ -6,7 +6,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { after, before, describe, test } from "node:test";
 import type Redis from "ioredis";
-import { type Job, Rotator, retryDelay } from "../dist/index";
+import { type Job, Rotator, UnknownFormat, retryDelay } from "../dist/index";
 import { KINDS, ROOT, ServerProcess, uniqueName } from "./servers";
 
 const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms));
@@ -49,6 +49,19 @@ for (const kind of KINDS) {
       assert.ok(most > 1 && most <= 8, `at most 8 at once, got ${most}`);
       const stats = await q.stats();
       assert.equal(stats.pending + stats.inFlight + stats.deferred, 0);
+    });
+
+    test("a queue a newer rotator converted stops the loop with UnknownFormat, nothing written", async () => {
+      const name = uniqueName("format");
+      const q = new Rotator(redis, name);
+      await q.push("a");
+      await redis.hset(`rotator:{${name}}:meta`, "format", "2"); // (as a newer module would)
+      const ring = await redis.lrange(`rotator:{${name}}:ring`, 0, -1);
+      await assert.rejects(q.push("b"), UnknownFormat);
+      const loop = q.work(async () => undefined, { poll: 0.05, handleSignals: false, logger: quiet });
+      await assert.rejects(loop, UnknownFormat); // (not retried: it would never pass)
+      assert.deepEqual(await redis.lrange(`rotator:{${name}}:ring`, 0, -1), ring);
+      assert.equal(await redis.hget(`rotator:{${name}}:meta`, "format"), "2");
     });
 
     test("an ack riding on a claim and refused is not counted completed, but a lost lease", async () => {
