@@ -29,7 +29,7 @@ local WALK = '0123456789abcdef0123456789abcdef0123456789abcdef' ..
 
 local function claim(keys, args)
   local ring, meta, leases = keys[1], keys[9], keys[11]
-  redis.call('HGET', meta, 'format') -- (every call's first: the storage format's check)
+  redis.call('HMGET', meta, 'format') -- (every call's first: the storage format's check)
   redis.call('LRANGE', leases, '0', '1')
   redis.call('HMGET', meta, unpack(FIELDS))
   redis.call('EXISTS', keys[2], keys[3], keys[4], keys[5], keys[6], keys[7])
@@ -43,11 +43,12 @@ local function claim(keys, args)
 end
 
 -- The push's nine commands (M.push_ids with record_push, a push within its checkpoint's
--- second): the storage format's check, the ring's length, the seven meta fields it reads, the wake list's length, the
--- push log's head, the time, the id pushed, the meta written back, a wake-up.
+-- second): the storage format's check, the ring's length, the seven meta fields it reads,
+-- the wake list's length, the push log's head, the time, the id pushed, the meta written
+-- back, a wake-up.
 local function push(keys, args)
   local ring, wake, meta, pushlog = keys[1], keys[8], keys[9], keys[10]
-  redis.call('HGET', meta, 'format')
+  redis.call('HMGET', meta, 'format')
   redis.call('LLEN', ring)
   redis.call('HMGET', meta, 'seq', 'origin', 'pushed', 'taken', 'walk', 'track_ids', 'layout')
   redis.call('LLEN', wake)

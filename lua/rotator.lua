@@ -186,7 +186,7 @@ FORMAT (rolling upgrades)
   another way has a higher format: it converts a queue in place at its first write, records
   its format in meta's field `format` (a topic's: in KEYS[1]'s `format`, and in every group's
   meta, by a topic command), and reads the older formats as before. Every call reads that
-  field first (HGET: the queue's meta; a topic command: the topic's KEYS[1]). Absent or "1":
+  field first (HMGET: the queue's meta; a topic command: the topic's KEYS[1]). Absent or "1":
   the call goes on. Anything else: ROTATOR_FORMAT, nothing written. So a client left on an
   older module during a rolling upgrade stops with that error on a queue a newer one has
   converted, instead of misreading it (two modules that keep one state two ways can each
@@ -928,6 +928,8 @@ local function define_module()
   function M.read(name, key, ...)
     local reply = redis.pcall(name, key, ...)
     if type(reply) == 'table' and reply.err then
+      -- (another refusal, such as an ACL's NOPERM, ends the call as the server said it)
+      if not string.find(reply.err, '^WRONGTYPE') then error(reply, 0) end
       M.refuse('ROTATOR_WRONGTYPE', key .. ' holds a ' .. rcall('TYPE', key)['ok'] ..
         ', not the type rotator keeps there')
     end
@@ -937,7 +939,7 @@ local function define_module()
   -- A command, once the storage format of the queue (or the topic) its keys name is this
   -- module's (FORMAT): a newer module's refused before anything is read or written.
   function M.run(handler, meta)
-    local format = M.read('HGET', meta, 'format')
+    local format = M.read('HMGET', meta, 'format')[1] -- (HMGET: in every worker's ACL rule)
     if format and format ~= LIMIT.format then
       M.refuse('ROTATOR_FORMAT', meta .. ' is in storage format ' .. M.printable(format) ..
         ', which this module (format ' .. LIMIT.format .. ') does not know: upgrade this client')

@@ -36,7 +36,7 @@ from redis.retry import Retry
 from rotator import InvalidQueueName, Job, Rotator, WrongKeyType
 from rotator.keys import queue_keys
 from rotator.script import FunctionCall, chosen_mode
-from tests.helpers import drain
+from tests.helpers import drain, snapshot
 from tests.lua.harness import called_commands
 from tests.servers import HOST, ServerProcess, find_server_binary, free_ports
 
@@ -317,6 +317,26 @@ def test_lua_a_worker_loads_runs_with_its_own_commands_and_keys_only(
         ]
     assert client.get("outside") == b"x"
     client.delete("outside")
+
+
+@pytest.mark.parametrize("functions", [False, True], ids=["evalsha", "fcall"])
+def test_a_rule_short_of_a_command_the_module_reads_with_is_refused_as_the_server_said(
+    server: ServerProcess, client: redis.Redis, queue_name: str, functions: bool
+) -> None:
+    """A rule without +hmget (as an ACL rule written for an older rotator might be): every
+    call fails with the server's own ACL refusal at the module's first read, not as a key of
+    the wrong type, and writes nothing."""
+    Rotator(client, queue_name).push("a")
+    before = snapshot(client, Rotator(client, queue_name))
+    extra = ("+fcall", "+fcall_ro", "+function|load") if functions else ()
+    with acl_user(server, client, rule_for(queue_name, "w", drop=frozenset({"hmget"})), extra) as w:
+        q = Rotator(w.client, queue_name, functions=functions)
+        for call in (lambda: q.push("b"), lambda: q.next(1), q.stats):
+            with pytest.raises(redis.ResponseError, match=r"ACL failure|can't run this") as got:
+                call()
+            assert not isinstance(got.value, WrongKeyType)
+        assert ("command", "hmget", "lua") in denials(client, w.user)
+    assert snapshot(client, Rotator(client, queue_name)) == before
 
 
 def test_without_script_load_the_module_must_be_loaded_by_an_admin(

@@ -149,13 +149,13 @@ def test_oom_with_noeviction_refuses_writes_without_writing_and_loses_nothing(
     run = chaos({**AOF_EVERYSEC, "maxmemory-policy": "noeviction"})
     producer = run.spawn_producer(count=2000, batch=50, rate=400)
     # Two workers on our loop, one on the library's Rotator.work, which must ride it out.
-    # One loop worker's jobs take 50-100 ms, so that it holds one when memory runs out and
+    # One loop worker's jobs take 250-400 ms, so that it holds one when memory runs out and
     # its ack is refused: a loop worker whose `next` meets the limit first holds nothing
     # while it lasts (with 1-3 ms jobs both did so in about one run in four, and no ack was
-    # refused).
+    # refused; with 50-100 ms, one CI run in some tens).
     workers = [
         run.spawn_worker(lease=1.5, mode="loop"),
-        run.spawn_worker(lease=1.5, mode="loop", job_ms=(50.0, 100.0)),
+        run.spawn_worker(lease=1.5, mode="loop", job_ms=(250.0, 400.0)),
         run.spawn_worker(lease=1.5, mode="work"),
     ]
     run.wait_booted(workers)
