@@ -128,8 +128,8 @@ BODY = b"x" * 64  # a payload queue's bodies (as bench.topics' PAYLOAD)
 # for the one-job cases; for the payload case, its layout's floor and a Stream.
 FLOOR, CONTRACT, PUSH_CONTRACT, PAYLOAD_FLOOR, STREAM = (
     "the floor: one job + ack (bench/floor.lua by EVALSHA)",
-    "the contract, bare: the loop's 7 commands on 13 keys, no logic (bench/contract_floor.lua)",
-    "the push's contract, bare: its 8 commands on 13 keys, no logic (bench/contract_floor.lua)",
+    "the contract, bare: the loop's 8 commands on 13 keys, no logic (bench/contract_floor.lua)",
+    "the push's contract, bare: its 9 commands on 13 keys, no logic (bench/contract_floor.lua)",
     "the payload floor: 100 + ack (bench/payload_floor.lua, hash layout, by EVALSHA)",
     "a Stream: XREADGROUP COUNT 100 + XACK of the 100 (one group, bodies of 64 bytes)",
 )
