@@ -6,7 +6,6 @@ every call). Both clients' module calls are checked by the conformance scenarios
 
 from __future__ import annotations
 
-import asyncio
 import os
 import shutil
 import subprocess
@@ -25,11 +24,11 @@ from rotator.protocol import text
 from rotator.script import module_source
 from rotator.worker import transient
 from tests.helpers import snapshot, wait_until
+from tests.lua.scenarios import NEWER_FORMAT
 from tests.servers import ServerProcess
+from tests.test_aio import run_on
 
 ROOT = Path(__file__).resolve().parent.parent
-
-NEWER_FORMAT = "2"  # what a later module that stores something another way would write
 
 
 def convert(client: redis.Redis, key: str) -> None:
@@ -89,22 +88,18 @@ def test_the_async_client_raises_it_too(server: ServerProcess, queue_name: str) 
     async def handle(job: Job) -> None:
         raise AssertionError(f"{job.id} was delivered")
 
-    async def scenario() -> None:
-        client = aredis.Redis.from_url(server.url)
-        try:
-            queue = AsyncRotator(client, queue_name)
-            await queue.push("a")
-            await client.hset(queue.keys.meta, "format", NEWER_FORMAT)
-            with pytest.raises(UnknownFormat):
-                await queue.next(1)
-            with pytest.raises(UnknownFormat):
-                await queue.push("b")
-            with pytest.raises(UnknownFormat):  # (its worker loops stop on it)
-                await queue.work(handle, concurrency=4, poll=0.05, install_signal_handlers=False)
-        finally:
-            await client.aclose()
+    async def scenario(client: aredis.Redis) -> None:
+        queue = AsyncRotator(client, queue_name)
+        await queue.push("a")
+        await client.hset(queue.keys.meta, "format", NEWER_FORMAT)
+        with pytest.raises(UnknownFormat):
+            await queue.next(1)
+        with pytest.raises(UnknownFormat):
+            await queue.push("b")
+        with pytest.raises(UnknownFormat):  # (its worker loops stop on it)
+            await queue.work(handle, concurrency=4, poll=0.05, install_signal_handlers=False)
 
-    asyncio.run(scenario())
+    run_on(server, scenario)
 
 
 def test_a_topic_a_newer_rotator_converted_refuses_publish_and_changes_nothing(
