@@ -74,6 +74,7 @@ from rotator.script import (
     run_async,
 )
 from rotator.sending import UNSENT, blpop_command, socket_timeout, wake_wait
+from rotator.urls import async_client_from_url
 
 if TYPE_CHECKING:
     from rotator.buffering import AsyncConsumer, AsyncProducer
@@ -271,7 +272,7 @@ class AsyncRotator(QueueView):
         :func:`rotator.sharded_aio.async_cluster_client` (redis-py's retries off, socket
         timeouts set)."""
         if not cluster:
-            return cls(aredis.Redis.from_url(url), name, **options)
+            return cls(async_client_from_url(url), name, **options)
         # (sharded_aio builds on this module: imported when called)
         from rotator.sharded_aio import async_cluster_client  # noqa: PLC0415
 

@@ -26,7 +26,6 @@ import click
 import redis
 from click.core import ParameterSource
 from redis.cluster import RedisCluster
-from redis.connection import parse_url
 from redis.exceptions import RedisClusterException
 
 from rotator import protocol
@@ -68,15 +67,16 @@ from rotator.server import EmbeddedServer
 from rotator.sharded import MAX_SHARDS, ShardedRotator, cluster_client
 from rotator.shell import CommandHandler, Stopper, missing_program
 from rotator.topic import Retention, Topic, TopicGroup
+from rotator.urls import check_url, client_from_url
 from rotator.worker import Worker
 
 EXIT_ERROR = 1
 URL_KEY = "rotator.url"  # where --url (root or subcommand) or ROTATOR_URL is kept in ctx.meta
 URL_HELP = (
-    "Server: redis://HOST:PORT/DB, rediss://... (TLS) or unix:///PATH.  "
+    "Server: redis://HOST:PORT/DB, rediss://... (TLS), unix:///PATH, or "
+    "redis+sentinel://HOST:PORT[,HOST:PORT...]/SERVICE (the master Sentinels name).  "
     "[default: $ROTATOR_URL, else the embedded server]"
 )
-SCHEMES = ("redis://", "rediss://", "unix://")
 
 
 class CliError(click.ClickException):
@@ -97,15 +97,8 @@ def remember_url(ctx: click.Context, param: click.Parameter, value: str | None) 
         return
     from_env = ctx.get_parameter_source(param.name or "url") is ParameterSource.ENVIRONMENT
     hint = "ROTATOR_URL" if from_env else None
-    if not value.startswith(SCHEMES):
-        raise click.BadParameter(
-            f"{value!r} has no scheme: use {', '.join(SCHEMES)} (e.g. redis://localhost:6379/0)",
-            ctx,
-            param,
-            hint,
-        )
     try:
-        parse_url(value)  # type: ignore[no-untyped-call]
+        check_url(value)
     except ValueError as error:
         raise click.BadParameter(f"{value!r}: {error}", ctx, param, hint) from error
     ctx.meta[URL_KEY] = value
@@ -247,7 +240,7 @@ def lines(rows: Iterable[str]) -> str:
 def open_client(ctx: click.Context) -> redis.Redis:
     url = server_url(ctx)
     if url:
-        return redis.Redis.from_url(url)
+        return client_from_url(url)
     embedded = EmbeddedServer()
     embedded.start()
     return embedded.client()
@@ -1433,7 +1426,7 @@ def scripts(ctx: click.Context, json: bool) -> None:
     lines += [f"library  {library}", f"reads    {data['reads']}"]
     url = server_url(ctx)
     if url:
-        data["mode"] = probe_mode(redis.Redis.from_url(url))
+        data["mode"] = probe_mode(client_from_url(url))
         lines.append(f"mode     {data['mode']}")
     emit(ctx, data, "\n".join(lines))
 
@@ -2279,7 +2272,7 @@ def dashboard(ctx: click.Context, host: str, port: int, prefix: str, cluster: bo
         open_cluster(ctx).close()  # an unreachable cluster fails here, in one line
     else:
         url = server_url(ctx) or EmbeddedServer().start().url
-        with redis.Redis.from_url(url) as probe:
+        with client_from_url(url) as probe:
             probe.ping()  # an unreachable server fails here, in one line
             refuse_cluster_node(ctx, probe)
     token = token_from_env(os.environ)

@@ -42,6 +42,7 @@ from rotator.protocol import JobRef, When
 from rotator.registry import WorkerInfo
 from rotator.sending import Sender
 from rotator.sharded import cluster_client
+from rotator.urls import client_from_url
 
 if TYPE_CHECKING:
     from rotator.buffering import Consumer, Producer
@@ -110,7 +111,7 @@ class Rotator(QueueView):
         :func:`rotator.sharded.cluster_client` makes: redis-py's own retries off and socket
         timeouts set (1 s to connect, 5 s a reply), so that a call to a master that died or
         hangs raises within them instead of waiting unbounded."""
-        client: Client = cluster_client(url) if cluster else redis.Redis.from_url(url)
+        client: Client = cluster_client(url) if cluster else client_from_url(url)
         return cls(client, name, **options)
 
     @classmethod

@@ -16,11 +16,10 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-import redis
-
 from rotator import protocol
 from rotator.core import Rotator
 from rotator.models import Job
+from rotator.urls import client_from_url
 
 DEMO_LEASE = 2.0  # short, so the killed worker's jobs come back quickly
 DEMO_BATCH = 20
@@ -49,7 +48,7 @@ def _keys(queue: str) -> tuple[str, str]:
 
 def _worker_main(url: str, queue: str) -> None:
     """One worker process. Completing a job means adding its id to the completed set."""
-    client = redis.Redis.from_url(url)
+    client = client_from_url(url)
     completed, counters = _keys(queue)
 
     def already_done(job_id: str) -> bool:
@@ -90,7 +89,7 @@ def run_demo(
 ) -> DemoResult:
     """Runs the demo against the server at ``url`` and cleans up its keys afterwards."""
     queue = f"demo-{uuid.uuid4().hex[:8]}"
-    client = redis.Redis.from_url(url)
+    client = client_from_url(url)
     q = Rotator(client, queue, timeout=DEMO_LEASE)
     completed, counters = _keys(queue)
     try:

@@ -98,6 +98,7 @@ from rotator.sharded import (
     check_shards,
     cluster_client,
 )
+from rotator.urls import client_from_url
 from rotator.worker import Worker
 
 __all__ = [
@@ -454,7 +455,7 @@ class _PushTask:
         else:
             keys = queue_keys(self.queue)
             marker = _spark_key(keys, "push", self.run, str(partition))
-            client = redis.Redis.from_url(self.url, retry=Retry(NoBackoff(), 0), client_name=name)
+            client = client_from_url(self.url, retry=Retry(NoBackoff(), 0), client_name=name)
             try:
                 pushed = push_partition(client, keys, marker, ids, self.batch_size)
             finally:
@@ -763,7 +764,7 @@ class _DrainTask:
             "journal": self.journal, "timeout": self.timeout, "max_deliveries": self.max_deliveries
         }  # fmt: skip
         if self.shards is None:
-            return _JournalingRotator(redis.Redis.from_url(self.url), self.queue, **options)
+            return _JournalingRotator(client_from_url(self.url), self.queue, **options)
         return _JournalingShardedRotator(
             cluster_client(self.url), self.queue, shards=self.shards, **options
         )
@@ -854,7 +855,7 @@ def drain(
 
 def _connect(url: str, cluster: bool) -> redis.Redis | RedisCluster:
     """A client for ``url``: of the Redis Cluster it is a node of, or of that server."""
-    return cluster_client(url) if cluster else redis.Redis.from_url(url)
+    return cluster_client(url) if cluster else client_from_url(url)
 
 
 def _batch(columns: list[list[Any]], schema: pa.Schema) -> pa.RecordBatch:
@@ -915,7 +916,7 @@ class _RingReader:
     def pages(self, pages: Iterable[int]) -> Iterator[pa.RecordBatch]:
         """The rows of pages ``pages`` (SPARK_READ_PAGE elements each), on a connection of
         its own."""
-        client = redis.Redis.from_url(self.url)
+        client = client_from_url(self.url)
         sender = Sender(client, False, None)
         try:
             for page in pages:
@@ -975,7 +976,7 @@ def snapshot(spark: SparkSession, queue: str, *, url: str) -> DataFrame:
 def ring_reader(url: str, keys: QueueKeys) -> tuple[_RingReader, int, tuple[int, int]]:
     """What reads the ring of ``keys`` page by page, how many pages it has now, and its
     version (the ring's seq and pushed count: unchanged means nothing moved)."""
-    with redis.Redis.from_url(url) as client:
+    with client_from_url(url) as client:
         seconds, micros = client.time()
         first = Sender(client, False, None).perform(commands.scan(keys.all, 0, 0, 1))
     reader = _RingReader(url, keys, seconds * 1000 + micros // 1000)
@@ -984,7 +985,7 @@ def ring_reader(url: str, keys: QueueKeys) -> tuple[_RingReader, int, tuple[int,
 
 def warn_if_moved(url: str, keys: QueueKeys, version: tuple[int, int]) -> None:
     """Logs a warning when the ring moved since ``version``: a read's rows may be off."""
-    with redis.Redis.from_url(url) as client:
+    with client_from_url(url) as client:
         last = Sender(client, False, None).perform(commands.scan(keys.all, 0, 0, 1))
     if last.version != version:
         log.warning("queue %s changed while its snapshot was read: rows may be off", keys.name)

@@ -114,6 +114,7 @@ from rotator.spark import (
     push_chunks,
     ring_reader,
 )
+from rotator.urls import client_from_url
 
 __all__ = [
     "QUEUE_COLUMNS",
@@ -333,7 +334,7 @@ class _WritePlan:
         """Pushes (publishes) one partition's rows at most once for ``marker``."""
         table = _table(batches)
         partition, attempt = _task()
-        client = redis.Redis.from_url(
+        client = client_from_url(
             self.url,
             retry=Retry(NoBackoff(), 0),  # a call retried blindly could land twice: the
             # pushers retry after asking the marker
@@ -513,7 +514,7 @@ class _SnapshotReader(DataSourceReader):
 
 
 def _topic_client(url: str) -> redis.Redis:
-    return redis.Redis.from_url(url)
+    return client_from_url(url)
 
 
 def _last_seq(client: redis.Redis, keys: TopicKeys) -> int:

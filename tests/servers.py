@@ -494,3 +494,153 @@ class ReplicatedClusterProcess(ClusterProcess):
             if info["role"] == "master" and int(info.get("connected_slaves", 0)) < 1:
                 return False
         return roles.count("master") == CLUSTER_MASTERS
+
+
+# A Sentinel group's settings: a master is down after 1 s without a reply, and may fail over
+# again 2 s after a failover (twice failover-timeout), so one group serves several tests.
+SENTINEL_SERVICE = "rotator-test"
+SENTINEL_CONFIG = {"down-after-milliseconds": "1000", "failover-timeout": "1000"}
+SENTINELS = 3
+SENTINEL_QUORUM = 2
+SENTINEL_TIMEOUT = 30.0  # seconds for the group to form, or to settle after a failover
+
+
+class SentinelGroup:
+    """A server, its replica, and three Sentinels (quorum 2) watching them, all on loopback.
+    Ready when every Sentinel knows the replica and the other two. A test may kill the master
+    or fail it over; ``heal`` starts what it killed and waits until the group is whole again
+    (a master with a synced replica, every Sentinel agreeing which one it is)."""
+
+    def __init__(self, kind: Kind, workdir: Path, config: Mapping[str, str] | None = None) -> None:
+        self.kind = kind
+        self.workdir = Path(workdir)
+        both = {**FAST_SYNC, **(config or {})}
+        self.servers = [ServerProcess(kind, self.workdir / "first", both)]
+        self.servers.append(ServerProcess(kind, self.workdir / "second", both))
+        self.sentinel_ports: list[int] = []
+        self._sentinels: list[subprocess.Popen[bytes]] = []
+
+    @property
+    def url(self) -> str:
+        hosts = ",".join(f"{HOST}:{port}" for port in self.sentinel_ports)
+        return f"redis+sentinel://{hosts}/{SENTINEL_SERVICE}"
+
+    def start(self) -> None:
+        try:
+            first, second = self.servers
+            first.start()
+            second.config["replicaof"] = f"{first.host} {first.port}"
+            second.start()
+            self.sentinel_ports = free_ports(SENTINELS)
+            for port in self.sentinel_ports:
+                self._sentinels.append(self._start_sentinel(port, first.port))
+            self._wait_until_whole()
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        for proc in self._sentinels:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        self._sentinels = []
+        for server in self.servers:
+            server.stop()
+
+    @staticmethod
+    def _sentinel(port: int) -> redis.Redis:
+        return redis.Redis(HOST, port, socket_timeout=2, decode_responses=True)
+
+    def master(self) -> ServerProcess:
+        """The server every Sentinel names as the master (ServerError while they disagree or
+        name one that is not running)."""
+        ports = set()
+        for port in self.sentinel_ports:
+            with self._sentinel(port) as sentinel:
+                ports.add(sentinel.sentinel_get_master_addr_by_name(SENTINEL_SERVICE)[1])
+        for server in self.servers:
+            if ports == {server.port} and server.running:
+                return server
+        raise ServerError(f"the Sentinels name {sorted(ports)} as the master")
+
+    def replica(self) -> ServerProcess:
+        """The server that is not the master."""
+        master = self.master()
+        return next(server for server in self.servers if server is not master)
+
+    def heal(self) -> None:
+        """Starts any server a test killed as the master's replica, as a supervisor that kept
+        the configuration the Sentinels rewrote would (a server that comes back as a master is
+        made a replica by the Sentinels too, but only some 8 s later), and waits until the
+        group is whole."""
+        for server in self.servers:
+            if not server.running:
+                master = self.master()
+                server.config["replicaof"] = f"{master.host} {master.port}"
+                server.start()
+        self._wait_until_whole()
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def _start_sentinel(self, port: int, master_port: int) -> subprocess.Popen[bytes]:
+        directory = self.workdir / f"sentinel-{port}"
+        directory.mkdir(parents=True, exist_ok=True)
+        lines = [f"port {port}", f"bind {HOST}", f"dir {directory}"]
+        lines.append(f"sentinel monitor {SENTINEL_SERVICE} {HOST} {master_port} {SENTINEL_QUORUM}")
+        lines += [
+            f"sentinel {key} {SENTINEL_SERVICE} {value}" for key, value in SENTINEL_CONFIG.items()
+        ]
+        config = directory / "sentinel.conf"  # (a Sentinel rewrites its file: one each)
+        config.write_text("\n".join(lines) + "\n")
+        with (directory / "sentinel.log").open("ab") as log:
+            return subprocess.Popen(
+                [find_server_binary(self.kind), str(config), "--sentinel"],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+
+    def _whole(self) -> bool:
+        try:
+            master = self.master()
+            with master.client(socket_timeout=2, decode_responses=True) as client:
+                info = client.info("replication")
+            if info["role"] != "master" or info.get("slave0", {}).get("state") != "online":
+                return False
+            for port in self.sentinel_ports:
+                with self._sentinel(port) as sentinel:
+                    state = sentinel.sentinel_master(SENTINEL_SERVICE)
+                    replicas = sentinel.sentinel_slaves(SENTINEL_SERVICE)
+                up = [replica for replica in replicas if not replica["is_sdown"]]
+                if not state["is_master"] or state["is_sdown"] or state["is_odown"]:
+                    return False
+                if state["num-other-sentinels"] < SENTINELS - 1 or not up:
+                    return False
+            return True
+        except (redis.RedisError, ServerError, OSError):
+            return False
+
+    def _wait_until_whole(self) -> None:
+        give_up = time.monotonic() + SENTINEL_TIMEOUT
+        while not self._whole():
+            if time.monotonic() > give_up:
+                logs = [
+                    (self.workdir / f"sentinel-{port}" / "sentinel.log").read_text(errors="replace")
+                    for port in self.sentinel_ports
+                ]
+                raise ServerError(
+                    "the Sentinel group never settled; a Sentinel's log:\n" + logs[0][-3000:]
+                )
+            time.sleep(0.05)

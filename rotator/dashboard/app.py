@@ -43,7 +43,6 @@ from urllib.parse import quote, urlsplit, urlunsplit
 
 import jinja2
 import redis
-import redis.asyncio as aredis
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.cluster import RedisCluster
@@ -94,6 +93,7 @@ from rotator.defaults import DEFAULT_PREFIX
 from rotator.errors import InvalidQueueName, RotatorError
 from rotator.sharded import DEFAULT_RETRY_FOR
 from rotator.sharded_aio import AsyncShardedRotator
+from rotator.urls import async_client_from_url, client_from_url
 
 HERE = Path(__file__).resolve().parent
 # Seconds a client waits to connect to the server, and for a reply.
@@ -178,11 +178,12 @@ async def sse(snapshots: AsyncGenerator[str, None]) -> AsyncGenerator[str, None]
 def redacted(url: str) -> str:
     """The server URL without its password, to show on the page."""
     parts = urlsplit(url)
-    if parts.password is None:
+    # (by the text: a Sentinel URL's netloc lists several hosts, which urlsplit cannot parse)
+    credentials, at, hosts = parts.netloc.rpartition("@")
+    if not at or ":" not in credentials:
         return url
-    host = parts.hostname or ""
-    netloc = f"{parts.username or ''}:***@{host}" + (f":{parts.port}" if parts.port else "")
-    return urlunsplit(parts._replace(netloc=netloc))
+    user = credentials.partition(":")[0]
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{hosts}"))
 
 
 def show_count(value: Any) -> str:
@@ -338,7 +339,7 @@ class Dashboard:
         if self.cluster:
             self.sync_client = RedisCluster.from_url(self.url, **CLIENT_OPTIONS)
         else:
-            self.sync_client = redis.Redis.from_url(self.url, **CLIENT_OPTIONS)
+            self.sync_client = client_from_url(self.url, **CLIENT_OPTIONS)
         return self.sync_client
 
     @contextlib.asynccontextmanager
@@ -347,7 +348,7 @@ class Dashboard:
         if self.cluster:
             self.client = AsyncRedisCluster.from_url(self.url, **CLIENT_OPTIONS)
         else:
-            self.client = aredis.Redis.from_url(self.url, **CLIENT_OPTIONS)
+            self.client = async_client_from_url(self.url, **CLIENT_OPTIONS)
         self.reader = Reader(self.client, prefix=self.prefix)
         self.hub = Hub(
             self.reader,
