@@ -57,6 +57,7 @@ MIN_TESTS = (
     "tests/test_other_servers.py",
     "tests/test_cli_commands.py",
     "tests/test_cli_conventions.py",
+    "tests/test_sentinel.py",
 )
 
 

@@ -27,6 +27,7 @@ from tests.servers import (
     ClusterProcess,
     Kind,
     ReplicatedClusterProcess,
+    SentinelGroup,
     ServerProcess,
 )
 
@@ -200,6 +201,35 @@ def replicated_cluster(request: pytest.FixtureRequest) -> Iterator[ReplicatedClu
     cluster.heal()
     yield cluster
     cluster.heal()
+
+
+# Valkey's Sentinel group fsyncs every write, so that a durable call there waits with WAIT and
+# then WAITAOF (Redis 7.0 has no WAITAOF: WAIT alone).
+SENTINEL_GROUP_CONFIG: dict[str, dict[str, str]] = {
+    "redis": {},
+    "valkey": {"appendonly": "yes", "appendfsync": "always"},
+}
+
+
+@pytest.fixture(scope="module", params=list(SENTINEL_GROUP_CONFIG))
+def sentinel_group_process(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[SentinelGroup]:
+    """A server, its replica and three Sentinels, of Redis 7.0 and then of Valkey 8.1 (with
+    AOF on), once for each test file that asks (about 2 s to form)."""
+    kind: Kind = request.param
+    config = SENTINEL_GROUP_CONFIG[kind]
+    with SentinelGroup(kind, tmp_path_factory.mktemp(f"sentinel-{kind}"), config) as started:
+        yield started
+
+
+@pytest.fixture
+def sentinel_group(sentinel_group_process: SentinelGroup) -> Iterator[SentinelGroup]:
+    """The file's Sentinel group, whole (a master with a synced replica, every Sentinel
+    agreeing) before and after the test: a test may kill the master or fail it over."""
+    sentinel_group_process.heal()
+    yield sentinel_group_process
+    sentinel_group_process.heal()
 
 
 @pytest.fixture

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
+import shutil
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -26,6 +28,31 @@ ON_EACH_CLUSTER = pytest.mark.parametrize(
 # A test file that sets ``CLUSTER_KINDS = EACH_PLAIN_CLUSTER`` runs each of its tests that use
 # conftest's `cluster` (3 masters, no replicas) on Redis 7.0 and on Valkey 8.1.
 EACH_PLAIN_CLUSTER = ("redis7", "valkey8")
+
+
+NODE_PACKAGE = Path(__file__).resolve().parent.parent / "clients" / "node"
+# A small command line over the built Node package (push, work, publish, consume).
+NODE_SCRIPT = NODE_PACKAGE / "scripts" / "interop.js"
+NODE_TIMEOUT = 60.0  # seconds any node process may take
+
+
+def built_node() -> str:
+    """The node binary, with the package built; fails with how to get either."""
+    found = shutil.which("node")
+    if found is None:
+        pytest.fail(
+            "node not found: install it with `apt-get install -y nodejs npm`", pytrace=False
+        )
+    if (
+        not (NODE_PACKAGE / "dist" / "index.js").exists()
+        or not (NODE_PACKAGE / "node_modules").exists()
+    ):
+        pytest.fail(
+            "the Node package is not built: run `npm ci && npm run build` in clients/node"
+            " (python3 tasks.py test does)",
+            pytrace=False,
+        )
+    return found
 
 
 def snapshot(client: redis.Redis, rotator: Rotator) -> dict[str, Any]:

@@ -35,12 +35,12 @@ from starlette.testclient import TestClient
 
 from rotator import Rotator, Stats, Topic
 from rotator.dashboard import metrics, snapshot
-from rotator.dashboard.app import create_app
+from rotator.dashboard.app import create_app, redacted
 from rotator.dashboard.hub import Hub, queue_key
 from rotator.dashboard.security import allowed_hosts
 from rotator.dashboard.snapshot import Durations, Reader, Reading, rates
 from tests.helpers import wait_until
-from tests.servers import ServerProcess, free_ports
+from tests.servers import SentinelGroup, ServerProcess, free_ports
 
 TOKEN = "test-token-0123456789abcdef"
 BASE = "http://127.0.0.1:8765"
@@ -785,3 +785,27 @@ def test_without_the_extra_the_command_says_which_extra_to_install(server: Serve
     assert code == "1"
     assert message.startswith("rotator: error: the dashboard needs its extra")
     assert "pip install 'rotator-queue[dashboard]'" in message
+
+
+# -- behind Redis Sentinel -----------------------------------------------------------------
+
+
+def test_the_dashboard_shows_a_sentinel_url_without_its_password() -> None:
+    shown = redacted("redis+sentinel://ann:secret@s1:26379,s2:26379/jobs")
+
+    assert shown == "redis+sentinel://ann:***@s1:26379,s2:26379/jobs"
+    assert redacted("redis+sentinel://s1,s2/jobs") == "redis+sentinel://s1,s2/jobs"
+
+
+def test_the_dashboard_by_a_sentinel_url_reads_the_master(
+    sentinel_group: SentinelGroup, queue_name: str
+) -> None:
+    Rotator.from_url(sentinel_group.url, queue_name).push("a", "b", "c")
+    app = create_app(sentinel_group.url, interval=0.1, discover_every=0.1)
+    with TestClient(app, base_url="http://127.0.0.1:8765") as dashboard:
+        overview = dashboard.get("/api/overview").json()
+        metrics = dashboard.get("/metrics").text
+
+    row = next(r for r in overview["queues"] if r["name"] == queue_name)
+    assert row["stats"]["pending"] == 3
+    assert all_samples(metrics)["rotator_up"] == 1.0

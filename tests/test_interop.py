@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import signal
 import subprocess
 import time
@@ -18,30 +17,13 @@ import pytest
 import redis
 
 from rotator import Rotator, Topic
-from tests.helpers import wait_until
+from tests.helpers import NODE_PACKAGE, NODE_SCRIPT, NODE_TIMEOUT, built_node, wait_until
 from tests.servers import ServerProcess
-
-ROOT = Path(__file__).resolve().parent.parent
-PACKAGE = ROOT / "clients" / "node"
-SCRIPT = PACKAGE / "scripts" / "interop.js"
-NODE_TIMEOUT = 60.0  # seconds any node process may take
 
 
 @pytest.fixture(scope="module")
 def node() -> str:
-    """The node binary, with the package built; fails with how to get either."""
-    found = shutil.which("node")
-    if found is None:
-        pytest.fail(
-            "node not found: install it with `apt-get install -y nodejs npm`", pytrace=False
-        )
-    if not (PACKAGE / "dist" / "index.js").exists() or not (PACKAGE / "node_modules").exists():
-        pytest.fail(
-            "the Node package is not built: run `npm ci && npm run build` in clients/node"
-            " (python3 tasks.py test does)",
-            pytrace=False,
-        )
-    return found
+    return built_node()
 
 
 @pytest.fixture
@@ -64,7 +46,7 @@ def test_python_pushes_and_node_works(
     ids = [f"py-{i}" for i in range(40)]
     assert q.push(*ids) == 40
     result = subprocess.run(
-        [node, str(SCRIPT), "work", server.url, queue_name, str(out_file), "0", "until-empty"],
+        [node, str(NODE_SCRIPT), "work", server.url, queue_name, str(out_file), "0", "until-empty"],
         capture_output=True,
         text=True,
         timeout=NODE_TIMEOUT,
@@ -83,7 +65,7 @@ def test_node_pushes_and_python_works(
 ) -> None:
     ids = [f"js-{i}" for i in range(40)]
     result = subprocess.run(
-        [node, str(SCRIPT), "push", server.url, queue_name, *ids],
+        [node, str(NODE_SCRIPT), "push", server.url, queue_name, *ids],
         capture_output=True,
         text=True,
         timeout=NODE_TIMEOUT,
@@ -109,7 +91,7 @@ def test_a_node_worker_killed_mid_job_loses_nothing_to_a_python_worker(
     # Node claims four at a time (concurrency 4, lease 1 s, its heartbeat extending them)
     # and sleeps 30 s in each: killed mid-job.
     worker = subprocess.Popen(
-        [node, str(SCRIPT), "work", server.url, queue_name, str(out_file), "30"],
+        [node, str(NODE_SCRIPT), "work", server.url, queue_name, str(out_file), "30"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         start_new_session=True,
@@ -152,7 +134,7 @@ def test_a_python_topic_publishes_and_a_node_group_consumes(
     binary = bytes([0x00, 0xFF, 0xFE, 0x80, 0x2A, 0x0A, 0xC3, 0x28])  # not UTF-8
     ids = topic.publish_many([*payloads, binary])
     result = subprocess.run(
-        [node, str(SCRIPT), "consume", server.url, queue_name, "node", "10"],
+        [node, str(NODE_SCRIPT), "consume", server.url, queue_name, "node", "10"],
         capture_output=True,
         text=True,
         timeout=NODE_TIMEOUT,
@@ -178,7 +160,7 @@ def test_a_node_topic_publishes_and_a_python_group_consumes(
     assert topic.subscribe("python")
     payloads = ["hello", "wörld", "!"]
     result = subprocess.run(
-        [node, str(SCRIPT), "publish", server.url, queue_name, *payloads],
+        [node, str(NODE_SCRIPT), "publish", server.url, queue_name, *payloads],
         capture_output=True,
         text=True,
         timeout=NODE_TIMEOUT,
@@ -197,19 +179,19 @@ def test_a_node_topic_publishes_and_a_python_group_consumes(
 def test_the_readme_node_topic_example_runs_as_written(
     node: str, server: ServerProcess, client: redis.Redis, tmp_path: Path
 ) -> None:
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    readme = (NODE_PACKAGE.parent.parent / "README.md").read_text(encoding="utf-8")
     match = re.search(r"<!-- node-topic-example -->\s*```js\n(.*?)```", readme, re.DOTALL)
     assert match, "README has no Node topic example"
     if leftovers := client.keys("rotator:{news}:*"):
         client.delete(*leftovers)
     modules = tmp_path / "node_modules"  # `require("rotator-queue")` as an installed package
     modules.mkdir()
-    (modules / "rotator-queue").symlink_to(PACKAGE)
+    (modules / "rotator-queue").symlink_to(NODE_PACKAGE)
     script = tmp_path / "example.js"
     script.write_text(match.group(1).replace("redis://localhost:6379/0", server.url))
     result = subprocess.run(
         [node, str(script)],
-        env={"PATH": "/usr/bin:/bin", "NODE_PATH": f"{modules}:{PACKAGE / 'node_modules'}"},
+        env={"PATH": "/usr/bin:/bin", "NODE_PATH": f"{modules}:{NODE_PACKAGE / 'node_modules'}"},
         capture_output=True,
         text=True,
         timeout=NODE_TIMEOUT,

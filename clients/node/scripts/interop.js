@@ -10,14 +10,26 @@
 //   node scripts/interop.js consume URL TOPIC GROUP N     consumes N messages of GROUP (4 at
 //       a time, each claim acking the last); prints [{id, payload, hex}, ...] as JSON (hex: the
 //       payload's bytes)
+// URL is redis://... or redis+sentinel://HOST:PORT[,HOST:PORT...]/SERVICE (tests/test_sentinel.py):
+// then the client is ioredis's own for a master found through Sentinel.
 "use strict";
 const fs = require("node:fs");
 const Redis = require("ioredis");
 const { Rotator, Topic } = require("../dist/index");
 
+function connect(url) {
+  const sentinel = /^redis\+sentinel:\/\/([^/]+)\/([^/]+)$/.exec(url);
+  if (!sentinel) return new Redis(url);
+  const sentinels = sentinel[1].split(",").map((address) => {
+    const [host, port] = address.split(":");
+    return { host, port: Number(port) };
+  });
+  return new Redis({ sentinels, name: decodeURIComponent(sentinel[2]) });
+}
+
 async function main() {
   const [command, url, name, ...rest] = process.argv.slice(2);
-  const redis = new Redis(url);
+  const redis = connect(url);
   try {
     if (command === "push") {
       const q = new Rotator(redis, name);
