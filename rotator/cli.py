@@ -67,7 +67,7 @@ from rotator.server import EmbeddedServer
 from rotator.sharded import MAX_SHARDS, ShardedRotator, cluster_client
 from rotator.shell import CommandHandler, Stopper, missing_program
 from rotator.topic import Retention, Topic, TopicGroup
-from rotator.urls import check_url, client_from_url
+from rotator.urls import check_url, client_from_url, connection_problem
 from rotator.worker import Worker
 
 EXIT_ERROR = 1
@@ -168,7 +168,7 @@ class RotatorGroup(click.Group):
         except (click.ClickException, click.exceptions.Exit, click.Abort):
             raise
         except redis.ConnectionError as error:
-            raise CliError(f"cannot reach {where(ctx)}: {error}") from error
+            raise CliError(f"cannot reach {where(ctx)}: {connection_problem(error)}") from error
         except (RotatorError, redis.RedisError) as error:
             raise CliError(str(error)) from error
 

@@ -94,6 +94,7 @@ from rotator.models import (
 from rotator.protocol import JobRef, When
 from rotator.registry import WorkerInfo
 from rotator.sending import Sender, cluster_socket_timeout, wake_wait
+from rotator.urls import check_not_sentinel
 
 if TYPE_CHECKING:
     from rotator.core import Rotator
@@ -299,6 +300,7 @@ def cluster_options(options: dict[str, Any], retry: Callable[..., Any]) -> dict[
 def cluster_client(url: str, **options: Any) -> RedisCluster:
     """A RedisCluster for ``url`` made for :class:`ShardedRotator` (see
     :func:`cluster_options`)."""
+    check_not_sentinel(url, "a Redis Cluster")
     return RedisCluster.from_url(url, **cluster_options(options, Retry))
 
 

@@ -54,6 +54,7 @@ from rotator.sharded import (
     cluster_options,
     stored_count,
 )
+from rotator.urls import check_not_sentinel
 
 if TYPE_CHECKING:
     from rotator.aio import AsyncRotator
@@ -91,6 +92,7 @@ def async_cluster_client(url: str, **options: Any) -> RedisCluster:
     """A redis.asyncio RedisCluster for ``url`` made for :class:`AsyncShardedRotator`: the
     settings of :func:`rotator.sharded.cluster_client` (redis-py's retries off, socket
     timeouts set). The caller closes it (``await client.aclose()``)."""
+    check_not_sentinel(url, "a Redis Cluster")
     return RedisCluster.from_url(url, **cluster_options(options, Retry))
 
 

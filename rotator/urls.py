@@ -25,7 +25,9 @@ import redis
 import redis.asyncio as aredis
 from redis.asyncio.sentinel import Sentinel as AsyncSentinel
 from redis.connection import parse_url
-from redis.sentinel import Sentinel
+from redis.sentinel import MasterNotFoundError, Sentinel
+
+from rotator.errors import InvalidArgument
 
 SENTINEL_SCHEME = "redis+sentinel://"
 SCHEMES = ("redis://", "rediss://", "unix://", SENTINEL_SCHEME)
@@ -55,6 +57,24 @@ def check_url(url: str) -> None:
         parse_sentinel_url(url)
     else:
         parse_url(url)  # type: ignore[no-untyped-call]
+
+
+def check_not_sentinel(url: str, what: str) -> None:
+    """InvalidArgument for a Sentinel URL where ``what`` (a Redis Cluster) needs a node's URL."""
+    if url.startswith(SENTINEL_SCHEME):
+        raise InvalidArgument(
+            f"{what} is named by one of its nodes (redis://HOST:PORT); {SENTINEL_SCHEME} names "
+            "a master watched by Sentinels"
+        )
+
+
+def connection_problem(error: redis.ConnectionError) -> str:
+    """A connection error in one line: a Sentinel client's MasterNotFoundError lists each
+    Sentinel's client at length after its first words, which are the news."""
+    if isinstance(error, MasterNotFoundError):
+        head = str(error).split(" : ", 1)[0]
+        return f"{head}: no Sentinel of the URL answered with one"
+    return str(error)
 
 
 def parse_sentinel_url(url: str) -> SentinelURL:

@@ -21,12 +21,12 @@ import pytest
 import redis
 from click.testing import CliRunner
 
-from rotator import Durability, NotDurable, Rotator
+from rotator import Durability, InvalidArgument, NotDurable, Rotator
 from rotator.aio import AsyncRotator
 from rotator.cli import main
 from rotator.urls import SENTINEL_PORT, SentinelURL, check_url, parse_sentinel_url
 from tests.helpers import NODE_SCRIPT, NODE_TIMEOUT, built_node
-from tests.servers import SENTINEL_SERVICE, SentinelGroup, ServerProcess
+from tests.servers import SENTINEL_SERVICE, SentinelGroup, ServerProcess, free_ports
 
 ROOT = Path(__file__).resolve().parent.parent
 DURABLE = Durability(replicas=1, timeout=2)
@@ -82,6 +82,30 @@ def test_the_cli_refuses_a_bad_sentinel_url_in_one_line_naming_the_flag() -> Non
     assert result.exit_code == 2
     assert "'--url'" in result.stderr
     assert "/SERVICE" in result.stderr
+
+
+def test_a_sentinel_url_for_a_cluster_is_refused_before_connecting() -> None:
+    url = "redis+sentinel://127.0.0.1:1/jobs"
+    with pytest.raises(InvalidArgument, match="named by one of its nodes"):
+        Rotator.from_url(url, "q", cluster=True)
+    with pytest.raises(InvalidArgument, match="named by one of its nodes"):
+        AsyncRotator.from_url(url, "q", cluster=True)
+    result = CliRunner().invoke(main, ["--url", url, "stats", "q", "--shards", "3"])
+
+    assert result.exit_code == 1
+    assert "named by one of its nodes" in result.stderr
+
+
+def test_no_sentinel_answering_is_one_line_naming_the_url_and_the_service() -> None:
+    (port,) = free_ports(1)
+    url = f"redis+sentinel://127.0.0.1:{port}/jobs"
+    result = CliRunner().invoke(main, ["--url", url, "stats", "q"])
+
+    assert result.exit_code == 1
+    assert result.stderr.strip().splitlines() == [
+        f"rotator: error: cannot reach {url}: No master found for 'jobs': no Sentinel of the "
+        "URL answered with one"
+    ]
 
 
 # -- through the group -------------------------------------------------------------------------
