@@ -34,7 +34,7 @@ counted warm), a cycle as a call. And in each round, the pattern's floor (``benc
 EVALSHA, one job a call with the call before's token acked, as ``bench.profiles`` runs it),
 against which the one-job cases are given too: the ratio issue 14's server-time target is
 about, in counts that do not move with the machine; the one-job claim by FCALL also against
-the module's contract, bare (``bench/contract_floor.lua``: the loop's eight commands on a
+the module's contract, bare (``bench/contract_floor.lua``: the loop's seven commands on a
 queue's thirteen keys with next_packed's arguments, and no logic), which splits what is left
 into what the contract costs and what the module's Lua does, and the push by FCALL against
 the push's contract, bare (the same library: its eight commands, no logic); and, where the
@@ -128,8 +128,8 @@ BODY = b"x" * 64  # a payload queue's bodies (as bench.topics' PAYLOAD)
 # for the one-job cases; for the payload case, its layout's floor and a Stream.
 FLOOR, CONTRACT, PUSH_CONTRACT, PAYLOAD_FLOOR, STREAM = (
     "the floor: one job + ack (bench/floor.lua by EVALSHA)",
-    "the contract, bare: the loop's 8 commands on 13 keys, no logic (bench/contract_floor.lua)",
-    "the push's contract, bare: its 9 commands on 13 keys, no logic (bench/contract_floor.lua)",
+    "the contract, bare: the loop's 7 commands on 13 keys, no logic (bench/contract_floor.lua)",
+    "the push's contract, bare: its 8 commands on 13 keys, no logic (bench/contract_floor.lua)",
     "the payload floor: 100 + ack (bench/payload_floor.lua, hash layout, by EVALSHA)",
     "a Stream: XREADGROUP COUNT 100 + XACK of the 100 (one group, bodies of 64 bytes)",
 )

@@ -812,6 +812,9 @@ local TRIMMED
 -- The packed element this call made, and its ids in order, so that a call that reads their
 -- payloads (M.leased_ids) does not split the element it has just joined.
 local PACKED, PACKED_IDS
+-- The meta fields M.run read with the format for this call's first read (M.first_reads), until
+-- that read takes them (M.first_meta).
+local FIRST_META
 local T, NGROUPS
 -- The call's KEYS layout (see COMMANDS), nil for an unknown command.
 local LAYOUT
@@ -901,10 +904,16 @@ local function define_module()
     'lease_max' }
   local LOOP_FIELDS = { 'seq', 'walk', 'taken', 'origin', 'marked_n', 'marked_n_old', 'smin',
     'paused', 'rate_n', 'track_ids', 'prio', 'completed' }
-  -- A fresh start's: the loop's, and lease_max (its wake-up's rule, deadline_wakes). (Written
-  -- out: a library's chunk runs at FUNCTION LOAD, where `unpack` is not there yet.)
-  local FRESH_FIELDS = { 'seq', 'walk', 'taken', 'origin', 'marked_n', 'marked_n_old', 'smin',
-    'paused', 'rate_n', 'track_ids', 'prio', 'completed', 'lease_max' }
+  -- A claim's first read (fresh_lease's, by M.run: M.first_reads): the loop's, then lease_max
+  -- (a fresh start's wake-up rule, deadline_wakes), then the storage format (FORMAT, which
+  -- M.run checks). (Written out: a library's chunk runs at FUNCTION LOAD, where `unpack` is
+  -- not there yet.)
+  local CLAIM_FIELDS = { 'seq', 'walk', 'taken', 'origin', 'marked_n', 'marked_n_old', 'smin',
+    'paused', 'rate_n', 'track_ids', 'prio', 'completed', 'lease_max', 'format' }
+  local LEASE_MAX_AT = 13 -- (lease_max's place in CLAIM_FIELDS)
+  -- A push's first read (plain_push's, by M.run), with the format last.
+  local PUSH_FIELDS = { 'seq', 'pushed', 'taken', 'walk', 'track_ids', 'layout', 'format' }
+  local FORMAT_ONLY = { 'format' }
   local LOOP_PLACES -- (made once needed: an EVAL call runs this chunk whole every time)
 
   function M.fail(code, message)
@@ -938,13 +947,38 @@ local function define_module()
 
   -- A command, once the storage format of the queue (or the topic) its keys name is this
   -- module's (FORMAT): a newer module's refused before anything is read or written.
-  function M.run(handler, meta)
-    local format = M.read('HMGET', meta, 'format')[1] -- (HMGET: in every worker's ACL rule)
+  -- Reads `command`'s first meta fields too (M.first_reads), for the command to take.
+  function M.run(handler, meta, command)
+    local fields = M.first_reads(command)
+    local got = M.read('HMGET', meta, unpack(fields)) -- (HMGET: in every worker's ACL rule)
+    local format = got[#fields]
     if format and format ~= LIMIT.format then
       M.refuse('ROTATOR_FORMAT', meta .. ' is in storage format ' .. M.printable(format) ..
         ', which this module (format ' .. LIMIT.format .. ') does not know: upgrade this client')
     end
+    if fields ~= FORMAT_ONLY then FIRST_META = got end
     return handler()
+  end
+
+  -- The commonest calls' first read of meta, by command (a claim's, a push's), which M.run
+  -- makes in the HMGET that reads the format, the last field, so that the check costs those
+  -- calls a field, not a command; every other call's HMGET reads the format alone. (By
+  -- comparisons, each of two interned strings' pointers: no table for an EVAL call to make.)
+  function M.first_reads(command)
+    if command == 'next_packed' or command == 'nextp_packed' or command == 'next'
+        or command == 'nextp' then
+      return CLAIM_FIELDS
+    end
+    return command == 'push' and PUSH_FIELDS or FORMAT_ONLY
+  end
+
+  -- The meta fields M.run read for this call's first read (by the places of the command's
+  -- M.first_reads), once: nil for any later read, or a call of another command. Taken only by
+  -- reads made before the call's first write.
+  function M.first_meta()
+    local got = FIRST_META
+    FIRST_META = nil
+    return got
   end
 
   -- A command the server may refuse for what it finds there (a write: a counter written by hand
@@ -1823,7 +1857,7 @@ local function define_module()
     local tail = M.read('LRANGE', K.leases, '-2', '-1')
     local lease_length = M.lease_length_of(tail)
     if lease_length == 0 then return M.loop_declined(0) end
-    local l = M.read('HMGET', K.meta, unpack(LOOP_FIELDS))
+    local l = M.first_meta() or M.read('HMGET', K.meta, unpack(LOOP_FIELDS))
     local found = rcall('EXISTS', K.done, K.done_old, K.marks, K.marks_old, K.revoked, K.dead)
     -- (l by LOOP_FIELDS' places: 1 seq, 2 walk, 3 taken, 4 origin, 5 marked_n,
     -- 6 marked_n_old, 7 smin, 8 paused, 9 rate_n, 10 track_ids, 11 prio, 12 completed)
@@ -2005,10 +2039,10 @@ local function define_module()
   function M.fresh_lease(count, lease, budget, compact)
     local head = M.read('LRANGE', K.leases, '0', '1')
     if #head ~= 0 then return M.loop_declined(M.lease_length_of(head)) end
-    local l = M.read('HMGET', K.meta, unpack(FRESH_FIELDS))
+    local l = M.first_meta() or M.read('HMGET', K.meta, unpack(CLAIM_FIELDS))
     local found = rcall('EXISTS', K.done, K.done_old, K.marks, K.marks_old, K.revoked, K.dead)
-    -- (l by FRESH_FIELDS' places: LOOP_FIELDS', as in loop_lease, then lease_max, the last)
-    local seq, lease_max = l[1] and tonumber(l[1]), tonumber(l[#FRESH_FIELDS] or '')
+    -- (l by CLAIM_FIELDS' places: LOOP_FIELDS', as in loop_lease, then lease_max)
+    local seq, lease_max = l[1] and tonumber(l[1]), tonumber(l[LEASE_MAX_AT] or '')
     local qstart, qlen, lapnext, qmin, lapguess, packed, lmin, lstop, lpass, lskip, rpasses,
       lpasses
     if l[2] and #l[2] == WALK_BYTES then
@@ -2551,7 +2585,7 @@ local function define_module()
         if not M.valid_id(A[i]) then return nil end
       end
       local length = M.attempt('LLEN', K.ring)
-      local m = M.attempt('HMGET', K.meta, 'seq', 'pushed', 'taken', 'walk', 'track_ids', 'layout')
+      local m = M.first_meta() or M.attempt('HMGET', K.meta, unpack(PUSH_FIELDS))
       local head = M.attempt('LINDEX', K.pushlog, '0')
       -- (m by place: 1 seq, 2 pushed, 3 taken, 4 walk, 5 track_ids, 6 layout)
       local seq = type(m) == 'table' and not m.err and m[1] and tonumber(m[1])
@@ -6272,7 +6306,7 @@ local function define_module()
     -- The call state of section 2: bound here, once per call, and nowhere else.
     UNIQUE, FRESH_ACKS = args[1] == 'unique', false
     NAMED, DROPPED, TRIMMED = nil, nil, false -- (DROPPED made by the calls that drop)
-    PACKED, PACKED_IDS = nil, nil
+    PACKED, PACKED_IDS, FIRST_META = nil, nil, nil
     if UNIQUE then
       args = { unpack(args, 2) }
       local pushes = { push = 1, pushi = 1, push_later = 1, push_priority = 1, pushp = 1,
@@ -6334,7 +6368,7 @@ local function define_module()
     if not handler then
       return M.fail('ROTATOR_BADCMD', 'unknown command ' .. M.printable(args[1]))
     end
-    local ok, result = pcall(M.run, handler, T and T.topic or K.meta)
+    local ok, result = pcall(M.run, handler, T and T.topic or K.meta, not T and args[1])
     if ok or (type(result) == 'table' and result.err) then return result end
     -- An error from a command Redis refused (READONLY, OOM, NOPERM...) reaches pcall as a
     -- string: reply with it as it is, so its code survives for the client to see.

@@ -266,7 +266,14 @@ def test_the_loops_meta_fields_are_the_claims_and_its_places_say_so() -> None:
     assert len(meta) == len(set(meta)) == 24
     assert len(loop) == len(set(loop)) == 12
     assert set(loop) - set(meta) == {"completed"}
-    assert quoted_list(source, "FRESH_FIELDS") == [*loop, "lease_max"]  # (the fresh start's)
+    # (a claim's first read, the fresh start's, by M.run: the loop's, lease_max at its place,
+    # and the storage format, which M.run checks in the same HMGET)
+    claim = quoted_list(source, "CLAIM_FIELDS")
+    assert claim == [*loop, "lease_max", "format"]
+    assert f"local LEASE_MAX_AT = {claim.index('lease_max') + 1}" in source
+    # (a push's, plain_push's, the format last too)
+    assert quoted_list(source, "PUSH_FIELDS")[-1] == "format"
+    assert "local FORMAT_ONLY = { 'format' }" in source
     # The walk's twelve numbers are one packed field of both lists, not fields of their own
     # (their names are a queue's from before the packed field: see walk_of).
     walk = quoted_list(source, "WALK_FIELDS")
