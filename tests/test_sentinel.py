@@ -1,9 +1,11 @@
-"""rotator behind Redis Sentinel, on a real group (a server, its replica, three Sentinels) of
-Redis 7.0 and of Valkey 8.1: the ``redis+sentinel://`` URL every entry point takes, the
-Python clients and the CLI through it, a master killed mid-run (durable pushes and acks: no
-confirmed push lost, no job run again after its confirmed ack) and a failover that leaves
-the old master up and taking writes for seconds (its durable pushes are refused, its plain
-ones lost: the control)."""
+"""rotator behind Redis Sentinel, on a real group (a server, its replica, three Sentinels:
+conftest's ``sentinel_group``) of Redis 7.0 and of Valkey 8.1: the ``redis+sentinel://`` URL
+every entry point takes and what a bad one is told, the Python clients and the CLI through
+it, a master killed mid-run (durable pushes and acks: no confirmed push lost, no job run
+again after its confirmed ack; and a Node worker on ioredis's Sentinel client), a failover
+that leaves the old master up and taking writes for seconds (its durable pushes are refused,
+its plain ones lost: the control), and ``min-replicas-to-write`` refusing a push with
+nothing written. The dashboard's Sentinel tests are in test_dashboard.py."""
 
 from __future__ import annotations
 
