@@ -795,6 +795,9 @@ def test_the_dashboard_shows_a_sentinel_url_without_its_password() -> None:
 
     assert shown == "redis+sentinel://ann:***@s1:26379,s2:26379/jobs"
     assert redacted("redis+sentinel://s1,s2/jobs") == "redis+sentinel://s1,s2/jobs"
+    # (a plain URL's as before: by its text now)
+    assert redacted("redis://:secret@h1:6379/0") == "redis://:***@h1:6379/0"
+    assert redacted("rediss://ann:secret@h1/0") == "rediss://ann:***@h1/0"
 
 
 def test_the_dashboard_by_a_sentinel_url_reads_the_master(
