@@ -55,6 +55,42 @@ def built_node() -> str:
     return found
 
 
+def worker_notes(path: Path) -> list[tuple[str, float]]:
+    """(job id, time) of each line of a worker process's notes, "<id> <time>" or "<id>"
+    (time 0); [] while the file is not there."""
+    found = []
+    for line in path.read_text().splitlines() if path.exists() else []:
+        job_id, _, at = line.partition(" ")
+        found.append((job_id, float(at or 0)))
+    return found
+
+
+def confirmed_acks(outs: list[Path]) -> dict[str, tuple[float, float]]:
+    """By worker notes (each OUT lists a worker's runs, "<id> <time>", and OUT.acked its
+    confirmed acks): each acked job's first confirmed ack, and when the run it completed
+    began (that worker's last run of the job before the ack)."""
+    acked: dict[str, tuple[float, float]] = {}
+    for out in outs:
+        runs: dict[str, list[float]] = {}
+        for job_id, at in worker_notes(out):
+            runs.setdefault(job_id, []).append(at)
+        for job_id, at in worker_notes(out.with_name(out.name + ".acked")):
+            if at < acked.get(job_id, (at + 1, 0.0))[0]:
+                acked[job_id] = (at, max(t for t in runs[job_id] if t <= at))
+    return acked
+
+
+def runs_after_confirmed_ack(
+    outs: list[Path], acked: dict[str, tuple[float, float]]
+) -> list[tuple[str, float]]:
+    """The runs of a job after its confirmed ack (``confirmed_acks``), each as the job id and
+    when the run that ack completed began."""
+    return sorted(
+        {(job_id, acked[job_id][1]) for out in outs for job_id, at in worker_notes(out)
+         if job_id in acked and at > acked[job_id][0]}
+    )  # fmt: skip
+
+
 def snapshot(client: redis.Redis, rotator: Rotator) -> dict[str, Any]:
     """Every key of a queue, by value, so a test can assert that nothing changed."""
     state: dict[str, Any] = {}

@@ -106,7 +106,30 @@ def free_ports(count: int) -> list[int]:
         return [int(sock.getsockname()[1]) for sock in sockets]
 
 
-class ServerProcess:
+class Started:
+    """A context manager that starts what it manages on entry and stops it on exit (a
+    server, a cluster, a Sentinel group)."""
+
+    def start(self) -> None:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+class ServerProcess(Started):
     """One redis-server or valkey-server on 127.0.0.1 with its own working directory."""
 
     def __init__(
@@ -200,18 +223,6 @@ class ServerProcess:
         text = self.log_path.read_text(errors="replace")
         return "\n".join(text[max(text.rfind(LAUNCH_MARK), 0) :].splitlines()[-lines:])
 
-    def __enter__(self) -> Self:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
-
     def __repr__(self) -> str:
         return f"ServerProcess({self.kind!r}, port={self.port}, version={self.version!r})"
 
@@ -285,7 +296,7 @@ def replicated_pair(
             yield primary, replica
 
 
-class ClusterProcess:
+class ClusterProcess(Started):
     """Three masters joined by `<kind>-cli --cluster create`, all slots served; no replicas
     unless `replicas` (replicas per master: see ReplicatedClusterProcess)."""
 
@@ -322,18 +333,6 @@ class ClusterProcess:
     def client(self, **kwargs: Any) -> RedisCluster:
         """A new cluster client (decode_responses False unless asked); the caller closes it."""
         return RedisCluster(startup_nodes=self.startup_nodes, **kwargs)
-
-    def __enter__(self) -> Self:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     def _start_node(self) -> ServerProcess:
         error = ServerError("no attempt made")
@@ -505,7 +504,7 @@ SENTINEL_QUORUM = 2
 SENTINEL_TIMEOUT = 30.0  # seconds for the group to form, or to settle after a failover
 
 
-class SentinelGroup:
+class SentinelGroup(Started):
     """A server, its replica, and three Sentinels (quorum 2) watching them, all on loopback.
     Ready when every Sentinel knows the replica and the other two. A test may kill the master
     or fail it over; ``heal`` starts what it killed and waits until the group is whole again
@@ -580,18 +579,6 @@ class SentinelGroup:
                 server.config["replicaof"] = f"{master.host} {master.port}"
                 server.start()
         self._wait_until_whole()
-
-    def __enter__(self) -> Self:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     def _start_sentinel(self, port: int, master_port: int) -> subprocess.Popen[bytes]:
         directory = self.workdir / f"sentinel-{port}"

@@ -27,7 +27,14 @@ from rotator import Durability, InvalidArgument, NotDurable, Rotator
 from rotator.aio import AsyncRotator
 from rotator.cli import main
 from rotator.urls import SENTINEL_PORT, SentinelURL, check_url, parse_sentinel_url
-from tests.helpers import NODE_SCRIPT, NODE_TIMEOUT, built_node
+from tests.helpers import (
+    NODE_SCRIPT,
+    NODE_TIMEOUT,
+    built_node,
+    confirmed_acks,
+    runs_after_confirmed_ack,
+    worker_notes,
+)
 from tests.servers import SENTINEL_SERVICE, SentinelGroup, ServerProcess, free_ports
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -197,15 +204,6 @@ while True:
 """
 
 
-def notes(path: Path) -> list[tuple[str, float]]:
-    """(job id, time) of each line of a worker's notes."""
-    found = []
-    for line in path.read_text().splitlines() if path.exists() else []:
-        job_id, _, at = line.partition(" ")
-        found.append((job_id, float(at)))
-    return found
-
-
 class Producer(threading.Thread):
     """Pushes ``batches`` of 50 ids, 20 batches a second, sorting them by what the push said:
     confirmed, unconfirmed (NotDurable: applied where it was sent, not confirmed), failed
@@ -271,7 +269,7 @@ def run_workers_through(
     ]
 
     def completed() -> Counter[str]:
-        return Counter(job_id for out in outs for job_id, _ in notes(out))
+        return Counter(job_id for out in outs for job_id, _ in worker_notes(out))
 
     try:
         producer.start()
@@ -291,18 +289,8 @@ def run_workers_through(
             worker.wait(timeout=30)
         producer.join()
     done = completed()
-    acked: dict[str, tuple[float, float]] = {}  # job id: its first confirmed ack, that run
-    for out in outs:
-        runs: dict[str, list[float]] = {}
-        for job_id, at in notes(out):
-            runs.setdefault(job_id, []).append(at)
-        for job_id, at in notes(out.with_name(out.name + ".acked")):
-            if at < acked.get(job_id, (at + 1, 0.0))[0]:
-                acked[job_id] = (at, max(t for t in runs[job_id] if t <= at))
-    late = sorted(
-        {(job_id, acked[job_id][1]) for out in outs for job_id, at in notes(out)
-         if job_id in acked and at > acked[job_id][0]}
-    )  # fmt: skip
+    acked = confirmed_acks(outs)
+    late = runs_after_confirmed_ack(outs, acked)
     result = {
         "confirmed": len(producer.confirmed),
         "unconfirmed": len(producer.unconfirmed),
@@ -402,7 +390,9 @@ def test_while_a_failed_over_master_still_takes_writes_durable_pushes_are_refuse
     plain.queue.stats()  # connects to the master of the moment
     result = run_workers_through(sentinel_group, queue_name, tmp_path, producer, fail_over)
     plain.join()  # (long done: it pushes for half the time the other one does)
-    done = Counter(job_id for out in tmp_path.glob("worker-?.txt") for job_id, _ in notes(out))
+    done = Counter(
+        job_id for out in tmp_path.glob("worker-?.txt") for job_id, _ in worker_notes(out)
+    )
     plain_lost = set(plain.confirmed) - set(done)
     print(events, "plain: confirmed", len(plain.confirmed), "lost", len(plain_lost))
 

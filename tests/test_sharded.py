@@ -54,7 +54,13 @@ from rotator.sharded import (
     shard_names,
     shard_of_id,
 )
-from tests.helpers import EACH_PLAIN_CLUSTER, ON_EACH_CLUSTER
+from tests.helpers import (
+    EACH_PLAIN_CLUSTER,
+    ON_EACH_CLUSTER,
+    confirmed_acks,
+    runs_after_confirmed_ack,
+    worker_notes,
+)
 from tests.servers import ClusterProcess, ReplicatedClusterProcess
 
 CLUSTER_KINDS = EACH_PLAIN_CLUSTER
@@ -823,16 +829,8 @@ def run_through(
                 confirmed.extend(ids)
             time.sleep(0.05)
 
-    def notes(path: Path) -> list[tuple[str, float]]:
-        """(job id, time) of each line of a worker's notes (LONG_WORKER's have no time)."""
-        found = []
-        for line in path.read_text().splitlines() if path.exists() else []:
-            job_id, _, at = line.partition(" ")
-            found.append((job_id, float(at or 0)))
-        return found
-
     def completed() -> Counter[str]:
-        return Counter(job_id for out in outs for job_id, _ in notes(out))
+        return Counter(job_id for out in outs for job_id, _ in worker_notes(out))
 
     producer = threading.Thread(target=produce)
     began = time.monotonic()
@@ -853,20 +851,8 @@ def run_through(
             worker.wait(timeout=30)
         producer.join()
     done = completed()
-    # Runs of a job after a confirmed ack of it (DURABLE_WORKER's notes), each with when the
-    # run that ack completed began (the last run of the job by the same worker before it).
-    acked: dict[str, tuple[float, float]] = {}  # job id: its first confirmed ack, that run
-    for out in outs:
-        runs: dict[str, list[float]] = {}
-        for job_id, at in notes(out):
-            runs.setdefault(job_id, []).append(at)
-        for job_id, at in notes(out.with_name(out.name + ".acked")):
-            if at < acked.get(job_id, (at + 1, 0.0))[0]:
-                acked[job_id] = (at, max(t for t in runs[job_id] if t <= at))
-    late = sorted(
-        {(job_id, acked[job_id][1]) for out in outs for job_id, at in notes(out)
-         if job_id in acked and at > acked[job_id][0]}
-    )  # fmt: skip
+    acked = confirmed_acks(outs)  # (DURABLE_WORKER's notes)
+    late = runs_after_confirmed_ack(outs, acked)
     stats = queue.stats()
     queue.delete()
     queue.client.close()
