@@ -128,6 +128,30 @@ def wait_until(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
 
 
 @contextmanager
+def later(delay: float, action: Callable[[], object]) -> Iterator[None]:
+    """Runs ``action`` in a thread of its own ``delay`` seconds into the block. Leaving the
+    block joins the thread and raises what the action raised: the test's teardown (a client
+    closed, a queue deleted) never races the action, and a failed action fails the test,
+    where ``threading.Timer`` would only print it."""
+    failures: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            action()
+        except BaseException as error:  # (raised in the test's own thread below)
+            failures.append(error)
+
+    timer = threading.Timer(delay, run)
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.join()
+    if failures:
+        raise failures[0]
+
+
+@contextmanager
 def monitored(client: redis.Redis) -> Iterator[list[str]]:
     """The commands clients send the server while the block runs, as MONITOR shows them
     (each its arguments joined by spaces; the commands scripts run left out). On a shared

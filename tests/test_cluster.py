@@ -4,7 +4,6 @@ slot per queue."""
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 from typing import Any
 
@@ -19,7 +18,7 @@ from redis.retry import Retry
 from rotator import Rotator
 from rotator.aio import AsyncRotator
 from rotator.script import chosen_mode
-from tests.helpers import EACH_PLAIN_CLUSTER
+from tests.helpers import EACH_PLAIN_CLUSTER, later
 from tests.servers import ClusterProcess
 
 pytestmark = pytest.mark.cluster
@@ -93,13 +92,11 @@ def test_a_blocking_next_on_the_cluster_is_woken_by_a_push(
 ) -> None:
     queue = Rotator(cluster_client, queue_name, timeout=30)
     pusher_client = cluster.client()
-    pusher = threading.Timer(0.3, lambda: Rotator(pusher_client, queue_name).push("late"))
     began = time.monotonic()
-    pusher.start()
     try:
-        jobs = queue.next(block=10)
+        with later(0.3, lambda: Rotator(pusher_client, queue_name).push("late")):
+            jobs = queue.next(block=10)
     finally:
-        pusher.join()
         pusher_client.close()
     assert [job.id for job in jobs] == ["late"]
     assert time.monotonic() - began < 5  # woken by the push, not by the 10 s block

@@ -6,7 +6,6 @@ claim that delivers it (a poison pill: every delivery of its batch would fail)."
 from __future__ import annotations
 
 import asyncio
-import threading
 
 import pytest
 import redis
@@ -15,7 +14,7 @@ import redis.asyncio as aredis
 import rotator.lane
 from rotator import Rotator
 from rotator.aio import AsyncRotator
-from tests.helpers import drain
+from tests.helpers import drain, later
 from tests.servers import ServerProcess
 
 BINARY = {"a": b"\xff\xfe\x00 not utf-8", "b": "bödy".encode(), "c": b""}
@@ -54,10 +53,8 @@ def test_a_blocked_decoding_consumer_is_woken_with_a_binary_payload(
     with redis.Redis(port=server.port, decode_responses=True) as client:
         q = Rotator(client, queue_name, payloads=True)
         q.next()  # (idle: the next call blocks)
-        later = threading.Timer(0.2, lambda: q.push_payloads({"x": b"\x80\x81"}))
-        later.start()
-        (job,) = q.next(1, block=5.0)
-        later.join()
+        with later(0.2, lambda: q.push_payloads({"x": b"\x80\x81"})):
+            (job,) = q.next(1, block=5.0)
         assert (job.id, job.payload) == ("x", b"\x80\x81")
         assert q.ack(job) == 1
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 from pathlib import Path
 
@@ -15,7 +14,7 @@ from redis.cluster import RedisCluster
 from rotator import Rotator
 from rotator.aio import AsyncRotator
 from rotator.script import chosen_mode, function_name
-from tests.helpers import drain, monitored
+from tests.helpers import drain, later, monitored
 from tests.servers import ServerProcess
 
 
@@ -55,9 +54,8 @@ def test_a_consumer_woken_after_a_function_flush_still_gets_the_job(
 ) -> None:
     q = Rotator(client, queue_name, functions=True)
     q.next()  # the library is loaded
-    flush_then_push = threading.Timer(0.2, lambda: (client.function_flush(), q.push("after")))
-    flush_then_push.start()
-    (job,) = q.next(block=10.0)
+    with later(0.2, lambda: (client.function_flush(), q.push("after"))):
+        (job,) = q.next(block=10.0)
     assert (job.id, job.deliveries) == ("after", 1)
     assert q.ack(job) == 1
 

@@ -17,7 +17,7 @@ import rotator.lane
 from rotator import Rotator
 from rotator.lane import Lane
 from rotator.script import AutoCall, FunctionCall, ModuleScript, function_name
-from tests.helpers import drain
+from tests.helpers import drain, later
 from tests.servers import ServerProcess
 
 
@@ -314,12 +314,8 @@ def test_the_lane_serves_decoding_and_resp3_clients_alike(
 
 def woken_claim(q: Rotator, pusher: Rotator, job_id: str) -> list[Any]:
     """A claim blocked on an empty queue until ``pusher`` pushes ``job_id``: its jobs."""
-    timer = threading.Timer(0.2, pusher.push, args=(job_id,))
-    timer.start()
-    try:
+    with later(0.2, lambda: pusher.push(job_id)):
         return q.next(1, block=5)
-    finally:
-        timer.join()
 
 
 @pytest.mark.parametrize("functions", [True, False], ids=["fcall", "evalsha"])

@@ -13,7 +13,7 @@ import redis
 from rotator import Durations, Job, LeaseLost, Rotator, Stats, WrongKeyType
 from rotator.aio import AsyncRotator
 from rotator.sending import socket_timeout
-from tests.helpers import drain, snapshot
+from tests.helpers import drain, later, snapshot
 from tests.servers import ServerProcess
 from tests.twins import Blocking
 
@@ -280,9 +280,9 @@ def test_jobs_delivered_max_deliveries_times_become_dead_letters(
 
 
 def test_a_blocked_consumer_is_woken_by_a_push(q: Rotator) -> None:
-    threading.Timer(0.2, q.push, args=("wake-up",)).start()
     started = time.monotonic()
-    jobs = q.next(block=10.0)
+    with later(0.2, lambda: q.push("wake-up")):
+        jobs = q.next(block=10.0)
     assert [j.id for j in jobs] == ["wake-up"]
     assert time.monotonic() - started < 5.0  # woken, not timed out
 
@@ -305,9 +305,8 @@ def test_a_consumer_woken_after_a_script_flush_still_gets_the_job(
     # The call that follows the wake-up is sent with the BLPOP, before anyone knows whether
     # the script is still cached: a NOSCRIPT reply there means nothing ran, and it is resent.
     q.next()  # the script is loaded
-    flush_then_push = threading.Timer(0.2, lambda: (client.script_flush(), q.push("after")))
-    flush_then_push.start()
-    (job,) = q.next(block=10.0)
+    with later(0.2, lambda: (client.script_flush(), q.push("after"))):
+        (job,) = q.next(block=10.0)
     assert (job.id, job.deliveries) == ("after", 1)
     assert q.ack(job) == 1
 
@@ -324,8 +323,7 @@ def test_a_call_that_fails_after_the_wake_up_raises_its_typed_error(
         client.set(q.keys.ring, "not a list")
         client.lpush(q.keys.wake, "1")
 
-    threading.Timer(0.2, break_the_ring).start()
-    with pytest.raises(WrongKeyType):
+    with later(0.2, break_the_ring), pytest.raises(WrongKeyType):
         q.next(block=10.0)
     assert client.get(q.keys.ring) == b"not a list"  # nothing written
 
