@@ -58,6 +58,7 @@ MIN_TESTS = (
     "tests/test_cli_commands.py",
     "tests/test_cli_conventions.py",
     "tests/test_sentinel.py",
+    "tests/test_retries.py",
 )
 
 

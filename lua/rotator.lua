@@ -262,7 +262,9 @@ COMMANDS (ARGV[1]; numbers are decimal integers)
     absent) equals CHUNK; then `chunks` becomes CHUNK + 1 and the marker expires in TTL_MS.
     A chunk the marker already counts pushes nothing, so a retried loader pushes no id twice;
     it renews the marker's expiry, a write: a WAIT after the retry covers the first push too.
-    reply: {pushed, chunks}  pushed is 0 when the chunk was already in
+    reply: {pushed, chunks, earlier}  pushed is 0 when the chunk was already in; earlier is
+      then, for the marker's last chunk (the one a call whose reply was lost sends again),
+      what the call that pushed it pushed (the marker's field `pushed`), else 0
     errors: ROTATOR_BADARG (CHUNK beyond what the marker records), ROTATOR_BADID,
             ROTATOR_TOOMANY, ROTATOR_WRONGTYPE
   next COUNT LEASE_MS BUDGET MAX_DELIVERIES [ACK_TOKEN ...]
@@ -575,7 +577,7 @@ REDIS-CLI
   redis-cli EVALSHA $SHA 13 $Q resume
   redis-cli EVALSHA $SHA 13 $Q rate_limit 100 1000        # 100 jobs per second; 0 lifts it
   redis-cli EVALSHA $SHA 13 $Q durations 90 6 2           # two jobs took 32-64 ms, 90 in all
-  redis-cli EVALSHA $SHA 14 $Q rotator:{orders}:load-1 push_chunk 0 60000 job-9   # {1, 1}
+  redis-cli EVALSHA $SHA 14 $Q rotator:{orders}:load-1 push_chunk 0 60000 job-9   # {1, 1, 0}
   P="$Q rotator:{orders}:payloads"
   redis-cli EVALSHA $SHA 14 $P pushp job-10 '{"n":10}'
   redis-cli EVALSHA $SHA 14 $P pushp_later IN 60000 job-11 '{"n":11}'
@@ -4180,21 +4182,22 @@ local function define_module()
       local chunk = M.int_arg(2, 'CHUNK', 0, LIMIT.no_bound)
       local ttl = M.int_arg(3, 'TTL_MS', 1, LIMIT.no_bound)
       local marker = K.payloads -- the fourteenth key: push_chunk takes its marker hash there
-      local chunks = tonumber(M.read('HMGET', marker, 'chunks')[1]) or 0
+      local recorded = M.read('HMGET', marker, 'chunks', 'pushed')
+      local chunks = tonumber(recorded[1]) or 0
       if chunks > chunk then
         M.check_ids(4)
         -- A write, so that a WAIT after a retried call also covers the first try's push.
         rcall('PEXPIRE', marker, ttl)
-        return { 0, chunks }
+        return { 0, chunks, chunk == chunks - 1 and tonumber(recorded[2]) or 0 }
       end
       if chunks < chunk then
         M.refuse('ROTATOR_BADARG', 'chunk ' .. chunk .. ' comes after chunk ' .. chunks ..
           ', which the marker does not record: it expired or was deleted')
       end
       local pushed = M.push_ids(4)
-      rcall('HSET', marker, 'chunks', chunk + 1)
+      rcall('HSET', marker, 'chunks', chunk + 1, 'pushed', pushed)
       rcall('PEXPIRE', marker, ttl)
-      return { pushed, chunk + 1 }
+      return { pushed, chunk + 1, 0 }
     end
 
     -- push_later's arguments: the due time (ms, server TIME) of IN DELAY_MS or AT AT_MS at

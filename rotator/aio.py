@@ -8,6 +8,7 @@ sync classes for the semantics.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 from collections.abc import (
     AsyncIterator,
@@ -24,6 +25,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import redis.asyncio as aredis
 from redis.asyncio.cluster import PipelineCommand, RedisCluster
+from redis.asyncio.retry import Retry
 from redis.exceptions import ConnectionError, RedisClusterException, RedisError, TimeoutError
 
 from rotator import commands, protocol, registry
@@ -65,6 +67,7 @@ from rotator.models import (
 )
 from rotator.protocol import JobRef, When
 from rotator.registry import WorkerInfo
+from rotator.retries import Tries, bounded_options, check_retry_for, push_marker_ttl_ms
 from rotator.script import (
     async_module_caller,
     module_command,
@@ -228,6 +231,34 @@ class AsyncSender:
         return call.decode(pipeline_reply(reply))
 
 
+class AsyncRetryingSender(AsyncSender):
+    """The asyncio twin of :class:`rotator.retries.RetryingSender`: each request is retried
+    as :class:`rotator.retries.Tries` says, for at most ``retry_for`` seconds."""
+
+    def __init__(
+        self,
+        client: Any,
+        functions: bool | None,
+        retry_for: float,
+        durability: Durability | None = None,
+    ) -> None:
+        super().__init__(client, functions, durability)
+        self.retry_for = retry_for
+
+    async def perform(self, request: Request) -> Any:
+        if type(request) is Together:  # each call it makes again is retried on its own
+            return await super().perform(request)
+        tries = Tries(self.client, request, self.retry_for)
+        while True:
+            try:
+                return await super().perform(request)
+            except Exception as error:
+                pause = tries.pause_after(error)
+                if pause is None:
+                    raise
+                await asyncio.sleep(pause)
+
+
 class AsyncRotator(QueueView):
     """The asyncio twin of :class:`rotator.Rotator`; see it for the semantics.
 
@@ -248,9 +279,11 @@ class AsyncRotator(QueueView):
         functions: bool | None = None,
         payloads: bool = False,
         item_stats: bool = False,
+        retry_for: float = 0.0,
     ) -> None:
         self.client = client
         self.durability = durability
+        self.retry_for = check_retry_for(retry_for)
         self._flows: QueueFlows = self._make_flows(
             name,
             timeout=timeout,
@@ -260,8 +293,13 @@ class AsyncRotator(QueueView):
             prefix=prefix,
             payloads=payloads,
             item_stats=item_stats,
+            push_marker_ttl_ms=push_marker_ttl_ms(self.retry_for),
         )
-        self._sender = AsyncSender(client, functions, durability)
+        self._sender = (
+            AsyncRetryingSender(client, functions, self.retry_for, durability)
+            if self.retry_for
+            else AsyncSender(client, functions, durability)
+        )
         self._run = self._sender.run
 
     @classmethod
@@ -270,9 +308,11 @@ class AsyncRotator(QueueView):
     ) -> AsyncRotator:
         """As :meth:`rotator.Rotator.from_url`; ``cluster=True`` makes the client with
         :func:`rotator.sharded_aio.async_cluster_client` (redis-py's retries off, socket
-        timeouts set)."""
+        timeouts set), and so does a ``retry_for`` in ``options``."""
         if not cluster:
-            return cls(async_client_from_url(url), name, **options)
+            retry_for = check_retry_for(options.get("retry_for", 0.0))
+            bounded = bounded_options({}, Retry) if retry_for else {}
+            return cls(async_client_from_url(url, **bounded), name, **options)
         # (sharded_aio builds on this module: imported when called)
         from rotator.sharded_aio import async_cluster_client  # noqa: PLC0415
 

@@ -84,15 +84,8 @@ def push_call(flows: QueueFlows, options: PushOptions, part: Sequence[bytes]) ->
     call :meth:`rotator.Rotator.push` or ``push_payloads`` makes for them."""
     if options.payloads:
         return commands.pushp(flows.extended_keys, part, options.due, unique=options.unique)
-    keys = flows.extended_keys if flows.item_stats else flows.plain_keys
-    return commands.push_ids(
-        keys,
-        part,
-        options.due,
-        priority=options.priority,
-        unique=options.unique,
-        item_stats=flows.item_stats,
-    )
+    (call,) = flows.push_calls(part, len(part), options.due, options.unique, options.priority)
+    return call
 
 
 def width(options: PushOptions) -> int:

@@ -285,13 +285,16 @@ def requeue_dead_from(
     return ModuleCall(keys, [b"requeue_dead_from", start, count, *ids], _decode_pair, True)
 
 
-def push_chunk(
-    keys: Keys, chunk: int, ttl_ms: int, ids: Sequence[bytes]
-) -> ModuleCall[tuple[int, int]]:
-    """``push_chunk`` (KEYS 1..13 and the run's marker hash as KEYS[14]); decoded as
-    ``(pushed, chunks)``: chunk ``chunk`` was pushed now, or by an earlier attempt when
-    ``chunks`` is past it and ``pushed`` is 0."""
-    return ModuleCall(keys, [b"push_chunk", chunk, ttl_ms, *ids], _decode_pair, True)
+def push_chunk(keys: Keys, chunk: int, ttl_ms: int, ids: Sequence[bytes]) -> ModuleCall[int]:
+    """``push_chunk`` (KEYS 1..13 and the run's marker hash as KEYS[14]); decoded as how many
+    ids the chunk pushed: now, or, the chunk sent again after its reply was lost, by the
+    attempt that pushed it (the module says so for the marker's last chunk)."""
+    return ModuleCall(keys, [b"push_chunk", chunk, ttl_ms, *ids], _decode_chunk, True)
+
+
+def _decode_chunk(reply: Any) -> int:
+    pushed, _, earlier = reply
+    return int(pushed) or int(earlier)
 
 
 def _decode_pair(reply: Any) -> tuple[int, int]:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 from redis.cluster import RedisCluster
+from redis.retry import Retry
 
 from rotator import commands, protocol, registry
 from rotator.defaults import (
@@ -40,6 +41,7 @@ from rotator.models import (
 )
 from rotator.protocol import JobRef, When
 from rotator.registry import WorkerInfo
+from rotator.retries import RetryingSender, bounded_options, check_retry_for, push_marker_ttl_ms
 from rotator.sending import Sender
 from rotator.sharded import cluster_client
 from rotator.urls import client_from_url
@@ -71,6 +73,20 @@ class Rotator(QueueView):
     default, so the bare ring costs nothing extra. ``item_stats=True`` keeps per-job stats
     (enqueue time, deliveries, last delivery, last error from :meth:`fail`), read by
     :meth:`item_stats` and deleted by an accepted ack; also off by default.
+
+    ``retry_for`` (seconds, 0..3600; 0, the default, is off) sends a call again after a
+    connection error, a timeout or a reply that says it never ran (``LOADING`` from a
+    restarting server, ``READONLY`` from a demoted master), for at most that long, pausing
+    50 ms, 100 ms, ... 1 s between tries: a failover, a restart or a lost reply costs a
+    wait, not an error. A call that may have run is sent again only where its second run
+    changes nothing (claims, acks, reads, unique pushes), and a plain push goes as
+    ``push_chunk`` under a marker of its own (one small hash, kept a minute), so that a
+    push sent again after its reply was lost pushes nothing twice and returns what it
+    pushed. A push with ``delay``/``at``, a ``priority``, payloads or item stats is not
+    sent again once it may have run: it raises, as without ``retry_for`` (push it with
+    ``unique=True`` on a queue that tracks ids to have it retried). redis-py's own retries
+    of the client still run underneath: :meth:`from_url` turns them off and sets socket
+    timeouts (1 s to connect, 5 s a reply) when given ``retry_for``.
     """
 
     def __init__(
@@ -87,9 +103,11 @@ class Rotator(QueueView):
         functions: bool | None = None,
         payloads: bool = False,
         item_stats: bool = False,
+        retry_for: float = 0.0,
     ) -> None:
         self.client = client
         self.durability = durability
+        self.retry_for = check_retry_for(retry_for)
         self._flows = self._make_flows(
             name,
             timeout=timeout,
@@ -99,19 +117,31 @@ class Rotator(QueueView):
             prefix=prefix,
             payloads=payloads,
             item_stats=item_stats,
+            push_marker_ttl_ms=push_marker_ttl_ms(self.retry_for),
         )
-        self._sender = Sender(client, functions, durability)
+        self._sender = (
+            RetryingSender(client, functions, self.retry_for, durability)
+            if self.retry_for
+            else Sender(client, functions, durability)
+        )
         self._run = self._sender.run
 
     @classmethod
     def from_url(cls, url: str, name: str, *, cluster: bool = False, **options: Any) -> Rotator:
-        """A Rotator on a new client for ``url`` (``redis://``, ``rediss://``, ``unix://``).
+        """A Rotator on a new client for ``url`` (``redis://``, ``rediss://``, ``unix://``,
+        ``redis+sentinel://``).
 
         ``cluster=True``: ``url`` is any node of a Redis Cluster, and the client is the one
         :func:`rotator.sharded.cluster_client` makes: redis-py's own retries off and socket
         timeouts set (1 s to connect, 5 s a reply), so that a call to a master that died or
-        hangs raises within them instead of waiting unbounded."""
-        client: Client = cluster_client(url) if cluster else client_from_url(url)
+        hangs raises within them instead of waiting unbounded. A ``retry_for`` in
+        ``options`` makes the client so too: the Rotator's retries are then the only ones."""
+        retry_for = check_retry_for(options.get("retry_for", 0.0))
+        client: Client
+        if cluster:
+            client = cluster_client(url)
+        else:
+            client = client_from_url(url, **bounded_options({}, Retry) if retry_for else {})
         return cls(client, name, **options)
 
     @classmethod

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+import uuid
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
 from rotator import commands, protocol, schedules
@@ -59,7 +60,10 @@ class QueueFlows:
 
     ``keys`` replaces the queue's own keys (a topic group's ring); ``drop_payloads`` says
     whether an accepted ack deletes the job's payload (a topic group's payloads belong to
-    the topic's retention, so its acks keep them).
+    the topic's retention, so its acks keep them). ``push_marker_ttl_ms`` (the calls are
+    retried, :mod:`rotator.retries`): a plain push goes as ``push_chunk`` under a marker of
+    its own kept that long, so that a chunk sent again after a lost reply pushes nothing
+    twice.
     """
 
     def __init__(
@@ -75,6 +79,7 @@ class QueueFlows:
         item_stats: bool = False,
         keys: QueueKeys | None = None,
         drop_payloads: bool = True,
+        push_marker_ttl_ms: int | None = None,
     ) -> None:
         self.name = name
         self.keys = keys if keys is not None else queue_keys(name, prefix)
@@ -86,6 +91,7 @@ class QueueFlows:
         self.max_deliveries = protocol.check_max_deliveries(max_deliveries)
         self.budget = protocol.check_budget(budget)
         self.drop_payloads = drop_payloads
+        self.push_marker_ttl_ms = push_marker_ttl_ms
         # Payloads or item stats: the queue is called with its extra keys (pushp, nextp, ...).
         self.extended = payloads or item_stats
         self.plain_keys: Keys = self.keys.all
@@ -104,13 +110,36 @@ class QueueFlows:
     ) -> Flow[int]:
         raw = protocol.encode_ids(ids)
         size = protocol.whole(chunk, "chunk", 1, MAX_BATCH)
-        keys = self.extended_keys if self.item_stats else self.plain_keys
         pushed = 0
-        for part in chunks(raw, size):
-            pushed += yield commands.push_ids(
+        for call in self.push_calls(raw, size, due, unique, priority):
+            pushed += yield call
+        return pushed
+
+    def push_calls(
+        self,
+        ids: Sequence[bytes],
+        size: int,
+        due: protocol.Due | None,
+        unique: bool,
+        priority: int,
+    ) -> Iterator[ModuleCall[int]]:
+        """The atomic calls that push ``ids``, ``size`` a call, in order. A plain push (no
+        time, uniqueness, priority or item stats) of a queue whose calls are retried goes as
+        ``push_chunk``, its chunks counted by one marker of its own: the others are made
+        harmless twice by the id index (unique), or are not sent again once they may have
+        run (:func:`rotator.retries.retryable`)."""
+        ttl_ms = self.push_marker_ttl_ms
+        plain = due is None and not unique and not priority and not self.item_stats
+        if ttl_ms is not None and plain:
+            marked = (*self.plain_keys, self.keys.push_marker(uuid.uuid4().hex))
+            for index, part in enumerate(chunks(ids, size)):
+                yield commands.push_chunk(marked, index, ttl_ms, part)
+            return
+        keys = self.extended_keys if self.item_stats else self.plain_keys
+        for part in chunks(ids, size):
+            yield commands.push_ids(
                 keys, part, due, priority=priority, unique=unique, item_stats=self.item_stats
             )
-        return pushed
 
     def cancel(self, ids: Iterable[str | int]) -> Flow[int]:
         found = 0

@@ -56,6 +56,11 @@ class QueueKeys:
     def ring(self) -> str:
         return self.all[0]
 
+    def push_marker(self, run: str) -> str:
+        """The marker hash of push call ``run`` (``push_chunk``'s KEYS[14]): a key under the
+        queue's base, so in its slot."""
+        return f"{self.ring.rsplit(':', 1)[0]}:push:{run}"
+
     @property
     def dead(self) -> str:
         return self.all[6]

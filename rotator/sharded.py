@@ -24,7 +24,7 @@ the protocol, and every call is still one atomic single-slot module call.
   never deleted on an idle visit (that cannot be atomic across slots, and a deletion could
   lose a wake-up): a token no consumer needed costs one spurious visit later.
 - **Retries.** Cluster errors are retried for at most ``retry_for`` seconds per module call
-  (see :class:`RetryingSender`); MOVED and ASK are followed by redis-py itself.
+  (see :mod:`rotator.retries`); MOVED and ASK are followed by redis-py itself.
 - **Durability.** With ``durability=``, a durable module call and its WAITAOF (or WAIT)
   go in one pipeline on one connection of the shard's master
   (:func:`rotator.durability.durable_flow`, as for a Rotator on any client): the wait
@@ -32,7 +32,7 @@ the protocol, and every call is still one atomic single-slot module call.
 - **The layout** (shard count and naming scheme) is stored in ``rotator:{NAME}:shards`` at
   first use (HSETNX) and checked by every client that opens the queue: ShardsMismatch.
 - **asyncio.** :class:`rotator.sharded_aio.AsyncShardedRotator` runs the same flows
-  (:class:`ShardedFlows`) and retry policy (:class:`Tries`) on ``redis.asyncio``.
+  (:class:`ShardedFlows`) and retry policy (:class:`rotator.retries.Tries`) on ``redis.asyncio``.
 """
 
 from __future__ import annotations
@@ -46,27 +46,12 @@ from contextlib import contextmanager
 from functools import cache
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
-from redis.backoff import NoBackoff
 from redis.cluster import RedisCluster
 from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
-from redis.exceptions import (
-    AskError,
-    AuthenticationError,
-    AuthorizationError,
-    BusyLoadingError,
-    ClusterDownError,
-    ClusterError,
-    ConnectionError,
-    MaxConnectionsError,
-    ReadOnlyError,
-    SlotNotCoveredError,
-    TimeoutError,
-    TryAgainError,
-)
 from redis.retry import Retry
 
 from rotator import commands, protocol, registry
-from rotator.commands import ClientCall, Flow, ModuleCall, Request, Together
+from rotator.commands import ClientCall, Flow, ModuleCall, Together
 from rotator.defaults import (
     DEFAULT_BUDGET,
     DEFAULT_LEASE_TIMEOUT,
@@ -77,7 +62,7 @@ from rotator.defaults import (
     MAX_BATCH,
     MAX_COUNT,
 )
-from rotator.errors import InvalidArgument, InvalidToken, ShardsMismatch
+from rotator.errors import InvalidToken, ShardsMismatch
 from rotator.flows import QueueFlows
 from rotator.keys import QueueKeys, queue_keys, validate_queue_name
 from rotator.models import (
@@ -93,7 +78,14 @@ from rotator.models import (
 )
 from rotator.protocol import JobRef, When
 from rotator.registry import WorkerInfo
-from rotator.sending import Sender, cluster_socket_timeout, wake_wait
+from rotator.retries import (
+    DEFAULT_RETRY_FOR,
+    RetryingSender,
+    bounded_options,
+    check_retry_for,
+    marker_ttl_ms,
+)
+from rotator.sending import cluster_socket_timeout, wake_wait
 from rotator.urls import check_not_sentinel
 
 if TYPE_CHECKING:
@@ -101,44 +93,12 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
-# Seconds one module call may spend retrying cluster errors (a failover takes a few).
-DEFAULT_RETRY_FOR = 10.0
-# The first pause between two tries of a call, doubled up to RETRY_PAUSE_CAP.
-RETRY_PAUSE_FIRST = 0.05
-RETRY_PAUSE_CAP = 1.0
-# Socket timeouts of the clients from_url makes: one try of a call waits at most this long.
-SOCKET_TIMEOUT = 5.0
-CONNECT_TIMEOUT = 1.0
 # The most shards a queue may have (names are found by trying salts: N^2 CRCs in all).
 MAX_SHARDS = 256
 # Wake tokens a push adds (and the wake list keeps) at most: idle consumers woken per push.
 WAKE_TOKENS = 16
-# How push markers (push_chunk) outlive the retries of the push that wrote them, at least.
-MARKER_TTL = 60.0
 # The naming scheme stored with the queue: shard k in the k-th of N equal slot ranges.
 LAYOUT = "slot-ranges-1"
-
-# Module commands whose repetition changes nothing a caller relies on: reads, acks and
-# nacks of the same tokens (the second is refused or a no-op), extends, cancels, a claim
-# (the leases of a claim whose reply was lost run out and are reclaimed: nothing is lost),
-# pushes that a marker or the id index makes idempotent (push_chunk, unique ...).
-_REPEATABLE = frozenset(
-    {
-        b"next_packed", b"nextp", b"ack", b"ackp", b"nack", b"nackp", b"bury", b"extend",
-        b"cancel", b"stats", b"peek", b"scan", b"dead", b"schedules", b"configure", b"sweep",
-        b"pause", b"resume", b"push_chunk", b"unique", b"delete", b"items",
-    }
-)  # fmt: skip
-# Errors that say the command never ran: the cluster refused it, or no connection was made.
-_NOTHING_RAN = (
-    ClusterDownError,  # CLUSTERDOWN, MASTERDOWN
-    TryAgainError,  # TRYAGAIN (a multi-key command during a slot migration)
-    SlotNotCoveredError,  # the client's slot map has no node for the slot (yet)
-    BusyLoadingError,  # LOADING: a restarted node reading its data
-    ReadOnlyError,  # a demoted master: the write was refused before anything ran
-    AskError,  # MOVED or ASK to a node's own client (a durable call): not run there
-)
-
 
 # -- layout and routing --------------------------------------------------------------------
 
@@ -180,128 +140,12 @@ def id_of_ref(ref: JobRef) -> bytes:
     return protocol.encode_id(found[0])
 
 
-# -- retries -------------------------------------------------------------------------------
-
-
-def may_repeat(request: Request) -> bool:
-    """True when running ``request`` twice does no harm a caller would notice."""
-    if type(request) is ModuleCall:
-        return bytes(request.args[0]) in _REPEATABLE
-    return True  # AfterWake (a claim), ClientCall (reads, the wake list, HSETNX), Ask
-
-
-def retryable(request: Request, error: Exception) -> bool:
-    """True when ``request`` may be sent again after ``error``: the error says it never ran
-    (the cluster refused it, or no connection was made), or it may have run and running it
-    twice does no harm. A connection lost after a plain push was sent is not retried (the
-    push may be in): pushes go as push_chunk with a marker, or unique, so that they are."""
-    if isinstance(error, AuthenticationError | AuthorizationError | MaxConnectionsError):
-        return False
-    if isinstance(error, _NOTHING_RAN) or ttl_exhausted(error):
-        return True
-    if isinstance(error, ConnectionError) and " connecting to " in str(error):
-        return True  # refused or timed out while connecting: nothing was sent
-    return isinstance(error, ConnectionError | TimeoutError) and may_repeat(request)
-
-
-def ttl_exhausted(error: Exception) -> bool:
-    """redis-py's RedisCluster follows MOVED, ASK and TRYAGAIN replies itself, 16 times in
-    about 0.4 s, then raises ClusterError("TTL exhausted."): every try was answered by a
-    redirect or TRYAGAIN, so nothing ran. A slot migration gives TRYAGAIN for as long as
-    a shard's keys are split between the two masters."""
-    return type(error) is ClusterError and str(error) == "TTL exhausted."
-
-
-def retry_pause(failures: int, left: float) -> float:
-    return float(max(0.0, min(RETRY_PAUSE_FIRST * 2 ** (failures - 1), RETRY_PAUSE_CAP, left)))
-
-
-class Tries:
-    """The retry policy of one request: tries for at most ``retry_for`` seconds from the
-    first, while :func:`retryable` says so, pausing 50 ms, 100 ms, ... 1 s between them.
-    Shared by :class:`RetryingSender` and its asyncio twin, which only sleep differently."""
-
-    def __init__(self, client: Any, request: Request, retry_for: float) -> None:
-        self.client = client
-        self.request = request
-        self.give_up = time.monotonic() + retry_for
-        self.failures = 0
-
-    def pause_after(self, error: Exception) -> float | None:
-        """Seconds to wait before the next try after ``error``; None: raise it."""
-        left = self.give_up - time.monotonic()
-        if left <= 0 or not retryable(self.request, error):
-            return None
-        self.failures += 1
-        if isinstance(error, ConnectionError | TimeoutError):
-            self._away_from()
-        return retry_pause(self.failures, left)
-
-    def _away_from(self) -> None:
-        """redis-py asks the cluster client's default node about some commands before it
-        sends them, and replaces a dead default node only when its own retries are on:
-        pick another, so that a dead master cannot fail every call that asks it."""
-        replace = getattr(self.client, "replace_default_node", None)
-        if replace is not None:
-            replace()
-
-
-class RetryingSender(Sender):
-    """A :class:`rotator.sending.Sender` that retries each request as :class:`Tries` says.
-    One request thus returns or raises within ``retry_for`` plus one try's socket
-    timeout."""
-
-    def __init__(
-        self,
-        client: Any,
-        functions: bool | None,
-        retry_for: float,
-        durability: Durability | None = None,
-    ) -> None:
-        super().__init__(client, functions, durability)
-        self.retry_for = retry_for
-
-    def perform(self, request: Request) -> Any:
-        if type(request) is Together:  # each call it makes again is retried on its own
-            return super().perform(request)
-        tries = Tries(self.client, request, self.retry_for)
-        while True:
-            try:
-                return super().perform(request)
-            except Exception as error:
-                pause = tries.pause_after(error)
-                if pause is None:
-                    raise
-                time.sleep(pause)
-
-
-def check_retry_for(retry_for: object) -> float:
-    if (
-        isinstance(retry_for, bool)
-        or not isinstance(retry_for, int | float)
-        or not 0 <= retry_for <= 3600
-    ):
-        raise InvalidArgument(f"retry_for must be 0..3600 seconds, got {retry_for!r}")
-    return float(retry_for)
-
-
-def cluster_options(options: dict[str, Any], retry: Callable[..., Any]) -> dict[str, Any]:
-    """``options`` for a sharded queue's cluster client, completed: redis-py's own retries
-    off (the sharded queue retries within its ``retry_for``; redis-py's default is ten
-    more tries per command) and socket timeouts set, so that no try waits unbounded.
-    ``retry`` is the client's Retry class (redis.retry's, or redis.asyncio.retry's)."""
-    options = dict(options)
-    options.setdefault("socket_connect_timeout", CONNECT_TIMEOUT)
-    options.setdefault("socket_timeout", SOCKET_TIMEOUT)
-    options.setdefault("retry", retry(NoBackoff(), 0))
-    return options
-
-
 def cluster_client(url: str, **options: Any) -> RedisCluster:
-    """A RedisCluster for ``url`` made for :class:`ShardedRotator` (see
-    :func:`cluster_options`)."""
+    """A RedisCluster for ``url`` made for :class:`ShardedRotator`: redis-py's own retries off
+    (the sharded queue retries within its ``retry_for``) and socket timeouts set
+    (:func:`rotator.retries.bounded_options`)."""
     check_not_sentinel(url, "a Redis Cluster")
-    return RedisCluster.from_url(url, **cluster_options(options, Retry))
+    return RedisCluster.from_url(url, **bounded_options(options, Retry))
 
 
 # -- the flows -----------------------------------------------------------------------------
@@ -399,7 +243,7 @@ class ShardedFlows:
             )
             for shard in self.names
         ]
-        self.marker_ttl_ms = int(max(MARKER_TTL, 2 * retry_for) * 1000)
+        self.marker_ttl_ms = marker_ttl_ms(retry_for)
         self.start = random.randrange(self.count)  # this consumer's next first shard
         self.wake_cap: float | None = None  # the client's socket timeout bounds a BLPOP
         self.checked = False
@@ -478,12 +322,12 @@ class ShardedFlows:
         run = uuid.uuid4().hex  # this push's markers: a retried call pushes nothing twice
         pushed = 0
         woken: dict[int, int] = {}
-        rounds: list[list[ModuleCall[tuple[int, int]]]] = []  # chunk i of every shard
+        rounds: list[list[ModuleCall[int]]] = []  # chunk i of every shard
         for k, part_ids in self.by_id(raw).items():
             shard = self.shards[k]
             for index, part in enumerate(protocol.chunks(part_ids, size)):
                 if plain:
-                    marker = f"{shard.keys.ring.rsplit(':', 1)[0]}:push:{run}"
+                    marker = shard.keys.push_marker(run)
                     if index == len(rounds):
                         rounds.append([])
                     rounds[index].append(
@@ -499,8 +343,8 @@ class ShardedFlows:
         for calls in rounds:
             # Harmless twice, so sent at once: a round trip per node, not per shard (at
             # most a chunk per shard at a time, so a huge push never builds a huge pipeline).
-            replies: list[tuple[int, int]] = yield Together(tuple(calls))
-            pushed += sum(done for done, _ in replies)
+            replies: list[int] = yield Together(tuple(calls))
+            pushed += sum(replies)
         yield from self.wake(woken)
         return pushed
 
@@ -1080,12 +924,9 @@ class ShardedRotator(ShardedView):
 
 
 __all__ = [
-    "DEFAULT_RETRY_FOR",
-    "RetryingSender",
     "ShardedFlows",
     "ShardedRotator",
     "cluster_client",
-    "retryable",
     "shard_names",
     "shard_of_id",
 ]

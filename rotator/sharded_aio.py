@@ -2,7 +2,8 @@
 ``redis.asyncio.cluster.RedisCluster``.
 
 Each method awaits the same flow (:class:`rotator.sharded.ShardedFlows`) its sync twin runs,
-through :class:`AsyncRetryingSender`: the same bounded retries (:class:`rotator.sharded.Tries`),
+through :class:`rotator.aio.AsyncRetryingSender`: the same bounded retries
+(:class:`rotator.retries.Tries`),
 paused with ``asyncio.sleep``. So the two cannot drift: same layout, routing, wake-ups and
 retries, same methods, arguments and results (a test compares them). See the sync classes
 and :mod:`rotator.sharded` for the semantics.
@@ -13,7 +14,6 @@ is opened by ``await AsyncShardedRotator.open(cluster, name)`` (``shards=None``)
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, cast
@@ -22,8 +22,7 @@ from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 
 from rotator import registry
-from rotator.aio import AsyncIdempotency, AsyncSender
-from rotator.commands import Request, Together
+from rotator.aio import AsyncIdempotency, AsyncRetryingSender
 from rotator.defaults import (
     DEFAULT_BUDGET,
     DEFAULT_LEASE_TIMEOUT,
@@ -46,46 +45,12 @@ from rotator.models import (
 )
 from rotator.protocol import JobRef, When
 from rotator.registry import WorkerInfo
-from rotator.sharded import (
-    DEFAULT_RETRY_FOR,
-    ShardedView,
-    Tries,
-    check_retry_for,
-    cluster_options,
-    stored_count,
-)
+from rotator.retries import DEFAULT_RETRY_FOR, bounded_options, check_retry_for
+from rotator.sharded import ShardedView, stored_count
 from rotator.urls import check_not_sentinel
 
 if TYPE_CHECKING:
     from rotator.aio import AsyncRotator
-
-
-class AsyncRetryingSender(AsyncSender):
-    """The asyncio twin of :class:`rotator.sharded.RetryingSender`: each request is retried
-    as :class:`rotator.sharded.Tries` says, for at most ``retry_for`` seconds."""
-
-    def __init__(
-        self,
-        client: Any,
-        functions: bool | None,
-        retry_for: float,
-        durability: Durability | None = None,
-    ) -> None:
-        super().__init__(client, functions, durability)
-        self.retry_for = retry_for
-
-    async def perform(self, request: Request) -> Any:
-        if type(request) is Together:  # each call it makes again is retried on its own
-            return await super().perform(request)
-        tries = Tries(self.client, request, self.retry_for)
-        while True:
-            try:
-                return await super().perform(request)
-            except Exception as error:
-                pause = tries.pause_after(error)
-                if pause is None:
-                    raise
-                await asyncio.sleep(pause)
 
 
 def async_cluster_client(url: str, **options: Any) -> RedisCluster:
@@ -93,7 +58,7 @@ def async_cluster_client(url: str, **options: Any) -> RedisCluster:
     settings of :func:`rotator.sharded.cluster_client` (redis-py's retries off, socket
     timeouts set). The caller closes it (``await client.aclose()``)."""
     check_not_sentinel(url, "a Redis Cluster")
-    return RedisCluster.from_url(url, **cluster_options(options, Retry))
+    return RedisCluster.from_url(url, **bounded_options(options, Retry))
 
 
 class AsyncShardedRotator(ShardedView):
@@ -340,4 +305,4 @@ class AsyncShardedRotator(ShardedView):
         return await self._run(registry.forget(self.keys.workers, worker_id))
 
 
-__all__ = ["AsyncRetryingSender", "AsyncShardedRotator", "async_cluster_client"]
+__all__ = ["AsyncShardedRotator", "async_cluster_client"]

@@ -88,16 +88,10 @@ from rotator.errors import InvalidArgument, InvalidJobId, RotatorError
 from rotator.keys import QueueKeys, queue_keys
 from rotator.models import Handler, Job, RingEntry
 from rotator.protocol import JobRef
+from rotator.retries import DEFAULT_RETRY_FOR, RetryingSender
 from rotator.script import module_caller, module_command, module_source, not_loaded, pipeline_reply
 from rotator.sending import Sender
-from rotator.sharded import (
-    DEFAULT_RETRY_FOR,
-    RetryingSender,
-    ShardedFlows,
-    ShardedRotator,
-    check_shards,
-    cluster_client,
-)
+from rotator.sharded import ShardedFlows, ShardedRotator, check_shards, cluster_client
 from rotator.urls import client_from_url
 from rotator.worker import Worker
 

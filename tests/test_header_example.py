@@ -136,7 +136,7 @@ def test_the_header_redis_cli_example_runs_as_written(
     assert [schedules[0], schedules[8]] == ["at-nine", "nightly"]
     assert replies("unschedule") == [["1"]]
     assert replies("pause") == replies("resume") == replies("rate_limit") == [["1"]]
-    assert replies("push_chunk") == [["1", "1"]]
+    assert replies("push_chunk") == [["1", "1", "0"]]
     assert replies("pushp") == replies("pushp_later") == replies("ackp") == [["1"]]
     assert replies("nackp") == [["1"]]
     ((item,),) = replies("items")

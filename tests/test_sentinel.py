@@ -2,7 +2,8 @@
 conftest's ``sentinel_group``) of Redis 7.0 and of Valkey 8.1: the ``redis+sentinel://`` URL
 every entry point takes and what a bad one is told, the Python clients and the CLI through
 it, a master killed mid-run (durable pushes and acks: no confirmed push lost, no job run
-again after its confirmed ack; and a Node worker on ioredis's Sentinel client), a failover
+again after its confirmed ack; the producer resending, or its Rotator's ``retry_for``
+waiting it out; and a Node worker on ioredis's Sentinel client), a failover
 that leaves the old master up and taking writes for seconds (its durable pushes are refused,
 its plain ones lost: the control), and ``min-replicas-to-write`` refusing a push with
 nothing written. The dashboard's Sentinel tests are in test_dashboard.py."""
@@ -320,9 +321,36 @@ def wait_for_a_new_master(group: SentinelGroup, old: ServerProcess, within: floa
         time.sleep(0.05)
 
 
+def kill_the_master(group: SentinelGroup, events: dict[str, Any]) -> None:
+    """SIGKILL of the master, its replica cut off for the half second before: the master dies
+    holding writes its replica never got (``events["unreplicated"]``, bytes). Returns once
+    the Sentinels promoted the replica (``events["promoted"]``, seconds) and the killed
+    server is back as its replica, as a supervisor would bring it back."""
+    victim, heir = group.master(), group.replica()
+    with heir.client(socket_timeout=2) as client:
+        client.config_set("masterauth", "not-the-password")  # it cannot sync again
+    with victim.client(socket_timeout=2) as client:
+        client.execute_command("CLIENT", "KILL", "TYPE", "replica")
+        time.sleep(0.5)  # the master alone takes writes
+        written = int(client.info("replication")["master_repl_offset"])
+    with heir.client(socket_timeout=2) as client:
+        replicated = int(client.info("replication")["slave_repl_offset"])
+    victim.kill9()
+    events["promoted"] = wait_for_a_new_master(group, victim)
+    with heir.client(socket_timeout=2) as client:
+        client.config_set("masterauth", "")
+    group.heal()
+    events["unreplicated"] = written - replicated
+
+
 @pytest.mark.timeout(120)
+@pytest.mark.parametrize("retry_for", [0, 30], ids=["producer-resends", "retry_for"])
 def test_a_master_killed_mid_run_fails_over_and_no_durable_push_or_ack_is_lost(
-    sentinel_group: SentinelGroup, queue_name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    sentinel_group: SentinelGroup,
+    queue_name: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    retry_for: float,
 ) -> None:
     """SIGKILL of the master while a producer pushes and two worker processes claim and ack
     with ``Durability(replicas=1)``, its replica cut off for the half second before: the
@@ -330,29 +358,22 @@ def test_a_master_killed_mid_run_fails_over_and_no_durable_push_or_ack_is_lost(
     clients follow through the URL without a restart, and the killed server comes back as
     the new master's replica. Every confirmed push is completed, and no job whose ack was
     confirmed runs again (a claim is durable too: a job runs only once its lease reached the
-    replica)."""
+    replica). Without ``retry_for`` the producer sends again the pushes that got an error;
+    with it, the Rotator waits the failover out and no error but NotDurable reaches the
+    producer."""
     monkeypatch.setattr("rotator.durability._warned_no_waitaof", True)
     events: dict[str, Any] = {}
-
-    def kill_the_master() -> None:
-        victim, heir = sentinel_group.master(), sentinel_group.replica()
-        with heir.client(socket_timeout=2) as client:
-            client.config_set("masterauth", "not-the-password")  # it cannot sync again
-        with victim.client(socket_timeout=2) as client:
-            client.execute_command("CLIENT", "KILL", "TYPE", "replica")
-            time.sleep(0.5)  # the master alone takes writes
-            written = int(client.info("replication")["master_repl_offset"])
-        with heir.client(socket_timeout=2) as client:
-            replicated = int(client.info("replication")["slave_repl_offset"])
-        victim.kill9()
-        events["promoted"] = wait_for_a_new_master(sentinel_group, victim)
-        with heir.client(socket_timeout=2) as client:
-            client.config_set("masterauth", "")
-        sentinel_group.heal()  # as a supervisor would: it comes back as the heir's replica
-        events["unreplicated"] = written - replicated
-
-    producer = Producer(Rotator.from_url(sentinel_group.url, queue_name, durability=DURABLE), "job")
-    result = run_workers_through(sentinel_group, queue_name, tmp_path, producer, kill_the_master)
+    queue = Rotator.from_url(
+        sentinel_group.url, queue_name, durability=DURABLE, retry_for=retry_for
+    )
+    producer = Producer(queue, "job")
+    result = run_workers_through(
+        sentinel_group,
+        queue_name,
+        tmp_path,
+        producer,
+        lambda: kill_the_master(sentinel_group, events),
+    )
     print(events)
 
     assert events["unreplicated"] > 0  # acknowledged writes were lost with the master
@@ -361,6 +382,10 @@ def test_a_master_killed_mid_run_fails_over_and_no_durable_push_or_ack_is_lost(
     assert result["confirmed"] + result["unconfirmed"] == 60 * 50
     assert result["confirmed"] >= 30 * 50, result  # NotDurable only around the failover
     assert result["ran_after_a_confirmed_ack"] == [], result
+    if retry_for:
+        assert result["retried"] == 0, result
+    else:
+        assert result["retried"] > 0, result  # the failover's errors reached the producer
 
 
 @pytest.mark.timeout(120)

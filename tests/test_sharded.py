@@ -44,16 +44,9 @@ from rotator import (
 )
 from rotator.cli import main
 from rotator.commands import push_chunk, push_ids
+from rotator.retries import CONNECT_TIMEOUT, SOCKET_TIMEOUT, RetryingSender, retryable
 from rotator.sending import cluster_socket_timeout
-from rotator.sharded import (
-    CONNECT_TIMEOUT,
-    SOCKET_TIMEOUT,
-    WAKE_TOKENS,
-    RetryingSender,
-    retryable,
-    shard_names,
-    shard_of_id,
-)
+from rotator.sharded import WAKE_TOKENS, shard_names, shard_of_id
 from tests.helpers import (
     EACH_PLAIN_CLUSTER,
     ON_EACH_CLUSTER,

@@ -36,10 +36,11 @@ from rotator import (
     ShardedRotator,
     ShardsMismatch,
 )
-from rotator.aio import AsyncRotator
+from rotator.aio import AsyncRetryingSender, AsyncRotator
 from rotator.commands import push_chunk, push_ids
-from rotator.sharded import CONNECT_TIMEOUT, SOCKET_TIMEOUT, layout_key
-from rotator.sharded_aio import AsyncRetryingSender, AsyncShardedRotator, async_cluster_client
+from rotator.retries import CONNECT_TIMEOUT, SOCKET_TIMEOUT
+from rotator.sharded import layout_key
+from rotator.sharded_aio import AsyncShardedRotator, async_cluster_client
 from tests.helpers import EACH_PLAIN_CLUSTER, snapshot
 from tests.servers import ClusterProcess
 from tests.test_api_parity import public_methods, public_properties

@@ -91,7 +91,7 @@ from rotator.dashboard.snapshot import (
 )
 from rotator.defaults import DEFAULT_PREFIX
 from rotator.errors import InvalidQueueName, RotatorError
-from rotator.sharded import DEFAULT_RETRY_FOR
+from rotator.retries import DEFAULT_RETRY_FOR
 from rotator.sharded_aio import AsyncShardedRotator
 from rotator.urls import async_client_from_url, client_from_url
 

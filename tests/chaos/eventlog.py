@@ -191,8 +191,10 @@ class LoggingRetry(Retry):
     was lost can run twice; the callback makes each such replay visible in the event log.
     """
 
-    def __init__(self, on_failure: Callable[[Exception], None] | None = None) -> None:
-        super().__init__(ExponentialWithJitterBackoff(base=RETRY_BASE, cap=RETRY_CAP), RETRIES)
+    def __init__(
+        self, on_failure: Callable[[Exception], None] | None = None, retries: int = RETRIES
+    ) -> None:
+        super().__init__(ExponentialWithJitterBackoff(base=RETRY_BASE, cap=RETRY_CAP), retries)
         self.on_failure = on_failure
 
     def __deepcopy__(self, memo: dict[int, Any]) -> LoggingRetry:
@@ -214,14 +216,19 @@ class LoggingRetry(Retry):
 
 
 def chaos_client(
-    url: str, *, socket_timeout: float, on_failure: Callable[[Exception], None] | None = None
+    url: str,
+    *,
+    socket_timeout: float,
+    on_failure: Callable[[Exception], None] | None = None,
+    retries: int = RETRIES,
 ) -> redis.Redis:
-    """A client as a user would have it (redis-py's retries on), with its retries logged."""
+    """A client as a user would have it (redis-py's retries on), with its retries logged;
+    ``retries=0``: redis-py's retries off."""
     client: redis.Redis = redis.Redis.from_url(
         url,
         socket_timeout=socket_timeout,
         socket_connect_timeout=min(socket_timeout, 1.0),
-        retry=LoggingRetry(on_failure),
+        retry=LoggingRetry(on_failure, retries),
     )
     return client
 

@@ -293,10 +293,11 @@ class ChaosRun:
         soon: float = 0.0,
         spread: float = 0.0,
         priorities: Sequence[int] = (),
+        retry_for: float = 0.0,
     ) -> Proc:
         """A producer process; ``later``, ``soon`` and ``spread``: scheduled pushes;
-        ``priorities``: the levels its batches take in turn (see ``producer.py``);
-        ``functions`` as for :meth:`spawn_worker`."""
+        ``priorities``: the levels its batches take in turn; ``retry_for``: its Rotator's
+        (see ``producer.py``); ``functions`` as for :meth:`spawn_worker`."""
         functions = self.calls_in_turn("producer", functions)
         argv = [
             "--url",
@@ -325,6 +326,7 @@ class ChaosRun:
                 else []
             ),
             *(["--priorities", ",".join(map(str, priorities))] if priorities else []),
+            *(["--retry-for", str(retry_for)] if retry_for else []),
         ]
         return self._spawn("producer", "tests.chaos.producer", argv, {}, None)
 

@@ -20,6 +20,11 @@ its ids (``configure(track_ids=True)``); the lines logged are the same, and a fa
 tried again just the same (the retry of a push whose reply was lost then adds nothing that the
 queue still holds).
 
+Retries (``--retry-for S``): the Rotator is made with ``retry_for=S`` on a client without
+redis-py's retries. Its retries are not logged: a plain push goes under a marker, so a push
+sent again after a lost reply enqueues nothing twice, and a copy of an id would be a
+duplicate nothing explains.
+
 Priorities (``--priorities 0,3,9``): batch ``n`` (from 1) is pushed with ``priority`` the
 ``(n - 1) % len``-th of the levels, every attempt of it alike, so a test reads each id's level
 from its batch number in PUSH_INVOKE (:func:`level_of`); the lines logged are the same.
@@ -75,6 +80,7 @@ class Producer:
         unique: bool = False,
         payloads: bool = False,
         priorities: Sequence[int] = (),
+        retry_for: float = 0.0,
     ) -> None:
         if payloads and any(priorities):
             raise ValueError("jobs with payloads take no priority")
@@ -86,8 +92,13 @@ class Producer:
         self.stop = stop or threading.Event()
         self.batch_no = 0
         self._current = 0
-        client = chaos_client(url, socket_timeout=socket_timeout, on_failure=self._on_failure)
-        self.rotator = Rotator(client, queue, functions=functions, payloads=payloads)
+        if retry_for:  # the Rotator's retries alone, unlogged: they must push nothing twice
+            client = chaos_client(url, socket_timeout=socket_timeout, retries=0)
+        else:
+            client = chaos_client(url, socket_timeout=socket_timeout, on_failure=self._on_failure)
+        self.rotator = Rotator(
+            client, queue, functions=functions, payloads=payloads, retry_for=retry_for
+        )
 
     def _on_failure(self, error: Exception) -> None:
         self.log.write("PUSH_RETRY", self._current, error_kind(error))
@@ -191,6 +202,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--priorities", default="", help="levels the batches take in turn, e.g. 0,3,9"
     )
+    parser.add_argument(
+        "--retry-for", type=float, default=0.0, help="the Rotator's retry_for (redis-py's off)"
+    )
     args = parser.parse_args(argv)
 
     log = EventLog(args.log)
@@ -213,6 +227,7 @@ def main(argv: list[str] | None = None) -> int:
         unique=args.unique,
         payloads=args.payloads,
         priorities=[int(level) for level in args.priorities.split(",") if level],
+        retry_for=args.retry_for,
     )
     ids = [f"{args.prefix}{n:06d}" for n in range(args.start, args.start + args.count)]
     log.write("BOOT", "producer", len(ids))

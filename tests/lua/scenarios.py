@@ -3200,11 +3200,14 @@ def push_chunk_pushes_each_chunk_once_whatever_the_attempts(b: Backend) -> None:
     marker = f"rotator:{{{b.name}}}:spark:push:run:0"
     b.track(marker)
     keys = (*b.keys, marker)
-    assert ints(b.call_keys(keys, "push_chunk", 0, 60_000, "a", "b")) == [2, 1]
-    assert ints(b.call_keys(keys, "push_chunk", 0, 60_000, "a", "b")) == [0, 1]  # a retry
-    assert ints(b.call_keys(keys, "push_chunk", 1, 60_000, "c")) == [1, 2]
+    assert ints(b.call_keys(keys, "push_chunk", 0, 60_000, "a", "b")) == [2, 1, 0]
+    # A retry: nothing pushed now; the chunk is the marker's last, so it says what was.
+    assert ints(b.call_keys(keys, "push_chunk", 0, 60_000, "a", "b")) == [0, 1, 2]
+    assert ints(b.call_keys(keys, "push_chunk", 1, 60_000, "c")) == [1, 2, 0]
+    assert ints(b.call_keys(keys, "push_chunk", 1, 60_000, "c")) == [0, 2, 1]
+    assert ints(b.call_keys(keys, "push_chunk", 0, 60_000, "a", "b")) == [0, 2, 0]  # not the last
     assert stats(b)["pending"] == 3
-    assert b.key_state(marker) == ("hash", {"chunks": "2"})
+    assert b.key_state(marker) == ("hash", {"chunks": "2", "pushed": "1"})
     expect_error(b, "ROTATOR_BADARG", "push_chunk", 5, 60_000, "d", keys=keys)
     expect_error(b, "ROTATOR_BADID", "push_chunk", 2, 60_000, "ok", "bad*", keys=keys)
     expect_error(b, "ROTATOR_BADARG", "push_chunk", 2, 0, "d", keys=keys)
@@ -3219,12 +3222,12 @@ def push_chunk_of_a_chunk_already_in_renews_the_markers_expiry(b: Backend) -> No
     marker = f"rotator:{{{b.name}}}:spark:push:run:1"
     b.track(marker)
     keys = (*b.keys, marker)
-    assert ints(b.call_keys(keys, "push_chunk", 0, 400, "a")) == [1, 1]
+    assert ints(b.call_keys(keys, "push_chunk", 0, 400, "a")) == [1, 1, 0]
     b.sleep_ms(250)
-    assert ints(b.call_keys(keys, "push_chunk", 0, 400, "a")) == [0, 1]  # renewed: 400 ms
+    assert ints(b.call_keys(keys, "push_chunk", 0, 400, "a")) == [0, 1, 1]  # renewed: 400 ms
     b.sleep_ms(250)  # 500 ms after the first push: the marker would have expired at 400
-    assert b.key_state(marker) == ("hash", {"chunks": "1"})
-    assert ints(b.call_keys(keys, "push_chunk", 1, 400, "b")) == [1, 2]
+    assert b.key_state(marker) == ("hash", {"chunks": "1", "pushed": "1"})
+    assert ints(b.call_keys(keys, "push_chunk", 1, 400, "b")) == [1, 2, 0]
     assert stats(b)["pending"] == 2
 
 

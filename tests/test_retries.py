@@ -1,0 +1,364 @@
+"""``retry_for`` on Rotator and AsyncRotator: calls sent again after a lost reply, a restart or
+a refusal that says nothing ran, within a bound, and a plain push that is never pushed twice.
+
+The replies are lost for real: the calls go through tests/chaos/faultproxy.py, a TCP relay
+that forwards a module call to the server, waits for its reply to start and closes the
+connection instead of relaying it (the call ran; its caller never hears). The clients have
+redis-py's own retries off, so what is sent again is the Rotator's doing; one control keeps
+them on, without ``retry_for``, and shows the duplicate that a marker prevents.
+(tests/test_sentinel.py has a failover ridden through with ``retry_for``.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+import redis.asyncio as aredis
+from redis.asyncio.retry import Retry as AsyncRetry
+from redis.backoff import NoBackoff
+from redis.crc import key_slot
+from redis.retry import Retry
+
+from rotator import InvalidArgument, Rotator
+from rotator.aio import AsyncRotator
+from rotator.protocol import text
+from rotator.retries import CONNECT_TIMEOUT, MARKER_TTL, SOCKET_TIMEOUT
+from tests.chaos.faultproxy import PASS, FaultProxy, Mode
+from tests.helpers import drain, later, monitored
+from tests.servers import ClusterProcess, ServerProcess
+
+MODULE_CALLS = {"FCALL", "EVALSHA"}
+
+
+class LostReplies:
+    """The fault proxy's ``on_request``: after ``skip`` module calls (FCALL or EVALSHA), the
+    replies of the next ``count`` are lost; every other request is relayed."""
+
+    def __init__(self) -> None:
+        self.proxy: FaultProxy | None = None
+        self.skip = 0
+        self.left = 0
+
+    def lose(self, count: int, skip: int = 0) -> None:
+        self.skip, self.left = skip, count
+
+    def __call__(self, name: str, connection: int) -> None:
+        assert self.proxy is not None
+        lost = False
+        if name in MODULE_CALLS and self.skip > 0:
+            self.skip -= 1
+        elif name in MODULE_CALLS and self.left > 0:
+            self.left -= 1
+            lost = True
+        self.proxy.set_mode(Mode(drop_after=1.0) if lost else PASS)
+
+
+@pytest.fixture
+def lossy(server: ServerProcess) -> Iterator[tuple[FaultProxy, LostReplies]]:
+    """A fault proxy in front of ``server`` whose losses the test sets."""
+    losses = LostReplies()
+    proxy = FaultProxy(server.port, seed=0, on_request=losses)
+    losses.proxy = proxy
+    proxy.start()
+    yield proxy, losses
+    proxy.stop()
+
+
+def retries_off(port: int, **options: Any) -> redis.Redis:
+    """A client through ``port`` with redis-py's own retries off and a short socket timeout."""
+    return redis.Redis(port=port, retry=Retry(NoBackoff(), 0), socket_timeout=2, **options)
+
+
+def retrying(proxy: FaultProxy, queue_name: str) -> Rotator:
+    """The queue through ``proxy`` with ``retry_for=5`` (redis-py's retries off), its first
+    job "warm-up" pushed: the module is loaded, so no call below is refused and sent again
+    for that."""
+    queue = Rotator(retries_off(proxy.port), queue_name, retry_for=5)
+    queue.push("warm-up")
+    return queue
+
+
+def ring_ids(client: redis.Redis, queue_name: str) -> Counter[str]:
+    """The job ids waiting in the ring (its elements that are a bare id), with how many
+    copies of each."""
+    ring = Rotator(client, queue_name).keys.ring
+    elements = [text(element) for element in client.lrange(ring, 0, -1)]
+    return Counter(element for element in elements if "*" not in element)
+
+
+# -- the option --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("bad", [-1, 3601, True, "5", None, float("nan")])
+def test_retry_for_must_be_0_to_3600_seconds(
+    server: ServerProcess, client: redis.Redis, bad: Any
+) -> None:
+    for make in (
+        lambda: Rotator(client, "q", retry_for=bad),
+        lambda: AsyncRotator(aredis.Redis(port=server.port), "q", retry_for=bad),
+        lambda: Rotator.from_url(server.url, "q", retry_for=bad),
+        lambda: AsyncRotator.from_url(server.url, "q", retry_for=bad),
+    ):
+        with pytest.raises(InvalidArgument, match=r"retry_for must be 0\.\.3600 seconds"):
+            make()
+
+
+def test_from_url_with_retry_for_turns_redis_pys_retries_off_and_bounds_each_try(
+    server: ServerProcess,
+) -> None:
+    for queue in (
+        Rotator.from_url(server.url, "q", retry_for=5),
+        AsyncRotator.from_url(server.url, "q", retry_for=5),
+    ):
+        options = queue.client.connection_pool.connection_kwargs  # type: ignore[union-attr]
+        assert options["socket_timeout"] == SOCKET_TIMEOUT
+        assert options["socket_connect_timeout"] == CONNECT_TIMEOUT
+        assert options["retry"].get_retries() == 0
+    plain = Rotator.from_url(server.url, "q").client.connection_pool.connection_kwargs  # type: ignore[union-attr]
+    assert "socket_timeout" not in plain  # without retry_for, redis-py's defaults
+
+
+def test_a_plain_push_goes_as_push_chunk_under_a_marker_of_its_own(
+    client: redis.Redis, queue_name: str
+) -> None:
+    queue = Rotator(client, queue_name, retry_for=5)
+    queue.stats()  # (the module is loaded: no first call refused and sent again below)
+    with monitored(client) as seen:
+        assert queue.push_many((f"j{n}" for n in range(2500)), chunk=1000) == 2500
+        assert queue.push("x") == 1
+    calls = [line for line in seen if queue_name in line and "push" in line]
+    assert [line.split(" push_chunk ")[1].split(" ")[0] for line in calls] == ["0", "1", "2", "0"]
+    markers = sorted(client.scan_iter(f"rotator:{{{queue_name}}}:push:*"))
+    assert len(markers) == 2  # one a push call, whatever its chunks
+    fields = sorted(client.hgetall(marker)[b"chunks"] for marker in markers)
+    assert fields == [b"1", b"3"]
+    assert all(0 < client.pttl(marker) <= MARKER_TTL * 1000 for marker in markers)
+    assert queue.stats().pending == 2501
+    plain = Rotator(client, queue_name)
+    with monitored(client) as seen:
+        plain.push("y")
+    assert [line for line in seen if queue_name in line and " push " in line]
+
+
+def test_pushes_that_cannot_go_as_push_chunk_go_as_before(
+    client: redis.Redis, queue_name: str
+) -> None:
+    """Scheduled, prioritised and item-stats pushes have no marker: their commands are the
+    ones a queue without retry_for sends (and a lost reply of theirs is not sent again)."""
+    queue = Rotator(client, queue_name, retry_for=5, item_stats=True)
+    queue.stats()
+    with monitored(client) as seen:
+        queue.push("later", delay=60)
+        queue.push("urgent", priority=3)
+        queue.push("counted")
+    commands = [
+        word
+        for line in seen
+        if queue_name in line
+        for word in line.split()
+        if word.strip('"') in {"push_later", "push_priority", "pushi", "push_chunk"}
+    ]
+    assert [word.strip('"') for word in commands] == ["push_later", "push_priority", "pushi"]
+    assert not list(client.scan_iter(f"rotator:{{{queue_name}}}:push:*"))
+
+
+@pytest.mark.cluster
+def test_on_a_cluster_a_plain_push_goes_under_a_marker_in_the_queues_slot(
+    cluster: ClusterProcess, queue_name: str
+) -> None:
+    """``from_url(..., cluster=True, retry_for=...)``: the marker is a key under the queue's
+    hash tag, so the push stays one single-slot call; claims and acks go as on any queue."""
+    queue = Rotator.from_url(cluster.nodes[0].url, queue_name, cluster=True, retry_for=5)
+    try:
+        assert queue.push("a", "b") == 2
+        (marker,) = queue.client.scan_iter(match=f"rotator:{{{queue_name}}}:push:*")
+        assert key_slot(marker) == key_slot(queue.keys.ring.encode())
+        jobs = queue.next(5)
+        assert [job.id for job in jobs] == ["a", "b"]
+        assert queue.ack(*jobs) == 2
+    finally:
+        queue.client.close()
+
+
+# -- lost replies --------------------------------------------------------------------------------
+
+
+def test_a_push_whose_reply_was_lost_is_sent_again_and_pushes_nothing_twice(
+    lossy: tuple[FaultProxy, LostReplies], queue_name: str, client: redis.Redis
+) -> None:
+    proxy, losses = lossy
+    queue = retrying(proxy, queue_name)
+    losses.lose(1)
+    assert queue.push("a", "b", "c") == 3  # the count the first try pushed
+    losses.lose(1, skip=1)  # a push of three chunks whose second reply is lost
+    assert queue.push_many((f"j{n}" for n in range(2500)), chunk=1000) == 2500
+    assert proxy.stats["dropped_after"] == 2
+    waiting = ring_ids(client, queue_name)
+    assert max(waiting.values()) == 1
+    assert set(waiting) == {"warm-up", "a", "b", "c", *(f"j{n}" for n in range(2500))}
+
+
+def test_without_retry_for_redis_pys_own_retry_pushes_a_lost_reply_twice(
+    lossy: tuple[FaultProxy, LostReplies], queue_name: str, client: redis.Redis
+) -> None:
+    """The control: redis-py's default retries send the push again, and it lands twice."""
+    proxy, losses = lossy
+    queue = Rotator(redis.Redis(port=proxy.port, socket_timeout=2), queue_name)
+    queue.push("warm-up")
+    losses.lose(1)
+    assert queue.push("a") == 1
+    assert proxy.stats["dropped_after"] == 1
+    assert ring_ids(client, queue_name)["a"] == 2
+
+
+def test_a_scheduled_push_whose_reply_was_lost_raises_and_ran_once(
+    lossy: tuple[FaultProxy, LostReplies], queue_name: str, client: redis.Redis
+) -> None:
+    proxy, losses = lossy
+    queue = retrying(proxy, queue_name)
+    losses.lose(1)
+    with pytest.raises(redis.ConnectionError):
+        queue.push("later", delay=60)
+    assert Rotator(client, queue_name).stats().scheduled == 1
+
+
+def test_claims_and_acks_whose_replies_were_lost_are_sent_again_and_lose_nothing(
+    lossy: tuple[FaultProxy, LostReplies], queue_name: str, client: redis.Redis
+) -> None:
+    """A claim whose reply was lost leaves its leases to nobody: they run out and those jobs
+    come back, reclaimed, on their second delivery; an ack sent again is harmless. Every job
+    is done once."""
+    proxy, losses = lossy
+    queue = Rotator(retries_off(proxy.port), queue_name, timeout=0.5, retry_for=5)
+    queue.push(*(f"j{n}" for n in range(10)))
+    losses.lose(1)
+    first = queue.next(3)  # the first try's three are leased to nobody
+    assert [job.id for job in first] == ["j3", "j4", "j5"]
+    losses.lose(1)
+    assert queue.ack(*first) == 3  # the first try accepted them; the second finds them done
+    done = list(first)
+    while len(done) < 10:
+        jobs = queue.next(10, block=2)
+        assert jobs, f"nothing to claim after {sorted(job.id for job in done)}"
+        assert queue.ack(*jobs) == len(jobs)
+        done += jobs
+    assert Counter(job.id for job in done) == Counter(f"j{n}" for n in range(10))
+    orphaned = {job.id: (job.reclaimed, job.deliveries) for job in done if job.reclaimed}
+    assert orphaned == {"j0": (True, 2), "j1": (True, 2), "j2": (True, 2)}
+    assert proxy.stats["dropped_after"] == 2
+    assert drain(Rotator(client, queue_name)) == []
+
+
+def test_the_async_rotator_sends_a_lost_reply_again_the_same_way(
+    lossy: tuple[FaultProxy, LostReplies], queue_name: str, client: redis.Redis
+) -> None:
+    proxy, losses = lossy
+
+    async def scenario() -> tuple[int, list[str]]:
+        no_retries = AsyncRetry(NoBackoff(), 0)
+        aclient = aredis.Redis(port=proxy.port, retry=no_retries, socket_timeout=2)
+        queue = AsyncRotator(aclient, queue_name, retry_for=5)
+        try:
+            await queue.push("warm-up")
+            losses.lose(1)
+            pushed = await queue.push("a", "b")
+            losses.lose(1)
+            jobs = await queue.next(5)
+            return pushed, [job.id for job in jobs]
+        finally:
+            await aclient.aclose()
+
+    pushed, claimed = asyncio.run(scenario())
+    assert pushed == 2
+    assert claimed == []  # the first try took all three; they come back after the lease
+    assert proxy.stats["dropped_after"] == 2
+    stats = Rotator(client, queue_name).stats()
+    assert (stats.pushed, stats.pending, stats.in_flight) == (3, 0, 3)
+
+
+def test_a_buffered_producers_flush_whose_reply_was_lost_pushes_nothing_twice(
+    lossy: tuple[FaultProxy, LostReplies], queue_name: str, client: redis.Redis
+) -> None:
+    proxy, losses = lossy
+    queue = retrying(proxy, queue_name)
+    with queue.producer(max_batch=100, max_delay=60) as producer:
+        losses.lose(2)  # the first two calls of 100, sent as soon as they are full
+        producer.push(*(f"j{n}" for n in range(250)))
+        producer.flush()
+    assert proxy.stats["dropped_after"] == 2
+    waiting = ring_ids(client, queue_name)
+    assert max(waiting.values()) == 1
+    assert len(waiting) == 251
+
+
+# -- restarts and outages -------------------------------------------------------------------
+
+
+@pytest.fixture
+def restartable(tmp_path: Path) -> Iterator[ServerProcess]:
+    """A Valkey server of the test's own, AOF always: it may be killed and started again."""
+    config = {"appendonly": "yes", "appendfsync": "always"}
+    with ServerProcess("valkey", tmp_path, config) as server:
+        yield server
+
+
+def test_calls_made_while_the_server_restarts_go_through_once_it_is_back(
+    restartable: ServerProcess, queue_name: str
+) -> None:
+    """kill -9, then the server back on its port 1.5 s later: a push and a blocked claim
+    made meanwhile wait for it instead of failing, and the push lands once."""
+    queue = Rotator.from_url(restartable.url, queue_name, retry_for=20)
+    queue.push("before")
+    assert [job.id for job in queue.next(1)] == ["before"]
+
+    def crash_and_come_back() -> None:
+        restartable.kill9()
+        time.sleep(1.5)
+        restartable.start()
+
+    with later(0.0, crash_and_come_back):
+        time.sleep(0.3)  # (down)
+        began = time.monotonic()
+        assert queue.push("during") == 1
+        waited = time.monotonic() - began
+    assert waited > 0.5  # it waited for the server, it did not fail
+    (job,) = queue.next(1, block=5)
+    assert job.id == "during"
+    assert queue.stats().pending == 0
+
+
+def test_async_calls_made_while_the_server_restarts_go_through_once_it_is_back(
+    restartable: ServerProcess, queue_name: str
+) -> None:
+    async def scenario() -> list[str]:
+        queue = AsyncRotator.from_url(restartable.url, queue_name, retry_for=20)
+        try:
+            await queue.push("before")
+            restartable.kill9()
+            with later(1.0, restartable.start):
+                assert await queue.push("during") == 1
+            return [job.id for job in await queue.next(5)]
+        finally:
+            await queue.client.aclose()
+
+    assert asyncio.run(scenario()) == ["before", "during"]
+
+
+def test_a_call_gives_up_after_retry_for_and_raises_what_it_last_got(
+    restartable: ServerProcess, queue_name: str
+) -> None:
+    queue = Rotator.from_url(restartable.url, queue_name, retry_for=0.5)
+    queue.push("a")
+    restartable.kill9()
+    began = time.monotonic()
+    with pytest.raises(redis.ConnectionError):
+        queue.push("b")
+    took = time.monotonic() - began
+    assert 0.5 <= took < 0.5 + CONNECT_TIMEOUT + 1.0  # retry_for, then one try at most
