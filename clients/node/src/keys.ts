@@ -62,6 +62,13 @@ export function queueKeys(name: string, prefix: string = DEFAULT_PREFIX): QueueK
   return { name, all: roles(base), payloads: `${base}:payloads`, items: `${base}:items` };
 }
 
+/** The marker hash of push call `run` (push_chunk's KEYS[14]), as rotator/keys.py names it:
+ * a key under the queue's base, so in its slot. */
+export function pushMarker(keys: QueueKeys, run: string): string {
+  const ring = keys.all[0] as string;
+  return `${ring.slice(0, ring.lastIndexOf(":"))}:push:${run}`;
+}
+
 /** The role's key among a queue's thirteen. */
 export function keyOf(keys: QueueKeys, role: KeyRole): string {
   return keys.all[KEY_ROLES.indexOf(role)] as string;

@@ -3,9 +3,10 @@
  * batches), each atomic on the server. Jobs are leased, never popped: a job whose lease runs
  * out without an ack is delivered again, so a crashed worker loses nothing.
  */
+import { randomUUID } from "node:crypto";
 import type { Redis } from "ioredis";
 import { InvalidArgument, JobCancelled, LeaseLost, errorFromReply } from "./errors";
-import { type QueueKeys, DEFAULT_PREFIX, keyOf, queueKeys } from "./keys";
+import { type QueueKeys, DEFAULT_PREFIX, keyOf, pushMarker, queueKeys } from "./keys";
 import {
   type Job,
   type JobRef,
@@ -57,7 +58,17 @@ export interface RotatorOptions {
    * FCALL where the server and the ACL allow it (chosen at the client's first call), else
    * EVALSHA; always EVALSHA on a Cluster client. */
   functions?: boolean;
+  /** A plain push (no delay, at, priority or unique) goes as push_chunk under a marker of its
+   * own (a small hash under the queue's tag, kept a minute), so that a push sent again after
+   * its reply was lost pushes nothing twice and resolves to what it pushed. ioredis sends
+   * again, after it reconnects, every command whose reply it had not read
+   * (autoResendUnfulfilledCommands, on by default): without this, such a push lands twice.
+   * Off by default, as rotator's Python retry_for: a plain push is then one `push`. */
+  idempotentPushes?: boolean;
 }
+
+/** How long a push's marker is kept (ms): as rotator.retries.MARKER_TTL. */
+export const PUSH_MARKER_TTL_MS = 60_000;
 
 export interface PushOptions {
   /** Seconds from now (server time) before the jobs may be delivered. */
@@ -149,6 +160,7 @@ export class Rotator {
   readonly budget: number;
   readonly payloads: boolean;
   readonly idempotency: ((id: string) => boolean | Promise<boolean>) | undefined;
+  readonly idempotentPushes: boolean;
   private readonly module: ModuleCaller;
   private readonly batches = new Batches();
   private blocker: Client | undefined;
@@ -167,6 +179,7 @@ export class Rotator {
     this.budget = whole(options.budget ?? DEFAULT_BUDGET, "budget", 1, MAX_BUDGET);
     this.payloads = options.payloads ?? false;
     this.idempotency = options.idempotency;
+    this.idempotentPushes = options.idempotentPushes ?? false;
     this.module = new ModuleCaller(redis, options.functions);
   }
 
@@ -195,6 +208,16 @@ export class Rotator {
     const due = dueArgs(options);
     let pushed = 0;
     const priority = whole(options.priority ?? 0, "priority", 0, 9);
+    if (this.idempotentPushes && !options.unique && due === null && priority === 0) {
+      const marked = [...this.keys.all, pushMarker(this.keys, randomUUID().replaceAll("-", ""))];
+      let index = 0;
+      for (const part of chunks(ids, DEFAULT_PUSH_CHUNK)) {
+        const reply = (await this.call(["push_chunk", index++, PUSH_MARKER_TTL_MS, ...part], marked)) as unknown[];
+        // [pushed now, chunks, what the first try pushed when this is a chunk sent again]
+        pushed += Number(reply[0]) || Number(reply[2]);
+      }
+      return pushed;
+    }
     for (const part of chunks(ids, DEFAULT_PUSH_CHUNK)) {
       const command: Arg[] =
         priority > 0

@@ -1,0 +1,121 @@
+/**
+ * A push whose reply was lost, for real: the calls go through a TCP relay that forwards a
+ * request naming a given job id to the server, waits for the server's reply and closes the
+ * client's connection instead of relaying it (the call ran; the client never hears).
+ * ioredis reconnects and sends the push again (autoResendUnfulfilledCommands, its default):
+ * with idempotentPushes the second run pushes nothing, without it the id lands twice.
+ */
+import assert from "node:assert/strict";
+import { type Server, type Socket, connect, createServer } from "node:net";
+import { after, before, describe, test } from "node:test";
+import Redis from "ioredis";
+import { PUSH_MARKER_TTL_MS, Rotator, pushMarker } from "../dist/index";
+import { HOST, KINDS, ServerProcess, uniqueName } from "./servers";
+
+/** Relays 127.0.0.1:<port> to the server; the reply to the first request that contains
+ * `loseReplyTo` (its bytes) is read and thrown away, and the client's connection closed. */
+class LossyRelay {
+  loseReplyTo: string | null = null;
+  lost = 0;
+  private server: Server | undefined;
+  private readonly sockets = new Set<Socket>();
+
+  constructor(private readonly upstream: number) {}
+
+  async start(): Promise<number> {
+    this.server = createServer((client) => this.relay(client));
+    await new Promise<void>((done) => this.server!.listen(0, HOST, done));
+    const address = this.server.address();
+    return typeof address === "object" && address !== null ? address.port : 0;
+  }
+
+  private relay(client: Socket): void {
+    const server = connect(this.upstream, HOST);
+    for (const socket of [client, server]) {
+      this.sockets.add(socket);
+      socket.on("close", () => this.sockets.delete(socket));
+      socket.on("error", () => undefined);
+    }
+    let doomed = false;
+    client.on("data", (data) => {
+      if (this.loseReplyTo !== null && data.includes(this.loseReplyTo)) {
+        this.loseReplyTo = null;
+        doomed = true;
+      }
+      server.write(data);
+    });
+    server.on("data", (data) => {
+      if (!doomed) {
+        client.write(data);
+        return;
+      }
+      this.lost += 1;
+      client.destroy();
+      server.destroy();
+    });
+    client.on("close", () => server.destroy());
+    server.on("close", () => client.destroy());
+  }
+
+  stop(): void {
+    for (const socket of this.sockets) socket.destroy();
+    this.server?.close();
+  }
+}
+
+for (const kind of KINDS) {
+  describe(`a push whose reply was lost, on ${kind}`, () => {
+    const server = new ServerProcess(kind);
+    let direct: Redis;
+    let relay: LossyRelay;
+    let relayed: Redis;
+
+    before(async () => {
+      await server.start();
+      direct = server.client();
+      relay = new LossyRelay(server.port);
+      relayed = new Redis({ host: HOST, port: await relay.start(), lazyConnect: true });
+      await relayed.connect();
+    });
+    after(() => {
+      relayed?.disconnect();
+      direct?.disconnect();
+      relay?.stop();
+      server.stop();
+    });
+
+    const waiting = async (q: Rotator): Promise<string[]> =>
+      (await direct.lrange(q.keys.all[0]!, 0, -1)).filter((element) => !element.includes("*")).sort();
+
+    test("idempotentPushes: sent again by ioredis, it pushes nothing twice", async () => {
+      const q = new Rotator(relayed, uniqueName("marked"), { idempotentPushes: true });
+      await q.push("warm-up"); // (the module is loaded)
+      relay.loseReplyTo = "lost-1";
+      const lost = relay.lost;
+      assert.equal(await q.push("lost-1", "b"), 2); // the count the first run pushed
+      assert.equal(relay.lost, lost + 1);
+      assert.deepEqual(await waiting(q), ["b", "lost-1", "warm-up"]);
+      const markers = await direct.keys(pushMarker(q.keys, "*"));
+      assert.equal(markers.length, 2); // one a push call
+      const ttl = await direct.pttl(markers[0]!);
+      assert.ok(ttl > 0 && ttl <= PUSH_MARKER_TTL_MS, String(ttl));
+    });
+
+    test("without it, the push ioredis sends again lands twice (the control)", async () => {
+      const q = new Rotator(relayed, uniqueName("plain"));
+      await q.push("warm-up");
+      relay.loseReplyTo = "lost-2";
+      assert.equal(await q.push("lost-2"), 1);
+      assert.deepEqual(await waiting(q), ["lost-2", "lost-2", "warm-up"]);
+      assert.deepEqual(await direct.keys(pushMarker(q.keys, "*")), []);
+    });
+
+    test("pushes with a time, a priority or unique go as before", async () => {
+      const q = new Rotator(direct, uniqueName("options"), { idempotentPushes: true });
+      assert.equal(await q.push("later", { delay: 60 }), 1);
+      assert.equal(await q.push("urgent", { priority: 3 }), 1);
+      assert.deepEqual(await direct.keys(pushMarker(q.keys, "*")), []);
+      assert.equal((await q.stats()).scheduled, 1);
+    });
+  });
+}
