@@ -3,7 +3,9 @@
 On the shared ``local[2]`` session of test_spark.py (``spark.task.maxFailures=1``: a retried
 task cannot hide a double push), against the Valkey fixture; the chunk recorders also run
 without Spark, on both servers. The queue stream whose driver is killed mid-batch runs on the
-standalone cluster of test_spark_cluster.py, its driver a process of its own.
+standalone cluster of test_spark_cluster.py, its driver a process of its own. One test reaches
+a Valkey behind Sentinel through its ``redis+sentinel://`` URL (push_dataframe, drain, the
+data source's queue and topic reads and writes).
 """
 
 from __future__ import annotations
@@ -28,8 +30,8 @@ from rotator import Retention, Rotator, Topic, WrongKeyType
 from rotator.keys import queue_keys, topic_keys
 from rotator.protocol import text
 from tests import test_spark, test_spark_cluster
-from tests.servers import ServerProcess
-from tests.test_spark import ROOT, python_env, ring_ids
+from tests.servers import SentinelGroup, ServerProcess
+from tests.test_spark import ROOT, noop, python_env, ring_ids
 
 try:
     import pyarrow as pa
@@ -235,6 +237,38 @@ def test_a_batch_write_with_payloads_and_a_topic_write_then_read(
     assert sorted(row.payload for row in rows) == sorted(f"body {n}".encode() for n in range(300))
     assert all(row.id == f"{row.ms}-{row.seq}" for row in rows)
     assert topic.stats().groups["audit"].pending == 300
+
+
+@pytest.mark.parametrize("sentinel_group_process", ["valkey"], indirect=True)
+def test_spark_reaches_queues_and_topics_behind_sentinel_through_their_url(
+    registered: SparkSession, sentinel_group: SentinelGroup, queue_name: str
+) -> None:
+    """A ``redis+sentinel://`` URL, as Spark's executors resolve it: the master the
+    Sentinels name. push_dataframe, the data source's writes and reads, and drain."""
+    url = sentinel_group.url
+    ids = [f"job-{n}" for n in range(600)]
+    df = registered.createDataFrame([(job_id,) for job_id in ids], "id string").repartition(2)
+    assert rspark.push_dataframe(df, queue_name, url=url, batch_size=100) == 600
+    with sentinel_group.master().client() as master:
+        assert ring_ids(master, queue_name) == Counter(ids)
+        snapshot = reader(registered, url, queue=queue_name).load()
+        assert {(row.id, row.state) for row in snapshot.collect()} == {(i, "pending") for i in ids}
+
+        ran = rspark.drain(registered, queue_name, noop, url=url, parallelism=2, poll=0.2)
+        assert Counter(row.id for row in ran.collect()) == Counter(ids)
+        assert Rotator(master, queue_name).stats().length == 0
+
+        topic = Topic(master, queue_name)
+        topic.subscribe("audit")
+        bodies = registered.createDataFrame([(f"body {n}",) for n in range(50)], "payload string")
+        bodies.write.format("rotator").option("url", url).option("topic", queue_name).mode(
+            "append"
+        ).save()
+        read = reader(registered, url, topic=queue_name).load().collect()
+        assert sorted(row.payload for row in read) == sorted(
+            f"body {n}".encode() for n in range(50)
+        )
+        assert topic.stats().groups["audit"].pending == 50
 
 
 @pytest.mark.parametrize(
