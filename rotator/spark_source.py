@@ -22,8 +22,11 @@ order (the messages' order), so a re-run must see them in the same order (files 
 micro-batches do; a shuffle without a sort does not). A streaming write records its chunks per
 query id (kept in the checkpoint) and batch id: a micro-batch that Spark runs again after a
 restart from the checkpoint pushes or publishes nothing twice. Markers expire after a day
-(batch) or a week (streaming). ``delay``, ``priority`` and ``unique`` are refused: rotator has
-no delayed, prioritized or unique pushes yet.
+(batch) or a week (streaming). A queue write also takes ``delay`` (seconds) or ``at`` (unix
+seconds, or ISO 8601 with a time zone): the jobs are scheduled, as ``Rotator.push(delay=,
+at=)`` (a delay counts from each chunk's call); ``priority`` (0..9, not with payloads); and
+``unique`` (``true``: the queue must track ids, and an id it holds is skipped). Such chunks go
+in a WATCH/MULTI/EXEC with their marker, as payload chunks do.
 
 Reads. A queue read in batch is its snapshot (:func:`rotator.spark.snapshot`'s columns, then
 ``reclaimed`` and ``payload``, null there); a topic read is its retained messages (``id``,
@@ -58,6 +61,7 @@ import logging
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, cast
 
 import redis
@@ -160,10 +164,10 @@ _TOPIC_ARROW = pa.schema(
 _OPTIONS = {
     "url", "queue", "topic", "column", "payloadcolumn", "batchsize", "retentioncount",
     "retentionseconds", "startingoffsets", "maxmessagespertrigger", "failondataloss",
-    "leaseseconds", "maxjobspertrigger", "maxdeliveries", "payloads",
+    "leaseseconds", "maxjobspertrigger", "maxdeliveries", "payloads", "delay", "at",
+    "priority", "unique",
 }  # fmt: skip
 _SPARKS_OWN = {"path", "checkpointlocation"}
-_NOT_YET = {"delay": "delayed", "priority": "prioritized", "unique": "unique"}
 
 
 class MessagesLost(RotatorError):
@@ -183,10 +187,6 @@ class Options:
     def parse(cls, options: Mapping[str, str]) -> Options:
         raw = {key.lower(): str(value) for key, value in options.items()}
         for key in raw:
-            if key in _NOT_YET:
-                raise InvalidArgument(
-                    f"option {key!r} is not supported: rotator has no {_NOT_YET[key]} pushes yet"
-                )
             if key not in _OPTIONS and key not in _SPARKS_OWN:
                 known = ", ".join(sorted(_OPTIONS))
                 raise InvalidArgument(f"unknown option {key!r} for format rotator; known: {known}")
@@ -254,6 +254,15 @@ class Options:
         if value.lower() not in ("true", "false"):
             raise InvalidArgument(f"option {name} must be true or false, got {value!r}")
         return value.lower() == "true"
+
+    def due(self) -> protocol.Due | None:
+        """A queue write's ``delay`` or ``at``: when its jobs are due (None: at once)."""
+        delay, at = self.raw.get("delay"), self.raw.get("at")
+        try:
+            seconds = None if delay is None else float(delay)
+        except ValueError:
+            raise InvalidArgument(f"option delay must be seconds, got {delay!r}") from None
+        return protocol.check_due(seconds, None if at is None else _moment(at))
 
     def retention(self) -> Retention:
         count = self.whole("retentionCount", DEFAULT_TOPIC_RETENTION, 1, MAX_RETENTION_COUNT)
@@ -323,6 +332,9 @@ class _WritePlan:
     payload_column: str | None
     batch_size: int
     retention: Retention
+    due: protocol.Due | None = None  # a queue write's: scheduled
+    priority: int = 0
+    unique: bool = False
 
     def marker(self, *parts: str) -> str:
         if isinstance(self.keys, QueueKeys):
@@ -351,15 +363,25 @@ class _WritePlan:
         assert isinstance(self.keys, QueueKeys)
         assert self.column is not None
         ids = _ids(table, self.column)
+        due, priority, unique = self.due, self.priority, self.unique
         if self.payload_column is None:
             ids.sort()  # a re-run cuts the same chunks, whatever order its rows come in
-            pusher = _ChunkPusher(client, self.keys, marker, ttl)
-            return push_chunks(pusher.push, ids, self.batch_size)
+            if due is None and not priority and not unique:
+                pusher = _ChunkPusher(client, self.keys, marker, ttl)
+                return push_chunks(pusher.push, ids, self.batch_size)
+            plain_keys = self.keys.all
+
+            def push(pipe: Any, chunk: list[bytes]) -> commands.ModuleCall[int]:
+                return commands.push_ids(plain_keys, chunk, due, priority=priority, unique=unique)
+
+            scheduled = TransactionPusher(client, marker, push, ttl=ttl)
+            return push_chunks(scheduled.push, ids, self.batch_size)
         pairs = sorted(zip(ids, _payloads(table, self.payload_column), strict=True))
         keys = self.keys.with_payloads
 
         def pushp(pipe: Any, chunk: list[tuple[bytes, bytes]]) -> commands.ModuleCall[int]:
-            return commands.pushp(keys, [half for pair in chunk for half in pair])
+            flat = [half for pair in chunk for half in pair]
+            return commands.pushp(keys, flat, due, unique=unique)
 
         paired = TransactionPusher(client, marker, pushp, ttl=ttl)
         return push_chunks(paired.push, pairs, min(self.batch_size, MAX_BATCH // 2))
@@ -389,8 +411,10 @@ def _write_plan(options: Options, schema: StructType, overwrite: bool) -> _Write
         raise InvalidArgument("format rotator only appends: a queue or topic is not overwritten")
     options.only_for("a write", "startingOffsets", "maxMessagesPerTrigger", "failOnDataLoss",
                      "leaseSeconds", "maxJobsPerTrigger", "maxDeliveries", "payloads")  # fmt: skip
+    due, priority, unique = None, 0, False
     if options.topic is not None:
-        options.only_for("a topic write (its rows are payloads)", "column")
+        options.only_for("a topic write (its rows are payloads)", "column", "delay", "at",
+                         "priority", "unique")  # fmt: skip
         column = None
         payload_column: str | None = options.text("payloadColumn", "payload")
     else:
@@ -398,12 +422,33 @@ def _write_plan(options: Options, schema: StructType, overwrite: bool) -> _Write
         column = options.text("column", "id")
         _check_column(schema, column, _ID_TYPES, "job ids are strings or integers")
         payload_column = options.raw.get("payloadcolumn")
+        due = options.due()
+        priority = options.whole("priority", 0, 0, 9)
+        unique = options.flag("unique", False)
+        if priority and payload_column is not None:
+            raise InvalidArgument("option priority does not apply to jobs with payloads")
     if payload_column is not None:
         kinds = (StringType, BinaryType)
         _check_column(schema, payload_column, kinds, "payloads are strings or binary")
     size = options.whole("batchSize", DEFAULT_SPARK_PUSH_BATCH, 1, MAX_BATCH)
     retention = options.retention() if options.topic is not None else Retention()
-    return _WritePlan(options.url, options.keys(), column, payload_column, size, retention)
+    return _WritePlan(
+        options.url, options.keys(), column, payload_column, size, retention, due, priority, unique
+    )
+
+
+def _moment(value: str) -> float | datetime:
+    """Option ``at``: unix seconds, or ISO 8601 with a time zone (check_due says if none)."""
+    try:
+        return float(value)
+    except ValueError:
+        pass
+    try:
+        return datetime.fromisoformat(value)
+    except ValueError:
+        raise InvalidArgument(
+            f"option at must be unix seconds or an ISO 8601 time, got {value!r}"
+        ) from None
 
 
 def _check_column(

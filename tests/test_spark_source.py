@@ -20,6 +20,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -271,14 +272,71 @@ def test_spark_reaches_queues_and_topics_behind_sentinel_through_their_url(
         assert topic.stats().groups["audit"].pending == 50
 
 
+def test_a_write_schedules_prioritises_or_skips_held_ids_as_push_does(
+    registered: SparkSession, url: str, conn: redis.Redis, queue_name: str
+) -> None:
+    """``delay``/``at``, ``priority`` and ``unique``: the options of Rotator.push, for every row."""
+    rows = registered.createDataFrame(
+        [(f"j{n}", f"body {n}") for n in range(40)], "id string, body string"
+    )
+    tomorrow = datetime.now(UTC) + timedelta(days=1)
+
+    def write(df: DataFrame, target: str, **options: str) -> None:
+        df.write.format("rotator").option("url", url).option("queue", target).options(
+            **options
+        ).mode("append").save()
+
+    write(rows.limit(10), f"{queue_name}-later", delay="3600")
+    write(rows.limit(10), f"{queue_name}-at", at=tomorrow.isoformat())
+    write(rows.limit(5), f"{queue_name}-unix", at=str(tomorrow.timestamp()))
+    write(rows.limit(10), f"{queue_name}-low", priority="7")
+    write(rows.limit(10), f"{queue_name}-bodies", delay="3600", payloadColumn="body")
+    later, at, low = (Rotator(conn, f"{queue_name}-{tag}") for tag in ("later", "at", "low"))
+    assert (later.stats().scheduled, later.stats().pending) == (10, 0)
+    assert at.stats().scheduled == 10
+    assert Rotator(conn, f"{queue_name}-unix").stats().scheduled == 5
+    assert (low.stats().prioritized, low.stats().pending) == (10, 10)
+    bodies = Rotator(conn, f"{queue_name}-bodies", payloads=True)
+    assert bodies.stats().scheduled == 10
+    assert conn.hget(bodies.keys.payloads, "j3") == b"body 3"
+
+    tracked = Rotator(conn, queue_name)
+    tracked.configure(track_ids=True)
+    tracked.push("j0", "j1")
+    write(rows, queue_name, unique="true", batchSize="7")
+    assert ring_ids(conn, queue_name) == Counter(f"j{n}" for n in range(40))  # j0, j1 once
+    write(rows, queue_name, unique="true")  # a second run: everything is held
+    assert tracked.stats().pending == 40
+
+
+def test_a_unique_write_to_a_queue_that_does_not_track_ids_fails_and_pushes_nothing(
+    registered: SparkSession, url: str, conn: redis.Redis, queue_name: str
+) -> None:
+    rows = registered.createDataFrame([("a",), ("b",)], "id string")
+    with pytest.raises(rspark.SparkFailure, match=r"NotTracked|ROTATOR_NOTTRACKED"):
+        rows.write.format("rotator").option("url", url).option("queue", queue_name).option(
+            "unique", "true"
+        ).mode("append").save()
+    assert Rotator(conn, queue_name).stats().pushed == 0
+
+
 @pytest.mark.parametrize(
     ("options", "message"),
     [
         ({"queue": "q"}, 'needs .option("url"'),
         ({"url": "redis://x", "queue": "q", "topic": "t"}, "exactly one of the options queue"),
-        ({"url": "redis://x", "queue": "q", "delay": "5"}, "rotator has no delayed pushes yet"),
-        ({"url": "redis://x", "queue": "q", "priority": "1"}, "no prioritized pushes yet"),
-        ({"url": "redis://x", "queue": "q", "unique": "true"}, "no unique pushes yet"),
+        ({"url": "redis://x", "queue": "q", "delay": "soon"}, "option delay must be seconds"),
+        ({"url": "redis://x", "queue": "q", "delay": "-1"}, "delay must be"),
+        ({"url": "redis://x", "queue": "q", "at": "noon"}, "option at must be unix seconds"),
+        ({"url": "redis://x", "queue": "q", "at": "2026-12-01T09:00"}, "timezone-aware"),
+        ({"url": "redis://x", "queue": "q", "delay": "5", "at": "1"}, "give delay or at, not both"),
+        ({"url": "redis://x", "queue": "q", "priority": "10"}, "priority must be"),
+        ({"url": "redis://x", "queue": "q", "unique": "yes"}, "unique must be true or false"),
+        ({"url": "redis://x", "topic": "t", "delay": "5"}, "'delay' does not apply to a topic"),
+        (
+            {"url": "redis://x", "queue": "q", "priority": "1", "payloadColumn": "id"},
+            "priority does not apply to jobs with payloads",
+        ),
         ({"url": "redis://x", "queue": "q", "colum": "id"}, "unknown option 'colum'"),
         ({"url": "redis://x", "queue": "q", "column": "nope"}, "no column 'nope'"),
         ({"url": "redis://x", "queue": "q", "column": "when"}, "job ids are strings or integers"),
