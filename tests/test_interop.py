@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from rotator import Rotator, Topic
+from rotator import Job, Rotator, Topic
 from tests.helpers import NODE_PACKAGE, NODE_SCRIPT, NODE_TIMEOUT, built_node, wait_until
 from tests.servers import ServerProcess
 
@@ -80,6 +80,49 @@ def test_node_pushes_and_python_works(
         assert q.ack(*jobs) == len(jobs)
     assert seen == ids  # in push order, each once
     assert q.stats().pushed == 40
+
+
+def node_run(node: str, *args: str) -> str:
+    """``interop.js`` with ``args``: its output, once it exited 0."""
+    result = subprocess.run(
+        [node, str(NODE_SCRIPT), *args],
+        capture_output=True,
+        text=True,
+        timeout=NODE_TIMEOUT,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+BODIES = {f"p-{n}": bytes([n, 0x80, 0x2A, n]) + f"body {n}".encode() for n in range(30)}
+
+
+def test_python_pushes_payloads_and_node_works_them(
+    node: str, server: ServerProcess, client: redis.Redis, queue_name: str
+) -> None:
+    q = Rotator(client, queue_name, payloads=True)
+    assert q.push_payloads(BODIES) == 30
+    seen = json.loads(node_run(node, "drainp", server.url, queue_name))
+    assert [(job["id"], bytes.fromhex(job["hex"])) for job in seen] == list(BODIES.items())
+    assert client.hlen(q.keys.payloads) == 0  # Node's acks dropped them
+    stats = q.stats()
+    assert (stats.pending, stats.in_flight, stats.done + (stats.completed or 0)) == (0, 0, 30)
+
+
+def test_node_pushes_payloads_and_python_works_them(
+    node: str, server: ServerProcess, client: redis.Redis, queue_name: str
+) -> None:
+    pairs = [half for job_id, body in BODIES.items() for half in (job_id, body.hex())]
+    assert node_run(node, "pushp", server.url, queue_name, *pairs).strip() == "30"
+    q = Rotator(client, queue_name, payloads=True)
+    seen = []
+    previous: list[Job] = []
+    while jobs := q.next(8, ack=previous):  # (the last, empty, claim acks the last batch)
+        seen += [(job.id, job.payload) for job in jobs]
+        previous = jobs
+    assert seen == list(BODIES.items())
+    assert client.hlen(q.keys.payloads) == 0
 
 
 def test_a_node_worker_killed_mid_job_loses_nothing_to_a_python_worker(

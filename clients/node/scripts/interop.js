@@ -10,6 +10,10 @@
 //   node scripts/interop.js consume URL TOPIC GROUP N     consumes N messages of GROUP (4 at
 //       a time, each claim acking the last); prints [{id, payload, hex}, ...] as JSON (hex: the
 //       payload's bytes)
+//   node scripts/interop.js pushp URL QUEUE ID HEX...     pushes jobs with payloads (HEX: the
+//       payload's bytes) to a queue with payloads; prints how many were pushed
+//   node scripts/interop.js drainp URL QUEUE              claims 7 at a time from a queue with
+//       payloads, each claim acking the last, until it is empty; prints [{id, hex}, ...]
 // URL is redis://... or redis+sentinel://HOST:PORT[,HOST:PORT...]/SERVICE (tests/test_sentinel.py):
 // then the client is ioredis's own for a master found through Sentinel.
 "use strict";
@@ -63,6 +67,19 @@ async function main() {
         await g.ack(...held);
       } finally {
         await g.close();
+      }
+      console.log(JSON.stringify(seen));
+    } else if (command === "pushp") {
+      const q = new Rotator(redis, name, { payloads: true });
+      const pairs = [];
+      for (let i = 0; i + 1 < rest.length; i += 2) pairs.push([rest[i], Buffer.from(rest[i + 1], "hex")]);
+      console.log(await q.pushPayloads(pairs));
+    } else if (command === "drainp") {
+      const q = new Rotator(redis, name, { payloads: true });
+      const seen = [];
+      let held = [];
+      while ((held = await q.next({ count: 7, ack: held })).length > 0) {
+        seen.push(...held.map((job) => ({ id: job.id, hex: job.payloadBuffer.toString("hex") })));
       }
       console.log(JSON.stringify(seen));
     } else {

@@ -45,6 +45,10 @@ export interface NextReply {
   /** "<deadline>.1.<seq>" of this call's batch of first deliveries ("" when none). */
   readonly batch: string;
   readonly batchJobs: number;
+  /** The batch's packed element "*<stamp>*<id>*<id>..." as the module sent it (payload
+   * replies only): a payload queue acks the batch by naming it, so that the module can drop
+   * its jobs' payloads. */
+  readonly element?: string;
 }
 
 export function encodeId(id: unknown): string {
@@ -132,7 +136,8 @@ export function decodeNextPacked(reply: unknown): NextReply {
  */
 export function decodeNextPackedPayloads(reply: unknown): NextReply {
   const raw = reply as Array<Buffer | number | null>;
-  const { jobs, stamp } = packedJobs(text(raw[3] ?? ""));
+  const element = text(raw[3] ?? "");
+  const { jobs, stamp } = packedJobs(element);
   const batchJobs = jobs.length;
   if (raw.length < 4 + batchJobs) {
     throw new InvalidToken(`server returned ${raw.length - 4} payloads for a batch of ${batchJobs}`);
@@ -141,7 +146,15 @@ export function decodeNextPackedPayloads(reply: unknown): NextReply {
   for (let i = 4 + batchJobs; i + 2 < raw.length; i += 3) {
     withPayloads.push(jobFromToken(text(raw[i]), Number(raw[i + 1]) === 1, payloadBytes(raw[i + 2])));
   }
-  return { idle: Number(raw[0]) === 1, waitMs: Number(raw[1]), acked: Number(raw[2]), jobs: withPayloads, batch: stamp, batchJobs };
+  return {
+    idle: Number(raw[0]) === 1,
+    waitMs: Number(raw[1]),
+    acked: Number(raw[2]),
+    jobs: withPayloads,
+    batch: stamp,
+    batchJobs,
+    element,
+  };
 }
 
 /** A payload of a reply read as Buffers: its bytes, or null when none is kept. */
@@ -180,32 +193,41 @@ export function batchStamp(token: string): string {
 
 /**
  * The batches this client leased and how many jobs each holds, so that acking a whole batch
- * goes as one batch ack "*<stamp>/<jobs>" instead of every token. The module refuses a batch
- * ack once one of its jobs was given back, extended or acked on its own, or its element was
- * broken up: then the caller sends the tokens one by one. Bounded: the oldest are forgotten.
+ * goes as one batch ack "*<stamp>/<jobs>" instead of every token; `named`, as its packed
+ * element "*<stamp>*<id>*<id>...", which names the jobs (a payload queue's ackp needs their
+ * ids). The module refuses a batch ack once one of its jobs was given back, extended or
+ * acked on its own, or its element was broken up: then the caller sends the tokens one by
+ * one. Bounded: the oldest are forgotten.
  */
 export class Batches {
   private readonly sizes = new Map<string, number>();
+  private readonly elements = new Map<string, string>();
 
   constructor(private readonly limit = 4096) {}
 
   note(reply: NextReply): void {
     if (!reply.batch) return;
     this.sizes.set(reply.batch, reply.batchJobs);
+    if (reply.element) this.elements.set(reply.batch, reply.element);
     while (this.sizes.size > this.limit) {
-      const oldest = this.sizes.keys().next().value as string;
-      this.sizes.delete(oldest);
+      this.drop(this.sizes.keys().next().value as string);
     }
   }
 
   /** Forgets a batch: one of its jobs went its own way (nack, extend, bury). */
   forget(tokens: readonly string[]): void {
-    for (const token of tokens) this.sizes.delete(batchStamp(token));
+    for (const token of tokens) this.drop(batchStamp(token));
   }
 
-  /** The tokens with every whole batch among them replaced by its batch ack, whether any
-   * was, and how many distinct deliveries they name. */
-  pack(tokens: readonly string[]): { args: string[]; packed: boolean; jobs: number } {
+  private drop(stamp: string): void {
+    this.sizes.delete(stamp);
+    this.elements.delete(stamp);
+  }
+
+  /** The tokens with every whole batch among them replaced by its batch ack (`named`: its
+   * element; a batch whose element is unknown is then left as its tokens), whether any was,
+   * and how many distinct deliveries they name. */
+  pack(tokens: readonly string[], named = false): { args: string[]; packed: boolean; jobs: number } {
     const distinct = [...new Set(tokens)];
     if (this.sizes.size === 0) return { args: distinct, packed: false, jobs: distinct.length };
     const groups = new Map<string, number>();
@@ -213,18 +235,25 @@ export class Batches {
       const stamp = batchStamp(token);
       if (this.sizes.has(stamp)) groups.set(stamp, (groups.get(stamp) ?? 0) + 1);
     }
-    const whole = new Map<string, number>();
+    const whole = new Map<string, string>();
     for (const [stamp, members] of groups) {
-      if (this.sizes.get(stamp) === members) {
-        whole.set(stamp, members);
-        this.sizes.delete(stamp); // a batch is acked whole once
+      const element = this.elements.get(stamp);
+      if (this.sizes.get(stamp) === members && (!named || element !== undefined)) {
+        whole.set(stamp, named ? (element as string) : `*${stamp}/${members}`);
+        this.drop(stamp); // a batch is acked whole once
       }
     }
     if (whole.size === 0) return { args: distinct, packed: false, jobs: distinct.length };
     const args = distinct.filter((token) => !whole.has(batchStamp(token)));
-    for (const [stamp, members] of whole) args.push(`*${stamp}/${members}`);
+    args.push(...whole.values());
     return { args, packed: true, jobs: distinct.length };
   }
+}
+
+/** A payload as the module takes it: a string (sent as UTF-8) or a Buffer (byte for byte). */
+export function encodePayload(payload: unknown): string | Buffer {
+  if (typeof payload === "string" || Buffer.isBuffer(payload)) return payload;
+  throw new InvalidArgument(`a payload must be a string or a Buffer, got ${typeof payload}`);
 }
 
 export function whole(value: unknown, name: string, low: number, high: number): number {

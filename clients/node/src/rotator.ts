@@ -22,6 +22,7 @@ import {
   decodeNextPacked,
   decodeNextPackedPayloads,
   encodeId,
+  encodePayload,
   encodeToken,
   secondsToMs,
   whole,
@@ -52,8 +53,12 @@ export interface RotatorOptions {
   prefix?: string;
   /** Keys to use instead of the queue's own (a topic group). */
   keys?: QueueKeys;
-  /** Read each job's payload with it (nextp_packed); a topic group's are its messages. */
+  /** Keep a payload per job id (pushPayloads): next returns it with each job in the same
+   * call (nextp_packed), and an accepted ack deletes it (ackp). A topic group's payloads are
+   * its messages. */
   payloads?: boolean;
+  /** Acks keep the payloads (a topic group's: they belong to the topic's retention). */
+  keepPayloads?: boolean;
   /** true: call the module by FCALL of its function library; false: by EVALSHA. Left out:
    * FCALL where the server and the ACL allow it (chosen at the client's first call), else
    * EVALSHA; always EVALSHA on a Cluster client. */
@@ -159,6 +164,8 @@ export class Rotator {
   readonly maxDeliveries: number;
   readonly budget: number;
   readonly payloads: boolean;
+  /** An accepted ack deletes the job's payload: a queue with payloads, not a topic group. */
+  readonly dropsPayloads: boolean;
   readonly idempotency: ((id: string) => boolean | Promise<boolean>) | undefined;
   readonly idempotentPushes: boolean;
   private readonly module: ModuleCaller;
@@ -178,6 +185,7 @@ export class Rotator {
       options.maxDeliveries === undefined ? 0 : whole(options.maxDeliveries, "maxDeliveries", 1, MAX_DELIVERIES_LIMIT);
     this.budget = whole(options.budget ?? DEFAULT_BUDGET, "budget", 1, MAX_BUDGET);
     this.payloads = options.payloads ?? false;
+    this.dropsPayloads = this.payloads && !(options.keepPayloads ?? false);
     this.idempotency = options.idempotency;
     this.idempotentPushes = options.idempotentPushes ?? false;
     this.module = new ModuleCaller(redis, options.functions);
@@ -226,6 +234,34 @@ export class Rotator {
             ? ["push"]
             : ["push_later", ...due];
       pushed += Number(await this.call([...head, ...command, ...part]));
+    }
+    return pushed;
+  }
+
+  /** Adds jobs with payloads ({ id: payload }, a Map, or [id, payload] pairs; strings or
+   * Buffers, kept byte for byte) on a queue made with { payloads: true }; resolves to how
+   * many were taken. Up to 2500 jobs a call are all-or-nothing; pushing an id again replaces
+   * its payload. Options: { delay } or { at } schedule them (the payloads are stored now),
+   * { unique } as for push. */
+  async pushPayloads(
+    items: Record<string, string | Buffer> | Map<JobId, string | Buffer> | ReadonlyArray<readonly [JobId, string | Buffer]>,
+    options: Omit<PushOptions, "priority"> = {},
+  ): Promise<number> {
+    if (!this.dropsPayloads) {
+      throw new InvalidArgument(
+        this.payloads ? "publish to the topic instead of pushing payloads to a group" : "pushPayloads needs a queue made with { payloads: true }",
+      );
+    }
+    if ((options as PushOptions).priority) throw new InvalidArgument("jobs with payloads take no priority");
+    const entries = items instanceof Map || Array.isArray(items) ? [...items] : Object.entries(items);
+    const pairs = entries.map(([id, payload]) => [encodeId(id), encodePayload(payload)] as const);
+    const due = dueArgs(options);
+    const head: Arg[] = options.unique ? ["unique"] : [];
+    const command: Arg[] = due === null ? ["pushp"] : ["pushp_later", ...due];
+    let pushed = 0;
+    for (const part of chunks(pairs, MAX_BATCH / 2)) {
+      const flat = part.flatMap(([id, payload]) => [id, payload]);
+      pushed += Number(await this.call([...head, ...command, ...flat], this.payloadKeys));
     }
     return pushed;
   }
@@ -306,14 +342,16 @@ export class Rotator {
 
   private nextArgs(count: number, acks: readonly string[]): Arg[] {
     const head = [count, this.leaseMs, this.budget, this.maxDeliveries];
-    // A topic group's acks keep the payloads (DROP 0: they belong to the topic's retention),
-    // so its whole batches are acked by plain batch acks.
-    return this.payloads ? ["nextp_packed", ...head, 0, ...acks] : ["next_packed", ...head, ...acks];
+    // DROP 1: the acks delete the payloads; a topic group's keep them (DROP 0: they belong
+    // to the topic's retention).
+    if (!this.payloads) return ["next_packed", ...head, ...acks];
+    return ["nextp_packed", ...head, this.dropsPayloads ? 1 : 0, ...acks];
   }
 
-  /** The acks for `tokens`: whole batches as batch acks. */
+  /** The acks for `tokens`: whole batches as batch acks, named where the acks drop payloads
+   * (the module needs the ids). */
   private packed(tokens: readonly string[]): { args: string[]; packed: boolean; jobs: number } {
-    return this.batches.pack(tokens);
+    return this.batches.pack(tokens, this.dropsPayloads);
   }
 
   /** Blocks on the wake list, then calls the module, in one round trip on a connection of
@@ -356,8 +394,10 @@ export class Rotator {
     const { args, packed, jobs } = pack ? this.packed(distinct) : { args: distinct, packed: false, jobs: 0 };
     let accepted = 0;
     for (const part of chunks(args, MAX_BATCH)) {
-      // (a topic group's acks keep the payloads too: the topic's retention drops them)
-      accepted += Number(await this.call(["ack", ...part]));
+      // ackp deletes the payloads of what it accepts; a topic group's acks keep them
+      accepted += Number(
+        this.dropsPayloads ? await this.call(["ackp", ...part], this.payloadKeys) : await this.call(["ack", ...part]),
+      );
     }
     if (!packed) return accepted;
     if (accepted < args.length) return this.ackTokens(tokens, false); // a batch ack was refused
@@ -461,7 +501,8 @@ export class Rotator {
 
   /** Removes every key of the queue (its seq stays, so no old token is ever accepted). */
   async delete(): Promise<boolean> {
-    const keys = this.payloads ? this.keys.all : [...this.keys.all, this.keys.payloads, this.keys.items];
+    // (a topic group's payloads are the topic's: deleting the group leaves them)
+    const keys = this.payloads && !this.dropsPayloads ? this.keys.all : [...this.keys.all, this.keys.payloads, this.keys.items];
     return Number(await this.call(["delete"], keys)) === 1;
   }
 

@@ -16,7 +16,7 @@
  */
 import { GroupsChanged, InvalidArgument } from "./errors";
 import { type QueueKeys, type TopicKeys, DEFAULT_PREFIX, groupKeys, keyOf, topicKeys, validateGroupName } from "./keys";
-import { MAX_BATCH, chunks, secondsToMs, whole } from "./protocol";
+import { MAX_BATCH, chunks, encodePayload, secondsToMs, whole } from "./protocol";
 import { Rotator, type RotatorOptions } from "./rotator";
 import { type Arg, type Client, ModuleCaller } from "./script";
 
@@ -117,10 +117,6 @@ export function retentionArgs(retention: Retention): [number, number] {
   return [count, age];
 }
 
-function payloadArg(payload: unknown): string | Buffer {
-  if (typeof payload === "string" || Buffer.isBuffer(payload)) return payload;
-  throw new InvalidArgument(`a payload must be a string or a Buffer, got ${typeof payload}`);
-}
 
 /** One consumer group's view of a topic: the Rotator API over the group's ring, with each
  * job's payload (the message) read in the same call as the lease; Job.id is the message id.
@@ -131,9 +127,9 @@ export class TopicGroup extends Rotator {
     redis: Client,
     readonly topic: TopicKeys,
     readonly group: string,
-    options: Omit<RotatorOptions, "keys" | "payloads" | "prefix"> = {},
+    options: Omit<RotatorOptions, "keys" | "payloads" | "keepPayloads" | "prefix"> = {},
   ) {
-    super(redis, topic.name, { ...options, keys: groupKeys(topic, group), payloads: true });
+    super(redis, topic.name, { ...options, keys: groupKeys(topic, group), payloads: true, keepPayloads: true });
   }
 }
 
@@ -238,7 +234,7 @@ export class Topic {
 
   /** The consumer of `group` (options as for Rotator: timeout, maxDeliveries, ...). It does
    * not register the group: subscribe once first. */
-  group(group: string, options: Omit<RotatorOptions, "keys" | "payloads" | "prefix"> = {}): TopicGroup {
+  group(group: string, options: Omit<RotatorOptions, "keys" | "payloads" | "keepPayloads" | "prefix"> = {}): TopicGroup {
     validateGroupName(group);
     return new TopicGroup(this.redis, this.keys, group, options);
   }
@@ -249,7 +245,7 @@ export class Topic {
    * ("<ms>-<seq>"). Each call of up to 1000 messages is atomic: payloads stored, ids logged
    * and pushed onto every group's ring together, then retention applied. */
   async publish(...payloads: Array<string | Buffer>): Promise<string[]> {
-    const raw = payloads.map(payloadArg);
+    const raw = payloads.map(encodePayload);
     const ids: string[] = [];
     for (const part of chunks(raw, MAX_PUBLISH)) {
       const reply = (await this.withEveryGroup(["tpublish", this.maxLen, this.maxAgeMs, ...part])) as string[];
