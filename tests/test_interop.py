@@ -125,6 +125,37 @@ def test_node_pushes_payloads_and_python_works_them(
     assert client.hlen(q.keys.payloads) == 0
 
 
+def test_either_client_declares_the_same_schedule_as_the_other_and_reads_the_others(
+    node: str, server: ServerProcess, client: redis.Redis, queue_name: str
+) -> None:
+    """The spec Node writes for an interval is Python's, so declaring it again from the other
+    side changes nothing; a Python cron schedule reads the same in Node."""
+    assert node_run(node, "schedule", server.url, queue_name, "tick", "90").strip() == "true"
+    q = Rotator(client, queue_name)
+    assert q.schedule("tick", every=90) is False
+    assert q.schedule("half", every=0.5) is True
+    assert node_run(node, "schedule", server.url, queue_name, "half", "0.5").strip() == "false"
+    q.schedule("nightly", cron="0 3 * * *", tz="Europe/Paris", job_id="report")
+    seen = {
+        found["name"]: found
+        for found in json.loads(node_run(node, "schedules", server.url, queue_name))
+    }
+    mine = {found.name: found for found in q.schedules()}
+    assert set(seen) == set(mine) == {"tick", "half", "nightly"}
+    for name, found in mine.items():
+        assert (seen[name]["spec"], seen[name]["jobId"], seen[name]["every"]) == (
+            found.spec,
+            found.job_id,
+            found.every,
+        )
+        assert (seen[name]["cron"], seen[name]["tz"], seen[name]["duesLeft"]) == (
+            found.cron,
+            found.tz,
+            found.dues_left,
+        )
+        assert seen[name]["nextDue"] == found.next_due
+
+
 def test_a_node_worker_killed_mid_job_loses_nothing_to_a_python_worker(
     node: str, server: ServerProcess, client: redis.Redis, queue_name: str, out_file: Path
 ) -> None:

@@ -14,6 +14,9 @@
 //       payload's bytes) to a queue with payloads; prints how many were pushed
 //   node scripts/interop.js drainp URL QUEUE              claims 7 at a time from a queue with
 //       payloads, each claim acking the last, until it is empty; prints [{id, hex}, ...]
+//   node scripts/interop.js schedule URL QUEUE NAME EVERY declares an interval schedule;
+//       prints true when it was added or changed
+//   node scripts/interop.js schedules URL QUEUE           prints the queue's schedules as JSON
 // URL is redis://... or redis+sentinel://HOST:PORT[,HOST:PORT...]/SERVICE (tests/test_sentinel.py):
 // then the client is ioredis's own for a master found through Sentinel.
 "use strict";
@@ -82,6 +85,11 @@ async function main() {
         seen.push(...held.map((job) => ({ id: job.id, hex: job.payloadBuffer.toString("hex") })));
       }
       console.log(JSON.stringify(seen));
+    } else if (command === "schedule") {
+      const [scheduleName, every] = rest;
+      console.log(await new Rotator(redis, name).schedule(scheduleName, { every: Number(every) }));
+    } else if (command === "schedules") {
+      console.log(JSON.stringify(await new Rotator(redis, name).schedules()));
     } else {
       throw new Error(`unknown command ${command}`);
     }

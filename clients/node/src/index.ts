@@ -8,6 +8,8 @@ export { DEFAULT_BUDGET, DEFAULT_LEASE_TIMEOUT, PUSH_MARKER_TTL_MS, Rotator, dec
 export type { Claim, JobId, NextOptions, PushOptions, RotatorOptions, Stats } from "./rotator";
 export { MODULE_PATH, ModuleCaller, functionName, librarySource, moduleSha, moduleSource } from "./script";
 export type { Client, Mode, Replies } from "./script";
+export { decodeSchedules, formatG } from "./schedules";
+export type { Schedule, ScheduleOptions } from "./schedules";
 export { retryDelay } from "./worker";
 export type { Handler, WorkOptions, WorkSummary } from "./worker";
 export {

@@ -27,6 +27,7 @@ import {
   secondsToMs,
   whole,
 } from "./protocol";
+import { type Schedule, type ScheduleOptions, checkName, decodeSchedules, intervalSchedule } from "./schedules";
 import { type Arg, type Client, ModuleCaller, type Replies, isNotLoaded } from "./script";
 import { type WorkOptions, type WorkSummary, type Handler, work } from "./worker";
 
@@ -474,6 +475,26 @@ export class Rotator {
       args.push(field, typeof value === "boolean" ? Number(value) : value);
     }
     return pairs(await this.call(args));
+  }
+
+  /** Pushes one job "<jobId>@<tick ms>" (jobId defaults to `name`) every `every` seconds,
+   * the first a period from now: the server decides each tick in the claim that finds it due,
+   * one job per tick whatever the number of consumers. Declaring a schedule again as it is
+   * (from this client or Python's) changes nothing; anything else replaces it. Resolves to
+   * true when it was added or changed. Cron schedules are declared by the Python client;
+   * this one reads them (`schedules()`) and its claims fire their ticks too. */
+  async schedule(name: string, options: ScheduleOptions): Promise<boolean> {
+    return Number(await this.call(["schedule", "SET", ...intervalSchedule(name, options)])) === 1;
+  }
+
+  /** The queue's recurring schedules, by name. */
+  async schedules(): Promise<Schedule[]> {
+    return decodeSchedules(await this.call(["schedules"]));
+  }
+
+  /** Forgets the schedule `name` (jobs it pushed stay); false when there was none. */
+  async unschedule(name: string): Promise<boolean> {
+    return Number(await this.call(["unschedule", checkName(name)])) === 1;
   }
 
   async pause(): Promise<boolean> {
