@@ -367,6 +367,19 @@ def test_bench_unique_quick(tmp_path: Path) -> None:
     assert "| cancel, in flight, 1 a call " in done.stdout
 
 
+def test_bench_retries_smoke(tmp_path: Path) -> None:
+    """bench.retries end to end on tiny sizes: both cases and batches, a marker each push call
+    (the bench checks it), the marker's memory; never a timing bound."""
+    out = run_smoke("bench.retries", tmp_path, 120)
+    result = json.loads((tmp_path / "retries.json").read_text())["results"]["redis"]
+    rows = {(r["batch"], r["case"]): r for r in result["push"]["rows"]}
+    assert set(rows) == {(b, c) for b in (1, 100) for c in ("plain", "retry_for")}
+    assert all(r["median_server_us_each"] > 0 for r in rows.values())
+    assert [r["batch"] for r in result["push"]["ratios"]] == [1, 100]
+    assert all(m["marker_bytes"] > 0 and 0 < m["ttl_ms"] <= 60_000 for m in result["memory"])
+    assert "| `retry_for` over plain, 100 a call (server / wall time) |" in out
+
+
 def test_bench_rate_limit_smoke(tmp_path: Path) -> None:
     """bench.rate_limit (issue 16) end to end on tiny sizes: every field, sane counts."""
     printed = run_smoke("bench.rate_limit", tmp_path, timeout=120)

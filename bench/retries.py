@@ -1,0 +1,221 @@
+"""What ``retry_for`` costs a producer: a plain push as ``push_chunk`` under a marker.
+
+    .venv/bin/python -m bench.retries [--smoke | --quick] [--servers redis,valkey]
+        [--out DIR] [--table]
+
+With ``retry_for``, a plain push goes as ``push_chunk`` under a marker of its own (a hash
+under the queue's tag, kept a minute), so that a push sent again after its reply was lost
+pushes nothing twice. On each server (one of our own, persistence off), through the public
+API (``Rotator``, FCALL where the server allows it), one client, 16-byte ids, pushed one a
+call (``push(id)``) and 100 a call (``push(*ids)``), without and with
+``retry_for``: server µs per id (INFO commandstats of FCALL and EVALSHA, the module calls
+only) and client wall µs per id. Interleaved rounds, each on fresh queues, the order
+alternating from round to round; the ratio with over without is taken within each round,
+and the median given. And the memory a push call's marker takes while it lives
+(``MEMORY USAGE ... SAMPLES 0``), for a call of 1 and of 100 ids.
+
+Results: ``bench/results/retries.json`` and ``retries.md`` (``--out``); ``--table`` prints
+the table of an earlier run. Full sizes take about a minute on this 2-core VM.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, replace
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from bench.bounds import wait_lazyfree
+from bench.harness import load_now, machine_info, module_info, standard_main, started, write_results
+from bench.unique import BATCHES, Timed, ids, ratio_row, summary, timed
+from rotator import Rotator
+
+RESULTS = Path(__file__).resolve().parent / "results"
+RETRY_FOR = 10.0
+CASES = ("plain", "retry_for")
+Log = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class Sizes:
+    push_one: int  # ids a round, pushed one a call
+    push_batch: int  # ids a round, pushed 100 a call
+    rounds: int  # interleaved rounds
+
+
+SIZES = {
+    "full": Sizes(5000, 100_000, 5),
+    "quick": Sizes(500, 10_000, 2),
+    "smoke": Sizes(50, 500, 1),
+}
+
+
+def push_ids(q: Rotator, every: list[str], batch: int) -> int:
+    """``every`` pushed ``batch`` a call, a ``push`` call each (so a marker each)."""
+    return sum(q.push(*every[at : at + batch]) for at in range(0, len(every), batch))
+
+
+def markers(client: redis.Redis, q: Rotator) -> list[bytes]:
+    return list(client.scan_iter(match=q.keys.push_marker("*"), count=10_000))
+
+
+def push_rows(client: redis.Redis, sizes: Sizes, log: Log) -> dict[str, Any]:
+    runs: dict[tuple[int, str], list[Timed]] = {(b, c): [] for b in BATCHES for c in CASES}
+    for rnd in range(sizes.rounds):
+        for batch in BATCHES:
+            n = sizes.push_one if batch == 1 else sizes.push_batch
+            queues = {
+                "plain": Rotator(client, f"retries-plain-{rnd}-{batch}"),
+                "retry_for": Rotator(client, f"retries-marked-{rnd}-{batch}", retry_for=RETRY_FOR),
+            }
+            order = CASES if rnd % 2 == 0 else CASES[::-1]
+            for case in order:
+                q = queues[case]
+                run = timed(client, n, partial(push_ids, q, ids(f"{case[0]}{rnd}", n), batch))
+                if run.result != n:
+                    raise RuntimeError(f"push {case}: {run.result} ids taken, not {n}")
+                runs[batch, case].append(run)
+            left = len(markers(client, queues["retry_for"]))
+            if left != n // batch:  # one marker a push call
+                raise RuntimeError(f"{left} markers after {n // batch} marked push calls")
+            log(
+                f"  push round {rnd} batch {batch:>3}: "
+                + ", ".join(
+                    f"{case} {runs[batch, case][-1].server_us_each:.2f} / "
+                    f"{runs[batch, case][-1].wall_us_each:.1f}"
+                    for case in CASES
+                )
+                + " (server / wall us an id)"
+            )
+            for q in queues.values():
+                q.delete()
+            client.delete(*markers(client, queues["retry_for"]))
+            wait_lazyfree(client)
+    rows = [
+        {"batch": batch, "case": case, "ids": runs[batch, case][0].n, **summary(runs[batch, case])}
+        for batch in BATCHES
+        for case in CASES
+    ]
+    ratios = [
+        {"batch": batch, **ratio_row(runs[batch, "retry_for"], runs[batch, "plain"])}
+        for batch in BATCHES
+    ]
+    return {"via": runs[1, "plain"][0].via, "rows": rows, "ratios": ratios}
+
+
+def marker_memory(client: redis.Redis) -> list[dict[str, Any]]:
+    """The bytes one push call's marker takes, for a call of 1 and of 100 ids."""
+    found = []
+    for batch in BATCHES:
+        q = Rotator(client, f"retries-memory-{batch}", retry_for=RETRY_FOR)
+        q.push(*ids("m", batch))
+        (marker,) = markers(client, q)
+        found.append(
+            {
+                "batch": batch,
+                "marker_bytes": int(client.memory_usage(marker, samples=0) or 0),
+                "ttl_ms": int(client.pttl(marker)),
+            }
+        )
+        q.delete()
+        client.delete(marker)
+    return found
+
+
+def run_server(kind: str, sizes: Sizes, workdir: Path, log: Log) -> dict[str, Any]:
+    with started(kind, workdir / f"retries-{kind}") as server:
+        client = server.client()
+        log(f"retries on {kind} {server.version}")
+        pushes = push_rows(client, sizes, log)
+        memory = marker_memory(client)
+        client.close()
+        return {"version": server.version, "push": pushes, "memory": memory}
+
+
+# -- the table ------------------------------------------------------------------------------------
+
+CASE_LABELS = {"plain": "plain push (`push`)", "retry_for": "with `retry_for` (`push_chunk`)"}
+
+
+def markdown(data: dict[str, Any]) -> str:
+    kinds = list(data["results"])
+    results = [data["results"][k] for k in kinds]
+    head = "| | " + " | ".join(f"{k} {r['version']}" for k, r in zip(kinds, results, strict=True))
+    lines = [head + " |", "|---|" + "---:|" * len(kinds)]
+
+    def add(label: str, cell: Callable[[dict[str, Any]], str]) -> None:
+        lines.append(f"| {label} | " + " | ".join(cell(r) for r in results) + " |")
+
+    def push(batch: int, case: str) -> Callable[[dict[str, Any]], str]:
+        def cell(r: dict[str, Any]) -> str:
+            row = next(p for p in r["push"]["rows"] if (p["batch"], p["case"]) == (batch, case))
+            return f"{row['median_server_us_each']:.2f} / {row['median_wall_us_each']:.1f}"
+
+        return cell
+
+    def ratio(batch: int) -> Callable[[dict[str, Any]], str]:
+        def cell(r: dict[str, Any]) -> str:
+            row = next(p for p in r["push"]["ratios"] if p["batch"] == batch)
+            server, wall = row["server_ratio_by_round"], row["wall_ratio_by_round"]
+            return (
+                f"{row['server_ratio']:.2f}x ({min(server):.2f}-{max(server):.2f}) / "
+                f"{row['wall_ratio']:.2f}x ({min(wall):.2f}-{max(wall):.2f})"
+            )
+
+        return cell
+
+    def memory(batch: int) -> Callable[[dict[str, Any]], str]:
+        def cell(r: dict[str, Any]) -> str:
+            row = next(m for m in r["memory"] if m["batch"] == batch)
+            return f"{row['marker_bytes']} B, {row['ttl_ms'] / 1000:.0f} s"
+
+        return cell
+
+    for batch in BATCHES:
+        for case in CASES:
+            add(f"{CASE_LABELS[case]}, {batch} a call (server / wall µs an id)", push(batch, case))
+        add(f"`retry_for` over plain, {batch} a call (server / wall time)", ratio(batch))
+    for batch in BATCHES:
+        add(f"a push call's marker, {batch} id(s) a call (memory, kept)", memory(batch))
+    return "\n".join(lines)
+
+
+def report(data: dict[str, Any]) -> str:
+    machine = data["machine"]
+    return (
+        "# The cost of `retry_for` to a producer\n\n"
+        f"`python -m bench.retries` (mode {machine['mode']}) on {machine['cpus']} CPUs, "
+        f"{machine['platform']}, Python {machine['python']}, {machine['date']}; module "
+        f"{data['module']['sha1'][:12]} at {data['module']['commit']}. Loopback, persistence "
+        f"off, one client, 16-byte ids, the module called by "
+        f"{'/'.join(sorted({r['push']['via'] for r in data['results'].values()}))}; medians of "
+        f"{data['sizes']['rounds']} interleaved rounds (ratios: the median of the per-round "
+        "ratios, their range in brackets). 1-minute load average "
+        f"{machine['load_before']} before and {machine['load_after']} after.\n\n"
+        f"{markdown(data)}\n"
+    )
+
+
+def run(
+    kinds: Sequence[str], mode: str, workdir: Path, out: Path, log: Log, **resize: Any
+) -> dict[str, Any]:
+    """Measures each server in ``kinds``; writes ``out/retries.json`` and ``.md``."""
+    sizes = replace(SIZES[mode], **resize)
+    module = module_info()
+    machine = machine_info(mode)
+    results = {kind: run_server(kind, sizes, workdir, log) for kind in kinds}
+    machine["load_after"] = load_now()
+    data = {"machine": machine, "module": module, "sizes": asdict(sizes), "results": results}
+    return write_results(out, "retries", data, report)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return standard_main(argv, __doc__, RESULTS, "retries", run=run, markdown=markdown)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
