@@ -767,6 +767,9 @@ local QUEUE_ROLES = {
   ':ring', ':done', ':done_old', ':marks', ':marks_old', ':revoked', ':dead', ':wake', ':meta',
   ':pushlog', ':leases', ':scheduled', ':ids',
 }
+-- The same, as a set: whether a key under a queue's base is one of its thirteen.
+local QUEUE_ROLE_SET = {}
+for i = 1, #QUEUE_ROLES do QUEUE_ROLE_SET[QUEUE_ROLES[i]] = true end
 
 -- The element grammar: the sentinel, and the bytes that tell elements and marks apart (locals:
 -- the walk reads them for every element it visits).
@@ -971,7 +974,7 @@ local function define_module()
         or command == 'nextp' then
       return CLAIM_FIELDS
     end
-    return command == 'push' and PUSH_FIELDS or FORMAT_ONLY
+    return (command == 'push' or command == 'push_chunk') and PUSH_FIELDS or FORMAT_ONLY
   end
 
   -- The meta fields M.run read for this call's first read (by the places of the command's
@@ -2564,7 +2567,7 @@ local function define_module()
   function M.define_push_ack()
     function M.push()
       if FAST_LEASE and not UNIQUE then
-        local pushed = M.plain_push()
+        local pushed = M.plain_push(2)
         if pushed then return pushed end
       end
       return (M.push_ids(2))
@@ -2578,12 +2581,13 @@ local function define_module()
     -- checkpoint once a second; onto an idle ring the wake-up first, without the length),
     -- which this makes without the meta's table or its unpacking.
     -- Its reads are guarded: anything else, or anything that looks wrong (a key of another
-    -- type), it leaves to push_ids, which then pushes or refuses as it always has. Returns how
-    -- many it pushed, or nil, having written nothing.
-    function M.plain_push()
-      local n = #A - 1
+    -- type), it leaves to push_ids, which then pushes or refuses as it always has. The ids
+    -- are A[first..] (push's from 2, push_chunk's from 4). Returns how many it pushed, or nil,
+    -- having written nothing.
+    function M.plain_push(first)
+      local n = #A - first + 1
       if n < 1 or n > LIMIT.batch then return nil end
-      for i = 2, #A do
+      for i = first, #A do
         if not M.valid_id(A[i]) then return nil end
       end
       local length = M.attempt('LLEN', K.ring)
@@ -2610,9 +2614,9 @@ local function define_module()
       M.note_checkpoint(K, head, now, pushed, m[3])
       local ahead = nil
       if idle then
-        length, ahead = M.push_ahead(K.ring, { unpack(A, 2) })
+        length, ahead = M.push_ahead(K.ring, { unpack(A, first) })
       else
-        length = rcall('LPUSH', K.ring, unpack(A, 2))
+        length = rcall('LPUSH', K.ring, unpack(A, first))
       end
       rcall('HSET', K.meta, 'walk', M.pushed_walk(m[4], seq, length, lapnext, ahead), 'pushed',
         pushed)
@@ -4181,7 +4185,9 @@ local function define_module()
     function M.push_chunk()
       local chunk = M.int_arg(2, 'CHUNK', 0, LIMIT.no_bound)
       local ttl = M.int_arg(3, 'TTL_MS', 1, LIMIT.no_bound)
-      local marker = K.payloads -- the fourteenth key: push_chunk takes its marker hash there
+      -- The fourteenth key: push_chunk takes its marker hash there (the call's own: K is the
+      -- last call's when its thirteen keys were the same, see M.checked_before).
+      local marker = KS[QUEUE_KEYS + 1]
       local recorded = M.read('HMGET', marker, 'chunks', 'pushed')
       local chunks = tonumber(recorded[1]) or 0
       if chunks > chunk then
@@ -4194,7 +4200,8 @@ local function define_module()
         M.refuse('ROTATOR_BADARG', 'chunk ' .. chunk .. ' comes after chunk ' .. chunks ..
           ', which the marker does not record: it expired or was deleted')
       end
-      local pushed = M.push_ids(4)
+      -- (a plain push's own path where it applies, as push takes it)
+      local pushed = FAST_LEASE and not UNIQUE and M.plain_push(4) or M.push_ids(4)
       rcall('HSET', marker, 'chunks', chunk + 1, 'pushed', pushed)
       rcall('PEXPIRE', marker, ttl)
       return { pushed, chunk + 1, 0 }
@@ -6273,11 +6280,10 @@ local function define_module()
   function M.check_extra_keys(keys, base, marker)
     local payloads, items = keys[QUEUE_KEYS + 1], keys[QUEUE_KEYS + 2]
     local ok = true
-    if marker then
-      local known = {}
-      for i = 1, QUEUE_KEYS do known[keys[i]] = true end
-      ok = string.sub(payloads, 1, #base + 1) == base .. ':' and not known[payloads]
-        and payloads ~= base .. ':payloads' and payloads ~= base .. ':items'
+    if marker then -- (the thirteen are <base><role>: checked already)
+      local role = string.sub(payloads, #base + 1)
+      ok = string.sub(payloads, 1, #base + 1) == base .. ':' and not QUEUE_ROLE_SET[role]
+        and role ~= ':payloads' and role ~= ':items'
     elseif payloads then
       local topic = string.match(base, '^(.*):group:[^:]+$')
       ok = payloads == base .. ':payloads'
@@ -6294,14 +6300,16 @@ local function define_module()
   -- Whether the previous call's queue keys passed the name checks and these are the same
   -- (a library lives across calls, so a worker's calls check their names once; a script
   -- starts afresh every call). Strings are interned: each comparison is one pointer's.
+  -- push_chunk's marker is new at each push call: there the thirteen must be the same, and
+  -- the marker is checked on its own.
   function M.checked_before(keys, marker)
     local last = CHECKED
     if not last or last.marker ~= marker or #last.keys ~= #keys then return false end
     local names = last.keys
-    for i = 1, #keys do
+    for i = 1, marker and QUEUE_KEYS or #keys do
       if names[i] ~= keys[i] then return false end
     end
-    return true
+    return not marker or M.check_extra_keys(keys, last.base, true) == nil
   end
 
   -- One call, whichever way it came: EVAL/EVALSHA (KEYS, ARGV) or FCALL (keys, args).
@@ -6364,7 +6372,9 @@ local function define_module()
         K = M.queue_keys(keys, 0)
         K.payloads = keys[14]
         K.items = keys[15]
-        if LIBRARY then CHECKED = { keys = { unpack(keys) }, marker = marker, queue = K } end
+        if LIBRARY then
+          CHECKED = { keys = { unpack(keys) }, marker = marker, queue = K, base = base }
+        end
       end
       T, NGROUPS = nil, 0
     end

@@ -86,13 +86,17 @@ class Twins:
         self.later: list[str] = []  # tokens of later deliveries (not in a batch) not acked
         self.shortcuts = 0
 
-    def both(self, *argv: str | int) -> object:
+    def both(self, *argv: str | int, keys: list[str] | None = None) -> object:
+        """``argv`` called on both twins (on ``keys``, or the queue's own), which must reply
+        the same and leave the same data."""
         replies = []
         extended = self.payloads and argv[0] in {"pushp", "nextp_packed", "ackp"}
+        if extended:
+            keys = self.payload_keys
         for harness in (self.fast, self.walk):
             try:
-                if extended:
-                    replies.append(("ok", as_text(harness.call_keys(self.payload_keys, *argv))))
+                if keys is not None:
+                    replies.append(("ok", as_text(harness.call_keys(keys, *argv))))
                 else:
                     replies.append(("ok", as_text(harness.call(*argv))))
             except ScriptError as error:
@@ -554,6 +558,41 @@ def test_a_plain_push_takes_its_own_path(tmp_path: Path, library: bool) -> None:
     pushlog = twins.fast.stub.data[twins.fast.keys[9].encode()]
     assert isinstance(pushlog, list)
     assert pushlog[0].startswith(b"5:"), pushlog  # (5 pushed so far, this second's)
+
+
+# What push_chunk sends on a plain push's path: the meta's fields (by the call's first HMGET)
+# and the marker's, a plain push's commands, then the marker's count and expiry.
+PLAIN_PUSH_CHUNK_COMMANDS = [b"HMGET", b"HMGET", *PLAIN_PUSH_COMMANDS[1:], b"HSET", b"PEXPIRE"]
+
+
+@pytest.mark.parametrize("library", [False, True], ids=["eval", "library"])
+def test_a_chunk_pushed_under_a_marker_takes_the_plain_push_path(
+    tmp_path: Path, library: bool
+) -> None:
+    """push_chunk (a bulk load's, or a plain push with retry_for) pushes its ids as push
+    does, by the same path and with the same result (the walk-only twin takes push_ids);
+    a chunk sent again pushes nothing, and says what its first call pushed."""
+    twins = Twins(walk_only_module(tmp_path), library=library)
+    base = twins.fast.keys[0].removesuffix(":ring")
+    marked = [*twins.fast.keys, f"{base}:push:run-1"]
+    twins.both("push", "first")  # (a new queue: push_ids makes it; a busy ring from here)
+    before = len(twins.fast.stub.calls)
+    assert twins.both("push_chunk", 0, 60_000, "a", "b", keys=marked) == [2, 1, 0]
+    assert commands_since(twins, before) == PLAIN_PUSH_CHUNK_COMMANDS
+    assert twins.both("push_chunk", 0, 60_000, "a", "b", keys=marked) == [0, 1, 2]
+    assert twins.both("push_chunk", 1, 60_000, "c", keys=marked) == [1, 2, 0]
+    # Another push call, its own marker (a library checks the thirteen keys once, then the
+    # marker alone): the same path; a marker that is one of the queue's keys is refused.
+    before = len(twins.fast.stub.calls)
+    second = [*marked[:-1], f"{base}:push:run-2"]
+    assert twins.both("push_chunk", 0, 60_000, "d", keys=second) == [1, 1, 0]
+    assert commands_since(twins, before) == PLAIN_PUSH_CHUNK_COMMANDS
+    for taken in (f"{base}:ring", f"{base}:meta", f"{base}:payloads", "elsewhere:push:run-3"):
+        refused = twins.both("push_chunk", 0, 60_000, "e", keys=[*marked[:-1], taken])
+        assert isinstance(refused, str), refused
+        assert "ROTATOR_KEYS" in refused
+    twins.next(5, [], compact=True)
+    assert [token.split("*")[0] for token in twins.batches[-1]] == ["first", "a", "b", "c", "d"]
 
 
 # What the one-worker loop (M.loop_lease) sends: the claim's reads (the lease list's length
