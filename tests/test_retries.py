@@ -71,9 +71,9 @@ def lossy(server: ServerProcess) -> Iterator[tuple[FaultProxy, LostReplies]]:
     proxy.stop()
 
 
-def retries_off(port: int, **options: Any) -> redis.Redis:
+def retries_off(port: int, socket_timeout: float = 2.0) -> redis.Redis:
     """A client through ``port`` with redis-py's own retries off and a short socket timeout."""
-    return redis.Redis(port=port, retry=Retry(NoBackoff(), 0), socket_timeout=2, **options)
+    return redis.Redis(port=port, retry=Retry(NoBackoff(), 0), socket_timeout=socket_timeout)
 
 
 def retrying(proxy: FaultProxy, queue_name: str) -> Rotator:
@@ -185,6 +185,31 @@ def test_on_a_cluster_a_plain_push_goes_under_a_marker_in_the_queues_slot(
         assert queue.ack(*jobs) == 2
     finally:
         queue.client.close()
+
+
+def test_a_claim_blocked_longer_than_the_socket_timeout_is_no_timeout(
+    server: ServerProcess, queue_name: str
+) -> None:
+    """The client a retry_for queue is given has a socket timeout (from_url sets 5 s); a
+    claim blocked longer waits its block out, in both APIs, and is not cut short as a
+    timeout to retry."""
+    queue = Rotator(retries_off(server.port, socket_timeout=0.4), queue_name, retry_for=5)
+    began = time.monotonic()
+    assert queue.next(block=1.0) == []
+    assert time.monotonic() - began >= 1.0
+
+    async def blocked() -> list[Any]:
+        aclient = aredis.Redis(
+            port=server.port, retry=AsyncRetry(NoBackoff(), 0), socket_timeout=0.4
+        )
+        try:
+            return await AsyncRotator(aclient, queue_name, retry_for=5).next(block=1.0)
+        finally:
+            await aclient.aclose()
+
+    began = time.monotonic()
+    assert asyncio.run(blocked()) == []
+    assert time.monotonic() - began >= 1.0
 
 
 # -- lost replies --------------------------------------------------------------------------------
