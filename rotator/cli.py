@@ -27,6 +27,7 @@ import redis
 from click.core import ParameterSource
 from redis.cluster import RedisCluster
 from redis.exceptions import RedisClusterException
+from redis.retry import Retry
 
 from rotator import protocol
 from rotator.core import Rotator
@@ -62,6 +63,7 @@ from rotator.models import (
     WorkSummary,
 )
 from rotator.registry import HELD_SHOWN, PRUNE_AFTER, STALE_AFTER, WorkerInfo
+from rotator.retries import bounded_options
 from rotator.script import function_name, module_path, module_sha, probe_mode
 from rotator.server import EmbeddedServer
 from rotator.sharded import MAX_SHARDS, ShardedRotator, cluster_client
@@ -72,6 +74,12 @@ from rotator.worker import Worker
 
 EXIT_ERROR = 1
 URL_KEY = "rotator.url"  # where --url (root or subcommand) or ROTATOR_URL is kept in ctx.meta
+RETRY_KEY = "rotator.retry_for"  # where --retry-for (or ROTATOR_RETRY_FOR) is kept
+RETRY_HELP = (
+    "Send a queue command again after a failover, a restart or a lost reply, for at most "
+    "this long (Rotator's retry_for; a plain push then goes under a marker, so it lands "
+    "once).  [default: $ROTATOR_RETRY_FOR, else 0: off; a sharded queue's: 10]"
+)
 URL_HELP = (
     "Server: redis://HOST:PORT/DB, rediss://... (TLS), unix:///PATH, or "
     "redis+sentinel://HOST:PORT[,HOST:PORT...]/SERVICE (the master Sentinels name).  "
@@ -102,6 +110,11 @@ def remember_url(ctx: click.Context, param: click.Parameter, value: str | None) 
     except ValueError as error:
         raise click.BadParameter(f"{value!r}: {error}", ctx, param, hint) from error
     ctx.meta[URL_KEY] = value
+
+
+def remember_retry_for(ctx: click.Context, param: click.Parameter, value: float | None) -> None:
+    """Keeps --retry-for (or ROTATOR_RETRY_FOR) for the command's queues (see retry_for)."""
+    ctx.meta[RETRY_KEY] = value or 0.0
 
 
 def url_param(envvar: str | None = None) -> click.Option:
@@ -237,10 +250,17 @@ def lines(rows: Iterable[str]) -> str:
     return "\n".join(rows)
 
 
+def retry_for(ctx: click.Context) -> dict[str, float]:
+    """The queue options --retry-for gives: ``{"retry_for": S}``, or none."""
+    seconds: float = ctx.meta.get(RETRY_KEY, 0.0)
+    return {"retry_for": seconds} if seconds else {}
+
+
 def open_client(ctx: click.Context) -> redis.Redis:
     url = server_url(ctx)
     if url:
-        return client_from_url(url)
+        # (with --retry-for, redis-py's own retries off and socket timeouts set, as from_url)
+        return client_from_url(url, **bounded_options({}, Retry) if retry_for(ctx) else {})
     embedded = EmbeddedServer()
     embedded.start()
     return embedded.client()
@@ -250,7 +270,7 @@ def open_queue(
     ctx: click.Context, name: str, *, must_exist: bool = True, **options: Any
 ) -> Rotator:
     queue_keys(name)  # a bad name fails before any connection is made
-    rotator = Rotator(open_client(ctx), name, **options)
+    rotator = Rotator(open_client(ctx), name, **{**retry_for(ctx), **options})
     if must_exist and not rotator.exists():
         fail(f"unknown queue {name!r} on {where(ctx)}")
     return rotator
@@ -299,6 +319,14 @@ delay_option = click.option(
     expose_value=False,
     callback=remember_url,
     help=URL_HELP,
+)
+@click.option(
+    "--retry-for",
+    type=Seconds(3600, zero=True),
+    envvar="ROTATOR_RETRY_FOR",
+    expose_value=False,
+    callback=remember_retry_for,
+    help=RETRY_HELP,
 )
 @click.version_option(package_name=DISTRIBUTION)
 def main() -> None:
@@ -390,6 +418,7 @@ def open_sharded(
     queue_keys(name)  # a bad name fails before any connection is made
     with cluster_errors(ctx):
         url = cluster_url(ctx, "--shards")
+        options = {**retry_for(ctx), **options}
         sharded = ShardedRotator(cluster_client(url), name, shards=shards, **options)
         if must_exist and not sharded.exists():
             fail(f"unknown queue {name!r} on {where(ctx)}")

@@ -33,6 +33,7 @@ from rotator.retries import CONNECT_TIMEOUT, MARKER_TTL, SOCKET_TIMEOUT
 from tests.chaos.faultproxy import PASS, FaultProxy, Mode
 from tests.helpers import drain, later, monitored
 from tests.servers import ClusterProcess, ServerProcess
+from tests.test_cli import assert_error, ok, run
 
 MODULE_CALLS = {"FCALL", "EVALSHA"}
 
@@ -387,3 +388,35 @@ def test_a_call_gives_up_after_retry_for_and_raises_what_it_last_got(
         queue.push("b")
     took = time.monotonic() - began
     assert 0.5 <= took < 0.5 + CONNECT_TIMEOUT + 1.0  # retry_for, then one try at most
+
+
+# -- the command line ---------------------------------------------------------------------------
+
+
+def test_the_cli_takes_retry_for_and_its_variable_and_pushes_under_a_marker(
+    server: ServerProcess, client: redis.Redis, queue_name: str
+) -> None:
+    ok(run("--url", server.url, "--retry-for", "5", "push", queue_name, "a", "b"))
+    ok(run("--url", server.url, "push", queue_name, "c", env={"ROTATOR_RETRY_FOR": "5"}))
+    ok(run("--url", server.url, "push", queue_name, "d"))  # off: a plain push, no marker
+    markers = list(client.scan_iter(match=Rotator(client, queue_name).keys.push_marker("*")))
+    assert len(markers) == 2
+    assert ring_ids(client, queue_name) == Counter("abcd")
+    for bad in ("-1", "3601", "soon"):
+        assert_error(run("--retry-for", bad, "stats", queue_name), "--retry-for")
+
+
+def test_a_cli_push_made_while_the_server_restarts_lands_once(
+    restartable: ServerProcess, queue_name: str
+) -> None:
+    def crash_and_come_back() -> None:
+        restartable.kill9()
+        time.sleep(1.0)
+        restartable.start()
+
+    with later(0.0, crash_and_come_back):
+        time.sleep(0.3)  # (down)
+        pushed = run("--url", restartable.url, "--retry-for", "20", "push", queue_name, "x")
+    assert ok(pushed).strip() == "1"
+    with restartable.client() as client:
+        assert ring_ids(client, queue_name) == Counter(["x"])
