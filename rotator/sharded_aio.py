@@ -3,10 +3,9 @@
 
 Each method awaits the same flow (:class:`rotator.sharded.ShardedFlows`) its sync twin runs,
 through :class:`rotator.aio.AsyncRetryingSender`: the same bounded retries
-(:class:`rotator.retries.Tries`),
-paused with ``asyncio.sleep``. So the two cannot drift: same layout, routing, wake-ups and
-retries, same methods, arguments and results (a test compares them). See the sync classes
-and :mod:`rotator.sharded` for the semantics.
+(:class:`rotator.retries.Tries`), paused with ``asyncio.sleep``. So the two cannot drift: same
+layout, routing, wake-ups and retries, same methods, arguments and results (a test compares
+them). See the sync classes and :mod:`rotator.sharded` for the semantics.
 
 One difference: a constructor cannot await, so a queue opened with its stored shard count
 is opened by ``await AsyncShardedRotator.open(cluster, name)`` (``shards=None``).
