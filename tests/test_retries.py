@@ -15,6 +15,7 @@ import asyncio
 import time
 from collections import Counter
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -335,6 +336,15 @@ def restartable(tmp_path: Path) -> Iterator[ServerProcess]:
         yield server
 
 
+@contextmanager
+def down_for(server: ServerProcess, seconds: float) -> Iterator[None]:
+    """``server`` killed (``kill -9``) as the block begins, and started again on its port
+    ``seconds`` later while the block runs: the block's calls meet it down."""
+    server.kill9()
+    with later(seconds, server.start):
+        yield
+
+
 def test_calls_made_while_the_server_restarts_go_through_once_it_is_back(
     restartable: ServerProcess, queue_name: str
 ) -> None:
@@ -344,13 +354,7 @@ def test_calls_made_while_the_server_restarts_go_through_once_it_is_back(
     queue.push("before")
     assert [job.id for job in queue.next(1)] == ["before"]
 
-    def crash_and_come_back() -> None:
-        restartable.kill9()
-        time.sleep(1.5)
-        restartable.start()
-
-    with later(0.0, crash_and_come_back):
-        time.sleep(0.3)  # (down)
+    with down_for(restartable, 1.5):
         began = time.monotonic()
         assert queue.push("during") == 1
         waited = time.monotonic() - began
@@ -367,8 +371,7 @@ def test_async_calls_made_while_the_server_restarts_go_through_once_it_is_back(
         queue = AsyncRotator.from_url(restartable.url, queue_name, retry_for=20)
         try:
             await queue.push("before")
-            restartable.kill9()
-            with later(1.0, restartable.start):
+            with down_for(restartable, 1.0):
                 assert await queue.push("during") == 1
             return [job.id for job in await queue.next(5)]
         finally:
@@ -409,13 +412,7 @@ def test_the_cli_takes_retry_for_and_its_variable_and_pushes_under_a_marker(
 def test_a_cli_push_made_while_the_server_restarts_lands_once(
     restartable: ServerProcess, queue_name: str
 ) -> None:
-    def crash_and_come_back() -> None:
-        restartable.kill9()
-        time.sleep(1.0)
-        restartable.start()
-
-    with later(0.0, crash_and_come_back):
-        time.sleep(0.3)  # (down)
+    with down_for(restartable, 1.0):
         pushed = run("--url", restartable.url, "--retry-for", "20", "push", queue_name, "x")
     assert ok(pushed).strip() == "1"
     with restartable.client() as client:
