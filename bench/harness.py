@@ -97,6 +97,23 @@ def write_results(
     return data
 
 
+class ServerTable:
+    """A markdown table of a run's figures: a column per server (``results``: kind -> its
+    figures, with the server's ``version``), a row per :meth:`add`."""
+
+    def __init__(self, results: dict[str, dict[str, Any]]) -> None:
+        self.results = list(results.values())
+        head = " | ".join(f"{kind} {found['version']}" for kind, found in results.items())
+        self.lines = [f"| | {head} |", "|---|" + "---:|" * len(results)]
+
+    def add(self, label: str, cell: Callable[[dict[str, Any]], str]) -> None:
+        """A row: ``label``, then ``cell`` of each server's figures."""
+        self.lines.append(f"| {label} | " + " | ".join(cell(r) for r in self.results) + " |")
+
+    def text(self) -> str:
+        return "\n".join(self.lines)
+
+
 # run(servers, mode, workdir, out, log): measures, writes out/<name>.json, returns its data.
 BenchRun = Callable[..., dict[str, Any]]
 

@@ -50,6 +50,7 @@ import redis
 
 from bench.bounds import wait_lazyfree
 from bench.harness import (
+    ServerTable,
     load_now,
     machine_info,
     module_info,
@@ -57,7 +58,17 @@ from bench.harness import (
     started,
     write_results,
 )
-from bench.unique import Timed, ids, median, memory, ratio_row, summary, timed
+from bench.unique import (
+    Timed,
+    compared,
+    ids,
+    median,
+    memory,
+    ratio_row,
+    round_line,
+    summary,
+    timed,
+)
 from rotator import Job, Rotator
 from rotator.protocol import text
 
@@ -268,26 +279,9 @@ def push_rows(client: redis.Redis, sizes: Sizes, log: Log) -> dict[str, Any]:
                     raise RuntimeError(f"push {case}: {run.result} ids taken, not {n}")
                 runs[batch, case].append(run)
                 q.delete()
-            log(
-                f"  push round {rnd} batch {batch:>3}: "
-                + ", ".join(
-                    f"{case} {runs[batch, case][-1].server_us_each:.2f} / "
-                    f"{runs[batch, case][-1].wall_us_each:.1f}"
-                    for case in PUSH_CASES
-                )
-                + " (server / wall us an id)"
-            )
+            log(round_line(runs, rnd, batch, PUSH_CASES))
             wait_lazyfree(client)
-    rows = [
-        {"batch": batch, "case": case, "ids": runs[batch, case][0].n, **summary(runs[batch, case])}
-        for batch in BATCHES
-        for case in PUSH_CASES
-    ]
-    ratios = [
-        {"batch": batch, **ratio_row(runs[batch, "priority"], runs[batch, "plain"])}
-        for batch in BATCHES
-    ]
-    return {"via": runs[1, "plain"][0].via, "rows": rows, "ratios": ratios}
+    return compared(runs, PUSH_CASES, "priority")
 
 
 # -- 4. memory ------------------------------------------------------------------------------------
@@ -365,13 +359,8 @@ QUEUE_LABELS = {
 
 
 def markdown(data: dict[str, Any]) -> str:
-    kinds = list(data["results"])
-    results = [data["results"][k] for k in kinds]
-    head = "| | " + " | ".join(f"{k} {r['version']}" for k, r in zip(kinds, results, strict=True))
-    lines = [head + " |", "|---|" + "---:|" * len(kinds)]
-
-    def add(label: str, cell: Callable[[dict[str, Any]], str]) -> None:
-        lines.append(f"| {label} | " + " | ".join(cell(r) for r in results) + " |")
+    table = ServerTable(data["results"])
+    add = table.add
 
     def claim(section: str, batch: int, kind: str) -> Callable[[dict[str, Any]], str]:
         def cell(r: dict[str, Any]) -> str:
@@ -441,7 +430,7 @@ def markdown(data: dict[str, Any]) -> str:
             "pending in the ring)",
             mem(held),
         )
-    return "\n".join(lines)
+    return table.text()
 
 
 def report(data: dict[str, Any]) -> str:

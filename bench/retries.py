@@ -30,8 +30,16 @@ from typing import Any
 import redis
 
 from bench.bounds import wait_lazyfree
-from bench.harness import load_now, machine_info, module_info, standard_main, started, write_results
-from bench.unique import BATCHES, Timed, ids, ratio_row, summary, timed
+from bench.harness import (
+    ServerTable,
+    load_now,
+    machine_info,
+    module_info,
+    standard_main,
+    started,
+    write_results,
+)
+from bench.unique import BATCHES, Runs, compared, ids, round_line, timed
 from rotator import Rotator
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -64,7 +72,7 @@ def markers(client: redis.Redis, q: Rotator) -> list[bytes]:
 
 
 def push_rows(client: redis.Redis, sizes: Sizes, log: Log) -> dict[str, Any]:
-    runs: dict[tuple[int, str], list[Timed]] = {(b, c): [] for b in BATCHES for c in CASES}
+    runs: Runs = {(b, c): [] for b in BATCHES for c in CASES}
     for rnd in range(sizes.rounds):
         for batch in BATCHES:
             n = sizes.push_one if batch == 1 else sizes.push_batch
@@ -82,29 +90,12 @@ def push_rows(client: redis.Redis, sizes: Sizes, log: Log) -> dict[str, Any]:
             left = len(markers(client, queues["retry_for"]))
             if left != n // batch:  # one marker a push call
                 raise RuntimeError(f"{left} markers after {n // batch} marked push calls")
-            log(
-                f"  push round {rnd} batch {batch:>3}: "
-                + ", ".join(
-                    f"{case} {runs[batch, case][-1].server_us_each:.2f} / "
-                    f"{runs[batch, case][-1].wall_us_each:.1f}"
-                    for case in CASES
-                )
-                + " (server / wall us an id)"
-            )
+            log(round_line(runs, rnd, batch, CASES))
             for q in queues.values():
                 q.delete()
             client.delete(*markers(client, queues["retry_for"]))
             wait_lazyfree(client)
-    rows = [
-        {"batch": batch, "case": case, "ids": runs[batch, case][0].n, **summary(runs[batch, case])}
-        for batch in BATCHES
-        for case in CASES
-    ]
-    ratios = [
-        {"batch": batch, **ratio_row(runs[batch, "retry_for"], runs[batch, "plain"])}
-        for batch in BATCHES
-    ]
-    return {"via": runs[1, "plain"][0].via, "rows": rows, "ratios": ratios}
+    return compared(runs, CASES, "retry_for")
 
 
 def marker_memory(client: redis.Redis) -> list[dict[str, Any]]:
@@ -142,13 +133,8 @@ CASE_LABELS = {"plain": "plain push (`push`)", "retry_for": "with `retry_for` (`
 
 
 def markdown(data: dict[str, Any]) -> str:
-    kinds = list(data["results"])
-    results = [data["results"][k] for k in kinds]
-    head = "| | " + " | ".join(f"{k} {r['version']}" for k, r in zip(kinds, results, strict=True))
-    lines = [head + " |", "|---|" + "---:|" * len(kinds)]
-
-    def add(label: str, cell: Callable[[dict[str, Any]], str]) -> None:
-        lines.append(f"| {label} | " + " | ".join(cell(r) for r in results) + " |")
+    table = ServerTable(data["results"])
+    add = table.add
 
     def push(batch: int, case: str) -> Callable[[dict[str, Any]], str]:
         def cell(r: dict[str, Any]) -> str:
@@ -181,7 +167,7 @@ def markdown(data: dict[str, Any]) -> str:
         add(f"`retry_for` over plain, {batch} a call (server / wall time)", ratio(batch))
     for batch in BATCHES:
         add(f"a push call's marker, {batch} id(s) a call (memory, kept)", memory(batch))
-    return "\n".join(lines)
+    return table.text()
 
 
 def report(data: dict[str, Any]) -> str:

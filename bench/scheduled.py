@@ -69,6 +69,7 @@ import redis
 
 from bench.bounds import server_ms, wait_lazyfree
 from bench.harness import (
+    ServerTable,
     load_now,
     machine_info,
     module_info,
@@ -708,13 +709,8 @@ def _num(value: float | None, fmt: str = ",.2f") -> str:
 def markdown(data: dict[str, Any]) -> str:
     sizes = data["sizes"]
     far = sizes["far"]
-    kinds = list(data["results"])
-    results = [data["results"][k] for k in kinds]
-    head = "| | " + " | ".join(f"{k} {r['version']}" for k, r in zip(kinds, results, strict=True))
-    lines = [head + " |", "|---|" + "---:|" * len(kinds)]
-
-    def add(label: str, cell: Callable[[dict[str, Any]], str]) -> None:
-        lines.append(f"| {label} | " + " | ".join(cell(r) for r in results) + " |")
+    table = ServerTable(data["results"])
+    add = table.add
 
     def claim(batch: int, held: int) -> Callable[[dict[str, Any]], str]:
         def cell(r: dict[str, Any]) -> str:
@@ -794,7 +790,7 @@ def markdown(data: dict[str, Any]) -> str:
         tick("load"),
     )
     rounds = sizes["idle_rounds"]
-    hz = results[0]["config"].get("hz", "10")
+    hz = table.results[0]["config"].get("hz", "10")
     add(f"delay after due, idle `next(1, block=5)`, hz {hz}, {rounds} rounds", tick("idle"))
     add(f"delay after due, idle, hz 100, {rounds} rounds", tick("idle_hz100"))
     every = f"`schedule(every={SCHEDULE_EVERY_S:g})`"
@@ -808,7 +804,7 @@ def markdown(data: dict[str, Any]) -> str:
         tick("schedule_idle"),
     )
     add(f"recurring tick lateness, idle, hz 100, {rounds} ticks", tick("schedule_idle_hz100"))
-    return "\n".join(lines)
+    return table.text()
 
 
 def report(data: dict[str, Any]) -> str:

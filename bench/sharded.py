@@ -91,6 +91,7 @@ from redis.crc import REDIS_CLUSTER_HASH_SLOTS
 
 from bench.bounds import wait_lazyfree
 from bench.harness import (
+    ServerTable,
     load_now,
     machine_info,
     module_info,
@@ -945,13 +946,8 @@ def model_text(kind: str, result: dict[str, Any], data: dict[str, Any]) -> str:
 
 
 def markdown(data: dict[str, Any]) -> str:
-    kinds = list(data["results"])
-    results = [data["results"][k] for k in kinds]
-    head = "| | " + " | ".join(f"{k} {r['version']}" for k, r in zip(kinds, results, strict=True))
-    lines = [head + " |", "|---|" + "---:|" * len(kinds)]
-
-    def add(label: str, cell: Callable[[dict[str, Any]], str]) -> None:
-        lines.append(f"| {label} | " + " | ".join(cell(r) for r in results) + " |")
+    table = ServerTable(data["results"])
+    add = table.add
 
     def each(section: str, field: str, fmt: str) -> Callable[[dict[str, Any]], str]:
         def cell(r: dict[str, Any]) -> str:
@@ -1036,7 +1032,7 @@ def markdown(data: dict[str, Any]) -> str:
     add(f"wake latency ms, {SHARDS} shards, 3 masters, push to another master: p99", woken(
         "sharded", "p99_ms"))  # fmt: skip
     add("wake latency, sharded over one queue (p50 / p99)", wake_ratio)
-    return "\n".join(lines)
+    return table.text()
 
 
 def wake_text(data: dict[str, Any]) -> str:

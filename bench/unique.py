@@ -52,6 +52,7 @@ import redis
 
 from bench.bounds import wait_lazyfree
 from bench.harness import (
+    ServerTable,
     load_now,
     machine_info,
     module_info,
@@ -169,6 +170,36 @@ def ratio_row(tests: list[Timed], bases: list[Timed]) -> dict[str, Any]:
     }
 
 
+# A push section's runs: (batch, case) -> one Timed a round.
+Runs = dict[tuple[int, str], list[Timed]]
+
+
+def round_line(runs: Runs, rnd: int, batch: int, cases: Sequence[str]) -> str:
+    """The log line of a push round: each case's server / wall µs an id."""
+    figures = ", ".join(
+        f"{case} {runs[batch, case][-1].server_us_each:.2f} / "
+        f"{runs[batch, case][-1].wall_us_each:.1f}"
+        for case in cases
+    )
+    return f"  push round {rnd} batch {batch:>3}: {figures} (server / wall us an id)"
+
+
+def case_rows(runs: Runs, cases: Sequence[str]) -> list[dict[str, Any]]:
+    """Each case's figures, by batch (BATCHES)."""
+    return [
+        {"batch": batch, "case": case, "ids": runs[batch, case][0].n, **summary(runs[batch, case])}
+        for batch in BATCHES
+        for case in cases
+    ]
+
+
+def compared(runs: Runs, cases: Sequence[str], test: str, base: str = "plain") -> dict[str, Any]:
+    """A push section: each case's figures and ``test`` over ``base`` (within each round), by
+    batch, and how the module was called."""
+    ratios = [{"batch": b, **ratio_row(runs[b, test], runs[b, base])} for b in BATCHES]
+    return {"via": runs[1, base][0].via, "rows": case_rows(runs, cases), "ratios": ratios}
+
+
 # -- 1. pushes ------------------------------------------------------------------------------------
 
 
@@ -179,7 +210,7 @@ def push_ids(q: Rotator, every: list[str], batch: int, *, unique: bool) -> int:
 
 
 def push_rows(client: redis.Redis, sizes: Sizes, log: Log) -> dict[str, Any]:
-    runs: dict[tuple[int, str], list[Timed]] = {(b, c): [] for b in BATCHES for c in PUSH_CASES}
+    runs: Runs = {(b, c): [] for b in BATCHES for c in PUSH_CASES}
     for rnd in range(sizes.rounds):
         for batch in BATCHES:
             n = sizes.push_one if batch == 1 else sizes.push_batch
@@ -199,29 +230,16 @@ def push_rows(client: redis.Redis, sizes: Sizes, log: Log) -> dict[str, Any]:
                 if run.result != expected:
                     raise RuntimeError(f"push {case}: {run.result} ids taken, not {expected}")
                 runs[batch, case].append(run)
-            log(
-                f"  push round {rnd} batch {batch:>3}: "
-                + ", ".join(
-                    f"{case} {runs[batch, case][-1].server_us_each:.2f} / "
-                    f"{runs[batch, case][-1].wall_us_each:.1f}"
-                    for case in PUSH_CASES
-                )
-                + " (server / wall us an id)"
-            )
+            log(round_line(runs, rnd, batch, PUSH_CASES))
             plain.delete()
             tracked_q.delete()
             wait_lazyfree(client)
-    rows = [
-        {"batch": batch, "case": case, "ids": runs[batch, case][0].n, **summary(runs[batch, case])}
-        for batch in BATCHES
-        for case in PUSH_CASES
-    ]
     ratios = [
         {"batch": batch, "case": case, **ratio_row(runs[batch, case], runs[batch, "plain"])}
         for batch in BATCHES
         for case in ("new", "held")
     ]
-    return {"via": runs[1, "plain"][0].via, "rows": rows, "ratios": ratios}
+    return {"via": runs[1, "plain"][0].via, "rows": case_rows(runs, PUSH_CASES), "ratios": ratios}
 
 
 # -- 2. memory ------------------------------------------------------------------------------------
@@ -475,13 +493,8 @@ STATE_LABELS = {"scheduled": "scheduled", "waiting": "waiting", "in_flight": "in
 
 
 def markdown(data: dict[str, Any]) -> str:
-    kinds = list(data["results"])
-    results = [data["results"][k] for k in kinds]
-    head = "| | " + " | ".join(f"{k} {r['version']}" for k, r in zip(kinds, results, strict=True))
-    lines = [head + " |", "|---|" + "---:|" * len(kinds)]
-
-    def add(label: str, cell: Callable[[dict[str, Any]], str]) -> None:
-        lines.append(f"| {label} | " + " | ".join(cell(r) for r in results) + " |")
+    table = ServerTable(data["results"])
+    add = table.add
 
     def push(batch: int, case: str) -> Callable[[dict[str, Any]], str]:
         def cell(r: dict[str, Any]) -> str:
@@ -555,7 +568,7 @@ def markdown(data: dict[str, Any]) -> str:
                 "the sweep that drops it, server µs an id)",
                 cancel(state, batch),
             )
-    return "\n".join(lines)
+    return table.text()
 
 
 def report(data: dict[str, Any]) -> str:
