@@ -8,7 +8,7 @@ import assert from "node:assert/strict";
 import { randomBytes } from "node:crypto";
 import { readFileSync, readdirSync } from "node:fs";
 import { join } from "node:path";
-import { after, before, describe, test } from "node:test";
+import { describe, test } from "node:test";
 import type Redis from "ioredis";
 import {
   KEY_ROLES,
@@ -22,7 +22,7 @@ import {
   queueKeys,
   topicKeys,
 } from "../dist/index";
-import { KINDS, ROOT, ServerProcess } from "./servers";
+import { KINDS, ROOT, serveTests } from "./servers";
 
 type Value = string | number | null | Value[];
 type Step = Record<string, unknown> & {
@@ -252,16 +252,8 @@ test("the scenario files are there", () => {
 // (and on Redis 6.2 and 8.2, the oldest and the newest Redis: the module by EVALSHA on 6.2)
 for (const kind of [...KINDS, "redis6" as const, "redis8" as const]) {
   describe(`conformance on ${kind}`, () => {
-    const server = new ServerProcess(kind);
     let redis: Redis;
-    before(async () => {
-      await server.start();
-      redis = server.client();
-    });
-    after(() => {
-      redis?.disconnect();
-      server.stop();
-    });
+    serveTests(kind, (client) => (redis = client));
     for (const file of FILES) {
       const data = JSON.parse(readFileSync(join(HERE, file), "utf8")) as ScenarioFile;
       describe(file, () => {

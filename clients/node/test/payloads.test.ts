@@ -5,33 +5,23 @@
  * Node on one such queue: tests/test_interop.py.
  */
 import assert from "node:assert/strict";
-import { after, before, describe, test } from "node:test";
+import { describe, test } from "node:test";
 import type Redis from "ioredis";
 import { InvalidArgument, type Job, NotTracked, Rotator, Topic } from "../dist/index";
-import { KINDS, ServerProcess, commandStat, uniqueName } from "./servers";
+import { KINDS, commandStat, serveTests, uniqueName } from "./servers";
 
 const BINARY = Buffer.from([0x80, 0x00, 0xff, 0x2a]); // not UTF-8, with a NUL and a "*"
 
 for (const kind of KINDS) {
   describe(`a queue with payloads on ${kind}`, () => {
-    const server = new ServerProcess(kind);
     let redis: Redis;
     const queues: Rotator[] = [];
+    serveTests(kind, (client) => (redis = client), queues);
     const queue = (label: string, options: ConstructorParameters<typeof Rotator>[2] = {}): Rotator => {
       const made = new Rotator(redis, uniqueName(label), { payloads: true, ...options });
       queues.push(made);
       return made;
     };
-
-    before(async () => {
-      await server.start();
-      redis = server.client();
-    });
-    after(async () => {
-      for (const made of queues) await made.close();
-      redis?.disconnect();
-      server.stop();
-    });
 
     test("each job comes with its payload, byte for byte; an ack deletes it", async () => {
       const q = queue("basic");

@@ -1,6 +1,6 @@
 /** The Rotator API against real servers: Redis 7 and Valkey 8, each started here. */
 import assert from "node:assert/strict";
-import { after, before, describe, test } from "node:test";
+import { describe, test } from "node:test";
 import type Redis from "ioredis";
 import {
   InvalidArgument,
@@ -14,30 +14,20 @@ import {
   moduleSha,
   queueKeys,
 } from "../dist/index";
-import { KINDS, ServerProcess, uniqueName } from "./servers";
+import { KINDS, serveTests, uniqueName } from "./servers";
 
 const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms));
 
 for (const kind of KINDS) {
   describe(`Rotator on ${kind}`, () => {
-    const server = new ServerProcess(kind);
     let redis: Redis;
     const queues: Rotator[] = [];
+    serveTests(kind, (client) => (redis = client), queues);
     const queue = (label: string, options: ConstructorParameters<typeof Rotator>[2] = {}): Rotator => {
       const made = new Rotator(redis, uniqueName(label), options);
       queues.push(made);
       return made;
     };
-
-    before(async () => {
-      await server.start();
-      redis = server.client();
-    });
-    after(async () => {
-      for (const made of queues) await made.close();
-      redis?.disconnect();
-      server.stop();
-    });
 
     test("keys are built as rotator/keys.py builds them", () => {
       const keys = queueKeys("orders");

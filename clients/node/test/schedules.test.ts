@@ -4,10 +4,10 @@
  * cron schedule read here: tests/test_interop.py.
  */
 import assert from "node:assert/strict";
-import { after, before, describe, test } from "node:test";
+import { describe, test } from "node:test";
 import type Redis from "ioredis";
 import { InvalidArgument, InvalidJobId, Rotator, decodeSchedules, formatG } from "../dist/index";
-import { KINDS, ServerProcess, uniqueName } from "./servers";
+import { KINDS, serveTests, uniqueName } from "./servers";
 
 const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms));
 
@@ -36,17 +36,8 @@ test("a cron schedule's spec is split into its expression and zone", () => {
 
 for (const kind of KINDS) {
   describe(`schedules on ${kind}`, () => {
-    const server = new ServerProcess(kind);
     let redis: Redis;
-
-    before(async () => {
-      await server.start();
-      redis = server.client();
-    });
-    after(() => {
-      redis?.disconnect();
-      server.stop();
-    });
+    serveTests(kind, (client) => (redis = client));
 
     test("a claim fires each tick once; declaring it again changes nothing", async () => {
       const q = new Rotator(redis, uniqueName("every"));

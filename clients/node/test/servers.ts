@@ -9,6 +9,7 @@ import { accessSync, constants, existsSync, mkdtempSync, rmSync } from "node:fs"
 import { createServer } from "node:net";
 import { tmpdir } from "node:os";
 import { delimiter, join, resolve } from "node:path";
+import { after, before } from "node:test";
 import Redis from "ioredis";
 
 /** Beyond Redis 7.0 and Valkey 8.1, which every test runs on, the conformance suite runs on
@@ -182,4 +183,27 @@ export function uniqueName(label: string): string {
  * the command has no line yet. */
 export function commandStat(info: string, command: string, field = "calls"): number {
   return Number(new RegExp(`cmdstat_${command}:.*\\b${field}=(\\d+)`).exec(info)?.[1] ?? 0);
+}
+
+/** Inside a describe block: a server of `kind` started before its tests, and a client of it
+ * handed to `connected`; after them, what `closing` holds closed (the Rotators or groups the
+ * tests made), then the client and the server. Returns the server. */
+export function serveTests(
+  kind: Kind,
+  connected: (client: Redis) => void,
+  closing: ReadonlyArray<{ close(): Promise<void> }> = [],
+): ServerProcess {
+  const server = new ServerProcess(kind);
+  let client: Redis | undefined;
+  before(async () => {
+    await server.start();
+    client = server.client();
+    connected(client);
+  });
+  after(async () => {
+    for (const made of closing) await made.close();
+    client?.disconnect();
+    server.stop();
+  });
+  return server;
 }

@@ -1,6 +1,6 @@
 /** Topics against real servers: Redis 7 and Valkey 8, each started here. */
 import assert from "node:assert/strict";
-import { after, before, describe, test } from "node:test";
+import { describe, test } from "node:test";
 import type Redis from "ioredis";
 import {
   GroupsChanged,
@@ -12,7 +12,7 @@ import {
   retentionArgs,
   topicKeys,
 } from "../dist/index";
-import { KINDS, ServerProcess, commandStat, uniqueName } from "./servers";
+import { KINDS, commandStat, serveTests, uniqueName } from "./servers";
 
 /** Module calls so far, by EVALSHA and FCALL, from INFO commandstats. */
 function moduleCalls(info: string): number {
@@ -21,24 +21,14 @@ function moduleCalls(info: string): number {
 
 for (const kind of KINDS) {
   describe(`Topic on ${kind}`, () => {
-    const server = new ServerProcess(kind);
     let redis: Redis;
     const groups: TopicGroup[] = [];
+    serveTests(kind, (client) => (redis = client), groups);
     const consumer = (topic: Topic, group: string, options: { timeout?: number; functions?: boolean } = {}): TopicGroup => {
       const made = topic.group(group, options);
       groups.push(made);
       return made;
     };
-
-    before(async () => {
-      await server.start();
-      redis = server.client();
-    });
-    after(async () => {
-      for (const made of groups) await made.close();
-      redis?.disconnect();
-      server.stop();
-    });
 
     test("keys are built as rotator/keys.py builds them", () => {
       const t = new Topic(redis, "news");

@@ -4,27 +4,18 @@ import { spawn } from "node:child_process";
 import { mkdtempSync, readFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { after, before, describe, test } from "node:test";
+import { describe, test } from "node:test";
 import type Redis from "ioredis";
 import { type Job, Rotator, UnknownFormat, retryDelay } from "../dist/index";
-import { KINDS, ROOT, ServerProcess, uniqueName } from "./servers";
+import { KINDS, ROOT, serveTests, uniqueName } from "./servers";
 
 const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms));
 const quiet = { warn: () => undefined, error: () => undefined };
 
 for (const kind of KINDS) {
   describe(`work on ${kind}`, () => {
-    const server = new ServerProcess(kind);
     let redis: Redis;
-
-    before(async () => {
-      await server.start();
-      redis = server.client();
-    });
-    after(() => {
-      redis?.disconnect();
-      server.stop();
-    });
+    const server = serveTests(kind, (client) => (redis = client));
 
     test("runs every job, concurrently, and acks it", async () => {
       const q = new Rotator(redis, uniqueName("work"));
