@@ -64,6 +64,7 @@ from bench.unique import (
     ids,
     median,
     memory,
+    push_cell,
     ratio_row,
     round_line,
     summary,
@@ -397,13 +398,6 @@ def markdown(data: dict[str, Any]) -> str:
             ratio("control", batch, "after"),
         )
 
-    def push(batch: int, case: str) -> Callable[[dict[str, Any]], str]:
-        def cell(r: dict[str, Any]) -> str:
-            row = next(p for p in r["push"]["rows"] if (p["batch"], p["case"]) == (batch, case))
-            return f"{row['median_server_us_each']:.2f} / {row['median_wall_us_each']:.1f}"
-
-        return cell
-
     def push_ratio(batch: int) -> Callable[[dict[str, Any]], str]:
         def cell(r: dict[str, Any]) -> str:
             row = next(p for p in r["push"]["ratios"] if p["batch"] == batch)
@@ -414,7 +408,7 @@ def markdown(data: dict[str, Any]) -> str:
     for batch in BATCHES:
         for case in PUSH_CASES:
             label = "plain push" if case == "plain" else f"push at priority {LEVEL}"
-            add(f"{label}, {batch} a call (server / wall µs an id)", push(batch, case))
+            add(f"{label}, {batch} a call (server / wall µs an id)", push_cell(batch, case))
         add(f"server time, priority over plain, {batch} a call", push_ratio(batch))
 
     def mem(held: int) -> Callable[[dict[str, Any]], str]:

@@ -39,7 +39,7 @@ from bench.harness import (
     started,
     write_results,
 )
-from bench.unique import BATCHES, Runs, compared, ids, round_line, timed
+from bench.unique import BATCHES, Runs, compared, ids, push_cell, round_line, timed
 from rotator import Rotator
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -136,13 +136,6 @@ def markdown(data: dict[str, Any]) -> str:
     table = ServerTable(data["results"])
     add = table.add
 
-    def push(batch: int, case: str) -> Callable[[dict[str, Any]], str]:
-        def cell(r: dict[str, Any]) -> str:
-            row = next(p for p in r["push"]["rows"] if (p["batch"], p["case"]) == (batch, case))
-            return f"{row['median_server_us_each']:.2f} / {row['median_wall_us_each']:.1f}"
-
-        return cell
-
     def ratio(batch: int) -> Callable[[dict[str, Any]], str]:
         def cell(r: dict[str, Any]) -> str:
             row = next(p for p in r["push"]["ratios"] if p["batch"] == batch)
@@ -163,7 +156,10 @@ def markdown(data: dict[str, Any]) -> str:
 
     for batch in BATCHES:
         for case in CASES:
-            add(f"{CASE_LABELS[case]}, {batch} a call (server / wall µs an id)", push(batch, case))
+            add(
+                f"{CASE_LABELS[case]}, {batch} a call (server / wall µs an id)",
+                push_cell(batch, case),
+            )
         add(f"`retry_for` over plain, {batch} a call (server / wall time)", ratio(batch))
     for batch in BATCHES:
         add(f"a push call's marker, {batch} id(s) a call (memory, kept)", memory(batch))

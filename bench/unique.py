@@ -193,6 +193,16 @@ def case_rows(runs: Runs, cases: Sequence[str]) -> list[dict[str, Any]]:
     ]
 
 
+def push_cell(batch: int, case: str) -> Callable[[dict[str, Any]], str]:
+    """A table cell of a push section's figures (case_rows'): server / wall µs an id."""
+
+    def cell(r: dict[str, Any]) -> str:
+        row = next(p for p in r["push"]["rows"] if (p["batch"], p["case"]) == (batch, case))
+        return f"{row['median_server_us_each']:.2f} / {row['median_wall_us_each']:.1f}"
+
+    return cell
+
+
 def compared(runs: Runs, cases: Sequence[str], test: str, base: str = "plain") -> dict[str, Any]:
     """A push section: each case's figures and ``test`` over ``base`` (within each round), by
     batch, and how the module was called."""
@@ -496,13 +506,6 @@ def markdown(data: dict[str, Any]) -> str:
     table = ServerTable(data["results"])
     add = table.add
 
-    def push(batch: int, case: str) -> Callable[[dict[str, Any]], str]:
-        def cell(r: dict[str, Any]) -> str:
-            row = next(p for p in r["push"]["rows"] if (p["batch"], p["case"]) == (batch, case))
-            return f"{row['median_server_us_each']:.2f} / {row['median_wall_us_each']:.1f}"
-
-        return cell
-
     def push_ratio(batch: int) -> Callable[[dict[str, Any]], str]:
         def cell(r: dict[str, Any]) -> str:
             got = {p["case"]: p for p in r["push"]["ratios"] if p["batch"] == batch}
@@ -512,7 +515,10 @@ def markdown(data: dict[str, Any]) -> str:
 
     for batch in BATCHES:
         for case in PUSH_CASES:
-            add(f"{CASE_LABELS[case]}, {batch} a call (server / wall µs an id)", push(batch, case))
+            add(
+                f"{CASE_LABELS[case]}, {batch} a call (server / wall µs an id)",
+                push_cell(batch, case),
+            )
         add(f"server time over the plain push, {batch} a call (new / held)", push_ratio(batch))
 
     def mem(state: str, held: int) -> Callable[[dict[str, Any]], str]:
