@@ -1,4 +1,5 @@
-"""What ``retry_for`` costs a producer: a plain push as ``push_chunk`` under a marker.
+"""What ``retry_for`` costs a producer: a plain push as ``push_chunk`` under a marker, and a
+topic's publish as ``tpublish_chunk``.
 
     .venv/bin/python -m bench.retries [--smoke | --quick] [--servers redis,valkey]
         [--out DIR] [--table]
@@ -12,7 +13,9 @@ call (``push(id)``) and 100 a call (``push(*ids)``), without and with
 only) and client wall µs per id. Interleaved rounds, each on fresh queues, the order
 alternating from round to round; the ratio with over without is taken within each round,
 and the median given. And the memory a push call's marker takes while it lives
-(``MEMORY USAGE ... SAMPLES 0``), for a call of 1 and of 100 ids.
+(``MEMORY USAGE ... SAMPLES 0``), for a call of 1 and of 100 ids. The same for a topic with one
+group (``Topic.publish_many``, 16-byte payloads, one call a publish), whose marker keeps the
+ids it published (their ms, first seq and count).
 
 Results: ``bench/results/retries.json`` and ``retries.md`` (``--out``); ``--table`` prints
 the table of an earlier run. Full sizes take about a minute on this 2-core VM.
@@ -40,7 +43,7 @@ from bench.harness import (
     write_results,
 )
 from bench.unique import BATCHES, Runs, compared, ids, push_cell, round_line, timed
-from rotator import Rotator
+from rotator import Rotator, Topic
 
 RESULTS = Path(__file__).resolve().parent / "results"
 RETRY_FOR = 10.0
@@ -67,44 +70,86 @@ def push_ids(q: Rotator, every: list[str], batch: int) -> int:
     return sum(q.push(*every[at : at + batch]) for at in range(0, len(every), batch))
 
 
-def markers(client: redis.Redis, q: Rotator) -> list[bytes]:
-    return list(client.scan_iter(match=q.keys.push_marker("*"), count=10_000))
+def publish_ids(topic: Topic, every: list[str], batch: int) -> int:
+    """``every`` published ``batch`` a call, a ``publish_many`` each (so a marker each)."""
+    return sum(
+        len(topic.publish_many(every[at : at + batch])) for at in range(0, len(every), batch)
+    )
 
 
-def push_rows(client: redis.Redis, sizes: Sizes, log: Log) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Producer:
+    """What a section measures: a push to a queue, or a publish to a topic of one group."""
+
+    what: str  # "push" or "publish"
+    make: Callable[[redis.Redis, str, float], Any]  # (client, name, retry_for) -> its object
+    send: Callable[[Any, list[str], int], int]  # (object, ids, batch) -> how many went
+    marker: Callable[[Any], str]  # the object's marker pattern
+    delete: Callable[[Any], None]
+
+
+def make_topic(client: redis.Redis, name: str, retry_for: float) -> Topic:
+    topic = Topic(client, name, retry_for=retry_for)
+    topic.subscribe("g")
+    return topic
+
+
+PUSH = Producer(
+    "push",
+    lambda client, name, retry_for: Rotator(client, name, retry_for=retry_for),
+    push_ids,
+    lambda q: q.keys.push_marker("*"),
+    lambda q: q.delete(),
+)
+PUBLISH = Producer(
+    "publish",
+    make_topic,
+    publish_ids,
+    lambda topic: topic.keys.publish_marker("*"),
+    lambda topic: topic.delete(),
+)
+
+
+def markers(client: redis.Redis, pattern: str) -> list[bytes]:
+    return list(client.scan_iter(match=pattern, count=10_000))
+
+
+def marked_rows(client: redis.Redis, sizes: Sizes, log: Log, producer: Producer) -> dict[str, Any]:
     runs: Runs = {(b, c): [] for b in BATCHES for c in CASES}
+    what = producer.what
     for rnd in range(sizes.rounds):
         for batch in BATCHES:
             n = sizes.push_one if batch == 1 else sizes.push_batch
-            queues = {
-                "plain": Rotator(client, f"retries-plain-{rnd}-{batch}"),
-                "retry_for": Rotator(client, f"retries-marked-{rnd}-{batch}", retry_for=RETRY_FOR),
+            made = {
+                case: producer.make(client, f"retries-{what}-{case}-{rnd}-{batch}", retry_for)
+                for case, retry_for in zip(CASES, (0.0, RETRY_FOR), strict=True)
             }
             order = CASES if rnd % 2 == 0 else CASES[::-1]
             for case in order:
-                q = queues[case]
-                run = timed(client, n, partial(push_ids, q, ids(f"{case[0]}{rnd}", n), batch))
+                every = ids(f"{case[0]}{rnd}", n)
+                run = timed(client, n, partial(producer.send, made[case], every, batch))
                 if run.result != n:
-                    raise RuntimeError(f"push {case}: {run.result} ids taken, not {n}")
+                    raise RuntimeError(f"{what} {case}: {run.result} ids taken, not {n}")
                 runs[batch, case].append(run)
-            left = len(markers(client, queues["retry_for"]))
-            if left != n // batch:  # one marker a push call
-                raise RuntimeError(f"{left} markers after {n // batch} marked push calls")
-            log(round_line(runs, rnd, batch, CASES))
-            for q in queues.values():
-                q.delete()
-            client.delete(*markers(client, queues["retry_for"]))
+            pattern = producer.marker(made["retry_for"])
+            left = len(markers(client, pattern))
+            if left != n // batch:  # one marker a call
+                raise RuntimeError(f"{left} markers after {n // batch} marked {what} calls")
+            log(round_line(runs, rnd, batch, CASES, what))
+            for made_one in made.values():
+                producer.delete(made_one)
+            client.delete(*markers(client, pattern))
             wait_lazyfree(client)
     return compared(runs, CASES, "retry_for")
 
 
-def marker_memory(client: redis.Redis) -> list[dict[str, Any]]:
-    """The bytes one push call's marker takes, for a call of 1 and of 100 ids."""
+def marker_memory(client: redis.Redis, producer: Producer) -> list[dict[str, Any]]:
+    """The bytes one call's marker takes, for a call of 1 and of 100 ids."""
     found = []
     for batch in BATCHES:
-        q = Rotator(client, f"retries-memory-{batch}", retry_for=RETRY_FOR)
-        q.push(*ids("m", batch))
-        (marker,) = markers(client, q)
+        made = producer.make(client, f"retries-memory-{producer.what}-{batch}", RETRY_FOR)
+        producer.send(made, ids("m", batch), batch)
+        (marker,) = markers(client, producer.marker(made))
         found.append(
             {
                 "batch": batch,
@@ -112,7 +157,7 @@ def marker_memory(client: redis.Redis) -> list[dict[str, Any]]:
                 "ttl_ms": int(client.pttl(marker)),
             }
         )
-        q.delete()
+        producer.delete(made)
         client.delete(marker)
     return found
 
@@ -121,24 +166,37 @@ def run_server(kind: str, sizes: Sizes, workdir: Path, log: Log) -> dict[str, An
     with started(kind, workdir / f"retries-{kind}") as server:
         client = server.client()
         log(f"retries on {kind} {server.version}")
-        pushes = push_rows(client, sizes, log)
-        memory = marker_memory(client)
+        pushes = marked_rows(client, sizes, log, PUSH)
+        publishes = marked_rows(client, sizes, log, PUBLISH)
+        memory = marker_memory(client, PUSH)
+        publish_memory = marker_memory(client, PUBLISH)
         client.close()
-        return {"version": server.version, "push": pushes, "memory": memory}
+        return {
+            "version": server.version,
+            "push": pushes,
+            "memory": memory,
+            "publish": publishes,
+            "publish_memory": publish_memory,
+        }
 
 
 # -- the table ------------------------------------------------------------------------------------
 
-CASE_LABELS = {"plain": "plain push (`push`)", "retry_for": "with `retry_for` (`push_chunk`)"}
+CASE_LABELS = {
+    ("push", "plain"): "plain push (`push`)",
+    ("push", "retry_for"): "with `retry_for` (`push_chunk`)",
+    ("publish", "plain"): "plain publish (`tpublish`)",
+    ("publish", "retry_for"): "with `retry_for` (`tpublish_chunk`)",
+}
 
 
 def markdown(data: dict[str, Any]) -> str:
     table = ServerTable(data["results"])
     add = table.add
 
-    def ratio(batch: int) -> Callable[[dict[str, Any]], str]:
+    def ratio(batch: int, section: str) -> Callable[[dict[str, Any]], str]:
         def cell(r: dict[str, Any]) -> str:
-            row = next(p for p in r["push"]["ratios"] if p["batch"] == batch)
+            row = next(p for p in r[section]["ratios"] if p["batch"] == batch)
             server, wall = row["server_ratio_by_round"], row["wall_ratio_by_round"]
             return (
                 f"{row['server_ratio']:.2f}x ({min(server):.2f}-{max(server):.2f}) / "
@@ -147,22 +205,26 @@ def markdown(data: dict[str, Any]) -> str:
 
         return cell
 
-    def memory(batch: int) -> Callable[[dict[str, Any]], str]:
+    def memory(batch: int, section: str) -> Callable[[dict[str, Any]], str]:
         def cell(r: dict[str, Any]) -> str:
-            row = next(m for m in r["memory"] if m["batch"] == batch)
+            row = next(m for m in r[section] if m["batch"] == batch)
             return f"{row['marker_bytes']} B, {row['ttl_ms'] / 1000:.0f} s"
 
         return cell
 
-    for batch in BATCHES:
-        for case in CASES:
-            add(
-                f"{CASE_LABELS[case]}, {batch} a call (server / wall µs an id)",
-                push_cell(batch, case),
-            )
-        add(f"`retry_for` over plain, {batch} a call (server / wall time)", ratio(batch))
-    for batch in BATCHES:
-        add(f"a push call's marker, {batch} id(s) a call (memory, kept)", memory(batch))
+    # (a run from before publishes were measured has the push section alone)
+    first = next(iter(data["results"].values()))
+    sections = [("push", "memory"), ("publish", "publish_memory")][: 1 + ("publish" in first)]
+    for what, kept in sections:
+        for batch in BATCHES:
+            for case in CASES:
+                add(
+                    f"{CASE_LABELS[what, case]}, {batch} a call (server / wall µs an id)",
+                    push_cell(batch, case, what),
+                )
+            add(f"`retry_for` over plain, {batch} a call (server / wall time)", ratio(batch, what))
+        for batch in BATCHES:
+            add(f"a {what} call's marker, {batch} id(s) a call (memory, kept)", memory(batch, kept))
     return table.text()
 
 

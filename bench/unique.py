@@ -174,14 +174,14 @@ def ratio_row(tests: list[Timed], bases: list[Timed]) -> dict[str, Any]:
 Runs = dict[tuple[int, str], list[Timed]]
 
 
-def round_line(runs: Runs, rnd: int, batch: int, cases: Sequence[str]) -> str:
-    """The log line of a push round: each case's server / wall µs an id."""
+def round_line(runs: Runs, rnd: int, batch: int, cases: Sequence[str], what: str = "push") -> str:
+    """The log line of a push (or publish) round: each case's server / wall µs an id."""
     figures = ", ".join(
         f"{case} {runs[batch, case][-1].server_us_each:.2f} / "
         f"{runs[batch, case][-1].wall_us_each:.1f}"
         for case in cases
     )
-    return f"  push round {rnd} batch {batch:>3}: {figures} (server / wall us an id)"
+    return f"  {what} round {rnd} batch {batch:>3}: {figures} (server / wall us an id)"
 
 
 def case_rows(runs: Runs, cases: Sequence[str]) -> list[dict[str, Any]]:
@@ -193,11 +193,11 @@ def case_rows(runs: Runs, cases: Sequence[str]) -> list[dict[str, Any]]:
     ]
 
 
-def push_cell(batch: int, case: str) -> Callable[[dict[str, Any]], str]:
+def push_cell(batch: int, case: str, section: str = "push") -> Callable[[dict[str, Any]], str]:
     """A table cell of a push section's figures (case_rows'): server / wall µs an id."""
 
     def cell(r: dict[str, Any]) -> str:
-        row = next(p for p in r["push"]["rows"] if (p["batch"], p["case"]) == (batch, case))
+        row = next(p for p in r[section]["rows"] if (p["batch"], p["case"]) == (batch, case))
         return f"{row['median_server_us_each']:.2f} / {row['median_wall_us_each']:.1f}"
 
     return cell

@@ -5,7 +5,8 @@ Load once and call by SHA (or as a function library: FUNCTIONS, below); the firs
 the command. The queue commands take the thirteen
 queue KEYS below; pushp/nextp/ackp take them plus KEYS[14] (and KEYS[15] to keep per-item
 stats); pushi/nackp/items take all fifteen; the topic commands (t...) take the
-TOPIC KEYS, then thirteen queue KEYS per consumer group. All keys of one call must share one hash
+TOPIC KEYS, then thirteen queue KEYS per consumer group (tpublish_chunk: then its marker,
+under "<base>:publish:"). All keys of one call must share one hash
 tag so the module runs on Redis Cluster. Key names are never built here: they all arrive
 through KEYS, and their names are checked before anything is read or written: a queue's thirteen
 are "<base>:ring" ... "<base>:ids" in the order below, one base for all; KEYS[14] is
@@ -503,6 +504,18 @@ COMMANDS (ARGV[1]; numbers are decimal integers)
     max(16, 1000 / groups) elements.
     reply: {id1, id2, ...}
     errors: ROTATOR_BADARG, ROTATOR_TOOMANY, ROTATOR_STALE
+  tpublish_chunk CHUNK TTL_MS MAXLEN MAXAGE_MS PAYLOAD [PAYLOAD ...]
+                                              (TOPIC KEYS + every group, then a marker hash)
+    tpublish, once per chunk of a publish: only when the marker's field `chunks` (0 when
+    absent) equals CHUNK; then `chunks` becomes CHUNK + 1, the marker keeps the chunk's ids
+    (fields ms, first, n) and expires in TTL_MS. The marker is a key under "<base>:publish:".
+    A chunk the marker already counts publishes nothing, so a publish sent again after a lost
+    reply publishes no message twice; it renews the marker's expiry, a write: a WAIT after
+    the retry covers the first publish too. It checks the group KEYS only when it publishes.
+    reply: {id1, id2, ...}  for the marker's last chunk sent again, the ids its first call
+      published; for an older chunk, {}
+    errors: ROTATOR_BADARG (as tpublish's, or CHUNK beyond what the marker records),
+            ROTATOR_TOOMANY, ROTATOR_STALE, ROTATOR_WRONGTYPE, ROTATOR_KEYS
   tsubscribe GROUP                                                (TOPIC KEYS + that group)
     Registers GROUP (1..64 of A-Z a-z 0-9 . _ @ / -) with its ring key; at most 100 groups.
     Every later tpublish reaches it. Registering a known group changes nothing.
@@ -606,6 +619,9 @@ REDIS-CLI
   redis-cli EVALSHA $SHA 17 $T $G treplay mail 1 0 100    # {2, 3, 2}
   redis-cli EVALSHA $SHA 4 $T tseek 1732233600000         # 1
   redis-cli EVALSHA $SHA 4 $T ttrim 1 0 2000              # 1: keeps the last message
+  P=rotator:{news}:publish:run-1                        # a publish sent again: once
+  redis-cli EVALSHA $SHA 18 $T $G $P tpublish_chunk 0 60000 1 0 'again'   # {"<ms>-3"}
+  redis-cli EVALSHA $SHA 18 $T $G $P tpublish_chunk 0 60000 1 0 'again'   # {"<ms>-3"}
   redis-cli EVALSHA $SHA 17 $T $G tstats
   redis-cli EVALSHA $SHA 17 $T $G tunsubscribe mail       # 1
 
@@ -645,7 +661,7 @@ FUNCTIONS
 --                         delete configure stats peek scan dead requeue_dead
 --                         requeue_dead_from; recurring schedules: schedule unschedule schedules
 --   12. Payloads          pushp pushp_later nextp ackp, and item stats: pushi nackp items
---   13. Topics            tpublish tsubscribe tunsubscribe treplay tseek ttrim tstats
+--   13. Topics            tpublish tpublish_chunk tsubscribe tunsubscribe treplay tseek ttrim tstats
 --                         (8 is defined on first use by M.define_push_ack, 9 by
 --                         M.define_setbacks, 10 by M.define_walk, 11 by M.define_later, 12
 --                         and 13 by M.define_extensions: see ON_FIRST_USE)
@@ -5926,9 +5942,10 @@ local function define_module()
       return ring
     end
 
-    function M.retention_args()
-      return M.int_arg(2, 'MAXLEN', 0, LIMIT.retention),
-        M.int_arg(3, 'MAXAGE_MS', 0, LIMIT.retention)
+    function M.retention_args(at)
+      at = at or 2
+      return M.int_arg(at, 'MAXLEN', 0, LIMIT.retention),
+        M.int_arg(at + 1, 'MAXAGE_MS', 0, LIMIT.retention)
     end
 
     -- THE LOG holds one entry per run of messages one publish stored: member
@@ -6016,13 +6033,20 @@ local function define_module()
       return #ids
     end
 
-    function M.tpublish()
-      local maxlen, maxage = M.retention_args()
-      local n = #A - 3
+    -- tpublish's arguments from A[at]: MAXLEN, MAXAGE_MS, then the payloads (how many: n).
+    function M.publish_args(at)
+      local maxlen, maxage = M.retention_args(at)
+      local n = #A - at - 1
       if n < 1 then M.refuse('ROTATOR_BADARG', 'no payload given') end
       if n > LIMIT.count then
         M.refuse('ROTATOR_TOOMANY', 'at most ' .. LIMIT.count .. ' payloads per call, got ' .. n)
       end
+      return maxlen, maxage, n
+    end
+
+    -- tpublish's work, its arguments from A[at]: returns the ids, their time (ms) and the seq
+    -- of the first.
+    function M.publish(at, maxlen, maxage, n)
       local base = M.topic_base()
       local names = M.check_groups()
       for g = 1, NGROUPS do M.check_group_keys(base, g, names[g]) end
@@ -6036,7 +6060,7 @@ local function define_module()
       local first = topic.seq + 1
       local ids, bodies, prefix, bytes = {}, {}, ms .. '-', 0
       for i = 1, n do
-        local payload = A[3 + i]
+        local payload = A[at + 1 + i]
         local id = prefix .. (topic.seq + i)
         ids[i] = id
         bodies[#bodies + 1], bodies[#bodies + 2] = id, payload
@@ -6052,6 +6076,46 @@ local function define_module()
       local look = math.max(LIMIT.trim_extra, math.floor(BACKLOG.look / math.max(NGROUPS, 1)))
       for g = 1, NGROUPS do M.push_group(groups[g], ids, now, cap, look) end
       M.trim(topic, maxlen, maxage, now, n + LIMIT.trim_extra, retained + n)
+      return ids, ms, first
+    end
+
+    function M.tpublish()
+      return (M.publish(2, M.publish_args(2)))
+    end
+
+    -- tpublish, once per chunk of a publish whose progress the marker hash (the last key)
+    -- records: a chunk sent again after a lost reply publishes nothing, and replies with the
+    -- ids its first call published (one time and consecutive seqs: the marker keeps three
+    -- numbers, not the ids).
+    function M.tpublish_chunk()
+      local chunk = M.int_arg(2, 'CHUNK', 0, LIMIT.no_bound)
+      local ttl = M.int_arg(3, 'TTL_MS', 1, LIMIT.no_bound)
+      local maxlen, maxage, n = M.publish_args(4)
+      local base, marker = M.topic_base(), T.marker
+      local under = base .. ':publish:'
+      if #marker <= #under or string.sub(marker, 1, #under) ~= under then
+        M.refuse('ROTATOR_KEYS', 'tpublish_chunk\'s last key, its marker, must be under ' ..
+          M.printable(under) .. ', got ' .. M.printable(marker))
+      end
+      local recorded = M.read('HMGET', marker, 'chunks', 'ms', 'first', 'n')
+      local chunks = tonumber(recorded[1]) or 0
+      if chunks > chunk then
+        -- A write, so that a WAIT after a retried call also covers the first try's publish.
+        rcall('PEXPIRE', marker, ttl)
+        local ids = {}
+        if chunk == chunks - 1 then
+          local prefix, first = recorded[2] .. '-', tonumber(recorded[3])
+          for i = 1, tonumber(recorded[4]) do ids[i] = prefix .. (first + i - 1) end
+        end
+        return ids
+      end
+      if chunks < chunk then
+        M.refuse('ROTATOR_BADARG', 'chunk ' .. chunk .. ' comes after chunk ' .. chunks ..
+          ', which the marker does not record: it expired or was deleted')
+      end
+      local ids, ms, first = M.publish(4, maxlen, maxage, n)
+      rcall('HSET', marker, 'chunks', chunk + 1, 'ms', ms, 'first', first, 'n', n)
+      rcall('PEXPIRE', marker, ttl)
       return ids
     end
 
@@ -6192,7 +6256,7 @@ local function define_module()
     pushp=payloads pushp_later=payloads nextp=payloads nextp_packed=payloads
     ackp=payloads
     pushi=items nackp=items items=items
-    tpublish=topic tsubscribe=topic tunsubscribe=topic treplay=topic
+    tpublish=topic tpublish_chunk=topic tsubscribe=topic tunsubscribe=topic treplay=topic
     tseek=topic ttrim=topic tstats=topic
   ]]
 
@@ -6344,13 +6408,16 @@ local function define_module()
     LAYOUT = layout
     local handler = layout and M[args[1]]
     if layout == 'topic' then
-      local groups = (#keys - TOPIC_KEYS) / QUEUE_KEYS
-      if #keys < TOPIC_KEYS or groups ~= math.floor(groups) or groups > LIMIT.groups then
-        return M.fail('ROTATOR_KEYS', 'expected ' .. TOPIC_KEYS ..
-          ' topic keys and ' .. QUEUE_KEYS .. ' per group, got ' .. #keys)
+      local marker = args[1] == 'tpublish_chunk' and 1 or 0 -- (its marker: the last key)
+      local groups = (#keys - TOPIC_KEYS - marker) / QUEUE_KEYS
+      if #keys < TOPIC_KEYS + marker or groups ~= math.floor(groups) or groups > LIMIT.groups then
+        return M.fail('ROTATOR_KEYS', 'expected ' .. TOPIC_KEYS .. ' topic keys and ' ..
+          QUEUE_KEYS .. ' per group' .. (marker == 1 and ', then a marker' or '') .. ', got ' ..
+          #keys)
       end
       K, NGROUPS = nil, groups
-      T = { topic = keys[1], groups = keys[2], log = keys[3], bodies = keys[4] }
+      T = { topic = keys[1], groups = keys[2], log = keys[3], bodies = keys[4],
+        marker = marker == 1 and keys[#keys] or nil }
     else
       local low, high = QUEUE_KEYS, QUEUE_KEYS -- 'queue', and an unknown command's
       if layout == 'extras' then low, high = QUEUE_KEYS, QUEUE_KEYS + 2 end

@@ -553,11 +553,22 @@ class AsyncTopic(TopicView):
         retention: Retention | None = None,
         prefix: str = DEFAULT_PREFIX,
         functions: bool | None = None,
+        retry_for: float = 0.0,
     ) -> None:
         self.client = client
-        self._flows = TopicFlows(name, retention=retention, prefix=prefix)
+        self.retry_for = check_retry_for(retry_for)
+        self._flows = TopicFlows(
+            name,
+            retention=retention,
+            prefix=prefix,
+            publish_marker_ttl_ms=push_marker_ttl_ms(self.retry_for),
+        )
         self._functions = functions
-        self._sender = AsyncSender(client, functions, None)
+        self._sender = (
+            AsyncRetryingSender(client, functions, self.retry_for, None)
+            if self.retry_for
+            else AsyncSender(client, functions, None)
+        )
         self._run = self._sender.run
 
     async def _call(self, keys: tuple[str, ...], *args: Any) -> Any:
@@ -577,6 +588,7 @@ class AsyncTopic(TopicView):
 
     def group(self, group: str, **options: Any) -> AsyncTopicGroup:
         validate_group_name(group)
+        options.setdefault("retry_for", self.retry_for)
         return AsyncTopicGroup(self.client, self.keys, group, functions=self._functions, **options)
 
     async def publish(self, payload: bytes | str) -> str:

@@ -76,9 +76,10 @@ EXIT_ERROR = 1
 URL_KEY = "rotator.url"  # where --url (root or subcommand) or ROTATOR_URL is kept in ctx.meta
 RETRY_KEY = "rotator.retry_for"  # where --retry-for (or ROTATOR_RETRY_FOR) is kept
 RETRY_HELP = (
-    "Send a queue command again after a failover, a restart or a lost reply, for at most "
-    "this long (Rotator's retry_for; a plain push then goes under a marker, so it lands "
-    "once).  [default: $ROTATOR_RETRY_FOR, else 0: off; a sharded queue's: 10]"
+    "Send a queue or topic command again after a failover, a restart or a lost reply, for "
+    "at most this long (Rotator's and Topic's retry_for; a plain push or a publish then goes "
+    "under a marker, so it lands once).  "
+    "[default: $ROTATOR_RETRY_FOR, else 0: off; a sharded queue's: 10]"
 )
 URL_HELP = (
     "Server: redis://HOST:PORT/DB, rediss://... (TLS), unix:///PATH, or "
@@ -1834,7 +1835,8 @@ def open_topic(
 ) -> Topic:
     topic_keys(name)  # a bad name fails before any connection is made
     retention = Retention(count=count or None, age=age) if (count or age) else None
-    topic = Topic(open_client(ctx), name, retention=retention)
+    seconds = retry_for(ctx).get("retry_for", 0.0)
+    topic = Topic(open_client(ctx), name, retention=retention, retry_for=seconds)
     if must_exist and not topic.exists():
         fail(f"unknown topic {name!r} on {where(ctx)}")
     return topic

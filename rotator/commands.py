@@ -359,6 +359,21 @@ def tpublish(
     return ModuleCall(keys, [b"tpublish", max_len, max_age_ms, *payloads], _decode_texts)
 
 
+def tpublish_chunk(
+    keys: Keys,
+    chunk: int,
+    ttl_ms: int,
+    max_len: int,
+    max_age_ms: int,
+    payloads: Sequence[bytes],
+) -> ModuleCall[list[str]]:
+    """``tpublish_chunk`` (TOPIC KEYS + every group's thirteen keys + the publish's marker);
+    decoded as the message ids (a chunk sent again: the ids its first call published)."""
+    return ModuleCall(
+        keys, [b"tpublish_chunk", chunk, ttl_ms, max_len, max_age_ms, *payloads], _decode_texts
+    )
+
+
 def _decode_texts(reply: Any) -> list[str]:
     return [text(item) for item in reply]
 

@@ -571,12 +571,20 @@ class TopicFlows:
     """One topic's options and the flows of its operations; see :class:`rotator.Topic`."""
 
     def __init__(
-        self, name: str, *, retention: Retention | None = None, prefix: str = DEFAULT_PREFIX
+        self,
+        name: str,
+        *,
+        retention: Retention | None = None,
+        prefix: str = DEFAULT_PREFIX,
+        publish_marker_ttl_ms: int | None = None,
     ) -> None:
         self.name = name
         self.keys: TopicKeys = topic_keys(name, prefix)
         self.retention = retention if retention is not None else Retention()
         self.max_len, self.max_age_ms = retention_args(self.retention)
+        # (the calls are retried, rotator.retries: each publish goes as tpublish_chunk under a
+        # marker of its own kept that long, so a chunk sent again publishes nothing twice)
+        self.publish_marker_ttl_ms = publish_marker_ttl_ms
         # The KEYS of a call naming every group, as last read: reused until the module says
         # the groups changed (ROTATOR_STALE, nothing written), which it checks on every call.
         self._every_group: Keys | None = None
@@ -630,10 +638,18 @@ class TopicFlows:
         raw = [protocol.encode_payload(payload) for payload in payloads]
         size = protocol.whole(chunk, "chunk", 1, MAX_PUBLISH)
         ids: list[str] = []
-        for part in chunks(raw, size):
+        ttl_ms = self.publish_marker_ttl_ms
+        marker = self.keys.publish_marker(uuid.uuid4().hex) if ttl_ms is not None else None
+        for index, part in enumerate(chunks(raw, size)):
 
-            def publish(keys: Keys, part: Sequence[bytes] = part) -> ModuleCall[list[str]]:
-                return commands.tpublish(keys, self.max_len, self.max_age_ms, part)
+            def publish(
+                keys: Keys, index: int = index, part: Sequence[bytes] = part
+            ) -> ModuleCall[list[str]]:
+                if marker is None or ttl_ms is None:
+                    return commands.tpublish(keys, self.max_len, self.max_age_ms, part)
+                return commands.tpublish_chunk(
+                    (*keys, marker), index, ttl_ms, self.max_len, self.max_age_ms, part
+                )
 
             ids.extend((yield from self._with_every_group(publish)))
         return ids

@@ -143,6 +143,11 @@ class TopicKeys:
     def bodies(self) -> str:
         return self.all[3]
 
+    def publish_marker(self, run: str) -> str:
+        """The marker hash of publish call ``run`` (``tpublish_chunk``'s last key): a key under
+        ``<prefix>:{<topic>}:publish:``, so in the topic's slot."""
+        return f"{self.prefix}:{{{self.name}}}:publish:{run}"
+
     def group(self, group: str) -> QueueKeys:
         """Group ``group``'s thirteen queue keys (``<prefix>:{<topic>}:group:<group>:<role>``);
         its payloads are the topic's bodies."""

@@ -34,6 +34,7 @@ from rotator.defaults import DEFAULT_PREFIX, MAX_PUBLISH
 from rotator.flows import GroupView, TopicFlows, TopicView, message_seq
 from rotator.keys import TopicKeys, validate_group_name
 from rotator.models import Retention, TopicStats
+from rotator.retries import RetryingSender, check_retry_for, push_marker_ttl_ms
 from rotator.sending import Sender
 
 __all__ = ["Retention", "Topic", "TopicGroup", "TopicStats", "message_seq"]
@@ -55,7 +56,16 @@ class TopicGroup(GroupView, Rotator):
 
 class Topic(TopicView):
     """A topic on one Redis or Valkey server (or Redis Cluster: all its keys and its groups'
-    keys share the hash tag ``{name}``)."""
+    keys share the hash tag ``{name}``).
+
+    ``retry_for`` (seconds, 0..3600; 0, the default, is off) sends a call again after a
+    connection error, a timeout or a reply that says it never ran, for at most that long, as
+    :class:`rotator.Rotator`'s does, and is its groups' default. A publish then goes as
+    ``tpublish_chunk`` under a marker of its own (one small hash, kept a minute), so that a
+    publish sent again after its reply was lost publishes nothing twice and returns the ids
+    its first call published. ``subscribe``, ``unsubscribe`` and ``replay`` are not sent
+    again once they may have run: they raise, as without ``retry_for``.
+    """
 
     def __init__(
         self,
@@ -65,11 +75,22 @@ class Topic(TopicView):
         retention: Retention | None = None,
         prefix: str = DEFAULT_PREFIX,
         functions: bool | None = None,
+        retry_for: float = 0.0,
     ) -> None:
         self.client = client
-        self._flows = TopicFlows(name, retention=retention, prefix=prefix)
+        self.retry_for = check_retry_for(retry_for)
+        self._flows = TopicFlows(
+            name,
+            retention=retention,
+            prefix=prefix,
+            publish_marker_ttl_ms=push_marker_ttl_ms(self.retry_for),
+        )
         self._functions = functions
-        self._sender = Sender(client, functions, None)
+        self._sender = (
+            RetryingSender(client, functions, self.retry_for, None)
+            if self.retry_for
+            else Sender(client, functions, None)
+        )
         self._run = self._sender.run
 
     def _call(self, keys: tuple[str, ...], *args: Any) -> Any:
@@ -101,9 +122,11 @@ class Topic(TopicView):
         return self._run(self._flows.unsubscribe(group))
 
     def group(self, group: str, **options: Any) -> TopicGroup:
-        """The consumer of ``group`` (options as for Rotator: timeout, max_deliveries, ...).
-        It does not register the group: call :meth:`subscribe` once first."""
+        """The consumer of ``group`` (options as for Rotator: timeout, max_deliveries, ...;
+        ``retry_for`` the topic's unless given). It does not register the group: call
+        :meth:`subscribe` once first."""
         validate_group_name(group)
+        options.setdefault("retry_for", self.retry_for)
         return TopicGroup(self.client, self.keys, group, functions=self._functions, **options)
 
     # -- publishing ------------------------------------------------------------------------

@@ -144,6 +144,9 @@ def test_the_header_redis_cli_example_runs_as_written(
     assert replies("cancel") == replies("delete") == [["1"]]
     assert replies("treplay") == [["2", "3", "2"]]
     assert replies("tseek") == replies("ttrim") == replies("tunsubscribe") == [["1"]]
+    first, again = replies("tpublish_chunk")  # a publish sent again publishes nothing
+    assert first == again
+    assert re.fullmatch(r"\d+-3", first[0]), first
     # What it leaves: job-6, job-7, job-11 and the nightly schedule's tick scheduled; job-11's
     # payload (the nextp_packed batch's went with its ackp); the emails queue deleted but for
     # its seq; the topic's log trimmed to its last message, and no group.

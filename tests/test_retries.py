@@ -27,10 +27,11 @@ from redis.backoff import NoBackoff
 from redis.crc import key_slot
 from redis.retry import Retry
 
-from rotator import InvalidArgument, Rotator
-from rotator.aio import AsyncRotator
+from rotator import InvalidArgument, Rotator, Topic
+from rotator.aio import AsyncRotator, AsyncTopic
 from rotator.protocol import text
 from rotator.retries import CONNECT_TIMEOUT, MARKER_TTL, SOCKET_TIMEOUT
+from rotator.topic import message_seq
 from tests.chaos.faultproxy import PASS, FaultProxy, Mode
 from tests.helpers import drain, later, monitored
 from tests.servers import ClusterProcess, ServerProcess
@@ -325,6 +326,167 @@ def test_a_buffered_producers_flush_whose_reply_was_lost_pushes_nothing_twice(
     assert len(waiting) == 251
 
 
+# -- topics ------------------------------------------------------------------------------------
+
+
+def topic_through(proxy: FaultProxy, name: str, *groups: str) -> Topic:
+    """Topic ``name`` through ``proxy`` with ``retry_for=5`` (redis-py's retries off), its
+    ``groups`` subscribed and one message "warm-up" published (the groups read, the module
+    loaded: no call below is refused and sent again for that)."""
+    topic = Topic(retries_off(proxy.port), name, retry_for=5)
+    for group in groups:
+        topic.subscribe(group)
+    topic.publish("warm-up")
+    return topic
+
+
+def group_messages(client: redis.Redis, topic: str, group: str) -> Counter[str]:
+    """The payloads waiting in ``group``'s ring, with how many copies of each message."""
+    keys = Topic(client, topic).keys
+    ring = keys.group(group).ring
+    waiting = [text(e) for e in client.lrange(ring, 0, -1) if b"*" not in e]
+    bodies = client.hmget(keys.bodies, waiting) if waiting else []
+    return Counter(text(body) for body in bodies if body is not None)
+
+
+def test_with_retry_for_a_publish_goes_as_tpublish_chunk_under_a_marker_of_its_own(
+    client: redis.Redis, queue_name: str
+) -> None:
+    topic = Topic(client, queue_name, retry_for=5)
+    topic.subscribe("g")
+    with monitored(client) as seen:
+        assert len(topic.publish_many((f"m{n}" for n in range(2500)), chunk=1000)) == 2500
+        topic.publish("x")
+    calls = [line for line in seen if queue_name in line and " tpublish" in line]
+    chunks = [line.split(" tpublish_chunk ")[1].split(" ")[0] for line in calls]
+    assert chunks == ["0", "1", "2", "0"]
+    markers = sorted(client.scan_iter(f"rotator:{{{queue_name}}}:publish:*"))
+    assert len(markers) == 2  # one a publish call, whatever its chunks
+    assert sorted(client.hgetall(marker)[b"chunks"] for marker in markers) == [b"1", b"3"]
+    assert all(0 < client.pttl(marker) <= MARKER_TTL * 1000 for marker in markers)
+    assert topic.group("g").retry_for == 5  # its groups' default
+    assert topic.group("g", retry_for=0).retry_for == 0
+    plain = Topic(client, queue_name)
+    with monitored(client) as seen:
+        plain.publish("y")
+    assert [line for line in seen if queue_name in line and " tpublish " in line]
+
+
+@pytest.mark.cluster
+def test_on_a_cluster_a_publish_goes_under_a_marker_in_the_topics_slot(
+    cluster: ClusterProcess, queue_name: str
+) -> None:
+    client = redis.RedisCluster.from_url(cluster.nodes[0].url)
+    try:
+        topic = Topic(client, queue_name, retry_for=5)
+        topic.subscribe("g")
+        ids = topic.publish_many(["a", "b"])
+        (marker,) = client.scan_iter(match=topic.keys.publish_marker("*"))
+        assert key_slot(marker) == key_slot(topic.keys.all[0].encode())
+        jobs = topic.group("g").next(5)
+        assert [(job.id, job.payload) for job in jobs] == [(ids[0], b"a"), (ids[1], b"b")]
+    finally:
+        client.close()
+
+
+def test_a_publish_whose_reply_was_lost_is_sent_again_and_publishes_nothing_twice(
+    lossy: tuple[FaultProxy, LostReplies], queue_name: str, client: redis.Redis
+) -> None:
+    proxy, losses = lossy
+    topic = topic_through(proxy, queue_name, "a", "b")
+    losses.lose(1)
+    ids = topic.publish_many(["x", "y"])
+    assert [message_seq(i) for i in ids] == [2, 3]  # the ids the first try published
+    losses.lose(1, skip=1)  # a publish of three chunks whose second reply is lost
+    more = topic.publish_many((f"m{n}" for n in range(2500)), chunk=1000)
+    assert [message_seq(i) for i in more] == list(range(4, 2504))
+    assert proxy.stats["dropped_after"] == 2
+    assert topic.stats().last_seq == 2503
+    everything = {"warm-up", "x", "y", *(f"m{n}" for n in range(2500))}
+    for group in ("a", "b"):
+        waiting = group_messages(client, queue_name, group)
+        assert max(waiting.values()) == 1
+        assert set(waiting) == everything
+
+
+def test_without_retry_for_redis_pys_own_retry_publishes_a_lost_reply_twice(
+    lossy: tuple[FaultProxy, LostReplies], queue_name: str, client: redis.Redis
+) -> None:
+    """The control: redis-py's default retries send the publish again; it is published
+    twice, under two ids."""
+    proxy, losses = lossy
+    topic = Topic(redis.Redis(port=proxy.port, socket_timeout=2), queue_name)
+    topic.subscribe("a")
+    topic.publish("warm-up")
+    losses.lose(1)
+    assert message_seq(topic.publish("x")) == 3
+    assert proxy.stats["dropped_after"] == 1
+    assert group_messages(client, queue_name, "a")["x"] == 2
+
+
+def test_a_subscribe_whose_reply_was_lost_raises_and_ran_once(
+    lossy: tuple[FaultProxy, LostReplies], queue_name: str, client: redis.Redis
+) -> None:
+    """Not sent again: a second try would find the group registered and skip the replay of
+    the retained messages that start="earliest" asks for."""
+    proxy, losses = lossy
+    topic = topic_through(proxy, queue_name, "a")
+    losses.lose(1)
+    with pytest.raises(redis.ConnectionError):
+        topic.subscribe("b", start="earliest")
+    assert Topic(client, queue_name).groups() == ["a", "b"]
+
+
+def test_a_topic_groups_claims_and_acks_whose_replies_were_lost_lose_nothing(
+    lossy: tuple[FaultProxy, LostReplies], queue_name: str, client: redis.Redis
+) -> None:
+    proxy, losses = lossy
+    topic = topic_through(proxy, queue_name, "a")
+    topic.publish_many(f"m{n}" for n in range(9))
+    group = topic.group("a", timeout=0.5)
+    losses.lose(1)
+    first = group.next(3)  # the first try's three are leased to nobody
+    assert [job.payload for job in first] == [b"m2", b"m3", b"m4"]
+    done: list[Any] = []
+    jobs = first
+    while len(done) < 10:
+        losses.lose(1)
+        assert group.ack(*jobs) == len(jobs)  # the first try accepted them
+        done += jobs
+        jobs = group.next(10, block=2)
+        assert jobs or len(done) == 10, f"nothing to claim after {[j.payload for j in done]}"
+    sent = [b"warm-up", *(f"m{n}".encode() for n in range(9))]
+    assert Counter(job.payload for job in done) == Counter(sent)
+    orphaned = {job.payload: job.deliveries for job in done if job.reclaimed}
+    assert orphaned == {b"warm-up": 2, b"m0": 2, b"m1": 2}
+    assert proxy.stats["dropped_after"] >= 3
+
+
+def test_the_async_topic_sends_a_lost_publish_again_the_same_way(
+    lossy: tuple[FaultProxy, LostReplies], queue_name: str, client: redis.Redis
+) -> None:
+    proxy, losses = lossy
+
+    async def scenario() -> list[str]:
+        no_retries = AsyncRetry(NoBackoff(), 0)
+        aclient = aredis.Redis(port=proxy.port, retry=no_retries, socket_timeout=2)
+        topic = AsyncTopic(aclient, queue_name, retry_for=5)
+        try:
+            await topic.subscribe("a")
+            await topic.publish("warm-up")
+            losses.lose(1)
+            ids = await topic.publish_many(["x", "y"])
+            assert (await topic.group("a").stats()).pending == 3
+            return ids
+        finally:
+            await aclient.aclose()
+
+    ids = asyncio.run(scenario())
+    assert [message_seq(i) for i in ids] == [2, 3]
+    assert proxy.stats["dropped_after"] == 1
+    assert set(group_messages(client, queue_name, "a").values()) == {1}
+
+
 # -- restarts and outages -------------------------------------------------------------------
 
 
@@ -417,3 +579,14 @@ def test_a_cli_push_made_while_the_server_restarts_lands_once(
     assert ok(pushed).strip() == "1"
     with restartable.client() as client:
         assert ring_ids(client, queue_name) == Counter(["x"])
+
+
+def test_the_cli_publishes_under_a_marker_with_retry_for(
+    server: ServerProcess, client: redis.Redis, queue_name: str
+) -> None:
+    ok(run("--url", server.url, "topic", "subscribe", queue_name, "g"))
+    ok(run("--url", server.url, "--retry-for", "5", "topic", "publish", queue_name, "a"))
+    ok(run("--url", server.url, "topic", "publish", queue_name, "b"))  # off: no marker
+    markers = list(client.scan_iter(match=Topic(client, queue_name).keys.publish_marker("*")))
+    assert len(markers) == 1
+    assert group_messages(client, queue_name, "g") == Counter("ab")

@@ -1,18 +1,19 @@
 """A topic's log against a model of its retained messages, on Redis 7 and Valkey 8.
 
-A Hypothesis state machine publishes (batches of 1..40 split into calls of 1, 3 or 1000,
-under retention counts from 1 to 60), trims, replays from a seq into a group, drains that
-group, and may start from a log written an entry a message, as a module before runs wrote
+A Hypothesis state machine publishes (batches of 1..40 split into calls of 1, 3 or 1000, under
+retention counts from 1 to 60, plain or under a marker as ``retry_for`` sends them), sends a
+marked publish's last call again (as after a lost reply: it must publish nothing and reply with
+the same ids, however many calls came between), trims, replays from a seq into a group, drains
+that group, and may start from a log written an entry a message, as a module before runs wrote
 it. The model is the list of retained messages (seq, id, body) and the group's pending ids.
-Compared after every step: the bodies hash (exactly the retained messages), the topic's
-seq and bytes, `stats()`, and the log itself: its runs cover exactly the retained seqs, in
-order and without overlap, each run's messages share their ms, and a run's byte count is the
-sum of its bodies (a run of the older kind has none). Rules also compare `tseek` at the
-times of the retained messages (and a ms either side), Spark's `read_messages` over a seq
-range that may begin before the oldest retained seq, and every drain of the group (ids in
-order, each with its body while retained, None once retention dropped it), whose backlog
-bound (the retained count, 16 over let be, at most the call's messages plus 16 dropped) is
-part of the model.
+Compared after every step: the bodies hash (exactly the retained messages), the topic's seq and
+bytes, `stats()`, and the log itself: its runs cover exactly the retained seqs, in order and
+without overlap, each run's messages share their ms, and a run's byte count is the sum of its
+bodies (a run of the older kind has none). Rules also compare `tseek` at the times of the
+retained messages (and a ms either side), Spark's `read_messages` over a seq range that may
+begin before the oldest retained seq, and every drain of the group (ids in order, each with its
+body while retained, None once retention dropped it), whose backlog bound (the retained count,
+16 over let be, at most the call's messages plus 16 dropped) is part of the model.
 """
 
 from __future__ import annotations
@@ -83,13 +84,16 @@ class TopicMachine(RuleBasedStateMachine):
         self.last_seq = 0
         self.pending: list[str] = []  # the group's ids, oldest first (nothing leased)
         self.body: dict[str, bytes] = {}  # every message's body, retained or not
+        # The last call of the last publish under a marker: marker, chunk, ARGV after, ids.
+        self.marked: tuple[str, int, list[bytes | int], list[str]] | None = None
+        self.markers: set[bytes] = set()
 
     def teardown(self) -> None:
         self.topic.delete()
-        self.client.delete(*self.topic.keys.all)
+        self.client.delete(*self.topic.keys.all, *self.markers)
 
-    def with_retention(self, keep: int) -> Topic:
-        return Topic(self.client, self.name, retention=Retention(count=keep))
+    def with_retention(self, keep: int, retry_for: float = 0.0) -> Topic:
+        return Topic(self.client, self.name, retention=Retention(count=keep), retry_for=retry_for)
 
     @initialize(old=st.lists(BODIES, max_size=4))
     def start(self, old: list[bytes]) -> None:
@@ -112,10 +116,21 @@ class TopicMachine(RuleBasedStateMachine):
         bodies=st.lists(BODIES, min_size=1, max_size=40),
         chunk=st.sampled_from([1, 3, MAX_PUBLISH]),
         keep=st.sampled_from([1, 5, 20, 60]),
+        marked=st.booleans(),
     )
-    def publish(self, bodies: list[bytes], chunk: int, keep: int) -> None:
-        ids = self.with_retention(keep).publish_many(bodies, chunk=chunk)
+    def publish(self, bodies: list[bytes], chunk: int, keep: int, marked: bool) -> None:
+        ids = self.with_retention(keep, retry_for=5 if marked else 0).publish_many(
+            bodies, chunk=chunk
+        )
         assert len(ids) == len(bodies)
+        if marked:  # its marker: the one key under publish: that is new
+            (marker,) = set(self.client.scan_iter(self.topic.keys.publish_marker("*"))) - (
+                self.markers
+            )
+            self.markers.add(marker)
+            last = (len(bodies) - 1) // chunk
+            argv: list[bytes | int] = [last, 60_000, keep, 0, *bodies[last * chunk :]]
+            self.marked = (marker.decode(), last, argv, ids[last * chunk :])
         for at in range(0, len(bodies), chunk):
             part = list(zip(ids[at : at + chunk], bodies[at : at + chunk], strict=True))
             for message_id, body in part:
@@ -132,6 +147,17 @@ class TopicMachine(RuleBasedStateMachine):
             if over > MARGIN:
                 del self.pending[: min(over, len(part) + MARGIN)]
         assert len({Message(0, i, b"").ms for i in ids[:chunk]}) == 1  # a call shares its ms
+
+    @precondition(lambda self: self.marked is not None)
+    @rule()
+    def publish_sent_again(self) -> None:
+        """The last call of the last marked publish, sent again: nothing is published (the
+        invariants compare the whole topic with the model) and the reply is its ids."""
+        assert self.marked is not None
+        marker, _, argv, ids = self.marked
+        keys = (*self.topic.keys.all, *self.topic.keys.group(GROUP).all, marker)
+        reply = self.topic._call(keys, "tpublish_chunk", *argv)
+        assert [i.decode() for i in reply] == ids
 
     @rule(keep=st.sampled_from([1, 5, 20]))
     def trim(self, keep: int) -> None:

@@ -21,7 +21,7 @@ from rotator.keys import KEY_ROLES
 from rotator.meta import WALK_FIELDS, walk_numbers
 from rotator.models import COUNTER_FIELDS
 from rotator.protocol import unpack_element
-from tests.lua.backend import Backend, KeyState, ReplyError, Result
+from tests.lua.backend import Arg, Backend, KeyState, ReplyError, Result
 
 N_QUEUE_KEYS = len(KEY_ROLES)
 
@@ -2902,6 +2902,97 @@ def tpublish_with_other_groups_than_registered_is_refused_and_writes_nothing(b: 
         with pytest.raises(ReplyError) as caught:
             b.call_keys(keys, "tpublish", 0, 0, "p")
         assert caught.value.code == "ROTATOR_KEYS"
+    assert state_of(b, everything) == before
+
+
+def publish_marker(b: Backend, run: str) -> str:
+    marker = f"rotator:{{{b.name}}}:publish:{run}"
+    b.track(marker)
+    return marker
+
+
+def published(b: Backend, keys: tuple[str, ...], *argv: Arg) -> list[str]:
+    """The ids a tpublish_chunk call (ARGV after the command) replied with."""
+    reply = b.call_keys(keys, "tpublish_chunk", *argv)
+    assert isinstance(reply, list), reply
+    return [str(i) for i in reply]
+
+
+@scenario
+def tpublish_chunk_publishes_each_chunk_once_and_replies_with_its_ids_again(b: Backend) -> None:
+    subscribe(b, "a")
+    subscribe(b, "b")
+    marker = publish_marker(b, "run-1")
+    keys = (*with_groups(b, "a", "b"), marker)
+    first = published(b, keys, 0, 60_000, 0, 0, "x", "y")
+    assert [i.split("-")[1] for i in first] == ["1", "2"]
+    ms = first[0].split("-")[0]
+    assert b.key_state(marker) == ("hash", {"chunks": "1", "ms": ms, "first": "1", "n": "2"})
+    everything = (*with_groups(b, "a", "b"), marker)
+    before = state_of(b, everything)
+    # Sent again (its reply lost): nothing published; the same ids.
+    assert published(b, keys, 0, 60_000, 0, 0, "x", "y") == first
+    assert state_of(b, everything) == before
+    second = published(b, keys, 1, 60_000, 0, 0, "z")
+    assert [i.split("-")[1] for i in second] == ["3"]
+    assert published(b, keys, 1, 60_000, 0, 0, "z") == second
+    assert published(b, keys, 0, 60_000, 0, 0, "x", "y") == []  # not the last
+    everything_once = [(first[0], "x"), (first[1], "y"), (second[0], "z")]
+    assert group_next(b, "a") == everything_once
+    assert group_next(b, "b") == everything_once
+    meta = b.key_state(topic_keys(b)[0])[1]
+    assert isinstance(meta, dict)
+    assert meta["seq"] == "3"
+
+
+@scenario
+def tpublish_chunk_refuses_bad_calls_and_writes_nothing(b: Backend) -> None:
+    subscribe(b, "a")
+    marker = publish_marker(b, "run-2")
+    keys = (*with_groups(b, "a"), marker)
+    b.call_keys(keys, "tpublish_chunk", 0, 60_000, 0, 0, "first")
+    everything = (*with_groups(b, "a", "b"), marker)
+    before = state_of(b, everything)
+    cases: list[tuple[tuple[Arg, ...], str]] = [
+        (("tpublish_chunk", 5, 60_000, 0, 0, "p"), "ROTATOR_BADARG"),  # beyond the marker
+        (("tpublish_chunk", 1, 0, 0, 0, "p"), "ROTATOR_BADARG"),  # TTL_MS
+        (("tpublish_chunk", -1, 60_000, 0, 0, "p"), "ROTATOR_BADARG"),
+        (("tpublish_chunk", 1, 60_000, 0, 0), "ROTATOR_BADARG"),  # no payload
+        (("tpublish_chunk", 0, 60_000, 0, 0), "ROTATOR_BADARG"),  # even for a chunk that is in
+        (("tpublish_chunk", 1, 60_000, "x", 0, "p"), "ROTATOR_BADARG"),
+        (("tpublish_chunk", 1, 60_000, 0, 0, *(["p"] * 1001)), "ROTATOR_TOOMANY"),
+    ]
+    for argv, code in cases:
+        with pytest.raises(ReplyError) as caught:
+            b.call_keys(keys, *argv)
+        assert caught.value.code == code, argv
+    subscribe(b, "b")  # the groups changed: the keys naming only "a" are stale now
+    before = state_of(b, everything)
+    with pytest.raises(ReplyError) as caught:
+        b.call_keys(keys, "tpublish_chunk", 1, 60_000, 0, 0, "p")
+    assert caught.value.code == "ROTATOR_STALE"
+    # ... but a chunk the marker records publishes nothing: its ids, whatever the groups.
+    (again,) = published(b, keys, 0, 60_000, 0, 0, "first")
+    assert again.endswith("-1")
+    assert state_of(b, everything) == before
+    for bad in [
+        with_groups(b, "a", "b"),  # no marker: a key count that fits no layout
+        (*with_groups(b, "a", "b"), f"rotator:{{{b.name}}}:publish:"),  # no run after it
+        (*with_groups(b, "a", "b"), f"rotator:{{{b.name}}}:push:run-2"),  # not under :publish:
+        (*with_groups(b, "a", "b"), group_keys(b, "a")[0]),
+    ]:
+        with pytest.raises(ReplyError) as caught:
+            b.call_keys(bad, "tpublish_chunk", 1, 60_000, 0, 0, "p")
+        assert caught.value.code == "ROTATOR_KEYS", bad[-1]
+    assert state_of(b, everything) == before
+    # A marker of the wrong type: refused, nothing written.
+    wrong = publish_marker(b, "wrong")
+    b.raw_set_key(wrong, "oops")
+    everything = (*everything, wrong)
+    before = state_of(b, everything)
+    with pytest.raises(ReplyError) as caught:
+        b.call_keys((*with_groups(b, "a", "b"), wrong), "tpublish_chunk", 0, 60_000, 0, 0, "p")
+    assert caught.value.code == "ROTATOR_WRONGTYPE"
     assert state_of(b, everything) == before
 
 

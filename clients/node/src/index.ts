@@ -1,6 +1,6 @@
 /** rotator-queue: a reliable job queue for Redis/Valkey, the rotator Lua module from Node. */
 export * from "./errors";
-export { DEFAULT_PREFIX, KEY_ROLES, TOPIC_ROLES, groupKeys, keyOf, pushMarker, queueKeys, topicKeys } from "./keys";
+export { DEFAULT_PREFIX, KEY_ROLES, TOPIC_ROLES, groupKeys, keyOf, publishMarker, pushMarker, queueKeys, topicKeys } from "./keys";
 export type { QueueKeys, TopicKeys, KeyRole } from "./keys";
 export { decodeNextPacked, encodeId, encodeToken, parseToken } from "./protocol";
 export type { Job, JobRef, NextReply } from "./protocol";

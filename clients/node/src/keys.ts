@@ -69,6 +69,12 @@ export function pushMarker(keys: QueueKeys, run: string): string {
   return `${ring.slice(0, ring.lastIndexOf(":"))}:push:${run}`;
 }
 
+/** The marker hash of publish call `run` (tpublish_chunk's last key), as rotator/keys.py
+ * names it: a key under "<prefix>:{<topic>}:publish:", so in the topic's slot. */
+export function publishMarker(topic: TopicKeys, run: string): string {
+  return `${topic.prefix}:{${topic.name}}:publish:${run}`;
+}
+
 /** The role's key among a queue's thirteen. */
 export function keyOf(keys: QueueKeys, role: KeyRole): string {
   return keys.all[KEY_ROLES.indexOf(role)] as string;

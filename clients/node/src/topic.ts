@@ -15,9 +15,12 @@
  * it reaches that group with payload null.
  */
 import { GroupsChanged, InvalidArgument } from "./errors";
-import { type QueueKeys, type TopicKeys, DEFAULT_PREFIX, groupKeys, keyOf, topicKeys, validateGroupName } from "./keys";
+import { randomUUID } from "node:crypto";
+import {
+  type QueueKeys, type TopicKeys, DEFAULT_PREFIX, groupKeys, keyOf, publishMarker, topicKeys, validateGroupName,
+} from "./keys";
 import { MAX_BATCH, chunks, encodePayload, secondsToMs, whole } from "./protocol";
-import { Rotator, type RotatorOptions } from "./rotator";
+import { PUSH_MARKER_TTL_MS, Rotator, type RotatorOptions } from "./rotator";
 import { type Arg, type Client, ModuleCaller } from "./script";
 
 /** Messages a topic keeps by default (rotator.defaults.DEFAULT_TOPIC_RETENTION). */
@@ -45,6 +48,12 @@ export interface TopicOptions {
   prefix?: string;
   /** How the module is called, as RotatorOptions.functions says. */
   functions?: boolean;
+  /** A publish goes as tpublish_chunk under a marker of its own (a small hash under the
+   * topic's tag, kept a minute), so that a publish ioredis sends again after its reply was
+   * lost publishes nothing twice and resolves to the ids its first run published: as
+   * RotatorOptions.idempotentPushes for pushes, and Python's Topic(retry_for=...). Off by
+   * default: a publish is then one `tpublish`. */
+  idempotentPublishes?: boolean;
 }
 
 /** Where a new group starts: "latest" (messages published from now on), "earliest" (every
@@ -139,6 +148,7 @@ export class Topic {
   readonly name: string;
   readonly keys: TopicKeys;
   readonly retention: Retention;
+  readonly idempotentPublishes: boolean;
   private readonly maxLen: number;
   private readonly maxAgeMs: number;
   private readonly module: ModuleCaller;
@@ -155,6 +165,7 @@ export class Topic {
     this.name = name;
     this.retention = options.retention ?? {};
     [this.maxLen, this.maxAgeMs] = retentionArgs(this.retention);
+    this.idempotentPublishes = options.idempotentPublishes ?? false;
     this.module = new ModuleCaller(redis, options.functions);
   }
 
@@ -173,8 +184,9 @@ export class Topic {
   }
 
   /** A call naming every registered group (the topic's keys, then each group's thirteen,
-   * sorted by name) as last read, reading the groups again while the module says they changed. */
-  private async withEveryGroup(args: readonly Arg[]): Promise<unknown> {
+   * sorted by name, then `after`) as last read, reading the groups again while the module says
+   * they changed. */
+  private async withEveryGroup(args: readonly Arg[], after: readonly string[] = []): Promise<unknown> {
     for (let attempt = 0; attempt < TOPIC_STALE_RETRIES; attempt += 1) {
       let keys = this.everyGroup;
       if (keys === null) {
@@ -182,7 +194,7 @@ export class Topic {
         for (const group of await this.groups()) keys.push(...this.groupKeys(group).all);
       }
       try {
-        const reply = await this.call(args, keys);
+        const reply = await this.call(args, [...keys, ...after]);
         this.everyGroup = keys;
         return reply;
       } catch (error) {
@@ -247,8 +259,12 @@ export class Topic {
   async publish(...payloads: Array<string | Buffer>): Promise<string[]> {
     const raw = payloads.map(encodePayload);
     const ids: string[] = [];
+    const marker = this.idempotentPublishes ? [publishMarker(this.keys, randomUUID().replaceAll("-", ""))] : [];
+    let index = 0;
     for (const part of chunks(raw, MAX_PUBLISH)) {
-      const reply = (await this.withEveryGroup(["tpublish", this.maxLen, this.maxAgeMs, ...part])) as string[];
+      const retention = [this.maxLen, this.maxAgeMs, ...part];
+      const args = marker.length > 0 ? ["tpublish_chunk", index++, PUSH_MARKER_TTL_MS, ...retention] : ["tpublish", ...retention];
+      const reply = (await this.withEveryGroup(args, marker)) as string[];
       ids.push(...reply.map(String));
     }
     return ids;

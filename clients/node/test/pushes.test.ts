@@ -3,13 +3,14 @@
  * request naming a given job id to the server, waits for the server's reply and closes the
  * client's connection instead of relaying it (the call ran; the client never hears).
  * ioredis reconnects and sends the push again (autoResendUnfulfilledCommands, its default):
- * with idempotentPushes the second run pushes nothing, without it the id lands twice.
+ * with idempotentPushes the second run pushes nothing, without it the id lands twice. A
+ * topic's publish likewise, with idempotentPublishes.
  */
 import assert from "node:assert/strict";
 import { type Server, type Socket, connect, createServer } from "node:net";
 import { after, before, describe, test } from "node:test";
 import Redis from "ioredis";
-import { PUSH_MARKER_TTL_MS, Rotator, pushMarker } from "../dist/index";
+import { PUSH_MARKER_TTL_MS, Rotator, Topic, messageSeq, publishMarker, pushMarker } from "../dist/index";
 import { HOST, KINDS, ServerProcess, uniqueName } from "./servers";
 
 /** Relays 127.0.0.1:<port> to the server; the reply to the first request that contains
@@ -108,6 +109,38 @@ for (const kind of KINDS) {
       assert.equal(await q.push("lost-2"), 1);
       assert.deepEqual(await waiting(q), ["lost-2", "lost-2", "warm-up"]);
       assert.deepEqual(await direct.keys(pushMarker(q.keys, "*")), []);
+    });
+
+    /** The payloads waiting in a group's ring, one entry per copy, sorted. */
+    const messages = async (topic: Topic, group: string): Promise<string[]> => {
+      const ids = (await direct.lrange(topic.groupKeys(group).all[0]!, 0, -1)).filter((e) => !e.includes("*"));
+      return ids.length === 0 ? [] : ((await direct.hmget(topic.keys.all[3]!, ...ids)) as string[]).sort();
+    };
+
+    test("idempotentPublishes: a publish sent again by ioredis publishes nothing twice", async () => {
+      const topic = new Topic(relayed, uniqueName("marked-topic"), { idempotentPublishes: true });
+      for (const group of ["a", "b"]) await topic.subscribe(group);
+      await topic.publish("warm-up");
+      relay.loseReplyTo = "lost-3";
+      const lost = relay.lost;
+      const ids = await topic.publish("lost-3", "b");
+      assert.deepEqual(ids.map(messageSeq), [2, 3]); // the ids the first run published
+      assert.equal(relay.lost, lost + 1);
+      for (const group of ["a", "b"]) assert.deepEqual(await messages(topic, group), ["b", "lost-3", "warm-up"]);
+      const markers = await direct.keys(publishMarker(topic.keys, "*"));
+      assert.equal(markers.length, 2); // one a publish call
+      const ttl = await direct.pttl(markers[0]!);
+      assert.ok(ttl > 0 && ttl <= PUSH_MARKER_TTL_MS, String(ttl));
+    });
+
+    test("without it, the publish ioredis sends again is published twice (the control)", async () => {
+      const topic = new Topic(relayed, uniqueName("plain-topic"));
+      await topic.subscribe("a");
+      await topic.publish("warm-up");
+      relay.loseReplyTo = "lost-4";
+      assert.deepEqual((await topic.publish("lost-4")).map(messageSeq), [3]);
+      assert.deepEqual(await messages(topic, "a"), ["lost-4", "lost-4", "warm-up"]);
+      assert.deepEqual(await direct.keys(publishMarker(topic.keys, "*")), []);
     });
 
     test("pushes with a time, a priority or unique go as before", async () => {
