@@ -246,6 +246,28 @@ def test_without_retry_for_redis_pys_own_retry_pushes_a_lost_reply_twice(
     assert ring_ids(client, queue_name)["a"] == 2
 
 
+def test_with_retry_for_redis_pys_own_retries_resend_the_marker_too(
+    lossy: tuple[FaultProxy, LostReplies], queue_name: str, client: redis.Redis
+) -> None:
+    """A client left with redis-py's default retries: they resend the marked call first, and
+    it still lands once (the README's advice to turn them off is for the calls rotator would
+    not send again, and for the bound)."""
+    proxy, losses = lossy
+    own_retries = redis.Redis(port=proxy.port, socket_timeout=2)
+    queue = Rotator(own_retries, queue_name, retry_for=5)
+    queue.push("warm-up")
+    losses.lose(1)
+    assert queue.push("a") == 1
+    topic = Topic(own_retries, queue_name, retry_for=5)
+    topic.subscribe("g")
+    topic.publish("warm-up")
+    losses.lose(1)
+    assert [message_seq(i) for i in topic.publish_many(["x"])] == [2]
+    assert proxy.stats["dropped_after"] == 2
+    assert ring_ids(client, queue_name) == Counter(["warm-up", "a"])
+    assert group_messages(client, queue_name, "g") == Counter(["warm-up", "x"])
+
+
 def test_a_scheduled_push_whose_reply_was_lost_raises_and_ran_once(
     lossy: tuple[FaultProxy, LostReplies], queue_name: str, client: redis.Redis
 ) -> None:
