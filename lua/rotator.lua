@@ -348,6 +348,17 @@ COMMANDS (ARGV[1]; numbers are decimal integers)
     counts on each id being held once says so.
     reply: the push command's (ids taken)
     errors: the push command's, ROTATOR_UNTRACKED
+  once CHUNK TTL_MS [unique] PUSH_COMMAND ARG ...       (the push command's KEYS, then a marker)
+    The push command (any of unique's), once per chunk of a push, as push_chunk does it for
+    a plain push: it runs only when the marker hash's field `chunks` (0 when absent) equals
+    CHUNK; then `chunks` becomes CHUNK + 1, `pushed` its reply, and the marker expires in
+    TTL_MS. A chunk the marker already counts runs nothing (so a push sent again after a lost
+    reply pushes nothing twice) and renews the marker's expiry. The marker is the last key, a
+    key under "<base>:" that is none of the queue's.
+    reply: the push command's; for the marker's last chunk sent again, what its first call
+      pushed; for an older chunk, 0
+    errors: the push command's, ROTATOR_BADARG (CHUNK beyond what the marker records),
+            ROTATOR_KEYS, ROTATOR_WRONGTYPE
   cancel ID [ID ...]
     On a queue that tracks ids (see IDS): a scheduled job leaves at once; a waiting one is
     dropped at the walk's next visit; one in flight has its token revoked (its ack is
@@ -608,6 +619,9 @@ REDIS-CLI
         printf 'rotator:{emails}:%s ' $r; done)
   redis-cli EVALSHA $SHA 13 $U configure track_ids 1 > /dev/null
   redis-cli EVALSHA $SHA 13 $U unique push mail-1 mail-1 mail-2   # 2: each id once
+  M=rotator:{emails}:push:run-2                               # a push sent again: once
+  redis-cli EVALSHA $SHA 14 $U $M once 0 60000 push_later IN 0 mail-3      # 1
+  redis-cli EVALSHA $SHA 14 $U $M once 0 60000 push_later IN 0 mail-3      # 1: pushes nothing
   redis-cli EVALSHA $SHA 13 $U cancel mail-2                     # 1 found
   redis-cli EVALSHA $SHA 13 $U delete                            # 1: only its seq stays
   T="rotator:{news}:topic:meta rotator:{news}:topic:groups"
@@ -981,6 +995,48 @@ local function define_module()
     return handler()
   end
 
+  -- The marker protocol of push_chunk, tpublish_chunk and `once`: a call that is one chunk
+  -- (0, 1, ...) of a push or publish whose progress the marker hash records in its field
+  -- `chunks`. It runs (`run()`: its reply, then the fields to keep beside `chunks`) only when
+  -- `chunks` equals CHUNK, and then counts it; a chunk the marker counts already (sent again
+  -- after a lost reply) runs nothing and replies `again(recorded, last, chunks)`, recorded
+  -- being the marker's `fields` and last whether it is the marker's last chunk. Either way
+  -- the marker expires in TTL_MS: renewed by a retry too, a write, so that a WAIT after it
+  -- also covers the first try's.
+  function M.marked(marker, chunk, ttl, fields, run, again)
+    local recorded = M.read('HMGET', marker, 'chunks', unpack(fields))
+    local chunks = tonumber(recorded[1]) or 0
+    if chunks > chunk then
+      local reply = again({ unpack(recorded, 2) }, chunk == chunks - 1, chunks)
+      rcall('PEXPIRE', marker, ttl)
+      return reply
+    end
+    if chunks < chunk then
+      M.refuse('ROTATOR_BADARG', 'chunk ' .. chunk .. ' comes after chunk ' .. chunks ..
+        ', which the marker does not record: it expired or was deleted')
+    end
+    local reply, kept = run()
+    rcall('HSET', marker, 'chunks', chunk + 1, unpack(kept))
+    rcall('PEXPIRE', marker, ttl)
+    return reply
+  end
+
+  -- `once CHUNK TTL_MS` before a push command (see the header): the push (`push`, a handler)
+  -- run by the marker protocol, its marker the call's last key. A chunk sent again replies
+  -- what its first call pushed (the marker's field `pushed`); an older chunk, 0.
+  function M.once(push, once)
+    return function()
+      local chunk = M.int_arg(2, 'CHUNK', 0, LIMIT.no_bound, once.args)
+      local ttl = M.int_arg(3, 'TTL_MS', 1, LIMIT.no_bound, once.args)
+      return M.marked(once.marker, chunk, ttl, { 'pushed' }, function()
+        local pushed = push()
+        return pushed, { 'pushed', pushed }
+      end, function(recorded, last)
+        return last and tonumber(recorded[1]) or 0
+      end)
+    end
+  end
+
   -- The commonest calls' first read of meta, by command (a claim's, a push's), which M.run
   -- makes in the HMGET that reads the format, the last field, so that the check costs those
   -- calls a field, not a command; every other call's HMGET reads the format alone. (By
@@ -1019,8 +1075,8 @@ local function define_module()
   end
 
   -- A whole number in [lo, hi] written in plain digits; strtod-isms like "1e3" or "nan" fail.
-  function M.int_arg(index, name, lo, hi)
-    local value = A[index]
+  function M.int_arg(index, name, lo, hi, from)
+    local value = (from or A)[index]
     local kept = KEPT
     local n = kept.ints[value] -- (read before: its text checked, its number made once)
     if not n then
@@ -4203,24 +4259,14 @@ local function define_module()
       local ttl = M.int_arg(3, 'TTL_MS', 1, LIMIT.no_bound)
       -- The fourteenth key: push_chunk takes its marker hash there (the call's own: K is the
       -- last call's when its thirteen keys were the same, see M.checked_before).
-      local marker = KS[QUEUE_KEYS + 1]
-      local recorded = M.read('HMGET', marker, 'chunks', 'pushed')
-      local chunks = tonumber(recorded[1]) or 0
-      if chunks > chunk then
+      return M.marked(KS[QUEUE_KEYS + 1], chunk, ttl, { 'pushed' }, function()
+        -- (a plain push's own path where it applies, as push takes it)
+        local pushed = FAST_LEASE and not UNIQUE and M.plain_push(4) or M.push_ids(4)
+        return { pushed, chunk + 1, 0 }, { 'pushed', pushed }
+      end, function(recorded, last, chunks)
         M.check_ids(4)
-        -- A write, so that a WAIT after a retried call also covers the first try's push.
-        rcall('PEXPIRE', marker, ttl)
-        return { 0, chunks, chunk == chunks - 1 and tonumber(recorded[2]) or 0 }
-      end
-      if chunks < chunk then
-        M.refuse('ROTATOR_BADARG', 'chunk ' .. chunk .. ' comes after chunk ' .. chunks ..
-          ', which the marker does not record: it expired or was deleted')
-      end
-      -- (a plain push's own path where it applies, as push takes it)
-      local pushed = FAST_LEASE and not UNIQUE and M.plain_push(4) or M.push_ids(4)
-      rcall('HSET', marker, 'chunks', chunk + 1, 'pushed', pushed)
-      rcall('PEXPIRE', marker, ttl)
-      return { pushed, chunk + 1, 0 }
+        return { 0, chunks, last and tonumber(recorded[1]) or 0 }
+      end)
     end
 
     -- push_later's arguments: the due time (ms, server TIME) of IN DELAY_MS or AT AT_MS at
@@ -6097,26 +6143,17 @@ local function define_module()
         M.refuse('ROTATOR_KEYS', 'tpublish_chunk\'s last key, its marker, must be under ' ..
           M.printable(under) .. ', got ' .. M.printable(marker))
       end
-      local recorded = M.read('HMGET', marker, 'chunks', 'ms', 'first', 'n')
-      local chunks = tonumber(recorded[1]) or 0
-      if chunks > chunk then
-        -- A write, so that a WAIT after a retried call also covers the first try's publish.
-        rcall('PEXPIRE', marker, ttl)
+      return M.marked(marker, chunk, ttl, { 'ms', 'first', 'n' }, function()
+        local ids, ms, first = M.publish(4, maxlen, maxage, n)
+        return ids, { 'ms', ms, 'first', first, 'n', n }
+      end, function(recorded, last)
         local ids = {}
-        if chunk == chunks - 1 then
-          local prefix, first = recorded[2] .. '-', tonumber(recorded[3])
-          for i = 1, tonumber(recorded[4]) do ids[i] = prefix .. (first + i - 1) end
+        if last then
+          local prefix, first = recorded[1] .. '-', tonumber(recorded[2])
+          for i = 1, tonumber(recorded[3]) do ids[i] = prefix .. (first + i - 1) end
         end
         return ids
-      end
-      if chunks < chunk then
-        M.refuse('ROTATOR_BADARG', 'chunk ' .. chunk .. ' comes after chunk ' .. chunks ..
-          ', which the marker does not record: it expired or was deleted')
-      end
-      local ids, ms, first = M.publish(4, maxlen, maxage, n)
-      rcall('HSET', marker, 'chunks', chunk + 1, 'ms', ms, 'first', first, 'n', n)
-      rcall('PEXPIRE', marker, ttl)
-      return ids
+      end)
     end
 
     function M.tsubscribe()
@@ -6245,6 +6282,9 @@ local function define_module()
   -- entries cost it about 2 us (4% of a one-job EVALSHA call's instructions under callgrind);
   -- main looks a command up once (M.layout_of), and a library remembers what it found
   -- (LAYOUTS).
+  -- The push commands `unique` and `once` may come before.
+  local PUSH_COMMANDS = ' push pushi push_later push_priority pushp pushp_later '
+
   local COMMANDS = [[
     push=queue push_priority=extras push_chunk=chunk push_later=extras
     schedule=queue unschedule=queue schedules=queue
@@ -6345,9 +6385,7 @@ local function define_module()
     local payloads, items = keys[QUEUE_KEYS + 1], keys[QUEUE_KEYS + 2]
     local ok = true
     if marker then -- (the thirteen are <base><role>: checked already)
-      local role = string.sub(payloads, #base + 1)
-      ok = string.sub(payloads, 1, #base + 1) == base .. ':' and not QUEUE_ROLE_SET[role]
-        and role ~= ':payloads' and role ~= ':items'
+      ok = M.is_marker(payloads, base)
     elseif payloads then
       local topic = string.match(base, '^(.*):group:[^:]+$')
       ok = payloads == base .. ':payloads'
@@ -6359,6 +6397,14 @@ local function define_module()
         '(a group: the topic\'s bodies) and <base>:items; push_chunk\'s marker a key under ' ..
         '<base>:')
     end
+  end
+
+  -- Whether `key` may be a marker hash of the queue at `base` (push_chunk's, once's): a key
+  -- under "<base>:" that is none of the queue's own.
+  function M.is_marker(key, base)
+    if type(key) ~= 'string' or string.sub(key, 1, #base + 1) ~= base .. ':' then return false end
+    local role = string.sub(key, #base + 1)
+    return not QUEUE_ROLE_SET[role] and role ~= ':payloads' and role ~= ':items'
   end
 
   -- Whether the previous call's queue keys passed the name checks and these are the same
@@ -6378,18 +6424,22 @@ local function define_module()
 
   -- One call, whichever way it came: EVAL/EVALSHA (KEYS, ARGV) or FCALL (keys, args).
   local function main(keys, args)
+    -- `once CHUNK TTL_MS` before a push: its marker is the last key (see M.once)
+    local once
+    if args[1] == 'once' then
+      once = { args = args, marker = keys[#keys] }
+      args, keys = { unpack(args, 4) }, { unpack(keys, 1, math.max(#keys - 1, 0)) }
+    end
     -- The call state of section 2: bound here, once per call, and nowhere else.
     UNIQUE, FRESH_ACKS = args[1] == 'unique', false
     NAMED, DROPPED, TRIMMED = nil, nil, false -- (DROPPED made by the calls that drop)
     PACKED, PACKED_IDS, FIRST_META = nil, nil, nil
-    if UNIQUE then
-      args = { unpack(args, 2) }
-      local pushes = { push = 1, pushi = 1, push_later = 1, push_priority = 1, pushp = 1,
-        pushp_later = 1 }
-      if not pushes[args[1]] then
-        return M.fail('ROTATOR_BADARG', 'unique takes push, pushi, push_later, push_priority, ' ..
-          'pushp or pushp_later, got ' .. M.printable(args[1]))
-      end
+    if UNIQUE then args = { unpack(args, 2) } end
+    if (UNIQUE or once) and not string.find(PUSH_COMMANDS, ' ' .. tostring(args[1]) .. ' ', 1,
+        true) then
+      return M.fail('ROTATOR_BADARG', (once and 'once' or 'unique') .. ' takes push, pushi, ' ..
+        'push_later, push_priority, pushp or pushp_later' .. (once and ' (after unique)' or '') ..
+        ', got ' .. M.printable(args[1]))
     end
     A, KS = args, keys
     rcall = redis.call
@@ -6428,11 +6478,12 @@ local function define_module()
         return M.fail('ROTATOR_KEYS', 'expected ' .. (low == high and low or low .. ' or ' .. high)
           .. ' keys, got ' .. #keys)
       end
-      local marker = layout == 'chunk'
+      local marker, base = layout == 'chunk', nil
       if M.checked_before(keys, marker) then
-        K = CHECKED.queue -- (nothing writes K: the same keys, the same table)
+        K, base = CHECKED.queue, CHECKED.base -- (nothing writes K: the same keys, the same table)
       else
-        local base, refused = M.check_queue_keys(keys, 0)
+        local refused
+        base, refused = M.check_queue_keys(keys, 0)
         if not base then return refused end
         refused = M.check_extra_keys(keys, base, marker)
         if refused then return refused end
@@ -6444,6 +6495,14 @@ local function define_module()
         end
       end
       T, NGROUPS = nil, 0
+      if once then
+        if not M.is_marker(once.marker, base) then
+          return M.fail('ROTATOR_KEYS', 'once\'s marker, the last key, must be a key under ' ..
+            M.printable(base .. ':') .. ' that is none of the queue\'s, got ' ..
+            M.printable(once.marker))
+        end
+        handler = M.once(handler, once)
+      end
     end
     if not handler then
       return M.fail('ROTATOR_BADCMD', 'unknown command ' .. M.printable(args[1]))

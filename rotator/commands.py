@@ -292,6 +292,13 @@ def push_chunk(keys: Keys, chunk: int, ttl_ms: int, ids: Sequence[bytes]) -> Mod
     return ModuleCall(keys, [b"push_chunk", chunk, ttl_ms, *ids], _decode_chunk, True)
 
 
+def once(call: ModuleCall[T], marker: str, chunk: int, ttl_ms: int) -> ModuleCall[T]:
+    """``call`` (a push command) as ``once CHUNK TTL_MS``, the marker hash ``marker`` after its
+    keys: run only if the marker has not counted chunk ``chunk`` yet, so that the call sent
+    again after its reply was lost pushes nothing twice and replies what its first run did."""
+    return call._replace(keys=(*call.keys, marker), args=[b"once", chunk, ttl_ms, *call.args])
+
+
 def _decode_chunk(reply: Any) -> int:
     pushed, _, earlier = reply
     return int(pushed) or int(earlier)

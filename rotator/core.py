@@ -79,12 +79,11 @@ class Rotator(QueueView):
     restarting server, ``READONLY`` from a demoted master), for at most that long, pausing
     50 ms, 100 ms, ... 1 s between tries: a failover, a restart or a lost reply costs a
     wait, not an error. A call that may have run is sent again only where its second run
-    changes nothing (claims, acks, reads, unique pushes), and a plain push goes as
-    ``push_chunk`` under a marker of its own (one small hash, kept a minute), so that a
-    push sent again after its reply was lost pushes nothing twice and returns what it
-    pushed. A push with ``delay``/``at``, a ``priority``, payloads or item stats is not
-    sent again once it may have run: it raises, as without ``retry_for`` (push it with
-    ``unique=True`` on a queue that tracks ids to have it retried). redis-py's own retries
+    changes nothing (claims, acks, reads, unique pushes), and every other push goes under a
+    marker of its own (one small hash, kept a minute): a plain push as ``push_chunk``, one
+    with ``delay``/``at``, a ``priority``, payloads or item stats as ``once`` before its
+    own command; so a push sent again after its reply was lost pushes nothing twice and
+    returns what it pushed. redis-py's own retries
     of the client still run underneath: :meth:`from_url` turns them off and sets socket
     timeouts (1 s to connect, 5 s a reply) when given ``retry_for``.
     """

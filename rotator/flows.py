@@ -123,23 +123,33 @@ class QueueFlows:
         unique: bool,
         priority: int,
     ) -> Iterator[ModuleCall[int]]:
-        """The atomic calls that push ``ids``, ``size`` a call, in order. A plain push (no
-        time, uniqueness, priority or item stats) of a queue whose calls are retried goes as
-        ``push_chunk``, its chunks counted by one marker of its own: the others are made
-        harmless twice by the id index (unique), or are not sent again once they may have
-        run (:func:`rotator.retries.retryable`)."""
+        """The atomic calls that push ``ids``, ``size`` a call, in order. Where the queue's
+        calls are retried, each push call has one marker of its own that counts its chunks,
+        so that a chunk sent again after a lost reply pushes nothing twice: a plain push (no
+        time, uniqueness, priority or item stats) goes as ``push_chunk``, any other as
+        ``once``; a unique push needs none (the id index makes it harmless twice)."""
         ttl_ms = self.push_marker_ttl_ms
         plain = due is None and not unique and not priority and not self.item_stats
-        if ttl_ms is not None and plain:
-            marked = (*self.plain_keys, self.keys.push_marker(uuid.uuid4().hex))
+        marker = self.keys.push_marker(uuid.uuid4().hex) if ttl_ms is not None else None
+        if marker is not None and ttl_ms is not None and plain:
+            marked = (*self.plain_keys, marker)
             for index, part in enumerate(chunks(ids, size)):
                 yield commands.push_chunk(marked, index, ttl_ms, part)
             return
         keys = self.extended_keys if self.item_stats else self.plain_keys
-        for part in chunks(ids, size):
-            yield commands.push_ids(
+        for index, part in enumerate(chunks(ids, size)):
+            call = commands.push_ids(
                 keys, part, due, priority=priority, unique=unique, item_stats=self.item_stats
             )
+            yield self.once(call, marker, index)
+
+    def once(self, call: ModuleCall[int], marker: str | None, index: int) -> ModuleCall[int]:
+        """A push call, as chunk ``index`` under ``marker`` (``once``) where the queue's calls
+        are retried and the push is not unique; as it is otherwise."""
+        ttl_ms = self.push_marker_ttl_ms
+        if marker is None or ttl_ms is None or call.args[0] == b"unique":
+            return call
+        return commands.once(call, marker, index, ttl_ms)
 
     def cancel(self, ids: Iterable[str | int]) -> Flow[int]:
         found = 0
@@ -210,9 +220,11 @@ class QueueFlows:
         pairs = [(protocol.encode_id(k), protocol.encode_payload(v)) for k, v in items.items()]
         size = protocol.whole(chunk, "chunk", 1, MAX_BATCH // 2)
         pushed = 0
-        for part in chunks(pairs, size):
+        marker = self.keys.push_marker(uuid.uuid4().hex) if self.push_marker_ttl_ms else None
+        for index, part in enumerate(chunks(pairs, size)):
             flat = [half for pair in part for half in pair]
-            pushed += yield commands.pushp(self.extended_keys, flat, due, unique=unique)
+            call = commands.pushp(self.extended_keys, flat, due, unique=unique)
+            pushed += yield self.once(call, marker, index)
         return pushed
 
     # -- consuming -------------------------------------------------------------------------

@@ -61,7 +61,7 @@ MARKER_TTL = 60.0
 # nacks of the same tokens (the second is refused or a no-op), extends, cancels, a claim
 # (the leases of a claim whose reply was lost run out and are reclaimed: nothing is lost),
 # settings set to the same values again, pushes that a marker or the id index makes
-# idempotent (push_chunk, unique ...), a topic's publishes under a marker (tpublish_chunk),
+# idempotent (push_chunk, once, unique ...), a topic's publishes under a marker (tpublish_chunk),
 # its reads and its retention.
 REPEATABLE = frozenset(
     {
@@ -69,7 +69,7 @@ REPEATABLE = frozenset(
         b"nackp", b"bury", b"extend", b"cancel", b"stats", b"peek", b"scan", b"dead",
         b"schedules", b"items", b"durations", b"configure", b"sweep", b"pause", b"resume",
         b"rate_limit", b"schedule", b"unschedule", b"push_chunk", b"unique", b"delete",
-        b"tpublish_chunk", b"tstats", b"tseek", b"ttrim",
+        b"tpublish_chunk", b"tstats", b"tseek", b"ttrim", b"once",
     }
 )  # fmt: skip
 # Errors that say the command never ran: refused before it ran, or no connection was made.

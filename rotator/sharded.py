@@ -325,20 +325,27 @@ class ShardedFlows:
         rounds: list[list[ModuleCall[int]]] = []  # chunk i of every shard
         for k, part_ids in self.by_id(raw).items():
             shard = self.shards[k]
+            marker = shard.keys.push_marker(run)
             for index, part in enumerate(protocol.chunks(part_ids, size)):
-                if plain:
-                    marker = shard.keys.push_marker(run)
-                    if index == len(rounds):
-                        rounds.append([])
-                    rounds[index].append(
-                        commands.push_chunk(
-                            (*shard.plain_keys, marker), index, self.marker_ttl_ms, part
-                        )
-                    )
-                else:
+                if unique:  # (harmless twice by the id index)
                     pushed += yield commands.push_ids(
-                        shard.plain_keys, part, due, priority=priority, unique=unique
+                        shard.plain_keys, part, due, priority=priority, unique=True
                     )
+                    continue
+                if index == len(rounds):
+                    rounds.append([])
+                if plain:
+                    call = commands.push_chunk(
+                        (*shard.plain_keys, marker), index, self.marker_ttl_ms, part
+                    )
+                else:  # scheduled or prioritized: the push command under `once`
+                    call = commands.once(
+                        commands.push_ids(shard.plain_keys, part, due, priority=priority),
+                        marker,
+                        index,
+                        self.marker_ttl_ms,
+                    )
+                rounds[index].append(call)
             woken[k] = len(part_ids)
         for calls in rounds:
             # Harmless twice, so sent at once: a round trip per node, not per shard (at
@@ -751,10 +758,9 @@ class ShardedRotator(ShardedView):
     ) -> int:
         """Adds jobs, each to its id's shard, one call per shard (of up to 1000 ids); returns
         how many were pushed. Options as for :meth:`rotator.Rotator.push`. Atomic per
-        shard. A plain push (no delay, priority or unique) carries a marker, so that a
-        retry after a lost reply pushes nothing twice (it then counts 0 for the call that
-        landed); a unique push is idempotent on its own; a delayed or prioritized push is
-        retried only on errors that say it never ran."""
+        shard. A push carries a marker of its own per shard, so that a retry after a lost
+        reply pushes nothing twice (a plain one as ``push_chunk``, a delayed or prioritized
+        one as ``once``); a unique push is idempotent on its own."""
         return self.push_many(ids, delay=delay, at=at, unique=unique, priority=priority)
 
     def push_many(

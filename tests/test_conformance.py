@@ -74,14 +74,14 @@ class Runner:
         return self.keys.with_items[ROLES.index(role)]
 
     def call_keys(self, step: dict[str, Any]) -> list[str]:
-        # A marker "<base>:<NAME>" comes last: after the queue's thirteen (push_chunk), or
-        # after the topic's keys and its groups' (tpublish_chunk).
+        # A marker "<base>:<NAME>" comes last: after the queue's keys (push_chunk's thirteen,
+        # or as many as "keys" says: once), or after the topic's and its groups' (tpublish_chunk).
         marker = [self.key(f"marker:{step['marker']}")] if "marker" in step else []
         if "topic" in step:  # TOPIC KEYS, then each named group's thirteen
             groups = (k for g in step["topic"] for k in self.topic.group(g).all)
             return [*self.topic.all, *groups, *marker]
         if marker:
-            return [*self.keys.all, *marker]
+            return [*self.keys.with_items[: int(step.get("keys", 13))], *marker]
         if "group" in step:  # a group's thirteen (and with "keys": 14 the topic's bodies)
             group = self.topic.group(step["group"])
             return [*group.all, group.payloads][: int(step.get("keys", 13))]

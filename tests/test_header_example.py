@@ -142,6 +142,7 @@ def test_the_header_redis_cli_example_runs_as_written(
     ((item,),) = replies("items")
     assert re.fullmatch(r"\d+:1:\d+:timed out", item), item
     assert replies("cancel") == replies("delete") == [["1"]]
+    assert replies("once") == [["1"], ["1"]]  # a push_later sent again pushed nothing
     assert replies("treplay") == [["2", "3", "2"]]
     assert replies("tseek") == replies("ttrim") == replies("tunsubscribe") == [["1"]]
     first, again = replies("tpublish_chunk")  # a publish sent again publishes nothing
@@ -152,7 +153,10 @@ def test_the_header_redis_cli_example_runs_as_written(
     # its seq; the topic's log trimmed to its last message, and no group.
     assert client.zcard("rotator:{orders}:scheduled") == 4
     assert client.hkeys("rotator:{orders}:payloads") == [b"job-11"]
-    assert client.keys("rotator:{emails}:*") == [b"rotator:{emails}:meta"]
+    assert sorted(client.keys("rotator:{emails}:*")) == [
+        b"rotator:{emails}:meta",
+        b"rotator:{emails}:push:run-2",  # once's marker, kept its minute
+    ]
     assert client.zcard("rotator:{news}:topic:log") == 1
     assert not client.keys("rotator:{news}:group:*")
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -150,26 +150,36 @@ def test_a_plain_push_goes_as_push_chunk_under_a_marker_of_its_own(
     assert [line for line in seen if queue_name in line and " push " in line]
 
 
-def test_pushes_that_cannot_go_as_push_chunk_go_as_before(
+def test_other_pushes_go_as_once_under_a_marker_of_their_own(
     client: redis.Redis, queue_name: str
 ) -> None:
-    """Scheduled, prioritised and item-stats pushes have no marker: their commands are the
-    ones a queue without retry_for sends (and a lost reply of theirs is not sent again)."""
+    """Scheduled, prioritised, payload and item-stats pushes go as ``once`` before their own
+    command, a marker each push call; a unique push goes as it is (the id index makes it
+    harmless twice)."""
     queue = Rotator(client, queue_name, retry_for=5, item_stats=True)
     queue.stats()
     with monitored(client) as seen:
         queue.push("later", delay=60)
         queue.push("urgent", priority=3)
         queue.push("counted")
-    commands = [
-        word
-        for line in seen
-        if queue_name in line
-        for word in line.split()
-        if word.strip('"') in {"push_later", "push_priority", "pushi", "push_chunk"}
+    words = [line.split() for line in seen if queue_name in line]
+    sent = [w[w.index("once") + 3] if "once" in w else None for w in words if "once" in w]
+    assert sent == ["push_later", "push_priority", "pushi"]
+    assert len(list(client.scan_iter(queue.keys.push_marker("*")))) == 3
+    payloads = Rotator(client, f"{queue_name}-p", retry_for=5, payloads=True)
+    with monitored(client) as seen:
+        payloads.push_payloads({f"j{n}": b"x" for n in range(600)}, chunk=250)
+    calls = [line.split() for line in seen if f"{queue_name}-p" in line and " pushp " in line]
+    assert [(w[w.index("once") + 1], w[w.index("once") + 3]) for w in calls] == [
+        ("0", "pushp"),
+        ("1", "pushp"),
+        ("2", "pushp"),
     ]
-    assert [word.strip('"') for word in commands] == ["push_later", "push_priority", "pushi"]
-    assert not list(client.scan_iter(f"rotator:{{{queue_name}}}:push:*"))
+    tracked = Rotator(client, f"{queue_name}-u", retry_for=5)
+    tracked.configure(track_ids=True)
+    with monitored(client) as seen:
+        tracked.push("a", unique=True)
+    assert not [line for line in seen if f"{queue_name}-u" in line and " once " in line]
 
 
 @pytest.mark.cluster
@@ -268,15 +278,32 @@ def test_with_retry_for_redis_pys_own_retries_resend_the_marker_too(
     assert group_messages(client, queue_name, "g") == Counter(["warm-up", "x"])
 
 
-def test_a_scheduled_push_whose_reply_was_lost_raises_and_ran_once(
+def test_other_pushes_whose_replies_were_lost_are_sent_again_and_land_once(
     lossy: tuple[FaultProxy, LostReplies], queue_name: str, client: redis.Redis
 ) -> None:
     proxy, losses = lossy
-    queue = retrying(proxy, queue_name)
+    queue = Rotator(retries_off(proxy.port), queue_name, retry_for=5, payloads=True)
+    queue.push("warm-up")
+    pushes: list[Callable[[], int]] = [
+        lambda: queue.push("later", delay=60),
+        lambda: queue.push("soon", at=time.time() - 1),
+        lambda: queue.push_payloads({"p1": b"one", "p2": b"two"}),
+        lambda: queue.push_payloads({"p3": b"three"}, delay=60),
+    ]
+    for push in pushes:
+        losses.lose(1)
+        assert push() in (1, 2)  # what the first try pushed
+    assert proxy.stats["dropped_after"] == 4
+    stats = Rotator(client, queue_name).stats()
+    assert (stats.pushed, stats.scheduled) == (3, 3)  # later, soon (due, not moved yet), p3
+    assert ring_ids(client, queue_name) == Counter(["warm-up", "p1", "p2"])
+    assert client.hlen(queue.keys.payloads) == 3
+    prioritised = Rotator(retries_off(proxy.port), f"{queue_name}-p", retry_for=5)
+    prioritised.push("warm-up")
     losses.lose(1)
-    with pytest.raises(redis.ConnectionError):
-        queue.push("later", delay=60)
-    assert Rotator(client, queue_name).stats().scheduled == 1
+    assert prioritised.push("urgent", priority=3) == 1
+    assert Rotator(client, f"{queue_name}-p").stats().prioritized == 1
+    assert proxy.stats["dropped_after"] == 5
 
 
 def test_claims_and_acks_whose_replies_were_lost_are_sent_again_and_lose_nothing(

@@ -43,7 +43,8 @@ from rotator import (
     WrongKeyType,
 )
 from rotator.cli import main
-from rotator.commands import push_chunk, push_ids
+from rotator.commands import once, push_chunk, push_ids
+from rotator.protocol import Due
 from rotator.retries import CONNECT_TIMEOUT, SOCKET_TIMEOUT, RetryingSender, retryable
 from rotator.sending import cluster_socket_timeout
 from rotator.sharded import WAKE_TOKENS, shard_names, shard_of_id
@@ -100,6 +101,9 @@ def test_only_calls_that_are_harmless_twice_are_retried_after_a_lost_connection(
     assert not retryable(plain, ClusterError("something else"))
     assert retryable(marked, lost)  # the marker makes the second try push nothing
     assert retryable(unique, lost)  # the id index does
+    later = push_ids(keys[:13], [b"a"], Due(b"IN", 1000))
+    assert not retryable(later, lost)
+    assert retryable(once(later, "k", 0, 60000), lost)  # as `once`, under a marker
 
 
 class _DownCluster:
@@ -386,6 +390,25 @@ def test_the_api_across_shards(cluster_client: RedisCluster, queue_name: str) ->
     assert queue.stats().completed == 40
     assert queue.delete()
     assert not queue.exists()
+
+
+@pytest.mark.cluster
+def test_delayed_and_prioritized_pushes_go_as_once_under_a_marker_per_shard(
+    cluster_client: RedisCluster, queue_name: str
+) -> None:
+    """Each shard's call is its push command after ``once CHUNK TTL_MS``, its marker a key
+    under the shard's tag: sent again after a lost reply, it pushes nothing twice."""
+    queue = sharded(cluster_client, queue_name)
+    ids = [f"j{n}" for n in range(40)]
+    assert queue.push(*ids, delay=60) == 40
+    assert queue.push(*(f"p{n}" for n in range(40)), priority=5) == 40
+    markers = list(cluster_client.scan_iter(match=f"rotator:{{{queue_name}*}}:push:*"))
+    shards = {key_slot(f.keys.ring.encode()) for f in queue._flows.shards}
+    assert {key_slot(marker) for marker in markers} == shards  # one a shard, each push
+    assert len(markers) == 2 * queue.shards
+    assert {int(cluster_client.hget(m, "chunks") or 0) for m in markers} == {1}
+    stats = queue.stats()
+    assert (stats.scheduled, stats.prioritized) == (40, 40)
 
 
 @pytest.mark.cluster

@@ -3307,6 +3307,61 @@ def push_chunk_pushes_each_chunk_once_whatever_the_attempts(b: Backend) -> None:
 
 
 @scenario
+def once_runs_each_push_command_once_per_chunk_whatever_the_attempts(b: Backend) -> None:
+    marker = f"rotator:{{{b.name}}}:push:once-1"
+    b.track(marker)
+    items = f"rotator:{{{b.name}}}:items"
+    b.track(items)
+    plain, extended = (*b.keys, marker), (*payload_keys(b), items, marker)
+    calls: list[tuple[tuple[str, ...], tuple[Arg, ...]]] = [
+        (plain, ("push", "a", "b")),
+        (plain, ("push_later", "IN", DELAY, "c")),
+        (plain, ("push_priority", 3, "IN", 0, "d")),
+        (extended, ("pushp", "e", "pe", "f", "pf")),
+        (extended, ("pushp_later", "IN", 0, "g", "pg")),
+        (extended, ("pushi", "h")),
+    ]
+    for chunk, (keys, argv) in enumerate(calls):
+        pushed = b.call_keys(keys, "once", chunk, 60_000, *argv)
+        before = b.snapshot()
+        # Sent again (its reply lost): nothing pushed; what the first call pushed.
+        assert b.call_keys(keys, "once", chunk, 60_000, *argv) == pushed, argv
+        assert b.snapshot() == before, argv
+        assert b.key_state(marker) == ("hash", {"chunks": str(chunk + 1), "pushed": str(pushed)})
+    assert b.call_keys(plain, "once", 0, 60_000, "push", "a", "b") == 0  # an older chunk
+    assert stats(b)["pending"] == 6  # a b d e f h (d at priority 3; g due now, c later)
+    assert stats(b)["scheduled"] == 2
+    expect_error(b, "ROTATOR_BADARG", "once", 9, 60_000, "push", "x", keys=plain)
+    expect_error(b, "ROTATOR_BADARG", "once", len(calls), 0, "push", "x", keys=plain)
+    expect_error(b, "ROTATOR_BADARG", "once", "x", 60_000, "push", "x", keys=plain)
+    expect_error(b, "ROTATOR_BADID", "once", len(calls), 60_000, "push", "bad*", keys=plain)
+    expect_error(b, "ROTATOR_BADARG", "once", len(calls), 60_000, "next", 1, LONG, BUDGET, 0)
+    expect_error(b, "ROTATOR_BADARG", "once", len(calls), 60_000, "once", 0, 1, "push", "x")
+    expect_error(b, "ROTATOR_UNTRACKED", "once", len(calls), 60_000, "unique", "push", "x",
+                 keys=plain)  # fmt: skip
+    for bad in [b.keys, (*b.keys, b.keys[0]), (*b.keys, f"rotator:{{{b.name}}}:items"),
+                (*b.keys, "rotator:{other}:push:once-1"), (*b.keys, "x", marker)]:  # fmt: skip
+        expect_error(b, "ROTATOR_KEYS", "once", len(calls), 60_000, "push", "x", keys=bad)
+    wrong = f"rotator:{{{b.name}}}:push:wrong"
+    b.track(wrong)
+    b.raw_set_key(wrong, "oops")
+    expect_error(b, "ROTATOR_WRONGTYPE", "once", 0, 60_000, "push", "x", keys=(*b.keys, wrong))
+    assert b.call_keys(plain, "once", len(calls), 60_000, "push", "x") == 1  # and on it goes
+
+
+@scenario
+def once_with_unique_on_a_queue_that_tracks_ids(b: Backend) -> None:
+    b.call("configure", "track_ids", 1)
+    marker = f"rotator:{{{b.name}}}:push:once-2"
+    b.track(marker)
+    keys = (*b.keys, marker)
+    assert b.call_keys(keys, "once", 0, 60_000, "unique", "push", "a", "a", "b") == 2
+    assert b.call_keys(keys, "once", 0, 60_000, "unique", "push", "a", "a", "b") == 2
+    assert b.call_keys(keys, "once", 1, 60_000, "unique", "push", "b", "c") == 1
+    assert [job for job in nxt(b, 10).ids] == ["a", "b", "c"]
+
+
+@scenario
 def push_chunk_of_a_chunk_already_in_renews_the_markers_expiry(b: Backend) -> None:
     """A retry is a write (so a WAIT after it covers the first try's push) and keeps the
     marker for the retries after it."""
@@ -3466,6 +3521,7 @@ def the_read_only_function_replies_to_each_read_as_the_module_and_refuses_the_re
         ("push", "e"),
         ("next", 1, LONG, BUDGET, 0),
         ("unique", "push", "e"),
+        ("once", 0, 60_000, "push", "e"),
         ("durations", 90, 6, 2),
         ("ack", buried),
         ("sweep", 100),

@@ -149,8 +149,9 @@ def test_header_commands_and_the_dispatch_table_agree() -> None:
     dispatch = dict(pairs)
     assert len(dispatch) == len(pairs), "a command listed twice in COMMANDS"
     assert re.fullmatch(r"(?:\s+\w+=\w+)+\s*", table[1]), "COMMANDS holds more than name=layout"
-    # (`unique` is no command of its own: main takes it off the push command that follows)
-    assert set(dispatch) | {"unique"} == set(header_commands())
+    # (`unique` and `once` are no commands of their own: main takes them off the push command
+    # that follows)
+    assert set(dispatch) | {"unique", "once"} == set(header_commands())
     for name, layout in dispatch.items():
         # `function M.push(`, indented inside define_module, and further inside a definer
         # for the sections defined on first use (M.define_push_ack, M.define_later, ...):

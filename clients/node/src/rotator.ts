@@ -64,9 +64,10 @@ export interface RotatorOptions {
    * FCALL where the server and the ACL allow it (chosen at the client's first call), else
    * EVALSHA; always EVALSHA on a Cluster client. */
   functions?: boolean;
-  /** A plain push (no delay, at, priority or unique) goes as push_chunk under a marker of its
-   * own (a small hash under the queue's tag, kept a minute), so that a push sent again after
-   * its reply was lost pushes nothing twice and resolves to what it pushed. ioredis sends
+  /** A push goes under a marker of its own (a small hash under the queue's tag, kept a
+   * minute): a plain one as push_chunk, one with a delay, a time, a priority or payloads as
+   * its own command after `once`; so a push sent again after its reply was lost pushes
+   * nothing twice and resolves to what it pushed (a unique push needs no marker). ioredis sends
    * again, after it reconnects, every command whose reply it had not read
    * (autoResendUnfulfilledCommands, on by default): without this, such a push lands twice.
    * Off by default, as rotator's Python retry_for: a plain push is then one `push`. */
@@ -217,8 +218,9 @@ export class Rotator {
     const due = dueArgs(options);
     let pushed = 0;
     const priority = whole(options.priority ?? 0, "priority", 0, 9);
-    if (this.idempotentPushes && !options.unique && due === null && priority === 0) {
-      const marked = [...this.keys.all, pushMarker(this.keys, randomUUID().replaceAll("-", ""))];
+    const marker = this.pushMarker(options.unique);
+    if (marker !== null && due === null && priority === 0) {
+      const marked = [...this.keys.all, marker];
       let index = 0;
       for (const part of chunks(ids, DEFAULT_PUSH_CHUNK)) {
         const reply = (await this.call(["push_chunk", index++, PUSH_MARKER_TTL_MS, ...part], marked)) as unknown[];
@@ -227,6 +229,7 @@ export class Rotator {
       }
       return pushed;
     }
+    let index = 0;
     for (const part of chunks(ids, DEFAULT_PUSH_CHUNK)) {
       const command: Arg[] =
         priority > 0
@@ -234,9 +237,22 @@ export class Rotator {
           : due === null
             ? ["push"]
             : ["push_later", ...due];
-      pushed += Number(await this.call([...head, ...command, ...part]));
+      pushed += Number(await this.callOnce(marker, index++, [...head, ...command, ...part], this.keys.all));
     }
     return pushed;
+  }
+
+  /** A new push call's marker where pushes are idempotent (idempotentPushes), but for a
+   * unique push, which the id index makes harmless twice; else null. */
+  private pushMarker(unique: boolean | undefined): string | null {
+    return this.idempotentPushes && !unique ? pushMarker(this.keys, randomUUID().replaceAll("-", "")) : null;
+  }
+
+  /** A push command on `keys`, as chunk `index` of the push under `marker` ("once CHUNK
+   * TTL_MS", the marker after the keys) where there is one: sent again, it pushes nothing. */
+  private callOnce(marker: string | null, index: number, args: Arg[], keys: readonly string[]): Promise<unknown> {
+    if (marker === null) return this.call(args, keys);
+    return this.call(["once", index, PUSH_MARKER_TTL_MS, ...args], [...keys, marker]);
   }
 
   /** Adds jobs with payloads ({ id: payload }, a Map, or [id, payload] pairs; strings or
@@ -260,9 +276,11 @@ export class Rotator {
     const head: Arg[] = options.unique ? ["unique"] : [];
     const command: Arg[] = due === null ? ["pushp"] : ["pushp_later", ...due];
     let pushed = 0;
+    const marker = this.pushMarker(options.unique);
+    let index = 0;
     for (const part of chunks(pairs, MAX_BATCH / 2)) {
       const flat = part.flatMap(([id, payload]) => [id, payload]);
-      pushed += Number(await this.call([...head, ...command, ...flat], this.payloadKeys));
+      pushed += Number(await this.callOnce(marker, index++, [...head, ...command, ...flat], this.payloadKeys));
     }
     return pushed;
   }

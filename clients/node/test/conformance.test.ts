@@ -101,13 +101,13 @@ class Runner {
   }
 
   private callKeys(step: Step): string[] {
-    // A marker "<base>:<NAME>" comes last: after the queue's thirteen (push_chunk), or after
-    // the topic's keys and its groups' (tpublish_chunk).
+    // A marker "<base>:<NAME>" comes last: after the queue's keys (push_chunk's thirteen, or
+    // as many as "keys" says: once), or after the topic's and its groups' (tpublish_chunk).
     const marker = step.marker === undefined ? [] : [this.key(`marker:${step.marker}`)];
     if (step.topic !== undefined) {
       return [...this.topic.all, ...step.topic.flatMap((group) => groupKeys(this.topic, group).all), ...marker];
     }
-    if (step.marker !== undefined) return [...this.allKeys.slice(0, 13), ...marker];
+    if (step.marker !== undefined) return [...this.allKeys.slice(0, step.keys ?? 13), ...marker];
     if (step.group !== undefined) {
       const keys = groupKeys(this.topic, step.group);
       return [...keys.all, keys.payloads].slice(0, step.keys ?? 13);

@@ -143,12 +143,31 @@ for (const kind of KINDS) {
       assert.deepEqual(await direct.keys(publishMarker(topic.keys, "*")), []);
     });
 
-    test("pushes with a time, a priority or unique go as before", async () => {
+    test("pushes with a time, a priority or payloads go as `once` under a marker; unique ones without", async () => {
       const q = new Rotator(direct, uniqueName("options"), { idempotentPushes: true });
       assert.equal(await q.push("later", { delay: 60 }), 1);
       assert.equal(await q.push("urgent", { priority: 3 }), 1);
-      assert.deepEqual(await direct.keys(pushMarker(q.keys, "*")), []);
+      assert.equal((await direct.keys(pushMarker(q.keys, "*"))).length, 2);
       assert.equal((await q.stats()).scheduled, 1);
+      assert.deepEqual((await q.next({ count: 10 })).map((job) => job.id), ["urgent"]);
+      const u = new Rotator(direct, uniqueName("unique"), { idempotentPushes: true });
+      await u.configure({ trackIds: true });
+      assert.equal(await u.push("a", { unique: true }), 1);
+      assert.deepEqual(await direct.keys(pushMarker(u.keys, "*")), []);
+    });
+
+    test("idempotentPushes: a payload push or a prioritized one sent again by ioredis lands once", async () => {
+      const q = new Rotator(relayed, uniqueName("marked-payloads"), { payloads: true, idempotentPushes: true });
+      await q.push("warm-up");
+      relay.loseReplyTo = "lost-5";
+      const lost = relay.lost;
+      assert.equal(await q.pushPayloads({ "lost-5": "body", b: "other" }), 2);
+      relay.loseReplyTo = "lost-6";
+      assert.equal(await q.push("lost-6", { priority: 4 }), 1);
+      assert.equal(relay.lost, lost + 2);
+      assert.equal(await direct.hlen(q.keys.payloads), 2);
+      const claimed = (await new Rotator(direct, q.name, { payloads: true }).next({ count: 10 })).map((job) => job.id);
+      assert.deepEqual(claimed.sort(), ["b", "lost-5", "lost-6", "warm-up"]); // each once
     });
   });
 }
