@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -101,6 +102,56 @@ def test_with_retry_for_lost_push_replies_enqueue_nothing_twice(chaos: MakeRun) 
     assert (report.push_failures, report.push_retries) == (0, 0), report.summary()
     assert not report.lost, report.summary()
     assert not report.unexplained, report.summary()  # no id enqueued twice
+    assert report.ok, report.summary()
+
+
+@pytest.mark.parametrize("kind", ["redis", "valkey"], ids=["redis7", "valkey8"])
+@pytest.mark.parametrize("what", ["payloads", "priorities"])
+@pytest.mark.chaos
+@pytest.mark.timeout(60)
+def test_with_retry_for_every_kind_of_push_enqueues_nothing_twice(
+    chaos: MakeRun, what: str
+) -> None:
+    """As above, for the pushes that go as ``once``: payload pushes, a third of them
+    scheduled (``pushp``, ``pushp_later``), or pushes at priorities 0, 3 and 9 in turn
+    (``push``'s ``push_chunk`` and ``push_priority``). A copy of an id, or a payload left
+    behind, would be the marker's failure."""
+    run = chaos(AOF_EVERYSEC, payloads=what == "payloads")
+    pushes = FaultProxy(run.server.port, seed=run.rng.randrange(2**32))
+    pushes.start()
+    options: dict[str, Any] = (
+        {"later": 0.3, "soon": 0.5, "spread": 2.0}
+        if what == "payloads"
+        else {"priorities": (0, 3, 9)}
+    )
+    try:
+        producer = run.spawn_producer(
+            count=1500,
+            batch=20,
+            rate=400,
+            url=pushes.url,
+            socket_timeout=1.0,
+            retry_for=10,
+            **options,
+        )
+        workers = [run.spawn_worker(lease=1.5) for _ in range(2)]
+        run.wait_booted([producer, *workers])
+        pushes.set_mode(Mode(drop_after=0.1, drop_before=0.05))
+        assert run.wait_exit(producer, 40) == 0, run.stderr(producer)
+        pushes.set_mode(Mode())
+        run.notes["settled"] = run.settle(timeout=15)
+        report = run.check()
+    finally:
+        pushes.stop()
+    report.notes["proxy"] = {k: v for k, v in sorted(pushes.stats.items()) if ":" not in k}
+
+    assert pushes.stats["dropped_after"] > 3, report.summary()  # replies lost after it ran
+    assert report.pushed == 1500, report.summary()
+    assert (report.push_failures, report.push_retries) == (0, 0), report.summary()
+    assert not report.lost, report.summary()
+    assert not report.unexplained, report.summary()  # no id enqueued twice
+    assert not report.bad_payloads, report.summary()
+    assert report.payloads_left == 0, report.summary()
     assert report.ok, report.summary()
 
 
