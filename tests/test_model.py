@@ -3,6 +3,7 @@
 A Hypothesis state machine pushes, schedules pushes for later (push_later IN and AT, times
 passed included, an id scheduled again moving), pushes at priority levels 1..9 (now, and
 for later; an id pushed again at its level moving to the back of it; bad levels refused),
+pushes under `once` as retry_for sends them (and sends such a call again: nothing runs),
 declares, fills, forgets and lists recurring schedules (intervals of a few ms and due
 times), sets and lifts a rate limit, adds processing times (durations, and with the acks of
 next and ack), pauses and resumes, claims, acks, nacks, extends, crashes workers, moves the
@@ -521,6 +522,40 @@ class RotatorMachine(RuleBasedStateMachine):
 
         if same_outcome(real, model):
             self.note_scheduled([api_id(i) for i in ids], due)
+
+    @rule(
+        command=st.sampled_from(["push", "push_later", "push_priority"]),
+        ids=st.lists(st.sampled_from([b"a", b"b", b"o"]), min_size=1, max_size=3),
+        lost=st.booleans(),
+    )
+    @checked
+    def push_once(self, command: str, ids: list[bytes], lost: bool) -> None:
+        """A push as ``retry_for`` sends it: ``once`` under a marker of its own, and, when its
+        reply was lost, the same call again. The first runs as the bare command does (the
+        model's); the second runs nothing (every key is compared after the step) and replies
+        what the first pushed."""
+        marker = self.q.keys.push_marker(uuid.uuid4().hex)
+        keys = (*self.keys, marker)
+        args: list[object]
+        model: Callable[[], int]
+        if command == "push":
+            args, model = [b"push"], functools.partial(self.m.push, ids)
+        elif command == "push_later":
+            args = [b"push_later", b"IN", 1000]
+            model = functools.partial(self.m.push_later, b"IN", 1000, ids)
+        else:
+            args = [b"push_priority", 3, b"IN", 0]
+            model = functools.partial(self.m.push_priority, 3, b"IN", 0, ids)
+
+        def real() -> Any:
+            return run(self.q._sender.script, keys, [b"once", 0, 60_000, *args, *ids])
+
+        first = same_outcome(real, model)
+        if command == "push_later" and first:
+            self.note_scheduled(ids, self.m.now + 1000)
+        if lost and first is not None:
+            assert real() == first
+        self.admin.delete(marker)
 
     def note_scheduled(self, ids: list[bytes], due: int) -> None:
         self.due_of.update(dict.fromkeys(ids, due))
