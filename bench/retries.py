@@ -1,5 +1,5 @@
-"""What ``retry_for`` costs a producer: a plain push as ``push_chunk`` under a marker, and a
-topic's publish as ``tpublish_chunk``.
+"""What ``retry_for`` costs a producer: a plain push as ``push_chunk`` under a marker, a
+scheduled one as ``once ... push_later``, and a topic's publish as ``tpublish_chunk``.
 
     .venv/bin/python -m bench.retries [--smoke | --quick] [--servers redis,valkey]
         [--out DIR] [--table]
@@ -13,9 +13,10 @@ call (``push(id)``) and 100 a call (``push(*ids)``), without and with
 only) and client wall µs per id. Interleaved rounds, each on fresh queues, the order
 alternating from round to round; the ratio with over without is taken within each round,
 and the median given. And the memory a push call's marker takes while it lives
-(``MEMORY USAGE ... SAMPLES 0``), for a call of 1 and of 100 ids. The same for a topic with one
-group (``Topic.publish_many``, 16-byte payloads, one call a publish), whose marker keeps the
-ids it published (their ms, first seq and count).
+(``MEMORY USAGE ... SAMPLES 0``), for a call of 1 and of 100 ids. The same for pushes for
+a minute later (``push(..., delay=60)``: ``once`` before ``push_later``), and for a topic
+with one group (``Topic.publish_many``, 16-byte payloads, one call a publish), whose marker
+keeps the ids it published (their ms, first seq and count).
 
 Results: ``bench/results/retries.json`` and ``retries.md`` (``--out``); ``--table`` prints
 the table of an earlier run. Full sizes take about a minute on this 2-core VM.
@@ -70,6 +71,11 @@ def push_ids(q: Rotator, every: list[str], batch: int) -> int:
     return sum(q.push(*every[at : at + batch]) for at in range(0, len(every), batch))
 
 
+def push_later_ids(q: Rotator, every: list[str], batch: int) -> int:
+    """``every`` pushed for a minute later, ``batch`` a call (so a marker each)."""
+    return sum(q.push(*every[at : at + batch], delay=60) for at in range(0, len(every), batch))
+
+
 def publish_ids(topic: Topic, every: list[str], batch: int) -> int:
     """``every`` published ``batch`` a call, a ``publish_many`` each (so a marker each)."""
     return sum(
@@ -98,6 +104,13 @@ PUSH = Producer(
     "push",
     lambda client, name, retry_for: Rotator(client, name, retry_for=retry_for),
     push_ids,
+    lambda q: q.keys.push_marker("*"),
+    lambda q: q.delete(),
+)
+LATER = Producer(
+    "push_later",
+    lambda client, name, retry_for: Rotator(client, name, retry_for=retry_for),
+    push_later_ids,
     lambda q: q.keys.push_marker("*"),
     lambda q: q.delete(),
 )
@@ -167,6 +180,7 @@ def run_server(kind: str, sizes: Sizes, workdir: Path, log: Log) -> dict[str, An
         client = server.client()
         log(f"retries on {kind} {server.version}")
         pushes = marked_rows(client, sizes, log, PUSH)
+        later = marked_rows(client, sizes, log, LATER)
         publishes = marked_rows(client, sizes, log, PUBLISH)
         memory = marker_memory(client, PUSH)
         publish_memory = marker_memory(client, PUBLISH)
@@ -175,6 +189,7 @@ def run_server(kind: str, sizes: Sizes, workdir: Path, log: Log) -> dict[str, An
             "version": server.version,
             "push": pushes,
             "memory": memory,
+            "push_later": later,
             "publish": publishes,
             "publish_memory": publish_memory,
         }
@@ -185,6 +200,8 @@ def run_server(kind: str, sizes: Sizes, workdir: Path, log: Log) -> dict[str, An
 CASE_LABELS = {
     ("push", "plain"): "plain push (`push`)",
     ("push", "retry_for"): "with `retry_for` (`push_chunk`)",
+    ("push_later", "plain"): "scheduled push (`push_later`)",
+    ("push_later", "retry_for"): "with `retry_for` (`once ... push_later`)",
     ("publish", "plain"): "plain publish (`tpublish`)",
     ("publish", "retry_for"): "with `retry_for` (`tpublish_chunk`)",
 }
@@ -212,10 +229,17 @@ def markdown(data: dict[str, Any]) -> str:
 
         return cell
 
-    # (a run from before publishes were measured has the push section alone)
+    # (a run from before scheduled pushes and publishes were measured has pushes alone; a
+    # scheduled push's marker is a push's)
     first = next(iter(data["results"].values()))
-    sections = [("push", "memory"), ("publish", "publish_memory")][: 1 + ("publish" in first)]
+    sections: list[tuple[str, str | None]] = [
+        ("push", "memory"),
+        ("push_later", None),
+        ("publish", "publish_memory"),
+    ]
     for what, kept in sections:
+        if what not in first:
+            continue
         for batch in BATCHES:
             for case in CASES:
                 add(
@@ -223,6 +247,8 @@ def markdown(data: dict[str, Any]) -> str:
                     push_cell(batch, case, what),
                 )
             add(f"`retry_for` over plain, {batch} a call (server / wall time)", ratio(batch, what))
+        if kept is None:
+            continue
         for batch in BATCHES:
             add(f"a {what} call's marker, {batch} id(s) a call (memory, kept)", memory(batch, kept))
     return table.text()

@@ -372,14 +372,16 @@ def test_bench_retries_smoke(tmp_path: Path) -> None:
     (the bench checks it), the marker's memory; never a timing bound."""
     out = run_smoke("bench.retries", tmp_path, 120)
     result = json.loads((tmp_path / "retries.json").read_text())["results"]["redis"]
-    for section, memory in (("push", "memory"), ("publish", "publish_memory")):
+    for section in ("push", "push_later", "publish"):
         rows = {(r["batch"], r["case"]): r for r in result[section]["rows"]}
         assert set(rows) == {(b, c) for b in (1, 100) for c in ("plain", "retry_for")}
         assert all(r["median_server_us_each"] > 0 for r in rows.values())
         assert [r["batch"] for r in result[section]["ratios"]] == [1, 100]
+    for memory in ("memory", "publish_memory"):
         assert all(m["marker_bytes"] > 0 and 0 < m["ttl_ms"] <= 60_000 for m in result[memory])
     assert "| `retry_for` over plain, 100 a call (server / wall time) |" in out
     assert "| with `retry_for` (`tpublish_chunk`), 1 a call (server / wall µs an id) |" in out
+    assert "| with `retry_for` (`once ... push_later`), 1 a call (server / wall µs an id) |" in out
     assert "| a publish call's marker, 100 id(s) a call (memory, kept) |" in out
 
 
