@@ -198,13 +198,15 @@ def _worker_name() -> str:
 # -- pushing ----------------------------------------------------------------------------------
 
 
-class _ChunkPusher:
+class _ChunkPusher(Generic[Item]):
     """Pushes one partition's chunks, each at most once for the marker it is given.
 
     The marker is a hash holding ``chunks``, how many of the partition's chunks are in the
     ring. The module's ``push_chunk`` pushes chunk ``i`` and moves the marker to ``i + 1`` in
     one atomic call, only while the marker says ``i``: a later attempt of the same task skips
-    the chunk, and of two attempts running at once the second finds it counted.
+    the chunk, and of two attempts running at once the second finds it counted. With
+    ``command`` (a chunk's push call: scheduled, prioritized, unique, with payloads), the
+    call is that command after ``once CHUNK TTL_MS``, which does the same.
     """
 
     def __init__(
@@ -215,16 +217,21 @@ class _ChunkPusher:
         ttl: int = SPARK_KEY_TTL,
         *,
         sender: Sender | None = None,
+        command: Callable[[list[Item]], commands.ModuleCall[int]] | None = None,
     ) -> None:
         # A cluster's shard is pushed through its queue's RetryingSender (cluster errors).
         self.sender = sender or Sender(client, False, None)
         self.keys = (*keys.all, marker)
         self.marker = marker
         self.ttl_ms = ttl * 1000
+        self.command = command
 
-    def push(self, index: int, chunk: list[bytes]) -> int:
+    def push(self, index: int, chunk: list[Item]) -> int:
         """Returns len(chunk) once the chunk is in the ring, pushed now or by an earlier run."""
-        call = commands.push_chunk(self.keys, index, self.ttl_ms, chunk)
+        if self.command is not None:
+            call = commands.once(self.command(chunk), self.marker, index, self.ttl_ms)
+        else:
+            call = commands.push_chunk(self.keys, index, self.ttl_ms, cast(list[bytes], chunk))
         for attempt in range(_PUSH_ATTEMPTS):
             try:
                 self.sender.perform(call)
@@ -249,7 +256,7 @@ def push_partition(
     Returns how many ids of this partition are in the ring now (pushed by this call or by an
     earlier run with the same marker). The ids must come in the same order on every run.
     """
-    pusher = _ChunkPusher(client, keys, marker)
+    pusher: _ChunkPusher[bytes] = _ChunkPusher(client, keys, marker)
     return push_chunks(pusher.push, (protocol.encode_id(job_id) for job_id in ids), batch_size)
 
 
@@ -322,7 +329,9 @@ def push_sharded_partition(
 
     def pusher(k: int) -> ChunkPush[bytes]:
         keys = flows.shards[k].keys
-        marked = _ChunkPusher(client, keys, _spark_key(keys, "push", run), sender=sender)
+        marked: _ChunkPusher[bytes] = _ChunkPusher(
+            client, keys, _spark_key(keys, "push", run), sender=sender
+        )
 
         def push(index: int, chunk: list[bytes]) -> int:
             done = marked.push(index, chunk)
@@ -344,10 +353,11 @@ def push_sharded_partition(
 class TransactionPusher(Generic[Item]):
     """Sends each chunk's module call (``build(pipe, chunk)``) and moves the marker past it in
     one MULTI/EXEC, under WATCH of the marker and of ``watched`` (keys the call was built
-    from, read through ``pipe``): for the calls that take no marker of their own (``pushp``,
-    ``tpublish``). A chunk the marker counts already is skipped; a transaction whose watched
-    keys changed is tried again; one whose module call failed has its marker moved back
-    (the module writes nothing when it refuses a call) before the error is raised.
+    from, read through ``pipe``): for a topic's ``tpublish``, whose groups are read under
+    WATCH (a queue's pushes take their marker themselves: ``push_chunk``, ``once``). A chunk
+    the marker counts already is skipped; a transaction whose watched keys changed is tried
+    again; one whose module call failed has its marker moved back (the module writes
+    nothing when it refuses a call) before the error is raised.
     """
 
     def __init__(

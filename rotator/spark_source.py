@@ -25,8 +25,9 @@ restart from the checkpoint pushes or publishes nothing twice. Markers expire af
 (batch) or a week (streaming). A queue write also takes ``delay`` (seconds) or ``at`` (unix
 seconds, or ISO 8601 with a time zone): the jobs are scheduled, as ``Rotator.push(delay=,
 at=)`` (a delay counts from each chunk's call); ``priority`` (0..9, not with payloads); and
-``unique`` (``true``: the queue must track ids, and an id it holds is skipped). Such chunks go
-in a WATCH/MULTI/EXEC with their marker, as payload chunks do.
+``unique`` (``true``: the queue must track ids, and an id it holds is skipped). Such chunks,
+and payload chunks, go as their push command after ``once CHUNK TTL_MS`` with their marker
+(one call); a topic's, in a WATCH/MULTI/EXEC with theirs.
 
 Reads. A queue read in batch is its snapshot (:func:`rotator.spark.snapshot`'s columns, then
 ``reclaimed`` and ``payload``, null there); a topic read is its retained messages (``id``,
@@ -367,23 +368,23 @@ class _WritePlan:
         if self.payload_column is None:
             ids.sort()  # a re-run cuts the same chunks, whatever order its rows come in
             if due is None and not priority and not unique:
-                pusher = _ChunkPusher(client, self.keys, marker, ttl)
+                pusher: _ChunkPusher[bytes] = _ChunkPusher(client, self.keys, marker, ttl)
                 return push_chunks(pusher.push, ids, self.batch_size)
             plain_keys = self.keys.all
 
-            def push(pipe: Any, chunk: list[bytes]) -> commands.ModuleCall[int]:
+            def push(chunk: list[bytes]) -> commands.ModuleCall[int]:
                 return commands.push_ids(plain_keys, chunk, due, priority=priority, unique=unique)
 
-            scheduled = TransactionPusher(client, marker, push, ttl=ttl)
+            scheduled = _ChunkPusher(client, self.keys, marker, ttl, command=push)
             return push_chunks(scheduled.push, ids, self.batch_size)
         pairs = sorted(zip(ids, _payloads(table, self.payload_column), strict=True))
         keys = self.keys.with_payloads
 
-        def pushp(pipe: Any, chunk: list[tuple[bytes, bytes]]) -> commands.ModuleCall[int]:
+        def pushp(chunk: list[tuple[bytes, bytes]]) -> commands.ModuleCall[int]:
             flat = [half for pair in chunk for half in pair]
             return commands.pushp(keys, flat, due, unique=unique)
 
-        paired = TransactionPusher(client, marker, pushp, ttl=ttl)
+        paired = _ChunkPusher(client, self.keys, marker, ttl, command=pushp)
         return push_chunks(paired.push, pairs, min(self.batch_size, MAX_BATCH // 2))
 
     def _publish(self, client: redis.Redis, table: pa.Table, marker: str, ttl: int) -> int:

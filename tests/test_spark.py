@@ -217,7 +217,7 @@ def test_a_script_flush_between_chunks_reloads_and_pushes_once(
 ) -> None:
     keys = queue_keys(queue_name)
     marker = f"rotator:{{{queue_name}}}:spark:push:run:0"
-    pusher = rspark._ChunkPusher(client, keys, marker)
+    pusher: rspark._ChunkPusher[bytes] = rspark._ChunkPusher(client, keys, marker)
     assert pusher.push(0, [b"a"]) == 1
     client.script_flush()  # the next EXEC finds no script: nothing pushed, nothing marked
     assert pusher.push(1, [b"b"]) == 1

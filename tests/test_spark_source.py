@@ -143,9 +143,9 @@ def test_two_attempts_publishing_at_once_publish_each_chunk_once(
         assert Counter(client.hvals(topic_keys(queue_name).bodies)) == Counter(payloads)
 
 
-def test_a_transaction_whose_module_call_fails_moves_its_marker_back(
-    client: redis.Redis, queue_name: str
-) -> None:
+def test_a_chunk_whose_push_fails_is_not_counted(client: redis.Redis, queue_name: str) -> None:
+    """A payload write goes as ``once`` before ``pushp``: refused, it writes nothing, its
+    marker neither; the same write succeeds once the queue is fixed, and counts its chunk."""
     keys = queue_keys(queue_name)
     marker = f"rotator:{{{queue_name}}}:spark:write:run:0"
     plan = spark_source._WritePlan("", keys, "id", "payload", 10, Retention())
@@ -153,14 +153,32 @@ def test_a_transaction_whose_module_call_fails_moves_its_marker_back(
     table = pa.table({"id": ["b", "a"], "payload": [b"2", b"1"]})
     with pytest.raises(WrongKeyType):
         plan._push(client, table, marker, 60)
-    assert client.hget(marker, "chunks") == b"0"  # moved back: the chunk is not counted
+    assert client.exists(marker) == 0  # nothing written
     client.delete(keys.ring)
-    client.script_flush()  # the next EXEC must not meet NOSCRIPT
+    client.script_flush()  # (the pusher loads the module again)
     assert plan._push(client, table, marker, 60) == 2
+    assert client.hget(marker, "chunks") == b"1"
     assert plan._push(client, table, marker, 60) == 2  # counted: nothing pushed again
-    queue = Rotator(client, queue_name, payloads=True)
-    jobs = queue.next(10)
+    jobs = Rotator(client, queue_name, payloads=True).next(10)
     assert sorted((job.id, job.payload) for job in jobs) == [("a", b"1"), ("b", b"2")]
+
+
+def test_a_transaction_whose_publish_fails_moves_its_marker_back(
+    client: redis.Redis, queue_name: str
+) -> None:
+    topic = Topic(client, queue_name)
+    topic.subscribe("all")
+    ring = topic.group_keys("all").ring
+    client.set(ring, "not a list")
+    marker = f"rotator:{{{queue_name}}}:spark:write:run:0"
+    pusher = publish_pusher(client, queue_name, marker)
+    with pytest.raises(WrongKeyType):
+        rspark.push_chunks(pusher.push, [b"m1", b"m2"], 10)
+    assert client.hget(marker, "chunks") == b"0"  # moved back: the chunk is not counted
+    client.delete(ring)
+    assert rspark.push_chunks(pusher.push, [b"m1", b"m2"], 10) == 2
+    assert rspark.push_chunks(pusher.push, [b"m1", b"m2"], 10) == 2  # counted
+    assert topic.stats().last_seq == 2
 
 
 def test_a_group_registering_during_a_publish_gets_the_chunk_or_came_after_it(
