@@ -100,20 +100,19 @@ def make_topic(client: redis.Redis, name: str, retry_for: float) -> Topic:
     return topic
 
 
-PUSH = Producer(
-    "push",
-    lambda client, name, retry_for: Rotator(client, name, retry_for=retry_for),
-    push_ids,
-    lambda q: q.keys.push_marker("*"),
-    lambda q: q.delete(),
-)
-LATER = Producer(
-    "push_later",
-    lambda client, name, retry_for: Rotator(client, name, retry_for=retry_for),
-    push_later_ids,
-    lambda q: q.keys.push_marker("*"),
-    lambda q: q.delete(),
-)
+def queue_producer(what: str, send: Callable[[Rotator, list[str], int], int]) -> Producer:
+    """A section that pushes to a queue, ``send`` its way."""
+    return Producer(
+        what,
+        lambda client, name, retry_for: Rotator(client, name, retry_for=retry_for),
+        send,
+        lambda q: q.keys.push_marker("*"),
+        lambda q: q.delete(),
+    )
+
+
+PUSH = queue_producer("push", push_ids)
+LATER = queue_producer("push_later", push_later_ids)
 PUBLISH = Producer(
     "publish",
     make_topic,

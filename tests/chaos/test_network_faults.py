@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from tests.chaos.checker import Report
 from tests.chaos.conftest import on_the_oldest_too
 from tests.chaos.faultproxy import FaultProxy, Mode, RequestFramer
 from tests.chaos.harness import ChaosRun
@@ -69,64 +70,17 @@ def test_lost_replies_and_dropped_connections_lose_nothing(chaos: MakeRun) -> No
     assert "unexpected_exits" not in report.notes, report.summary()
 
 
-@on_the_oldest_too
-@pytest.mark.chaos
-@pytest.mark.timeout(60)
-def test_with_retry_for_lost_push_replies_enqueue_nothing_twice(chaos: MakeRun) -> None:
-    """The producer's Rotator has ``retry_for`` (redis-py's retries off) and its own proxy,
-    which loses a tenth of its replies after the call ran and drops a twentieth of its
-    requests. Every push is sent again by the Rotator alone, unlogged, so a copy of an id
-    would be a duplicate nothing explains: there is none, nothing is lost, and no error
-    reached the producer."""
-    run = chaos(AOF_EVERYSEC)
+def with_a_retrying_producer(run: ChaosRun, count: int, **options: Any) -> Report:
+    """Runs a producer of ``count`` jobs whose Rotator has ``retry_for`` (redis-py's retries
+    off) behind a proxy of its own, which loses a tenth of its replies after the call ran
+    and drops a twentieth of its requests, and two workers, until every job is done; the
+    checker's report, with the proxy's figures in its notes. Every push is sent again by
+    the Rotator alone, unlogged, so a copy of an id would be a duplicate nothing explains."""
     pushes = FaultProxy(run.server.port, seed=run.rng.randrange(2**32))
     pushes.start()
     try:
         producer = run.spawn_producer(
-            count=2000, batch=20, rate=400, url=pushes.url, socket_timeout=1.0, retry_for=10
-        )
-        workers = [run.spawn_worker(lease=1.5) for _ in range(2)]
-        run.wait_booted([producer, *workers])
-        pushes.set_mode(Mode(drop_after=0.1, drop_before=0.05))
-        assert run.wait_exit(producer, 40) == 0, run.stderr(producer)
-        pushes.set_mode(Mode())
-        run.notes["settled"] = run.settle(timeout=15)
-        report = run.check()
-    finally:
-        pushes.stop()
-    report.notes["proxy"] = {k: v for k, v in sorted(pushes.stats.items()) if ":" not in k}
-
-    assert pushes.stats["dropped_after"] > 5, report.summary()  # replies lost after it ran
-    assert pushes.stats["dropped_before"] > 0, report.summary()
-    assert report.pushed == 2000, report.summary()
-    assert (report.push_failures, report.push_retries) == (0, 0), report.summary()
-    assert not report.lost, report.summary()
-    assert not report.unexplained, report.summary()  # no id enqueued twice
-    assert report.ok, report.summary()
-
-
-@pytest.mark.parametrize("kind", ["redis", "valkey"], ids=["redis7", "valkey8"])
-@pytest.mark.parametrize("what", ["payloads", "priorities"])
-@pytest.mark.chaos
-@pytest.mark.timeout(60)
-def test_with_retry_for_every_kind_of_push_enqueues_nothing_twice(
-    chaos: MakeRun, what: str
-) -> None:
-    """As above, for the pushes that go as ``once``: payload pushes, a third of them
-    scheduled (``pushp``, ``pushp_later``), or pushes at priorities 0, 3 and 9 in turn
-    (``push``'s ``push_chunk`` and ``push_priority``). A copy of an id, or a payload left
-    behind, would be the marker's failure."""
-    run = chaos(AOF_EVERYSEC, payloads=what == "payloads")
-    pushes = FaultProxy(run.server.port, seed=run.rng.randrange(2**32))
-    pushes.start()
-    options: dict[str, Any] = (
-        {"later": 0.3, "soon": 0.5, "spread": 2.0}
-        if what == "payloads"
-        else {"priorities": (0, 3, 9)}
-    )
-    try:
-        producer = run.spawn_producer(
-            count=1500,
+            count=count,
             batch=20,
             rate=400,
             url=pushes.url,
@@ -144,8 +98,46 @@ def test_with_retry_for_every_kind_of_push_enqueues_nothing_twice(
     finally:
         pushes.stop()
     report.notes["proxy"] = {k: v for k, v in sorted(pushes.stats.items()) if ":" not in k}
+    return report
 
-    assert pushes.stats["dropped_after"] > 3, report.summary()  # replies lost after it ran
+
+@on_the_oldest_too
+@pytest.mark.chaos
+@pytest.mark.timeout(60)
+def test_with_retry_for_lost_push_replies_enqueue_nothing_twice(chaos: MakeRun) -> None:
+    """Plain pushes (``push_chunk``): no id twice, nothing lost, no error reached the
+    producer."""
+    report = with_a_retrying_producer(chaos(AOF_EVERYSEC), 2000)
+    proxy = report.notes["proxy"]
+    assert proxy["dropped_after"] > 5, report.summary()  # replies lost after it ran
+    assert proxy["dropped_before"] > 0, report.summary()
+    assert report.pushed == 2000, report.summary()
+    assert (report.push_failures, report.push_retries) == (0, 0), report.summary()
+    assert not report.lost, report.summary()
+    assert not report.unexplained, report.summary()  # no id enqueued twice
+    assert report.ok, report.summary()
+
+
+@pytest.mark.parametrize("kind", ["redis", "valkey"], ids=["redis7", "valkey8"])
+@pytest.mark.parametrize("what", ["payloads", "priorities"])
+@pytest.mark.chaos
+@pytest.mark.timeout(60)
+def test_with_retry_for_every_kind_of_push_enqueues_nothing_twice(
+    chaos: MakeRun, what: str
+) -> None:
+    """The pushes that go as ``once``: payload pushes, a third of them scheduled (``pushp``,
+    ``pushp_later``), or pushes at priorities 0, 3 and 9 in turn (``push_chunk`` and
+    ``push_priority``). A copy of an id, or a payload left behind, would be the marker's
+    failure."""
+    options: dict[str, Any] = (
+        {"later": 0.3, "soon": 0.5, "spread": 2.0}
+        if what == "payloads"
+        else {"priorities": (0, 3, 9)}
+    )
+    report = with_a_retrying_producer(
+        chaos(AOF_EVERYSEC, payloads=what == "payloads"), 1500, **options
+    )
+    assert report.notes["proxy"]["dropped_after"] > 3, report.summary()
     assert report.pushed == 1500, report.summary()
     assert (report.push_failures, report.push_retries) == (0, 0), report.summary()
     assert not report.lost, report.summary()

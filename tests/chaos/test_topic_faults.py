@@ -15,6 +15,7 @@ from __future__ import annotations
 import threading
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import pytest
 import redis
@@ -22,7 +23,7 @@ import redis
 from rotator import Topic
 from rotator.topic import message_seq
 from tests.chaos.conftest import on_the_oldest_too
-from tests.chaos.eventlog import chaos_client
+from tests.chaos.eventlog import RETRIES, chaos_client
 from tests.chaos.faultproxy import PASS, FaultProxy, Mode
 from tests.chaos.harness import ChaosRun
 
@@ -68,15 +69,40 @@ class Drain(threading.Thread):
         return self.payloads
 
 
-def publish_through_faults(
-    run: ChaosRun, topic_name: str, topic: Topic, proxy: FaultProxy
+@dataclass
+class Published:
+    """What a publisher behind the fault proxy did: the ids its publishes returned, each
+    group's payloads received, the redeliveries seen and the proxy's figures."""
+
+    ids: list[str]
+    received: dict[str, Counter[bytes]]
+    redelivered: int
+    proxy: dict[str, int]
+
+
+def publish_through_faults(run: ChaosRun, retry_for: float) -> Published:
+    """Topic "news" on a client behind a fault proxy of its own: the Topic's retries alone
+    (redis-py's off) with ``retry_for``, else redis-py's default retries. Subscribes the
+    groups, publishes MESSAGES payloads in calls of BATCH with the proxy's faults on, and
+    drains every group meanwhile, on connections without faults."""
+    proxy = FaultProxy(run.server.port, seed=run.rng.randrange(2**32))
+    proxy.start()
+    client = chaos_client(proxy.url, socket_timeout=1.0, retries=0 if retry_for else RETRIES)
+    try:
+        topic = Topic(client, "news", retry_for=retry_for)
+        ids, received, redelivered = publish_and_drain(run, topic, proxy)
+    finally:
+        client.close()
+        proxy.stop()
+    return Published(ids, received, redelivered, dict(proxy.stats))
+
+
+def publish_and_drain(
+    run: ChaosRun, topic: Topic, proxy: FaultProxy
 ) -> tuple[list[str], dict[str, Counter[bytes]], int]:
-    """Subscribes the groups, publishes MESSAGES payloads in calls of BATCH with the proxy's
-    faults on, and drains every group meanwhile; returns the ids publish returned, each
-    group's payloads received, and the redeliveries seen."""
     for group in GROUPS:
         topic.subscribe(group)
-    drains = [Drain(run.admin(), topic_name, group) for group in GROUPS]
+    drains = [Drain(run.admin(), topic.name, group) for group in GROUPS]
     for drain in drains:
         drain.start()
     sent = [f"m{n:06d}".encode() for n in range(MESSAGES)]
@@ -88,7 +114,7 @@ def publish_through_faults(
     finally:
         proxy.set_mode(PASS)
     received: dict[str, Counter[bytes]] = {}
-    published = Topic(run.admin(), topic_name).stats().last_seq  # copies among them
+    published = Topic(run.admin(), topic.name).stats().last_seq  # copies among them
     for drain in drains:
         deadline = 150  # x 0.1 s: the drains catch up with the last publish (every message)
         while drain.payloads.total() < published and deadline and drain.is_alive():
@@ -103,22 +129,14 @@ def publish_through_faults(
 @pytest.mark.timeout(120)
 def test_with_retry_for_lost_publish_replies_publish_nothing_twice(chaos: MakeRun) -> None:
     run = chaos(AOF_EVERYSEC)
-    proxy = FaultProxy(run.server.port, seed=run.rng.randrange(2**32))
-    proxy.start()
-    client = chaos_client(proxy.url, socket_timeout=1.0, retries=0)
-    try:
-        topic = Topic(client, "news", retry_for=10)
-        ids, received, redelivered = publish_through_faults(run, "news", topic, proxy)
-    finally:
-        client.close()
-        proxy.stop()
-    assert proxy.stats["dropped_after"] > 5  # replies lost after the publish ran
-    assert proxy.stats["dropped_before"] > 0
-    assert [message_seq(i) for i in ids] == list(range(1, MESSAGES + 1))  # none twice
+    done = publish_through_faults(run, retry_for=10)
+    assert done.proxy["dropped_after"] > 5  # replies lost after the publish ran
+    assert done.proxy["dropped_before"] > 0
+    assert [message_seq(i) for i in done.ids] == list(range(1, MESSAGES + 1))  # none twice
     assert Topic(run.admin(), "news").stats().last_seq == MESSAGES
     everything = Counter(f"m{n:06d}".encode() for n in range(MESSAGES))
-    assert received == {group: everything for group in GROUPS}  # each once, none lost
-    assert redelivered == 0
+    assert done.received == {group: everything for group in GROUPS}  # each once, none lost
+    assert done.redelivered == 0
 
 
 @pytest.mark.chaos
@@ -126,18 +144,10 @@ def test_with_retry_for_lost_publish_replies_publish_nothing_twice(chaos: MakeRu
 def test_without_retry_for_redis_pys_retries_publish_lost_replies_twice(chaos: MakeRun) -> None:
     """The control: the same faults, redis-py's default retries, no marker."""
     run = chaos(AOF_EVERYSEC)
-    proxy = FaultProxy(run.server.port, seed=run.rng.randrange(2**32))
-    proxy.start()
-    client = chaos_client(proxy.url, socket_timeout=1.0)
-    try:
-        topic = Topic(client, "news")
-        ids, received, _ = publish_through_faults(run, "news", topic, proxy)
-    finally:
-        client.close()
-        proxy.stop()
+    done = publish_through_faults(run, retry_for=0)
     twice = Topic(run.admin(), "news").stats().last_seq - MESSAGES
-    assert twice > 0, proxy.stats  # publishes that ran twice, under new ids
-    assert len(ids) == MESSAGES  # the caller sees one id a payload: the copies are silent
+    assert twice > 0, done.proxy  # publishes that ran twice, under new ids
+    assert len(done.ids) == MESSAGES  # the caller sees one id a payload: copies are silent
     for group in GROUPS:
-        assert set(received[group]) == {f"m{n:06d}".encode() for n in range(MESSAGES)}
-        assert sum(received[group].values()) == MESSAGES + twice
+        assert set(done.received[group]) == {f"m{n:06d}".encode() for n in range(MESSAGES)}
+        assert sum(done.received[group].values()) == MESSAGES + twice
