@@ -620,6 +620,17 @@ def test_the_cli_takes_retry_for_and_its_variable_and_pushes_under_a_marker(
         assert_error(run("--retry-for", bad, "stats", queue_name), "--retry-for")
 
 
+def test_a_cli_push_for_later_or_at_a_priority_goes_under_a_marker_with_retry_for(
+    server: ServerProcess, client: redis.Redis, queue_name: str
+) -> None:
+    ok(run("--url", server.url, "--retry-for", "5", "push", queue_name, "a", "--delay", "60"))
+    ok(run("--url", server.url, "--retry-for", "5", "push", queue_name, "b", "--priority", "4"))
+    markers = list(client.scan_iter(match=Rotator(client, queue_name).keys.push_marker("*")))
+    assert sorted(client.hgetall(marker)[b"pushed"] for marker in markers) == [b"1", b"1"]
+    stats = Rotator(client, queue_name).stats()
+    assert (stats.scheduled, stats.prioritized) == (1, 1)
+
+
 def test_a_cli_push_made_while_the_server_restarts_lands_once(
     restartable: ServerProcess, queue_name: str
 ) -> None:
