@@ -85,7 +85,7 @@ def with_a_retrying_producer(run: ChaosRun, count: int, **options: Any) -> Repor
             rate=400,
             url=pushes.url,
             socket_timeout=1.0,
-            retry_for=10,
+            retry_for=30,  # (a try is a new connection: see test_topic_faults.RETRY_FOR)
             **options,
         )
         workers = [run.spawn_worker(lease=1.5) for _ in range(2)]
