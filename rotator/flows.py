@@ -10,7 +10,7 @@ import re
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from rotator import commands, protocol, schedules
 from rotator.commands import AfterWake, Ask, ClientCall, Flow, Keys, ModuleCall
@@ -52,6 +52,17 @@ from rotator.models import (
 from rotator.protocol import JobRef, chunks
 
 T = TypeVar("T")
+
+
+class PushMarker(NamedTuple):
+    """The marker hash of one push call whose calls are retried, and how long it is kept."""
+
+    key: str
+    ttl_ms: int
+
+    def once(self, call: ModuleCall[int], index: int) -> ModuleCall[int]:
+        """Push call ``call`` as chunk ``index`` under this marker (``once``)."""
+        return commands.once(call, self.key, index, self.ttl_ms)
 
 
 class QueueFlows:
@@ -128,28 +139,25 @@ class QueueFlows:
         so that a chunk sent again after a lost reply pushes nothing twice: a plain push (no
         time, uniqueness, priority or item stats) goes as ``push_chunk``, any other as
         ``once``; a unique push needs none (the id index makes it harmless twice)."""
-        ttl_ms = self.push_marker_ttl_ms
+        marker = self.push_marker(unique)
         plain = due is None and not unique and not priority and not self.item_stats
-        marker = self.keys.push_marker(uuid.uuid4().hex) if ttl_ms is not None else None
-        if marker is not None and ttl_ms is not None and plain:
-            marked = (*self.plain_keys, marker)
-            for index, part in enumerate(chunks(ids, size)):
-                yield commands.push_chunk(marked, index, ttl_ms, part)
-            return
         keys = self.extended_keys if self.item_stats else self.plain_keys
         for index, part in enumerate(chunks(ids, size)):
+            if marker is not None and plain:
+                yield commands.push_chunk((*keys, marker.key), index, marker.ttl_ms, part)
+                continue
             call = commands.push_ids(
                 keys, part, due, priority=priority, unique=unique, item_stats=self.item_stats
             )
-            yield self.once(call, marker, index)
+            yield marker.once(call, index) if marker is not None else call
 
-    def once(self, call: ModuleCall[int], marker: str | None, index: int) -> ModuleCall[int]:
-        """A push call, as chunk ``index`` under ``marker`` (``once``) where the queue's calls
-        are retried and the push is not unique; as it is otherwise."""
+    def push_marker(self, unique: bool) -> PushMarker | None:
+        """A new push call's marker where the queue's calls are retried, but for a unique
+        push (the id index makes it harmless twice); else None."""
         ttl_ms = self.push_marker_ttl_ms
-        if marker is None or ttl_ms is None or call.args[0] == b"unique":
-            return call
-        return commands.once(call, marker, index, ttl_ms)
+        if ttl_ms is None or unique:
+            return None
+        return PushMarker(self.keys.push_marker(uuid.uuid4().hex), ttl_ms)
 
     def cancel(self, ids: Iterable[str | int]) -> Flow[int]:
         found = 0
@@ -220,11 +228,11 @@ class QueueFlows:
         pairs = [(protocol.encode_id(k), protocol.encode_payload(v)) for k, v in items.items()]
         size = protocol.whole(chunk, "chunk", 1, MAX_BATCH // 2)
         pushed = 0
-        marker = self.keys.push_marker(uuid.uuid4().hex) if self.push_marker_ttl_ms else None
+        marker = self.push_marker(unique)
         for index, part in enumerate(chunks(pairs, size)):
             flat = [half for pair in part for half in pair]
             call = commands.pushp(self.extended_keys, flat, due, unique=unique)
-            pushed += yield self.once(call, marker, index)
+            pushed += yield marker.once(call, index) if marker is not None else call
         return pushed
 
     # -- consuming -------------------------------------------------------------------------
