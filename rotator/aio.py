@@ -231,6 +231,15 @@ class AsyncSender:
         return call.decode(pipeline_reply(reply))
 
 
+def async_sender(
+    client: Any, functions: bool | None, retry_for: float, durability: Durability | None = None
+) -> AsyncSender:
+    """The asyncio twin of :func:`rotator.retries.sender`."""
+    if retry_for:
+        return AsyncRetryingSender(client, functions, retry_for, durability)
+    return AsyncSender(client, functions, durability)
+
+
 class AsyncRetryingSender(AsyncSender):
     """The asyncio twin of :class:`rotator.retries.RetryingSender`: each request is retried
     as :class:`rotator.retries.Tries` says, for at most ``retry_for`` seconds."""
@@ -295,11 +304,7 @@ class AsyncRotator(QueueView):
             item_stats=item_stats,
             push_marker_ttl_ms=push_marker_ttl_ms(self.retry_for),
         )
-        self._sender = (
-            AsyncRetryingSender(client, functions, self.retry_for, durability)
-            if self.retry_for
-            else AsyncSender(client, functions, durability)
-        )
+        self._sender = async_sender(client, functions, self.retry_for, durability)
         self._run = self._sender.run
 
     @classmethod
@@ -564,11 +569,7 @@ class AsyncTopic(TopicView):
             publish_marker_ttl_ms=push_marker_ttl_ms(self.retry_for),
         )
         self._functions = functions
-        self._sender = (
-            AsyncRetryingSender(client, functions, self.retry_for, None)
-            if self.retry_for
-            else AsyncSender(client, functions, None)
-        )
+        self._sender = async_sender(client, functions, self.retry_for)
         self._run = self._sender.run
 
     async def _call(self, keys: tuple[str, ...], *args: Any) -> Any:

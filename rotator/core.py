@@ -41,8 +41,7 @@ from rotator.models import (
 )
 from rotator.protocol import JobRef, When
 from rotator.registry import WorkerInfo
-from rotator.retries import RetryingSender, bounded_options, check_retry_for, push_marker_ttl_ms
-from rotator.sending import Sender
+from rotator.retries import bounded_options, check_retry_for, push_marker_ttl_ms, sender
 from rotator.sharded import cluster_client
 from rotator.urls import client_from_url
 
@@ -118,11 +117,7 @@ class Rotator(QueueView):
             item_stats=item_stats,
             push_marker_ttl_ms=push_marker_ttl_ms(self.retry_for),
         )
-        self._sender = (
-            RetryingSender(client, functions, self.retry_for, durability)
-            if self.retry_for
-            else Sender(client, functions, durability)
-        )
+        self._sender = sender(client, functions, self.retry_for, durability)
         self._run = self._sender.run
 
     @classmethod

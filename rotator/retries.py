@@ -175,6 +175,15 @@ class RetryingSender(Sender):
                 time.sleep(pause)
 
 
+def sender(
+    client: Any, functions: bool | None, retry_for: float, durability: Durability | None = None
+) -> Sender:
+    """The sender of a queue or topic: retrying for ``retry_for`` seconds, or (0) plain."""
+    if retry_for:
+        return RetryingSender(client, functions, retry_for, durability)
+    return Sender(client, functions, durability)
+
+
 def check_retry_for(retry_for: object) -> float:
     if (
         isinstance(retry_for, bool)

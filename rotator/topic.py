@@ -34,8 +34,7 @@ from rotator.defaults import DEFAULT_PREFIX, MAX_PUBLISH
 from rotator.flows import GroupView, TopicFlows, TopicView, message_seq
 from rotator.keys import TopicKeys, validate_group_name
 from rotator.models import Retention, TopicStats
-from rotator.retries import RetryingSender, check_retry_for, push_marker_ttl_ms
-from rotator.sending import Sender
+from rotator.retries import check_retry_for, push_marker_ttl_ms, sender
 
 __all__ = ["Retention", "Topic", "TopicGroup", "TopicStats", "message_seq"]
 
@@ -86,11 +85,7 @@ class Topic(TopicView):
             publish_marker_ttl_ms=push_marker_ttl_ms(self.retry_for),
         )
         self._functions = functions
-        self._sender = (
-            RetryingSender(client, functions, self.retry_for, None)
-            if self.retry_for
-            else Sender(client, functions, None)
-        )
+        self._sender = sender(client, functions, self.retry_for)
         self._run = self._sender.run
 
     def _call(self, keys: tuple[str, ...], *args: Any) -> Any:
